@@ -1,0 +1,1 @@
+//! sluice: a rate limiter for Envoy.
