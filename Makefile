@@ -1,0 +1,47 @@
+# sluice: build the wasm filter, try it in Envoy, run the checks CI runs.
+#
+#   make build   compile target/wasm32-wasip1/release/sluice.wasm
+#   make run     build, then start Envoy with envoy/demo.yaml (foreground)
+#   make test    lint, build, then cargo test (integration tests drive a real Envoy)
+#   make lint    cargo fmt --check and clippy for the host and for wasm
+#   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
+
+# Recipes run from the repo root, wherever make was started from: the demo
+# config names the wasm by a path relative to it.
+ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
+WASM_TARGET := wasm32-wasip1
+WASM := target/$(WASM_TARGET)/release/sluice.wasm
+
+.PHONY: build run test lint toolchain clean
+
+# Adds the wasm target and the lint components when rustup lacks them.
+toolchain:
+	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
+	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
+	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+
+build: toolchain
+	cd $(ROOT) && cargo build --release --target $(WASM_TARGET)
+
+run: build
+	@cd $(ROOT) && envoy="$$(scripts/find-envoy)" && \
+	echo "Envoy: $$envoy" && \
+	echo "Listener http://127.0.0.1:10000, admin http://127.0.0.1:9901. Try, in another shell:" && \
+	echo "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:10000/api/hello; done" && \
+	echo "  curl -si -H 'x-user-id: bob' localhost:10000/api/hello" && \
+	echo "  curl -s 'localhost:9901/stats?filter=sluice'" && \
+	echo "Ctrl-C stops Envoy." && \
+	exec "$$envoy" -c envoy/demo.yaml --concurrency 2 -l info
+
+lint: toolchain
+	cd $(ROOT) && cargo fmt --check
+	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
+	cd $(ROOT) && cargo clippy --target $(WASM_TARGET) --lib -- -D warnings
+
+# Lint first so that cargo test's summary is the last thing printed.
+test: lint build
+	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
+	cargo test --doc && cargo test --all-targets
+
+clean:
+	cd $(ROOT) && cargo clean
