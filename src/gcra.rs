@@ -1,0 +1,223 @@
+//! The token bucket, as GCRA: the whole state of a bucket is one timestamp, its "theoretical
+//! arrival time" (TAT). A bucket is full when its TAT is not after `now`; every token taken pushes
+//! the TAT one emission interval further. This is the same math as a bucket refilled continuously
+//! at `requests / per` up to `burst` tokens, but it fits one compare-and-swapped integer.
+//! The caller supplies `now`: this module never reads a clock.
+
+/// A validated rate: `interval` nanoseconds per token, `burst` tokens of capacity.
+/// `capacity` (= burst × interval) is checked at config time to fit comfortably in a u64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub interval: u64,
+    pub burst: u64,
+    pub capacity: u64,
+}
+
+impl Rate {
+    /// `requests` per `per_nanos`, `burst` capacity; `None` when the numbers make no bucket
+    /// (zero rate, more than one token per nanosecond, or a bucket that takes centuries to fill).
+    pub fn new(requests: u64, per_nanos: u64, burst: u64) -> Option<Rate> {
+        const MAX_CAPACITY: u64 = 1 << 62;
+        let interval = per_nanos.checked_div(requests).filter(|&i| i > 0)?;
+        let capacity = interval
+            .checked_mul(burst)
+            .filter(|&c| c > 0 && c <= MAX_CAPACITY)?;
+        Some(Rate {
+            interval,
+            burst,
+            capacity,
+        })
+    }
+}
+
+/// What one check of a bucket found. Durations are nanoseconds from `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    /// The bucket's TAT after this request (unchanged when denied).
+    pub tat: u64,
+    /// Whole tokens left after this request.
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset_after: u64,
+    /// Until `cost` tokens are available (0 when allowed).
+    pub retry_after: u64,
+}
+
+/// Takes `cost` tokens from the bucket whose TAT is `tat`, if it has them at `now`.
+pub fn check(rate: &Rate, tat: u64, now: u64, cost: u64) -> Decision {
+    let start = tat.max(now);
+    let after = start.saturating_add(cost.saturating_mul(rate.interval));
+    let debt_after = after - now;
+    if debt_after <= rate.capacity {
+        Decision {
+            allowed: true,
+            tat: after,
+            remaining: (rate.capacity - debt_after) / rate.interval,
+            reset_after: debt_after,
+            retry_after: 0,
+        }
+    } else {
+        let debt_now = start - now;
+        Decision {
+            allowed: false,
+            tat,
+            remaining: rate.capacity.saturating_sub(debt_now) / rate.interval,
+            reset_after: debt_now,
+            retry_after: debt_after - rate.capacity,
+        }
+    }
+}
+
+/// A bucket whose TAT is not after `now` is full: forgetting it loses nothing.
+pub fn is_full(tat: u64, now: u64) -> bool {
+    tat <= now
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use proptest::prelude::*;
+
+    fn per_second(requests: u64, burst: u64) -> Rate {
+        Rate::new(requests, SEC, burst).unwrap()
+    }
+
+    /// Runs requests of cost 1 at the given times, returning which were allowed.
+    fn run(rate: &Rate, times: &[u64]) -> Vec<bool> {
+        let mut tat = 0;
+        times
+            .iter()
+            .map(|&now| {
+                let d = check(rate, tat, now, 1);
+                tat = d.tat;
+                d.allowed
+            })
+            .collect()
+    }
+
+    #[test]
+    fn eight_rapid_requests_with_burst_five_give_five_then_three_denials() {
+        let rate = per_second(1, 5);
+        let t0 = 1_700_000_000 * SEC;
+        let allowed = run(&rate, &[t0; 8]);
+        assert_eq!(allowed, [true, true, true, true, true, false, false, false]);
+    }
+
+    #[test]
+    fn two_seconds_later_two_tokens_are_back() {
+        let rate = per_second(1, 5);
+        let t0 = 1_700_000_000 * SEC;
+        let mut times = vec![t0; 8];
+        times.extend([t0 + 2 * SEC; 3]);
+        let allowed = run(&rate, &times);
+        assert_eq!(&allowed[8..], [true, true, false]);
+    }
+
+    #[test]
+    fn denial_says_when_to_retry_and_what_is_left() {
+        let rate = per_second(1, 2);
+        let now = 10 * SEC;
+        let first = check(&rate, 0, now, 1);
+        assert_eq!((first.remaining, first.reset_after), (1, SEC));
+        let second = check(&rate, first.tat, now, 1);
+        assert_eq!((second.remaining, second.reset_after), (0, 2 * SEC));
+        let third = check(&rate, second.tat, now, 1);
+        assert!(!third.allowed);
+        assert_eq!(third.tat, second.tat);
+        assert_eq!((third.remaining, third.retry_after), (0, SEC));
+        assert_eq!(third.reset_after, 2 * SEC);
+    }
+
+    #[test]
+    fn a_cost_larger_than_what_is_left_is_denied_without_charge() {
+        let rate = per_second(1, 5);
+        let d = check(&rate, 0, 100 * SEC, 3);
+        assert_eq!(d.remaining, 2);
+        let denied = check(&rate, d.tat, 100 * SEC, 3);
+        assert!(!denied.allowed);
+        assert_eq!(denied.remaining, 2);
+        assert_eq!(denied.retry_after, SEC);
+    }
+
+    #[test]
+    fn rates_that_make_no_bucket_are_refused() {
+        assert_eq!(Rate::new(0, SEC, 1), None);
+        assert_eq!(Rate::new(2_000_000_000, SEC, 1), None, "faster than 1/ns");
+        assert_eq!(Rate::new(1, 86_400 * SEC, u64::MAX), None, "overflows");
+        assert_eq!(Rate::new(1, SEC, 0), None);
+    }
+
+    #[test]
+    fn a_corrupt_far_future_tat_denies_without_overflow() {
+        let rate = per_second(1, 5);
+        let d = check(&rate, u64::MAX, 5 * SEC, 1);
+        assert!(!d.allowed);
+    }
+
+    /// The reference model: a bucket holding `level` token-nanoseconds, refilled one per
+    /// nanosecond up to `capacity`, from which a request takes `cost × interval`.
+    struct Reference {
+        level: u64,
+        last: u64,
+    }
+
+    impl Reference {
+        fn take(&mut self, rate: &Rate, now: u64, cost: u64) -> (bool, u64) {
+            self.level = (self.level + (now - self.last)).min(rate.capacity);
+            self.last = now;
+            let need = cost * rate.interval;
+            let allowed = self.level >= need;
+            if allowed {
+                self.level -= need;
+            }
+            (allowed, self.level / rate.interval)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_continuously_refilled_bucket(
+            requests in 1u64..50,
+            burst in 1u64..20,
+            steps in prop::collection::vec((0u64..3 * SEC, 1u64..4), 1..200),
+        ) {
+            let rate = per_second(requests, burst);
+            let start = 1_000 * SEC;
+            let mut reference = Reference { level: rate.capacity, last: start };
+            let (mut tat, mut now) = (0, start);
+            for (gap, cost) in steps {
+                now += gap;
+                let cost = cost.min(burst);
+                let d = check(&rate, tat, now, cost);
+                let (allowed, remaining) = reference.take(&rate, now, cost);
+                prop_assert_eq!(d.allowed, allowed);
+                prop_assert_eq!(d.remaining, remaining);
+                if !d.allowed {
+                    prop_assert!(d.retry_after > 0);
+                    prop_assert!(check(&rate, tat, now + d.retry_after, cost).allowed);
+                    prop_assert!(!check(&rate, tat, now + d.retry_after - 1, cost).allowed);
+                }
+                tat = d.tat;
+            }
+        }
+
+        #[test]
+        fn never_admits_more_than_burst_plus_refill(
+            burst in 1u64..50,
+            gaps in prop::collection::vec(0u64..SEC / 10, 1..300),
+        ) {
+            let rate = per_second(10, burst);
+            let start = 50 * SEC;
+            let (mut tat, mut now, mut admitted) = (0, start, 0u64);
+            for gap in gaps {
+                now += gap;
+                let d = check(&rate, tat, now, 1);
+                tat = d.tat;
+                admitted += u64::from(d.allowed);
+            }
+            prop_assert!(admitted <= burst + (now - start) / rate.interval);
+        }
+    }
+}

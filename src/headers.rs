@@ -1,0 +1,151 @@
+//! What clients see: the rate-limit response headers and the 429 body.
+
+use crate::duration::ceil_secs;
+use serde::Deserialize;
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderStyle {
+    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix epoch seconds).
+    #[default]
+    Legacy,
+    /// IETF httpapi-ratelimit-headers draft 10: `RateLimit-Policy` and `RateLimit`.
+    Draft,
+    Both,
+    None,
+}
+
+/// The state of one policy's bucket for one request, as the headers report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota<'a> {
+    pub policy: &'a str,
+    /// Bucket capacity (`burst`).
+    pub limit: u64,
+    /// `requests` per `window_secs`: the sustained rate.
+    pub requests: u64,
+    pub window_secs: u64,
+    pub remaining: u64,
+    /// Nanoseconds until the bucket is full again.
+    pub reset_after: u64,
+}
+
+/// The rate-limit headers for `quota` at `now` (Unix nanoseconds). Policy names are restricted
+/// to `[A-Za-z0-9_.-]` by the config, so nothing here needs escaping.
+pub fn rate_limit_headers(
+    style: HeaderStyle,
+    quota: &Quota,
+    now: u64,
+) -> Vec<(&'static str, String)> {
+    let mut headers = Vec::with_capacity(5);
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
+        headers.push(("x-ratelimit-limit", quota.limit.to_string()));
+        headers.push(("x-ratelimit-remaining", quota.remaining.to_string()));
+        headers.push(("x-ratelimit-reset", reset_epoch.to_string()));
+    }
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let name = quota.policy;
+        headers.push((
+            "ratelimit-policy",
+            format!("\"{name}\";q={};w={}", quota.requests, quota.window_secs),
+        ));
+        headers.push((
+            "ratelimit",
+            format!(
+                "\"{name}\";r={};t={}",
+                quota.remaining,
+                ceil_secs(quota.reset_after)
+            ),
+        ));
+    }
+    headers
+}
+
+/// `Retry-After` in whole seconds: rounded up, and at least 1.
+pub fn retry_after_secs(retry_after: u64) -> u64 {
+    ceil_secs(retry_after).max(1)
+}
+
+/// The JSON body of a 429.
+pub fn denial_body(policy: &str, retry_after_secs: u64) -> String {
+    format!(
+        r#"{{"error":"too_many_requests","policy":"{policy}","retry_after":{retry_after_secs}}}"#
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC;
+
+    const QUOTA: Quota = Quota {
+        policy: "per-user",
+        limit: 20,
+        requests: 100,
+        window_secs: 60,
+        remaining: 7,
+        reset_after: 2_500_000_000,
+    };
+    const NOW: u64 = 1_700_000_000_250_000_000;
+
+    #[test]
+    fn legacy_headers_give_reset_as_epoch_seconds() {
+        let headers = rate_limit_headers(HeaderStyle::Legacy, &QUOTA, NOW);
+        assert_eq!(
+            headers,
+            [
+                ("x-ratelimit-limit", "20".to_string()),
+                ("x-ratelimit-remaining", "7".to_string()),
+                ("x-ratelimit-reset", "1700000003".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn draft_headers_are_structured_field_lists() {
+        let headers = rate_limit_headers(HeaderStyle::Draft, &QUOTA, NOW);
+        assert_eq!(
+            headers,
+            [
+                ("ratelimit-policy", r#""per-user";q=100;w=60"#.to_string()),
+                ("ratelimit", r#""per-user";r=7;t=3"#.to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn both_and_none() {
+        assert_eq!(rate_limit_headers(HeaderStyle::Both, &QUOTA, NOW).len(), 5);
+        assert!(rate_limit_headers(HeaderStyle::None, &QUOTA, NOW).is_empty());
+    }
+
+    #[test]
+    fn a_full_bucket_resets_now() {
+        let full = Quota {
+            reset_after: 0,
+            ..QUOTA
+        };
+        let headers = rate_limit_headers(HeaderStyle::Both, &full, 5 * NANOS_PER_SEC);
+        assert_eq!(headers[2].1, "5");
+        assert_eq!(headers[4].1, r#""per-user";r=7;t=0"#);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1_000_000_001), 2);
+    }
+
+    #[test]
+    fn denial_body_is_the_documented_json() {
+        let body = denial_body("per-user", 3);
+        assert_eq!(
+            body,
+            r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(parsed["retry_after"], 3);
+    }
+}

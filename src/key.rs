@@ -1,0 +1,218 @@
+//! Rate-limit keys: which request attributes identify a client, and the hash that stands for
+//! them everywhere (shared data and logs never see a raw user id or API key).
+
+use crate::request::{Attr, Attributes, RequestSource};
+use siphasher::sip::SipHasher13;
+use std::hash::Hasher;
+
+/// One source of a key part's value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// An attribute, by its index in the plan's attribute list.
+    Attr(usize),
+    /// The same value for every request: one shared bucket.
+    Global,
+}
+
+/// A key part: the first alternative that is present wins (`header:x-user-id|ip`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyPart {
+    pub alternatives: Vec<Source>,
+}
+
+/// The hash of every key whose parts are missing, for policies with `missing_key: shared`.
+pub const MISSING_KEY: u64 = 0x6d69_7373_696e_6721;
+
+/// Parses `header:NAME | ip | path | method | authority | route | global`, joined by `|`.
+/// `intern` returns the plan-wide index of an attribute.
+pub fn parse_part(text: &str, intern: &mut impl FnMut(Attr) -> usize) -> Result<KeyPart, String> {
+    let alternatives = text
+        .split('|')
+        .map(|alt| parse_source(alt.trim(), intern))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(KeyPart { alternatives })
+}
+
+fn parse_source(text: &str, intern: &mut impl FnMut(Attr) -> usize) -> Result<Source, String> {
+    let attr = match text {
+        "global" => return Ok(Source::Global),
+        "ip" => Attr::Ip,
+        "path" => Attr::Path,
+        "method" => Attr::Method,
+        "authority" => Attr::Authority,
+        "route" => Attr::Route,
+        _ => match text.strip_prefix("header:") {
+            Some(name) if is_header_name(name) => Attr::Header(name.to_ascii_lowercase()),
+            Some(name) => return Err(format!("{name:?} is not a valid header name")),
+            None => {
+                return Err(format!(
+                    "unknown key part {text:?} (use header:NAME, ip, path, method, authority, route or global)"
+                ))
+            }
+        },
+    };
+    Ok(Source::Attr(intern(attr)))
+}
+
+/// An HTTP token (RFC 9110), which is what a header name is.
+pub fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+impl KeyPart {
+    /// The first present alternative: its position and value.
+    pub fn resolve<S: RequestSource + ?Sized>(
+        &self,
+        request: &mut Attributes<S>,
+    ) -> Option<(usize, Vec<u8>)> {
+        self.alternatives
+            .iter()
+            .enumerate()
+            .find_map(|(position, source)| match source {
+                Source::Global => Some((position, Vec::new())),
+                Source::Attr(index) => request.get(*index).map(|v| (position, v.to_vec())),
+            })
+    }
+}
+
+/// The key's hash, or `None` when a part has no value. Which alternative supplied a value is
+/// hashed too, so user "1.2.3.4" and the address 1.2.3.4 never share a bucket. Never 0: that
+/// marks an empty slot.
+pub fn hash_key<S: RequestSource + ?Sized>(
+    parts: &[KeyPart],
+    request: &mut Attributes<S>,
+) -> Option<u64> {
+    let mut hasher = SipHasher13::new_with_keys(0x736c_7569_6365_6b31, 0x6b65_7968_6173_6831);
+    for part in parts {
+        let (position, value) = part.resolve(request)?;
+        hasher.write_u8(position as u8);
+        hasher.write_u64(value.len() as u64);
+        hasher.write(&value);
+    }
+    Some(hasher.finish().max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::fake::FakeRequest;
+    use proptest::prelude::*;
+
+    fn parse(parts: &[&str]) -> (Vec<KeyPart>, Vec<Attr>) {
+        let mut attrs: Vec<Attr> = Vec::new();
+        let mut intern = |attr: Attr| match attrs.iter().position(|a| *a == attr) {
+            Some(i) => i,
+            None => {
+                attrs.push(attr);
+                attrs.len() - 1
+            }
+        };
+        let parts = parts
+            .iter()
+            .map(|p| parse_part(p, &mut intern).unwrap())
+            .collect();
+        (parts, attrs)
+    }
+
+    fn hash(parts: &[&str], request: &FakeRequest) -> Option<u64> {
+        let (parts, attrs) = parse(parts);
+        hash_key(&parts, &mut Attributes::new(request, &attrs))
+    }
+
+    #[test]
+    fn parses_every_kind_of_part() {
+        let (parts, attrs) = parse(&[
+            "header:X-User-Id|ip",
+            "path",
+            "method",
+            "authority",
+            "route",
+            "global",
+        ]);
+        assert_eq!(parts.len(), 6);
+        assert_eq!(
+            attrs,
+            [
+                Attr::Header("x-user-id".into()),
+                Attr::Ip,
+                Attr::Path,
+                Attr::Method,
+                Attr::Authority,
+                Attr::Route
+            ]
+        );
+        assert_eq!(parts[5].alternatives, [Source::Global]);
+    }
+
+    #[test]
+    fn rejects_unknown_parts_and_bad_header_names() {
+        let mut intern = |_| 0;
+        for bad in [
+            "cookie",
+            "header:",
+            "header:a b",
+            "ip|",
+            "",
+            "header:x\u{e9}",
+        ] {
+            assert!(parse_part(bad, &mut intern).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn different_users_get_different_keys_and_the_same_user_the_same() {
+        let alice = FakeRequest::new(&[("x-user-id", "alice")]);
+        let bob = FakeRequest::new(&[("x-user-id", "bob")]);
+        let alice_again = FakeRequest::new(&[("x-user-id", "alice")]);
+        let h = |r| hash(&["header:x-user-id"], r);
+        assert_eq!(h(&alice), h(&alice_again));
+        assert_ne!(h(&alice), h(&bob));
+    }
+
+    #[test]
+    fn a_missing_part_gives_no_key() {
+        assert_eq!(
+            hash(&["header:x-user-id", "global"], &FakeRequest::default()),
+            None
+        );
+    }
+
+    #[test]
+    fn fallback_takes_the_first_present_and_keeps_sources_apart() {
+        let chain = ["header:x-user-id|header:x-api-key"];
+        let by_user = FakeRequest::new(&[("x-user-id", "k1"), ("x-api-key", "zzz")]);
+        let by_key = FakeRequest::new(&[("x-api-key", "k1")]);
+        assert_eq!(
+            hash(&chain, &by_user),
+            hash(&["header:x-user-id|ip"], &by_user)
+        );
+        assert_ne!(hash(&chain, &by_user), hash(&chain, &by_key));
+    }
+
+    #[test]
+    fn parts_are_length_delimited() {
+        let a = FakeRequest::new(&[("a", "xy"), ("b", "z")]);
+        let b = FakeRequest::new(&[("a", "x"), ("b", "yz")]);
+        assert_ne!(
+            hash(&["header:a", "header:b"], &a),
+            hash(&["header:a", "header:b"], &b)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_hash_without_panic_and_never_to_zero(value in prop::collection::vec(any::<u8>(), 1..300)) {
+            let mut request = FakeRequest::default();
+            request.headers.insert("k".into(), value);
+            prop_assert!(hash(&["header:k"], &request).is_some_and(|h| h != 0));
+        }
+
+        #[test]
+        fn parsing_never_panics(text in ".{0,40}") {
+            let _ = parse_part(&text, &mut |_| 0);
+        }
+    }
+}

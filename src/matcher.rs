@@ -1,0 +1,120 @@
+//! Which requests a policy applies to.
+
+use crate::request::{Attributes, RequestSource};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathRule {
+    Prefix(String),
+    Exact(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderRule {
+    Present(bool),
+    Equals(Vec<u8>),
+}
+
+/// All conditions must hold; an empty matcher matches every request. Attribute indices point
+/// into the plan's attribute list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Matcher {
+    pub path: Option<(usize, PathRule)>,
+    pub methods: Option<(usize, Vec<String>)>,
+    pub headers: Vec<(usize, HeaderRule)>,
+}
+
+impl Matcher {
+    pub fn matches<S: RequestSource + ?Sized>(&self, request: &mut Attributes<S>) -> bool {
+        if let Some((attr, rule)) = &self.path {
+            let path = request.get(*attr).unwrap_or_default();
+            let hit = match rule {
+                PathRule::Prefix(prefix) => path.starts_with(prefix.as_bytes()),
+                PathRule::Exact(exact) => path == exact.as_bytes(),
+            };
+            if !hit {
+                return false;
+            }
+        }
+        if let Some((attr, methods)) = &self.methods {
+            let method = request.get(*attr).unwrap_or_default();
+            if !methods.iter().any(|m| m.as_bytes() == method) {
+                return false;
+            }
+        }
+        self.headers.iter().all(|(attr, rule)| {
+            let value = request.get(*attr);
+            match rule {
+                HeaderRule::Present(wanted) => value.is_some() == *wanted,
+                HeaderRule::Equals(expected) => value == Some(expected.as_slice()),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::fake::FakeRequest;
+    use crate::request::Attr;
+
+    const ATTRS: [Attr; 3] = [Attr::Path, Attr::Method, Attr::Authority];
+
+    fn check(matcher: &Matcher, headers: &[(&str, &str)]) -> bool {
+        matcher.matches(&mut Attributes::new(&FakeRequest::new(headers), &ATTRS))
+    }
+
+    fn prefix(p: &str) -> Matcher {
+        Matcher {
+            path: Some((0, PathRule::Prefix(p.into()))),
+            ..Matcher::default()
+        }
+    }
+
+    #[test]
+    fn an_empty_matcher_matches_everything() {
+        assert!(check(&Matcher::default(), &[]));
+    }
+
+    #[test]
+    fn prefix_ignores_the_query_string() {
+        assert!(check(&prefix("/api/"), &[(":path", "/api/users?x=1")]));
+        assert!(!check(&prefix("/api/"), &[(":path", "/apix")]));
+        assert!(!check(&prefix("/api/"), &[(":path", "/?p=/api/")]));
+        assert!(!check(&prefix("/api/"), &[]));
+    }
+
+    #[test]
+    fn exact_path_ignores_the_query_string() {
+        let m = Matcher {
+            path: Some((0, PathRule::Exact("/login".into()))),
+            ..Matcher::default()
+        };
+        assert!(check(&m, &[(":path", "/login?next=/")]));
+        assert!(!check(&m, &[(":path", "/login/")]));
+    }
+
+    #[test]
+    fn methods_must_be_listed() {
+        let m = Matcher {
+            methods: Some((1, vec!["GET".into(), "POST".into()])),
+            ..Matcher::default()
+        };
+        assert!(check(&m, &[(":method", "POST")]));
+        assert!(!check(&m, &[(":method", "DELETE")]));
+        assert!(!check(&m, &[(":method", "get")]));
+    }
+
+    #[test]
+    fn header_conditions_present_absent_and_equal() {
+        let m = |rule| Matcher {
+            headers: vec![(2, rule)],
+            ..Matcher::default()
+        };
+        let host = [(":authority", "a.example")];
+        assert!(check(&m(HeaderRule::Present(true)), &host));
+        assert!(!check(&m(HeaderRule::Present(false)), &host));
+        assert!(check(&m(HeaderRule::Present(false)), &[]));
+        assert!(check(&m(HeaderRule::Equals(b"a.example".to_vec())), &host));
+        assert!(!check(&m(HeaderRule::Equals(b"b.example".to_vec())), &host));
+    }
+}

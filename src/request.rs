@@ -1,0 +1,172 @@
+//! The request attributes that policies read, each fetched from the host at most once.
+
+/// Where a request attribute comes from. The plan lists each distinct one once.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Attr {
+    /// A request header, by lower-case name.
+    Header(String),
+    /// The downstream address Envoy computed (honouring its XFF trust settings), without port.
+    Ip,
+    /// The path without query string or fragment.
+    Path,
+    Method,
+    Authority,
+    /// Envoy's route name.
+    Route,
+}
+
+/// The host's view of one request: raw bytes, as Envoy holds them.
+pub trait RequestSource {
+    fn header(&self, name: &str) -> Option<Vec<u8>>;
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+}
+
+/// Lazily read, memoized attributes of one request, indexed like `Plan::attrs`.
+pub struct Attributes<'a, S: ?Sized> {
+    source: &'a S,
+    attrs: &'a [Attr],
+    cache: Vec<Option<Option<Vec<u8>>>>,
+}
+
+impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
+    pub fn new(source: &'a S, attrs: &'a [Attr]) -> Self {
+        Attributes {
+            source,
+            attrs,
+            cache: vec![None; attrs.len()],
+        }
+    }
+
+    /// The attribute's value; absent and empty values are both `None`.
+    pub fn get(&mut self, index: usize) -> Option<&[u8]> {
+        let (Some(cached), Some(attr)) = (self.cache.get_mut(index), self.attrs.get(index)) else {
+            return None;
+        };
+        cached
+            .get_or_insert_with(|| fetch(self.source, attr).filter(|v| !v.is_empty()))
+            .as_deref()
+    }
+}
+
+fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> {
+    match attr {
+        Attr::Header(name) => source.header(name),
+        Attr::Ip => source.property(&["source", "address"]).map(strip_port),
+        Attr::Path => source.header(":path").map(strip_query),
+        Attr::Method => source.header(":method"),
+        Attr::Authority => source.header(":authority"),
+        Attr::Route => source.property(&["xds", "route_name"]),
+    }
+}
+
+/// `1.2.3.4:5678` → `1.2.3.4`, `[::1]:5678` → `::1`; anything else is kept whole.
+fn strip_port(mut address: Vec<u8>) -> Vec<u8> {
+    if address.first() == Some(&b'[') {
+        if let Some(end) = address.iter().position(|&b| b == b']') {
+            address.truncate(end);
+            address.remove(0);
+        }
+    } else if address.iter().filter(|&&b| b == b':').count() == 1 {
+        if let Some(colon) = address.iter().position(|&b| b == b':') {
+            address.truncate(colon);
+        }
+    }
+    address
+}
+
+fn strip_query(mut path: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = path.iter().position(|&b| b == b'?' || b == b'#') {
+        path.truncate(end);
+    }
+    path
+}
+
+#[cfg(test)]
+pub mod fake {
+    use super::RequestSource;
+    use std::cell::Cell;
+    use std::collections::HashMap;
+
+    /// A request for tests, counting how often the host is asked.
+    #[derive(Default)]
+    pub struct FakeRequest {
+        pub headers: HashMap<String, Vec<u8>>,
+        pub properties: HashMap<String, Vec<u8>>,
+        pub reads: Cell<usize>,
+    }
+
+    impl FakeRequest {
+        pub fn new(headers: &[(&str, &str)]) -> Self {
+            let mut request = FakeRequest::default();
+            for (name, value) in headers {
+                request
+                    .headers
+                    .insert(name.to_string(), value.as_bytes().to_vec());
+            }
+            request
+        }
+
+        pub fn with_property(mut self, path: &str, value: &str) -> Self {
+            self.properties
+                .insert(path.into(), value.as_bytes().to_vec());
+            self
+        }
+    }
+
+    impl RequestSource for FakeRequest {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.reads.set(self.reads.get() + 1);
+            self.headers.get(name).cloned()
+        }
+
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            self.reads.set(self.reads.get() + 1);
+            self.properties.get(&path.join(".")).cloned()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::FakeRequest;
+    use super::*;
+
+    #[test]
+    fn each_attribute_is_read_once() {
+        let request = FakeRequest::new(&[(":path", "/api/x?q=1")]);
+        let attrs = [Attr::Path, Attr::Header("x-user-id".into())];
+        let mut view = Attributes::new(&request, &attrs);
+        assert_eq!(view.get(0), Some(&b"/api/x"[..]));
+        assert_eq!(view.get(0), Some(&b"/api/x"[..]));
+        assert_eq!(view.get(1), None);
+        assert_eq!(view.get(1), None);
+        assert_eq!(request.reads.get(), 2);
+    }
+
+    #[test]
+    fn an_empty_value_counts_as_missing() {
+        let request = FakeRequest::new(&[("x-user-id", "")]);
+        let attrs = [Attr::Header("x-user-id".into())];
+        assert_eq!(Attributes::new(&request, &attrs).get(0), None);
+    }
+
+    #[test]
+    fn ip_loses_its_port() {
+        assert_eq!(strip_port(b"10.1.2.3:4567".to_vec()), b"10.1.2.3");
+        assert_eq!(strip_port(b"[2001:db8::1]:443".to_vec()), b"2001:db8::1");
+        assert_eq!(strip_port(b"2001:db8::1".to_vec()), b"2001:db8::1");
+        assert_eq!(strip_port(b"[".to_vec()), b"[");
+        let request = FakeRequest::default().with_property("source.address", "127.0.0.1:999");
+        assert_eq!(
+            Attributes::new(&request, &[Attr::Ip]).get(0),
+            Some(&b"127.0.0.1"[..])
+        );
+    }
+
+    #[test]
+    fn path_loses_query_and_fragment() {
+        assert_eq!(strip_query(b"/a/b?c=d".to_vec()), b"/a/b");
+        assert_eq!(strip_query(b"/a#x".to_vec()), b"/a");
+        assert_eq!(strip_query(b"?".to_vec()), b"");
+    }
+}

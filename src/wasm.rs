@@ -1,0 +1,174 @@
+//! The proxy-wasm glue: the only module that talks to Envoy. It implements `Host` and
+//! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
+
+use crate::filter::{count_config_error, Filter, Host, Metrics, Reported, Verdict};
+use crate::request::RequestSource;
+use crate::store::{Store, StoreError};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// Counters reach Envoy's stats at most this late.
+const COUNTER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| Box::new(Root { filter: None }));
+}}
+
+/// Envoy, as the filter sees it. Failed hostcalls read as absent values or failed writes.
+struct Envoy;
+
+impl RequestSource for Envoy {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+}
+
+impl Store for Envoy {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        match hostcalls::get_shared_data(key) {
+            Ok((value, Some(cas))) => Some((value.unwrap_or_default(), cas)),
+            _ => None,
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), Some(cas)) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(_) => Err(StoreError::Failed),
+        }
+    }
+}
+
+impl Host for Envoy {
+    fn now(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
+        if let Err(status) = hostcalls::send_http_response(status, headers.to_vec(), Some(body)) {
+            log::error!("could not send the local reply: {status:?}");
+        }
+    }
+}
+
+impl Metrics for Envoy {
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        hostcalls::define_metric(MetricType::Counter, name).ok()
+    }
+
+    fn increment(&self, id: u32, by: u64) {
+        let _ = hostcalls::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
+    }
+}
+
+struct Root {
+    filter: Option<Rc<Filter>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        if let Ok(level) = hostcalls::get_log_level() {
+            proxy_wasm::set_log_level(level);
+        }
+        let json = hostcalls::get_buffer(
+            proxy_wasm::types::BufferType::PluginConfiguration,
+            0,
+            usize::MAX,
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+        let plugin = Envoy
+            .property(&["plugin_name"])
+            .and_then(|name| String::from_utf8(name).ok())
+            .unwrap_or_else(|| "sluice".into());
+        match Filter::configure(&json, &plugin, &Envoy, &Envoy) {
+            Ok(filter) => {
+                log::info!(
+                    "sluice: plugin {plugin} configured, version {}, {} policies",
+                    filter.plan().version,
+                    filter.plan().policies.len()
+                );
+                self.filter = Some(Rc::new(filter));
+                let _ = hostcalls::set_tick_period(COUNTER_FLUSH_PERIOD);
+                true
+            }
+            Err(error) => {
+                log::error!("invalid configuration: {error}");
+                count_config_error(&Envoy);
+                false
+            }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(filter) = &self.filter {
+            filter.flush_counters(&Envoy);
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Exchange {
+            filter: self.filter.clone(),
+            reported: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// One HTTP request and its response.
+struct Exchange {
+    filter: Option<Rc<Filter>>,
+    reported: Option<Reported>,
+}
+
+impl Context for Exchange {}
+
+impl HttpContext for Exchange {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let Some(filter) = &self.filter else {
+            // Unreachable while Envoy honours a refused configuration; fail closed regardless.
+            Envoy.send_response(
+                503,
+                &[("content-type", "application/json")],
+                br#"{"error":"rate_limiter_not_configured"}"#,
+            );
+            return Action::Pause;
+        };
+        match filter.on_request_headers(&Envoy) {
+            Verdict::Continue(reported) => {
+                self.reported = reported;
+                Action::Continue
+            }
+            Verdict::Denied => Action::Pause,
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        if let (Some(filter), Some(reported)) = (&self.filter, self.reported.take()) {
+            for (name, value) in filter.response_headers(&reported) {
+                let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
+            }
+        }
+        Action::Continue
+    }
+}
