@@ -472,3 +472,313 @@ fn layout_id(key: &[KeyPart], names: &[String], attrs: &[Attr]) -> u64 {
     names.hash(&mut hasher);
     hasher.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn policy() -> Value {
+        json!({"name": "per-user", "key": ["header:x-user-id"], "requests": 100, "per": "1m", "burst": 20})
+    }
+
+    fn with(policy_fields: Value) -> Value {
+        let mut p = policy();
+        for (k, v) in policy_fields.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        json!({ "policies": [p] })
+    }
+
+    fn refused(config: Value) -> ConfigError {
+        parse(config.to_string().as_bytes()).expect_err("should be refused")
+    }
+
+    fn assert_refused(config: Value, field: &str, reason_contains: &str) {
+        let e = refused(config);
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.reason.contains(reason_contains), "{e}");
+    }
+
+    #[test]
+    fn the_issue_example_compiles_with_defaults() {
+        let plan = parse(
+            br#"{"version":"2026-11-29.1","headers":"legacy","policies":[{"name":"per-user",
+            "match":{"path_prefix":"/api/","methods":["GET","POST"]},"key":["header:x-user-id"],
+            "requests":100,"per":"1m","burst":20,"mode":"enforce"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(plan.version, "2026-11-29.1");
+        let p = &plan.policies[0];
+        assert_eq!((p.cost, p.shadow, p.share_missing_key), (1, false, false));
+        assert_eq!(p.tier.rate, Rate::new(100, 60_000_000_000, 20).unwrap());
+        assert_eq!((p.tier.requests, p.tier.window_secs), (100, 60));
+        assert_eq!(plan.tables[0].capacity, DEFAULT_MAX_KEYS);
+    }
+
+    #[test]
+    fn burst_defaults_to_requests() {
+        let plan = parse(
+            json!({"policies": [{"name": "a", "key": ["ip"], "requests": 7, "per": "1s"}]})
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(plan.policies[0].tier.rate.burst, 7);
+    }
+
+    #[test]
+    fn policies_with_the_same_key_share_one_table() {
+        let config = json!({"policies": [
+            {"name": "second", "key": ["header:x-user-id"], "requests": 1, "per": "1s"},
+            {"name": "ip", "key": ["ip"], "requests": 1, "per": "1s"},
+            {"name": "minute", "key": ["header:X-User-Id"], "requests": 10, "per": "1m", "max_keys": 50000},
+        ]});
+        let plan = parse(config.to_string().as_bytes()).unwrap();
+        assert_eq!(plan.tables.len(), 2);
+        assert_eq!((plan.policies[2].table, plan.policies[2].column), (0, 1));
+        assert_eq!((plan.tables[0].width, plan.tables[0].capacity), (2, 50000));
+    }
+
+    #[test]
+    fn the_slot_layout_id_ignores_attribute_order() {
+        let a = json!({"policies": [
+            {"name": "m", "match": {"headers": [{"name": "x-a", "present": true}]}, "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
+        let b = json!({"policies": [{"name": "m", "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
+        let id = |c: Value| parse(c.to_string().as_bytes()).unwrap().tables[0].layout_id;
+        assert_eq!(id(a), id(b));
+    }
+
+    #[test]
+    fn rejects_unknown_fields_naming_them() {
+        assert_refused(
+            with(json!({"brust": 3})),
+            "policies[0].brust",
+            "unknown field",
+        );
+        assert_refused(
+            json!({"policies": [], "polices": []}),
+            "polices",
+            "unknown field",
+        );
+    }
+
+    #[test]
+    fn rejects_wrong_types_naming_the_field() {
+        assert_refused(
+            with(json!({"burst": "5"})),
+            "policies[0].burst",
+            "invalid type",
+        );
+        assert_refused(
+            with(json!({"key": "ip"})),
+            "policies[0].key",
+            "invalid type",
+        );
+    }
+
+    #[test]
+    fn rejects_zero_and_negative_rates() {
+        assert_refused(
+            with(json!({"requests": 0})),
+            "policies[0].requests",
+            "at least 1",
+        );
+        assert_refused(
+            with(json!({"requests": -5})),
+            "policies[0].requests",
+            "invalid value",
+        );
+        assert_refused(
+            with(json!({"burst": 0})),
+            "policies[0].burst",
+            "must be >= cost",
+        );
+        assert_refused(with(json!({"cost": 0})), "policies[0].cost", "at least 1");
+    }
+
+    #[test]
+    fn rejects_rates_out_of_range() {
+        assert_refused(
+            with(json!({"requests": 2_000_000, "per": "1ms"})),
+            "policies[0].requests",
+            "out of range",
+        );
+        assert_refused(
+            with(json!({"requests": 1, "per": "365d", "burst": 1_000_000})),
+            "policies[0].requests",
+            "out of range",
+        );
+    }
+
+    #[test]
+    fn rejects_burst_below_cost() {
+        assert_refused(
+            with(json!({"burst": 2, "cost": 3})),
+            "policies[0].burst",
+            "must be >= cost (3)",
+        );
+    }
+
+    #[test]
+    fn rejects_unparsable_durations() {
+        assert_refused(with(json!({"per": "1 minute"})), "policies[0].per", "unit");
+        assert_refused(
+            with(json!({"per": "0s"})),
+            "policies[0].per",
+            "greater than zero",
+        );
+    }
+
+    #[test]
+    fn rejects_duplicate_names() {
+        let p = policy();
+        assert_refused(json!({"policies": [p, p]}), "policies[1].name", "duplicate");
+        assert_refused(
+            json!({"policies": [p], "default": p}),
+            "default.name",
+            "duplicate",
+        );
+    }
+
+    #[test]
+    fn rejects_names_that_would_need_escaping() {
+        assert_refused(
+            with(json!({"name": "a\"b"})),
+            "policies[0].name",
+            "characters",
+        );
+        assert_refused(with(json!({"name": ""})), "policies[0].name", "characters");
+    }
+
+    #[test]
+    fn rejects_bad_keys() {
+        assert_refused(with(json!({"key": []})), "policies[0].key", "at least one");
+        assert_refused(
+            with(json!({"key": ["ip", "cookie:x"]})),
+            "policies[0].key[1]",
+            "unknown key part",
+        );
+        assert_refused(
+            with(json!({"missing_key": "deny"})),
+            "policies[0].missing_key",
+            "unknown variant",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_matches() {
+        assert_refused(
+            with(json!({"match": {"path_prefix": "/a", "path_exact": "/b"}})),
+            "policies[0].match.path_exact",
+            "not both",
+        );
+        assert_refused(
+            with(json!({"match": {"path_prefix": "api"}})),
+            "policies[0].match.path_prefix",
+            "start with '/'",
+        );
+        assert_refused(
+            with(json!({"match": {"methods": []}})),
+            "policies[0].match.methods",
+            "not be empty",
+        );
+        assert_refused(
+            with(json!({"match": {"methods": ["get"]}})),
+            "policies[0].match.methods",
+            "upper-case",
+        );
+        assert_refused(
+            with(json!({"match": {"headers": [{"name": "x"}]}})),
+            "policies[0].match.headers[0]",
+            "exactly one",
+        );
+        assert_refused(
+            with(json!({"match": {"headers": [{"name": "a b", "present": true}]}})),
+            "policies[0].match.headers[0].name",
+            "header name",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_modes_and_header_styles() {
+        assert_refused(
+            with(json!({"mode": "log"})),
+            "policies[0].mode",
+            "unknown variant",
+        );
+        assert_refused(
+            json!({"headers": "rfc", "policies": [policy()]}),
+            "headers",
+            "unknown variant",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_tiers() {
+        let tiers = |values: Value| {
+            with(json!({"cost": 2, "tiers": {"by": "header:x-plan", "values": values}}))
+        };
+        assert_refused(
+            tiers(json!({"pro": {"requests": 10, "per": "1s", "burst": 1}})),
+            "policies[0].tiers.values.pro.burst",
+            ">= cost",
+        );
+        assert_refused(
+            tiers(json!({"pro": {"requests": 10, "per": "soon"}})),
+            "policies[0].tiers.values.pro.per",
+            "unit",
+        );
+        assert_refused(
+            tiers(json!({"pro": {"requests": 10}})),
+            "policies[0].tiers.values.pro",
+            "missing field `per`",
+        );
+        assert_refused(
+            with(json!({"tiers": {"by": "plan", "values": {}}})),
+            "policies[0].tiers.by",
+            "unknown key part",
+        );
+    }
+
+    #[test]
+    fn rejects_max_keys_out_of_range() {
+        assert_refused(
+            with(json!({"max_keys": 0})),
+            "policies[0].max_keys",
+            "between",
+        );
+        assert_refused(
+            with(json!({"max_keys": 2_000_000})),
+            "policies[0].max_keys",
+            "between",
+        );
+    }
+
+    #[test]
+    fn rejects_an_empty_configuration() {
+        assert_refused(json!({}), "policies", "at least one");
+        assert_eq!(refused(json!([])).field, "configuration");
+        assert!(parse(b"not json").is_err());
+    }
+
+    #[test]
+    fn a_default_policy_takes_no_match() {
+        let mut d = policy();
+        d["match"] = json!({"path_prefix": "/"});
+        assert_refused(
+            json!({"policies": [], "default": d}),
+            "default.match",
+            "no match",
+        );
+        let plan = parse(json!({"default": policy()}).to_string().as_bytes()).unwrap();
+        assert!(plan.policies[0].fallback);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..200)) {
+            let _ = parse(&bytes);
+        }
+    }
+}

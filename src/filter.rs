@@ -297,3 +297,352 @@ impl Filter {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::request::fake::FakeRequest;
+    use crate::store::{MemoryStore, StoreError};
+    use serde_json::{json, Value};
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    /// One Envoy worker: its own request, clock and replies; the store may be shared.
+    struct FakeHost {
+        store: Arc<MemoryStore>,
+        request: RefCell<FakeRequest>,
+        now: Cell<u64>,
+        replies: RefCell<Vec<(u32, Vec<(String, String)>, String)>>,
+        counters: RefCell<Vec<(String, u64)>>,
+    }
+
+    impl FakeHost {
+        fn new(store: Arc<MemoryStore>) -> Self {
+            FakeHost {
+                store,
+                request: RefCell::new(FakeRequest::default()),
+                now: Cell::new(T0),
+                replies: RefCell::default(),
+                counters: RefCell::default(),
+            }
+        }
+
+        fn counter(&self, name: &str) -> u64 {
+            self.counters
+                .borrow()
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |(_, v)| *v)
+        }
+    }
+
+    impl RequestSource for FakeHost {
+        fn header(&self, name: &str) -> Option<Vec<u8>> {
+            self.request.borrow().header(name)
+        }
+        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+            self.request.borrow().property(path)
+        }
+    }
+
+    impl Store for FakeHost {
+        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.store.get(key)
+        }
+        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            self.store.set(key, value, cas)
+        }
+    }
+
+    impl Host for FakeHost {
+        fn now(&self) -> u64 {
+            self.now.get()
+        }
+        fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
+            let headers = headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect();
+            self.replies
+                .borrow_mut()
+                .push((status, headers, String::from_utf8_lossy(body).into()));
+        }
+    }
+
+    impl Metrics for FakeHost {
+        fn define_counter(&self, name: &str) -> Option<u32> {
+            let mut counters = self.counters.borrow_mut();
+            counters.push((name.to_string(), 0));
+            Some(counters.len() as u32 - 1)
+        }
+        fn increment(&self, id: u32, by: u64) {
+            self.counters.borrow_mut()[id as usize].1 += by;
+        }
+    }
+
+    /// A filter on its own worker and store.
+    fn setup(config: Value) -> (Filter, FakeHost) {
+        let host = FakeHost::new(Arc::default());
+        (configure(&config, &host), host)
+    }
+
+    fn configure(config: &Value, host: &FakeHost) -> Filter {
+        Filter::configure(config.to_string().as_bytes(), "test", host, host).unwrap()
+    }
+
+    fn send(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> Verdict {
+        *host.request.borrow_mut() =
+            FakeRequest::new(headers).with_property("source.address", "10.0.0.1:5555");
+        filter.on_request_headers(host)
+    }
+
+    fn statuses(filter: &Filter, host: &FakeHost, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+        (0..n)
+            .map(|_| match send(filter, host, headers) {
+                Verdict::Continue(_) => 200,
+                Verdict::Denied => 429,
+            })
+            .collect()
+    }
+
+    fn per_user(burst: u64) -> Value {
+        json!({"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": burst})
+    }
+
+    const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+    #[test]
+    fn eight_rapid_requests_with_burst_five_give_five_200s_then_three_429s() {
+        let (filter, host) = setup(json!({"policies": [per_user(5)]}));
+        assert_eq!(
+            statuses(&filter, &host, 8, ALICE),
+            [200, 200, 200, 200, 200, 429, 429, 429]
+        );
+        host.now.set(T0 + 2 * SEC);
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    }
+
+    #[test]
+    fn a_denial_is_a_json_429_with_retry_after_and_headers() {
+        let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
+        statuses(&filter, &host, 2, ALICE);
+        let replies = host.replies.borrow();
+        let (status, headers, body) = &replies[0];
+        assert_eq!(*status, 429);
+        assert_eq!(
+            body,
+            r#"{"error":"too_many_requests","policy":"per-user","retry_after":1}"#
+        );
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(header("content-type"), Some("application/json"));
+        assert_eq!(header("retry-after"), Some("1"));
+        assert_eq!(header("x-ratelimit-remaining"), Some("0"));
+        assert_eq!(header("ratelimit"), Some(r#""per-user";r=0;t=1"#));
+    }
+
+    #[test]
+    fn allowed_responses_report_the_most_restrictive_policy() {
+        let config = json!({"policies": [
+            {"name": "roomy", "key": ["header:x-user-id"], "requests": 100, "per": "1s"},
+            {"name": "tight", "key": ["ip"], "requests": 1, "per": "1s", "burst": 3},
+        ]});
+        let (filter, host) = setup(config);
+        let Verdict::Continue(Some(reported)) = send(&filter, &host, ALICE) else {
+            panic!("allowed")
+        };
+        let headers = filter.response_headers(&reported);
+        assert_eq!(headers[0], ("x-ratelimit-limit", "3".to_string()));
+        assert_eq!(headers[1], ("x-ratelimit-remaining", "2".to_string()));
+    }
+
+    #[test]
+    fn keys_are_isolated() {
+        let (filter, host) = setup(json!({"policies": [per_user(2)]}));
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+        assert_eq!(
+            statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+            [200, 200]
+        );
+    }
+
+    #[test]
+    fn a_request_without_the_key_passes_unless_missing_keys_share_a_bucket() {
+        let (filter, host) = setup(json!({"policies": [per_user(1)]}));
+        assert_eq!(statuses(&filter, &host, 3, &[]), [200, 200, 200]);
+        let mut shared = per_user(1);
+        shared["missing_key"] = json!("shared");
+        let (filter, host) = setup(json!({"policies": [shared]}));
+        assert_eq!(
+            statuses(&filter, &host, 2, &[("x-user-id", "")]),
+            [200, 429]
+        );
+        assert_eq!(statuses(&filter, &host, 1, ALICE), [200]);
+    }
+
+    #[test]
+    fn a_layered_denial_charges_no_other_policy() {
+        let config = json!({"policies": [
+            {"name": "per-second", "key": ["header:x-user-id"], "requests": 2, "per": "1s"},
+            {"name": "per-minute", "key": ["header:x-user-id"], "requests": 3, "per": "1m"},
+            {"name": "per-ip", "key": ["ip"], "requests": 10, "per": "1m"},
+        ]});
+        let (filter, host) = setup(config);
+        assert_eq!(statuses(&filter, &host, 4, ALICE), [200, 200, 429, 429]);
+        host.now.set(T0 + 1_100 * SEC / 1000);
+        assert_eq!(
+            statuses(&filter, &host, 2, ALICE),
+            [200, 429],
+            "per-minute has one left"
+        );
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-ip.allowed"), 3);
+        let Verdict::Continue(Some(r)) = send(&filter, &host, &[("x-user-id", "bob")]) else {
+            panic!()
+        };
+        let remaining_ip = filter.response_headers(&r);
+        assert_eq!(
+            remaining_ip[1].1, "1",
+            "bob's per-second bucket is the tightest"
+        );
+        assert_eq!(host.counter("sluice.per-minute.denied"), 1);
+    }
+
+    #[test]
+    fn shadow_policies_count_but_never_deny_or_report() {
+        let mut shadow = per_user(1);
+        shadow["mode"] = json!("shadow");
+        let (filter, host) = setup(json!({"policies": [shadow]}));
+        let verdicts: Vec<Verdict> = (0..3).map(|_| send(&filter, &host, ALICE)).collect();
+        assert!(verdicts.iter().all(|v| *v == Verdict::Continue(None)));
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-user.shadow_denied"), 2);
+        assert_eq!(host.counter("sluice.per-user.allowed"), 1);
+        assert!(host.replies.borrow().is_empty());
+    }
+
+    #[test]
+    fn tiers_give_premium_keys_their_own_rate() {
+        let mut tiered = per_user(1);
+        tiered["tiers"] = json!({"by": "header:x-plan", "values": {"premium": {"requests": 10, "per": "1s", "burst": 3}}});
+        let (filter, host) = setup(json!({"policies": [tiered]}));
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+        let premium = &[("x-user-id", "carol"), ("x-plan", "premium")];
+        assert_eq!(statuses(&filter, &host, 4, premium), [200, 200, 200, 429]);
+        let unknown = &[("x-user-id", "dave"), ("x-plan", "gold")];
+        assert_eq!(statuses(&filter, &host, 2, unknown), [200, 429]);
+    }
+
+    #[test]
+    fn cost_takes_several_tokens() {
+        let mut costly = per_user(5);
+        costly["cost"] = json!(2);
+        let (filter, host) = setup(json!({"policies": [costly]}));
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    }
+
+    #[test]
+    fn the_default_policy_applies_only_when_nothing_matched() {
+        let mut api = per_user(1);
+        api["match"] = json!({"path_prefix": "/api/"});
+        let config = json!({"policies": [api], "default": {"name": "baseline", "key": ["ip"], "requests": 1, "per": "1s", "burst": 2}});
+        let (filter, host) = setup(config);
+        let other = &[(":path", "/static/x"), ("x-user-id", "alice")];
+        assert_eq!(statuses(&filter, &host, 3, other), [200, 200, 429]);
+        let api = &[(":path", "/api/x"), ("x-user-id", "alice")];
+        assert_eq!(statuses(&filter, &host, 2, api), [200, 429]);
+    }
+
+    #[test]
+    fn each_attribute_is_read_once_per_request() {
+        let mut p = per_user(5);
+        p["match"] = json!({"path_prefix": "/api/", "methods": ["GET"], "headers": [{"name": "x-user-id", "present": true}]});
+        let mut q = p.clone();
+        q["name"] = json!("again");
+        let (filter, host) = setup(json!({"policies": [p, q]}));
+        send(
+            &filter,
+            &host,
+            &[(":path", "/api/x"), (":method", "GET"), ("x-user-id", "a")],
+        );
+        assert_eq!(host.request.borrow().reads.get(), 3);
+    }
+
+    #[test]
+    fn a_clock_stepping_back_gives_no_extra_tokens() {
+        let (filter, host) = setup(json!({"policies": [per_user(2)]}));
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 200]);
+        host.now.set(T0 + 5 * SEC);
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 200]);
+        host.now.set(T0);
+        assert_eq!(statuses(&filter, &host, 1, ALICE), [429]);
+    }
+
+    #[test]
+    fn counters_reach_the_host_only_when_flushed() {
+        let (filter, host) = setup(json!({"policies": [per_user(1)]}));
+        statuses(&filter, &host, 3, ALICE);
+        assert_eq!(host.counter("sluice.per-user.denied"), 0);
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-user.denied"), 2);
+        assert_eq!(host.counter("sluice.per-user.allowed"), 1);
+    }
+
+    #[test]
+    fn workers_racing_on_one_fresh_key_never_over_admit() {
+        let store = Arc::new(MemoryStore::default());
+        let config = json!({"policies": [per_user(50)]});
+        configure(&config, &FakeHost::new(store.clone()));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, config) = (store.clone(), config.clone());
+                std::thread::spawn(move || {
+                    let host = FakeHost::new(store);
+                    let filter = configure(&config, &host);
+                    let admitted = statuses(&filter, &host, 500, ALICE)
+                        .iter()
+                        .filter(|&&s| s == 200)
+                        .count();
+                    filter.flush_counters(&host);
+                    (
+                        admitted,
+                        host.counter("sluice.cas_retries"),
+                        host.counter("sluice.cas_exhausted"),
+                    )
+                })
+            })
+            .collect();
+        let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        let admitted: usize = results.iter().map(|r| r.0).sum();
+        assert_eq!(admitted, 50, "{results:?}");
+    }
+
+    #[test]
+    fn a_flood_of_keys_stays_within_max_keys() {
+        let mut p = per_user(5);
+        p["max_keys"] = json!(64);
+        let (filter, host) = setup(json!({"policies": [p]}));
+        for i in 0..5_000 {
+            send(&filter, &host, &[("x-user-id", &format!("user-{i}"))]);
+        }
+        assert_eq!(host.store.entry_count(), 64);
+        filter.flush_counters(&host);
+        assert!(host.counter("sluice.evictions") > 0);
+    }
+
+    #[test]
+    fn configure_refuses_bad_json() {
+        let host = FakeHost::new(Arc::default());
+        let err =
+            Filter::configure(br#"{"policies": [{"name": "x"}]}"#, "t", &host, &host).unwrap_err();
+        assert!(err.to_string().starts_with("policies[0]"), "{err}");
+    }
+}
