@@ -306,17 +306,19 @@ mod tests {
     use crate::store::{MemoryStore, StoreError};
     use serde_json::{json, Value};
     use std::cell::RefCell;
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     const T0: u64 = 1_800_000_000 * SEC;
+
+    /// A local reply: status, headers, body.
+    type Reply = (u32, Vec<(String, String)>, String);
 
     /// One Envoy worker: its own request, clock and replies; the store may be shared.
     struct FakeHost {
         store: Arc<MemoryStore>,
         request: RefCell<FakeRequest>,
         now: Cell<u64>,
-        replies: RefCell<Vec<(u32, Vec<(String, String)>, String)>>,
+        replies: RefCell<Vec<Reply>>,
         counters: RefCell<Vec<(String, u64)>>,
     }
 
