@@ -1,0 +1,672 @@
+//! Integration-test harness: runs a real Envoy with the sluice wasm filter and
+//! talks plain HTTP/1.1 to it.
+//!
+//! ```ignore
+//! let envoy = Envoy::start(r#"{"policies":[...]}"#);
+//! let r = envoy.get("/api/x", &[("x-user-id", b"alice")]);
+//! assert_eq!(r.status, 200);
+//! ```
+//!
+//! Each `Envoy` gets its own temp dir (bootstrap.yaml, envoy.log) and free
+//! loopback ports; dropping it stops the process, also when a test panics. A
+//! failing test prints the tail of Envoy's log and keeps the temp dir.
+//!
+//! The filter is `target/wasm32-wasip1/release/sluice.wasm` (`make build`),
+//! or `$SLUICE_WASM` when set.
+//! The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
+
+// Each test binary compiles this module and uses only part of it. It is test
+// support code (not under #[test], so clippy's in-tests allowances miss it):
+// panicking with a clear message is how it reports a broken setup.
+#![allow(
+    dead_code,
+    clippy::panic,
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::indexing_slicing
+)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Envoy puts the counters a wasm module defines under this prefix: the filter's
+/// `sluice.per-user.allowed` is `wasmcustom.sluice.per-user.allowed` in /stats.
+pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
+
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Starting again with new ports when another process took ours in between.
+const START_ATTEMPTS: u32 = 3;
+
+/// How to start Envoy. `Envoy::start(json)` is `EnvoyOptions::new(json).start()`.
+#[derive(Clone, Debug)]
+pub struct EnvoyOptions {
+    /// The plugin configuration JSON; `None` leaves the wasm filter out.
+    pub plugin_json: Option<String>,
+    /// HCM `use_remote_address` (default true: the client is the TCP peer).
+    pub use_remote_address: bool,
+    /// HCM `xff_num_trusted_hops` (default 0). With 1 and `use_remote_address`,
+    /// a request's `x-forwarded-for: 10.0.0.7` makes its client IP 10.0.0.7.
+    pub xff_num_trusted_hops: u32,
+    /// Worker threads, each with its own wasm VM (default 2).
+    pub concurrency: u32,
+}
+
+impl EnvoyOptions {
+    pub fn new(plugin_json: &str) -> Self {
+        EnvoyOptions {
+            plugin_json: Some(plugin_json.to_string()),
+            use_remote_address: true,
+            xff_num_trusted_hops: 0,
+            concurrency: 2,
+        }
+    }
+
+    /// Envoy with only the router: for checking the harness itself.
+    pub fn without_filter() -> Self {
+        EnvoyOptions {
+            plugin_json: None,
+            ..EnvoyOptions::new("")
+        }
+    }
+
+    pub fn use_remote_address(mut self, on: bool) -> Self {
+        self.use_remote_address = on;
+        self
+    }
+
+    pub fn xff_num_trusted_hops(mut self, hops: u32) -> Self {
+        self.xff_num_trusted_hops = hops;
+        self
+    }
+
+    pub fn concurrency(mut self, workers: u32) -> Self {
+        self.concurrency = workers;
+        self
+    }
+
+    /// Starts Envoy and waits until it is ready; panics with Envoy's log if it is not.
+    pub fn start(self) -> Envoy {
+        match self.try_start() {
+            Ok(envoy) => envoy,
+            Err(log) => panic!("Envoy did not start; its log:\n{log}"),
+        }
+    }
+
+    /// Starts Envoy and waits until it is ready. `Err` carries Envoy's log when
+    /// it exits or is not ready within 30 s: the way to test rejected configs.
+    pub fn try_start(self) -> Result<Envoy, String> {
+        let mut attempt = 1;
+        loop {
+            match Envoy::launch(&self) {
+                Err(log) if attempt < START_ATTEMPTS && log.contains("Address already in use") => {
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A running Envoy. Dropping it stops the process.
+pub struct Envoy {
+    child: Child,
+    dir: PathBuf,
+    /// The HTTP listener, on 127.0.0.1.
+    pub port: u16,
+    /// The admin interface, on 127.0.0.1.
+    pub admin_port: u16,
+}
+
+impl Envoy {
+    /// Envoy with the sluice filter configured by `plugin_json` and the defaults
+    /// of `EnvoyOptions`. Panics with Envoy's log if it does not become ready.
+    pub fn start(plugin_json: &str) -> Envoy {
+        EnvoyOptions::new(plugin_json).start()
+    }
+
+    /// Like `start`, but returns Envoy's log instead of panicking: for
+    /// configurations that must be refused.
+    pub fn try_start(plugin_json: &str) -> Result<Envoy, String> {
+        EnvoyOptions::new(plugin_json).try_start()
+    }
+
+    /// Starting point for non-default options: `Envoy::options(json).concurrency(1).start()`.
+    pub fn options(plugin_json: &str) -> EnvoyOptions {
+        EnvoyOptions::new(plugin_json)
+    }
+
+    fn launch(opts: &EnvoyOptions) -> Result<Envoy, String> {
+        let dir = fresh_temp_dir();
+        let port = free_port();
+        let admin_port = free_port();
+        let bootstrap = dir.join("bootstrap.yaml");
+        let log_path = dir.join("envoy.log");
+        std::fs::write(&bootstrap, bootstrap_yaml(opts, port, admin_port))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
+        let log_file = std::fs::File::create(&log_path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
+        let log_file2 = log_file.try_clone().expect("dup log file handle");
+
+        let child = Command::new(envoy_binary())
+            .arg("-c")
+            .arg(&bootstrap)
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            // No shared memory or sockets of hot restart: nothing is left over
+            // when a test process dies, and Envoys never collide on a base id.
+            .args(["--disable-hot-restart", "--use-dynamic-base-id"])
+            .args(["-l", "info"])
+            .stdin(Stdio::null())
+            .stdout(log_file)
+            .stderr(log_file2)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", envoy_binary().display()));
+
+        let mut envoy = Envoy {
+            child,
+            dir,
+            port,
+            admin_port,
+        };
+        envoy.wait_ready()?;
+        Ok(envoy)
+    }
+
+    /// Polls the admin `/ready` until it says LIVE. On failure the process is
+    /// stopped and its log returned.
+    fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("{}\n[harness] Envoy exited: {status}", self.log()));
+            }
+            if let Ok(r) = http_request(self.admin_addr(), "GET", "/ready", &[]) {
+                if r.status == 200 && r.text().trim() == "LIVE" {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                self.stop();
+                return Err(format!(
+                    "{}\n[harness] Envoy was not LIVE within {READY_TIMEOUT:?}",
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    pub fn admin_addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.admin_port))
+    }
+
+    /// GET `path` on the listener with extra request headers (raw byte values).
+    pub fn get(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        self.request("GET", path, headers)
+    }
+
+    /// Any method. A `host` header in `headers` replaces the default one.
+    pub fn request(&self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        http_request(self.addr(), method, path, headers).unwrap_or_else(|e| {
+            panic!(
+                "{method} {path}: {e}\nEnvoy log tail:\n{}",
+                self.log_tail(40)
+            )
+        })
+    }
+
+    /// GET on the admin interface.
+    pub fn admin_get(&self, path: &str) -> Response {
+        http_request(self.admin_addr(), "GET", path, &[])
+            .unwrap_or_else(|e| panic!("admin GET {path}: {e}"))
+    }
+
+    /// Counters and gauges from `/stats?filter=REGEX`, by full name.
+    pub fn admin_stats(&self, filter: &str) -> HashMap<String, u64> {
+        let r = self.admin_get(&format!("/stats?filter={}", percent_encode(filter)));
+        assert_eq!(r.status, 200, "/stats: {}", r.text());
+        r.text()
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// A counter the filter defines, by the name the filter gives it
+    /// (`sluice.per-user.allowed`); `None` if Envoy does not have it.
+    pub fn wasm_counter(&self, name: &str) -> Option<u64> {
+        let full = format!("{WASM_STAT_PREFIX}{name}");
+        let regex = format!("^{}$", full.replace('.', "\\."));
+        self.admin_stats(&regex).get(&full).copied()
+    }
+
+    /// Everything Envoy has logged so far.
+    pub fn log(&self) -> String {
+        let bytes = std::fs::read(self.dir.join("envoy.log")).unwrap_or_default();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// The temp dir with bootstrap.yaml and envoy.log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// SIGTERM, then SIGKILL after a grace period; always reaps the child.
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        send_sigterm(self.child.id());
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- Envoy log tail ({}/envoy.log) ---\n{}\n---",
+                self.dir.display(),
+                self.log_tail(60)
+            );
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// std only offers SIGKILL (`Child::kill`); SIGTERM lets Envoy shut down cleanly.
+fn send_sigterm(pid: u32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    const SIGTERM: i32 = 15;
+    if let Ok(pid) = i32::try_from(pid) {
+        // SAFETY: kill(2) takes two integers and touches no memory of ours. The
+        // pid is our own unreaped child, so it cannot belong to another process.
+        unsafe {
+            kill(pid, SIGTERM);
+        }
+    }
+}
+
+/// An HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    /// In order received; names lower-cased, values as sent.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header with this (case-insensitive) name.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text (lossy UTF-8).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One request on a fresh connection with `Connection: close`.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+) -> Result<Response, String> {
+    let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    stream
+        .set_write_timeout(Some(IO_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+
+    let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
+    }
+    for (name, value) in headers {
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"connection: close\r\n\r\n");
+    stream.write_all(&req).map_err(|e| format!("write: {e}"))?;
+
+    // Read until the response is complete, not to EOF: after `connection:
+    // close` Envoy waits up to its delayed_close_timeout (1 s) before closing,
+    // which would make every request take a second.
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = stream.read(&mut buf).map_err(|e| format!("read: {e}"))?;
+        raw.extend_from_slice(&buf[..n]);
+        let eof = n == 0;
+        if let Some(response) = parse_response(&raw, eof, method == "HEAD")? {
+            return Ok(response);
+        }
+        if eof {
+            return Err(format!(
+                "connection closed before a complete response: {:?}",
+                String::from_utf8_lossy(&raw)
+            ));
+        }
+    }
+}
+
+/// `Ok(None)` while `raw` does not hold a complete response yet.
+fn parse_response(raw: &[u8], eof: bool, head_only: bool) -> Result<Option<Response>, String> {
+    let Some(head_end) = find(raw, b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
+    let rest = &raw[head_end + 4..];
+
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let status: u16 = status_line
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut response = Response {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+
+    let chunked = response
+        .header("transfer-encoding")
+        .is_some_and(|te| te.eq_ignore_ascii_case("chunked"));
+    let body = if head_only || status == 204 || status == 304 {
+        Some(Vec::new())
+    } else if chunked {
+        decode_chunked(rest)?
+    } else if let Some(len) = response.header("content-length") {
+        let len: usize = len
+            .parse()
+            .map_err(|_| format!("bad content-length {len:?}"))?;
+        rest.get(..len).map(<[u8]>::to_vec)
+    } else if eof {
+        Some(rest.to_vec())
+    } else {
+        None
+    };
+    Ok(body.map(|body| {
+        response.body = body;
+        response
+    }))
+}
+
+/// The decoded body, or `Ok(None)` while the last chunk has not arrived.
+fn decode_chunked(mut data: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let mut body = Vec::new();
+    loop {
+        let Some(line_end) = find(data, b"\r\n") else {
+            return Ok(None);
+        };
+        let size_line = String::from_utf8_lossy(&data[..line_end]);
+        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| format!("bad chunk size {size_hex:?}"))?;
+        data = &data[line_end + 2..];
+        if size == 0 {
+            // Complete once the (ignored) trailer section ends with an empty line.
+            let done = data.starts_with(b"\r\n") || find(data, b"\r\n\r\n").is_some();
+            return Ok(done.then_some(body));
+        }
+        let (Some(chunk), Some(after)) = (data.get(..size), data.get(size + 2..)) else {
+            return Ok(None);
+        };
+        body.extend_from_slice(chunk);
+        data = after;
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `$ENVOY`, else the path `scripts/find-envoy` prints (resolved once per test binary).
+pub fn envoy_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY
+        .get_or_init(|| {
+            if let Some(path) = std::env::var_os("ENVOY").filter(|p| !p.is_empty()) {
+                return PathBuf::from(path);
+            }
+            let script = repo_root().join("scripts/find-envoy");
+            let out = Command::new(&script)
+                .stdin(Stdio::null())
+                .stderr(Stdio::inherit())
+                .output()
+                .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+            assert!(
+                out.status.success(),
+                "{} failed: {}",
+                script.display(),
+                out.status
+            );
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        })
+        .clone()
+}
+
+/// Absolute path of the release wasm (`$SLUICE_WASM` overrides it); panics if
+/// it has not been built.
+pub fn wasm_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("SLUICE_WASM").filter(|p| !p.is_empty()) {
+        return PathBuf::from(path);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let wasm = target.join("wasm32-wasip1/release/sluice.wasm");
+    assert!(
+        wasm.is_file(),
+        "{} is missing: run `make build` first",
+        wasm.display()
+    );
+    warn_if_stale(&wasm);
+    wasm
+}
+
+/// `cargo test` alone does not rebuild the wasm; say so when src/ is newer.
+fn warn_if_stale(wasm: &Path) {
+    static WARNED: OnceLock<()> = OnceLock::new();
+    WARNED.get_or_init(|| {
+        let built = std::fs::metadata(wasm).and_then(|m| m.modified()).ok();
+        let newest_src = newest_mtime(&repo_root().join("src"));
+        if let (Some(built), Some(src)) = (built, newest_src) {
+            if src > built {
+                eprintln!(
+                    "warning: src/ is newer than {}: run `make build` (or `make test`)",
+                    wasm.display()
+                );
+            }
+        }
+    });
+}
+
+fn newest_mtime(dir: &Path) -> Option<SystemTime> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let meta = entry.metadata().ok()?;
+            if meta.is_dir() {
+                newest_mtime(&entry.path())
+            } else {
+                meta.modified().ok()
+            }
+        })
+        .max()
+}
+
+fn fresh_temp_dir() -> PathBuf {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-envoy-{}-{}-{nanos}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// A port that was free a moment ago (bind port 0, read it, release it).
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding an ephemeral port on 127.0.0.1")
+}
+
+/// A YAML double-quoted scalar holding `s` exactly.
+fn yaml_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{:04X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The static bootstrap: the same shape as envoy/demo.yaml, with the given
+/// ports, an absolute wasm path, and routes `api` (/api/) and `default` (/)
+/// that both answer 200 "ok".
+fn bootstrap_yaml(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
+    let wasm_filter = match &opts.plugin_json {
+        None => String::new(),
+        Some(json) => format!(
+            r#"
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: sluice
+                root_id: sluice
+                vm_config:
+                  vm_id: sluice
+                  runtime: envoy.wasm.runtime.v8
+                  code:
+                    local:
+                      filename: {wasm}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {json}"#,
+            wasm = yaml_quote(&wasm_path().to_string_lossy()),
+            json = yaml_quote(json),
+        ),
+    };
+    format!(
+        r#"admin:
+  address:
+    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
+static_resources:
+  listeners:
+  - name: test
+    address:
+      socket_address: {{ address: 127.0.0.1, port_value: {port} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: test
+          use_remote_address: {use_remote_address}
+          xff_num_trusted_hops: {xff_num_trusted_hops}
+          route_config:
+            name: test
+            virtual_hosts:
+            - name: test
+              domains: ["*"]
+              routes:
+              - name: api
+                match: {{ prefix: /api/ }}
+                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
+              - name: default
+                match: {{ prefix: / }}
+                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
+          http_filters:{wasm_filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#,
+        use_remote_address = opts.use_remote_address,
+        xff_num_trusted_hops = opts.xff_num_trusted_hops,
+    )
+}
