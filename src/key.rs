@@ -28,7 +28,7 @@ pub const MISSING_KEY: u64 = 0x6d69_7373_696e_6721;
 pub fn parse_part(text: &str, intern: &mut impl FnMut(Attr) -> usize) -> Result<KeyPart, String> {
     let alternatives = text
         .split('|')
-        .map(|alt| parse_source(alt.trim(), intern))
+        .map(|alt| parse_source(alt, intern))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(KeyPart { alternatives })
 }
