@@ -155,6 +155,7 @@ mod tests {
             "header:",
             "header:a b",
             "ip|",
+            "ip | path",
             "",
             "header:x\u{e9}",
         ] {
