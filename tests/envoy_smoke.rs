@@ -22,6 +22,18 @@ fn eight_rapid_requests_with_burst_5_give_five_200s_then_three_429s() {
 }
 
 #[test]
+fn allowed_and_denied_requests_are_counted_per_policy() {
+    let envoy = Envoy::start(ONE_PER_SECOND_BURST_5);
+
+    for _ in 0..8 {
+        envoy.get("/api/hello", &[("x-user-id", b"alice")]);
+    }
+
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.per-user.allowed", 5), 5);
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.per-user.denied", 3), 3);
+}
+
+#[test]
 fn a_refused_configuration_keeps_envoy_from_starting() {
     let bad = r#"{"policies": [{"name": "p", "key": ["ip"], "requests": 1, "per": "1s", "burst": 2, "cost": 3}]}"#;
 

@@ -43,6 +43,7 @@ pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+const COUNTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Starting again with new ports when another process took ours in between.
 const START_ATTEMPTS: u32 = 3;
 
@@ -252,6 +253,20 @@ impl Envoy {
         let full = format!("{WASM_STAT_PREFIX}{name}");
         let regex = format!("^{}$", full.replace('.', "\\."));
         self.admin_stats(&regex).get(&full).copied()
+    }
+
+    /// Polls `wasm_counter(name)` until it equals `expected` (at most 5 s) and
+    /// returns the last value seen (0 while absent). The filter may batch its
+    /// counters and flush them on a timer, so they can lag the responses.
+    pub fn wait_for_wasm_counter(&self, name: &str, expected: u64) -> u64 {
+        let deadline = Instant::now() + COUNTER_TIMEOUT;
+        loop {
+            let value = self.wasm_counter(name).unwrap_or(0);
+            if value == expected || Instant::now() > deadline {
+                return value;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Everything Envoy has logged so far.
