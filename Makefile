@@ -42,7 +42,9 @@ lint: toolchain
 
 # Lint first so that cargo test's summary is the last thing printed. Envoy
 # itself checks the demo config (this loads the wasm, so it needs the build).
+# The core's unit tests also run compiled for wasm32, under Node's WASI (.cargo/config.toml).
 test: lint build
+	cd $(ROOT) && cargo test --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
 	"$$ENVOY" --mode validate -c envoy/demo.yaml -l warn && \
 	cargo test --doc && cargo test --all-targets
