@@ -1,7 +1,7 @@
 //! The plugin configuration: parsed strictly once, then compiled into the `Plan` that every
 //! request reads. Any error names the field and the reason; nothing half-valid gets through.
 
-use crate::duration::{ceil_secs, parse_nanos};
+use crate::duration::parse_nanos;
 use crate::gcra::Rate;
 use crate::headers::HeaderStyle;
 use crate::key::{parse_part, KeyPart, Source};
@@ -25,6 +25,26 @@ struct RawConfig {
     #[serde(default)]
     policies: Vec<RawPolicy>,
     default: Option<RawPolicy>,
+    global: Option<RawGlobal>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGlobal {
+    cluster: String,
+    authority: String,
+    #[serde(default = "default_check_path")]
+    path: String,
+    #[serde(default = "default_timeout")]
+    timeout: String,
+}
+
+fn default_check_path() -> String {
+    "/v1/check".into()
+}
+
+fn default_timeout() -> String {
+    "50ms".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -46,6 +66,26 @@ struct RawPolicy {
     tiers: Option<RawTiers>,
     #[serde(default = "default_max_keys")]
     max_keys: u32,
+    #[serde(default)]
+    scope: Scope,
+    failure_mode: Option<FailureMode>,
+    lease: Option<u64>,
+    emergency: Option<RawRate>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Scope {
+    #[default]
+    Local,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FailureMode {
+    Open,
+    Closed,
 }
 
 fn one() -> u64 {
@@ -130,10 +170,29 @@ fn error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
 pub struct Tier {
     pub rate: Rate,
     pub requests: u64,
-    pub window_secs: u64,
+    pub per_nanos: u64,
 }
 
-/// A compiled policy. `table` and `column` say where its bucket lives.
+/// How a global policy is decided: by the service, with a local lease and a failure mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GlobalPolicy {
+    /// Tokens asked of the service per callout (`lease`, or just the cost: strict mode).
+    pub take: u64,
+    /// When the service cannot answer: `Some(rate)` enforces that rate locally instead
+    /// (`None` in it: the request's own tier); `None`: fail closed with a 503.
+    pub fail_open: Option<Option<Tier>>,
+}
+
+/// Where and how the rate-limit service is called, from the top-level `global` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalService {
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub timeout_ms: u64,
+}
+
+/// A compiled policy. `table` and `column` say where its state lives in the key's slot.
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub name: String,
@@ -145,8 +204,22 @@ pub struct Policy {
     pub cost: u64,
     pub tier: Tier,
     pub tiers: Option<(KeyPart, HashMap<Vec<u8>, Tier>)>,
+    /// `None`: a local policy, decided by its bucket in shared data.
+    pub global: Option<GlobalPolicy>,
     pub table: usize,
     pub column: usize,
+}
+
+impl Policy {
+    /// Words of state per key: a local bucket is one TAT; a global policy keeps its lease,
+    /// over-limit mark and emergency bucket (see `limiter::GlobalState`).
+    pub fn columns(&self) -> usize {
+        if self.global.is_some() {
+            4
+        } else {
+            1
+        }
+    }
 }
 
 /// A shared-data table: one bounded set of slots for all policies with the same key. Each slot
@@ -155,7 +228,7 @@ pub struct Policy {
 pub struct TableSpec {
     pub key: Vec<KeyPart>,
     pub capacity: u32,
-    /// Number of policies (buckets) per slot.
+    /// Words of state per slot: the sum of its policies' columns.
     pub width: usize,
     /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
     pub layout_id: u64,
@@ -170,6 +243,7 @@ pub struct Plan {
     pub attrs: Vec<Attr>,
     pub policies: Vec<Policy>,
     pub tables: Vec<TableSpec>,
+    pub global: Option<GlobalService>,
 }
 
 /// Parses and validates the plugin configuration.
@@ -194,7 +268,15 @@ pub fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
 #[derive(Default)]
 struct Compiler {
     attrs: Vec<Attr>,
-    tables: Vec<(Vec<KeyPart>, Vec<String>, u32)>,
+    tables: Vec<TableDraft>,
+}
+
+/// A table while policies are still being placed in it.
+struct TableDraft {
+    key: Vec<KeyPart>,
+    /// Each policy's name and number of columns, in column order.
+    members: Vec<(String, usize)>,
+    capacity: u32,
 }
 
 impl Compiler {
@@ -205,9 +287,11 @@ impl Compiler {
                 "at least one policy (or a default) is required",
             ));
         }
+        let global = raw.global.as_ref().map(service).transpose()?;
         let mut policies = Vec::with_capacity(raw.policies.len() + 1);
         for (i, policy) in raw.policies.iter().enumerate() {
-            policies.push(self.policy(&format!("policies[{i}]"), policy, false)?);
+            let at = format!("policies[{i}]");
+            policies.push(self.policy(&at, policy, false, global.is_some())?);
         }
         if let Some(default) = &raw.default {
             if default.matcher.is_some() {
@@ -216,7 +300,7 @@ impl Compiler {
                     "the default policy applies when no policy matches, so it takes no match",
                 ));
             }
-            policies.push(self.policy("default", default, true)?);
+            policies.push(self.policy("default", default, true, global.is_some())?);
         }
         let mut names = std::collections::HashSet::new();
         for (i, policy) in policies.iter().enumerate() {
@@ -236,11 +320,11 @@ impl Compiler {
         let tables = self
             .tables
             .into_iter()
-            .map(|(key, names, capacity)| TableSpec {
-                layout_id: layout_id(&key, &names, &attrs),
-                width: names.len(),
-                key,
-                capacity,
+            .map(|t| TableSpec {
+                layout_id: layout_id(&t.key, &t.members, &attrs),
+                width: t.members.iter().map(|(_, columns)| columns).sum(),
+                key: t.key,
+                capacity: t.capacity,
             })
             .collect();
         Ok(Plan {
@@ -249,6 +333,7 @@ impl Compiler {
             attrs,
             policies,
             tables,
+            global,
         })
     }
 
@@ -262,7 +347,13 @@ impl Compiler {
         }
     }
 
-    fn policy(&mut self, at: &str, raw: &RawPolicy, fallback: bool) -> Result<Policy, ConfigError> {
+    fn policy(
+        &mut self,
+        at: &str,
+        raw: &RawPolicy,
+        fallback: bool,
+        has_service: bool,
+    ) -> Result<Policy, ConfigError> {
         if !is_policy_name(&raw.name) {
             return Err(error(
                 format!("{at}.name"),
@@ -272,7 +363,7 @@ impl Compiler {
         if raw.cost == 0 {
             return Err(error(format!("{at}.cost"), "must be at least 1"));
         }
-        let tier = tier(at, raw.requests, &raw.per, raw.burst, raw.cost)?;
+        let tier = tier_of(at, raw.requests, &raw.per, raw.burst, raw.cost)?;
         let tiers = match &raw.tiers {
             Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, raw.cost)?),
             None => None,
@@ -288,8 +379,8 @@ impl Compiler {
                 format!("must be between 1 and {MAX_MAX_KEYS}"),
             ));
         }
-        let (table, column) = self.place(key, &raw.name, raw.max_keys);
-        Ok(Policy {
+        let global = global_policy(at, raw, &tier, tiers.as_ref(), has_service)?;
+        let mut policy = Policy {
             name: raw.name.clone(),
             matcher,
             fallback,
@@ -298,9 +389,12 @@ impl Compiler {
             cost: raw.cost,
             tier,
             tiers,
-            table,
-            column,
-        })
+            global,
+            table: 0,
+            column: 0,
+        };
+        (policy.table, policy.column) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
+        Ok(policy)
     }
 
     fn key(&mut self, at: &str, parts: &[String]) -> Result<Vec<KeyPart>, ConfigError> {
@@ -317,16 +411,29 @@ impl Compiler {
             .collect()
     }
 
-    /// The table for this key (shared with earlier policies of the same key) and the column.
-    fn place(&mut self, key: Vec<KeyPart>, name: &str, max_keys: u32) -> (usize, usize) {
-        if let Some(index) = self.tables.iter().position(|(k, _, _)| *k == key) {
-            if let Some((_, names, capacity)) = self.tables.get_mut(index) {
-                names.push(name.to_string());
-                *capacity = (*capacity).max(max_keys);
-                return (index, names.len() - 1);
+    /// The table for this key (shared with earlier policies of the same key) and the first
+    /// of the policy's columns in it.
+    fn place(
+        &mut self,
+        key: Vec<KeyPart>,
+        name: &str,
+        columns: usize,
+        max_keys: u32,
+    ) -> (usize, usize) {
+        let member = (name.to_string(), columns);
+        if let Some(index) = self.tables.iter().position(|t| t.key == key) {
+            if let Some(table) = self.tables.get_mut(index) {
+                let column = table.members.iter().map(|(_, c)| c).sum();
+                table.members.push(member);
+                table.capacity = table.capacity.max(max_keys);
+                return (index, column);
             }
         }
-        self.tables.push((key, vec![name.to_string()], max_keys));
+        self.tables.push(TableDraft {
+            key,
+            members: vec![member],
+            capacity: max_keys,
+        });
         (self.tables.len() - 1, 0)
     }
 
@@ -343,7 +450,7 @@ impl Compiler {
             let field = format!("{at}.values.{value}");
             values.insert(
                 value.as_bytes().to_vec(),
-                tier(&field, rate.requests, &rate.per, rate.burst, cost)?,
+                tier_of(&field, rate.requests, &rate.per, rate.burst, cost)?,
             );
         }
         Ok((by, values))
@@ -410,7 +517,7 @@ impl Compiler {
     }
 }
 
-fn tier(
+fn tier_of(
     at: &str,
     requests: u64,
     per: &str,
@@ -437,8 +544,93 @@ fn tier(
     Ok(Tier {
         rate,
         requests,
-        window_secs: ceil_secs(per_nanos),
+        per_nanos,
     })
+}
+
+fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
+    if raw.cluster.is_empty() {
+        return Err(error("global.cluster", "must name an Envoy cluster"));
+    }
+    if raw.authority.is_empty() {
+        return Err(error("global.authority", "must not be empty"));
+    }
+    let timeout = parse_nanos(&raw.timeout).map_err(|r| error("global.timeout", r))?;
+    Ok(GlobalService {
+        cluster: raw.cluster.clone(),
+        authority: raw.authority.clone(),
+        path: path("global.path", &raw.path)?,
+        timeout_ms: timeout.div_ceil(1_000_000),
+    })
+}
+
+/// The global settings of a policy; the fields that only make sense for one are refused on
+/// a local policy.
+fn global_policy(
+    at: &str,
+    raw: &RawPolicy,
+    tier: &Tier,
+    tiers: Option<&(KeyPart, HashMap<Vec<u8>, Tier>)>,
+    has_service: bool,
+) -> Result<Option<GlobalPolicy>, ConfigError> {
+    if raw.scope == Scope::Local {
+        let only_global = [
+            ("failure_mode", raw.failure_mode.is_some()),
+            ("lease", raw.lease.is_some()),
+            ("emergency", raw.emergency.is_some()),
+        ];
+        return match only_global.iter().find(|(_, given)| *given) {
+            Some((field, _)) => Err(error(
+                format!("{at}.{field}"),
+                "applies to global policies only (\"scope\": \"global\")",
+            )),
+            None => Ok(None),
+        };
+    }
+    if !has_service {
+        return Err(error(
+            format!("{at}.scope"),
+            "a global policy needs the top-level \"global\" service settings",
+        ));
+    }
+    let take = raw.lease.unwrap_or(raw.cost);
+    let smallest_burst = tiers
+        .into_iter()
+        .flat_map(|(_, values)| values.values())
+        .chain([tier])
+        .map(|t| t.rate.burst)
+        .min()
+        .unwrap_or(tier.rate.burst);
+    if take < raw.cost || take > smallest_burst {
+        return Err(error(
+            format!("{at}.lease"),
+            format!(
+                "must be between cost ({}) and burst ({smallest_burst})",
+                raw.cost
+            ),
+        ));
+    }
+    let fail_open = match (
+        raw.failure_mode.unwrap_or(FailureMode::Open),
+        &raw.emergency,
+    ) {
+        (FailureMode::Open, None) => Some(None),
+        (FailureMode::Open, Some(r)) => Some(Some(tier_of(
+            &format!("{at}.emergency"),
+            r.requests,
+            &r.per,
+            r.burst,
+            raw.cost,
+        )?)),
+        (FailureMode::Closed, Some(_)) => {
+            return Err(error(
+                format!("{at}.emergency"),
+                "a policy that fails closed has no emergency budget",
+            ))
+        }
+        (FailureMode::Closed, None) => None,
+    };
+    Ok(Some(GlobalPolicy { take, fail_open }))
 }
 
 fn path(at: &str, path: &str) -> Result<String, ConfigError> {
@@ -456,8 +648,9 @@ fn is_policy_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
-/// Hashes what the key reads (not where the plan happens to index it) and the policy names.
-fn layout_id(key: &[KeyPart], names: &[String], attrs: &[Attr]) -> u64 {
+/// Hashes what the key reads (not where the plan happens to index it) and the policies'
+/// names and column counts.
+fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u64 {
     let mut hasher = SipHasher13::new_with_keys(0, 0);
     for part in key {
         for source in &part.alternatives {
@@ -469,7 +662,7 @@ fn layout_id(key: &[KeyPart], names: &[String], attrs: &[Attr]) -> u64 {
         }
         hasher.write_u8(b'|');
     }
-    names.hash(&mut hasher);
+    members.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -512,7 +705,7 @@ mod tests {
         let p = &plan.policies[0];
         assert_eq!((p.cost, p.shadow, p.share_missing_key), (1, false, false));
         assert_eq!(p.tier.rate, Rate::new(100, 60_000_000_000, 20).unwrap());
-        assert_eq!((p.tier.requests, p.tier.window_secs), (100, 60));
+        assert_eq!((p.tier.requests, p.tier.per_nanos), (100, 60_000_000_000));
         assert_eq!(plan.tables[0].capacity, DEFAULT_MAX_KEYS);
     }
 
@@ -773,6 +966,120 @@ mod tests {
         );
         let plan = parse(json!({"default": policy()}).to_string().as_bytes()).unwrap();
         assert!(plan.policies[0].fallback);
+    }
+
+    fn with_service(policy_fields: Value) -> Value {
+        let mut config = with(policy_fields);
+        config["global"] = json!({"cluster": "ratelimit", "authority": "ratelimit.local"});
+        config
+    }
+
+    #[test]
+    fn a_global_policy_compiles_with_its_defaults() {
+        let plan = parse(
+            with_service(json!({"scope": "global"}))
+                .to_string()
+                .as_bytes(),
+        )
+        .unwrap();
+        let service = plan.global.as_ref().unwrap();
+        assert_eq!(
+            (service.path.as_str(), service.timeout_ms),
+            ("/v1/check", 50)
+        );
+        let global = plan.policies[0].global.unwrap();
+        assert_eq!(
+            global,
+            GlobalPolicy {
+                take: 1,
+                fail_open: Some(None)
+            }
+        );
+        assert_eq!(plan.tables[0].width, 4);
+    }
+
+    #[test]
+    fn global_only_fields_are_refused_on_local_policies() {
+        assert_refused(
+            with(json!({"lease": 5})),
+            "policies[0].lease",
+            "global policies only",
+        );
+        assert_refused(
+            with(json!({"failure_mode": "closed"})),
+            "policies[0].failure_mode",
+            "global policies only",
+        );
+        let emergency = json!({"requests": 1, "per": "1s"});
+        assert_refused(
+            with(json!({"emergency": emergency})),
+            "policies[0].emergency",
+            "global policies only",
+        );
+    }
+
+    #[test]
+    fn a_global_policy_needs_the_service_settings() {
+        assert_refused(
+            with(json!({"scope": "global"})),
+            "policies[0].scope",
+            "\"global\" service settings",
+        );
+        assert_refused(
+            with(json!({"scope": "cluster"})),
+            "policies[0].scope",
+            "unknown variant",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_leases_and_failure_modes() {
+        assert_refused(
+            with_service(json!({"scope": "global", "lease": 21})),
+            "policies[0].lease",
+            "between cost (1) and burst (20)",
+        );
+        assert_refused(
+            with_service(json!({"scope": "global", "cost": 2, "lease": 1})),
+            "policies[0].lease",
+            "between cost (2)",
+        );
+        let closed = json!({"scope": "global", "failure_mode": "closed", "emergency": {"requests": 1, "per": "1s"}});
+        assert_refused(
+            with_service(closed),
+            "policies[0].emergency",
+            "fails closed",
+        );
+        assert_refused(
+            with_service(json!({"scope": "global", "failure_mode": "maybe"})),
+            "policies[0].failure_mode",
+            "unknown variant",
+        );
+    }
+
+    #[test]
+    fn rejects_bad_service_settings() {
+        let service = |s: Value| json!({"global": s, "policies": [policy()]});
+        assert_refused(
+            service(json!({"cluster": "", "authority": "a"})),
+            "global.cluster",
+            "Envoy cluster",
+        );
+        assert_refused(
+            service(json!({"cluster": "c", "authority": "a", "timeout": "soon"})),
+            "global.timeout",
+            "unit",
+        );
+        assert_refused(
+            service(json!({"cluster": "c", "authority": "a", "path": "check"})),
+            "global.path",
+            "start with '/'",
+        );
+        assert_refused(
+            service(json!({"cluster": "c"})),
+            "global",
+            "missing field `authority`",
+        );
     }
 
     proptest::proptest! {

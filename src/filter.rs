@@ -1,10 +1,14 @@
 //! The filter's behaviour for one HTTP request, written against the `Host` seam so it runs
 //! natively in tests; `wasm` implements `Host` over proxy-wasm and only maps the verdict to
-//! Envoy's actions.
+//! Envoy's actions (continue, pause, resume).
 
-use crate::config::{self, ConfigError, Plan};
+use crate::breaker::Breaker;
+use crate::config::{self, ConfigError, GlobalService, Plan};
+use crate::duration::{ceil_secs, NANOS_PER_SEC};
 use crate::headers::{denial_body, rate_limit_headers, retry_after_secs, Quota};
-use crate::limiter::{self, Applied, Outcome};
+use crate::limiter::{self, Applied, Basis, Outcome, Pending, Step};
+use crate::metrics::{Counters, Metrics};
+use crate::protocol;
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
 use crate::table;
@@ -16,100 +20,20 @@ pub trait Host: RequestSource + Store {
     fn now(&self) -> u64;
     /// Sends a local reply instead of forwarding the request.
     fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]);
-}
-
-/// Counter registration and updates (proxy-wasm metrics, shown in Envoy's stats).
-pub trait Metrics {
-    fn define_counter(&self, name: &str) -> Option<u32>;
-    fn increment(&self, id: u32, by: u64);
-}
-
-/// A counter counted in VM memory and handed to the host in batches: a hostcall per request
-/// per counter would cost more than the rate-limit decision itself.
-#[derive(Debug, Default)]
-pub struct Counter {
-    id: Option<u32>,
-    pending: Cell<u64>,
-}
-
-impl Counter {
-    fn define(metrics: &impl Metrics, name: &str) -> Self {
-        Counter {
-            id: metrics.define_counter(name),
-            pending: Cell::new(0),
-        }
-    }
-
-    fn add(&self, by: u64) {
-        self.pending.set(self.pending.get() + by);
-    }
-
-    fn flush(&self, metrics: &impl Metrics) {
-        if let (Some(id), by @ 1..) = (self.id, self.pending.take()) {
-            metrics.increment(id, by);
-        }
-    }
-}
-
-#[derive(Debug, Default)]
-struct PolicyCounters {
-    allowed: Counter,
-    denied: Counter,
-    shadow_denied: Counter,
-}
-
-#[derive(Debug, Default)]
-struct Counters {
-    policies: Vec<PolicyCounters>,
-    cas_retries: Counter,
-    cas_exhausted: Counter,
-    evictions: Counter,
-}
-
-impl Counters {
-    fn define(metrics: &impl Metrics, plan: &Plan) -> Self {
-        let policies = plan
-            .policies
-            .iter()
-            .map(|p| PolicyCounters {
-                allowed: Counter::define(metrics, &format!("sluice.{}.allowed", p.name)),
-                denied: Counter::define(metrics, &format!("sluice.{}.denied", p.name)),
-                shadow_denied: Counter::define(
-                    metrics,
-                    &format!("sluice.{}.shadow_denied", p.name),
-                ),
-            })
-            .collect();
-        Counters {
-            policies,
-            cas_retries: Counter::define(metrics, "sluice.cas_retries"),
-            cas_exhausted: Counter::define(metrics, "sluice.cas_exhausted"),
-            evictions: Counter::define(metrics, "sluice.evictions"),
-        }
-    }
-
-    fn all(&self) -> impl Iterator<Item = &Counter> {
-        self.policies
-            .iter()
-            .flat_map(|p| [&p.allowed, &p.denied, &p.shadow_denied])
-            .chain([&self.cas_retries, &self.cas_exhausted, &self.evictions])
-    }
-}
-
-/// Counts a refused configuration, for operators who watch stats rather than logs.
-pub fn count_config_error(metrics: &impl Metrics) {
-    if let Some(id) = metrics.define_counter("sluice.config_errors") {
-        metrics.increment(id, 1);
-    }
+    /// Starts a call to the rate-limit service; false if it could not be started. The answer
+    /// comes back through `Filter::on_service_response`.
+    fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
 }
 
 /// What to do with a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Verdict {
     /// Forward it; the response gets the rate-limit headers of this policy, if any.
     Continue(Option<Reported>),
-    /// A 429 has been sent.
+    /// A local reply (429, or 503 for a policy that fails closed) has been sent.
     Denied,
+    /// Hold it until the service answers.
+    Waiting(Pending),
 }
 
 /// The policy whose state the response headers report, as decided at `now`.
@@ -125,8 +49,11 @@ pub struct Filter {
     plan: Plan,
     prefix: String,
     counters: Counters,
+    breaker: Breaker,
     /// The latest time seen: the wall clock may step back, this worker's time does not.
     latest: Cell<u64>,
+    /// When a degraded decision was last logged: at most one line a second.
+    last_degraded_log: Cell<u64>,
 }
 
 impl Filter {
@@ -151,7 +78,9 @@ impl Filter {
             plan,
             prefix,
             counters,
+            breaker: Breaker::default(),
             latest: Cell::new(0),
+            last_degraded_log: Cell::new(0),
         })
     }
 
@@ -159,23 +88,37 @@ impl Filter {
         &self.plan
     }
 
-    /// Decides a request from its headers; sends the 429 itself.
+    /// Decides a request from its headers; sends a denial itself.
     pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
-        let now = self.latest.get().max(host.now());
-        self.latest.set(now);
+        let now = self.now(host);
         let mut request = Attributes::new(host, &self.plan.attrs);
-        let outcome = limiter::evaluate(&self.plan, &self.prefix, &mut request, host, now);
-        self.count(&outcome);
-        match self.denial(&outcome) {
-            Some(denial) => {
-                self.deny(host, &denial, now);
-                Verdict::Denied
-            }
-            None => Verdict::Continue(
-                self.most_restrictive(&outcome)
-                    .map(|applied| Reported { applied, now }),
-            ),
-        }
+        let service_up = self.breaker.allows(now);
+        let step = limiter::evaluate(
+            &self.plan,
+            &self.prefix,
+            &mut request,
+            host,
+            now,
+            service_up,
+        );
+        self.advance(host, step, now)
+    }
+
+    /// Continues a held request with the service's reply: its HTTP status and body, or `None`
+    /// when the call failed (timeout, reset, no healthy endpoint).
+    pub fn on_service_response(
+        &self,
+        host: &impl Host,
+        pending: Pending,
+        reply: Option<(u32, Vec<u8>)>,
+    ) -> Verdict {
+        let answers = reply
+            .filter(|(status, _)| *status == 200)
+            .and_then(|(_, body)| protocol::decode(&body, pending.checks()));
+        let now = self.now(host);
+        self.record_call(answers.is_some(), now);
+        let step = limiter::resume(&self.plan, &self.prefix, host, pending, answers);
+        self.advance(host, step, now)
     }
 
     /// The rate-limit headers to add to the response.
@@ -188,39 +131,71 @@ impl Filter {
 
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
-        self.counters.all().for_each(|c| c.flush(metrics));
+        self.counters.flush(metrics);
     }
 
-    fn count(&self, outcome: &Outcome) {
-        let denied = outcome.is_denied();
-        for applied in &outcome.applied {
-            let (Some(counters), Some(policy)) = (
-                self.counters.policies.get(applied.policy),
-                self.plan.policies.get(applied.policy),
-            ) else {
-                continue;
-            };
-            match (applied.decision.allowed, policy.shadow) {
-                (false, true) => {
-                    log::debug!(
-                        "shadow policy {} would deny, version {}",
-                        policy.name,
-                        self.plan.version
-                    );
-                    counters.shadow_denied.add(1);
+    fn now(&self, host: &impl Host) -> u64 {
+        let now = self.latest.get().max(host.now());
+        self.latest.set(now);
+        now
+    }
+
+    /// Sends the checks a step needs, or finishes the request.
+    fn advance(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
+        loop {
+            match step {
+                Step::Done(outcome) => return self.finish(host, &outcome, now),
+                Step::Callout(pending) => {
+                    let service = self.plan.global.as_ref();
+                    let body = protocol::encode(pending.checks());
+                    self.counters.callouts.add(1);
+                    if service.is_some_and(|s| host.dispatch(s, &body)) {
+                        return Verdict::Waiting(pending);
+                    }
+                    self.record_call(false, now);
+                    step = limiter::resume(&self.plan, &self.prefix, host, pending, None);
                 }
-                (false, false) => counters.denied.add(1),
-                (true, _) if !denied => counters.allowed.add(1),
-                (true, _) => {}
             }
         }
-        self.counters
-            .cas_retries
-            .add(u64::from(outcome.cas_retries));
-        self.counters.evictions.add(u64::from(outcome.evictions));
-        self.counters
-            .cas_exhausted
-            .add(u64::from(outcome.exhausted));
+    }
+
+    fn record_call(&self, succeeded: bool, now: u64) {
+        self.breaker.record(succeeded, now);
+        if !succeeded {
+            self.counters.callout_failures.add(1);
+        }
+    }
+
+    fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
+        self.counters.count(&self.plan, outcome);
+        self.log_degraded(outcome, now);
+        match self.denial(outcome) {
+            Some(denial) => {
+                self.deny(host, &denial, now);
+                Verdict::Denied
+            }
+            None => Verdict::Continue(
+                self.most_restrictive(outcome)
+                    .map(|applied| Reported { applied, now }),
+            ),
+        }
+    }
+
+    fn log_degraded(&self, outcome: &Outcome, now: u64) {
+        let degraded = outcome
+            .applied
+            .iter()
+            .find(|a| matches!(a.basis, Basis::Emergency | Basis::Unavailable));
+        if let Some(applied) = degraded {
+            if now >= self.last_degraded_log.get().saturating_add(NANOS_PER_SEC) {
+                self.last_degraded_log.set(now);
+                let name = self.policy_name(applied.policy);
+                log::warn!(
+                    "rate-limit service unavailable: policy {name} decided {:?} (logged at most once a second)",
+                    applied.basis
+                );
+            }
+        }
     }
 
     /// The denial to answer with: the strictest enforcing denial or, when a contended slot
@@ -233,7 +208,7 @@ impl Filter {
                 .map(|a| Applied {
                     decision: crate::gcra::Decision {
                         allowed: false,
-                        retry_after: crate::duration::NANOS_PER_SEC,
+                        retry_after: NANOS_PER_SEC,
                         ..a.decision
                     },
                     ..*a
@@ -242,28 +217,29 @@ impl Filter {
     }
 
     fn deny(&self, host: &impl Host, denial: &Applied, now: u64) {
-        let name = self
-            .plan
-            .policies
-            .get(denial.policy)
-            .map_or("", |p| p.name.as_str());
+        let name = self.policy_name(denial.policy);
         log::debug!(
             "denied by policy {name}, version {}, key {:016x}",
             self.plan.version,
             denial.key
         );
-        let retry = retry_after_secs(denial.decision.retry_after).to_string();
+        let retry_secs = retry_after_secs(denial.decision.retry_after);
         let mut headers = vec![
             ("content-type", "application/json".to_string()),
-            ("retry-after", retry),
+            ("retry-after", retry_secs.to_string()),
         ];
-        headers.extend(self.response_headers(&Reported {
-            applied: *denial,
-            now,
-        }));
+        let (status, error) = if denial.basis == Basis::Unavailable {
+            (503, "rate_limit_unavailable")
+        } else {
+            headers.extend(self.response_headers(&Reported {
+                applied: *denial,
+                now,
+            }));
+            (429, "too_many_requests")
+        };
         let pairs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        let body = denial_body(name, retry_after_secs(denial.decision.retry_after));
-        host.send_response(429, &pairs, body.as_bytes());
+        let body = denial_body(error, name, retry_secs);
+        host.send_response(status, &pairs, body.as_bytes());
     }
 
     /// The enforcing policy with the fewest tokens left: the limit the client meets first.
@@ -285,13 +261,20 @@ impl Filter {
         self.plan.policies.get(policy).is_some_and(|p| !p.shadow)
     }
 
+    fn policy_name(&self, policy: usize) -> &str {
+        self.plan
+            .policies
+            .get(policy)
+            .map_or("", |p| p.name.as_str())
+    }
+
     fn quota(&self, applied: &Applied) -> Option<Quota<'_>> {
         let policy = self.plan.policies.get(applied.policy)?;
         Some(Quota {
             policy: &policy.name,
             limit: applied.tier.rate.burst,
             requests: applied.tier.requests,
-            window_secs: applied.tier.window_secs,
+            window_secs: ceil_secs(applied.tier.per_nanos),
             remaining: applied.decision.remaining,
             reset_after: applied.decision.reset_after,
         })
@@ -306,6 +289,7 @@ mod tests {
     use crate::store::{MemoryStore, StoreError};
     use serde_json::{json, Value};
     use std::cell::RefCell;
+    use std::collections::HashMap;
     use std::sync::Arc;
 
     const T0: u64 = 1_800_000_000 * SEC;
@@ -320,6 +304,9 @@ mod tests {
         now: Cell<u64>,
         replies: RefCell<Vec<Reply>>,
         counters: RefCell<Vec<(String, u64)>>,
+        /// Bodies sent to the rate-limit service.
+        calls: RefCell<Vec<Vec<u8>>>,
+        service_reachable: Cell<bool>,
     }
 
     impl FakeHost {
@@ -330,6 +317,8 @@ mod tests {
                 now: Cell::new(T0),
                 replies: RefCell::default(),
                 counters: RefCell::default(),
+                calls: RefCell::default(),
+                service_reachable: Cell::new(true),
             }
         }
 
@@ -373,6 +362,10 @@ mod tests {
                 .borrow_mut()
                 .push((status, headers, String::from_utf8_lossy(body).into()));
         }
+        fn dispatch(&self, _service: &GlobalService, body: &[u8]) -> bool {
+            self.calls.borrow_mut().push(body.to_vec());
+            self.service_reachable.get()
+        }
     }
 
     impl Metrics for FakeHost {
@@ -407,6 +400,7 @@ mod tests {
             .map(|_| match send(filter, host, headers) {
                 Verdict::Continue(_) => 200,
                 Verdict::Denied => 429,
+                Verdict::Waiting(_) => panic!("a local policy never waits"),
             })
             .collect()
     }
@@ -524,7 +518,9 @@ mod tests {
         shadow["mode"] = json!("shadow");
         let (filter, host) = setup(json!({"policies": [shadow]}));
         let verdicts: Vec<Verdict> = (0..3).map(|_| send(&filter, &host, ALICE)).collect();
-        assert!(verdicts.iter().all(|v| *v == Verdict::Continue(None)));
+        assert!(verdicts
+            .iter()
+            .all(|v| matches!(v, Verdict::Continue(None))));
         filter.flush_counters(&host);
         assert_eq!(host.counter("sluice.per-user.shadow_denied"), 2);
         assert_eq!(host.counter("sluice.per-user.allowed"), 1);
@@ -648,5 +644,238 @@ mod tests {
         let err =
             Filter::configure(br#"{"policies": [{"name": "x"}]}"#, "t", &host, &host).unwrap_err();
         assert!(err.to_string().starts_with("policies[0]"), "{err}");
+    }
+
+    /// The rate-limit service as the filter sees it: GCRA buckets by check key, taking up to
+    /// `take` tokens, answering in the wire format.
+    #[derive(Default)]
+    struct FakeService {
+        tats: RefCell<HashMap<String, u64>>,
+    }
+
+    impl FakeService {
+        fn answer(&self, body: &[u8], now: u64) -> Vec<u8> {
+            let request: Value = serde_json::from_slice(body).unwrap();
+            let results: Vec<Value> = request["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| {
+                    let n = |f: &str| c[f].as_u64().unwrap();
+                    let rate = crate::gcra::Rate::new(n("requests"), n("per_ms") * 1_000_000, n("burst")).unwrap();
+                    let key = c["key"].as_str().unwrap().to_string();
+                    let tat = self.tats.borrow().get(&key).copied().unwrap_or(0);
+                    let first = crate::gcra::check(&rate, tat, now, n("cost"));
+                    if !first.allowed {
+                        return json!({"allowed": false, "granted": 0, "remaining": first.remaining,
+                            "reset_ms": first.reset_after / 1_000_000, "retry_after_ms": first.retry_after.div_ceil(1_000_000)});
+                    }
+                    let granted = (n("cost")..=n("take")).rev().find(|&t| crate::gcra::check(&rate, tat, now, t).allowed).unwrap();
+                    let taken = crate::gcra::check(&rate, tat, now, granted);
+                    self.tats.borrow_mut().insert(key, taken.tat);
+                    json!({"allowed": true, "granted": granted, "remaining": taken.remaining,
+                        "reset_ms": taken.reset_after / 1_000_000, "retry_after_ms": 0})
+                })
+                .collect();
+            serde_json::to_vec(&json!({ "results": results })).unwrap()
+        }
+    }
+
+    /// Sends one request through the filter, answering its calls from `service` (or failing
+    /// them when `service` is `None`). Returns the final status.
+    fn serve(
+        filter: &Filter,
+        host: &FakeHost,
+        service: Option<&FakeService>,
+        headers: &[(&str, &str)],
+    ) -> u16 {
+        let mut verdict = send(filter, host, headers);
+        loop {
+            match verdict {
+                Verdict::Continue(_) => return 200,
+                Verdict::Denied => return host.replies.borrow().last().unwrap().0 as u16,
+                Verdict::Waiting(pending) => {
+                    let body = host.calls.borrow().last().unwrap().clone();
+                    let reply = service.map(|s| (200, s.answer(&body, host.now.get())));
+                    verdict = filter.on_service_response(host, pending, reply);
+                }
+            }
+        }
+    }
+
+    fn global(policy: Value) -> Value {
+        json!({"global": {"cluster": "ratelimit", "authority": "ratelimit"}, "policies": [policy]})
+    }
+
+    fn global_per_user(burst: u64) -> Value {
+        let mut p = per_user(burst);
+        p["scope"] = json!("global");
+        p
+    }
+
+    #[test]
+    fn a_strict_global_policy_asks_the_service_then_remembers_a_denial() {
+        let (filter, host) = setup(global(global_per_user(3)));
+        let service = FakeService::default();
+        let statuses: Vec<u16> = (0..5)
+            .map(|_| serve(&filter, &host, Some(&service), ALICE))
+            .collect();
+        assert_eq!(statuses, [200, 200, 200, 429, 429]);
+        assert_eq!(
+            host.calls.borrow().len(),
+            4,
+            "the fifth is denied from the over-limit cache"
+        );
+        host.now.set(T0 + SEC);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(host.calls.borrow().len(), 5);
+    }
+
+    #[test]
+    fn envoys_sharing_the_service_admit_exactly_the_global_limit() {
+        let service = FakeService::default();
+        let envoys: Vec<(Filter, FakeHost)> =
+            (0..3).map(|_| setup(global(global_per_user(10)))).collect();
+        let admitted = (0..40)
+            .filter(|i| {
+                let (filter, host) = &envoys[i % 3];
+                serve(filter, host, Some(&service), ALICE) == 200
+            })
+            .count();
+        assert_eq!(admitted, 10);
+    }
+
+    #[test]
+    fn a_lease_serves_a_hot_key_with_one_call_per_lease() {
+        let mut p = global_per_user(10);
+        p["lease"] = json!(5);
+        let (filter, host) = setup(global(p));
+        let service = FakeService::default();
+        let statuses: Vec<u16> = (0..12)
+            .map(|_| serve(&filter, &host, Some(&service), ALICE))
+            .collect();
+        assert_eq!(statuses, [vec![200; 10], vec![429; 2]].concat());
+        assert_eq!(
+            host.calls.borrow().len(),
+            3,
+            "two leases of 5, then one denial cached"
+        );
+    }
+
+    #[test]
+    fn leased_tokens_lapse_rather_than_outlive_their_ttl() {
+        let mut p = global_per_user(10);
+        p["lease"] = json!(5);
+        let (filter, host) = setup(global(p));
+        let service = FakeService::default();
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        host.now.set(T0 + limiter::LEASE_TTL);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(
+            host.calls.borrow().len(),
+            2,
+            "the lapsed lease was not spent"
+        );
+    }
+
+    #[test]
+    fn a_service_that_cannot_be_reached_fails_open_to_the_emergency_budget() {
+        let mut p = global_per_user(10);
+        p["emergency"] = json!({"requests": 1, "per": "1s", "burst": 2});
+        let (filter, host) = setup(global(p));
+        host.service_reachable.set(false);
+        let statuses: Vec<u16> = (0..3).map(|_| serve(&filter, &host, None, ALICE)).collect();
+        assert_eq!(statuses, [200, 200, 429]);
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-user.degraded"), 3);
+        assert_eq!(host.counter("sluice.callout_failures"), 3);
+    }
+
+    #[test]
+    fn a_policy_that_fails_closed_answers_503() {
+        let mut p = global_per_user(10);
+        p["failure_mode"] = json!("closed");
+        let (filter, host) = setup(global(p));
+        assert_eq!(serve(&filter, &host, None, ALICE), 503);
+        let (_, headers, body) = host.replies.borrow().last().unwrap().clone();
+        assert_eq!(
+            body,
+            r#"{"error":"rate_limit_unavailable","policy":"per-user","retry_after":1}"#
+        );
+        assert!(headers.contains(&("retry-after".into(), "1".into())));
+    }
+
+    #[test]
+    fn a_non_200_or_garbled_reply_is_a_failure() {
+        let mut p = global_per_user(10);
+        p["failure_mode"] = json!("closed");
+        let (filter, host) = setup(global(p));
+        for reply in [(503, b"{}".to_vec()), (200, b"not json".to_vec())] {
+            let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+                panic!()
+            };
+            assert!(matches!(
+                filter.on_service_response(&host, pending, Some(reply)),
+                Verdict::Denied
+            ));
+        }
+    }
+
+    #[test]
+    fn after_repeated_failures_the_service_is_left_alone_for_a_backoff() {
+        let (filter, host) = setup(global(global_per_user(100)));
+        host.service_reachable.set(false);
+        for _ in 0..10 {
+            serve(&filter, &host, None, ALICE);
+        }
+        assert_eq!(
+            host.calls.borrow().len(),
+            crate::breaker::FAILURES_TO_OPEN as usize
+        );
+        host.service_reachable.set(true);
+        host.now.set(T0 + crate::breaker::BACKOFF);
+        assert_eq!(
+            serve(&filter, &host, Some(&FakeService::default()), ALICE),
+            200
+        );
+        assert_eq!(host.calls.borrow().len(), 4, "one probe");
+    }
+
+    #[test]
+    fn a_local_denial_spares_the_service_a_call() {
+        let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [
+            per_user(1),
+            {"name": "global-user", "scope": "global", "key": ["header:x-user-id"], "requests": 10, "per": "1s"},
+        ]});
+        let (filter, host) = setup(config);
+        let service = FakeService::default();
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 429);
+        assert_eq!(host.calls.borrow().len(), 1);
+    }
+
+    #[test]
+    fn a_global_denial_charges_no_local_bucket() {
+        let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [
+            {"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1m", "burst": 5},
+            {"name": "global-user", "scope": "global", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": 1},
+        ]});
+        let (filter, host) = setup(config);
+        let service = FakeService::default();
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(
+            serve(&filter, &host, Some(&service), ALICE),
+            429,
+            "denied by the service"
+        );
+        host.now.set(T0 + SEC);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        let fresh_service_each_time =
+            (0..5).filter(|_| serve(&filter, &host, Some(&FakeService::default()), ALICE) == 200);
+        assert_eq!(
+            fresh_service_each_time.count(),
+            3,
+            "the local bucket was charged twice, not three times"
+        );
     }
 }

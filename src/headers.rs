@@ -67,11 +67,10 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
     ceil_secs(retry_after).max(1)
 }
 
-/// The JSON body of a 429.
-pub fn denial_body(policy: &str, retry_after_secs: u64) -> String {
-    format!(
-        r#"{{"error":"too_many_requests","policy":"{policy}","retry_after":{retry_after_secs}}}"#
-    )
+/// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
+/// (503, a policy that fails closed).
+pub fn denial_body(error: &str, policy: &str, retry_after_secs: u64) -> String {
+    format!(r#"{{"error":"{error}","policy":"{policy}","retry_after":{retry_after_secs}}}"#)
 }
 
 #[cfg(test)]
@@ -140,7 +139,7 @@ mod tests {
 
     #[test]
     fn denial_body_is_the_documented_json() {
-        let body = denial_body("per-user", 3);
+        let body = denial_body("too_many_requests", "per-user", 3);
         assert_eq!(
             body,
             r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#

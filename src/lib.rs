@@ -5,6 +5,7 @@
 //! an injected clock) → `headers` (what the client sees). `filter` drives that for one HTTP
 //! request through the `Host` seam; `wasm` is the only code that talks to proxy-wasm.
 
+pub mod breaker;
 pub mod config;
 pub mod duration;
 pub mod filter;
@@ -13,6 +14,8 @@ pub mod headers;
 pub mod key;
 pub mod limiter;
 pub mod matcher;
+pub mod metrics;
+pub mod protocol;
 pub mod request;
 pub mod store;
 pub mod table;

@@ -1,21 +1,52 @@
-//! One decision for one request: which policies apply, their keys, and their buckets, read and
+//! One decision for one request: which policies apply, their keys, and their state, read and
 //! updated with compare-and-swap so every worker shares one budget.
 //!
-//! Layered limits: all applicable policies are checked against one snapshot first; if any
-//! enforcing policy denies, nothing is written and the request is denied. Otherwise each table's
-//! slot is written with CAS. When a CAS loses a race, that table alone is read and decided again;
-//! if it now denies, the tables written before it keep their charge (a race can over-charge a
-//! request once, never over-admit).
+//! Local policies are decided by their bucket in shared data. Global policies are decided by
+//! the rate-limit service, unless this Envoy can answer for it: a key the service said is over
+//! its limit stays denied until the time it gave (the over-limit cache), and tokens the service
+//! leased to this Envoy are spent locally. When a request needs the service, `evaluate` returns
+//! the checks to send and `resume` finishes with the answers.
+//!
+//! Layered limits: all applicable policies are decided against one snapshot first; if any
+//! enforcing policy denies, no bucket is charged (what the service said is still remembered,
+//! and tokens it granted for the denied request go to the lease). Otherwise each table's slot is
+//! written with CAS. When a CAS loses a race, that table is read and decided again; if it now
+//! denies, the tables written before it keep their charge (a race can over-charge a request
+//! once, never over-admit).
 
-use crate::config::{Plan, Policy, Tier};
+use crate::config::{GlobalPolicy, Plan, Policy, Tier};
+use crate::duration::NANOS_PER_SEC;
 use crate::gcra::{check, Decision};
 use crate::key::{hash_key, MISSING_KEY};
+use crate::protocol::{self, Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::{Store, StoreError};
 use crate::table::{find, write, Slot};
 
 /// Attempts per table before giving up on a contended slot.
 pub const MAX_ATTEMPTS: u32 = 8;
+/// Calls to the service per request (a second only when a lease ran dry in a race).
+pub const MAX_CALLOUTS: u32 = 2;
+/// How long tokens leased from the service stay spendable here: unused ones are lost
+/// (under-admission), never spent twice.
+pub const LEASE_TTL: u64 = NANOS_PER_SEC;
+
+/// What a decision rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// A local bucket.
+    Bucket,
+    /// Tokens the service leased to this Envoy.
+    Lease,
+    /// The service said earlier that this key is over its limit until a known time.
+    OverLimit,
+    /// The service, for this request.
+    Service,
+    /// The service could not answer; the policy fails open to its local emergency budget.
+    Emergency,
+    /// The service could not answer; the policy fails closed.
+    Unavailable,
+}
 
 /// A policy that applied to the request, with its verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +56,7 @@ pub struct Applied {
     pub key: u64,
     pub tier: Tier,
     pub decision: Decision,
+    pub basis: Basis,
 }
 
 /// Everything the glue needs to answer, count and log.
@@ -46,90 +78,168 @@ impl Outcome {
     }
 }
 
-/// The policies of one table that apply to this request, and the key they share.
-struct Work<'p> {
-    table: usize,
-    hash: u64,
-    members: Vec<(usize, &'p Policy, Tier)>,
-    slot: Slot,
-    decisions: Vec<Decision>,
+/// A request waiting for the service.
+#[derive(Debug)]
+pub struct Pending {
+    works: Vec<Work>,
+    now: u64,
+    round: u32,
+    /// The (work, member) of each check, in the order sent.
+    asked: Vec<(usize, usize)>,
+    checks: Vec<Check>,
+    outcome: Outcome,
 }
 
-/// Decides the request at `now` (Unix nanoseconds). `prefix` namespaces the shared-data keys.
+impl Pending {
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
+    }
+}
+
+/// Where a request stands.
+#[derive(Debug)]
+pub enum Step {
+    Done(Outcome),
+    /// Send `checks()` to the service, then `resume`.
+    Callout(Pending),
+}
+
+/// What a global policy knows from the service for this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Service {
+    Ask,
+    Answered(Answer),
+    Failed,
+}
+
+#[derive(Debug)]
+struct Member {
+    policy: usize,
+    tier: Tier,
+    service: Service,
+}
+
+/// The policies of one table that apply to this request, the key they share, the slot as read,
+/// the state to write and each member's verdict (`None`: the service must be asked).
+#[derive(Debug)]
+struct Work {
+    table: usize,
+    hash: u64,
+    members: Vec<Member>,
+    slot: Slot,
+    next: Vec<u64>,
+    verdicts: Vec<Option<(Decision, Basis)>>,
+}
+
+/// Decides the request at `now` (Unix nanoseconds). `prefix` namespaces the shared-data keys;
+/// `service_up` is false while the service is known to be failing (global policies then apply
+/// their failure mode without calling).
 pub fn evaluate<R: RequestSource + ?Sized>(
     plan: &Plan,
     prefix: &str,
     request: &mut Attributes<R>,
     store: &impl Store,
     now: u64,
-) -> Outcome {
-    let mut outcome = Outcome::default();
-    let mut works = gather(plan, request);
-    for work in &mut works {
+    service_up: bool,
+) -> Step {
+    let mut pending = Pending {
+        works: gather(plan, request, service_up),
+        now,
+        round: 0,
+        asked: Vec::new(),
+        checks: Vec::new(),
+        outcome: Outcome::default(),
+    };
+    for work in &mut pending.works {
         reload(work, plan, prefix, store, now);
     }
-    if let Some(denial) = strictest_denial(&works) {
-        outcome.denied_by = Some(denial);
-        outcome.applied = applied(&works);
-        return outcome;
-    }
-    for work in &mut works {
-        if let Err(stop) = commit(work, plan, prefix, store, now, &mut outcome) {
-            outcome.denied_by = stop;
-            outcome.exhausted = stop.is_none();
-            break;
-        }
-    }
-    outcome.evictions += works
-        .iter()
-        .filter(|w| w.slot.evicts && w.decisions.iter().any(|d| d.allowed))
-        .count() as u32;
-    outcome.applied = applied(&works);
-    outcome
+    advance(plan, prefix, store, pending)
 }
 
-/// Writes one table, re-deciding after each lost race. `Err(Some(denial))`: the fresh read
-/// denies; `Err(None)`: attempts ran out or the store failed.
-fn commit(
-    work: &mut Work,
+/// Continues a request with the service's answers (`None`: the call failed).
+pub fn resume(
     plan: &Plan,
     prefix: &str,
     store: &impl Store,
-    now: u64,
-    outcome: &mut Outcome,
-) -> Result<(), Option<Applied>> {
-    for attempt in 1..=MAX_ATTEMPTS {
-        if !work.decisions.iter().any(|d| d.allowed) {
-            return Ok(());
-        }
-        let mut slot = work.slot.clone();
-        for ((_, policy, _), decision) in work.members.iter().zip(&work.decisions) {
-            if let Some(tat) = slot.tats.get_mut(policy.column) {
-                *tat = decision.tat;
-            }
-        }
-        match write(store, &slot, work.hash) {
-            Ok(()) => return Ok(()),
-            Err(StoreError::Failed) => return Err(None),
-            Err(StoreError::CasMismatch) if attempt < MAX_ATTEMPTS => {
-                outcome.cas_retries += 1;
-                reload(work, plan, prefix, store, now);
-                if let Some(denial) = strictest_denial(std::slice::from_ref(work)) {
-                    return Err(Some(denial));
-                }
-            }
-            Err(StoreError::CasMismatch) => {}
+    mut pending: Pending,
+    answers: Option<Vec<Answer>>,
+) -> Step {
+    let asked = std::mem::take(&mut pending.asked);
+    for (i, (w, m)) in asked.into_iter().enumerate() {
+        if let Some(member) = pending.works.get_mut(w).and_then(|w| w.members.get_mut(m)) {
+            let answer = answers.as_ref().and_then(|a| a.get(i)).copied();
+            member.service = answer.map_or(Service::Failed, Service::Answered);
         }
     }
-    Err(None)
+    for work in &mut pending.works {
+        decide(work, plan, pending.now);
+    }
+    advance(plan, prefix, store, pending)
+}
+
+/// Calls the service if a member needs it and no enforcing policy denies; otherwise writes.
+fn advance(plan: &Plan, prefix: &str, store: &impl Store, mut p: Pending) -> Step {
+    loop {
+        if strictest_denial(plan, &p.works).is_none() && p.works.iter().any(Work::asks) {
+            if p.round < MAX_CALLOUTS {
+                p.round += 1;
+                (p.asked, p.checks) = checks(plan, &p.works);
+                return Step::Callout(p);
+            }
+            give_up_asking(&mut p.works, plan, p.now);
+            continue;
+        }
+        if settle(plan, prefix, store, &mut p) {
+            p.outcome.denied_by = strictest_denial(plan, &p.works);
+            p.outcome.applied = applied(&p.works);
+            return Step::Done(p.outcome);
+        }
+    }
+}
+
+/// Writes every table, re-deciding after each lost race. Returns false when a re-read needs
+/// the service again.
+fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> bool {
+    let mut denied = strictest_denial(plan, &p.works).is_some();
+    for work in &mut p.works {
+        for attempt in 1..=MAX_ATTEMPTS {
+            if denied {
+                work.undo_charges(plan);
+            }
+            if work.next == work.slot.tats {
+                break;
+            }
+            match write(store, &work.slot, work.hash, &work.next) {
+                Ok(()) => {
+                    p.outcome.evictions += u32::from(work.slot.evicts);
+                    break;
+                }
+                Err(StoreError::CasMismatch) if attempt < MAX_ATTEMPTS => {
+                    p.outcome.cas_retries += 1;
+                    reload(work, plan, prefix, store, p.now);
+                    if work.asks() && !denied {
+                        return false;
+                    }
+                    denied |= strictest_denial(plan, std::slice::from_ref(work)).is_some();
+                }
+                Err(_) => {
+                    p.outcome.exhausted = true;
+                    denied = true;
+                    break;
+                }
+            }
+        }
+    }
+    true
 }
 
 /// The applicable policies, grouped by table, with their keys and tiers. Policies whose key is
 /// missing drop out, unless they share one bucket for all such requests.
-fn gather<'p, R: RequestSource + ?Sized>(
-    plan: &'p Plan,
+fn gather<R: RequestSource + ?Sized>(
+    plan: &Plan,
     request: &mut Attributes<R>,
-) -> Vec<Work<'p>> {
+    service_up: bool,
+) -> Vec<Work> {
     let mut matched: Vec<(usize, &Policy)> = plan
         .policies
         .iter()
@@ -146,7 +256,15 @@ fn gather<'p, R: RequestSource + ?Sized>(
     }
     let mut works: Vec<Work> = Vec::new();
     for (index, policy) in matched {
-        let member = (index, policy, tier_of(policy, request));
+        let member = Member {
+            policy: index,
+            tier: tier_of(policy, request),
+            service: if service_up {
+                Service::Ask
+            } else {
+                Service::Failed
+            },
+        };
         if let Some(work) = works.iter_mut().find(|w| w.table == policy.table) {
             if work.hash != MISSING_KEY || policy.share_missing_key {
                 work.members.push(member);
@@ -167,7 +285,8 @@ fn gather<'p, R: RequestSource + ?Sized>(
             hash,
             members: vec![member],
             slot: Slot::default(),
-            decisions: Vec::new(),
+            next: Vec::new(),
+            verdicts: Vec::new(),
         });
     }
     works
@@ -184,55 +303,226 @@ fn tier_of<R: RequestSource + ?Sized>(policy: &Policy, request: &mut Attributes<
         .unwrap_or(policy.tier)
 }
 
-/// Reads the table's slot and decides every member policy against it.
+/// Reads the table's slot and decides every member against it.
 fn reload(work: &mut Work, plan: &Plan, prefix: &str, store: &impl Store, now: u64) {
-    let Some(spec) = plan.tables.get(work.table) else {
-        return;
-    };
-    work.slot = find(store, prefix, spec, work.hash, now);
-    work.decisions = work
+    if let Some(spec) = plan.tables.get(work.table) {
+        work.slot = find(store, prefix, spec, work.hash, now);
+    }
+    decide(work, plan, now);
+}
+
+/// Decides every member against the slot as read, computing the state to write.
+fn decide(work: &mut Work, plan: &Plan, now: u64) {
+    work.next = work.slot.tats.clone();
+    work.verdicts = work
         .members
         .iter()
-        .map(|(_, policy, tier)| {
-            let tat = work.slot.tats.get(policy.column).copied().unwrap_or(0);
-            check(&tier.rate, tat, now, policy.cost)
+        .map(|member| {
+            let policy = plan.policies.get(member.policy)?;
+            let end = policy.column + policy.columns();
+            let state = work.next.get_mut(policy.column..end)?;
+            decide_member(policy, member, state, now)
         })
         .collect();
 }
 
-impl Work<'_> {
-    fn applied(&self) -> impl Iterator<Item = (Applied, bool)> + '_ {
+fn decide_member(
+    policy: &Policy,
+    member: &Member,
+    state: &mut [u64],
+    now: u64,
+) -> Option<(Decision, Basis)> {
+    match (&policy.global, state) {
+        (None, [tat]) => {
+            let decision = check(&member.tier.rate, *tat, now, policy.cost);
+            *tat = decision.tat;
+            Some((decision, Basis::Bucket))
+        }
+        (Some(global), [emergency, lease, expiry, blocked]) => {
+            let mut state = GlobalState {
+                emergency,
+                lease,
+                expiry,
+                blocked,
+            };
+            state.decide(global, policy.cost, member, now)
+        }
+        _ => None,
+    }
+}
+
+/// A global policy's words in a slot: its emergency bucket's TAT, the leased tokens left and
+/// when they lapse, and until when the service said the key is over its limit.
+struct GlobalState<'a> {
+    emergency: &'a mut u64,
+    lease: &'a mut u64,
+    expiry: &'a mut u64,
+    blocked: &'a mut u64,
+}
+
+impl GlobalState<'_> {
+    fn decide(
+        &mut self,
+        global: &GlobalPolicy,
+        cost: u64,
+        member: &Member,
+        now: u64,
+    ) -> Option<(Decision, Basis)> {
+        let leased = if *self.expiry > now { *self.lease } else { 0 };
+        match member.service {
+            Service::Answered(answer) if answer.allowed => {
+                *self.lease = leased + answer.granted - cost;
+                *self.expiry = now + LEASE_TTL;
+                Some((
+                    allowed(answer.remaining, answer.reset_after),
+                    Basis::Service,
+                ))
+            }
+            Service::Answered(answer) => {
+                *self.blocked = now.saturating_add(answer.retry_after);
+                Some((
+                    denied(answer.retry_after, answer.reset_after),
+                    Basis::Service,
+                ))
+            }
+            _ if *self.blocked > now => {
+                let wait = *self.blocked - now;
+                Some((denied(wait, wait), Basis::OverLimit))
+            }
+            _ if leased >= cost => {
+                *self.lease = leased - cost;
+                Some((allowed(*self.lease, 0), Basis::Lease))
+            }
+            Service::Ask => None,
+            Service::Failed => match global.fail_open {
+                Some(emergency) => {
+                    let rate = emergency.unwrap_or(member.tier).rate;
+                    let decision = check(&rate, *self.emergency, now, cost);
+                    *self.emergency = decision.tat;
+                    Some((decision, Basis::Emergency))
+                }
+                None => Some((denied(NANOS_PER_SEC, 0), Basis::Unavailable)),
+            },
+        }
+    }
+}
+
+fn allowed(remaining: u64, reset_after: u64) -> Decision {
+    Decision {
+        allowed: true,
+        tat: 0,
+        remaining,
+        reset_after,
+        retry_after: 0,
+    }
+}
+
+fn denied(retry_after: u64, reset_after: u64) -> Decision {
+    Decision {
+        allowed: false,
+        tat: 0,
+        remaining: 0,
+        reset_after,
+        retry_after,
+    }
+}
+
+impl Work {
+    fn asks(&self) -> bool {
+        self.verdicts.iter().any(Option::is_none)
+    }
+
+    /// For a denied request: keeps what the service said (over-limit marks, and tokens it
+    /// granted go to the lease), takes back every other charge.
+    fn undo_charges(&mut self, plan: &Plan) {
+        for (member, verdict) in self.members.iter().zip(&self.verdicts) {
+            let Some(policy) = plan.policies.get(member.policy) else {
+                continue;
+            };
+            let columns = policy.column..policy.column + policy.columns();
+            match (verdict, member.service) {
+                (Some((_, Basis::Service)), Service::Answered(a)) if a.allowed => {
+                    if let Some(lease) = self.next.get_mut(policy.column + 1) {
+                        *lease += policy.cost;
+                    }
+                }
+                (Some((_, Basis::Service)), _) => {}
+                _ => {
+                    if let (Some(next), Some(read)) = (
+                        self.next.get_mut(columns.clone()),
+                        self.slot.tats.get(columns),
+                    ) {
+                        next.copy_from_slice(read);
+                    }
+                }
+            }
+        }
+    }
+
+    fn applied(&self) -> impl Iterator<Item = Applied> + '_ {
         self.members
             .iter()
-            .zip(&self.decisions)
-            .map(|(&(policy, p, tier), &decision)| {
-                (
-                    Applied {
-                        policy,
-                        key: self.hash,
-                        tier,
-                        decision,
-                    },
-                    p.shadow,
-                )
+            .zip(&self.verdicts)
+            .filter_map(|(m, verdict)| {
+                verdict.map(|(decision, basis)| Applied {
+                    policy: m.policy,
+                    key: self.hash,
+                    tier: m.tier,
+                    decision,
+                    basis,
+                })
             })
     }
 }
 
+/// The checks to send for every member that needs the service, and who asked each.
+fn checks(plan: &Plan, works: &[Work]) -> (Vec<(usize, usize)>, Vec<Check>) {
+    let mut asked = Vec::new();
+    let mut checks = Vec::new();
+    for (w, work) in works.iter().enumerate() {
+        for (m, (member, verdict)) in work.members.iter().zip(&work.verdicts).enumerate() {
+            let Some(policy) = plan.policies.get(member.policy) else {
+                continue;
+            };
+            if let (None, Some(global)) = (verdict, &policy.global) {
+                asked.push((w, m));
+                checks.push(Check {
+                    key: format!("{}/{:016x}", policy.name, work.hash),
+                    algorithm: "token_bucket",
+                    requests: member.tier.requests,
+                    per_ms: protocol::per_ms(member.tier.per_nanos),
+                    burst: member.tier.rate.burst,
+                    cost: policy.cost,
+                    take: global.take.min(member.tier.rate.burst),
+                });
+            }
+        }
+    }
+    (asked, checks)
+}
+
+/// After the last call: members still waiting for the service count it as failed.
+fn give_up_asking(works: &mut [Work], plan: &Plan, now: u64) {
+    for work in works.iter_mut() {
+        for member in &mut work.members {
+            if member.service == Service::Ask {
+                member.service = Service::Failed;
+            }
+        }
+        decide(work, plan, now);
+    }
+}
+
 fn applied(works: &[Work]) -> Vec<Applied> {
-    works
-        .iter()
-        .flat_map(Work::applied)
-        .map(|(a, _)| a)
-        .collect()
+    works.iter().flat_map(Work::applied).collect()
 }
 
 /// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
-fn strictest_denial(works: &[Work]) -> Option<Applied> {
+fn strictest_denial(plan: &Plan, works: &[Work]) -> Option<Applied> {
     works
         .iter()
         .flat_map(Work::applied)
-        .filter(|(a, shadow)| !a.decision.allowed && !shadow)
-        .map(|(a, _)| a)
+        .filter(|a| !a.decision.allowed)
+        .filter(|a| plan.policies.get(a.policy).is_some_and(|p| !p.shadow))
         .max_by_key(|a| a.decision.retry_after)
 }

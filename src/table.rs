@@ -93,9 +93,9 @@ pub fn find(store: &impl Store, prefix: &str, spec: &TableSpec, hash: u64, now: 
     }
 }
 
-/// Writes the key's buckets into its slot, if nobody wrote the slot since it was read.
-pub fn write(store: &impl Store, slot: &Slot, hash: u64) -> Result<(), StoreError> {
-    store.set(&slot.name, &encode(hash, &slot.tats), slot.cas)
+/// Writes the key's new state into its slot, if nobody wrote the slot since it was read.
+pub fn write(store: &impl Store, slot: &Slot, hash: u64, state: &[u64]) -> Result<(), StoreError> {
+    store.set(&slot.name, &encode(hash, state), slot.cas)
 }
 
 fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
@@ -180,7 +180,7 @@ mod tests {
         let mut slot = find(&store, "p/", &spec, 42, 100);
         assert_eq!(slot.tats, [0]);
         slot.tats = vec![500];
-        write(&store, &slot, 42).unwrap();
+        write(&store, &slot, 42, &slot.tats).unwrap();
         let again = find(&store, "p/", &spec, 42, 100);
         assert_eq!((again.name, again.tats), (slot.name, vec![500]));
     }
@@ -191,8 +191,11 @@ mod tests {
         let spec = spec(10, 1);
         create_slots(&store, "p/", &spec).unwrap();
         let slot = find(&store, "p/", &spec, 42, 100);
-        write(&store, &slot, 42).unwrap();
-        assert_eq!(write(&store, &slot, 42), Err(StoreError::CasMismatch));
+        write(&store, &slot, 42, &slot.tats).unwrap();
+        assert_eq!(
+            write(&store, &slot, 42, &slot.tats),
+            Err(StoreError::CasMismatch)
+        );
     }
 
     #[test]
@@ -202,7 +205,7 @@ mod tests {
         create_slots(&store, "p/", &spec).unwrap();
         let mut slot = find(&store, "p/", &spec, 1, 100);
         slot.tats = vec![200];
-        write(&store, &slot, 1).unwrap();
+        write(&store, &slot, 1, &slot.tats).unwrap();
         let other = find(&store, "p/", &spec, 2, 150);
         assert_eq!(
             (other.tats.clone(), other.evicts),
@@ -228,12 +231,12 @@ mod tests {
             .unwrap();
         let mut first = find(&store, "p/", &spec, 1, 100);
         first.tats = vec![10_000];
-        write(&store, &first, 1).unwrap();
+        write(&store, &first, 1, &first.tats).unwrap();
         let mut second = find(&store, "p/", &spec, twin, 100);
         assert!(!second.evicts);
         assert_ne!(second.name, first.name);
         second.tats = vec![20_000];
-        write(&store, &second, twin).unwrap();
+        write(&store, &second, twin, &second.tats).unwrap();
         assert_eq!(find(&store, "p/", &spec, 1, 100).tats, [10_000]);
         assert_eq!(find(&store, "p/", &spec, twin, 100).tats, [20_000]);
     }

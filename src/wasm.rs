@@ -1,12 +1,15 @@
 //! The proxy-wasm glue: the only module that talks to Envoy. It implements `Host` and
 //! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
 
-use crate::filter::{count_config_error, Filter, Host, Metrics, Reported, Verdict};
+use crate::config::GlobalService;
+use crate::filter::{Filter, Host, Reported, Verdict};
+use crate::limiter::Pending;
+use crate::metrics::{count_config_error, Metrics};
 use crate::request::RequestSource;
 use crate::store::{Store, StoreError};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType, Status};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -63,6 +66,18 @@ impl Host for Envoy {
             log::error!("could not send the local reply: {status:?}");
         }
     }
+
+    fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool {
+        let headers = vec![
+            (":method", "POST"),
+            (":path", service.path.as_str()),
+            (":authority", service.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let timeout = Duration::from_millis(service.timeout_ms);
+        hostcalls::dispatch_http_call(&service.cluster, headers, Some(body), vec![], timeout)
+            .is_ok()
+    }
 }
 
 impl Metrics for Envoy {
@@ -86,14 +101,10 @@ impl RootContext for Root {
         if let Ok(level) = hostcalls::get_log_level() {
             proxy_wasm::set_log_level(level);
         }
-        let json = hostcalls::get_buffer(
-            proxy_wasm::types::BufferType::PluginConfiguration,
-            0,
-            usize::MAX,
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+        let json = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
         let plugin = Envoy
             .property(&["plugin_name"])
             .and_then(|name| String::from_utf8(name).ok())
@@ -101,7 +112,7 @@ impl RootContext for Root {
         match Filter::configure(&json, &plugin, &Envoy, &Envoy) {
             Ok(filter) => {
                 log::info!(
-                    "sluice: plugin {plugin} configured, version {}, {} policies",
+                    "plugin {plugin} configured, version {}, {} policies",
                     filter.plan().version,
                     filter.plan().policies.len()
                 );
@@ -127,6 +138,7 @@ impl RootContext for Root {
         Some(Box::new(Exchange {
             filter: self.filter.clone(),
             reported: None,
+            pending: None,
         }))
     }
 
@@ -139,13 +151,52 @@ impl RootContext for Root {
 struct Exchange {
     filter: Option<Rc<Filter>>,
     reported: Option<Reported>,
+    /// Set while the request waits for the rate-limit service.
+    pending: Option<Pending>,
 }
 
-impl Context for Exchange {}
+impl Exchange {
+    /// Maps a verdict to Envoy's action; `held` says whether the request is paused already.
+    fn act(&mut self, verdict: Verdict, held: bool) -> Action {
+        match verdict {
+            Verdict::Continue(reported) => {
+                self.reported = reported;
+                if held {
+                    let _ = hostcalls::resume_http_request();
+                }
+                Action::Continue
+            }
+            Verdict::Denied => Action::Pause,
+            Verdict::Waiting(pending) => {
+                self.pending = Some(pending);
+                Action::Pause
+            }
+        }
+    }
+}
+
+impl Context for Exchange {
+    fn on_http_call_response(&mut self, _token: u32, headers: usize, body_size: usize, _: usize) {
+        let (Some(filter), Some(pending)) = (self.filter.clone(), self.pending.take()) else {
+            return;
+        };
+        // No headers: the call failed (timeout, reset, no healthy endpoint).
+        let status = (headers > 0)
+            .then(|| hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status"))
+            .and_then(|s| s.ok().flatten())
+            .and_then(|s| s.parse().ok());
+        let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let verdict = filter.on_service_response(&Envoy, pending, status.map(|s| (s, body)));
+        self.act(verdict, true);
+    }
+}
 
 impl HttpContext for Exchange {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        let Some(filter) = &self.filter else {
+        let Some(filter) = self.filter.clone() else {
             // Unreachable while Envoy honours a refused configuration; fail closed regardless.
             Envoy.send_response(
                 503,
@@ -154,13 +205,8 @@ impl HttpContext for Exchange {
             );
             return Action::Pause;
         };
-        match filter.on_request_headers(&Envoy) {
-            Verdict::Continue(reported) => {
-                self.reported = reported;
-                Action::Continue
-            }
-            Verdict::Denied => Action::Pause,
-        }
+        let verdict = filter.on_request_headers(&Envoy);
+        self.act(verdict, false)
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {

@@ -1,0 +1,134 @@
+//! The filter's counters. They are counted in VM memory and handed to the host in batches: a
+//! hostcall per request per counter would cost more than the rate-limit decision itself.
+
+use crate::config::Plan;
+use crate::limiter::{Basis, Outcome};
+use std::cell::Cell;
+
+/// Counter registration and updates (proxy-wasm metrics, shown in Envoy's stats).
+pub trait Metrics {
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    fn increment(&self, id: u32, by: u64);
+}
+
+#[derive(Debug, Default)]
+pub struct Counter {
+    id: Option<u32>,
+    pending: Cell<u64>,
+}
+
+impl Counter {
+    fn define(metrics: &impl Metrics, name: &str) -> Self {
+        Counter {
+            id: metrics.define_counter(name),
+            pending: Cell::new(0),
+        }
+    }
+
+    pub fn add(&self, by: u64) {
+        self.pending.set(self.pending.get() + by);
+    }
+
+    fn flush(&self, metrics: &impl Metrics) {
+        if let (Some(id), by @ 1..) = (self.id, self.pending.take()) {
+            metrics.increment(id, by);
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct PolicyCounters {
+    allowed: Counter,
+    denied: Counter,
+    shadow_denied: Counter,
+    /// Decisions taken without the service because it could not answer.
+    degraded: Counter,
+}
+
+#[derive(Debug, Default)]
+pub struct Counters {
+    policies: Vec<PolicyCounters>,
+    cas_retries: Counter,
+    cas_exhausted: Counter,
+    evictions: Counter,
+    pub callouts: Counter,
+    pub callout_failures: Counter,
+}
+
+impl Counters {
+    pub fn define(metrics: &impl Metrics, plan: &Plan) -> Self {
+        let counter = |name: String| Counter::define(metrics, &name);
+        let policies = plan
+            .policies
+            .iter()
+            .map(|p| PolicyCounters {
+                allowed: counter(format!("sluice.{}.allowed", p.name)),
+                denied: counter(format!("sluice.{}.denied", p.name)),
+                shadow_denied: counter(format!("sluice.{}.shadow_denied", p.name)),
+                degraded: counter(format!("sluice.{}.degraded", p.name)),
+            })
+            .collect();
+        Counters {
+            policies,
+            cas_retries: counter("sluice.cas_retries".into()),
+            cas_exhausted: counter("sluice.cas_exhausted".into()),
+            evictions: counter("sluice.evictions".into()),
+            callouts: counter("sluice.callouts".into()),
+            callout_failures: counter("sluice.callout_failures".into()),
+        }
+    }
+
+    /// Counts a finished request: each policy's verdict, and the store's contention.
+    pub fn count(&self, plan: &Plan, outcome: &Outcome) {
+        let denied = outcome.is_denied();
+        for applied in &outcome.applied {
+            let (Some(counters), Some(policy)) = (
+                self.policies.get(applied.policy),
+                plan.policies.get(applied.policy),
+            ) else {
+                continue;
+            };
+            if matches!(applied.basis, Basis::Emergency | Basis::Unavailable) {
+                counters.degraded.add(1);
+            }
+            match (applied.decision.allowed, policy.shadow) {
+                (false, true) => {
+                    log::debug!(
+                        "shadow policy {} would deny, version {}",
+                        policy.name,
+                        plan.version
+                    );
+                    counters.shadow_denied.add(1);
+                }
+                (false, false) => counters.denied.add(1),
+                (true, _) if !denied => counters.allowed.add(1),
+                (true, _) => {}
+            }
+        }
+        self.cas_retries.add(u64::from(outcome.cas_retries));
+        self.evictions.add(u64::from(outcome.evictions));
+        self.cas_exhausted.add(u64::from(outcome.exhausted));
+    }
+
+    /// Hands the counts gathered since the last flush to the host.
+    pub fn flush(&self, metrics: &impl Metrics) {
+        self.policies
+            .iter()
+            .flat_map(|p| [&p.allowed, &p.denied, &p.shadow_denied, &p.degraded])
+            .chain([
+                &self.cas_retries,
+                &self.cas_exhausted,
+                &self.evictions,
+                &self.callouts,
+                &self.callout_failures,
+            ])
+            .for_each(|c| c.flush(metrics));
+    }
+}
+
+/// Counts a refused configuration, for operators who watch stats rather than logs.
+pub fn count_config_error(metrics: &impl Metrics) {
+    if let Some(id) = metrics.define_counter("sluice.config_errors") {
+        metrics.increment(id, 1);
+    }
+}
