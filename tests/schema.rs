@@ -139,6 +139,7 @@ fn schema_is_a_valid_draft_2020_12_schema() {
     }
 }
 
+/// Valid for the schema and accepted by the filter's own parser, the real gate.
 #[test]
 fn every_shipped_configuration_is_valid() {
     let validator = validator();
@@ -146,7 +147,11 @@ fn every_shipped_configuration_is_valid() {
     let mut failures = Vec::new();
 
     for path in example_files() {
-        let errors = violations(&validator, &read_json(&path));
+        let config = read_json(&path);
+        if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+            failures.push(format!("{}: the filter refuses it: {e}", path.display()));
+        }
+        let errors = violations(&validator, &config);
         if !errors.is_empty() {
             failures.push(format!("{}:\n  {}", path.display(), errors.join("\n  ")));
         }
@@ -154,6 +159,12 @@ fn every_shipped_configuration_is_valid() {
     }
     for (path, configs) in envoy_plugin_configs() {
         for (i, config) in configs.iter().enumerate() {
+            if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+                failures.push(format!(
+                    "{} (#{i}): the filter refuses it: {e}",
+                    path.display()
+                ));
+            }
             let errors = violations(&validator, config);
             if !errors.is_empty() {
                 failures.push(format!(
