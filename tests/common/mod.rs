@@ -213,6 +213,11 @@ impl Envoy {
         SocketAddr::from((Ipv4Addr::LOCALHOST, self.admin_port))
     }
 
+    /// A connection to the listener for one request sent later (`Connection::request`).
+    pub fn connect(&self) -> Connection {
+        Connection::open(self.addr()).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// GET `path` on the listener with extra request headers (raw byte values).
     pub fn get(&self, path: &str, headers: &[(&str, &[u8])]) -> Response {
         self.request("GET", path, headers)
@@ -366,27 +371,55 @@ pub fn http_request(
     path: &str,
     headers: &[(&str, &[u8])],
 ) -> Result<Response, String> {
-    let mut stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
-        .map_err(|e| format!("connect {addr}: {e}"))?;
-    stream
-        .set_read_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
-    stream
-        .set_write_timeout(Some(IO_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+    Connection::open(addr)?.request(method, path, headers)
+}
 
-    let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
-    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-        req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
+/// A connection opened ahead of its one request: threads that open theirs
+/// first and then send together race inside Envoy, not in `connect`.
+/// `Envoy::connect()` opens one to the listener.
+pub struct Connection {
+    stream: TcpStream,
+    addr: SocketAddr,
+}
+
+impl Connection {
+    pub fn open(addr: SocketAddr) -> Result<Connection, String> {
+        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        stream
+            .set_read_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        stream
+            .set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(|e| e.to_string())?;
+        Ok(Connection { stream, addr })
     }
-    for (name, value) in headers {
-        req.extend_from_slice(name.as_bytes());
-        req.extend_from_slice(b": ");
-        req.extend_from_slice(value);
-        req.extend_from_slice(b"\r\n");
+
+    /// Sends one request with `Connection: close` and reads its response.
+    pub fn request(
+        self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> Result<Response, String> {
+        let Connection { stream, addr } = self;
+        let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+            req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
+        }
+        for (name, value) in headers {
+            req.extend_from_slice(name.as_bytes());
+            req.extend_from_slice(b": ");
+            req.extend_from_slice(value);
+            req.extend_from_slice(b"\r\n");
+        }
+        req.extend_from_slice(b"connection: close\r\n\r\n");
+        read_response(stream, &req, method)
     }
-    req.extend_from_slice(b"connection: close\r\n\r\n");
-    stream.write_all(&req).map_err(|e| format!("write: {e}"))?;
+}
+
+fn read_response(mut stream: TcpStream, req: &[u8], method: &str) -> Result<Response, String> {
+    stream.write_all(req).map_err(|e| format!("write: {e}"))?;
 
     // Read until the response is complete, not to EOF: after `connection:
     // close` Envoy waits up to its delayed_close_timeout (1 s) before closing,
