@@ -1,0 +1,279 @@
+//! Local rate limiting in a real Envoy (`--concurrency 2`): what clients see, what the
+//! counters say, and what Envoy refuses to start with.
+//!
+//! Every test starts its own Envoy on free loopback ports (see `common`). Limits that must not
+//! refill during a test are written "per 1h"; the tests that depend on refill say how long they
+//! wait and why that is enough.
+
+// The helpers here are not #[test] fns, so clippy's in-tests allowances miss them; like
+// assertions, they report an unexpected response by panicking.
+#![allow(clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::{Envoy, Response};
+use std::time::{Duration, Instant};
+
+/// The rate-limit headers the filter can add, in the order it adds them.
+const RATE_LIMIT_HEADERS: [&str; 5] = [
+    "x-ratelimit-limit",
+    "x-ratelimit-remaining",
+    "x-ratelimit-reset",
+    "ratelimit-policy",
+    "ratelimit",
+];
+
+fn user(id: &str) -> [(&str, &[u8]); 1] {
+    [("x-user-id", id.as_bytes())]
+}
+
+/// `n` requests one after the other, each on a fresh connection; their statuses.
+fn statuses(envoy: &Envoy, path: &str, headers: &[(&str, &[u8])], n: usize) -> Vec<u16> {
+    (0..n).map(|_| envoy.get(path, headers).status).collect()
+}
+
+/// The rate-limit headers of a response, as (name, value) pairs.
+fn rate_limit_headers(r: &Response) -> Vec<(String, String)> {
+    r.headers
+        .iter()
+        .filter(|(name, _)| RATE_LIMIT_HEADERS.contains(&name.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// The policy a 429 names in its JSON body.
+fn denying_policy(r: &Response) -> String {
+    assert_eq!(r.status, 429, "not a denial: {r:?}");
+    let body: serde_json::Value = serde_json::from_slice(&r.body)
+        .unwrap_or_else(|e| panic!("429 body is not JSON ({e}): {:?}", r.text()));
+    body["policy"].as_str().unwrap_or_default().to_string()
+}
+
+// --- The reference behaviour.
+
+const ONE_PER_SECOND_BURST_5: &str = r#"{"policies": [
+  {"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": 5}
+]}"#;
+
+#[test]
+fn eight_rapid_requests_give_five_200s_then_three_429s_and_two_seconds_later_two_more_pass() {
+    let envoy = Envoy::start(ONE_PER_SECOND_BURST_5);
+
+    // The eight must reach Envoy within a second of the first (else a token comes back
+    // mid-burst), and the last three at least two but under three seconds after the first.
+    // A machine too slow for that gets another go with a fresh user; wrong statuses never do.
+    for attempt in 1..=3 {
+        let alice = format!("alice-{attempt}");
+        let start = Instant::now();
+        let mut burst = statuses(&envoy, "/api/hello", &user(&alice), 1);
+        let first_answered = Instant::now();
+        burst.extend(statuses(&envoy, "/api/hello", &user(&alice), 7));
+        let burst_took = start.elapsed();
+
+        std::thread::sleep((first_answered + Duration::from_secs(2)) - Instant::now());
+        let later = statuses(&envoy, "/api/hello", &user(&alice), 3);
+        let all_took = start.elapsed();
+
+        if burst_took < Duration::from_millis(900) && all_took < Duration::from_millis(2900) {
+            assert_eq!(burst, [200, 200, 200, 200, 200, 429, 429, 429]);
+            assert_eq!(later, [200, 200, 429], "two tokens refill in two seconds");
+            return;
+        }
+        eprintln!("attempt {attempt}: too slow (burst {burst_took:?}, all {all_took:?})");
+    }
+    panic!("three attempts were all too slow to check the timing");
+}
+
+// --- Keys are isolated.
+
+const ONE_PER_HOUR_BURST_3: &str = r#"{"policies": [
+  {"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 3}
+]}"#;
+
+#[test]
+fn alice_using_up_her_burst_leaves_bob_his_whole_burst() {
+    let envoy = Envoy::start(ONE_PER_HOUR_BURST_3);
+
+    let alice = statuses(&envoy, "/api/x", &user("alice"), 4);
+    let bob = statuses(&envoy, "/api/x", &user("bob"), 4);
+
+    assert_eq!(alice, [200, 200, 200, 429]);
+    assert_eq!(bob, [200, 200, 200, 429]);
+}
+
+// --- Layered limits.
+
+/// The `ratelimit` header starts with `prefix` (the policy and tokens left; the seconds to
+/// full depend on when the earlier requests came).
+fn assert_reports(r: &Response, prefix: &str) {
+    let ratelimit = r.header("ratelimit").unwrap_or_default();
+    assert!(
+        ratelimit.starts_with(prefix),
+        "ratelimit: {ratelimit:?}, expected {prefix}..."
+    );
+}
+
+const LAYERED: &str = r#"{"headers": "both", "policies": [
+  {"name": "per-second", "key": ["header:x-user-id"], "requests": 2, "per": "1s"},
+  {"name": "per-minute", "key": ["header:x-user-id"], "requests": 3, "per": "1m"},
+  {"name": "per-ip", "key": ["ip"], "requests": 4, "per": "1h"}
+]}"#;
+
+#[test]
+fn a_denial_by_one_layered_policy_charges_none_of_the_others_and_names_the_denier() {
+    let envoy = Envoy::start(LAYERED);
+
+    // per-second lets two through and denies two; per-minute and per-ip are not charged.
+    // (per-second refills a token every 500 ms: the four must come within that.)
+    let start = Instant::now();
+    let alice: Vec<Response> = (0..4).map(|_| envoy.get("/", &user("alice"))).collect();
+    let first_four_took = start.elapsed();
+    let codes: Vec<u16> = alice.iter().map(|r| r.status).collect();
+    assert_eq!(codes, [200, 200, 429, 429], "in {first_four_took:?}");
+    for denied in &alice[2..] {
+        assert_eq!(denying_policy(denied), "per-second");
+        assert_eq!(denied.header("x-ratelimit-limit"), Some("2"));
+        assert_eq!(
+            denied.header("ratelimit-policy"),
+            Some(r#""per-second";q=2;w=1"#)
+        );
+    }
+
+    // A second on, per-second is full again. per-minute has exactly the one token the two
+    // denials did not take: one 200 (reporting it as the tightest, 0 left), then its 429.
+    std::thread::sleep(Duration::from_millis(1100));
+    let refilled = envoy.get("/", &user("alice"));
+    assert_eq!(
+        refilled.status, 200,
+        "the denials charged per-minute: {refilled:?}"
+    );
+    assert_reports(&refilled, r#""per-minute";r=0;t="#);
+    let refilled_again = envoy.get("/", &user("alice"));
+    assert_eq!(denying_policy(&refilled_again), "per-minute");
+    assert_eq!(refilled_again.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(
+        refilled_again.header("ratelimit-policy"),
+        Some(r#""per-minute";q=3;w=60"#)
+    );
+
+    // per-ip took a token for each of alice's three 200s only, so bob (same IP) gets the
+    // fourth and then per-ip's 429 while his own per-user buckets are nearly full.
+    let bob = envoy.get("/", &user("bob"));
+    assert_eq!(bob.status, 200, "the denials charged per-ip: {bob:?}");
+    assert_reports(&bob, r#""per-ip";r=0;t="#);
+    let bob_again = envoy.get("/", &user("bob"));
+    assert_eq!(denying_policy(&bob_again), "per-ip");
+    assert_eq!(
+        bob_again.header("ratelimit-policy"),
+        Some(r#""per-ip";q=4;w=3600"#)
+    );
+
+    for (counter, expected) in [
+        ("per-second.allowed", 4),
+        ("per-second.denied", 2),
+        ("per-minute.allowed", 4),
+        ("per-minute.denied", 1),
+        ("per-ip.allowed", 4),
+        ("per-ip.denied", 1),
+    ] {
+        let name = format!("sluice.{counter}");
+        assert_eq!(
+            envoy.wait_for_wasm_counter(&name, expected),
+            expected,
+            "{name}"
+        );
+    }
+}
+
+// --- Shadow mode.
+
+const SHADOW_TRIAL: &str = r#"{"headers": "both", "policies": [
+  {"name": "trial", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 1, "mode": "shadow"},
+  {"name": "per-user", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"], "requests": 10, "per": "1h"}
+]}"#;
+
+#[test]
+fn a_shadow_policy_never_denies_adds_no_headers_and_counts_would_be_denials() {
+    let envoy = Envoy::start(SHADOW_TRIAL);
+
+    // Only the shadow policy applies outside /api/: five 200s, no rate-limit headers at all.
+    let bob: Vec<Response> = (0..5).map(|_| envoy.get("/home", &user("bob"))).collect();
+    for r in &bob {
+        assert_eq!(r.status, 200);
+        assert_eq!(rate_limit_headers(r), [], "shadow added headers: {r:?}");
+        assert_eq!(r.header("retry-after"), None);
+    }
+
+    // On /api/ the headers are the enforcing policy's, never the shadow one's.
+    let alice: Vec<Response> = (0..3)
+        .map(|_| envoy.get("/api/x", &user("alice")))
+        .collect();
+    for (r, remaining) in alice.iter().zip(["9", "8", "7"]) {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("x-ratelimit-remaining"), Some(remaining));
+        assert_eq!(
+            r.header("ratelimit-policy"),
+            Some(r#""per-user";q=10;w=3600"#)
+        );
+    }
+
+    // bob would have been denied 4 times, alice twice.
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.trial.shadow_denied", 6),
+        6
+    );
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.trial.allowed", 2), 2);
+    assert_eq!(envoy.wasm_counter("sluice.trial.denied"), Some(0));
+}
+
+// --- Tiers.
+
+const TIERED: &str = r#"{"headers": "both", "policies": [
+  {"name": "per-user", "key": ["header:x-user-id"], "requests": 2, "per": "1h",
+   "tiers": {"by": "header:x-plan", "values": {"premium": {"requests": 5, "per": "1h"}}}}
+]}"#;
+
+#[test]
+fn a_premium_plan_gets_its_tier_burst_and_other_plans_the_default_tier() {
+    let envoy = Envoy::start(TIERED);
+    let premium = [("x-user-id", &b"carol"[..]), ("x-plan", b"premium")];
+    let unknown_plan = [("x-user-id", &b"dave"[..]), ("x-plan", b"gold")];
+
+    let carol: Vec<Response> = (0..6).map(|_| envoy.get("/", &premium)).collect();
+    let alice = statuses(&envoy, "/", &user("alice"), 3);
+    let dave = statuses(&envoy, "/", &unknown_plan, 3);
+
+    let codes: Vec<u16> = carol.iter().map(|r| r.status).collect();
+    assert_eq!(codes, [200, 200, 200, 200, 200, 429]);
+    assert_eq!(carol[0].header("x-ratelimit-limit"), Some("5"));
+    assert_eq!(
+        carol[0].header("ratelimit-policy"),
+        Some(r#""per-user";q=5;w=3600"#)
+    );
+    assert_eq!(alice, [200, 200, 429], "no x-plan: the default tier");
+    assert_eq!(dave, [200, 200, 429], "an unknown plan: the default tier");
+}
+
+// --- Cost.
+
+#[test]
+fn requests_costing_2_tokens_get_two_200s_from_a_burst_of_5() {
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "upload", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": 5, "cost": 2}]}"#,
+    );
+
+    let r: Vec<Response> = (0..3).map(|_| envoy.get("/", &user("alice"))).collect();
+
+    let codes: Vec<u16> = r.iter().map(|r| r.status).collect();
+    assert_eq!(codes, [200, 200, 429]);
+    let remaining: Vec<Option<&str>> = r
+        .iter()
+        .map(|r| r.header("x-ratelimit-remaining"))
+        .collect();
+    assert_eq!(remaining, [Some("3"), Some("1"), Some("1")]);
+    assert_eq!(
+        r[2].header("retry-after"),
+        Some("1"),
+        "one more token: a second"
+    );
+}
