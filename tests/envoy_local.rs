@@ -12,7 +12,7 @@
 mod common;
 
 use common::{Envoy, Response};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The rate-limit headers the filter can add, in the order it adds them.
 const RATE_LIMIT_HEADERS: [&str; 5] = [
@@ -276,4 +276,155 @@ fn requests_costing_2_tokens_get_two_200s_from_a_burst_of_5() {
         Some("1"),
         "one more token: a second"
     );
+}
+
+// --- Response headers and the 429.
+
+fn pairs(expected: &[(&str, &str)]) -> Vec<(String, String)> {
+    expected
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+fn epoch_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Three rapid requests use up a burst of 3 (one token per 6 s); the fourth is denied.
+fn three_allowed_then_denied(headers_style: &str) -> (Response, Response, u64, u64) {
+    let envoy = Envoy::start(&format!(
+        r#"{{"headers": "{headers_style}", "policies": [
+          {{"name": "per-user", "key": ["header:x-user-id"], "requests": 10, "per": "1m", "burst": 3}}
+        ]}}"#
+    ));
+    let before = epoch_secs();
+    let first = envoy.get("/", &user("alice"));
+    statuses(&envoy, "/", &user("alice"), 2);
+    let denied = envoy.get("/", &user("alice"));
+    let after = epoch_secs();
+    assert_eq!((first.status, denied.status), (200, 429));
+    (first, denied, before, after)
+}
+
+/// The 429 every header style shares: JSON body naming the policy, `retry-after` = its
+/// `retry_after`. Four requests within a second of a 6 s interval: a 6 s wait.
+fn assert_is_the_documented_429(denied: &Response) {
+    assert_eq!(denied.status, 429);
+    let content_types: Vec<&(String, String)> = denied
+        .headers
+        .iter()
+        .filter(|(n, _)| n == "content-type")
+        .collect();
+    assert_eq!(
+        content_types,
+        [&("content-type".to_string(), "application/json".to_string())]
+    );
+    assert_eq!(denied.header("retry-after"), Some("6"));
+    assert_eq!(
+        denied.text(),
+        r#"{"error":"too_many_requests","policy":"per-user","retry_after":6}"#
+    );
+}
+
+/// `x-ratelimit-reset` is the epoch second at which the bucket is full again, `full_in` after
+/// a request made between `before` and `after` (whole seconds, rounded up).
+fn assert_reset_is(r: &Response, before: u64, after: u64, full_in: u64) {
+    let reset: u64 = r
+        .header("x-ratelimit-reset")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no numeric x-ratelimit-reset: {r:?}"));
+    assert!(
+        (before + full_in..=after + full_in + 1).contains(&reset),
+        "x-ratelimit-reset {reset} is not {full_in} s after [{before}, {after}]"
+    );
+}
+
+#[test]
+fn legacy_headers_give_limit_remaining_and_reset_epoch_seconds() {
+    let (first, denied, before, after) = three_allowed_then_denied("legacy");
+
+    let names = |r: &Response| -> Vec<String> {
+        rate_limit_headers(r).into_iter().map(|(n, _)| n).collect()
+    };
+    assert_eq!(names(&first), RATE_LIMIT_HEADERS[..3]);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("2"));
+    assert_reset_is(&first, before, after, 6);
+
+    assert_is_the_documented_429(&denied);
+    assert_eq!(names(&denied), RATE_LIMIT_HEADERS[..3]);
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_reset_is(&denied, before, after, 18);
+}
+
+#[test]
+fn draft_headers_give_policy_quota_window_remaining_and_seconds_to_full() {
+    let (first, denied, _, _) = three_allowed_then_denied("draft");
+
+    assert_eq!(
+        rate_limit_headers(&first),
+        pairs(&[
+            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit", r#""per-user";r=2;t=6"#),
+        ])
+    );
+    assert_is_the_documented_429(&denied);
+    assert_eq!(
+        rate_limit_headers(&denied),
+        pairs(&[
+            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit", r#""per-user";r=0;t=18"#),
+        ])
+    );
+}
+
+#[test]
+fn both_gives_the_legacy_and_the_draft_headers() {
+    let (first, denied, before, after) = three_allowed_then_denied("both");
+
+    let reset = first
+        .header("x-ratelimit-reset")
+        .unwrap_or_default()
+        .to_string();
+    assert_reset_is(&first, before, after, 6);
+    assert_eq!(
+        rate_limit_headers(&first),
+        pairs(&[
+            ("x-ratelimit-limit", "3"),
+            ("x-ratelimit-remaining", "2"),
+            ("x-ratelimit-reset", &reset),
+            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit", r#""per-user";r=2;t=6"#),
+        ])
+    );
+    assert_is_the_documented_429(&denied);
+    let reset = denied
+        .header("x-ratelimit-reset")
+        .unwrap_or_default()
+        .to_string();
+    assert_reset_is(&denied, before, after, 18);
+    assert_eq!(
+        rate_limit_headers(&denied),
+        pairs(&[
+            ("x-ratelimit-limit", "3"),
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", &reset),
+            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit", r#""per-user";r=0;t=18"#),
+        ])
+    );
+}
+
+#[test]
+fn none_gives_no_rate_limit_headers_but_the_429_keeps_retry_after_and_body() {
+    let (first, denied, _, _) = three_allowed_then_denied("none");
+
+    assert_eq!(rate_limit_headers(&first), []);
+    assert_eq!(rate_limit_headers(&denied), []);
+    assert_is_the_documented_429(&denied);
 }
