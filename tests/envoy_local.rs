@@ -428,3 +428,116 @@ fn none_gives_no_rate_limit_headers_but_the_429_keeps_retry_after_and_body() {
     assert_eq!(rate_limit_headers(&denied), []);
     assert_is_the_documented_429(&denied);
 }
+
+// --- The `ip` key is the address Envoy computed; trusting X-Forwarded-For is Envoy's config.
+
+const PER_IP_BURST_3: &str = r#"{"policies": [
+  {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1h", "burst": 3}
+]}"#;
+
+#[test]
+fn with_no_trusted_hops_a_rotating_x_forwarded_for_does_not_escape_the_ip_bucket() {
+    let envoy = Envoy::options(PER_IP_BURST_3)
+        .use_remote_address(true)
+        .xff_num_trusted_hops(0)
+        .start();
+
+    let spoofed: Vec<u16> = ["10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5"]
+        .iter()
+        .map(|xff| {
+            envoy
+                .get("/", &[("x-forwarded-for", xff.as_bytes())])
+                .status
+        })
+        .collect();
+
+    assert_eq!(spoofed, [200, 200, 200, 429, 429], "all are 127.0.0.1");
+}
+
+#[test]
+fn with_one_trusted_hop_the_x_forwarded_for_address_is_the_ip_key() {
+    let envoy = Envoy::options(PER_IP_BURST_3)
+        .use_remote_address(true)
+        .xff_num_trusted_hops(1)
+        .start();
+    let from = |ip: &'static str| [("x-forwarded-for", ip.as_bytes())];
+
+    let first_client = statuses(&envoy, "/", &from("10.0.0.7"), 4);
+    let second_client = statuses(&envoy, "/", &from("10.0.0.8"), 1);
+    let no_xff = statuses(&envoy, "/", &[], 1);
+
+    assert_eq!(first_client, [200, 200, 200, 429]);
+    assert_eq!(second_client, [200], "another XFF address, another bucket");
+    assert_eq!(no_xff, [200], "no XFF: the TCP peer, another bucket");
+}
+
+// --- A missing key part.
+
+#[test]
+fn a_policy_skips_requests_without_its_key_header_by_default() {
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 1}]}"#,
+    );
+
+    let anonymous: Vec<Response> = (0..3).map(|_| envoy.get("/", &[])).collect();
+    let empty = statuses(&envoy, "/", &[("x-user-id", b"")], 2);
+    let alice = statuses(&envoy, "/", &user("alice"), 2);
+
+    for r in &anonymous {
+        assert_eq!(r.status, 200);
+        assert_eq!(rate_limit_headers(r), [], "the policy did not apply");
+    }
+    assert_eq!(empty, [200, 200], "an empty value is missing");
+    assert_eq!(alice, [200, 429], "requests with the key are limited");
+}
+
+#[test]
+fn with_missing_key_shared_requests_without_the_key_share_one_bucket() {
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "missing_key": "shared", "requests": 1, "per": "1h", "burst": 2}]}"#,
+    );
+
+    let anonymous = statuses(&envoy, "/", &[], 2);
+    let empty = statuses(&envoy, "/", &[("x-user-id", b"")], 1);
+    let anonymous_again = statuses(&envoy, "/", &[("x-other", b"1")], 1);
+    let alice = statuses(&envoy, "/", &user("alice"), 1);
+
+    assert_eq!(anonymous, [200, 200]);
+    assert_eq!(
+        empty,
+        [429],
+        "an empty value is missing too: the same bucket"
+    );
+    assert_eq!(anonymous_again, [429]);
+    assert_eq!(alice, [200], "a keyed request has its own bucket");
+}
+
+// --- The default policy.
+
+const API_WITH_DEFAULT: &str = r#"{"policies": [
+  {"name": "api", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 2}
+], "default": {"name": "baseline", "key": ["ip"], "requests": 1, "per": "1h", "burst": 3}}"#;
+
+#[test]
+fn the_default_policy_applies_only_to_requests_no_policy_matched() {
+    let envoy = Envoy::start(API_WITH_DEFAULT);
+
+    // The query string is not part of the path: /api/x?y=1 is under /api/.
+    let api: Vec<Response> = (0..3)
+        .map(|_| envoy.get("/api/x?y=1", &user("alice")))
+        .collect();
+    // Not under /api/, even with /api/ in the query: the default, untouched by the above.
+    let other: Vec<Response> = ["/static/x", "/?next=/api/", "/apix", "/static/y"]
+        .iter()
+        .map(|path| envoy.get(path, &user("alice")))
+        .collect();
+
+    let codes = |rs: &[Response]| -> Vec<u16> { rs.iter().map(|r| r.status).collect() };
+    assert_eq!(codes(&api), [200, 200, 429]);
+    assert_eq!(denying_policy(&api[2]), "api");
+    assert_eq!(codes(&other), [200, 200, 200, 429]);
+    assert_eq!(other[0].header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(denying_policy(&other[3]), "baseline");
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.allowed", 3), 3);
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.api.allowed", 2), 2);
+}
