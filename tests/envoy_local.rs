@@ -12,6 +12,7 @@
 mod common;
 
 use common::{Envoy, Response};
+use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The rate-limit headers the filter can add, in the order it adds them.
@@ -540,4 +541,130 @@ fn the_default_policy_applies_only_to_requests_no_policy_matched() {
     assert_eq!(denying_policy(&other[3]), "baseline");
     assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.allowed", 3), 3);
     assert_eq!(envoy.wait_for_wasm_counter("sluice.api.allowed", 2), 2);
+}
+
+// --- Both workers share every bucket.
+
+/// `listener.<addr>.worker_<n>.downstream_cx_total` for each worker: who accepted connections.
+fn connections_per_worker(envoy: &Envoy) -> Vec<u64> {
+    let stats = envoy.admin_stats(r"^listener\..*\.worker_[0-9]+\.downstream_cx_total$");
+    let mut by_worker: Vec<(String, u64)> = stats.into_iter().collect();
+    by_worker.sort();
+    by_worker.into_iter().map(|(_, count)| count).collect()
+}
+
+#[test]
+fn eight_parallel_clients_on_both_workers_get_exactly_the_burst_through() {
+    const THREADS: usize = 8;
+    const REQUESTS_EACH: usize = 25;
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 20}]}"#,
+    );
+
+    let start = Barrier::new(THREADS);
+
+    // Every request has its own TCP connection, so the kernel spreads them over the workers.
+    let per_thread: Vec<Vec<u16>> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..THREADS)
+            .map(|_| {
+                s.spawn(|| {
+                    start.wait();
+                    statuses(&envoy, "/api/x", &user("shared"), REQUESTS_EACH)
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|c| c.join().expect("client thread"))
+            .collect()
+    });
+
+    let all: Vec<u16> = per_thread.into_iter().flatten().collect();
+    let ok = all.iter().filter(|&&s| s == 200).count();
+    let denied = all.iter().filter(|&&s| s == 429).count();
+    assert_eq!((ok, denied), (20, THREADS * REQUESTS_EACH - 20));
+    let workers = connections_per_worker(&envoy);
+    assert!(
+        workers.len() == 2 && workers.iter().all(|&n| n > 0),
+        "both workers served: {workers:?}"
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 20),
+        20
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.denied", 180),
+        180
+    );
+    // Both workers have flushed everything they counted; the races they lost are in here.
+    let retries = envoy.wasm_counter("sluice.cas_retries");
+    eprintln!(
+        "sluice.cas_retries after {} parallel requests: {retries:?}",
+        all.len()
+    );
+    assert!(retries.is_some(), "sluice.cas_retries is not in /stats");
+}
+
+#[test]
+fn a_fresh_key_hit_by_two_clients_at_once_admits_exactly_one() {
+    const KEYS: usize = 30;
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 1}]}"#,
+    );
+    let together = Barrier::new(2);
+
+    // For each fresh key, two clients connect first and then send at the same instant. When
+    // the kernel put the two connections on different workers, the workers race to create
+    // the key's bucket; the worker connection counts say whether they did.
+    let mut statuses_per_key = Vec::new();
+    let mut split_pairs = 0;
+    for key in 0..KEYS {
+        let id = format!("fresh-{key}");
+        let before = connections_per_worker(&envoy);
+        let pair: Vec<u16> = std::thread::scope(|s| {
+            let clients: Vec<_> = (0..2)
+                .map(|_| {
+                    s.spawn(|| {
+                        let connection = envoy.connect();
+                        together.wait();
+                        connection.request("GET", "/", &user(&id))
+                    })
+                })
+                .collect();
+            clients
+                .into_iter()
+                .map(|c| c.join().expect("client thread").expect(&id).status)
+                .collect()
+        });
+        let after = connections_per_worker(&envoy);
+        let accepted: Vec<Option<u64>> = after
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a.checked_sub(*b))
+            .collect();
+        if accepted == [Some(1), Some(1)] {
+            split_pairs += 1;
+        }
+        statuses_per_key.push(pair);
+    }
+
+    let over_or_under: Vec<&Vec<u16>> = statuses_per_key
+        .iter()
+        .filter(|pair| !matches!(pair[..], [200, 429] | [429, 200]))
+        .collect();
+    assert_eq!(over_or_under, [] as [&Vec<u16>; 0], "not one 200 per key");
+    assert!(split_pairs > 0, "no pair reached both workers");
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 30),
+        30
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.denied", 30),
+        30
+    );
+    let retries = envoy.wasm_counter("sluice.cas_retries");
+    eprintln!(
+        "sluice.cas_retries after {KEYS} racing pairs ({split_pairs} on both workers): {retries:?}"
+    );
+    assert!(retries.is_some(), "sluice.cas_retries is not in /stats");
 }
