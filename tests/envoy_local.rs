@@ -11,7 +11,9 @@
 
 mod common;
 
-use common::{Envoy, Response};
+use common::{envoy_binary, Envoy, Response};
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Barrier;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -667,4 +669,120 @@ fn a_fresh_key_hit_by_two_clients_at_once_admits_exactly_one() {
         "sluice.cas_retries after {KEYS} racing pairs ({split_pairs} on both workers): {retries:?}"
     );
     assert!(retries.is_some(), "sluice.cas_retries is not in /stats");
+}
+
+// --- Refused configurations.
+
+#[test]
+fn bad_configurations_keep_envoy_from_starting_and_the_log_names_the_field() {
+    let policy = |extra: &str| {
+        format!(r#"{{"name": "p", "key": ["ip"], "requests": 1, "per": "1s"{extra}}}"#)
+    };
+    let cases = [
+        (
+            "an unknown field",
+            format!(r#"{{"policies": [{}]}}"#, policy(r#", "brust": 5"#)),
+            "policies[0].brust",
+        ),
+        (
+            "a duplicate name",
+            format!(r#"{{"policies": [{}, {}]}}"#, policy(""), policy("")),
+            "policies[1].name",
+        ),
+        (
+            "a bad duration",
+            r#"{"policies": [{"name": "p", "key": ["ip"], "requests": 1, "per": "1 minute"}]}"#
+                .to_string(),
+            "policies[0].per",
+        ),
+        (
+            "zero requests",
+            r#"{"policies": [{"name": "p", "key": ["ip"], "requests": 0, "per": "1s"}]}"#
+                .to_string(),
+            "policies[0].requests",
+        ),
+    ];
+
+    // Each Envoy exits within a second; start them side by side.
+    std::thread::scope(|s| {
+        let starts: Vec<_> = cases
+            .iter()
+            .map(|(why, json, field)| (why, field, s.spawn(|| Envoy::try_start(json))))
+            .collect();
+        for (why, field, start) in starts {
+            let log = match start.join().expect("starting Envoy") {
+                Ok(_) => panic!("Envoy started with {why}"),
+                Err(log) => log,
+            };
+            assert!(
+                log.contains(&format!("invalid configuration: {field}: ")),
+                "{why}: the log does not name {field}:\n{log}"
+            );
+            assert!(
+                log.contains("[harness] Envoy exited"),
+                "{why}: Envoy did not exit:\n{log}"
+            );
+        }
+    });
+}
+
+// --- The shipped bootstraps.
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Files in `envoy/` that are Envoy bootstraps (they have `static_resources`).
+fn shipped_bootstraps() -> Vec<PathBuf> {
+    let dir = repo_root().join("envoy");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| {
+            let is_config = path
+                .extension()
+                .is_some_and(|ext| ["yaml", "yml", "json"].contains(&ext.to_str().unwrap_or("")));
+            is_config
+                && std::fs::read_to_string(path).is_ok_and(|text| text.contains("static_resources"))
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn validate(bootstrap: &Path) -> Result<(), String> {
+    // From the repo root: the demo names the wasm by a path relative to it.
+    let out = Command::new(envoy_binary())
+        .current_dir(repo_root())
+        .args(["--mode", "validate", "-l", "warn", "-c"])
+        .arg(bootstrap)
+        .output()
+        .map_err(|e| format!("running {}: {e}", envoy_binary().display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} ({}):\n{}{}",
+            bootstrap.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+#[test]
+fn every_shipped_envoy_bootstrap_passes_envoy_validate() {
+    let bootstraps = shipped_bootstraps();
+    assert!(
+        bootstraps.iter().any(|p| p.ends_with("envoy/demo.yaml")),
+        "envoy/demo.yaml is not among the bootstraps found: {bootstraps:?}"
+    );
+
+    let failures: Vec<String> = bootstraps
+        .iter()
+        .filter_map(|b| validate(b).err())
+        .collect();
+
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
