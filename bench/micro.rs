@@ -1,0 +1,380 @@
+//! Micro-benchmarks of sluice's pure core, natively (`cargo bench --bench micro`).
+//!
+//! No benchmark framework: each case runs in batches timed with `Instant`, and the median
+//! batch gives the time per operation (the minimum and maximum batch show the spread). Inputs
+//! go through `black_box` so the optimiser cannot fold them away.
+//!
+//! With `SLUICE_BENCH_JSON=<file>` the results are also written there as JSON, which
+//! `bench/run.py` (`make bench`) puts into BENCHMARKS.md.
+
+use sluice::config::{self, Plan};
+use sluice::duration::NANOS_PER_SEC;
+use sluice::gcra::{self, Rate};
+use sluice::key::hash_key;
+use sluice::limiter::{self, Step};
+use sluice::request::{Attributes, RequestSource};
+use sluice::store::{Store, StoreError};
+use sluice::table;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// The plugin name Envoy gives the demo and the benchmark: shared-data keys start with it.
+const PLUGIN: &str = "sluice";
+const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
+
+/// One request as the host shows it. Values are cloned out on every read, as the hostcalls do.
+struct Request {
+    headers: Vec<(&'static str, &'static [u8])>,
+    properties: Vec<(&'static str, &'static [u8])>,
+}
+
+impl Request {
+    fn typical() -> Request {
+        Request {
+            headers: vec![
+                (":path", b"/api/v1/items?page=2"),
+                (":method", b"GET"),
+                (":authority", b"api.example.com"),
+                ("x-user-id", b"user-8c2f41"),
+                ("x-api-key", b"k-3f9a7c21d0e84b6a"),
+            ],
+            properties: vec![
+                ("source.address", b"10.1.2.3:54321"),
+                ("xds.route_name", b"api"),
+            ],
+        }
+    }
+}
+
+impl RequestSource for Request {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.to_vec())
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        let path = path.join(".");
+        self.properties
+            .iter()
+            .find(|(p, _)| *p == path)
+            .map(|(_, v)| v.to_vec())
+    }
+}
+
+/// Shared data with Envoy's semantics (CAS 0 and creating writes are unconditional), in one
+/// thread: what a worker sees when nobody races it.
+#[derive(Default)]
+struct MemoryStore {
+    entries: RefCell<HashMap<String, (Vec<u8>, u32)>>,
+    version: Cell<u32>,
+}
+
+impl Store for MemoryStore {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.entries.borrow().get(key).cloned()
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let mut entries = self.entries.borrow_mut();
+        if let Some((_, current)) = entries.get(key) {
+            if cas != 0 && cas != *current {
+                return Err(StoreError::CasMismatch);
+            }
+        }
+        self.version.set(self.version.get() + 1);
+        entries.insert(key.to_string(), (value.to_vec(), self.version.get()));
+        Ok(())
+    }
+}
+
+fn plan(json: &str) -> Plan {
+    match config::parse(json.as_bytes()) {
+        Ok(plan) => plan,
+        Err(e) => {
+            eprintln!("bench config refused: {e}\n{json}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// A configured store: every table's slots created, as `Filter::configure` does.
+fn store_for(plan: &Plan, prefix: &str) -> MemoryStore {
+    let store = MemoryStore::default();
+    for spec in &plan.tables {
+        if table::create_slots(&store, prefix, spec).is_err() {
+            eprintln!("could not create slots");
+            std::process::exit(1);
+        }
+    }
+    store
+}
+
+struct Measured {
+    name: String,
+    median_ns: f64,
+    min_ns: f64,
+    max_ns: f64,
+}
+
+/// Times `op` (one operation per call) in `BATCHES` batches sized to take about 10 ms each.
+fn measure(name: &str, mut op: impl FnMut()) -> Measured {
+    const BATCHES: usize = 31;
+    const BATCH_TIME: Duration = Duration::from_millis(10);
+    let mut per_batch = 1u64;
+    loop {
+        let start = Instant::now();
+        for _ in 0..per_batch {
+            op();
+        }
+        if start.elapsed() >= BATCH_TIME / 4 || per_batch >= 1 << 30 {
+            let elapsed = start.elapsed().as_nanos().max(1) as u64;
+            let target = BATCH_TIME.as_nanos() as u64;
+            per_batch = (per_batch * target / elapsed).max(1);
+            break;
+        }
+        per_batch *= 2;
+    }
+    let mut samples: Vec<f64> = (0..BATCHES)
+        .map(|_| {
+            let start = Instant::now();
+            for _ in 0..per_batch {
+                op();
+            }
+            start.elapsed().as_nanos() as f64 / per_batch as f64
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let result = Measured {
+        name: name.to_string(),
+        median_ns: samples.get(BATCHES / 2).copied().unwrap_or(f64::NAN),
+        min_ns: samples.first().copied().unwrap_or(f64::NAN),
+        max_ns: samples.last().copied().unwrap_or(f64::NAN),
+    };
+    println!(
+        "{:<52} {:>10.1} ns   (batches {:.1} .. {:.1})",
+        result.name, result.median_ns, result.min_ns, result.max_ns
+    );
+    result
+}
+
+/// Runs the whole `evaluate` for one request per call, the clock moving 10 µs per request.
+/// Every decision must deny (or allow) as `denies` says: checked once, before timing.
+fn bench_evaluate(name: &str, json: &str, request: &Request, denies: bool) -> Measured {
+    let plan = plan(json);
+    let prefix = format!("sluice/{PLUGIN}/");
+    let store = store_for(&plan, &prefix);
+    let decide = |now: u64| {
+        let mut attrs = Attributes::new(black_box(request), &plan.attrs);
+        limiter::evaluate(&plan, &prefix, &mut attrs, &store, black_box(now), true)
+    };
+    for i in 0..3 {
+        decide(T0 + i * 10_000);
+    }
+    match decide(T0 + 30_000) {
+        Step::Done(outcome) if outcome.is_denied() == denies => {}
+        other => {
+            eprintln!("{name}: not the expected decision: {other:?}");
+            std::process::exit(1);
+        }
+    }
+    let mut now = T0 + 40_000;
+    measure(name, || {
+        now += 10_000;
+        black_box(decide(now));
+    })
+}
+
+fn policies_json(policies: &[String]) -> String {
+    format!(
+        r#"{{"headers": "legacy", "policies": [{}]}}"#,
+        policies.join(",")
+    )
+}
+
+fn policy(name: &str, key: &str, requests: u64, per: &str) -> String {
+    format!(r#"{{"name": "{name}", "key": ["{key}"], "requests": {requests}, "per": "{per}"}}"#)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a filter argument selects cases by substring.
+    let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
+    let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
+    let request = Request::typical();
+    let mut results = Vec::new();
+
+    println!("{:<52} {:>13}", "case", "median");
+
+    if wanted("gcra") {
+        let rate = Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1));
+        let (mut tat, mut now) = (0u64, T0);
+        results.push(measure("gcra::check (one token-bucket decision)", || {
+            now += 3_000_000;
+            let d = gcra::check(black_box(&rate), black_box(tat), black_box(now), 1);
+            tat = d.tat;
+            black_box(d);
+        }));
+    }
+
+    if wanted("hash_key") {
+        for (label, key) in [
+            ("header:x-user-id", r#""header:x-user-id""#),
+            (
+                "header:x-user-id|ip, route",
+                r#""header:x-user-id|ip", "route""#,
+            ),
+        ] {
+            let plan = plan(&format!(
+                r#"{{"policies": [{{"name": "p", "key": [{key}], "requests": 1, "per": "1s"}}]}}"#
+            ));
+            let parts = plan.tables.first().map_or(&[][..], |t| &t.key[..]);
+            results.push(measure(&format!("key::hash_key [{label}]"), || {
+                let mut attrs = Attributes::new(black_box(&request), &plan.attrs);
+                black_box(hash_key(parts, &mut attrs));
+            }));
+        }
+    }
+
+    if wanted("match") {
+        for n in [1usize, 50] {
+            // Each policy matches its own API version; the request is for the last one, so
+            // all n are checked and one matches.
+            let policies: Vec<String> = (0..n)
+                .map(|i| {
+                    let path = if i + 1 == n { "/api/v1/".into() } else { format!("/api/v{}/", i + 2) };
+                    format!(
+                        r#"{{"name": "p{i}", "match": {{"path_prefix": "{path}", "methods": ["GET", "POST"],
+                             "headers": [{{"name": "x-user-id", "present": true}}]}},
+                             "key": ["header:x-user-id"], "requests": 1, "per": "1s"}}"#
+                    )
+                })
+                .collect();
+            let plan = plan(&policies_json(&policies));
+            results.push(measure(
+                &format!("Matcher::matches, {n} policies (per request)"),
+                || {
+                    let mut attrs = Attributes::new(black_box(&request), &plan.attrs);
+                    let hits = plan
+                        .policies
+                        .iter()
+                        .filter(|p| p.matcher.matches(&mut attrs))
+                        .count();
+                    black_box(hits);
+                },
+            ));
+        }
+    }
+
+    if wanted("evaluate") {
+        let big = 1_000_000_000u64;
+        results.push(bench_evaluate(
+            "limiter::evaluate, 1 policy (setup 4)",
+            &policies_json(&[policy("per-user", "header:x-user-id", big, "1s")]),
+            &request,
+            false,
+        ));
+        let layered: Vec<String> = [
+            ("1s", 1u64),
+            ("1m", 60),
+            ("1h", 3_600),
+            ("1d", 86_400),
+            ("30d", 2_592_000),
+        ]
+        .iter()
+        .map(|(per, secs)| {
+            policy(
+                &format!("per-{per}"),
+                "header:x-user-id",
+                1_000_000 * secs,
+                per,
+            )
+        })
+        .collect();
+        results.push(bench_evaluate(
+            "limiter::evaluate, 5 layered, one key (setup 5)",
+            &policies_json(&layered),
+            &request,
+            false,
+        ));
+        let keyed: Vec<String> = [
+            "header:x-user-id",
+            "header:x-api-key",
+            "ip",
+            "route",
+            "global",
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, key)| policy(&format!("k{i}"), key, big, "1s"))
+        .collect();
+        results.push(bench_evaluate(
+            "limiter::evaluate, 5 keys (setup 5b)",
+            &policies_json(&keyed),
+            &request,
+            false,
+        ));
+        results.push(bench_evaluate(
+            "limiter::evaluate, denying (setup 7)",
+            &policies_json(&[policy("per-user", "header:x-user-id", 1, "1h")]),
+            &request,
+            true,
+        ));
+    }
+
+    println!("\nShared data per key (value + entry name; Envoy adds its own per-entry overhead):");
+    let prefix = format!("sluice/{PLUGIN}/");
+    let mut sizes = Vec::new();
+    for (label, n) in [("1 policy", 1usize), ("5 policies, one key", 5)] {
+        let spec = config::TableSpec {
+            key: Vec::new(),
+            capacity: config::DEFAULT_MAX_KEYS,
+            width: n,
+            layout_id: u64::MAX,
+        };
+        let name = table::slot_name(&prefix, &spec, config::DEFAULT_MAX_KEYS - 1).len();
+        let value = table::value_size(n);
+        println!(
+            "  {label:<22} {value} B value + {name} B name = {} B",
+            value + name
+        );
+        sizes.push(format!(
+            r#"{{"label": "{label}", "policies": {n}, "value_bytes": {value}, "name_bytes": {name}}}"#
+        ));
+    }
+
+    if let Some(gcra) = results.iter().find(|r| r.name.starts_with("gcra::check")) {
+        let verdict = if gcra.median_ns <= 100.0 {
+            "PASS"
+        } else {
+            "FAIL"
+        };
+        println!(
+            "\nTarget: a token-bucket decision <= 100 ns: {:.1} ns, {verdict}",
+            gcra.median_ns
+        );
+    }
+
+    if let Ok(path) = std::env::var("SLUICE_BENCH_JSON") {
+        let cases: Vec<String> = results
+            .iter()
+            .map(|r| {
+                format!(
+                    r#"{{"name": "{}", "median_ns": {:.2}, "min_ns": {:.2}, "max_ns": {:.2}}}"#,
+                    r.name, r.median_ns, r.min_ns, r.max_ns
+                )
+            })
+            .collect();
+        let json = format!(
+            "{{\"cases\": [{}], \"shared_data\": [{}]}}\n",
+            cases.join(", "),
+            sizes.join(", ")
+        );
+        if let Err(e) = std::fs::write(&path, json) {
+            eprintln!("could not write {path}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
