@@ -55,6 +55,7 @@ clean:
 # Not part of make test. Measures sluice against Envoy alone, native local_ratelimit and two
 # wasm fixtures, with wrk, and rewrites BENCHMARKS.md and bench/results.{svg,json}: about
 # 5 minutes on 2 cores, plus compiling the fixtures and micro-benchmarks the first time.
+# Options go through BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick (see bench/run.py --help).
 .PHONY: bench
 bench: build
-	cd $(ROOT) && python3 bench/run.py
+	cd $(ROOT) && python3 bench/run.py $(BENCH_ARGS)

@@ -645,7 +645,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         f"- Date: {info['date']}; the run took {elapsed / 60:.1f} minutes",
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
         f"load average at the start {' '.join(info['loadavg'])}",
-        f"- Commit: {info['commit']}",
+        f"- Commit: {info['commit']}; command: `python3 bench/run.py{''.join(' ' + a for a in sys.argv[1:])}`",
         f"- Envoy {info['envoy']} (`{info['envoy_full']}`); {info['wrk']}",
         "",
         "## Method",
