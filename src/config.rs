@@ -1,8 +1,8 @@
 //! The plugin configuration: parsed strictly once, then compiled into the `Plan` that every
 //! request reads. Any error names the field and the reason; nothing half-valid gets through.
 
+use crate::algorithm::{Algorithm, Rate};
 use crate::duration::parse_nanos;
-use crate::gcra::Rate;
 use crate::headers::HeaderStyle;
 use crate::key::{parse_part, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
@@ -15,6 +15,8 @@ use std::hash::{Hash, Hasher};
 
 pub const DEFAULT_MAX_KEYS: u32 = 10_000;
 pub const MAX_MAX_KEYS: u32 = 1_000_000;
+/// A sliding log keeps one timestamp per request of its limit, in every key's slot.
+pub const MAX_SLIDING_LOG: u64 = 1_000;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,10 +69,36 @@ struct RawPolicy {
     #[serde(default = "default_max_keys")]
     max_keys: u32,
     #[serde(default)]
+    algorithm: Kind,
+    max_delay: Option<String>,
+    #[serde(default)]
     scope: Scope,
     failure_mode: Option<FailureMode>,
     lease: Option<u64>,
     emergency: Option<RawRate>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Kind {
+    #[default]
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token_bucket",
+            Kind::FixedWindow => "fixed_window",
+            Kind::SlidingWindow => "sliding_window",
+            Kind::SlidingLog => "sliding_log",
+            Kind::LeakyBucket => "leaky_bucket",
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -165,10 +193,10 @@ fn error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// One rate a policy can run at: the policy's own, or a tier's.
+/// One limit a policy can run at: the policy's own, or a tier's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tier {
-    pub rate: Rate,
+    pub algorithm: Algorithm,
     pub requests: u64,
     pub per_nanos: u64,
 }
@@ -210,15 +238,30 @@ pub struct Policy {
     pub column: usize,
 }
 
+/// Words a global policy keeps per key besides its emergency state: leased tokens, when they
+/// lapse, and until when the key is over its limit (see `limiter::GlobalState`).
+pub const GLOBAL_COLUMNS: usize = 3;
+
 impl Policy {
-    /// Words of state per key: a local bucket is one TAT; a global policy keeps its lease,
-    /// over-limit mark and emergency bucket (see `limiter::GlobalState`).
+    /// Words of state per key: the algorithm's (for the largest tier), and for a global policy
+    /// its lease and over-limit mark besides.
     pub fn columns(&self) -> usize {
-        if self.global.is_some() {
-            4
-        } else {
-            1
-        }
+        let emergency = self.global.and_then(|g| g.fail_open.flatten());
+        let local = self
+            .tiers
+            .iter()
+            .flat_map(|(_, values)| values.values())
+            .chain([&self.tier])
+            .chain(emergency.as_ref())
+            .map(|t| t.algorithm.columns())
+            .max()
+            .unwrap_or(1);
+        local
+            + if self.global.is_some() {
+                GLOBAL_COLUMNS
+            } else {
+                0
+            }
     }
 }
 
@@ -363,9 +406,10 @@ impl Compiler {
         if raw.cost == 0 {
             return Err(error(format!("{at}.cost"), "must be at least 1"));
         }
-        let tier = tier_of(at, raw.requests, &raw.per, raw.burst, raw.cost)?;
+        let shape = Shape::of(at, raw)?;
+        let tier = shape.tier(at, raw.requests, &raw.per, raw.burst)?;
         let tiers = match &raw.tiers {
-            Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, raw.cost)?),
+            Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, &shape)?),
             None => None,
         };
         let matcher = match &raw.matcher {
@@ -379,7 +423,7 @@ impl Compiler {
                 format!("must be between 1 and {MAX_MAX_KEYS}"),
             ));
         }
-        let global = global_policy(at, raw, &tier, tiers.as_ref(), has_service)?;
+        let global = global_policy(at, raw, &shape, &tier, tiers.as_ref(), has_service)?;
         let mut policy = Policy {
             name: raw.name.clone(),
             matcher,
@@ -441,7 +485,7 @@ impl Compiler {
         &mut self,
         at: &str,
         raw: &RawTiers,
-        cost: u64,
+        shape: &Shape,
     ) -> Result<(KeyPart, HashMap<Vec<u8>, Tier>), ConfigError> {
         let by = parse_part(&raw.by, &mut |a| self.intern(a))
             .map_err(|r| error(format!("{at}.by"), r))?;
@@ -450,7 +494,7 @@ impl Compiler {
             let field = format!("{at}.values.{value}");
             values.insert(
                 value.as_bytes().to_vec(),
-                tier_of(&field, rate.requests, &rate.per, rate.burst, cost)?,
+                shape.tier(&field, rate.requests, &rate.per, rate.burst)?,
             );
         }
         Ok((by, values))
@@ -517,35 +561,117 @@ impl Compiler {
     }
 }
 
-fn tier_of(
-    at: &str,
-    requests: u64,
-    per: &str,
-    burst: Option<u64>,
+/// What a policy's limits are made of, whatever the tier: the algorithm, the cost of a
+/// request, and (leaky bucket) the longest a request may be held.
+struct Shape {
+    kind: Kind,
     cost: u64,
-) -> Result<Tier, ConfigError> {
-    if requests == 0 {
-        return Err(error(format!("{at}.requests"), "must be at least 1"));
+    max_delay: Option<u64>,
+}
+
+impl Shape {
+    fn of(at: &str, raw: &RawPolicy) -> Result<Shape, ConfigError> {
+        let max_delay = match (&raw.max_delay, raw.algorithm) {
+            (Some(text), Kind::LeakyBucket) => {
+                Some(parse_nanos(text).map_err(|r| error(format!("{at}.max_delay"), r))?)
+            }
+            (None, Kind::LeakyBucket) => {
+                return Err(error(
+                    format!("{at}.max_delay"),
+                    "leaky_bucket needs the longest a request may be held",
+                ))
+            }
+            (Some(_), kind) => return Err(not_for(&format!("{at}.max_delay"), kind)),
+            (None, _) => None,
+        };
+        Ok(Shape {
+            kind: raw.algorithm,
+            cost: raw.cost,
+            max_delay,
+        })
     }
-    let per_nanos = parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?;
-    let burst = burst.unwrap_or(requests);
-    if burst < cost {
-        return Err(error(
-            format!("{at}.burst"),
-            format!("must be >= cost ({cost})"),
-        ));
+
+    /// `requests` per `per` (and `burst` where the algorithm has one) as a validated limit.
+    fn tier(
+        &self,
+        at: &str,
+        requests: u64,
+        per: &str,
+        burst: Option<u64>,
+    ) -> Result<Tier, ConfigError> {
+        if requests == 0 {
+            return Err(error(format!("{at}.requests"), "must be at least 1"));
+        }
+        let per_nanos = parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?;
+        if burst.is_some() && self.kind != Kind::TokenBucket {
+            return Err(not_for(&format!("{at}.burst"), self.kind));
+        }
+        let cost = self.cost;
+        let out_of_range = || {
+            error(
+                format!("{at}.requests"),
+                "rate out of range: more than one request per nanosecond, or a bucket that takes over a century to fill",
+            )
+        };
+        let at_least_cost = |field: &str, value: u64| {
+            if value < cost {
+                Err(error(
+                    format!("{at}.{field}"),
+                    format!("must be >= cost ({cost})"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let algorithm = match self.kind {
+            Kind::TokenBucket => {
+                let burst = burst.unwrap_or(requests);
+                at_least_cost("burst", burst)?;
+                Algorithm::TokenBucket(
+                    Rate::new(requests, per_nanos, burst).ok_or_else(out_of_range)?,
+                )
+            }
+            Kind::FixedWindow | Kind::SlidingWindow | Kind::SlidingLog => {
+                at_least_cost("requests", requests)?;
+                let (limit, window) = (requests, per_nanos);
+                match self.kind {
+                    Kind::FixedWindow => Algorithm::FixedWindow { limit, window },
+                    Kind::SlidingWindow => Algorithm::SlidingWindow { limit, window },
+                    _ if limit > MAX_SLIDING_LOG => {
+                        return Err(error(
+                            format!("{at}.requests"),
+                            format!(
+                            "sliding_log keeps a timestamp per request: at most {MAX_SLIDING_LOG}"
+                        ),
+                        ))
+                    }
+                    _ => Algorithm::SlidingLog { limit, window },
+                }
+            }
+            Kind::LeakyBucket => {
+                let interval = per_nanos
+                    .checked_div(requests)
+                    .filter(|&i| i > 0)
+                    .ok_or_else(out_of_range)?;
+                Algorithm::LeakyBucket {
+                    interval,
+                    max_delay: self.max_delay.unwrap_or(0),
+                }
+            }
+        };
+        Ok(Tier {
+            algorithm,
+            requests,
+            per_nanos,
+        })
     }
-    let rate = Rate::new(requests, per_nanos, burst).ok_or_else(|| {
-        error(
-            format!("{at}.requests"),
-            "rate out of range: more than one request per nanosecond, or a bucket that takes over a century to fill",
-        )
-    })?;
-    Ok(Tier {
-        rate,
-        requests,
-        per_nanos,
-    })
+}
+
+fn not_for(field: &str, kind: Kind) -> ConfigError {
+    error(
+        field,
+        format!("does not apply to the {} algorithm", kind.name()),
+    )
 }
 
 fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
@@ -569,6 +695,7 @@ fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
 fn global_policy(
     at: &str,
     raw: &RawPolicy,
+    shape: &Shape,
     tier: &Tier,
     tiers: Option<&(KeyPart, HashMap<Vec<u8>, Tier>)>,
     has_service: bool,
@@ -593,14 +720,17 @@ fn global_policy(
             "a global policy needs the top-level \"global\" service settings",
         ));
     }
+    if raw.lease.is_some() && shape.kind == Kind::LeakyBucket {
+        return Err(not_for(&format!("{at}.lease"), shape.kind));
+    }
     let take = raw.lease.unwrap_or(raw.cost);
     let smallest_burst = tiers
         .into_iter()
         .flat_map(|(_, values)| values.values())
         .chain([tier])
-        .map(|t| t.rate.burst)
+        .map(|t| t.algorithm.capacity())
         .min()
-        .unwrap_or(tier.rate.burst);
+        .unwrap_or(1);
     if take < raw.cost || take > smallest_burst {
         return Err(error(
             format!("{at}.lease"),
@@ -615,13 +745,10 @@ fn global_policy(
         &raw.emergency,
     ) {
         (FailureMode::Open, None) => Some(None),
-        (FailureMode::Open, Some(r)) => Some(Some(tier_of(
-            &format!("{at}.emergency"),
-            r.requests,
-            &r.per,
-            r.burst,
-            raw.cost,
-        )?)),
+        (FailureMode::Open, Some(r)) => {
+            let at = format!("{at}.emergency");
+            Some(Some(shape.tier(&at, r.requests, &r.per, r.burst)?))
+        }
         (FailureMode::Closed, Some(_)) => {
             return Err(error(
                 format!("{at}.emergency"),
@@ -704,7 +831,10 @@ mod tests {
         assert_eq!(plan.version, "2026-11-29.1");
         let p = &plan.policies[0];
         assert_eq!((p.cost, p.shadow, p.share_missing_key), (1, false, false));
-        assert_eq!(p.tier.rate, Rate::new(100, 60_000_000_000, 20).unwrap());
+        assert_eq!(
+            p.tier.algorithm,
+            Algorithm::TokenBucket(Rate::new(100, 60_000_000_000, 20).unwrap())
+        );
         assert_eq!((p.tier.requests, p.tier.per_nanos), (100, 60_000_000_000));
         assert_eq!(plan.tables[0].capacity, DEFAULT_MAX_KEYS);
     }
@@ -717,7 +847,7 @@ mod tests {
                 .as_bytes(),
         )
         .unwrap();
-        assert_eq!(plan.policies[0].tier.rate.burst, 7);
+        assert_eq!(plan.policies[0].tier.algorithm.capacity(), 7);
     }
 
     #[test]
@@ -1080,6 +1210,123 @@ mod tests {
             "global",
             "missing field `authority`",
         );
+    }
+
+    #[test]
+    fn every_algorithm_compiles_with_its_own_fields() {
+        for (name, expected) in [
+            (
+                "fixed_window",
+                Algorithm::FixedWindow {
+                    limit: 100,
+                    window: 60_000_000_000,
+                },
+            ),
+            (
+                "sliding_window",
+                Algorithm::SlidingWindow {
+                    limit: 100,
+                    window: 60_000_000_000,
+                },
+            ),
+            (
+                "sliding_log",
+                Algorithm::SlidingLog {
+                    limit: 100,
+                    window: 60_000_000_000,
+                },
+            ),
+        ] {
+            let mut fields = policy();
+            fields.as_object_mut().unwrap().remove("burst");
+            fields["algorithm"] = json!(name);
+            let config = json!({"policies": [fields]});
+            assert_eq!(
+                parse(config.to_string().as_bytes()).unwrap().policies[0]
+                    .tier
+                    .algorithm,
+                expected
+            );
+        }
+        let mut fields = policy();
+        fields.as_object_mut().unwrap().remove("burst");
+        fields["algorithm"] = json!("leaky_bucket");
+        fields["max_delay"] = json!("500ms");
+        let plan = parse(json!({"policies": [fields]}).to_string().as_bytes()).unwrap();
+        assert_eq!(
+            plan.policies[0].tier.algorithm,
+            Algorithm::LeakyBucket {
+                interval: 600_000_000,
+                max_delay: 500_000_000
+            }
+        );
+    }
+
+    #[test]
+    fn fields_that_do_not_apply_to_an_algorithm_are_refused() {
+        assert_refused(
+            with(json!({"algorithm": "fixed_window"})),
+            "policies[0].burst",
+            "does not apply to the fixed_window algorithm",
+        );
+        assert_refused(
+            with(json!({"max_delay": "1s"})),
+            "policies[0].max_delay",
+            "does not apply to the token_bucket algorithm",
+        );
+        let mut leaky = policy();
+        leaky.as_object_mut().unwrap().remove("burst");
+        leaky["algorithm"] = json!("leaky_bucket");
+        assert_refused(
+            json!({"policies": [leaky.clone()]}),
+            "policies[0].max_delay",
+            "needs the longest",
+        );
+        leaky["max_delay"] = json!("1s");
+        leaky["scope"] = json!("global");
+        leaky["lease"] = json!(2);
+        let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [leaky]});
+        assert_refused(
+            config,
+            "policies[0].lease",
+            "does not apply to the leaky_bucket algorithm",
+        );
+        assert_refused(
+            with(json!({"algorithm": "gcra"})),
+            "policies[0].algorithm",
+            "unknown variant",
+        );
+    }
+
+    #[test]
+    fn a_sliding_log_is_capped_and_windows_need_room_for_the_cost() {
+        let mut log = policy();
+        log.as_object_mut().unwrap().remove("burst");
+        log["algorithm"] = json!("sliding_log");
+        log["requests"] = json!(MAX_SLIDING_LOG + 1);
+        assert_refused(
+            json!({"policies": [log.clone()]}),
+            "policies[0].requests",
+            "at most 1000",
+        );
+        log["requests"] = json!(2);
+        log["cost"] = json!(3);
+        assert_refused(
+            json!({"policies": [log]}),
+            "policies[0].requests",
+            "must be >= cost (3)",
+        );
+    }
+
+    #[test]
+    fn a_sliding_log_keeps_a_word_per_request_of_its_largest_tier() {
+        let mut log = policy();
+        log.as_object_mut().unwrap().remove("burst");
+        log["algorithm"] = json!("sliding_log");
+        log["tiers"] =
+            json!({"by": "header:x-plan", "values": {"pro": {"requests": 300, "per": "1m"}}});
+        let plan = parse(json!({"policies": [log]}).to_string().as_bytes()).unwrap();
+        assert_eq!(plan.policies[0].columns(), 300);
     }
 
     proptest::proptest! {

@@ -34,6 +34,11 @@ pub enum Verdict {
     Denied,
     /// Hold it until the service answers.
     Waiting(Pending),
+    /// Forward it after `delay` nanoseconds (a leaky bucket's turn).
+    Hold {
+        delay: u64,
+        reported: Option<Reported>,
+    },
 }
 
 /// The policy whose state the response headers report, as decided at `now`.
@@ -174,11 +179,36 @@ impl Filter {
                 self.deny(host, &denial, now);
                 Verdict::Denied
             }
-            None => Verdict::Continue(
-                self.most_restrictive(outcome)
-                    .map(|applied| Reported { applied, now }),
-            ),
+            None => {
+                let reported = self
+                    .most_restrictive(outcome)
+                    .map(|applied| Reported { applied, now });
+                match self.delay(outcome) {
+                    0 => Verdict::Continue(reported),
+                    delay => Verdict::Hold { delay, reported },
+                }
+            }
         }
+    }
+
+    /// The longest wait an enforcing policy put on an admitted request.
+    fn delay(&self, outcome: &Outcome) -> u64 {
+        let enforcing = outcome
+            .applied
+            .iter()
+            .filter(|a| self.is_enforcing(a.policy));
+        enforcing.map(|a| a.decision.delay).max().unwrap_or(0)
+    }
+
+    /// Whether some policy holds requests for their turn, so held ones need releasing.
+    pub fn shapes_traffic(&self) -> bool {
+        let tiers = |p: &crate::config::Policy| {
+            let values = p.tiers.iter().flat_map(|(_, v)| v.values());
+            values
+                .chain([&p.tier])
+                .any(|t| t.algorithm.max_delay().is_some())
+        };
+        self.plan.policies.iter().any(tiers)
     }
 
     fn log_degraded(&self, outcome: &Outcome, now: u64) {
@@ -206,7 +236,7 @@ impl Filter {
             first_enforcing
                 .filter(|_| outcome.exhausted)
                 .map(|a| Applied {
-                    decision: crate::gcra::Decision {
+                    decision: crate::algorithm::Decision {
                         allowed: false,
                         retry_after: NANOS_PER_SEC,
                         ..a.decision
@@ -272,7 +302,7 @@ impl Filter {
         let policy = self.plan.policies.get(applied.policy)?;
         Some(Quota {
             policy: &policy.name,
-            limit: applied.tier.rate.burst,
+            limit: applied.tier.algorithm.capacity(),
             requests: applied.tier.requests,
             window_secs: ceil_secs(applied.tier.per_nanos),
             remaining: applied.decision.remaining,
@@ -400,7 +430,9 @@ mod tests {
             .map(|_| match send(filter, host, headers) {
                 Verdict::Continue(_) => 200,
                 Verdict::Denied => 429,
-                Verdict::Waiting(_) => panic!("a local policy never waits"),
+                Verdict::Waiting(_) | Verdict::Hold { .. } => {
+                    panic!("only for policies that neither call nor hold")
+                }
             })
             .collect()
     }
@@ -662,17 +694,21 @@ mod tests {
                 .iter()
                 .map(|c| {
                     let n = |f: &str| c[f].as_u64().unwrap();
-                    let rate = crate::gcra::Rate::new(n("requests"), n("per_ms") * 1_000_000, n("burst")).unwrap();
+                    let rate = crate::algorithm::Rate::new(n("requests"), n("per_ms") * 1_000_000, n("burst")).unwrap();
                     let key = c["key"].as_str().unwrap().to_string();
                     let tat = self.tats.borrow().get(&key).copied().unwrap_or(0);
-                    let first = crate::gcra::check(&rate, tat, now, n("cost"));
+                    let check = |cost: u64| {
+                        let mut after = tat;
+                        (crate::algorithm::token_bucket::decide(&rate, &mut after, now, cost), after)
+                    };
+                    let (first, _) = check(n("cost"));
                     if !first.allowed {
                         return json!({"allowed": false, "granted": 0, "remaining": first.remaining,
                             "reset_ms": first.reset_after / 1_000_000, "retry_after_ms": first.retry_after.div_ceil(1_000_000)});
                     }
-                    let granted = (n("cost")..=n("take")).rev().find(|&t| crate::gcra::check(&rate, tat, now, t).allowed).unwrap();
-                    let taken = crate::gcra::check(&rate, tat, now, granted);
-                    self.tats.borrow_mut().insert(key, taken.tat);
+                    let granted = (n("cost")..=n("take")).rev().find(|&t| check(t).0.allowed).unwrap();
+                    let (taken, after) = check(granted);
+                    self.tats.borrow_mut().insert(key, after);
                     json!({"allowed": true, "granted": granted, "remaining": taken.remaining,
                         "reset_ms": taken.reset_after / 1_000_000, "retry_after_ms": 0})
                 })
@@ -692,7 +728,7 @@ mod tests {
         let mut verdict = send(filter, host, headers);
         loop {
             match verdict {
-                Verdict::Continue(_) => return 200,
+                Verdict::Continue(_) | Verdict::Hold { .. } => return 200,
                 Verdict::Denied => return host.replies.borrow().last().unwrap().0 as u16,
                 Verdict::Waiting(pending) => {
                     let body = host.calls.borrow().last().unwrap().clone();

@@ -1,16 +1,17 @@
 //! sluice: a rate limiter for Envoy, as a proxy-wasm HTTP filter.
 //!
 //! The request flows one way: `config` (parsed once) → `matcher` (which policies apply) →
-//! `key` (whose bucket) → `limiter` with `gcra` and `table` over a `store` (the decision, with
-//! an injected clock) → `headers` (what the client sees). `filter` drives that for one HTTP
+//! `key` (whose bucket) → `limiter` with an `algorithm` and `table` over a `store` (the decision,
+//! with an injected clock) → `headers` (what the client sees). `filter` drives that for one HTTP
 //! request through the `Host` seam; `wasm` is the only code that talks to proxy-wasm.
 
+pub mod algorithm;
 pub mod breaker;
 pub mod config;
 pub mod duration;
 pub mod filter;
-pub mod gcra;
 pub mod headers;
+pub mod hold;
 pub mod key;
 pub mod limiter;
 pub mod matcher;

@@ -14,9 +14,9 @@
 //! denies, the tables written before it keep their charge (a race can over-charge a request
 //! once, never over-admit).
 
-use crate::config::{GlobalPolicy, Plan, Policy, Tier};
+use crate::algorithm::Decision;
+use crate::config::{GlobalPolicy, Plan, Policy, Tier, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
-use crate::gcra::{check, Decision};
 use crate::key::{hash_key, MISSING_KEY};
 use crate::protocol::{self, Answer, Check};
 use crate::request::{Attributes, RequestSource};
@@ -206,7 +206,7 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
             if denied {
                 work.undo_charges(plan);
             }
-            if work.next == work.slot.tats {
+            if work.next == work.slot.state {
                 break;
             }
             match write(store, &work.slot, work.hash, &work.next) {
@@ -306,14 +306,18 @@ fn tier_of<R: RequestSource + ?Sized>(policy: &Policy, request: &mut Attributes<
 /// Reads the table's slot and decides every member against it.
 fn reload(work: &mut Work, plan: &Plan, prefix: &str, store: &impl Store, now: u64) {
     if let Some(spec) = plan.tables.get(work.table) {
-        work.slot = find(store, prefix, spec, work.hash, now);
+        let idle_at = |state: &[u64]| {
+            let policies = plan.policies.iter().filter(|p| p.table == work.table);
+            policies.map(|p| idle_at(p, state)).max().unwrap_or(0)
+        };
+        work.slot = find(store, prefix, spec, work.hash, idle_at, now);
     }
     decide(work, plan, now);
 }
 
 /// Decides every member against the slot as read, computing the state to write.
 fn decide(work: &mut Work, plan: &Plan, now: u64) {
-    work.next = work.slot.tats.clone();
+    work.next = work.slot.state.clone();
     work.verdicts = work
         .members
         .iter()
@@ -332,32 +336,70 @@ fn decide_member(
     state: &mut [u64],
     now: u64,
 ) -> Option<(Decision, Basis)> {
-    match (&policy.global, state) {
-        (None, [tat]) => {
-            let decision = check(&member.tier.rate, *tat, now, policy.cost);
-            *tat = decision.tat;
+    match &policy.global {
+        None => {
+            let decision = decide_local(&member.tier, policy.cost, state, now)?;
             Some((decision, Basis::Bucket))
         }
-        (Some(global), [emergency, lease, expiry, blocked]) => {
+        Some(global) => {
+            let (marks, emergency) = state.split_at_mut(GLOBAL_COLUMNS);
+            let [lease, expiry, blocked] = marks else {
+                return None;
+            };
             let mut state = GlobalState {
-                emergency,
                 lease,
                 expiry,
                 blocked,
+                emergency,
             };
             state.decide(global, policy.cost, member, now)
         }
-        _ => None,
     }
 }
 
-/// A global policy's words in a slot: its emergency bucket's TAT, the leased tokens left and
-/// when they lapse, and until when the service said the key is over its limit.
+/// Runs the tier's algorithm on its words of the policy's state.
+fn decide_local(tier: &Tier, cost: u64, state: &mut [u64], now: u64) -> Option<Decision> {
+    let words = state.get_mut(..tier.algorithm.columns())?;
+    Some(tier.algorithm.decide(words, now, cost))
+}
+
+/// From when a policy's words in a slot are as good as empty, whichever tier wrote them.
+fn idle_at(policy: &Policy, slot: &[u64]) -> u64 {
+    let Some(state) = slot.get(policy.column..policy.column + policy.columns()) else {
+        return 0;
+    };
+    let (marks, local) = match policy.global {
+        Some(_) => state.split_at(GLOBAL_COLUMNS.min(state.len())),
+        None => (&[][..], state),
+    };
+    let tiers = policy.tiers.iter().flat_map(|(_, values)| values.values());
+    let emergency = policy.global.and_then(|g| g.fail_open.flatten());
+    let local_idle = tiers
+        .chain([&policy.tier])
+        .chain(emergency.as_ref())
+        .filter_map(|t| {
+            local
+                .get(..t.algorithm.columns())
+                .map(|w| t.algorithm.idle_at(w))
+        })
+        .max()
+        .unwrap_or(0);
+    match marks {
+        [lease, expiry, blocked] => {
+            let lease_idle = if *lease > 0 { *expiry } else { 0 };
+            local_idle.max(lease_idle).max(*blocked)
+        }
+        _ => local_idle,
+    }
+}
+
+/// A global policy's words in a slot: the leased tokens left and when they lapse, until when
+/// the service said the key is over its limit, and the emergency state of its algorithm.
 struct GlobalState<'a> {
-    emergency: &'a mut u64,
     lease: &'a mut u64,
     expiry: &'a mut u64,
     blocked: &'a mut u64,
+    emergency: &'a mut [u64],
 }
 
 impl GlobalState<'_> {
@@ -373,10 +415,11 @@ impl GlobalState<'_> {
             Service::Answered(answer) if answer.allowed => {
                 *self.lease = leased + answer.granted - cost;
                 *self.expiry = now + LEASE_TTL;
-                Some((
-                    allowed(answer.remaining, answer.reset_after),
-                    Basis::Service,
-                ))
+                let decision = Decision {
+                    delay: answer.delay,
+                    ..allowed(answer.remaining, answer.reset_after)
+                };
+                Some((decision, Basis::Service))
             }
             Service::Answered(answer) => {
                 *self.blocked = now.saturating_add(answer.retry_after);
@@ -396,9 +439,8 @@ impl GlobalState<'_> {
             Service::Ask => None,
             Service::Failed => match global.fail_open {
                 Some(emergency) => {
-                    let rate = emergency.unwrap_or(member.tier).rate;
-                    let decision = check(&rate, *self.emergency, now, cost);
-                    *self.emergency = decision.tat;
+                    let tier = emergency.unwrap_or(member.tier);
+                    let decision = decide_local(&tier, cost, self.emergency, now)?;
                     Some((decision, Basis::Emergency))
                 }
                 None => Some((denied(NANOS_PER_SEC, 0), Basis::Unavailable)),
@@ -410,20 +452,17 @@ impl GlobalState<'_> {
 fn allowed(remaining: u64, reset_after: u64) -> Decision {
     Decision {
         allowed: true,
-        tat: 0,
         remaining,
         reset_after,
-        retry_after: 0,
+        ..Decision::default()
     }
 }
 
 fn denied(retry_after: u64, reset_after: u64) -> Decision {
     Decision {
-        allowed: false,
-        tat: 0,
-        remaining: 0,
-        reset_after,
         retry_after,
+        reset_after,
+        ..Decision::default()
     }
 }
 
@@ -450,7 +489,7 @@ impl Work {
                 _ => {
                     if let (Some(next), Some(read)) = (
                         self.next.get_mut(columns.clone()),
-                        self.slot.tats.get(columns),
+                        self.slot.state.get(columns),
                     ) {
                         next.copy_from_slice(read);
                     }
@@ -486,14 +525,16 @@ fn checks(plan: &Plan, works: &[Work]) -> (Vec<(usize, usize)>, Vec<Check>) {
             };
             if let (None, Some(global)) = (verdict, &policy.global) {
                 asked.push((w, m));
+                let algorithm = member.tier.algorithm;
                 checks.push(Check {
                     key: format!("{}/{:016x}", policy.name, work.hash),
-                    algorithm: "token_bucket",
+                    algorithm: algorithm.name(),
                     requests: member.tier.requests,
                     per_ms: protocol::per_ms(member.tier.per_nanos),
-                    burst: member.tier.rate.burst,
+                    burst: algorithm.capacity(),
                     cost: policy.cost,
-                    take: global.take.min(member.tier.rate.burst),
+                    take: global.take.min(algorithm.capacity()),
+                    max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
                 });
             }
         }

@@ -17,6 +17,9 @@ pub struct Check {
     pub cost: u64,
     /// Tokens to take if at least `cost` are there: more than `cost` leases the rest.
     pub take: u64,
+    /// Leaky bucket only: the longest the service may schedule a request ahead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -32,6 +35,8 @@ pub struct Answer {
     pub remaining: u64,
     pub reset_after: u64,
     pub retry_after: u64,
+    /// How long to hold the admitted request first (leaky bucket).
+    pub delay: u64,
 }
 
 #[derive(Deserialize)]
@@ -41,6 +46,8 @@ struct RawAnswer {
     remaining: u64,
     reset_ms: u64,
     retry_after_ms: u64,
+    #[serde(default)]
+    delay_ms: u64,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +55,7 @@ struct CheckResponse {
     results: Vec<RawAnswer>,
 }
 
+/// Whole milliseconds, rounded up, at least 1: the wire's unit for durations.
 pub fn per_ms(per_nanos: u64) -> u64 {
     per_nanos.div_ceil(NANOS_PER_MS).max(1)
 }
@@ -79,6 +87,7 @@ pub fn decode(body: &[u8], checks: &[Check]) -> Option<Vec<Answer>> {
                 remaining: raw.remaining,
                 reset_after: raw.reset_ms.saturating_mul(NANOS_PER_MS),
                 retry_after: raw.retry_after_ms.saturating_mul(NANOS_PER_MS),
+                delay: raw.delay_ms.saturating_mul(NANOS_PER_MS),
             })
         })
         .collect()
@@ -97,6 +106,7 @@ mod tests {
             burst: 20,
             cost: 1,
             take,
+            max_delay_ms: None,
         }
     }
 
@@ -120,7 +130,8 @@ mod tests {
                 granted: 5,
                 remaining: 15,
                 reset_after: 3_000_000_000,
-                retry_after: 0
+                retry_after: 0,
+                delay: 0
             }]
         );
     }

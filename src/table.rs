@@ -3,23 +3,23 @@
 //! fixed number of slots, created up front (a write that creates an entry ignores CAS, so only
 //! pre-created slots are race-free).
 //!
-//! A key may live in one of two candidate slots. A slot stores its owner's key hash and one TAT
-//! per policy of the layout. A slot whose buckets are all full (TAT not after now) is as good as
-//! empty and is reused without loss. When both candidates hold other keys' live buckets, the one
-//! closer to full is taken over: that key restarts with a full bucket (an error of at most one
-//! burst) and the eviction is counted.
+//! A key may live in one of two candidate slots. A slot stores its owner's key hash and the
+//! state words of every policy of the layout. A slot whose state is idle (every bucket full,
+//! every window over: the caller's `idle_at` says from when) is as good as empty and is reused
+//! without loss. When both candidates hold other keys' live state, the one idle soonest is taken
+//! over: that key starts again from empty (an error of at most one burst) and the eviction is
+//! counted.
 
 use crate::config::TableSpec;
-use crate::gcra::is_full;
 use crate::store::{Store, StoreError};
 
-/// A key's slot as read: where it is, its version, and the buckets' TATs.
+/// A key's slot as read: where it is, its version, and the policies' state words.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Slot {
     pub name: String,
     pub cas: u32,
-    pub tats: Vec<u64>,
-    /// Taking this slot resets another key's live buckets.
+    pub state: Vec<u64>,
+    /// Taking this slot resets another key's live state.
     pub evicts: bool,
 }
 
@@ -27,23 +27,21 @@ struct Read {
     name: String,
     cas: u32,
     owner: u64,
-    tats: Vec<u64>,
+    state: Vec<u64>,
+    /// From when the state is as good as empty.
+    idle_at: u64,
 }
 
 impl Read {
     fn is_free(&self, now: u64) -> bool {
-        self.owner == 0 || self.tats.iter().all(|&tat| is_full(tat, now))
-    }
-
-    fn latest(&self) -> u64 {
-        self.tats.iter().copied().max().unwrap_or(0)
+        self.owner == 0 || self.idle_at <= now
     }
 
     fn into_slot(self, mine: bool, evicts: bool, width: usize) -> Slot {
         Slot {
             name: self.name,
             cas: self.cas,
-            tats: if mine { self.tats } else { vec![0; width] },
+            state: if mine { self.state } else { vec![0; width] },
             evicts,
         }
     }
@@ -68,10 +66,19 @@ pub fn create_slots(store: &impl Store, prefix: &str, spec: &TableSpec) -> Resul
 }
 
 /// Finds the slot of the key `hash`, or the slot it should take: one read when the key is in
-/// its first candidate, two otherwise.
-pub fn find(store: &impl Store, prefix: &str, spec: &TableSpec, hash: u64, now: u64) -> Slot {
+/// its first candidate, two otherwise. `idle_at` says from when a slot's state is as good as
+/// empty.
+pub fn find(
+    store: &impl Store,
+    prefix: &str,
+    spec: &TableSpec,
+    hash: u64,
+    idle_at: impl Fn(&[u64]) -> u64,
+    now: u64,
+) -> Slot {
     let (a, b) = candidates(hash, spec.capacity);
-    let first = read(store, slot_name(prefix, spec, a), spec.width);
+    let read = |index| read(store, slot_name(prefix, spec, index), spec.width, &idle_at);
+    let first = read(a);
     if first.owner == hash {
         return first.into_slot(true, false, spec.width);
     }
@@ -79,14 +86,14 @@ pub fn find(store: &impl Store, prefix: &str, spec: &TableSpec, hash: u64, now: 
         let evicts = !first.is_free(now);
         return first.into_slot(false, evicts, spec.width);
     }
-    let second = read(store, slot_name(prefix, spec, b), spec.width);
+    let second = read(b);
     if second.owner == hash {
         second.into_slot(true, false, spec.width)
     } else if first.is_free(now) {
         first.into_slot(false, false, spec.width)
     } else if second.is_free(now) {
         second.into_slot(false, false, spec.width)
-    } else if first.latest() <= second.latest() {
+    } else if first.idle_at <= second.idle_at {
         first.into_slot(false, true, spec.width)
     } else {
         second.into_slot(false, true, spec.width)
@@ -104,14 +111,15 @@ fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
     ((hash % capacity) as u32, (second % capacity) as u32)
 }
 
-fn read(store: &impl Store, name: String, width: usize) -> Read {
+fn read(store: &impl Store, name: String, width: usize, idle_at: impl Fn(&[u64]) -> u64) -> Read {
     let (value, cas) = store.get(&name).unwrap_or_default();
-    let (owner, tats) = decode(&value, width).unwrap_or((0, vec![0; width]));
+    let (owner, state) = decode(&value, width).unwrap_or((0, vec![0; width]));
     Read {
         name,
         cas,
         owner,
-        tats,
+        idle_at: idle_at(&state),
+        state,
     }
 }
 
@@ -147,6 +155,11 @@ mod tests {
     use super::*;
     use crate::store::MemoryStore;
 
+    /// Idle when the latest of its words (token-bucket TATs here) has passed.
+    fn max(state: &[u64]) -> u64 {
+        state.iter().copied().max().unwrap_or(0)
+    }
+
     fn spec(capacity: u32, width: usize) -> TableSpec {
         TableSpec {
             key: Vec::new(),
@@ -177,12 +190,12 @@ mod tests {
         let store = MemoryStore::default();
         let spec = spec(10, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let mut slot = find(&store, "p/", &spec, 42, 100);
-        assert_eq!(slot.tats, [0]);
-        slot.tats = vec![500];
-        write(&store, &slot, 42, &slot.tats).unwrap();
-        let again = find(&store, "p/", &spec, 42, 100);
-        assert_eq!((again.name, again.tats), (slot.name, vec![500]));
+        let mut slot = find(&store, "p/", &spec, 42, max, 100);
+        assert_eq!(slot.state, [0]);
+        slot.state = vec![500];
+        write(&store, &slot, 42, &slot.state).unwrap();
+        let again = find(&store, "p/", &spec, 42, max, 100);
+        assert_eq!((again.name, again.state), (slot.name, vec![500]));
     }
 
     #[test]
@@ -190,10 +203,10 @@ mod tests {
         let store = MemoryStore::default();
         let spec = spec(10, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let slot = find(&store, "p/", &spec, 42, 100);
-        write(&store, &slot, 42, &slot.tats).unwrap();
+        let slot = find(&store, "p/", &spec, 42, max, 100);
+        write(&store, &slot, 42, &slot.state).unwrap();
         assert_eq!(
-            write(&store, &slot, 42, &slot.tats),
+            write(&store, &slot, 42, &slot.state),
             Err(StoreError::CasMismatch)
         );
     }
@@ -203,18 +216,18 @@ mod tests {
         let store = MemoryStore::default();
         let spec = spec(1, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let mut slot = find(&store, "p/", &spec, 1, 100);
-        slot.tats = vec![200];
-        write(&store, &slot, 1, &slot.tats).unwrap();
-        let other = find(&store, "p/", &spec, 2, 150);
+        let mut slot = find(&store, "p/", &spec, 1, max, 100);
+        slot.state = vec![200];
+        write(&store, &slot, 1, &slot.state).unwrap();
+        let other = find(&store, "p/", &spec, 2, max, 150);
         assert_eq!(
-            (other.tats.clone(), other.evicts),
+            (other.state.clone(), other.evicts),
             (vec![0], true),
             "live: eviction"
         );
-        let later = find(&store, "p/", &spec, 2, 200);
+        let later = find(&store, "p/", &spec, 2, max, 200);
         assert_eq!(
-            (later.tats, later.evicts),
+            (later.state, later.evicts),
             (vec![0], false),
             "full: free reuse"
         );
@@ -229,16 +242,16 @@ mod tests {
         let twin = (2..)
             .find(|&h| candidates(h, 1000).0 == a && candidates(h, 1000).1 != a)
             .unwrap();
-        let mut first = find(&store, "p/", &spec, 1, 100);
-        first.tats = vec![10_000];
-        write(&store, &first, 1, &first.tats).unwrap();
-        let mut second = find(&store, "p/", &spec, twin, 100);
+        let mut first = find(&store, "p/", &spec, 1, max, 100);
+        first.state = vec![10_000];
+        write(&store, &first, 1, &first.state).unwrap();
+        let mut second = find(&store, "p/", &spec, twin, max, 100);
         assert!(!second.evicts);
         assert_ne!(second.name, first.name);
-        second.tats = vec![20_000];
-        write(&store, &second, twin, &second.tats).unwrap();
-        assert_eq!(find(&store, "p/", &spec, 1, 100).tats, [10_000]);
-        assert_eq!(find(&store, "p/", &spec, twin, 100).tats, [20_000]);
+        second.state = vec![20_000];
+        write(&store, &second, twin, &second.state).unwrap();
+        assert_eq!(find(&store, "p/", &spec, 1, max, 100).state, [10_000]);
+        assert_eq!(find(&store, "p/", &spec, twin, max, 100).state, [20_000]);
     }
 
     #[test]

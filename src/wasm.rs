@@ -3,6 +3,7 @@
 
 use crate::config::GlobalService;
 use crate::filter::{Filter, Host, Reported, Verdict};
+use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
 use crate::request::RequestSource;
@@ -10,15 +11,18 @@ use crate::store::{Store, StoreError};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// Counters reach Envoy's stats at most this late.
 const COUNTER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
+/// How often held requests are looked at: the timing precision of a leaky bucket.
+const HOLD_TICK: Duration = Duration::from_millis(5);
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| Box::new(Root { filter: None }));
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
 }}
 
 /// Envoy, as the filter sees it. Failed hostcalls read as absent values or failed writes.
@@ -90,8 +94,11 @@ impl Metrics for Envoy {
     }
 }
 
+#[derive(Default)]
 struct Root {
     filter: Option<Rc<Filter>>,
+    held: Rc<RefCell<HoldQueue>>,
+    last_flush: u64,
 }
 
 impl Context for Root {}
@@ -116,8 +123,13 @@ impl RootContext for Root {
                     filter.plan().version,
                     filter.plan().policies.len()
                 );
+                let tick = if filter.shapes_traffic() {
+                    HOLD_TICK
+                } else {
+                    COUNTER_FLUSH_PERIOD
+                };
                 self.filter = Some(Rc::new(filter));
-                let _ = hostcalls::set_tick_period(COUNTER_FLUSH_PERIOD);
+                let _ = hostcalls::set_tick_period(tick);
                 true
             }
             Err(error) => {
@@ -129,14 +141,28 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        if let Some(filter) = &self.filter {
+        let now = Envoy.now();
+        for context in self.held.borrow_mut().due(now) {
+            if hostcalls::set_effective_context(context).is_ok() {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+        let flush_period = COUNTER_FLUSH_PERIOD.as_nanos() as u64;
+        if let Some(filter) = self
+            .filter
+            .as_ref()
+            .filter(|_| now >= self.last_flush + flush_period)
+        {
             filter.flush_counters(&Envoy);
+            self.last_flush = now;
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Exchange {
+            id: context_id,
             filter: self.filter.clone(),
+            held: self.held.clone(),
             reported: None,
             pending: None,
         }))
@@ -149,7 +175,9 @@ impl RootContext for Root {
 
 /// One HTTP request and its response.
 struct Exchange {
+    id: u32,
     filter: Option<Rc<Filter>>,
+    held: Rc<RefCell<HoldQueue>>,
     reported: Option<Reported>,
     /// Set while the request waits for the rate-limit service.
     pending: Option<Pending>,
@@ -171,11 +199,22 @@ impl Exchange {
                 self.pending = Some(pending);
                 Action::Pause
             }
+            Verdict::Hold { delay, reported } => {
+                self.reported = reported;
+                let release_at = Envoy.now().saturating_add(delay);
+                self.held.borrow_mut().hold(release_at, self.id);
+                Action::Pause
+            }
         }
     }
 }
 
 impl Context for Exchange {
+    fn on_done(&mut self) -> bool {
+        self.held.borrow_mut().drop_context(self.id);
+        true
+    }
+
     fn on_http_call_response(&mut self, _token: u32, headers: usize, body_size: usize, _: usize) {
         let (Some(filter), Some(pending)) = (self.filter.clone(), self.pending.take()) else {
             return;

@@ -4,6 +4,8 @@
 //! at `requests / per` up to `burst` tokens, but it fits one compare-and-swapped integer.
 //! The caller supplies `now`: this module never reads a clock.
 
+use super::Decision;
+
 /// A validated rate: `interval` nanoseconds per token, `burst` tokens of capacity.
 /// `capacity` (= burst × interval) is checked at config time to fit comfortably in a u64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,48 +32,29 @@ impl Rate {
     }
 }
 
-/// What one check of a bucket found. Durations are nanoseconds from `now`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    pub allowed: bool,
-    /// The bucket's TAT after this request (unchanged when denied).
-    pub tat: u64,
-    /// Whole tokens left after this request.
-    pub remaining: u64,
-    /// Until the bucket is full again.
-    pub reset_after: u64,
-    /// Until `cost` tokens are available (0 when allowed).
-    pub retry_after: u64,
-}
-
 /// Takes `cost` tokens from the bucket whose TAT is `tat`, if it has them at `now`.
-pub fn check(rate: &Rate, tat: u64, now: u64, cost: u64) -> Decision {
-    let start = tat.max(now);
+pub fn decide(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
+    let start = (*tat).max(now);
     let after = start.saturating_add(cost.saturating_mul(rate.interval));
     let debt_after = after - now;
     if debt_after <= rate.capacity {
+        *tat = after;
         Decision {
             allowed: true,
-            tat: after,
             remaining: (rate.capacity - debt_after) / rate.interval,
             reset_after: debt_after,
-            retry_after: 0,
+            ..Decision::default()
         }
     } else {
         let debt_now = start - now;
         Decision {
             allowed: false,
-            tat,
             remaining: rate.capacity.saturating_sub(debt_now) / rate.interval,
             reset_after: debt_now,
             retry_after: debt_after - rate.capacity,
+            delay: 0,
         }
     }
-}
-
-/// A bucket whose TAT is not after `now` is full: forgetting it loses nothing.
-pub fn is_full(tat: u64, now: u64) -> bool {
-    tat <= now
 }
 
 #[cfg(test)]
@@ -89,12 +72,14 @@ mod tests {
         let mut tat = 0;
         times
             .iter()
-            .map(|&now| {
-                let d = check(rate, tat, now, 1);
-                tat = d.tat;
-                d.allowed
-            })
+            .map(|&now| decide(rate, &mut tat, now, 1).allowed)
             .collect()
+    }
+
+    /// Decides without keeping the new state.
+    fn check(rate: &Rate, tat: u64, now: u64, cost: u64) -> (Decision, u64) {
+        let mut after = tat;
+        (decide(rate, &mut after, now, cost), after)
     }
 
     #[test]
@@ -119,13 +104,13 @@ mod tests {
     fn denial_says_when_to_retry_and_what_is_left() {
         let rate = per_second(1, 2);
         let now = 10 * SEC;
-        let first = check(&rate, 0, now, 1);
+        let (first, tat1) = check(&rate, 0, now, 1);
         assert_eq!((first.remaining, first.reset_after), (1, SEC));
-        let second = check(&rate, first.tat, now, 1);
+        let (second, tat2) = check(&rate, tat1, now, 1);
         assert_eq!((second.remaining, second.reset_after), (0, 2 * SEC));
-        let third = check(&rate, second.tat, now, 1);
+        let (third, tat3) = check(&rate, tat2, now, 1);
         assert!(!third.allowed);
-        assert_eq!(third.tat, second.tat);
+        assert_eq!(tat3, tat2);
         assert_eq!((third.remaining, third.retry_after), (0, SEC));
         assert_eq!(third.reset_after, 2 * SEC);
     }
@@ -133,9 +118,9 @@ mod tests {
     #[test]
     fn a_cost_larger_than_what_is_left_is_denied_without_charge() {
         let rate = per_second(1, 5);
-        let d = check(&rate, 0, 100 * SEC, 3);
+        let (d, tat) = check(&rate, 0, 100 * SEC, 3);
         assert_eq!(d.remaining, 2);
-        let denied = check(&rate, d.tat, 100 * SEC, 3);
+        let (denied, _) = check(&rate, tat, 100 * SEC, 3);
         assert!(!denied.allowed);
         assert_eq!(denied.remaining, 2);
         assert_eq!(denied.retry_after, SEC);
@@ -152,7 +137,7 @@ mod tests {
     #[test]
     fn a_corrupt_far_future_tat_denies_without_overflow() {
         let rate = per_second(1, 5);
-        let d = check(&rate, u64::MAX, 5 * SEC, 1);
+        let (d, _) = check(&rate, u64::MAX, 5 * SEC, 1);
         assert!(!d.allowed);
     }
 
@@ -190,16 +175,16 @@ mod tests {
             for (gap, cost) in steps {
                 now += gap;
                 let cost = cost.min(burst);
-                let d = check(&rate, tat, now, cost);
+                let (d, after) = check(&rate, tat, now, cost);
                 let (allowed, remaining) = reference.take(&rate, now, cost);
                 prop_assert_eq!(d.allowed, allowed);
                 prop_assert_eq!(d.remaining, remaining);
                 if !d.allowed {
                     prop_assert!(d.retry_after > 0);
-                    prop_assert!(check(&rate, tat, now + d.retry_after, cost).allowed);
-                    prop_assert!(!check(&rate, tat, now + d.retry_after - 1, cost).allowed);
+                    prop_assert!(check(&rate, tat, now + d.retry_after, cost).0.allowed);
+                    prop_assert!(!check(&rate, tat, now + d.retry_after - 1, cost).0.allowed);
                 }
-                tat = d.tat;
+                tat = after;
             }
         }
 
@@ -213,8 +198,7 @@ mod tests {
             let (mut tat, mut now, mut admitted) = (0, start, 0u64);
             for gap in gaps {
                 now += gap;
-                let d = check(&rate, tat, now, 1);
-                tat = d.tat;
+                let d = decide(&rate, &mut tat, now, 1);
                 admitted += u64::from(d.allowed);
             }
             prop_assert!(admitted <= burst + (now - start) / rate.interval);

@@ -1,0 +1,110 @@
+//! Fixed window: at most `limit` requests per window, windows aligned to the Unix epoch
+//! (window index = floor(now / window)) so every Envoy and Redis agree on the boundaries. Cheap
+//! and exact within a window, but a client can pass up to 2 × limit across a boundary.
+
+use super::Decision;
+
+/// State: the window index and the count in it.
+pub const COLUMNS: usize = 2;
+
+pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let index = now / window;
+    let count = match state {
+        [stored, count] if *stored == index => *count,
+        _ => 0,
+    };
+    let reset_after = (index + 1) * window - now;
+    if count + cost > limit {
+        return Decision {
+            allowed: false,
+            remaining: limit.saturating_sub(count),
+            reset_after,
+            retry_after: reset_after,
+            delay: 0,
+        };
+    }
+    if let [stored, stored_count] = state {
+        (*stored, *stored_count) = (index, count + cost);
+    }
+    Decision {
+        allowed: true,
+        remaining: limit - count - cost,
+        reset_after,
+        ..Decision::default()
+    }
+}
+
+/// A window's count means nothing once the window is over.
+pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+    match state {
+        [index, count] if *count > 0 => (index + 1).saturating_mul(window),
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use proptest::prelude::*;
+
+    #[test]
+    fn counts_within_a_window_and_starts_over_at_the_next() {
+        let mut state = [0; COLUMNS];
+        let t = 100 * SEC;
+        let allowed: Vec<bool> = (0..4)
+            .map(|_| decide(3, SEC, &mut state, t, 1).allowed)
+            .collect();
+        assert_eq!(allowed, [true, true, true, false]);
+        let denied = decide(3, SEC, &mut state, t + SEC / 4, 1);
+        assert_eq!(
+            (denied.retry_after, denied.reset_after),
+            (3 * SEC / 4, 3 * SEC / 4)
+        );
+        assert!(decide(3, SEC, &mut state, t + SEC, 1).allowed);
+    }
+
+    #[test]
+    fn a_boundary_lets_twice_the_limit_through_in_a_short_span() {
+        let mut state = [0; COLUMNS];
+        let end_of_window = 10 * SEC - 1;
+        let late = (0..5)
+            .filter(|_| decide(5, SEC, &mut state, end_of_window, 1).allowed)
+            .count();
+        let early = (0..5)
+            .filter(|_| decide(5, SEC, &mut state, end_of_window + 2, 1).allowed)
+            .count();
+        assert_eq!(late + early, 10, "2 × limit within 2 ns");
+    }
+
+    #[test]
+    fn idle_once_the_window_is_over() {
+        let mut state = [0; COLUMNS];
+        decide(3, SEC, &mut state, 5 * SEC + 1, 1);
+        assert_eq!(idle_at(SEC, &state), 6 * SEC);
+        assert_eq!(idle_at(SEC, &[0, 0]), 0);
+    }
+
+    proptest! {
+        /// Against the obvious model: a map from window index to count.
+        #[test]
+        fn matches_a_count_per_window(
+            limit in 1u64..20,
+            steps in prop::collection::vec((0u64..SEC / 2, 1u64..4), 1..200),
+        ) {
+            let mut state = [0; COLUMNS];
+            let mut counts = std::collections::HashMap::new();
+            let mut now = 1_000 * SEC;
+            for (gap, cost) in steps {
+                now += gap;
+                let cost = cost.min(limit);
+                let count = counts.entry(now / SEC).or_insert(0u64);
+                let expected = *count + cost <= limit;
+                if expected {
+                    *count += cost;
+                }
+                prop_assert_eq!(decide(limit, SEC, &mut state, now, cost).allowed, expected);
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Sliding log: the admission times of the last `limit` tokens, so the limit holds exactly over
+//! any span of `window`. State per key is one word per token of the limit (8 × limit bytes),
+//! which is why the configuration caps `requests` for this algorithm.
+
+use super::Decision;
+
+/// A time is live while it is within the last `window`; 0 marks an unused entry.
+fn live(time: u64, now: u64, window: u64) -> bool {
+    time > 0 && time.saturating_add(window) > now
+}
+
+/// Admits `cost` if fewer than `limit - cost + 1` entries are live, writing `now` over `cost`
+/// expired or unused entries.
+pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let mut times: Vec<u64> = state
+        .iter()
+        .copied()
+        .filter(|&t| live(t, now, window))
+        .collect();
+    times.sort_unstable();
+    let count = times.len() as u64;
+    let reset_after = times.last().map_or(0, |newest| newest + window - now);
+    if count + cost > limit || cost as usize > state.len() - times.len() {
+        // The oldest `count + cost - limit` entries must expire first.
+        let must_expire = (count + cost).saturating_sub(limit).max(1) as usize;
+        let retry_after = times
+            .get(must_expire - 1)
+            .map_or(window, |t| t + window - now);
+        return Decision {
+            allowed: false,
+            remaining: limit.saturating_sub(count),
+            reset_after,
+            retry_after,
+            delay: 0,
+        };
+    }
+    let mut placed = 0;
+    for time in state.iter_mut() {
+        if placed < cost && !live(*time, now, window) {
+            *time = now;
+            placed += 1;
+        }
+    }
+    Decision {
+        allowed: true,
+        remaining: limit - count - cost,
+        reset_after: window,
+        ..Decision::default()
+    }
+}
+
+/// Idle once the newest entry has left the window.
+pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+    state
+        .iter()
+        .max()
+        .filter(|&&newest| newest > 0)
+        .map_or(0, |newest| newest.saturating_add(window))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use proptest::prelude::*;
+
+    #[test]
+    fn holds_the_limit_over_any_span_of_the_window() {
+        let mut log = [0; 5];
+        let end_of_window = 10 * SEC - 1;
+        let late = (0..5)
+            .filter(|_| decide(5, SEC, &mut log, end_of_window, 1).allowed)
+            .count();
+        let early = (0..5)
+            .filter(|_| decide(5, SEC, &mut log, end_of_window + 2, 1).allowed)
+            .count();
+        assert_eq!((late, early), (5, 0));
+        let denied = decide(5, SEC, &mut log, 10 * SEC, 1);
+        assert_eq!(
+            denied.retry_after,
+            SEC - 1,
+            "the oldest leaves the window then"
+        );
+        assert!(decide(5, SEC, &mut log, end_of_window + SEC, 1).allowed);
+    }
+
+    #[test]
+    fn a_costly_request_waits_for_enough_entries_to_expire() {
+        let mut log = [0; 3];
+        for t in [1, 2, 3] {
+            assert!(decide(3, 10 * SEC, &mut log, t * SEC, 1).allowed);
+        }
+        let denied = decide(3, 10 * SEC, &mut log, 5 * SEC, 2);
+        assert_eq!(
+            denied.retry_after,
+            7 * SEC,
+            "the second-oldest leaves at 12 s"
+        );
+    }
+
+    #[test]
+    fn idle_when_the_newest_entry_has_left() {
+        assert_eq!(idle_at(SEC, &[0, 0]), 0);
+        assert_eq!(idle_at(SEC, &[5 * SEC, 7 * SEC]), 8 * SEC);
+    }
+
+    proptest! {
+        /// Against the definition: at most `limit` tokens admitted in any window-long span.
+        #[test]
+        fn matches_the_count_of_the_last_window(
+            limit in 1u64..12,
+            steps in prop::collection::vec((0u64..SEC / 3, 1u64..3), 1..150),
+        ) {
+            let mut log = vec![0; limit as usize];
+            let mut admitted: Vec<(u64, u64)> = Vec::new();
+            let mut now = 1_000 * SEC;
+            for (gap, cost) in steps {
+                now += gap;
+                let cost = cost.min(limit);
+                let recent: u64 = admitted.iter().filter(|(t, _)| t + SEC > now).map(|(_, c)| c).sum();
+                let expected = recent + cost <= limit;
+                let d = decide(limit, SEC, &mut log, now, cost);
+                prop_assert_eq!(d.allowed, expected);
+                if d.allowed {
+                    admitted.push((now, cost));
+                } else {
+                    let mut probe = log.clone();
+                    prop_assert!(decide(limit, SEC, &mut probe, now + d.retry_after, cost).allowed);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Sliding window, the two-counter estimate: the count of the current epoch-aligned window plus
+//! the previous window's count weighted by how much of it the last `window` still covers. No
+//! 2 × limit burst at a boundary; the estimate assumes the previous window's requests were
+//! spread evenly.
+
+use super::Decision;
+
+/// State: the current window index, its count, and the previous window's count.
+pub const COLUMNS: usize = 3;
+
+/// Admits `cost` if `previous × (1 - elapsed/window) + current + cost <= limit`. Products are
+/// taken in u128: counts times nanoseconds overflow u64.
+pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let index = now / window;
+    let (current, previous) = match state {
+        [stored, current, previous] if *stored == index => (*current, *previous),
+        [stored, current, _] if *stored + 1 == index => (0, *current),
+        _ => (0, 0),
+    };
+    let elapsed = now - index * window;
+    let (w, limit_w) = (u128::from(window), u128::from(limit) * u128::from(window));
+    let used_w = u128::from(previous) * u128::from(window - elapsed) + u128::from(current) * w;
+    let need_w = u128::from(cost) * w;
+    let reset_after = if current > 0 {
+        2 * window - elapsed
+    } else {
+        window - elapsed
+    };
+    if used_w + need_w > limit_w {
+        return Decision {
+            allowed: false,
+            remaining: to_u64(limit_w.saturating_sub(used_w) / w),
+            reset_after,
+            retry_after: retry_after(limit, window, current, previous, elapsed, cost),
+            delay: 0,
+        };
+    }
+    if let [stored, stored_current, stored_previous] = state {
+        (*stored, *stored_current, *stored_previous) = (index, current + cost, previous);
+    }
+    Decision {
+        allowed: true,
+        remaining: to_u64((limit_w - used_w - need_w) / w),
+        reset_after,
+        ..Decision::default()
+    }
+}
+
+/// Until the estimate has room for `cost`: later in this window if only the previous window's
+/// weight is in the way, otherwise into the next window, where this window's count is the one
+/// that fades.
+fn retry_after(
+    limit: u64,
+    window: u64,
+    current: u64,
+    previous: u64,
+    elapsed: u64,
+    cost: u64,
+) -> u64 {
+    // Time into a window (with `fading` as the previous count and `fresh` current) at which
+    // fading × (window - t) / window + fresh + cost <= limit, if any.
+    let fits_at = |fading: u64, fresh: u64| -> Option<u64> {
+        let room = limit.checked_sub(fresh + cost)?;
+        if fading <= room {
+            return Some(0);
+        }
+        let fading_w = u128::from(window) * u128::from(fading - room);
+        Some(to_u64(fading_w.div_ceil(u128::from(fading))))
+    };
+    match fits_at(previous, current) {
+        Some(t) => t.saturating_sub(elapsed).max(1),
+        None => match fits_at(current, 0) {
+            Some(t) => window - elapsed + t,
+            None => 2 * window - elapsed,
+        },
+    }
+}
+
+fn to_u64(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Both counts have faded once the window after the current one is over.
+pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+    match state {
+        [index, current, previous] if *current > 0 || *previous > 0 => {
+            (index + 2).saturating_mul(window)
+        }
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use proptest::prelude::*;
+
+    #[test]
+    fn caps_the_boundary_burst_that_a_fixed_window_lets_through() {
+        let mut state = [0; COLUMNS];
+        let end_of_window = 10 * SEC - 1;
+        let late = (0..5)
+            .filter(|_| decide(5, SEC, &mut state, end_of_window, 1).allowed)
+            .count();
+        let early = (0..5)
+            .filter(|_| decide(5, SEC, &mut state, end_of_window + 2, 1).allowed)
+            .count();
+        assert_eq!((late, early), (5, 0));
+    }
+
+    #[test]
+    fn the_previous_window_fades_linearly() {
+        let mut state = [0; COLUMNS];
+        (0..10).for_each(|_| assert!(decide(10, SEC, &mut state, 10 * SEC, 1).allowed));
+        // Half-way through the next window the estimate is 10 × 0.5 = 5: room for 5.
+        let half = 11 * SEC + SEC / 2;
+        let passed = (0..10)
+            .filter(|_| decide(10, SEC, &mut state, half, 1).allowed)
+            .count();
+        assert_eq!(passed, 5);
+    }
+
+    #[test]
+    fn idle_two_windows_after_its_last_count() {
+        let mut state = [0; COLUMNS];
+        decide(3, SEC, &mut state, 5 * SEC, 1);
+        assert_eq!(idle_at(SEC, &state), 7 * SEC);
+    }
+
+    /// Reference: the same estimate in exact rational arithmetic from the full request history.
+    fn estimate(history: &[(u64, u64)], now: u64, window: u64) -> (u128, u128) {
+        let index = now / window;
+        let count_in = |i: u64| -> u128 {
+            history
+                .iter()
+                .filter(|(t, _)| t / window == i)
+                .map(|(_, c)| u128::from(*c))
+                .sum()
+        };
+        let elapsed = u128::from(now - index * window);
+        let previous = if index == 0 { 0 } else { count_in(index - 1) };
+        (
+            previous * (u128::from(window) - elapsed) + count_in(index) * u128::from(window),
+            u128::from(window),
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn matches_the_estimate_over_the_full_history(
+            limit in 1u64..20,
+            steps in prop::collection::vec((0u64..SEC / 3, 1u64..4), 1..150),
+        ) {
+            let mut state = [0; COLUMNS];
+            let mut history = Vec::new();
+            let mut now = 1_000 * SEC;
+            for (gap, cost) in steps {
+                now += gap;
+                let cost = cost.min(limit);
+                let (used, w) = estimate(&history, now, SEC);
+                let expected = used + u128::from(cost) * w <= u128::from(limit) * w;
+                let d = decide(limit, SEC, &mut state, now, cost);
+                prop_assert_eq!(d.allowed, expected);
+                if d.allowed {
+                    history.push((now, cost));
+                } else {
+                    let mut probe = state;
+                    prop_assert!(decide(limit, SEC, &mut probe, now + d.retry_after, cost).allowed);
+                    let mut early = state;
+                    prop_assert!(d.retry_after == 1 || !decide(limit, SEC, &mut early, now + d.retry_after - 1, cost).allowed);
+                }
+            }
+        }
+    }
+}
