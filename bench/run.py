@@ -696,12 +696,21 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         "",
         "## Ratios",
         "",
-        "| Ratio | Meaning | CPU/request | requests/s |",
-        "| --- | --- | ---: | ---: |",
+        "Ratios of the medians. The range is the same ratio within each round (both setups ran "
+        "seconds apart there): how far other load on the machine moved it.",
+        "",
+        "| Ratio | Meaning | CPU/request | per round | requests/s |",
+        "| --- | --- | ---: | ---: | ---: |",
     ]
     for a, b, meaning in RATIOS:
         cpu, rps = ratio(summary, a, b, "cpu_us_per_request"), ratio(summary, a, b, "rps")
-        md.append(f"| {a}/{b} | {meaning} | {f(cpu, '.3f')}× | {f(rps, '.3f')}× |")
+        paired = sorted(
+            x["cpu_us_per_request"] / y["cpu_us_per_request"]
+            for x, y in zip(rows.get(a, []), rows.get(b, []))
+            if y["cpu_us_per_request"]
+        )
+        spread = f"{paired[0]:.2f}–{paired[-1]:.2f}" if paired else "n/a"
+        md.append(f"| {a}/{b} | {meaning} | {f(cpu, '.3f')}× | {spread} | {f(rps, '.3f')}× |")
     md += [
         "",
         "What each step adds, in CPU µs per request: "
