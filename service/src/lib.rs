@@ -5,4 +5,5 @@
 //! bucket) → `check::CheckResponse`. `cli` reads the command line; `metrics` counts.
 
 pub mod check;
+pub mod redis_store;
 pub mod store;
