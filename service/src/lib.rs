@@ -5,5 +5,8 @@
 //! bucket) → `check::CheckResponse`. `cli` reads the command line; `metrics` counts.
 
 pub mod check;
+pub mod cli;
+pub mod http;
+pub mod metrics;
 pub mod redis_store;
 pub mod store;

@@ -1,0 +1,70 @@
+//! `sluice-service`: connect to Redis, then serve until SIGTERM or Ctrl-C.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use sluice_service::cli::Args;
+use sluice_service::http::{serve, App};
+use sluice_service::redis_store::RedisStore;
+use tokio::net::TcpListener;
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(failure) => return fail(&format!("cannot start the async runtime: {failure}")),
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+fn fail(message: &str) -> ExitCode {
+    eprintln!("sluice-service: {message}");
+    ExitCode::FAILURE
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let target = args.redis.target();
+    let store = RedisStore::connect(&target)
+        .await
+        .map_err(|failure| format!("cannot reach Redis at {target}: {failure}"))?;
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .map_err(|failure| format!("cannot listen on {}: {failure}", args.listen))?;
+    let address = listener
+        .local_addr()
+        .map_err(|failure| failure.to_string())?;
+    eprintln!("sluice-service listening on {address}, redis {target}");
+    serve(listener, Arc::new(App::new(store)), shutdown_signal()).await;
+    eprintln!("sluice-service: stopped");
+    Ok(())
+}
+
+/// SIGTERM (how orchestrators stop us) or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
