@@ -1,0 +1,146 @@
+//! The real `sluice-service` binary as a child process.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+/// The binary Cargo built for this package's tests; from the filter's tests (which include this
+/// harness too), the workspace's debug build.
+pub fn binary() -> std::path::PathBuf {
+    match option_env!("CARGO_BIN_EXE_sluice-service") {
+        Some(path) => path.into(),
+        None => {
+            let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+            let path = workspace.join("target/debug/sluice-service");
+            assert!(
+                path.exists(),
+                "{} is missing: run `cargo build -p sluice-service`",
+                path.display()
+            );
+            path
+        }
+    }
+}
+const READY_WITHIN: Duration = Duration::from_secs(10);
+
+/// A running service, killed on drop.
+pub struct Service {
+    child: Child,
+    pub addr: SocketAddr,
+    pub ready_line: String,
+    stderr: Receiver<String>,
+}
+
+impl Service {
+    /// `sluice-service --listen 127.0.0.1:0 --redis <url>`.
+    pub fn start(redis_url: &str) -> Service {
+        Service::start_with(&["--redis", redis_url], &[])
+    }
+
+    pub fn start_cluster(urls: &str) -> Service {
+        Service::start_with(&["--redis-cluster", urls], &[])
+    }
+
+    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
+    /// waits for the readiness line, which names the address it listens on.
+    pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut command = Command::new(binary());
+        if !env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
+        let mut child = command
+            .args(args)
+            .env_remove("SLUICE_LISTEN")
+            .env_remove("SLUICE_REDIS")
+            .env_remove("SLUICE_REDIS_CLUSTER")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let mut service = Service {
+            child,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            ready_line: String::new(),
+            stderr,
+        };
+        let ready = service.next_line(READY_WITHIN).unwrap_or_default();
+        let addr = ready
+            .strip_prefix("sluice-service listening on ")
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|addr| addr.parse().ok());
+        service.addr = addr.unwrap_or_else(|| panic!("no readiness line, got {ready:?}"));
+        service.ready_line = ready;
+        service
+    }
+
+    pub fn next_line(&self, within: Duration) -> Option<String> {
+        self.stderr.recv_timeout(within).ok()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit on its own.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        super::wait_for(within, || self.child.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lines of a child's output, read on a thread that ends when the child does.
+pub fn lines_of(output: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (send, receive) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(output).lines().map_while(Result::ok) {
+            if send.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receive
+}
+
+/// Runs the binary to completion (bounded), returning its status, stdout and stderr.
+pub fn run_to_exit(
+    args: &[&str],
+    env: &[(&str, &str)],
+    within: Duration,
+) -> (ExitStatus, String, String) {
+    let mut child = Command::new(binary())
+        .args(args)
+        .env_remove("SLUICE_LISTEN")
+        .env_remove("SLUICE_REDIS")
+        .env_remove("SLUICE_REDIS_CLUSTER")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = lines_of(child.stdout.take().unwrap());
+    let stderr = lines_of(child.stderr.take().unwrap());
+    let started = Instant::now();
+    let status = super::wait_for(within, || child.try_wait().ok().flatten());
+    let Some(status) = status else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!(
+            "sluice-service {args:?} still running after {:?}",
+            started.elapsed()
+        );
+    };
+    let collect = |lines: Receiver<String>| lines.iter().collect::<Vec<_>>().join("\n");
+    (status, collect(stdout), collect(stderr))
+}

@@ -1,0 +1,298 @@
+//! The token-bucket Lua script, run by a real redis-server, against a reference model of the
+//! contract written in plain integer Rust. Redis TIME is the script's only clock, so tests use
+//! buckets whose interval is far longer than the test: no token comes back while it runs, and
+//! durations differ from the model only by the time that passed since the bucket was created.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::time::Instant;
+
+use common::redis::RedisServer;
+use common::resp::{Reply, Resp};
+use sluice_service::check::MAX_CAPACITY_US;
+use sluice_service::redis_store::TOKEN_BUCKET_LUA;
+
+const MINUTE_US: u64 = 60_000_000;
+
+/// The contract's GCRA, in µs: `{allowed, granted, remaining, reset_us, retry_after_us}`.
+struct Model {
+    interval: i128,
+    burst: i128,
+    tat: i128,
+}
+
+impl Model {
+    fn new(interval_us: u64, burst: u64) -> Model {
+        Model {
+            interval: interval_us.into(),
+            burst: burst.into(),
+            tat: 0,
+        }
+    }
+
+    fn check(&mut self, now: i128, cost: u64, take: u64) -> [i128; 5] {
+        let (cost, take) = (i128::from(cost), i128::from(take));
+        let capacity = self.burst * self.interval;
+        let tat = self.tat.max(now);
+        let available = (capacity - (tat - now)).div_euclid(self.interval);
+        if available < cost {
+            return [
+                0,
+                0,
+                available.max(0),
+                tat - now,
+                tat + cost * self.interval - capacity - now,
+            ];
+        }
+        let granted = take.min(available);
+        self.tat = tat + granted * self.interval;
+        [1, granted, available - granted, self.tat - now, 0]
+    }
+}
+
+fn eval(
+    client: &mut Resp,
+    key: &str,
+    interval_us: u64,
+    burst: u64,
+    cost: u64,
+    take: u64,
+) -> [i128; 5] {
+    let args = [interval_us, burst, cost, take].map(|n| n.to_string());
+    let mut command = vec!["EVAL", TOKEN_BUCKET_LUA, "1", key];
+    command.extend(args.iter().map(String::as_str));
+    let reply = client.cmd(&command).ints();
+    reply
+        .into_iter()
+        .map(i128::from)
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap()
+}
+
+fn redis_now_us(client: &mut Resp) -> i128 {
+    let Reply::Array(time) = client.cmd(&["TIME"]) else {
+        panic!("TIME")
+    };
+    let [seconds, micros] = [&time[0], &time[1]].map(|r| r.text().parse::<i128>().unwrap());
+    seconds * 1_000_000 + micros
+}
+
+/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// Integer fields must match exactly; durations may be short by the time elapsed since the
+/// bucket's first call (the model keeps `now` at that first call).
+fn assert_matches(actual: [i128; 5], model: [i128; 5], elapsed_us: i128, step: &str) {
+    assert_eq!(actual[..3], model[..3], "{step}: allowed/granted/remaining");
+    for field in [3, 4] {
+        let early_by = model[field] - actual[field];
+        assert!(
+            (0..=elapsed_us).contains(&early_by) || (model[field] == 0 && actual[field] == 0),
+            "{step}: field {field} is {} but the model says {} (elapsed {elapsed_us} µs)",
+            actual[field],
+            model[field]
+        );
+    }
+}
+
+#[test]
+fn random_strict_and_lease_checks_match_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0x5eed);
+    for (interval_us, burst) in [
+        (MINUTE_US, 1),
+        (MINUTE_US, 5),
+        (60 * MINUTE_US, 100),
+        (MINUTE_US / 7, 37),
+    ] {
+        let key = format!("sluice:{{model/{interval_us}/{burst}}}");
+        let mut model = Model::new(interval_us, burst);
+        let started = Instant::now();
+        for step in 0..60 {
+            let cost = 1 + random.below(burst.div_ceil(3));
+            let take = cost + random.below(burst - cost + 1);
+            let actual = eval(&mut client, &key, interval_us, burst, cost, take);
+            let elapsed_us = started.elapsed().as_micros() as i128 + 50_000;
+            let label = format!("{key} step {step} cost {cost} take {take}");
+            assert_matches(actual, model.check(0, cost, take), elapsed_us, &label);
+        }
+    }
+}
+
+#[test]
+fn eight_rapid_calls_with_burst_five_at_one_per_second_allow_five() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let results: Vec<_> = (0..8)
+        .map(|_| eval(&mut client, "sluice:{b5}", 1_000_000, 5, 1, 1))
+        .collect();
+    let allowed: Vec<bool> = results.iter().map(|r| r[0] == 1).collect();
+    assert_eq!(allowed, [true, true, true, true, true, false, false, false]);
+    let remaining: Vec<i128> = results.iter().map(|r| r[2]).collect();
+    assert_eq!(remaining, [4, 3, 2, 1, 0, 0, 0, 0]);
+    for denied in &results[5..] {
+        assert_eq!(denied[1], 0, "a denial grants nothing");
+        assert!(
+            (800_000..=1_000_000).contains(&denied[4]),
+            "retry after {} µs",
+            denied[4]
+        );
+    }
+}
+
+#[test]
+fn a_lease_takes_what_is_there_up_to_take() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let lease = |client: &mut Resp| eval(client, "sluice:{lease}", MINUTE_US, 30, 1, 20);
+    let granted: Vec<(i128, i128, i128)> = (0..3)
+        .map(|_| lease(&mut client))
+        .map(|r| (r[0], r[1], r[2]))
+        .collect();
+    assert_eq!(granted, [(1, 20, 10), (1, 10, 0), (0, 0, 0)]);
+}
+
+#[test]
+fn a_lease_needs_at_least_cost_tokens() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    assert_eq!(eval(&mut client, "sluice:{c}", MINUTE_US, 10, 1, 7)[1], 7);
+    let short = eval(&mut client, "sluice:{c}", MINUTE_US, 10, 4, 10);
+    assert_eq!(
+        (short[0], short[1], short[2]),
+        (0, 0, 3),
+        "3 tokens left, cost 4: denied"
+    );
+}
+
+#[test]
+fn a_tat_in_the_past_is_a_full_bucket_not_more() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let an_hour_ago = redis_now_us(&mut client) - 3_600_000_000;
+    client.cmd(&["SET", "sluice:{stale}", &an_hour_ago.to_string()]);
+    let r = eval(&mut client, "sluice:{stale}", 1_000_000, 5, 1, 5);
+    assert_eq!(
+        (r[0], r[1], r[2]),
+        (1, 5, 0),
+        "elapsed time is clamped at a full bucket"
+    );
+}
+
+#[test]
+fn a_tat_beyond_capacity_denies_with_nothing_remaining() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let now = redis_now_us(&mut client);
+    // As left by a policy whose bucket was larger: 10 s of debt against a 5 s bucket.
+    let tat = now + 10_000_000;
+    client.cmd(&["SET", "sluice:{debt}", &tat.to_string()]);
+    let r = eval(&mut client, "sluice:{debt}", 1_000_000, 5, 1, 1);
+    assert_eq!((r[0], r[1], r[2]), (0, 0, 0));
+    let expected_retry = 6_000_000; // tat + 1 s - 5 s - now
+    assert!(
+        (expected_retry - 100_000..=expected_retry).contains(&r[4]),
+        "retry {}",
+        r[4]
+    );
+    assert!((9_900_000..=10_000_000).contains(&r[3]), "reset {}", r[3]);
+}
+
+#[test]
+fn a_denial_writes_nothing() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    eval(&mut client, "sluice:{d}", MINUTE_US, 1, 1, 1);
+    let before = client.cmd(&["GET", "sluice:{d}"]);
+    assert_eq!(eval(&mut client, "sluice:{d}", MINUTE_US, 1, 1, 1)[0], 0);
+    assert_eq!(client.cmd(&["GET", "sluice:{d}"]), before);
+}
+
+#[test]
+fn every_write_sets_a_ttl_of_reset_plus_one_second() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let r = eval(&mut client, "sluice:{ttl}", 1_000_000, 5, 3, 3);
+    let pttl = i128::from(client.cmd(&["PTTL", "sluice:{ttl}"]).int());
+    let expected = r[3].div_euclid(1000) + 1 + 1000; // ceil(reset_us / 1000) + 1000
+    assert!(
+        (expected - 200..=expected).contains(&pttl),
+        "PTTL {pttl}, expected about {expected}"
+    );
+}
+
+#[test]
+fn the_largest_accepted_bucket_stays_exact_in_lua_doubles() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let year_us = 31_536_000_000_000;
+    let burst = MAX_CAPACITY_US / year_us;
+    let r = eval(&mut client, "sluice:{big}", year_us, burst, 1, burst);
+    assert_eq!((r[0], r[1], r[2]), (1, i128::from(burst), 0));
+    let capacity = i128::from(burst * year_us);
+    assert!(
+        (capacity - 100_000..=capacity).contains(&r[3]),
+        "reset {} of {capacity}",
+        r[3]
+    );
+    let stored = client.cmd(&["GET", "sluice:{big}"]).text();
+    assert!(
+        stored.bytes().all(|b| b.is_ascii_digit()),
+        "TAT stored as an integer, not {stored:?}"
+    );
+    let after = eval(&mut client, "sluice:{big}", year_us, burst, 1, 1);
+    assert_eq!((after[0], after[2]), (0, 0));
+    assert!(
+        (year_us as i128 - 100_000..=year_us as i128).contains(&after[4]),
+        "one year to the next token"
+    );
+}
+
+#[test]
+fn partly_refilled_buckets_match_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0xb0c7);
+    let (interval_us, burst) = (1_000_000u64, 8u64);
+    let capacity = (interval_us * burst) as i128;
+    for case in 0..80 {
+        // A TAT between "full long ago" and "twice over capacity", kept at least 100 ms away
+        // from a token boundary so the few ms between TIME and EVAL cannot cross one.
+        let whole = random.below(3 * burst) as i128 - burst as i128;
+        let offset = whole * interval_us as i128 + 100_000 + random.below(800_000) as i128;
+        let (cost, take) = (1 + random.below(burst), burst);
+        let take = take.max(cost) - random.below(take.max(cost) - cost + 1);
+        let key = format!("sluice:{{partial/{case}}}");
+        let now = redis_now_us(&mut client);
+        client.cmd(&["SET", &key, &(now + offset).to_string()]);
+        let started = Instant::now();
+        let actual = eval(&mut client, &key, interval_us, burst, cost, take);
+        let mut model = Model {
+            interval: interval_us.into(),
+            burst: burst.into(),
+            tat: offset,
+        };
+        let elapsed_us = started.elapsed().as_micros() as i128 + 50_000;
+        let label = format!("offset {offset} µs of {capacity}, cost {cost}, take {take}");
+        assert_matches(actual, model.check(0, cost, take), elapsed_us, &label);
+    }
+}
