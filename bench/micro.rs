@@ -7,9 +7,9 @@
 //! With `SLUICE_BENCH_JSON=<file>` the results are also written there as JSON, which
 //! `bench/run.py` (`make bench`) puts into BENCHMARKS.md.
 
+use sluice::algorithm::token_bucket::{self, Rate};
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
-use sluice::gcra::{self, Rate};
 use sluice::key::hash_key;
 use sluice::limiter::{self, Step};
 use sluice::request::{Attributes, RequestSource};
@@ -23,6 +23,8 @@ use std::time::{Duration, Instant};
 /// The plugin name Envoy gives the demo and the benchmark: shared-data keys start with it.
 const PLUGIN: &str = "sluice";
 const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
+/// The case the issue sets a target for (bench/run.py finds it by this name).
+const TOKEN_BUCKET: &str = "token_bucket::decide (one token-bucket decision)";
 
 /// One request as the host shows it. Values are cloned out on every read, as the hostcalls do.
 struct Request {
@@ -208,14 +210,17 @@ fn main() {
 
     println!("{:<52} {:>13}", "case", "median");
 
-    if wanted("gcra") {
+    if wanted("token_bucket") {
         let rate = Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1));
         let (mut tat, mut now) = (0u64, T0);
-        results.push(measure("gcra::check (one token-bucket decision)", || {
+        results.push(measure(TOKEN_BUCKET, || {
             now += 3_000_000;
-            let d = gcra::check(black_box(&rate), black_box(tat), black_box(now), 1);
-            tat = d.tat;
-            black_box(d);
+            black_box(token_bucket::decide(
+                black_box(&rate),
+                &mut tat,
+                black_box(now),
+                1,
+            ));
         }));
     }
 
@@ -345,15 +350,15 @@ fn main() {
         ));
     }
 
-    if let Some(gcra) = results.iter().find(|r| r.name.starts_with("gcra::check")) {
-        let verdict = if gcra.median_ns <= 100.0 {
+    if let Some(decision) = results.iter().find(|r| r.name == TOKEN_BUCKET) {
+        let verdict = if decision.median_ns <= 100.0 {
             "PASS"
         } else {
             "FAIL"
         };
         println!(
             "\nTarget: a token-bucket decision <= 100 ns: {:.1} ns, {verdict}",
-            gcra.median_ns
+            decision.median_ns
         );
     }
 

@@ -768,12 +768,12 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
             md.append(
                 f"| {case['name'].replace('|', chr(92) + '|')} | {case['median_ns']:.1f} | {case['min_ns']:.1f} – {case['max_ns']:.1f} |"
             )
-        gcra = next((c for c in micro["cases"] if c["name"].startswith("gcra::check")), None)
-        if gcra:
+        decision = next((c for c in micro["cases"] if "one token-bucket decision" in c["name"]), None)
+        if decision:
             md += [
                 "",
-                f"Target: a token-bucket decision ≤ 100 ns natively: {gcra['median_ns']:.1f} ns, "
-                f"{'pass' if gcra['median_ns'] <= 100 else '**fail**'}.",
+                f"Target: a token-bucket decision ≤ 100 ns natively: {decision['median_ns']:.1f} ns, "
+                f"{'pass' if decision['median_ns'] <= 100 else '**fail**'}.",
             ]
         md += ["", "Shared data per key (the slot value, plus the entry's name; Envoy adds its own per-entry overhead):", ""]
         for size in micro["shared_data"]:

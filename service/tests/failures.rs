@@ -1,0 +1,134 @@
+//! When Redis fails: a quick 503 (never a hang), an unhealthy /healthz, and the metrics.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http::{get, post_check, request, HttpResponse};
+use common::redis::RedisServer;
+use common::service::Service;
+use common::{bucket, checks_body};
+
+fn one_check() -> String {
+    checks_body(&[bucket("fail/1", 1, 1000, 5, 1, 1)])
+}
+
+fn assert_redis_unavailable(response: &HttpResponse) {
+    assert_eq!(response.status, 503, "{response:?}");
+    let json = response.json();
+    assert_eq!(json["error"], "redis_unavailable");
+    assert!(!json["detail"].as_str().unwrap().is_empty());
+}
+
+#[test]
+fn healthz_is_ok_while_redis_answers() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let response = get(service.addr, "/healthz");
+    assert_eq!(
+        (response.status, response.json()),
+        (200, serde_json::json!({"status": "ok"}))
+    );
+}
+
+#[test]
+fn with_redis_down_checks_and_healthz_answer_503_quickly() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    redis.stop();
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert_redis_unavailable(&post_check(service.addr, &one_check()));
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+    let started = Instant::now();
+    assert_redis_unavailable(&get(service.addr, "/healthz"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn with_redis_frozen_checks_answer_503_within_two_seconds() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    redis.freeze();
+    let started = Instant::now();
+    let response = post_check(service.addr, &one_check());
+    let elapsed = started.elapsed();
+    redis.thaw();
+    assert_redis_unavailable(&response);
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    let recovered = common::wait_for(Duration::from_secs(5), || {
+        (post_check(service.addr, &one_check()).status == 200).then_some(())
+    });
+    assert!(
+        recovered.is_some(),
+        "no 200 within 5 s of Redis answering again"
+    );
+}
+
+#[test]
+fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let burst_two = checks_body(&[bucket("metrics/1", 1, 60_000, 2, 1, 1)]);
+    for _ in 0..3 {
+        assert_eq!(post_check(service.addr, &burst_two).status, 200);
+    }
+    assert_eq!(post_check(service.addr, "{").status, 400);
+    redis.stop();
+    assert_eq!(post_check(service.addr, &burst_two).status, 503);
+    let metrics = get(service.addr, "/metrics");
+    assert_eq!(metrics.status, 200);
+    assert!(metrics
+        .head
+        .to_ascii_lowercase()
+        .contains("content-type: text/plain; version=0.0.4"));
+    for line in [
+        "sluice_checks_total 3",
+        "sluice_denials_total 1",
+        "sluice_bad_requests_total 1",
+        "sluice_redis_errors_total 1",
+        "# TYPE sluice_check_duration_seconds histogram",
+        "sluice_check_duration_seconds_bucket{le=\"+Inf\"} 4",
+        "sluice_check_duration_seconds_count 4",
+    ] {
+        assert!(
+            metrics.body.lines().any(|l| l == line),
+            "missing {line:?} in\n{}",
+            metrics.body
+        );
+    }
+}
+
+#[test]
+fn unknown_paths_and_methods_get_json_errors() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let missing = get(service.addr, "/v2/check");
+    assert_eq!(
+        (missing.status, missing.json()["error"].as_str()),
+        (404, Some("not_found"))
+    );
+    let wrong_method = get(service.addr, "/v1/check");
+    assert_eq!(
+        (wrong_method.status, wrong_method.json()["error"].as_str()),
+        (405, Some("method_not_allowed"))
+    );
+    let post_metrics = request(service.addr, "POST", "/metrics", "application/json", "{}");
+    assert_eq!(post_metrics.status, 405);
+}
