@@ -36,6 +36,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+/// The service's own harness: redis-server (single and Cluster) and sluice-service processes.
+#[path = "../../service/tests/common/mod.rs"]
+pub mod backend;
+
 /// Envoy puts the counters a wasm module defines under this prefix: the filter's
 /// `sluice.per-user.allowed` is `wasmcustom.sluice.per-user.allowed` in /stats.
 pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
@@ -59,6 +63,9 @@ pub struct EnvoyOptions {
     pub xff_num_trusted_hops: u32,
     /// Worker threads, each with its own wasm VM (default 2).
     pub concurrency: u32,
+    /// Endpoints of the cluster `sluice_service` (global policies call it); `None` leaves the
+    /// cluster out, an empty list makes a cluster with no endpoints.
+    pub service: Option<Vec<SocketAddr>>,
 }
 
 impl EnvoyOptions {
@@ -68,6 +75,7 @@ impl EnvoyOptions {
             use_remote_address: true,
             xff_num_trusted_hops: 0,
             concurrency: 2,
+            service: None,
         }
     }
 
@@ -91,6 +99,12 @@ impl EnvoyOptions {
 
     pub fn concurrency(mut self, workers: u32) -> Self {
         self.concurrency = workers;
+        self
+    }
+
+    /// Adds the cluster `sluice_service` with these endpoints (none: a cluster that has none).
+    pub fn service(mut self, endpoints: &[SocketAddr]) -> Self {
+        self.service = Some(endpoints.to_vec());
         self
     }
 
@@ -713,8 +727,39 @@ static_resources:
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
+{clusters}"#,
         use_remote_address = opts.use_remote_address,
         xff_num_trusted_hops = opts.xff_num_trusted_hops,
+        clusters = opts
+            .service
+            .as_deref()
+            .map(service_cluster)
+            .unwrap_or_default(),
+    )
+}
+
+/// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.
+fn service_cluster(endpoints: &[SocketAddr]) -> String {
+    let endpoints: String = endpoints
+        .iter()
+        .map(|a| {
+            let (ip, port) = (a.ip(), a.port());
+            format!("\n        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}")
+        })
+        .collect();
+    let lb_endpoints = if endpoints.is_empty() {
+        " []".to_string()
+    } else {
+        format!("\n      - lb_endpoints:{endpoints}")
+    };
+    format!(
+        r#"  clusters:
+  - name: sluice_service
+    type: STATIC
+    connect_timeout: 0.25s
+    load_assignment:
+      cluster_name: sluice_service
+      endpoints:{lb_endpoints}
+"#
     )
 }
