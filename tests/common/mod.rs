@@ -757,6 +757,12 @@ fn service_cluster(endpoints: &[SocketAddr]) -> String {
   - name: sluice_service
     type: STATIC
     connect_timeout: 0.25s
+    # Under the service's 300 s keep-alive, so Envoy never reuses a connection the service closes.
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        common_http_protocol_options: {{ idle_timeout: 60s }}
+        explicit_http_config: {{ http_protocol_options: {{}} }}
     load_assignment:
       cluster_name: sluice_service
       endpoints:{lb_endpoints}
