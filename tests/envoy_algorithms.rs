@@ -2,6 +2,9 @@
 //! algorithms cap it, and the leaky bucket holding requests for their turn (its timing precision
 //! is measured here).
 
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::{Connection, Envoy};

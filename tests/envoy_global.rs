@@ -2,6 +2,9 @@
 //! budget across Envoys, leases and the over-limit cache, failure modes when Redis or the
 //! service is gone, and a Redis Cluster.
 
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
 mod common;
 
 use common::backend::redis::{RedisCluster, RedisServer};

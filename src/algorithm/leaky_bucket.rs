@@ -21,7 +21,8 @@ pub fn decide(interval: u64, max_delay: u64, tat: &mut u64, now: u64, cost: u64)
     *tat = drained;
     Decision {
         allowed: true,
-        remaining: (max_delay - delay) / interval,
+        // Cost-1 requests that could still queue behind this one within `max_delay`.
+        remaining: ((max_delay - delay) / interval + 1).saturating_sub(cost),
         reset_after: drained - now,
         retry_after: 0,
         delay,
@@ -52,6 +53,17 @@ mod tests {
         );
         let denied = decide(100 * MS, 250 * MS, &mut tat, now, 1);
         assert_eq!(denied.retry_after, 50 * MS);
+    }
+
+    #[test]
+    fn remaining_counts_what_could_still_queue_behind_a_costly_request() {
+        let mut tat = 0;
+        let first = decide(100 * MS, 500 * MS, &mut tat, SEC, 3);
+        assert_eq!(first.remaining, 3);
+        let queued = (0..10)
+            .filter(|_| decide(100 * MS, 500 * MS, &mut tat, SEC, 1).allowed)
+            .count();
+        assert_eq!(queued, 3);
     }
 
     proptest! {

@@ -6,7 +6,7 @@
 //! |----------------|----------------------------|-----------------------------------------|
 //! | token_bucket   | 1 word (GCRA TAT)          | up to `burst`, then the sustained rate  |
 //! | fixed_window   | 2 words (window, count)    | up to 2 × limit across a window boundary |
-//! | sliding_window | 3 words (window, cur, prev)| estimate of the last `per`; no 2× burst |
+//! | sliding_window | 3 words (window, cur, prev)| estimates the last `per`: caps even bursts |
 //! | sliding_log    | `requests` words (times)   | exact over any span of `per`            |
 //! | leaky_bucket   | 1 word (GCRA TAT)          | none: requests are delayed to the rate  |
 

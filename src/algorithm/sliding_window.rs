@@ -21,16 +21,13 @@ pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -
     let (w, limit_w) = (u128::from(window), u128::from(limit) * u128::from(window));
     let used_w = u128::from(previous) * u128::from(window - elapsed) + u128::from(current) * w;
     let need_w = u128::from(cost) * w;
-    let reset_after = if current > 0 {
-        2 * window - elapsed
-    } else {
-        window - elapsed
-    };
+    // Until both counts have faded: the window after the current one if it holds a count.
+    let (to_next, to_after_next) = (window - elapsed, 2 * window - elapsed);
     if used_w + need_w > limit_w {
         return Decision {
             allowed: false,
             remaining: to_u64(limit_w.saturating_sub(used_w) / w),
-            reset_after,
+            reset_after: if current > 0 { to_after_next } else { to_next },
             retry_after: retry_after(limit, window, current, previous, elapsed, cost),
             delay: 0,
         };
@@ -41,7 +38,7 @@ pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -
     Decision {
         allowed: true,
         remaining: to_u64((limit_w - used_w - need_w) / w),
-        reset_after,
+        reset_after: to_after_next,
         ..Decision::default()
     }
 }
@@ -119,6 +116,15 @@ mod tests {
             .filter(|_| decide(10, SEC, &mut state, half, 1).allowed)
             .count();
         assert_eq!(passed, 5);
+    }
+
+    #[test]
+    fn reset_is_when_the_admitted_request_has_faded() {
+        let mut state = [0; COLUMNS];
+        let now = 5 * SEC + 300_000_000;
+        let d = decide(3, SEC, &mut state, now, 1);
+        assert_eq!(d.reset_after, 1_700_000_000);
+        assert_eq!(idle_at(SEC, &state), now + d.reset_after);
     }
 
     #[test]
