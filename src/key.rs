@@ -41,17 +41,41 @@ fn parse_source(text: &str, intern: &mut impl FnMut(Attr) -> usize) -> Result<So
         "method" => Attr::Method,
         "authority" => Attr::Authority,
         "route" => Attr::Route,
-        _ => match text.strip_prefix("header:") {
-            Some(name) if is_header_name(name) => Attr::Header(name.to_ascii_lowercase()),
-            Some(name) => return Err(format!("{name:?} is not a valid header name")),
-            None => {
+        _ => {
+            if let Some(name) = text.strip_prefix("header:") {
+                if !is_header_name(name) {
+                    return Err(format!("{name:?} is not a valid header name"));
+                }
+                Attr::Header(name.to_ascii_lowercase())
+            } else if let Some(reference) = text.strip_prefix("metadata:") {
+                parse_metadata(reference)?
+            } else {
                 return Err(format!(
-                    "unknown key part {text:?} (use header:NAME, ip, path, method, authority, route or global)"
-                ))
+                    "unknown key part {text:?} (use header:NAME, metadata:NAMESPACE:KEY, ip, path, method, authority, route or global)"
+                ));
             }
-        },
+        }
     };
     Ok(Source::Attr(intern(attr)))
+}
+
+/// `NAMESPACE:KEY[.KEY...]`: the namespace is the filter that wrote the value (it may contain
+/// dots, e.g. `envoy.filters.http.jwt_authn`), the key a path into that filter's metadata.
+fn parse_metadata(reference: &str) -> Result<Attr, String> {
+    let bad = || {
+        format!(
+            "{reference:?} is not NAMESPACE:KEY (e.g. envoy.filters.http.jwt_authn:payload.sub)"
+        )
+    };
+    let (namespace, key) = reference.split_once(':').ok_or_else(bad)?;
+    let path: Vec<String> = key.split('.').map(str::to_string).collect();
+    if namespace.is_empty() || path.iter().any(String::is_empty) {
+        return Err(bad());
+    }
+    Ok(Attr::Metadata {
+        namespace: namespace.to_string(),
+        path,
+    })
 }
 
 /// An HTTP token (RFC 9110), which is what a header name is.
@@ -145,6 +169,36 @@ mod tests {
             ]
         );
         assert_eq!(parts[5].alternatives, [Source::Global]);
+    }
+
+    #[test]
+    fn metadata_parts_name_a_namespace_and_a_path() {
+        let (parts, attrs) = parse(&["metadata:envoy.filters.http.jwt_authn:payload.sub"]);
+        assert_eq!(parts.len(), 1);
+        let expected = Attr::Metadata {
+            namespace: "envoy.filters.http.jwt_authn".into(),
+            path: vec!["payload".into(), "sub".into()],
+        };
+        assert_eq!(attrs, [expected]);
+        let request = FakeRequest::default().with_property(
+            "metadata.filter_metadata.envoy.filters.http.jwt_authn.payload.sub",
+            "u1",
+        );
+        assert!(hash(
+            &["metadata:envoy.filters.http.jwt_authn:payload.sub"],
+            &request
+        )
+        .is_some());
+        let mut intern = |_| 0;
+        for bad in [
+            "metadata:",
+            "metadata:ns",
+            "metadata::k",
+            "metadata:ns:",
+            "metadata:ns:a..b",
+        ] {
+            assert!(parse_part(bad, &mut intern).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

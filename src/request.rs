@@ -13,6 +13,12 @@ pub enum Attr {
     Authority,
     /// Envoy's route name.
     Route,
+    /// A value an earlier filter put in the request's dynamic metadata (e.g. the `sub` claim
+    /// from `jwt_authn`): trusted, unlike what the client sends.
+    Metadata {
+        namespace: String,
+        path: Vec<String>,
+    },
 }
 
 /// The host's view of one request: raw bytes, as Envoy holds them.
@@ -56,6 +62,11 @@ fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> 
         Attr::Method => source.header(":method"),
         Attr::Authority => source.header(":authority"),
         Attr::Route => source.property(&["xds", "route_name"]),
+        Attr::Metadata { namespace, path } => {
+            let mut full = vec!["metadata", "filter_metadata", namespace.as_str()];
+            full.extend(path.iter().map(String::as_str));
+            source.property(&full)
+        }
     }
 }
 

@@ -66,6 +66,9 @@ pub struct EnvoyOptions {
     /// Endpoints of the cluster `sluice_service` (global policies call it); `None` leaves the
     /// cluster out, an empty list makes a cluster with no endpoints.
     pub service: Option<Vec<SocketAddr>>,
+    /// `(header, namespace, key)`: a header_to_metadata filter before sluice copies the header
+    /// into dynamic metadata (and removes it), as a trusted authentication filter would.
+    pub header_to_metadata: Option<(String, String, String)>,
 }
 
 impl EnvoyOptions {
@@ -76,6 +79,7 @@ impl EnvoyOptions {
             xff_num_trusted_hops: 0,
             concurrency: 2,
             service: None,
+            header_to_metadata: None,
         }
     }
 
@@ -99,6 +103,12 @@ impl EnvoyOptions {
 
     pub fn concurrency(mut self, workers: u32) -> Self {
         self.concurrency = workers;
+        self
+    }
+
+    /// Puts `header`'s value into dynamic metadata `namespace`/`key` before sluice runs.
+    pub fn header_to_metadata(mut self, header: &str, namespace: &str, key: &str) -> Self {
+        self.header_to_metadata = Some((header.into(), namespace.into(), key.into()));
         self
     }
 
@@ -671,6 +681,19 @@ fn yaml_quote(s: &str) -> String {
 /// ports, an absolute wasm path, and routes `api` (/api/) and `default` (/)
 /// that both answer 200 "ok".
 fn bootstrap_yaml(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
+    let metadata_filter = match &opts.header_to_metadata {
+        None => String::new(),
+        Some((header, namespace, key)) => format!(
+            r#"
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+              request_rules:
+              - header: {header}
+                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
+                remove: true"#
+        ),
+    };
     let wasm_filter = match &opts.plugin_json {
         None => String::new(),
         Some(json) => format!(
@@ -723,7 +746,7 @@ static_resources:
               - name: default
                 match: {{ prefix: / }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
-          http_filters:{wasm_filter}
+          http_filters:{metadata_filter}{wasm_filter}
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
