@@ -28,6 +28,22 @@ struct RawConfig {
     policies: Vec<RawPolicy>,
     default: Option<RawPolicy>,
     global: Option<RawGlobal>,
+    #[serde(default)]
+    bypass: Vec<RawBypass>,
+}
+
+/// An audited exemption: who asked, why, and until when.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBypass {
+    /// The key's value, one string per key part (each part's first alternative)...
+    key: Option<Vec<String>>,
+    /// ...or its hash as the logs show it (16 hex digits).
+    key_hash: Option<String>,
+    policies: Vec<String>,
+    owner: String,
+    reason: String,
+    expires: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -277,6 +293,17 @@ pub struct TableSpec {
     pub layout_id: u64,
 }
 
+/// One policy's exemption of one key, from a `bypass` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bypass {
+    pub policy: usize,
+    pub key: u64,
+    pub owner: String,
+    pub reason: String,
+    /// Unix nanoseconds.
+    pub expires: u64,
+}
+
 /// The compiled configuration.
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -287,6 +314,17 @@ pub struct Plan {
     pub policies: Vec<Policy>,
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
+    pub bypass: Vec<Bypass>,
+}
+
+impl Plan {
+    /// The exemption of `key` from `policy`, expired or not.
+    pub fn bypass_of(&self, policy: usize, key: u64) -> Option<(usize, &Bypass)> {
+        self.bypass
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.policy == policy && b.key == key)
+    }
 }
 
 /// Parses and validates the plugin configuration.
@@ -359,6 +397,13 @@ impl Compiler {
                 ));
             }
         }
+        let bypass = raw
+            .bypass
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| bypass(&format!("bypass[{i}]"), entry, &policies, &self.tables))
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
         let attrs = self.attrs;
         let tables = self
             .tables
@@ -377,6 +422,7 @@ impl Compiler {
             policies,
             tables,
             global,
+            bypass,
         })
     }
 
@@ -758,6 +804,74 @@ fn global_policy(
         (FailureMode::Closed, None) => None,
     };
     Ok(Some(GlobalPolicy { take, fail_open }))
+}
+
+/// A bypass entry, one exemption per policy it names.
+fn bypass(
+    at: &str,
+    raw: &RawBypass,
+    policies: &[Policy],
+    tables: &[TableDraft],
+) -> Result<Vec<Bypass>, ConfigError> {
+    for (field, value) in [("owner", &raw.owner), ("reason", &raw.reason)] {
+        if value.trim().is_empty() {
+            return Err(error(
+                format!("{at}.{field}"),
+                "must say who and why: it is the audit trail",
+            ));
+        }
+    }
+    let expires =
+        crate::time::parse_rfc3339(&raw.expires).map_err(|r| error(format!("{at}.expires"), r))?;
+    if raw.policies.is_empty() {
+        return Err(error(
+            format!("{at}.policies"),
+            "must name at least one policy",
+        ));
+    }
+    raw.policies
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let (index, policy) = policies
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.name == *name)
+                .ok_or_else(|| {
+                    error(
+                        format!("{at}.policies[{i}]"),
+                        format!("no policy is named {name:?}"),
+                    )
+                })?;
+            let parts = tables.get(policy.table).map_or(0, |t| t.key.len());
+            let key = match (&raw.key, &raw.key_hash) {
+                (Some(values), None) if values.len() == parts => crate::key::hash_values(values),
+                (Some(_), None) => {
+                    return Err(error(
+                        format!("{at}.key"),
+                        format!("policy {name:?} has {parts} key parts: give one value for each"),
+                    ))
+                }
+                (None, Some(hex)) => u64::from_str_radix(hex, 16)
+                    .ok()
+                    .filter(|_| hex.len() == 16)
+                    .ok_or_else(|| {
+                        error(
+                            format!("{at}.key_hash"),
+                            "must be the 16 hex digits the logs show",
+                        )
+                    })?,
+                _ => return Err(error(at, "give exactly one of key or key_hash")),
+            };
+            Ok(Bypass {
+                policy: index,
+                key,
+                owner: raw.owner.clone(),
+                reason: raw.reason.clone(),
+                expires,
+            })
+        })
+        .collect()
 }
 
 fn path(at: &str, path: &str) -> Result<String, ConfigError> {
@@ -1327,6 +1441,52 @@ mod tests {
             json!({"by": "header:x-plan", "values": {"pro": {"requests": 300, "per": "1m"}}});
         let plan = parse(json!({"policies": [log]}).to_string().as_bytes()).unwrap();
         assert_eq!(plan.policies[0].columns(), 300);
+    }
+
+    fn with_bypass(entry: Value) -> Value {
+        json!({"policies": [policy()], "bypass": [entry]})
+    }
+
+    fn alice_bypass() -> Value {
+        json!({"key": ["alice"], "policies": ["per-user"], "owner": "oncall@example.com",
+            "reason": "INC-42", "expires": "2026-12-01T00:00:00Z"})
+    }
+
+    #[test]
+    fn a_bypass_names_its_key_policies_owner_reason_and_expiry() {
+        let plan = parse(with_bypass(alice_bypass()).to_string().as_bytes()).unwrap();
+        let b = &plan.bypass[0];
+        assert_eq!((b.policy, b.owner.as_str(), b.reason.as_str()), (0, "oncall@example.com", "INC-42"));
+        assert_eq!(b.key, crate::key::hash_values(&["alice".into()]));
+        assert_eq!(b.expires, 1_796_083_200_000_000_000);
+        let mut by_hash = alice_bypass();
+        by_hash.as_object_mut().unwrap().remove("key");
+        by_hash["key_hash"] = json!(format!("{:016x}", b.key));
+        assert_eq!(parse(with_bypass(by_hash).to_string().as_bytes()).unwrap().bypass, plan.bypass);
+    }
+
+    #[test]
+    fn a_bypass_without_its_audit_trail_is_refused() {
+        for field in ["owner", "reason", "expires", "policies"] {
+            let mut entry = alice_bypass();
+            entry.as_object_mut().unwrap().remove(field);
+            assert_refused(with_bypass(entry), "bypass[0]", &format!("missing field `{field}`"));
+        }
+        let mut entry = alice_bypass();
+        entry["owner"] = json!(" ");
+        assert_refused(with_bypass(entry), "bypass[0].owner", "audit trail");
+        let mut entry = alice_bypass();
+        entry["expires"] = json!("next week");
+        assert_refused(with_bypass(entry), "bypass[0].expires", "RFC 3339");
+        let mut entry = alice_bypass();
+        entry["policies"] = json!(["nope"]);
+        assert_refused(with_bypass(entry), "bypass[0].policies[0]", "no policy is named");
+        let mut entry = alice_bypass();
+        entry["key"] = json!(["alice", "extra"]);
+        assert_refused(with_bypass(entry), "bypass[0].key", "1 key parts");
+        let mut entry = alice_bypass();
+        entry["key_hash"] = json!("zz");
+        assert_refused(with_bypass(entry), "bypass[0]", "exactly one of key or key_hash");
     }
 
     proptest::proptest! {

@@ -59,6 +59,9 @@ pub struct Filter {
     latest: Cell<u64>,
     /// When a degraded decision was last logged: at most one line a second.
     last_degraded_log: Cell<u64>,
+    /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
+    /// expiry has been.
+    bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
 }
 
 impl Filter {
@@ -79,7 +82,9 @@ impl Filter {
             })?;
         }
         let counters = Counters::define(metrics, &plan);
+        let bypass_logged = plan.bypass.iter().map(|_| Default::default()).collect();
         Ok(Filter {
+            bypass_logged,
             plan,
             prefix,
             counters,
@@ -174,6 +179,7 @@ impl Filter {
     fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
+        self.log_bypass(outcome, now);
         match self.denial(outcome) {
             Some(denial) => {
                 self.deny(host, &denial, now);
@@ -223,6 +229,45 @@ impl Filter {
                 log::warn!(
                     "rate-limit service unavailable: policy {name} decided {:?} (logged at most once a second)",
                     applied.basis
+                );
+            }
+        }
+    }
+
+    /// The audit trail of bypasses: each entry's use at most once a minute (per worker), and
+    /// its expiry once.
+    fn log_bypass(&self, outcome: &Outcome, now: u64) {
+        const MINUTE: u64 = 60 * NANOS_PER_SEC;
+        for &i in &outcome.bypassed {
+            let (Some(b), Some((last, _))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
+            else {
+                continue;
+            };
+            if last.get() == 0 || now >= last.get().saturating_add(MINUTE) {
+                last.set(now);
+                log::info!(
+                    "bypass: policy {} not applied to key {:016x} for {} ({}), until {}",
+                    self.policy_name(b.policy),
+                    b.key,
+                    b.owner,
+                    b.reason,
+                    b.expires / NANOS_PER_SEC
+                );
+            }
+        }
+        for &i in &outcome.expired_bypass {
+            let (Some(b), Some((_, told))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
+            else {
+                continue;
+            };
+            if !told.replace(true) {
+                log::info!(
+                    "bypass of policy {} for key {:016x} ({}, {}) expired at {}: ignored",
+                    self.policy_name(b.policy),
+                    b.key,
+                    b.owner,
+                    b.reason,
+                    b.expires / NANOS_PER_SEC
                 );
             }
         }
@@ -913,5 +958,21 @@ mod tests {
             3,
             "the local bucket was charged twice, not three times"
         );
+    }
+
+    fn bypassed_alice(expires: &str) -> Value {
+        json!({"policies": [per_user(1)], "bypass": [{"key": ["alice"], "policies": ["per-user"],
+            "owner": "oncall@example.com", "reason": "INC-42 migration", "expires": expires}]})
+    }
+
+    #[test]
+    fn a_bypassed_key_passes_and_is_counted_until_the_entry_expires() {
+        let (filter, host) = setup(bypassed_alice("2027-06-01T00:00:00Z"));
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 200]);
+        assert_eq!(statuses(&filter, &host, 2, &[("x-user-id", "bob")]), [200, 429]);
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-user.bypassed"), 3);
+        let (filter, host) = setup(bypassed_alice("2020-01-01T00:00:00Z"));
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429], "expired: ignored");
     }
 }

@@ -109,14 +109,43 @@ pub fn hash_key<S: RequestSource + ?Sized>(
     parts: &[KeyPart],
     request: &mut Attributes<S>,
 ) -> Option<u64> {
-    let mut hasher = SipHasher13::new_with_keys(0x736c_7569_6365_6b31, 0x6b65_7968_6173_6831);
+    let mut hasher = KeyHasher::new();
     for part in parts {
         let (position, value) = part.resolve(request)?;
-        hasher.write_u8(position as u8);
-        hasher.write_u64(value.len() as u64);
-        hasher.write(&value);
+        hasher.part(position, &value);
     }
-    Some(hasher.finish().max(1))
+    Some(hasher.finish())
+}
+
+/// The hash of a key given as one value per part, each from the part's first alternative: how
+/// an operator names a key in the configuration (a bypass entry).
+pub fn hash_values(values: &[String]) -> u64 {
+    let mut hasher = KeyHasher::new();
+    for value in values {
+        hasher.part(0, value.as_bytes());
+    }
+    hasher.finish()
+}
+
+struct KeyHasher(SipHasher13);
+
+impl KeyHasher {
+    fn new() -> Self {
+        KeyHasher(SipHasher13::new_with_keys(
+            0x736c_7569_6365_6b31,
+            0x6b65_7968_6173_6831,
+        ))
+    }
+
+    fn part(&mut self, position: usize, value: &[u8]) {
+        self.0.write_u8(position as u8);
+        self.0.write_u64(value.len() as u64);
+        self.0.write(value);
+    }
+
+    fn finish(self) -> u64 {
+        self.0.finish().max(1)
+    }
 }
 
 #[cfg(test)]

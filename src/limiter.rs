@@ -70,6 +70,10 @@ pub struct Outcome {
     /// A slot stayed contended (or the store failed) through every attempt: the request is
     /// denied rather than let through unmetered.
     pub exhausted: bool,
+    /// Bypass entries (indices into `Plan::bypass`) that exempted this request...
+    pub bypassed: Vec<usize>,
+    /// ...and those that would have, had they not expired.
+    pub expired_bypass: Vec<usize>,
 }
 
 impl Outcome {
@@ -142,13 +146,14 @@ pub fn evaluate<R: RequestSource + ?Sized>(
     now: u64,
     service_up: bool,
 ) -> Step {
+    let mut outcome = Outcome::default();
     let mut pending = Pending {
-        works: gather(plan, request, service_up),
+        works: gather(plan, request, service_up, now, &mut outcome),
         now,
         round: 0,
         asked: Vec::new(),
         checks: Vec::new(),
-        outcome: Outcome::default(),
+        outcome,
     };
     for work in &mut pending.works {
         reload(work, plan, prefix, store, now);
@@ -234,11 +239,14 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
 }
 
 /// The applicable policies, grouped by table, with their keys and tiers. Policies whose key is
-/// missing drop out, unless they share one bucket for all such requests.
+/// missing drop out, unless they share one bucket for all such requests; so do policies the key
+/// has a bypass for (recorded in `outcome`).
 fn gather<R: RequestSource + ?Sized>(
     plan: &Plan,
     request: &mut Attributes<R>,
     service_up: bool,
+    now: u64,
+    outcome: &mut Outcome,
 ) -> Vec<Work> {
     let mut matched: Vec<(usize, &Policy)> = plan
         .policies
@@ -256,6 +264,25 @@ fn gather<R: RequestSource + ?Sized>(
     }
     let mut works: Vec<Work> = Vec::new();
     for (index, policy) in matched {
+        let existing = works.iter().position(|w| w.table == policy.table);
+        let hash = match existing.and_then(|i| works.get(i)) {
+            Some(work) => work.hash,
+            None => plan
+                .tables
+                .get(policy.table)
+                .and_then(|t| hash_key(&t.key, request))
+                .unwrap_or(MISSING_KEY),
+        };
+        if hash == MISSING_KEY && !policy.share_missing_key {
+            continue;
+        }
+        if let Some((entry, bypass)) = plan.bypass_of(index, hash) {
+            if bypass.expires > now {
+                outcome.bypassed.push(entry);
+                continue;
+            }
+            outcome.expired_bypass.push(entry);
+        }
         let member = Member {
             policy: index,
             tier: tier_of(policy, request),
@@ -265,29 +292,17 @@ fn gather<R: RequestSource + ?Sized>(
                 Service::Failed
             },
         };
-        if let Some(work) = works.iter_mut().find(|w| w.table == policy.table) {
-            if work.hash != MISSING_KEY || policy.share_missing_key {
-                work.members.push(member);
-            }
-            continue;
+        match existing.and_then(|i| works.get_mut(i)) {
+            Some(work) => work.members.push(member),
+            None => works.push(Work {
+                table: policy.table,
+                hash,
+                members: vec![member],
+                slot: Slot::default(),
+                next: Vec::new(),
+                verdicts: Vec::new(),
+            }),
         }
-        let key = plan
-            .tables
-            .get(policy.table)
-            .and_then(|t| hash_key(&t.key, request));
-        let hash = match key {
-            Some(hash) => hash,
-            None if policy.share_missing_key => MISSING_KEY,
-            None => continue,
-        };
-        works.push(Work {
-            table: policy.table,
-            hash,
-            members: vec![member],
-            slot: Slot::default(),
-            next: Vec::new(),
-            verdicts: Vec::new(),
-        });
     }
     works
 }

@@ -43,6 +43,8 @@ struct PolicyCounters {
     shadow_denied: Counter,
     /// Decisions taken without the service because it could not answer.
     degraded: Counter,
+    /// Requests a bypass entry exempted.
+    bypassed: Counter,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +68,7 @@ impl Counters {
                 denied: counter(format!("sluice.{}.denied", p.name)),
                 shadow_denied: counter(format!("sluice.{}.shadow_denied", p.name)),
                 degraded: counter(format!("sluice.{}.degraded", p.name)),
+                bypassed: counter(format!("sluice.{}.bypassed", p.name)),
             })
             .collect();
         Counters {
@@ -105,6 +108,11 @@ impl Counters {
                 (true, _) => {}
             }
         }
+        for bypass in outcome.bypassed.iter().filter_map(|&i| plan.bypass.get(i)) {
+            if let Some(counters) = self.policies.get(bypass.policy) {
+                counters.bypassed.add(1);
+            }
+        }
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
         self.cas_exhausted.add(u64::from(outcome.exhausted));
@@ -114,7 +122,15 @@ impl Counters {
     pub fn flush(&self, metrics: &impl Metrics) {
         self.policies
             .iter()
-            .flat_map(|p| [&p.allowed, &p.denied, &p.shadow_denied, &p.degraded])
+            .flat_map(|p| {
+                [
+                    &p.allowed,
+                    &p.denied,
+                    &p.shadow_denied,
+                    &p.degraded,
+                    &p.bypassed,
+                ]
+            })
             .chain([
                 &self.cas_retries,
                 &self.cas_exhausted,

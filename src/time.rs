@@ -1,0 +1,136 @@
+//! RFC 3339 timestamps, as bypass entries give their expiry: `2026-12-01T00:00:00Z`,
+//! `2026-12-01T09:30:00.5+02:00`.
+
+use crate::duration::NANOS_PER_SEC;
+
+/// Unix nanoseconds of an RFC 3339 date-time, or why it is not one.
+pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
+    let bad = || format!("{text:?} is not an RFC 3339 date-time such as 2026-12-01T00:00:00Z");
+    let bytes = text.as_bytes();
+    let number = |range: std::ops::Range<usize>| -> Result<u64, String> {
+        let digits = text.get(range).ok_or_else(bad)?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(bad());
+        }
+        digits.parse().map_err(|_| bad())
+    };
+    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
+    if bytes.len() < 20
+        || separators.iter().any(|&(i, c)| bytes.get(i) != Some(&c))
+        || !matches!(bytes.get(10), Some(b'T' | b't'))
+    {
+        return Err(bad());
+    }
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let mut rest = 19;
+    let mut nanos = 0;
+    if bytes.get(rest) == Some(&b'.') {
+        let end = (rest + 1..bytes.len())
+            .find(|&i| !bytes.get(i).is_some_and(u8::is_ascii_digit))
+            .ok_or_else(bad)?;
+        let digits = text.get(rest + 1..end).ok_or_else(bad)?;
+        let padded = format!(
+            "{:0<9}",
+            digits.get(..digits.len().min(9)).unwrap_or_default()
+        );
+        nanos = padded.parse::<u64>().map_err(|_| bad())?;
+        rest = end;
+    }
+    let offset_secs: i64 = match text.get(rest..) {
+        Some("Z" | "z") => 0,
+        Some(zone) if zone.len() == 6 && zone.as_bytes().get(3) == Some(&b':') => {
+            let sign = match zone.as_bytes().first() {
+                Some(b'+') => 1,
+                Some(b'-') => -1,
+                _ => return Err(bad()),
+            };
+            let (h, m) = (number(rest + 1..rest + 3)?, number(rest + 4..rest + 6)?);
+            sign * (h * 3600 + m * 60) as i64
+        }
+        _ => return Err(bad()),
+    };
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    let days_in_month = [
+        31,
+        if leap { 29 } else { 28 },
+        31,
+        30,
+        31,
+        30,
+        31,
+        31,
+        30,
+        31,
+        30,
+        31,
+    ];
+    let month_days = days_in_month
+        .get(month.wrapping_sub(1) as usize)
+        .ok_or_else(bad)?;
+    if year < 1970 || day == 0 || day > *month_days || hour > 23 || minute > 59 || second > 60 {
+        return Err(bad());
+    }
+    let local =
+        days_from_civil(year, month, day) * 86_400 + (hour * 3600 + minute * 60 + second) as i64;
+    let utc = u64::try_from(local - offset_secs).map_err(|_| bad())?;
+    Ok(utc * NANOS_PER_SEC + nanos)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(year: u64, month: u64, day: u64) -> i64 {
+    let y = year as i64 - i64::from(month <= 2);
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let m = month as i64;
+    let day_of_year = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + day as i64 - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn parses_utc_offsets_and_fractions() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(
+            parse_rfc3339("2026-12-01T00:00:00Z"),
+            Ok(1_796_083_200 * NANOS_PER_SEC)
+        );
+        assert_eq!(
+            parse_rfc3339("2026-12-01T02:00:00.25+02:00"),
+            Ok(1_796_083_200 * NANOS_PER_SEC + 250_000_000)
+        );
+        assert_eq!(
+            parse_rfc3339("2024-02-29T12:00:00-01:30"),
+            Ok(1_709_213_400 * NANOS_PER_SEC)
+        );
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_date_time() {
+        for bad in [
+            "",
+            "2026-12-01",
+            "2026-12-01 00:00:00Z",
+            "2026-13-01T00:00:00Z",
+            "2025-02-29T00:00:00Z",
+            "2026-12-01T24:00:00Z",
+            "2026-12-01T00:00:00",
+            "2026-12-01T00:00:00+0200",
+            "tomorrow",
+        ] {
+            assert!(parse_rfc3339(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(text in ".{0,40}") {
+            let _ = parse_rfc3339(&text);
+        }
+    }
+}
