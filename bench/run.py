@@ -41,6 +41,7 @@ BENCH = ROOT / "bench"
 FIXTURES = BENCH / "fixtures"
 FIXTURE_TARGET = ROOT / "target" / "bench-fixtures"
 SLUICE_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "sluice.wasm"
+# Where the report goes (--out moves all three).
 RESULTS_JSON = BENCH / "results.json"
 RESULTS_SVG = BENCH / "results.svg"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
@@ -439,11 +440,11 @@ def parse_wrk(out):
     }
 
 
-def measure(envoy, duration, warmup):
+def measure(envoy, duration, warmup, connections=16):
     if warmup:
-        wrk(envoy.port, warmup)
+        wrk(envoy.port, warmup, connections)
     cpu_before = envoy.cpu_seconds()
-    result = wrk(envoy.port, duration)
+    result = wrk(envoy.port, duration, connections)
     cpu = envoy.cpu_seconds() - cpu_before
     result["cpu_us_per_request"] = cpu / max(result["requests"], 1) * 1e6
     result["envoy_cpu_share"] = cpu / result["seconds"]
@@ -471,12 +472,18 @@ def build_fixtures():
     return wasm
 
 
-def micro_benchmarks(workdir):
-    log("cargo bench --bench micro (the pure core, natively)")
-    out = workdir / "micro.json"
-    text = run(["cargo", "bench", "--quiet", "--bench", "micro"], timeout=1200,
-               env={**os.environ, "SLUICE_BENCH_JSON": str(out)})
-    print(text, end="", flush=True)
+def micro_benchmarks(workdir, wasm=False):
+    """`cargo bench --bench micro`, natively or (wasm) compiled for the filter's target and run
+    under Node's V8, as the filter runs in Envoy's."""
+    where = "compiled to wasm32-wasip1, under Node's V8" if wasm else "natively"
+    log(f"cargo bench --bench micro: the pure core, {where}")
+    out = workdir / ("micro-wasm.json" if wasm else "micro.json")
+    cmd = ["cargo", "bench", "--quiet", "--bench", "micro"]
+    env = {**os.environ, "SLUICE_BENCH_JSON": str(out)}
+    if wasm:
+        cmd[2:2] = ["--target", "wasm32-wasip1"]
+        env["CARGO_TARGET_WASM32_WASIP1_RUNNER"] = f"node --no-warnings {BENCH / 'wasi-bench.mjs'}"
+    print(run(cmd, timeout=1200, env=env), end="", flush=True)
     return json.loads(out.read_text())
 
 
@@ -627,6 +634,11 @@ def svg_chart(order, labels, summary, title):
     return "\n".join(out) + "\n"
 
 
+def rel(path):
+    """A link from the report to one of its companions."""
+    return os.path.relpath(path, BENCHMARKS_MD.parent)
+
+
 def ratio(summary, a, b, key):
     if a in summary and b in summary and summary[b][key]:
         return summary[a][key] / summary[b][key]
@@ -639,8 +651,8 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         "# Benchmarks",
         "",
         "Written by `make bench` (`bench/run.py`); rerun it to refresh this file, "
-        "[`bench/results.svg`](bench/results.svg) and the raw samples in "
-        "[`bench/results.json`](bench/results.json). Not part of `make test`.",
+        f"[`bench/results.svg`]({rel(RESULTS_SVG)}) and the raw samples in "
+        f"[`bench/results.json`]({rel(RESULTS_JSON)}). Not part of `make test`.",
         "",
         f"- Date: {info['date']}; the run took {elapsed / 60:.1f} minutes",
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
@@ -681,7 +693,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
             md.append(f"| {sid} | {note or 'global: later'} | | | | | | |")
     md += [
         "",
-        f"![requests/s and p99 latency per setup](bench/results.svg)",
+        f"![requests/s, p99 latency and CPU per request, per setup]({rel(RESULTS_SVG)})",
         "",
         "Envoy's CPU share over the runs (the load must saturate the Envoy core for "
         "requests/s to mean anything): "
@@ -696,8 +708,8 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         "",
         "## Ratios",
         "",
-        "Ratios of the medians. The range is the same ratio within each round (both setups ran "
-        "seconds apart there): how far other load on the machine moved it.",
+        "Ratios of the medians. *Per round*: the same ratio taken within each round (where both "
+        "setups ran seconds apart), its median and range: how far other load on the machine moved it.",
         "",
         "| Ratio | Meaning | CPU/request | per round | requests/s |",
         "| --- | --- | ---: | ---: | ---: |",
@@ -709,13 +721,20 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
             for x, y in zip(rows.get(a, []), rows.get(b, []))
             if y["cpu_us_per_request"]
         )
-        spread = f"{paired[0]:.2f}–{paired[-1]:.2f}" if paired else "n/a"
+        spread = (
+            f"{statistics.median(paired):.2f} ({paired[0]:.2f}–{paired[-1]:.2f})" if paired else "n/a"
+        )
         md.append(f"| {a}/{b} | {meaning} | {f(cpu, '.3f')}× | {spread} | {f(rps, '.3f')}× |")
+    def added(a, b):
+        if a in summary and b in summary:
+            return summary[a]["cpu_us_per_request"] - summary[b]["cpu_us_per_request"]
+        return None
+
     md += [
         "",
         "What each step adds, in CPU µs per request: "
         + ", ".join(
-            f"{a}−{b} ({what}) {f(None if a not in summary or b not in summary else summary[a]['cpu_us_per_request'] - summary[b]['cpu_us_per_request'], '+.1f')}"
+            f"{a}−{b} ({what}) {f(added(a, b), '+.1f')}"
             for a, b, what in [
                 ("3", "1", "a proxy-wasm filter that does nothing"),
                 ("3b", "3", "header, clock, shared-data read and CAS"),
@@ -757,16 +776,21 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
             "",
             "## Micro-benchmarks",
             "",
-            "`cargo bench --bench micro`: the pure core compiled natively (the filter runs it as wasm "
-            "under V8, so slower), median of 31 batches of about 10 ms. Evaluate uses an in-memory "
-            "store (a `HashMap`), not Envoy's shared data.",
+            "`cargo bench --bench micro`: the pure core compiled natively and, the same code, compiled "
+            "to wasm32-wasip1 and run under Node's V8 (as the filter runs under Envoy's; needs "
+            "`node`). Median of 31 batches of about 10 ms, with the range of the batches. Evaluate "
+            "uses an in-memory store (a `HashMap`) where the filter has Envoy's shared data.",
             "",
-            "| Case | ns | batch range |",
-            "| --- | ---: | ---: |",
+            "| Case | native ns | batch range | wasm (V8) ns |",
+            "| --- | ---: | ---: | ---: |",
         ]
+        wasm_cases = {c["name"]: c for c in micro.get("wasm", [])}
         for case in micro["cases"]:
+            name = case["name"].replace("|", "\\|")
+            in_wasm = wasm_cases.get(case["name"])
             md.append(
-                f"| {case['name'].replace('|', chr(92) + '|')} | {case['median_ns']:.1f} | {case['min_ns']:.1f} – {case['max_ns']:.1f} |"
+                f"| {name} | {case['median_ns']:.1f} | {case['min_ns']:.1f} – {case['max_ns']:.1f} | "
+                f"{f(in_wasm and in_wasm['median_ns'], '.1f')} |"
             )
         decision = next((c for c in micro["cases"] if "one token-bucket decision" in c["name"]), None)
         if decision:
@@ -775,7 +799,12 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
                 f"Target: a token-bucket decision ≤ 100 ns natively: {decision['median_ns']:.1f} ns, "
                 f"{'pass' if decision['median_ns'] <= 100 else '**fail**'}.",
             ]
-        md += ["", "Shared data per key (the slot value, plus the entry's name; Envoy adds its own per-entry overhead):", ""]
+        md += [
+            "",
+            "Shared data per key (the slot value, plus the entry's name; Envoy adds its own "
+            "per-entry overhead):",
+            "",
+        ]
         for size in micro["shared_data"]:
             md.append(
                 f"- {size['label']}: {size['value_bytes']} B value + {size['name_bytes']} B name "
@@ -799,11 +828,19 @@ def main():
                         help="run Envoy and wrk under nice -n NICE (negative: ahead of other work)")
     parser.add_argument("--no-micro", action="store_true", help="skip cargo bench")
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke run")
+    parser.add_argument("--out", type=Path,
+                        help="write BENCHMARKS.md, results.svg and results.json to this directory "
+                        "instead of the committed ones")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.duration, args.accuracy_seconds = 1, 3, 5
     if args.nice:
         PRIORITY[:] = ["nice", "-n", str(args.nice)]
+    if args.out:
+        global RESULTS_JSON, RESULTS_SVG, BENCHMARKS_MD
+        args.out.mkdir(parents=True, exist_ok=True)
+        RESULTS_JSON, RESULTS_SVG = args.out / "results.json", args.out / "results.svg"
+        BENCHMARKS_MD = args.out / "BENCHMARKS.md"
 
     for tool in ("wrk", "taskset", "cargo"):
         if not shutil.which(tool):
@@ -833,6 +870,8 @@ def main():
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         workdir = Path(tmp)
         micro = None if args.no_micro else micro_benchmarks(workdir)
+        if micro and shutil.which("node"):
+            micro["wasm"] = micro_benchmarks(workdir, wasm=True)["cases"]
         # A bound on the whole run: the measurements plus generous start-up and slack.
         per_round = len(all_setups) * (args.duration + args.warmup + 2)
         signal.alarm(int(args.rounds * per_round + args.accuracy_seconds + 300))
@@ -849,7 +888,7 @@ def main():
                 envoys[s.id].start()
             for r in range(1, args.rounds + 1):
                 for s in all_setups:
-                    result = measure(envoys[s.id], args.duration, args.warmup)
+                    result = measure(envoys[s.id], args.duration, args.warmup, args.connections)
                     rows[s.id].append(result)
                     log(
                         f"round {r}/{args.rounds} setup {s.id:>2}: {result['rps']:>9,.0f} req/s  "
@@ -875,7 +914,8 @@ def main():
     elapsed = time.monotonic() - started
     RESULTS_JSON.write_text(
         json.dumps(
-            {"info": info, "args": vars(args), "labels": labels, "rounds": rows, "summary": summary,
+            {"info": info, "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+             "labels": labels, "rounds": rows, "summary": summary,
              "accuracy": acc, "micro": micro, "elapsed_s": elapsed},
             indent=1,
         )
@@ -884,7 +924,7 @@ def main():
     title = f"sluice benchmark, {info['date']}, commit {info['commit'].split()[0]}, Envoy {info['envoy']}"
     RESULTS_SVG.write_text(svg_chart(order, labels, summary, title))
     write_report(info, args, order, labels, rows, summary, acc, micro, elapsed)
-    log(f"wrote {BENCHMARKS_MD.name}, bench/results.svg, bench/results.json in {elapsed:.0f}s")
+    log(f"wrote {BENCHMARKS_MD}, {RESULTS_SVG.name} and {RESULTS_JSON.name} in {elapsed:.0f}s")
     print(BENCHMARKS_MD.read_text())
 
 
