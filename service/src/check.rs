@@ -1,9 +1,9 @@
-//! The body of `POST /v1/check`: strict parsing and validation into `Bucket`s, and the response.
+//! The body of `POST /v1/check`: strict parsing and validation into `Check`s, and the response.
 //! Everything here happens before any storage is touched; a rejection names the field at fault.
 
 use serde::{Deserialize, Serialize};
 
-use crate::store::{Bucket, Decision};
+use crate::store::{Algorithm, Check, Decision};
 
 pub const MAX_CHECKS: usize = 16;
 pub const MAX_KEY_BYTES: usize = 200;
@@ -11,9 +11,15 @@ const MAX_REQUESTS: u64 = 1_000_000_000;
 const MAX_BURST: u64 = 1_000_000_000;
 /// One year.
 const MAX_PER_MS: u64 = 31_536_000_000;
-/// Largest bucket (burst × interval). The Lua script computes in doubles, exact only below 2^53;
-/// with this bound, `now + capacity` stays below 2^53 µs until past the year 2100. It is the filter's
-/// own bound (2^62 ns), so every bucket the filter accepts is accepted here.
+/// One year: the longest a leaky bucket may hold a request.
+const MAX_DELAY_MS: u64 = 31_536_000_000;
+/// A sliding log keeps one entry per token of its limit: the filter's own cap.
+pub const MAX_SLIDING_LOG: u64 = 1_000;
+/// Largest bucket (burst × interval), and the longest a leaky bucket's queue may grow by one
+/// request (cost × interval). The Lua scripts compute in doubles, exact only below 2^53; with
+/// this bound, `now + capacity` (+ a year of leaky-bucket delay) stays below 2^53 µs until past
+/// the year 2100. It is the filter's own bound (2^62 ns), so every bucket the filter accepts is
+/// accepted here.
 pub const MAX_CAPACITY_US: u64 = (1 << 62) / 1000;
 
 #[derive(Deserialize)]
@@ -27,20 +33,52 @@ struct RawRequest {
 struct RawCheck {
     key: String,
     #[serde(default)]
-    algorithm: Algorithm,
+    algorithm: AlgorithmName,
     requests: u64,
     per_ms: u64,
     burst: u64,
     cost: u64,
     take: Option<u64>,
+    max_delay_ms: Option<u64>,
 }
 
-/// Only the token bucket exists so far; other names are refused by serde as unknown variants.
-#[derive(Deserialize, Default)]
+/// The algorithms on the wire; other names are refused by serde as unknown variants.
+#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-enum Algorithm {
+enum AlgorithmName {
     #[default]
     TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+impl AlgorithmName {
+    fn as_str(self) -> &'static str {
+        match self {
+            AlgorithmName::TokenBucket => "token_bucket",
+            AlgorithmName::FixedWindow => "fixed_window",
+            AlgorithmName::SlidingWindow => "sliding_window",
+            AlgorithmName::SlidingLog => "sliding_log",
+            AlgorithmName::LeakyBucket => "leaky_bucket",
+        }
+    }
+
+    fn max_requests(self) -> u64 {
+        match self {
+            AlgorithmName::SlidingLog => MAX_SLIDING_LOG,
+            _ => MAX_REQUESTS,
+        }
+    }
+
+    /// Where the bound of `cost` comes from, for error messages.
+    fn capacity_note(self) -> &'static str {
+        match self {
+            AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => " (burst)",
+            _ => " (requests)",
+        }
+    }
 }
 
 /// Why a request was refused: `detail` is `"<field>: <reason>"`.
@@ -57,8 +95,8 @@ impl BadRequest {
     }
 }
 
-/// Parses and validates a request body into the buckets to check, in request order.
-pub fn parse(body: &[u8]) -> Result<Vec<Bucket>, BadRequest> {
+/// Parses and validates a request body into the checks to decide, in request order.
+pub fn parse(body: &[u8]) -> Result<Vec<Check>, BadRequest> {
     let raw = deserialize(body)?;
     if !(1..=MAX_CHECKS).contains(&raw.checks.len()) {
         let reason = format!(
@@ -92,26 +130,105 @@ fn deserialize(body: &[u8]) -> Result<RawRequest, BadRequest> {
     Ok(raw)
 }
 
-fn validate(raw: RawCheck, at: &str) -> Result<Bucket, BadRequest> {
-    // The only algorithm so far; the others will turn this into a match.
-    let Algorithm::TokenBucket = raw.algorithm;
+fn validate(raw: RawCheck, at: &str) -> Result<Check, BadRequest> {
     let field = |name: &str| format!("{at}.{name}");
+    let name = raw.algorithm;
     validate_key(&raw.key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
-    let requests = within(&field("requests"), raw.requests, 1, MAX_REQUESTS, "")?;
+    let max_delay_ms = max_delay_ms(name, raw.max_delay_ms, &field("max_delay_ms"))?;
+    let requests = within(&field("requests"), raw.requests, 1, name.max_requests(), "")?;
     let per_ms = within(&field("per_ms"), raw.per_ms, 1, MAX_PER_MS, "")?;
-    let burst = within(&field("burst"), raw.burst, 1, MAX_BURST, "")?;
-    let cost = within(&field("cost"), raw.cost, 1, burst, " (burst)")?;
-    let take = raw.take.unwrap_or(cost);
-    let take = within(&field("take"), take, cost, burst, " (cost..=burst)")?;
-    let interval_us = interval_us(requests, per_ms);
-    check_capacity(&field("burst"), interval_us, burst)?;
-    Ok(Bucket {
+    let window_us = per_ms * 1000;
+    let burst = burst(name, raw.burst, requests, &field("burst"))?;
+    let capacity = burst.min(MAX_BURST);
+    let cost = within(&field("cost"), raw.cost, 1, capacity, name.capacity_note())?;
+    let take = take(name, raw.take.unwrap_or(cost), cost, burst, &field("take"))?;
+    let algorithm = match name {
+        AlgorithmName::TokenBucket => {
+            let interval_us = interval_us(requests, per_ms);
+            check_capacity(&field("burst"), interval_us, burst)?;
+            Algorithm::TokenBucket { interval_us, burst }
+        }
+        AlgorithmName::FixedWindow => Algorithm::FixedWindow {
+            limit: requests,
+            window_us,
+        },
+        AlgorithmName::SlidingWindow => Algorithm::SlidingWindow {
+            limit: requests,
+            window_us,
+        },
+        AlgorithmName::SlidingLog => Algorithm::SlidingLog {
+            limit: requests,
+            window_us,
+        },
+        AlgorithmName::LeakyBucket => {
+            let interval_us = interval_us(requests, per_ms);
+            check_drain(&field("cost"), interval_us, cost)?;
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us: max_delay_ms * 1000,
+            }
+        }
+    };
+    Ok(Check {
         key: raw.key,
-        interval_us,
-        burst,
+        algorithm,
         cost,
         take,
     })
+}
+
+/// Required for the leaky bucket (0..=a year), refused for the others.
+fn max_delay_ms(name: AlgorithmName, value: Option<u64>, field: &str) -> Result<u64, BadRequest> {
+    match (value, name) {
+        (Some(ms), AlgorithmName::LeakyBucket) => within(field, ms, 0, MAX_DELAY_MS, ""),
+        (None, AlgorithmName::LeakyBucket) => Err(BadRequest::new(
+            field,
+            "required for leaky_bucket: the longest a request may be held",
+        )),
+        (Some(_), _) => Err(BadRequest::new(
+            field,
+            format!("only for leaky_bucket, not {}", name.as_str()),
+        )),
+        (None, _) => Ok(0),
+    }
+}
+
+/// The token bucket's capacity; a window's limit (so it must equal `requests`); for the leaky
+/// bucket informational (max_delay / interval + 1 in the filter's units), bounding only `cost`.
+fn burst(name: AlgorithmName, value: u64, requests: u64, field: &str) -> Result<u64, BadRequest> {
+    match name {
+        AlgorithmName::TokenBucket => within(field, value, 1, MAX_BURST, ""),
+        AlgorithmName::LeakyBucket => within(field, value, 1, u64::MAX, ""),
+        _ if value == requests => Ok(value),
+        _ => Err(BadRequest::new(
+            field,
+            format!(
+                "must equal requests ({requests}) for {}, got {value}",
+                name.as_str()
+            ),
+        )),
+    }
+}
+
+/// `cost..=burst`; exactly `cost` for the leaky bucket, which has no leases.
+fn take(
+    name: AlgorithmName,
+    value: u64,
+    cost: u64,
+    burst: u64,
+    field: &str,
+) -> Result<u64, BadRequest> {
+    if name != AlgorithmName::LeakyBucket {
+        return within(field, value, cost, burst, " (cost..=burst)");
+    }
+    if value == cost {
+        Ok(value)
+    } else {
+        Err(BadRequest::new(
+            field,
+            format!("must equal cost ({cost}) for leaky_bucket, got {value}"),
+        ))
+    }
 }
 
 /// µs per token, at least 1: rates above one token per µs are capped there (the contract).
@@ -120,10 +237,7 @@ fn interval_us(requests: u64, per_ms: u64) -> u64 {
 }
 
 fn check_capacity(field: &str, interval_us: u64, burst: u64) -> Result<(), BadRequest> {
-    let fits = interval_us
-        .checked_mul(burst)
-        .is_some_and(|capacity| capacity <= MAX_CAPACITY_US);
-    if fits {
+    if fits_capacity(interval_us, burst) {
         return Ok(());
     }
     let max_ms = MAX_CAPACITY_US / 1000;
@@ -131,6 +245,24 @@ fn check_capacity(field: &str, interval_us: u64, burst: u64) -> Result<(), BadRe
         "the bucket takes too long to fill: burst × per_ms / requests must be at most {max_ms} ms"
     );
     Err(BadRequest::new(field, reason))
+}
+
+/// A leaky bucket's queue grows by cost × interval per admitted request.
+fn check_drain(field: &str, interval_us: u64, cost: u64) -> Result<(), BadRequest> {
+    if fits_capacity(interval_us, cost) {
+        return Ok(());
+    }
+    let max_ms = MAX_CAPACITY_US / 1000;
+    let reason = format!(
+        "the request takes too long to drain: cost × per_ms / requests must be at most {max_ms} ms"
+    );
+    Err(BadRequest::new(field, reason))
+}
+
+fn fits_capacity(interval_us: u64, tokens: u64) -> bool {
+    interval_us
+        .checked_mul(tokens)
+        .is_some_and(|capacity| capacity <= MAX_CAPACITY_US)
 }
 
 /// `value` if it is in `min..=max`; `bounds_note` says where the bounds come from.
@@ -183,6 +315,9 @@ pub struct CheckResult {
     pub remaining: u64,
     pub reset_ms: u64,
     pub retry_after_ms: u64,
+    /// Leaky bucket only (absent otherwise): how long the filter holds the admitted request.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
 }
 
 impl From<Decision> for CheckResult {
@@ -193,6 +328,7 @@ impl From<Decision> for CheckResult {
             remaining: decision.remaining,
             reset_ms: ceil_ms(decision.reset_us),
             retry_after_ms: ceil_ms(decision.retry_after_us),
+            delay_ms: decision.delay_us.map(ceil_ms),
         }
     }
 }
@@ -218,30 +354,184 @@ mod tests {
 
     #[test]
     fn a_valid_check_becomes_a_bucket_with_take_defaulting_to_cost() {
-        let buckets = parse(one_check(VALID).as_bytes()).unwrap();
-        let expected = Bucket {
+        let checks = parse(one_check(VALID).as_bytes()).unwrap();
+        let expected = Check {
             key: "per-user/7af12e58ae350d9a".into(),
-            interval_us: 600_000,
-            burst: 20,
+            algorithm: Algorithm::TokenBucket {
+                interval_us: 600_000,
+                burst: 20,
+            },
             cost: 1,
             take: 1,
         };
-        assert_eq!(buckets, [expected]);
+        assert_eq!(checks, [expected]);
     }
 
     #[test]
-    fn algorithm_token_bucket_is_accepted_and_others_are_not() {
+    fn algorithm_token_bucket_is_the_default_and_unknown_names_are_refused() {
         let explicit = one_check(&format!(r#"{VALID}, "algorithm": "token_bucket""#));
-        assert!(parse(explicit.as_bytes()).is_ok());
-        let other = one_check(&format!(r#"{VALID}, "algorithm": "fixed_window""#));
-        assert!(detail(&other).starts_with("checks[0].algorithm: unknown variant `fixed_window`"));
+        assert_eq!(
+            parse(explicit.as_bytes()).unwrap(),
+            parse(one_check(VALID).as_bytes()).unwrap()
+        );
+        let other = one_check(&format!(r#"{VALID}, "algorithm": "gcra""#));
+        assert!(detail(&other).starts_with("checks[0].algorithm: unknown variant `gcra`"));
+    }
+
+    const WINDOW: &str =
+        r#""key": "k", "requests": 10, "per_ms": 60000, "burst": 10, "cost": 2, "take": 5"#;
+
+    #[test]
+    fn the_window_algorithms_become_a_limit_per_window_in_microseconds() {
+        for (name, expected) in [
+            (
+                "fixed_window",
+                Algorithm::FixedWindow {
+                    limit: 10,
+                    window_us: 60_000_000,
+                },
+            ),
+            (
+                "sliding_window",
+                Algorithm::SlidingWindow {
+                    limit: 10,
+                    window_us: 60_000_000,
+                },
+            ),
+            (
+                "sliding_log",
+                Algorithm::SlidingLog {
+                    limit: 10,
+                    window_us: 60_000_000,
+                },
+            ),
+        ] {
+            let body = one_check(&format!(r#"{WINDOW}, "algorithm": "{name}""#));
+            let checks = parse(body.as_bytes()).unwrap();
+            assert_eq!(
+                checks,
+                [Check {
+                    key: "k".into(),
+                    algorithm: expected,
+                    cost: 2,
+                    take: 5
+                }]
+            );
+        }
+    }
+
+    #[test]
+    fn a_leaky_bucket_drains_one_request_per_interval_and_holds_at_most_max_delay() {
+        let body = one_check(
+            r#""key": "k", "algorithm": "leaky_bucket", "requests": 10, "per_ms": 1000, "burst": 6, "cost": 1, "max_delay_ms": 500"#,
+        );
+        let checks = parse(body.as_bytes()).unwrap();
+        let expected = Algorithm::LeakyBucket {
+            interval_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        assert_eq!(checks[0].algorithm, expected);
+        assert_eq!((checks[0].cost, checks[0].take), (1, 1));
+    }
+
+    #[test]
+    fn each_algorithm_has_its_own_fields_and_bounds() {
+        let leaky = r#""key": "k", "algorithm": "leaky_bucket", "requests": 10, "per_ms": 1000, "burst": 6, "cost": 2"#;
+        let cases = [
+            (
+                one_check(&format!(r#"{VALID}, "max_delay_ms": 5"#)),
+                "checks[0].max_delay_ms: only for leaky_bucket, not token_bucket",
+            ),
+            (
+                one_check(&format!(
+                    r#"{WINDOW}, "algorithm": "sliding_log", "max_delay_ms": 5"#
+                )),
+                "checks[0].max_delay_ms: only for leaky_bucket, not sliding_log",
+            ),
+            (
+                one_check(leaky),
+                "checks[0].max_delay_ms: required for leaky_bucket",
+            ),
+            (
+                one_check(&format!(r#"{leaky}, "max_delay_ms": 31536000001"#)),
+                "checks[0].max_delay_ms: 31536000001 is not in 0..=31536000000",
+            ),
+            (
+                one_check(&format!(r#"{leaky}, "max_delay_ms": 500, "take": 3"#)),
+                "checks[0].take: must equal cost (2) for leaky_bucket, got 3",
+            ),
+            (
+                one_check(
+                    &format!(r#"{leaky}, "max_delay_ms": 500, "cost": 7"#)
+                        .replace(r#""cost": 2, "#, ""),
+                ),
+                "checks[0].cost: 7 is not in 1..=6 (burst)",
+            ),
+            (
+                one_check(
+                    &format!(r#"{WINDOW}, "algorithm": "fixed_window""#)
+                        .replace(r#""burst": 10"#, r#""burst": 11"#),
+                ),
+                "checks[0].burst: must equal requests (10) for fixed_window, got 11",
+            ),
+            (
+                one_check(
+                    &format!(r#"{WINDOW}, "algorithm": "sliding_window""#)
+                        .replace(r#""take": 5"#, r#""take": 11"#),
+                ),
+                "checks[0].take: 11 is not in 2..=10 (cost..=burst)",
+            ),
+            (
+                one_check(
+                    &format!(r#"{WINDOW}, "algorithm": "fixed_window""#)
+                        .replace(r#""cost": 2"#, r#""cost": 12"#),
+                ),
+                "checks[0].cost: 12 is not in 1..=10 (requests)",
+            ),
+            (
+                one_check(
+                    r#""key": "k", "algorithm": "sliding_log", "requests": 1001, "per_ms": 1000, "burst": 1001, "cost": 1"#,
+                ),
+                "checks[0].requests: 1001 is not in 1..=1000",
+            ),
+        ];
+        for (body, expected) in cases {
+            let got = detail(&body);
+            assert!(
+                got.starts_with(expected),
+                "{body}\n  gave {got:?}\n  expected {expected:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_of_a_thousand_is_accepted() {
+        let body = one_check(
+            r#""key": "k", "algorithm": "sliding_log", "requests": 1000, "per_ms": 1000, "burst": 1000, "cost": 1"#,
+        );
+        assert!(parse(body.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_leaky_bucket_whose_request_takes_too_long_to_drain_is_refused() {
+        let year = r#""key": "k", "algorithm": "leaky_bucket", "requests": 1, "per_ms": 31536000000, "max_delay_ms": 0"#;
+        let largest = MAX_CAPACITY_US / 31_536_000_000_000;
+        let fits = one_check(&format!(r#"{year}, "burst": {largest}, "cost": {largest}"#));
+        assert!(parse(fits.as_bytes()).is_ok());
+        let too_big = largest + 1;
+        let body = one_check(&format!(r#"{year}, "burst": {too_big}, "cost": {too_big}"#));
+        assert!(detail(&body).starts_with("checks[0].cost: the request takes too long to drain"));
     }
 
     #[test]
     fn the_interval_is_at_least_one_microsecond() {
         let fast =
             one_check(r#""key": "k", "requests": 1000000000, "per_ms": 1, "burst": 1, "cost": 1"#);
-        assert_eq!(parse(fast.as_bytes()).unwrap()[0].interval_us, 1);
+        let expected = Algorithm::TokenBucket {
+            interval_us: 1,
+            burst: 1,
+        };
+        assert_eq!(parse(fast.as_bytes()).unwrap()[0].algorithm, expected);
     }
 
     #[test]
@@ -326,8 +616,31 @@ mod tests {
             remaining: 0,
             reset_us: 4_000_001,
             retry_after_us: 999_999,
+            delay_us: Some(1),
         };
         let result = CheckResult::from(decision);
-        assert_eq!((result.reset_ms, result.retry_after_ms), (4001, 1000));
+        assert_eq!(
+            (result.reset_ms, result.retry_after_ms, result.delay_ms),
+            (4001, 1000, Some(1))
+        );
+    }
+
+    #[test]
+    fn delay_ms_is_in_the_response_only_for_the_leaky_bucket() {
+        let mut decision = Decision {
+            allowed: true,
+            granted: 1,
+            remaining: 0,
+            reset_us: 1000,
+            retry_after_us: 0,
+            delay_us: None,
+        };
+        let json = |d: Decision| serde_json::to_string(&CheckResult::from(d)).unwrap();
+        assert_eq!(
+            json(decision),
+            r#"{"allowed":true,"granted":1,"remaining":0,"reset_ms":1,"retry_after_ms":0}"#
+        );
+        decision.delay_us = Some(0);
+        assert!(json(decision).ends_with(r#""retry_after_ms":0,"delay_ms":0}"#));
     }
 }

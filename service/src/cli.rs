@@ -6,8 +6,9 @@ use clap::{Args as ClapArgs, Parser};
 
 use crate::redis_store::RedisTarget;
 
-/// Decides sluice's global rate limits (token buckets) for the Envoy filter, keeping the
-/// buckets in Redis. Serves POST /v1/check, GET /healthz and GET /metrics.
+/// Decides sluice's global rate limits for the Envoy filter (token bucket, fixed window, sliding
+/// window, sliding log, leaky bucket), keeping their state in Redis. Serves POST /v1/check,
+/// GET /healthz and GET /metrics.
 #[derive(Parser, Debug)]
 #[command(name = "sluice-service", version)]
 pub struct Args {

@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 use crate::check::{self, BadRequest, CheckResponse, CheckResult};
 use crate::metrics::Metrics;
-use crate::store::{Bucket, Store, StoreError};
+use crate::store::{Check, Store, StoreError};
 
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// How long a client may take to send a request's headers. hyper starts this timer when it
@@ -58,15 +58,15 @@ impl<S: Store> App<S> {
 
     /// Validation first: a bad request never reaches the store.
     async fn check(&self, request: Request<Incoming>) -> Reply {
-        let buckets = match read_buckets(request).await {
-            Ok(buckets) => buckets,
+        let checks = match read_checks(request).await {
+            Ok(checks) => checks,
             Err(bad) => {
                 self.metrics.record_bad_request();
                 return error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail);
             }
         };
         let started = Instant::now();
-        let decided = self.store.check(&buckets).await;
+        let decided = self.store.check(&checks).await;
         self.metrics.record_latency(started.elapsed());
         match decided {
             Ok(decisions) => {
@@ -97,7 +97,7 @@ impl<S: Store> App<S> {
 }
 
 /// Content type, size (declared, then actual), then the JSON itself.
-async fn read_buckets(request: Request<Incoming>) -> Result<Vec<Bucket>, BadRequest> {
+async fn read_checks(request: Request<Incoming>) -> Result<Vec<Check>, BadRequest> {
     let headers = request.headers();
     if !is_json(headers.get(CONTENT_TYPE)) {
         return Err(BadRequest::new("content-type", "must be application/json"));

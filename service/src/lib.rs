@@ -1,8 +1,9 @@
-//! sluice-service decides sluice's global limits: token buckets kept in Redis.
+//! sluice-service decides sluice's global limits, kept in Redis: token bucket, fixed window,
+//! sliding window, sliding log and leaky bucket, with the filter's local semantics.
 //!
 //! A request flows one way: `http` (routes, body limit) → `check` (strict parsing and
-//! validation into `store::Bucket`s) → a `store::Store` (`redis_store`: one atomic Lua call per
-//! bucket) → `check::CheckResponse`. `cli` reads the command line; `metrics` counts.
+//! validation into `store::Check`s) → a `store::Store` (`redis_store`: one atomic Lua call per
+//! check, one script per algorithm) → `check::CheckResponse`. `cli` reads the command line; `metrics` counts.
 
 pub mod check;
 pub mod cli;

@@ -135,6 +135,7 @@ mod tests {
             remaining: 0,
             reset_us: 0,
             retry_after_us: 0,
+            delay_us: None,
         }
     }
 

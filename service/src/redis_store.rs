@@ -1,5 +1,5 @@
-//! The `Store` over Redis (one node or a Cluster): one atomic Lua call per check, Redis TIME as
-//! the only clock, every call bounded by `COMMAND_TIMEOUT`.
+//! The `Store` over Redis (one node or a Cluster): one atomic Lua call per check (one script per
+//! algorithm), Redis TIME as the only clock, every call bounded by `COMMAND_TIMEOUT`.
 
 use std::fmt;
 use std::time::Duration;
@@ -10,7 +10,14 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
-use crate::store::{Bucket, Decision, Store, StoreError};
+use crate::store::{Algorithm, Check, Decision, Store, StoreError};
+
+// Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
+// state in KEYS[1] = `sluice:{<key>}`, writes only when it admits, and sets a TTL on every write,
+// so idle keys vanish. Numbers are Lua doubles, exact below 2^53: `check` bounds the inputs so
+// that every intermediate stays below it (the sliding window's products use `muldiv`). `%d`
+// formats numbers without exponents. State left under the key by another algorithm (a policy
+// whose algorithm changed) reads as no state and is overwritten by the next admission.
 
 /// Token bucket as GCRA: the whole state is the bucket's theoretical arrival time (TAT).
 /// The bucket is full when TAT <= now; each token taken moves TAT one interval later.
@@ -21,8 +28,8 @@ use crate::store::{Bucket, Decision, Store, StoreError};
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// A denial writes nothing. A grant sets the TAT with a TTL of the time until the bucket is
-/// full again plus 1 s, so idle keys vanish. Numbers are Lua doubles: exact because the caller
-/// keeps burst × interval below `check::MAX_CAPACITY_US`. `%d` formats them without exponents.
+/// full again plus 1 s. Exact because the caller keeps burst × interval below
+/// `check::MAX_CAPACITY_US`.
 pub const TOKEN_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
@@ -32,7 +39,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local capacity = burst * interval
 -- A TAT in the past means a full bucket: elapsed time beyond that is not credited.
-local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or 0, now)
+local tat = math.max(tonumber(redis.pcall('GET', KEYS[1])) or 0, now)
 local available = math.floor((capacity - (tat - now)) / interval)
 if available < cost then
   local retry_after = tat + cost * interval - capacity - now
@@ -44,6 +51,236 @@ local reset = tat - now
 local ttl_ms = math.ceil(reset / 1000) + 1000
 redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', ttl_ms))
 return {1, granted, available - granted, reset, 0}
+";
+
+/// Fixed window: at most `limit` tokens per window, windows aligned to the epoch
+/// (index = floor(now / window)). Up to 2 × limit can pass across a boundary, as locally.
+///
+/// KEYS[1]: `sluice:{<key>}`, `<window index>:<count>` (a count of another window is 0).
+/// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
+/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}: reset and retry_after
+/// are both the time to the window's end.
+///
+/// Admits if count + cost <= limit, granting min(take, limit - count). TTL: to the window's
+/// end plus 1 s. `math.fmod` is exact on doubles, so the window's start is too.
+pub const FIXED_WINDOW_LUA: &str = r"
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local take = tonumber(ARGV[4])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local start = now - math.fmod(now, window)
+local index = start / window
+local count = 0
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) == 'string' then
+  local stored_index, stored_count = string.match(stored, '^(%d+):(%d+)$')
+  if tonumber(stored_index) == index then
+    count = tonumber(stored_count)
+  end
+end
+local reset = start + window - now
+if count + cost > limit then
+  return {0, 0, math.max(limit - count, 0), reset, reset}
+end
+local granted = math.min(take, limit - count)
+count = count + granted
+local ttl_ms = math.ceil(reset / 1000) + 1000
+redis.call('SET', KEYS[1], string.format('%d:%d', index, count), 'PX', string.format('%d', ttl_ms))
+return {1, granted, limit - count, reset, 0}
+";
+
+/// Sliding window, the two-counter estimate: this epoch-aligned window's count plus the
+/// previous window's count weighted by the part of it the last `window` still covers,
+/// `previous × (window - elapsed) / window + current`.
+///
+/// KEYS[1]: `sluice:{<key>}`, `<window index>:<current>:<previous>`.
+/// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
+/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
+///
+/// With weighted = ceil(previous × (window - elapsed) / window), the tokens that fit now are
+/// room = limit - current - weighted (the estimate + t <= limit exactly when t <= room, t
+/// whole). Admits if room >= cost, granting min(take, room). retry_after is the filter's
+/// `sliding_window::retry_after`: later in this window if only the previous window's weight is
+/// in the way, else into the next window, where this window's count is the one that fades.
+/// reset is the time to the end of the next window if this one has a count (before the
+/// decision), else to the end of this one, as locally. TTL: to the end of the next window plus
+/// 1 s. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
+pub const SLIDING_WINDOW_LUA: &str = r"
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local take = tonumber(ARGV[4])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local elapsed = math.fmod(now, window)
+local index = (now - elapsed) / window
+
+-- ceil(a * b / c) for whole a, b, c >= 1 below 2^53 whose result is below 2^53, also when
+-- a * b is not: b = q c + r, so a b / c = a q + a r / c, and a r / c is found bit by bit of a
+-- (a is a count: at most 30 bits), every partial sum below 2 c.
+local function ceil_muldiv(a, b, c)
+  local product = a * b
+  if product < 9007199254740992 then
+    local rest = math.fmod(product, c)
+    return (product - rest) / c + (rest > 0 and 1 or 0)
+  end
+  local r = math.fmod(b, c)
+  local q = (b - r) / c
+  local quotient, rest, left, bit = 0, 0, a, 1
+  while bit * 2 <= a do
+    bit = bit * 2
+  end
+  while bit >= 1 do
+    quotient, rest = quotient * 2, rest * 2
+    if rest >= c then
+      quotient, rest = quotient + 1, rest - c
+    end
+    if left >= bit then
+      left = left - bit
+      rest = rest + r
+      if rest >= c then
+        quotient, rest = quotient + 1, rest - c
+      end
+    end
+    bit = bit / 2
+  end
+  return a * q + quotient + (rest > 0 and 1 or 0)
+end
+
+local current, previous = 0, 0
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) == 'string' then
+  local i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+  i = tonumber(i)
+  if i == index then
+    current, previous = tonumber(c), tonumber(p)
+  elseif i ~= nil and i + 1 == index then
+    previous = tonumber(c)
+  end
+end
+local room = limit - current - ceil_muldiv(previous, window - elapsed, window)
+local reset = window - elapsed
+if current > 0 then
+  reset = 2 * window - elapsed
+end
+if room < cost then
+  -- Time into a window, with fading as the previous count and fresh as the current, from
+  -- which fading × (window - t) / window + fresh + cost <= limit; nil if never in that window.
+  local function fits_at(fading, fresh)
+    local fits = limit - fresh - cost
+    if fits < 0 then
+      return nil
+    end
+    if fading <= fits then
+      return 0
+    end
+    return ceil_muldiv(fading - fits, window, fading)
+  end
+  local retry_after
+  local t = fits_at(previous, current)
+  if t then
+    retry_after = math.max(t - elapsed, 1)
+  else
+    t = fits_at(current, 0)
+    if t then
+      retry_after = window - elapsed + t
+    else
+      retry_after = 2 * window - elapsed
+    end
+  end
+  return {0, 0, math.max(room, 0), reset, retry_after}
+end
+local granted = math.min(take, room)
+local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
+local state = string.format('%d:%d:%d', index, current + granted, previous)
+redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
+return {1, granted, room - granted, reset, 0}
+";
+
+/// Sliding log: the admission time of every token of the last `window`, so the limit holds
+/// exactly over any span of `window`.
+///
+/// KEYS[1]: `sluice:{<key>}`, a sorted set: score = admission time in µs, member
+/// `<time>-<n>`, n = 0, 1, ... among the members of that time (they are trimmed together, by
+/// score, so the next n is their count: members stay unique even if the clock steps back).
+/// ARGV[1]: window_us.   ARGV[2]: limit (<= 1000).   ARGV[3]: cost.   ARGV[4]: take.
+/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
+///
+/// An entry is live while time > now - window. Admits if live + cost <= limit, adding
+/// granted = min(take, limit - live) entries at now after trimming the expired ones. A denial
+/// writes nothing; its retry_after is when the (live + cost - limit)-th oldest entry leaves,
+/// its reset when the newest does; an admission's reset is the window. TTL: the window plus
+/// 1 s (the newest entry is now).
+pub const SLIDING_LOG_LUA: &str = r"
+local window = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local take = tonumber(ARGV[4])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+local live_from = '(' .. string.format('%d', now - window)
+local count = redis.call('ZCOUNT', KEYS[1], live_from, '+inf')
+if count + cost > limit then
+  local must_expire = math.max(count + cost - limit, 1)
+  local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], live_from, '+inf', 'WITHSCORES', 'LIMIT', must_expire - 1, 1)
+  local retry_after = window
+  if oldest[2] then
+    retry_after = tonumber(oldest[2]) + window - now
+  end
+  local newest = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
+  local reset = 0
+  if newest[2] then
+    reset = tonumber(newest[2]) + window - now
+  end
+  return {0, 0, math.max(limit - count, 0), reset, retry_after}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
+local granted = math.min(take, limit - count)
+local at = string.format('%d', now)
+local first = redis.call('ZCOUNT', KEYS[1], at, at)
+local entries = {}
+for n = first, first + granted - 1 do
+  entries[#entries + 1] = at
+  entries[#entries + 1] = at .. '-' .. string.format('%d', n)
+end
+redis.call('ZADD', KEYS[1], unpack(entries))
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
+return {1, granted, limit - count - granted, window, 0}
+";
+
+/// Leaky bucket, shaping: requests leave one per interval. The state is the time the queue
+/// drains (a GCRA TAT); a request's turn is max(TAT, now), its delay turn - now.
+///
+/// KEYS[1]: `sluice:{<key>}`, the TAT in µs since the epoch (decimal string; absent = empty).
+/// ARGV[1]: interval_us (>= 1).   ARGV[2]: max_delay_us.   ARGV[3]: cost (= take).
+/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us, delay_us}.
+///
+/// delay > max_delay: denied, nothing written, retry_after = delay - max_delay. Otherwise
+/// admitted with that delay (the filter holds the request), TAT = turn + cost × interval,
+/// remaining = floor((max_delay - delay) / interval), reset = until the queue drains. TTL: until
+/// it drains plus 1 s.
+pub const LEAKY_BUCKET_LUA: &str = r"
+local interval = tonumber(ARGV[1])
+local max_delay = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local turn = math.max(tonumber(redis.pcall('GET', KEYS[1])) or 0, now)
+local delay = turn - now
+if delay > max_delay then
+  return {0, 0, 0, delay, delay - max_delay, 0}
+end
+local drained = turn + cost * interval
+local reset = drained - now
+local ttl_ms = math.ceil(reset / 1000) + 1000
+redis.call('SET', KEYS[1], string.format('%d', drained), 'PX', string.format('%d', ttl_ms))
+return {1, cost, math.floor((max_delay - delay) / interval), reset, 0, delay}
 ";
 
 /// Bound on every Redis operation, retries and reconnects included.
@@ -98,55 +335,100 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
+/// One script per algorithm, each known to Redis by its SHA1.
+struct Scripts {
+    token_bucket: Script,
+    fixed_window: Script,
+    sliding_window: Script,
+    sliding_log: Script,
+    leaky_bucket: Script,
+}
+
+impl Scripts {
+    fn new() -> Scripts {
+        Scripts {
+            token_bucket: Script::new(TOKEN_BUCKET_LUA),
+            fixed_window: Script::new(FIXED_WINDOW_LUA),
+            sliding_window: Script::new(SLIDING_WINDOW_LUA),
+            sliding_log: Script::new(SLIDING_LOG_LUA),
+            leaky_bucket: Script::new(LEAKY_BUCKET_LUA),
+        }
+    }
+
+    fn all(&self) -> [&Script; 5] {
+        [
+            &self.token_bucket,
+            &self.fixed_window,
+            &self.sliding_window,
+            &self.sliding_log,
+            &self.leaky_bucket,
+        ]
+    }
+
+    fn of(&self, algorithm: &Algorithm) -> &Script {
+        match algorithm {
+            Algorithm::TokenBucket { .. } => &self.token_bucket,
+            Algorithm::FixedWindow { .. } => &self.fixed_window,
+            Algorithm::SlidingWindow { .. } => &self.sliding_window,
+            Algorithm::SlidingLog { .. } => &self.sliding_log,
+            Algorithm::LeakyBucket { .. } => &self.leaky_bucket,
+        }
+    }
+}
+
 pub struct RedisStore {
     connection: Connection,
-    script: Script,
+    scripts: Scripts,
 }
 
 impl RedisStore {
-    /// Connects, checks that Redis answers and loads the script, all within `CONNECT_TIMEOUT`.
+    /// Connects, checks that Redis answers and loads the scripts, all within `CONNECT_TIMEOUT`.
     pub async fn connect(target: &RedisTarget) -> Result<RedisStore, StoreError> {
         bounded(CONNECT_TIMEOUT, async {
             let store = RedisStore {
                 connection: open(target).await?,
-                script: Script::new(TOKEN_BUCKET_LUA),
+                scripts: Scripts::new(),
             };
-            store.load_script().await?;
+            store.load_scripts().await?;
             Ok(store)
         })
         .await
     }
 
-    /// SCRIPT LOAD; in a Cluster the client sends it to every node.
-    async fn load_script(&self) -> RedisResult<()> {
-        let loaded = match self.connection.clone() {
-            Connection::Single(mut con) => self.script.load_async(&mut con).await,
-            Connection::Cluster(mut con) => self.script.load_async(&mut con).await,
-        };
-        loaded.map(drop)
+    /// SCRIPT LOAD of every script; in a Cluster the client sends each to every node.
+    async fn load_scripts(&self) -> RedisResult<()> {
+        for script in self.scripts.all() {
+            match self.connection.clone() {
+                Connection::Single(mut con) => script.load_async(&mut con).await?,
+                Connection::Cluster(mut con) => script.load_async(&mut con).await?,
+            };
+        }
+        Ok(())
     }
 
-    async fn decide(&self, buckets: &[Bucket]) -> RedisResult<Vec<Decision>> {
+    async fn decide(&self, checks: &[Check]) -> RedisResult<Vec<Decision>> {
         let replies = match self.connection.clone() {
-            Connection::Single(mut con) => self.eval_pipelined(&mut con, buckets).await?,
-            Connection::Cluster(con) => self.eval_concurrently(&con, buckets).await?,
+            Connection::Single(mut con) => self.eval_pipelined(&mut con, checks).await?,
+            Connection::Cluster(con) => self.eval_concurrently(&con, checks).await?,
         };
-        if replies.len() != buckets.len() {
-            let detail = format!("{} replies for {} checks", replies.len(), buckets.len());
+        if replies.len() != checks.len() {
+            let detail = format!("{} replies for {} checks", replies.len(), checks.len());
             return Err(unexpected_reply(detail));
         }
-        replies.into_iter().map(decision_from_reply).collect()
+        (checks.iter().zip(replies))
+            .map(|(check, reply)| decision_from_reply(&check.algorithm, reply))
+            .collect()
     }
 
     /// One node: all checks in one pipeline. Checks that met NOSCRIPT (the script cache was
-    /// flushed, or Redis restarted) are run again, once, after loading the script.
+    /// flushed, or Redis restarted) are run again, once, after loading the scripts.
     async fn eval_pipelined(
         &self,
         con: &mut ConnectionManager,
-        buckets: &[Bucket],
+        checks: &[Check],
     ) -> RedisResult<Vec<Value>> {
         let mut replies = self
-            .pipeline(buckets.iter())
+            .pipeline(checks.iter())
             .query_async::<Vec<Value>>(con)
             .await?;
         let missing: Vec<usize> = (replies.iter().enumerate())
@@ -156,8 +438,8 @@ impl RedisStore {
         if missing.is_empty() {
             return Ok(replies);
         }
-        self.load_script().await?;
-        let again = missing.iter().filter_map(|&i| buckets.get(i));
+        self.load_scripts().await?;
+        let again = missing.iter().filter_map(|&i| checks.get(i));
         let retried = self.pipeline(again).query_async::<Vec<Value>>(con).await?;
         for (i, reply) in missing.into_iter().zip(retried) {
             if let Some(slot) = replies.get_mut(i) {
@@ -174,27 +456,27 @@ impl RedisStore {
     async fn eval_concurrently(
         &self,
         con: &ClusterConnection,
-        buckets: &[Bucket],
+        checks: &[Check],
     ) -> RedisResult<Vec<Value>> {
-        try_join_all(buckets.iter().map(|bucket| {
+        try_join_all(checks.iter().map(|check| {
             let mut con = con.clone();
-            let mut invocation = self.script.key(redis_key(&bucket.key));
-            invocation.arg(&script_args(bucket));
+            let mut invocation = self.scripts.of(&check.algorithm).key(redis_key(&check.key));
+            invocation.arg(&script_args(check)[..]);
             async move { invocation.invoke_async::<Value>(&mut con).await }
         }))
         .await
     }
 
-    /// EVALSHA per bucket; errors stay in the replies so NOSCRIPT can be told from the rest.
-    fn pipeline<'a>(&self, buckets: impl Iterator<Item = &'a Bucket>) -> Pipeline {
+    /// EVALSHA per check; errors stay in the replies so NOSCRIPT can be told from the rest.
+    fn pipeline<'a>(&self, checks: impl Iterator<Item = &'a Check>) -> Pipeline {
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
-        for bucket in buckets {
+        for check in checks {
             pipe.cmd("EVALSHA")
-                .arg(self.script.get_hash())
+                .arg(self.scripts.of(&check.algorithm).get_hash())
                 .arg(1)
-                .arg(redis_key(&bucket.key))
-                .arg(&script_args(bucket));
+                .arg(redis_key(&check.key))
+                .arg(&script_args(check)[..]);
         }
         pipe
     }
@@ -209,8 +491,8 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn check(&self, buckets: &[Bucket]) -> Result<Vec<Decision>, StoreError> {
-        bounded(COMMAND_TIMEOUT, async { self.decide(buckets).await }).await
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -241,33 +523,53 @@ async fn open(target: &RedisTarget) -> RedisResult<Connection> {
     }
 }
 
-/// ARGV of `TOKEN_BUCKET_LUA`.
-fn script_args(bucket: &Bucket) -> [u64; 4] {
-    [bucket.interval_us, bucket.burst, bucket.cost, bucket.take]
+/// ARGV of the check's script (see each script's documentation).
+fn script_args(check: &Check) -> Vec<u64> {
+    let (cost, take) = (check.cost, check.take);
+    match check.algorithm {
+        Algorithm::TokenBucket { interval_us, burst } => vec![interval_us, burst, cost, take],
+        Algorithm::FixedWindow { limit, window_us }
+        | Algorithm::SlidingWindow { limit, window_us }
+        | Algorithm::SlidingLog { limit, window_us } => vec![window_us, limit, cost, take],
+        Algorithm::LeakyBucket {
+            interval_us,
+            max_delay_us,
+        } => vec![interval_us, max_delay_us, cost],
+    }
 }
 
 fn is_noscript(reply: &Value) -> bool {
     matches!(reply, Value::ServerError(error) if error.code() == "NOSCRIPT")
 }
 
-/// `{allowed, granted, remaining, reset_us, retry_after_us}` from the script, or the error
-/// Redis answered instead.
-fn decision_from_reply(reply: Value) -> RedisResult<Decision> {
+/// `{allowed, granted, remaining, reset_us, retry_after_us}` from a script, plus `delay_us` from
+/// the leaky bucket's; or the error Redis answered instead.
+fn decision_from_reply(algorithm: &Algorithm, reply: Value) -> RedisResult<Decision> {
     if let Value::ServerError(error) = reply {
         return Err(error.into());
     }
     let numbers: Vec<i64> = redis::from_redis_value(reply)?;
     let unsigned = |n: i64| u64::try_from(n).unwrap_or(0);
-    match numbers.as_slice() {
-        &[allowed, granted, remaining, reset_us, retry_after_us] => Ok(Decision {
-            allowed: allowed == 1,
-            granted: unsigned(granted),
-            remaining: unsigned(remaining),
-            reset_us: unsigned(reset_us),
-            retry_after_us: unsigned(retry_after_us),
-        }),
-        other => Err(unexpected_reply(format!("script returned {other:?}"))),
-    }
+    let leaky = matches!(algorithm, Algorithm::LeakyBucket { .. });
+    let (fields, delay_us) = match (numbers.as_slice(), leaky) {
+        (&[a, g, r, reset, retry], false) => ([a, g, r, reset, retry], None),
+        (&[a, g, r, reset, retry, delay], true) => ([a, g, r, reset, retry], Some(delay)),
+        (other, _) => {
+            let name = algorithm.name();
+            return Err(unexpected_reply(format!(
+                "{name} script returned {other:?}"
+            )));
+        }
+    };
+    let [allowed, granted, remaining, reset_us, retry_after_us] = fields;
+    Ok(Decision {
+        allowed: allowed == 1,
+        granted: unsigned(granted),
+        remaining: unsigned(remaining),
+        reset_us: unsigned(reset_us),
+        retry_after_us: unsigned(retry_after_us),
+        delay_us: delay_us.map(unsigned),
+    })
 }
 
 fn unexpected_reply(detail: String) -> RedisError {
@@ -314,10 +616,22 @@ mod tests {
         assert_eq!(cluster.to_string(), "cluster redis://***@h1:1,redis://h2:2");
     }
 
+    const BUCKET: Algorithm = Algorithm::TokenBucket {
+        interval_us: 1,
+        burst: 20,
+    };
+    const LEAKY: Algorithm = Algorithm::LeakyBucket {
+        interval_us: 1,
+        max_delay_us: 0,
+    };
+
+    fn reply(numbers: &[i64]) -> Value {
+        Value::Array(numbers.iter().copied().map(Value::Int).collect())
+    }
+
     #[test]
     fn a_script_reply_becomes_a_decision() {
-        let reply = Value::Array([1, 3, 17, 600_000, 0].map(Value::Int).to_vec());
-        let decision = decision_from_reply(reply).unwrap();
+        let decision = decision_from_reply(&BUCKET, reply(&[1, 3, 17, 600_000, 0])).unwrap();
         assert_eq!(
             decision,
             Decision {
@@ -325,9 +639,18 @@ mod tests {
                 granted: 3,
                 remaining: 17,
                 reset_us: 600_000,
-                retry_after_us: 0
+                retry_after_us: 0,
+                delay_us: None,
             }
         );
-        assert!(decision_from_reply(Value::Array(vec![Value::Int(1)])).is_err());
+        assert!(decision_from_reply(&BUCKET, reply(&[1])).is_err());
+    }
+
+    #[test]
+    fn only_the_leaky_bucket_reply_carries_a_delay() {
+        let leaky = decision_from_reply(&LEAKY, reply(&[1, 1, 2, 300, 0, 200])).unwrap();
+        assert_eq!(leaky.delay_us, Some(200));
+        assert!(decision_from_reply(&LEAKY, reply(&[1, 1, 2, 300, 0])).is_err());
+        assert!(decision_from_reply(&BUCKET, reply(&[1, 1, 2, 300, 0, 200])).is_err());
     }
 }

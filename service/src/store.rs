@@ -1,24 +1,52 @@
-//! The seam between HTTP and storage: what one check asks of a bucket, what the store decided,
+//! The seam between HTTP and storage: what one check asks of a key, what the store decided,
 //! and the trait a store implements (Redis in production, anything in tests).
 
 use std::future::Future;
 
-/// One validated token-bucket check (see `check::parse`), in the units the store computes in.
+/// One validated check (see `check::parse`), in the units the store computes in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Bucket {
+pub struct Check {
     /// The caller's key, `[A-Za-z0-9_.:/-]{1,200}`; the store derives its own key from it.
     pub key: String,
-    /// Microseconds per token (at least 1).
-    pub interval_us: u64,
-    /// Capacity in tokens.
-    pub burst: u64,
-    /// Tokens the request needs.
+    pub algorithm: Algorithm,
+    /// Tokens (requests) the request needs.
     pub cost: u64,
-    /// Tokens to take when at least `cost` are available (a lease); `cost..=burst`.
+    /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity.
+    /// Always `cost` for the leaky bucket.
     pub take: u64,
 }
 
-/// What the store decided for one bucket. Durations are microseconds from the store's clock.
+/// An algorithm with its numbers; durations in microseconds. Windows are aligned to the Unix
+/// epoch: window index = floor(now / window).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// GCRA: one token per `interval_us` (at least 1), `burst` tokens of capacity.
+    TokenBucket { interval_us: u64, burst: u64 },
+    /// At most `limit` tokens per window.
+    FixedWindow { limit: u64, window_us: u64 },
+    /// The two-counter estimate of the last `window_us` at most `limit`.
+    SlidingWindow { limit: u64, window_us: u64 },
+    /// At most `limit` tokens in any span of `window_us` (a log of admission times).
+    SlidingLog { limit: u64, window_us: u64 },
+    /// Requests leave one per `interval_us`; one that would wait more than `max_delay_us` for
+    /// its turn is denied, the others are admitted with their wait as a delay.
+    LeakyBucket { interval_us: u64, max_delay_us: u64 },
+}
+
+impl Algorithm {
+    /// The name on the wire.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket { .. } => "token_bucket",
+            Algorithm::FixedWindow { .. } => "fixed_window",
+            Algorithm::SlidingWindow { .. } => "sliding_window",
+            Algorithm::SlidingLog { .. } => "sliding_log",
+            Algorithm::LeakyBucket { .. } => "leaky_bucket",
+        }
+    }
+}
+
+/// What the store decided for one check. Durations are microseconds from the store's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
     pub allowed: bool,
@@ -26,10 +54,12 @@ pub struct Decision {
     pub granted: u64,
     /// Whole tokens left after this decision.
     pub remaining: u64,
-    /// Until the bucket is full again.
+    /// Until the key's state is back to its idle best (bucket full, window over).
     pub reset_us: u64,
     /// Until `cost` tokens are available (0 when allowed).
     pub retry_after_us: u64,
+    /// Leaky bucket only: how long the admitted request must be held (0 when denied).
+    pub delay_us: Option<u64>,
 }
 
 /// Storage failed or did not answer in time; the detail goes into the 503 body.
@@ -42,12 +72,12 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-/// Where buckets live. Every call is bounded in time: it returns an error rather than hang.
+/// Where limits live. Every call is bounded in time: it returns an error rather than hang.
 pub trait Store: Send + Sync + 'static {
-    /// Decides every bucket, in order, each atomically on its own (no atomicity across buckets).
+    /// Decides every check, in order, each atomically on its own (no atomicity across checks).
     fn check(
         &self,
-        buckets: &[Bucket],
+        checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
     /// Whether the store answers at all.

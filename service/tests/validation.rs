@@ -14,7 +14,7 @@ mod common;
 use common::http::{post_check, request, send_raw, HttpResponse};
 use common::redis::RedisServer;
 use common::service::Service;
-use common::{bucket, checks_body};
+use common::{bucket, checks_body, leaky, window};
 use serde_json::json;
 
 /// A service whose Redis is gone (the server handle keeps its temp dir until the test ends).
@@ -162,8 +162,63 @@ fn keys_longer_than_200_bytes_are_rejected() {
 #[test]
 fn an_unknown_algorithm_is_rejected() {
     let mut check = bucket("k", 1, 1000, 5, 1, 1);
-    check["algorithm"] = json!("sliding_log");
-    rejected(&one(check)).assert_bad_request("checks[0].algorithm: unknown variant `sliding_log`");
+    check["algorithm"] = json!("gcra");
+    rejected(&one(check)).assert_bad_request("checks[0].algorithm: unknown variant `gcra`");
+}
+
+#[test]
+fn max_delay_ms_is_required_for_the_leaky_bucket_and_refused_for_the_others() {
+    let service = service_without_redis();
+    let addr = service.service.addr;
+    let mut check = leaky("k", 10, 1000, 500, 1);
+    check.as_object_mut().unwrap().remove("max_delay_ms");
+    post_check(addr, &one(check))
+        .assert_bad_request("checks[0].max_delay_ms: required for leaky_bucket");
+    for algorithm in ["fixed_window", "sliding_window", "sliding_log"] {
+        let mut check = window(algorithm, "k", 5, 1000, 1, 1);
+        check["max_delay_ms"] = json!(100);
+        post_check(addr, &one(check)).assert_bad_request(&format!(
+            "checks[0].max_delay_ms: only for leaky_bucket, not {algorithm}"
+        ));
+    }
+    let mut check = bucket("k", 1, 1000, 5, 1, 1);
+    check["max_delay_ms"] = json!(100);
+    post_check(addr, &one(check))
+        .assert_bad_request("checks[0].max_delay_ms: only for leaky_bucket, not token_bucket");
+    post_check(addr, &one(leaky("k", 1, 1000, 31_536_000_001, 1)))
+        .assert_bad_request("checks[0].max_delay_ms: 31536000001 is not in 0..=31536000000");
+}
+
+#[test]
+fn a_leaky_bucket_takes_exactly_its_cost() {
+    let mut check = leaky("k", 10, 1000, 500, 1);
+    check["take"] = json!(2);
+    rejected(&one(check))
+        .assert_bad_request("checks[0].take: must equal cost (1) for leaky_bucket, got 2");
+}
+
+#[test]
+fn a_window_s_burst_is_its_limit() {
+    let mut check = window("fixed_window", "k", 5, 1000, 1, 1);
+    check["burst"] = json!(6);
+    rejected(&one(check))
+        .assert_bad_request("checks[0].burst: must equal requests (5) for fixed_window, got 6");
+}
+
+#[test]
+fn window_costs_and_leases_are_bounded_by_the_limit() {
+    let service = service_without_redis();
+    let addr = service.service.addr;
+    post_check(addr, &one(window("sliding_window", "k", 5, 1000, 6, 6)))
+        .assert_bad_request("checks[0].cost: 6 is not in 1..=5 (requests)");
+    post_check(addr, &one(window("sliding_log", "k", 5, 1000, 2, 6)))
+        .assert_bad_request("checks[0].take: 6 is not in 2..=5");
+}
+
+#[test]
+fn a_sliding_log_of_more_than_a_thousand_is_rejected() {
+    rejected(&one(window("sliding_log", "k", 1001, 1000, 1, 1)))
+        .assert_bad_request("checks[0].requests: 1001 is not in 1..=1000");
 }
 
 #[test]
@@ -184,6 +239,11 @@ fn a_body_that_is_not_json_content_is_rejected() {
 fn bad_requests_leave_a_live_redis_untouched() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
+    let mut without_max_delay = leaky("good", 1, 1000, 100, 1);
+    without_max_delay
+        .as_object_mut()
+        .unwrap()
+        .remove("max_delay_ms");
     let bad_bodies = [
         "not json".to_string(),
         one(bucket("k", 0, 1000, 5, 1, 1)),
@@ -192,6 +252,10 @@ fn bad_requests_leave_a_live_redis_untouched() {
         checks_body(&[
             bucket("good", 1, 1000, 5, 1, 1),
             bucket("bad key", 1, 1000, 5, 1, 1),
+        ]),
+        checks_body(&[
+            window("sliding_log", "good", 5, 1000, 1, 1),
+            without_max_delay,
         ]),
     ];
     for body in &bad_bodies {
@@ -206,7 +270,7 @@ fn bad_requests_leave_a_live_redis_untouched() {
     );
     let metrics = common::http::get(service.addr, "/metrics").body;
     assert!(
-        metrics.lines().any(|l| l == "sluice_bad_requests_total 4"),
+        metrics.lines().any(|l| l == "sluice_bad_requests_total 5"),
         "{metrics}"
     );
     assert!(

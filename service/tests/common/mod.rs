@@ -12,6 +12,7 @@
     clippy::indexing_slicing
 )]
 
+pub mod clock;
 pub mod http;
 pub mod redis;
 pub mod resp;
@@ -84,4 +85,35 @@ pub fn bucket(
         check["take"] = take.into();
     }
     check
+}
+
+/// One check of a window algorithm (`fixed_window`, `sliding_window`, `sliding_log`): `limit`
+/// per `per_ms`, sent as the filter does (burst = requests); `take` left out when equal to `cost`.
+pub fn window(
+    algorithm: &str,
+    key: &str,
+    limit: u64,
+    per_ms: u64,
+    cost: u64,
+    take: u64,
+) -> serde_json::Value {
+    let mut check = bucket(key, limit, per_ms, limit, cost, take);
+    check["algorithm"] = algorithm.into();
+    check
+}
+
+/// One leaky-bucket check as the filter sends it: `requests` per `per_ms`, held at most
+/// `max_delay_ms`, burst = max_delay / interval + 1, take = cost.
+pub fn leaky(
+    key: &str,
+    requests: u64,
+    per_ms: u64,
+    max_delay_ms: u64,
+    cost: u64,
+) -> serde_json::Value {
+    let burst = max_delay_ms * requests / per_ms + 1;
+    serde_json::json!({
+        "key": key, "algorithm": "leaky_bucket", "requests": requests, "per_ms": per_ms,
+        "burst": burst, "cost": cost, "take": cost, "max_delay_ms": max_delay_ms,
+    })
 }
