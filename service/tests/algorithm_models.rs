@@ -1,0 +1,682 @@
+//! The fixed-window, sliding-window, sliding-log and leaky-bucket scripts, run by a real
+//! redis-server, against reference models: the filter's local algorithms (src/algorithm) written
+//! again in plain integer Rust, in µs, plus the Redis state each script keeps.
+//!
+//! Redis TIME is the scripts' only clock, so each call is bracketed by TIME before and after:
+//! some `now` in between must make the model give exactly the script's reply and the key's state
+//! after the call, read back from Redis (and, after an admission, its TTL). The state before is
+//! set at random (counts of this window or another, limits lowered since, expired and future
+//! log entries, queues of any length, another algorithm's state) and then evolved by the script.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::fmt::Debug;
+
+use common::clock::redis_time_us;
+use common::redis::RedisServer;
+use common::resp::{Reply, Resp};
+use sluice_service::redis_store::{
+    FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
+};
+
+const MS: u64 = 1_000;
+const SEC: u64 = 1_000_000;
+const YEAR_MS: u64 = 31_536_000_000;
+
+/// A key's state in Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stored {
+    Absent,
+    Text(String),
+    /// A sorted set as (score, member), in Redis's order.
+    Log(Vec<(u64, String)>),
+}
+
+fn read(client: &mut Resp, key: &str) -> Stored {
+    match client.cmd(&["TYPE", key]).text().as_str() {
+        "none" => Stored::Absent,
+        "string" => Stored::Text(client.cmd(&["GET", key]).text()),
+        "zset" => {
+            let Reply::Array(flat) = client.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"]) else {
+                panic!("ZRANGE")
+            };
+            let pairs = flat.chunks(2);
+            let log = pairs.map(|p| (p[1].text().parse().unwrap(), p[0].text()));
+            Stored::Log(log.collect())
+        }
+        other => panic!("unexpected type {other}"),
+    }
+}
+
+fn write(client: &mut Resp, key: &str, stored: &Stored) {
+    client.cmd(&["DEL", key]);
+    match stored {
+        Stored::Absent => {}
+        Stored::Text(text) => assert_eq!(client.cmd(&["SET", key, text]).text(), "OK"),
+        Stored::Log(entries) => {
+            for (score, member) in entries {
+                client.cmd(&["ZADD", key, &score.to_string(), member]);
+            }
+        }
+    }
+}
+
+fn eval(client: &mut Resp, script: &str, key: &str, args: &[u64]) -> Vec<i128> {
+    let args: Vec<String> = args.iter().map(u64::to_string).collect();
+    let mut command = vec!["EVAL", script, "1", key];
+    command.extend(args.iter().map(String::as_str));
+    match client.cmd(&command) {
+        Reply::Array(items) => items.iter().map(|r| i128::from(r.int())).collect(),
+        other => panic!("script failed: {other:?}"),
+    }
+}
+
+/// What one call does at `now`: the reply, the state after, and the TTL in ms it sets (None
+/// when it writes nothing).
+struct Outcome {
+    reply: Vec<i128>,
+    stored: Stored,
+    ttl_ms: Option<u64>,
+}
+
+/// Runs `script` once and finds the `now` between TIME before and after the call at which
+/// `model` (from the state before) gives exactly the reply and the state after; checks the TTL
+/// that admission set. Returns that `now` and the reply.
+fn run_exact(
+    client: &mut Resp,
+    key: &str,
+    (script, args): (&str, &[u64]),
+    model: &dyn Fn(&Stored, u64) -> Outcome,
+    label: &str,
+) -> (u64, Vec<i128>) {
+    let before = read(client, key);
+    let t0 = redis_time_us(client);
+    let reply = eval(client, script, key, args);
+    let t1 = redis_time_us(client);
+    let after = read(client, key);
+    let pttl = client.cmd(&["PTTL", key]).int();
+    let t2 = redis_time_us(client);
+    let Some((now, outcome)) = (t0..=t1)
+        .map(|now| (now, model(&before, now)))
+        .find(|(_, o)| o.reply == reply && o.stored == after)
+    else {
+        let (first, last) = (model(&before, t0), model(&before, t1));
+        panic!(
+            "{label}: no now in {t0}..={t1} explains reply {reply:?} and state {after:?} \
+             from {before:?}; the model says {:?} / {:?} at the ends, state {:?}",
+            first.reply, last.reply, last.stored
+        );
+    };
+    if let Some(ttl_ms) = outcome.ttl_ms {
+        let short_by = ttl_ms as i64 - pttl;
+        let slack = ((t2 - now) / MS) as i64 + 2;
+        assert!(
+            (-1..=slack).contains(&short_by),
+            "{label}: PTTL {pttl} ms, expected {ttl_ms} ms less at most {slack}"
+        );
+    }
+    (now, reply)
+}
+
+/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
+struct Lcg(u64);
+
+impl Lcg {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+
+    /// cost in 1..=min(limit, 4) and take in cost..=limit, strict (take = cost) half the time.
+    fn cost_and_take(&mut self, limit: u64) -> (u64, u64) {
+        let cost = 1 + self.below(limit.min(4));
+        let take = if self.below(2) == 0 {
+            cost
+        } else {
+            cost + self.below((limit - cost).min(50) + 1)
+        };
+        (cost, take)
+    }
+
+    /// Another algorithm's state, or something that is no state at all.
+    fn foreign(&mut self, now: u64) -> Stored {
+        match self.below(4) {
+            0 => Stored::Text(now.to_string()),
+            1 => Stored::Text("7:3:1".into()),
+            2 => Stored::Text("garbage".into()),
+            _ => Stored::Log(vec![(now, format!("{now}-0"))]),
+        }
+    }
+}
+
+fn ceil_ms(us: u64) -> u64 {
+    us.div_ceil(MS)
+}
+
+/// `<digits>:<digits>...` as numbers, if that is what `text` is.
+fn numbers(text: &str) -> Option<Vec<u64>> {
+    text.split(':').map(|part| part.parse().ok()).collect()
+}
+
+// ---- fixed window -------------------------------------------------------------------------
+
+/// src/algorithm/fixed_window.rs, with take; state `<index>:<count>`.
+fn fixed_window(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
+    move |stored, now| {
+        let index = now / window;
+        let count = match stored {
+            Stored::Text(text) => match numbers(text).as_deref() {
+                Some(&[stored_index, count]) if stored_index == index => count,
+                _ => 0,
+            },
+            _ => 0,
+        };
+        let reset = (index + 1) * window - now;
+        if count + cost > limit {
+            let remaining = limit.saturating_sub(count);
+            return Outcome {
+                reply: vec![0, 0, remaining.into(), reset.into(), reset.into()],
+                stored: stored.clone(),
+                ttl_ms: None,
+            };
+        }
+        let granted = take.min(limit - count);
+        Outcome {
+            reply: vec![
+                1,
+                granted.into(),
+                (limit - count - granted).into(),
+                reset.into(),
+                0,
+            ],
+            stored: Stored::Text(format!("{index}:{}", count + granted)),
+            ttl_ms: Some(ceil_ms(reset) + 1000),
+        }
+    }
+}
+
+#[test]
+fn fixed_window_matches_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0xf1ed);
+    for case in 0..250 {
+        let limit = random.pick(&[1, 2, 3, 5, 10, 100, 1_000_000_000]);
+        let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, 86_400_000, YEAR_MS]);
+        let window = window_ms * MS;
+        let (cost, take) = random.cost_and_take(limit);
+        let key = format!("sluice:{{fixed/{case}}}");
+        let now = redis_time_us(&mut client);
+        let index = now / window;
+        let stored = match random.below(6) {
+            0 => Stored::Absent,
+            1 => random.foreign(now),
+            n => {
+                let at = [index - 1, index, index, index + 1][n as usize - 2];
+                let count = random.below(limit.min(1000) + 2);
+                Stored::Text(format!("{at}:{count}"))
+            }
+        };
+        write(&mut client, &key, &stored);
+        let model = fixed_window(limit, window, cost, take);
+        for step in 0..3 {
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
+            let args = [window, limit, cost, take];
+            run_exact(&mut client, &key, (FIXED_WINDOW_LUA, &args), &model, &label);
+        }
+    }
+}
+
+// ---- sliding window -----------------------------------------------------------------------
+
+/// src/algorithm/sliding_window.rs (products in u128), with take: the most tokens in
+/// cost..=take that fit the estimate. State `<index>:<current>:<previous>`.
+fn sliding_window(
+    limit: u64,
+    window: u64,
+    cost: u64,
+    take: u64,
+) -> impl Fn(&Stored, u64) -> Outcome {
+    move |stored, now| {
+        let index = now / window;
+        let (current, previous) = match stored {
+            Stored::Text(text) => match numbers(text).as_deref() {
+                Some(&[i, current, previous]) if i == index => (current, previous),
+                Some(&[i, current, _]) if i + 1 == index => (0, current),
+                _ => (0, 0),
+            },
+            _ => (0, 0),
+        };
+        let elapsed = now - index * window;
+        let w = u128::from(window);
+        let limit_w = u128::from(limit) * w;
+        let used_w = u128::from(previous) * u128::from(window - elapsed) + u128::from(current) * w;
+        let reset = if current > 0 {
+            2 * window - elapsed
+        } else {
+            window - elapsed
+        };
+        if used_w + u128::from(cost) * w > limit_w {
+            let remaining = limit_w.saturating_sub(used_w) / w;
+            let retry = sliding_retry_after(limit, window, current, previous, elapsed, cost);
+            return Outcome {
+                reply: vec![0, 0, remaining as i128, reset.into(), retry.into()],
+                stored: stored.clone(),
+                ttl_ms: None,
+            };
+        }
+        let granted = (cost..=take)
+            .rev()
+            .find(|&t| used_w + u128::from(t) * w <= limit_w)
+            .unwrap();
+        let remaining = (limit_w - used_w - u128::from(granted) * w) / w;
+        Outcome {
+            reply: vec![1, granted.into(), remaining as i128, reset.into(), 0],
+            stored: Stored::Text(format!("{index}:{}:{previous}", current + granted)),
+            ttl_ms: Some(ceil_ms(2 * window - elapsed) + 1000),
+        }
+    }
+}
+
+/// `sliding_window::retry_after`, verbatim.
+fn sliding_retry_after(
+    limit: u64,
+    window: u64,
+    current: u64,
+    previous: u64,
+    elapsed: u64,
+    cost: u64,
+) -> u64 {
+    let fits_at = |fading: u64, fresh: u64| -> Option<u64> {
+        let room = limit.checked_sub(fresh + cost)?;
+        if fading <= room {
+            return Some(0);
+        }
+        let fading_w = u128::from(window) * u128::from(fading - room);
+        Some(fading_w.div_ceil(u128::from(fading)) as u64)
+    };
+    match fits_at(previous, current) {
+        Some(t) => t.saturating_sub(elapsed).max(1),
+        None => match fits_at(current, 0) {
+            Some(t) => window - elapsed + t,
+            None => 2 * window - elapsed,
+        },
+    }
+}
+
+#[test]
+fn sliding_window_matches_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0x51d1);
+    for case in 0..250 {
+        let limit = random.pick(&[1, 2, 3, 5, 10, 100, 999_999_937, 1_000_000_000]);
+        let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, 86_400_000, YEAR_MS]);
+        let window = window_ms * MS;
+        let (cost, take) = random.cost_and_take(limit);
+        let key = format!("sluice:{{sliding/{case}}}");
+        let now = redis_time_us(&mut client);
+        let index = now / window;
+        let count = |random: &mut Lcg| match random.below(3) {
+            0 => random.below(limit + 2),
+            1 => limit - random.below(limit.min(3)),
+            _ => random.below(limit.min(10) + 1),
+        };
+        let stored = match random.below(6) {
+            0 => Stored::Absent,
+            1 => random.foreign(now),
+            n => {
+                let at = [index - 2, index - 1, index, index][n as usize - 2];
+                let (current, previous) = (count(&mut random), count(&mut random));
+                Stored::Text(format!("{at}:{current}:{previous}"))
+            }
+        };
+        write(&mut client, &key, &stored);
+        let model = sliding_window(limit, window, cost, take);
+        for step in 0..3 {
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
+            let args = [window, limit, cost, take];
+            run_exact(
+                &mut client,
+                &key,
+                (SLIDING_WINDOW_LUA, &args),
+                &model,
+                &label,
+            );
+        }
+    }
+}
+
+#[test]
+fn sliding_window_products_beyond_two_to_the_53_stay_exact() {
+    // A billion per year, the previous window nearly full: previous × window ≈ 3 × 10^22.
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let (limit, window) = (1_000_000_000, YEAR_MS * MS);
+    let now = redis_time_us(&mut client);
+    let index = now / window;
+    for (case, (current, previous)) in [
+        (0, 999_999_937),
+        (1, 999_999_999),
+        (12_345, 987_654_321),
+        (999_999_000, 1_000_000_000),
+        (999_999_999, 999_999_999),
+        (1_000_000_000, 999_999_999),
+        (0, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let key = format!("sluice:{{big/{case}}}");
+        let state = format!("{index}:{current}:{previous}");
+        write(&mut client, &key, &Stored::Text(state));
+        let model = sliding_window(limit, window, 1, 1000);
+        for step in 0..2 {
+            let label = format!("case {case} step {step}");
+            let args = [window, limit, 1, 1000];
+            run_exact(
+                &mut client,
+                &key,
+                (SLIDING_WINDOW_LUA, &args),
+                &model,
+                &label,
+            );
+        }
+    }
+}
+
+// ---- sliding log --------------------------------------------------------------------------
+
+/// src/algorithm/sliding_log.rs, with take; state a sorted set of admission times, members
+/// `<time>-<n>`. Expired entries are trimmed when a request is admitted; another algorithm's
+/// state is dropped first.
+fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
+    move |stored, now| {
+        let entries = match stored {
+            Stored::Log(entries) => entries.clone(),
+            _ => Vec::new(),
+        };
+        let live: Vec<(u64, String)> = entries
+            .iter()
+            .filter(|(t, _)| t + window > now)
+            .cloned()
+            .collect();
+        let mut times: Vec<u64> = live.iter().map(|(t, _)| *t).collect();
+        times.sort_unstable();
+        let count = times.len() as u64;
+        if count + cost > limit {
+            let reset = times.last().map_or(0, |newest| newest + window - now);
+            let must_expire = (count + cost).saturating_sub(limit).max(1) as usize;
+            let retry = times
+                .get(must_expire - 1)
+                .map_or(window, |t| t + window - now);
+            let stored = match stored {
+                Stored::Log(_) => stored.clone(),
+                _ => Stored::Absent,
+            };
+            return Outcome {
+                reply: vec![
+                    0,
+                    0,
+                    limit.saturating_sub(count).into(),
+                    reset.into(),
+                    retry.into(),
+                ],
+                stored,
+                ttl_ms: None,
+            };
+        }
+        let granted = take.min(limit - count);
+        let first = live.iter().filter(|(t, _)| *t == now).count() as u64;
+        let mut after = live;
+        after.extend((first..first + granted).map(|n| (now, format!("{now}-{n}"))));
+        after.sort();
+        Outcome {
+            reply: vec![
+                1,
+                granted.into(),
+                (limit - count - granted).into(),
+                window.into(),
+                0,
+            ],
+            stored: Stored::Log(after),
+            ttl_ms: Some(ceil_ms(window) + 1000),
+        }
+    }
+}
+
+#[test]
+fn sliding_log_matches_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0x1065);
+    for case in 0..200 {
+        let limit = random.pick(&[1, 2, 3, 5, 10, 40, 1000]);
+        let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, YEAR_MS]);
+        let window = window_ms * MS;
+        let (cost, take) = random.cost_and_take(limit);
+        let key = format!("sluice:{{log/{case}}}");
+        let now = redis_time_us(&mut client);
+        let stored = match random.below(5) {
+            0 => Stored::Absent,
+            1 => random.foreign(now),
+            _ => {
+                // Entries from two windows ago to a second ahead (a clock that stepped back).
+                let n = random.below(limit.min(50) + 3);
+                let mut entries: Vec<(u64, String)> = (0..n)
+                    .map(|i| {
+                        let back = random.below(2 * window);
+                        let t = if random.below(10) == 0 {
+                            now + random.below(SEC)
+                        } else {
+                            now - back
+                        };
+                        (t, format!("{t}-{i}"))
+                    })
+                    .collect();
+                entries.sort();
+                Stored::Log(entries)
+            }
+        };
+        write(&mut client, &key, &stored);
+        let model = sliding_log(limit, window, cost, take);
+        for step in 0..3 {
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
+            let args = [window, limit, cost, take];
+            run_exact(&mut client, &key, (SLIDING_LOG_LUA, &args), &model, &label);
+        }
+    }
+}
+
+#[test]
+fn sliding_log_members_stay_unique_within_one_microsecond() {
+    // A thousand tokens admitted by one call share one time: each is its own member.
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let args = [60 * SEC, 1000, 1, 1000];
+    let (_, reply) = run_exact(
+        &mut client,
+        "sluice:{wide}",
+        (SLIDING_LOG_LUA, &args),
+        &sliding_log(1000, 60 * SEC, 1, 1000),
+        "a lease of the whole log",
+    );
+    assert_eq!(reply[..3], [1, 1000, 0]);
+    assert_eq!(client.cmd(&["ZCARD", "sluice:{wide}"]).int(), 1000);
+}
+
+#[test]
+fn a_log_entry_leaves_exactly_one_window_after_it_was_admitted() {
+    // Entries one µs apart around now - window: whichever µs the script runs at, one of them is
+    // exactly one window old, and no longer counts (live means time > now - window). The
+    // admission's new members are named after the script's now, which pins it.
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let window = 60 * SEC;
+    // How long after reading TIME here the script runs: learnt from each attempt.
+    let mut lag = 1_000;
+    for attempt in 0..20 {
+        let key = format!("sluice:{{edge/{attempt}}}");
+        let time = redis_time_us(&mut client);
+        let from = time + lag - window - 500;
+        let entries: Vec<String> = (from..from + 1000)
+            .flat_map(|t| [t.to_string(), format!("{t}-0")])
+            .collect();
+        let mut zadd = vec!["ZADD", key.as_str()];
+        zadd.extend(entries.iter().map(String::as_str));
+        assert_eq!(client.cmd(&zadd).int(), 1000);
+        let args = [window, 1000, 1, 1];
+        let model = sliding_log(1000, window, 1, 1);
+        let label = format!("attempt {attempt}");
+        let (now, _) = run_exact(&mut client, &key, (SLIDING_LOG_LUA, &args), &model, &label);
+        if (from..from + 1000).contains(&(now - window)) {
+            return;
+        }
+        lag = now - time;
+    }
+    panic!("the script never ran while an entry was exactly one window old");
+}
+
+// ---- leaky bucket -------------------------------------------------------------------------
+
+/// src/algorithm/leaky_bucket.rs; state the TAT (when the queue drains) in µs.
+fn leaky_bucket(interval: u64, max_delay: u64, cost: u64) -> impl Fn(&Stored, u64) -> Outcome {
+    move |stored, now| {
+        let tat = match stored {
+            Stored::Text(text) => text.parse().unwrap_or(0),
+            _ => 0,
+        };
+        let turn = now.max(tat);
+        let delay = turn - now;
+        let drained = turn + cost * interval;
+        if delay > max_delay {
+            return Outcome {
+                reply: vec![0, 0, 0, delay.into(), (delay - max_delay).into(), 0],
+                stored: stored.clone(),
+                ttl_ms: None,
+            };
+        }
+        Outcome {
+            reply: vec![
+                1,
+                cost.into(),
+                ((max_delay - delay) / interval).into(),
+                (drained - now).into(),
+                0,
+                delay.into(),
+            ],
+            stored: Stored::Text(drained.to_string()),
+            ttl_ms: Some(ceil_ms(drained - now) + 1000),
+        }
+    }
+}
+
+#[test]
+fn leaky_bucket_matches_the_model() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0x1eaf);
+    for case in 0..250 {
+        let interval = random.pick(&[1, 7, 1_000, 100_000, SEC, 3_600 * SEC]);
+        let max_delay = random.pick(&[0, 1, 999, 250_000, 10 * SEC, YEAR_MS * MS]);
+        let cost = 1 + random.below(3);
+        let key = format!("sluice:{{leaky/{case}}}");
+        let now = redis_time_us(&mut client);
+        let stored = match random.below(5) {
+            0 => Stored::Absent,
+            1 => random.foreign(now),
+            2 => Stored::Text((now - random.below(10 * SEC)).to_string()),
+            _ => {
+                let ahead = random.below(max_delay.max(interval) * 2 + 1);
+                Stored::Text((now + ahead).to_string())
+            }
+        };
+        write(&mut client, &key, &stored);
+        let model = leaky_bucket(interval, max_delay, cost);
+        for step in 0..3 {
+            let label = format!(
+                "case {case} step {step}: interval {interval} µs, max delay {max_delay} µs, cost {cost}"
+            );
+            let args = [interval, max_delay, cost];
+            run_exact(&mut client, &key, (LEAKY_BUCKET_LUA, &args), &model, &label);
+        }
+    }
+}
+
+#[test]
+fn leaky_bucket_delays_by_one_interval_more_each_and_denies_beyond_max_delay() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let (interval, max_delay) = (10 * SEC, 25 * SEC);
+    let model = leaky_bucket(interval, max_delay, 1);
+    let args = [interval, max_delay, 1];
+    let calls: Vec<(u64, Vec<i128>)> = (0..5)
+        .map(|call| {
+            let label = format!("call {call}");
+            run_exact(
+                &mut client,
+                "sluice:{queue}",
+                (LEAKY_BUCKET_LUA, &args),
+                &model,
+                &label,
+            )
+        })
+        .collect();
+    let first = calls[0].0;
+    let [interval, max_delay] = [interval, max_delay].map(i128::from);
+    for (k, (now, reply)) in (0..).zip(&calls) {
+        // Turns are k intervals after the first call; the queue holds 2.5 intervals.
+        let since = i128::from(now - first);
+        if k < 3 {
+            assert_eq!(reply[..3], [1, 1, 2 - k], "call {k}");
+            assert_eq!(reply[5], k * interval - since, "call {k}: the delay");
+        } else {
+            assert_eq!(reply[..3], [0, 0, 0], "call {k}");
+            assert_eq!(reply[5], 0, "call {k}: no delay when denied");
+            let delay = 3 * interval - since;
+            assert_eq!(reply[4], delay - max_delay, "call {k}: retry after");
+        }
+    }
+}
+
+// ---- all of them --------------------------------------------------------------------------
+
+#[test]
+fn a_key_holding_another_algorithms_state_is_taken_over() {
+    // A policy whose algorithm changed finds the old state under its key: it counts as none.
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let now = redis_time_us(&mut client);
+    let log = Stored::Log(vec![(now, format!("{now}-0"))]);
+    write(&mut client, "sluice:{was-log}", &log);
+    let r = eval(
+        &mut client,
+        TOKEN_BUCKET_LUA,
+        "sluice:{was-log}",
+        &[SEC, 5, 1, 1],
+    );
+    assert_eq!(r[..3], [1, 1, 4], "a full bucket, not an error");
+    assert_eq!(client.cmd(&["TYPE", "sluice:{was-log}"]).text(), "string");
+    let r = eval(
+        &mut client,
+        SLIDING_LOG_LUA,
+        "sluice:{was-log}",
+        &[SEC, 5, 1, 1],
+    );
+    assert_eq!(r[..3], [1, 1, 4], "an empty log, not an error");
+    assert_eq!(client.cmd(&["TYPE", "sluice:{was-log}"]).text(), "zset");
+}
