@@ -12,10 +12,11 @@ mod common;
 
 use std::collections::BTreeMap;
 
+use common::clock::{redis_time_us, window_around};
 use common::http::{get, post_check};
 use common::redis::RedisCluster;
 use common::service::Service;
-use common::{bucket, checks_body};
+use common::{bucket, checks_body, leaky, window};
 use serde_json::Value;
 
 const MINUTE_MS: u64 = 60_000;
@@ -27,10 +28,21 @@ fn keys(n: usize) -> Vec<String> {
 /// Sends one request per chunk of up to 16 keys (so one request spans many slots and nodes)
 /// and counts the allowed checks per key.
 fn round(service: &Service, keys: &[String], burst: u64, allowed: &mut BTreeMap<String, u64>) {
-    for chunk in keys.chunks(16) {
-        let checks: Vec<Value> = chunk
-            .iter()
-            .map(|key| bucket(key, 1, MINUTE_MS, burst, 1, 1))
+    round_of(service, keys, allowed, |_, key| {
+        bucket(key, 1, MINUTE_MS, burst, 1, 1)
+    });
+}
+
+/// As `round`, with the check of the i-th key made by `check(i, key)`.
+fn round_of(
+    service: &Service,
+    keys: &[String],
+    allowed: &mut BTreeMap<String, u64>,
+    check: impl Fn(usize, &str) -> Value,
+) {
+    for (n, chunk) in keys.chunks(16).enumerate() {
+        let checks: Vec<Value> = (chunk.iter().enumerate())
+            .map(|(i, key)| check(n * 16 + i, key))
             .collect();
         let response = post_check(service.addr, &checks_body(&checks));
         assert_eq!(response.status, 200, "{response:?}");
@@ -75,16 +87,70 @@ fn cluster_checks_are_exact_for_keys_in_different_slots() {
 fn cluster_checks_survive_a_script_flush_on_every_node() {
     let cluster = RedisCluster::start();
     let service = Service::start_cluster(&cluster.urls());
-    let keys = keys(16);
+    let now = redis_time_us(&mut cluster.nodes[0].client());
+    let per_ms = window_around(now, 120_000..240_000, 30_000);
+    let keys = keys(20);
     let mut allowed = BTreeMap::new();
-    round(&service, &keys, 2, &mut allowed);
+    round_of(&service, &keys, &mut allowed, every_algorithm(per_ms));
     for node in &cluster.nodes {
         assert_eq!(node.client().cmd(&["SCRIPT", "FLUSH"]).text(), "OK");
     }
-    round(&service, &keys, 2, &mut allowed);
-    round(&service, &keys, 2, &mut allowed);
+    for _ in 0..3 {
+        round_of(&service, &keys, &mut allowed, every_algorithm(per_ms));
+    }
     assert!(
-        allowed.values().all(|&n| n == 2),
+        allowed.values().all(|&n| n == 3),
         "allowed per key: {allowed:?}"
     );
+}
+
+/// Key i's check: each algorithm in turn, every one of them letting exactly 3 through in a few
+/// seconds (windows chosen so that none starts or ends during the test; the leaky bucket queues
+/// 3 at one a minute, held at most two minutes).
+fn every_algorithm(per_ms: u64) -> impl Fn(usize, &str) -> Value {
+    move |i, key| match i % 5 {
+        0 => bucket(key, 1, MINUTE_MS, 3, 1, 1),
+        1 => window("fixed_window", key, 3, per_ms, 1, 1),
+        2 => window("sliding_window", key, 3, per_ms, 1, 1),
+        3 => window("sliding_log", key, 3, per_ms, 1, 1),
+        _ => leaky(key, 1, MINUTE_MS, 2 * MINUTE_MS, 1),
+    }
+}
+
+#[test]
+fn cluster_checks_of_every_algorithm_are_exact_for_keys_in_different_slots() {
+    let cluster = RedisCluster::start();
+    let service = Service::start_cluster(&cluster.urls());
+    let now = redis_time_us(&mut cluster.nodes[0].client());
+    let per_ms = window_around(now, 120_000..240_000, 30_000);
+    let keys = keys(40);
+    let mut allowed = BTreeMap::new();
+    for _ in 0..5 {
+        round_of(&service, &keys, &mut allowed, every_algorithm(per_ms));
+    }
+    assert!(
+        allowed.values().all(|&n| n == 3),
+        "allowed per key: {allowed:?}"
+    );
+    assert_eq!(allowed.len(), 40);
+    // Every primary holds keys, and of each kind: strings and sorted sets (the sliding logs).
+    let mut logs = 0;
+    for node in &cluster.nodes {
+        let mut client = node.client();
+        assert!(
+            client.cmd(&["DBSIZE"]).int() > 0,
+            "node {} holds no key",
+            node.port
+        );
+        let common::resp::Reply::Array(zsets) =
+            client.cmd(&["SCAN", "0", "COUNT", "1000", "TYPE", "zset"])
+        else {
+            panic!("SCAN")
+        };
+        let common::resp::Reply::Array(found) = &zsets[1] else {
+            panic!("SCAN")
+        };
+        logs += found.len();
+    }
+    assert_eq!(logs, 8, "one sorted set per sliding-log key");
 }
