@@ -247,9 +247,9 @@ fn a_sliding_window_lets_the_previous_window_fade() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
     let mut client = redis.client();
-    // 10 admitted at the end of a 4 to 8 s window; then, a quarter into the next, 10 × 3/4
-    // still weigh: room for 2 of 10.
-    let per_ms = window_with_left(redis_time_us(&mut client), 4_000..8_000, 300..500);
+    // 10 admitted at the end of an 8 to 16 s window; then, a quarter into the next, 10 × 3/4
+    // still weigh: room for 2 of 10 (3 only if the sleep overshot by a twentieth of the window).
+    let per_ms = window_with_left(redis_time_us(&mut client), 8_000..16_000, 300..500);
     let full = window("sliding_window", "fade/1", 10, per_ms, 1, 1);
     let first = check(&service, &vec![full.clone(); 10]);
     assert_eq!(allowed(&first), 10);
