@@ -66,9 +66,11 @@ pub struct EnvoyOptions {
     /// Endpoints of the cluster `sluice_service` (global policies call it); `None` leaves the
     /// cluster out, an empty list makes a cluster with no endpoints.
     pub service: Option<Vec<SocketAddr>>,
-    /// `(header, namespace, key)`: a header_to_metadata filter before sluice copies the header
-    /// into dynamic metadata (and removes it), as a trusted authentication filter would.
-    pub header_to_metadata: Option<(String, String, String)>,
+    /// `(header, namespace, key)` rules: a header_to_metadata filter before sluice copies each
+    /// header into dynamic metadata (and removes it), as a trusted authentication filter would.
+    pub header_to_metadata: Vec<(String, String, String)>,
+    /// Extra HCM fields, `(name, YAML flow value)`: `("max_request_headers_kb", "96")`.
+    pub hcm_options: Vec<(String, String)>,
 }
 
 impl EnvoyOptions {
@@ -79,7 +81,8 @@ impl EnvoyOptions {
             xff_num_trusted_hops: 0,
             concurrency: 2,
             service: None,
-            header_to_metadata: None,
+            header_to_metadata: Vec::new(),
+            hcm_options: Vec::new(),
         }
     }
 
@@ -106,9 +109,18 @@ impl EnvoyOptions {
         self
     }
 
-    /// Puts `header`'s value into dynamic metadata `namespace`/`key` before sluice runs.
+    /// Puts `header`'s value into dynamic metadata `namespace`/`key` before sluice runs (and
+    /// removes the header). Each call adds one rule.
     pub fn header_to_metadata(mut self, header: &str, namespace: &str, key: &str) -> Self {
-        self.header_to_metadata = Some((header.into(), namespace.into(), key.into()));
+        self.header_to_metadata
+            .push((header.into(), namespace.into(), key.into()));
+        self
+    }
+
+    /// Sets an HCM field, the value in YAML flow style:
+    /// `.hcm_option("common_http_protocol_options", "{ max_headers_count: 500 }")`.
+    pub fn hcm_option(mut self, name: &str, value: &str) -> Self {
+        self.hcm_options.push((name.into(), value.into()));
         self
     }
 
@@ -681,19 +693,34 @@ fn yaml_quote(s: &str) -> String {
 /// ports, an absolute wasm path, and routes `api` (/api/) and `default` (/)
 /// that both answer 200 "ok".
 fn bootstrap_yaml(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
-    let metadata_filter = match &opts.header_to_metadata {
-        None => String::new(),
-        Some((header, namespace, key)) => format!(
+    let metadata_rules: String = opts
+        .header_to_metadata
+        .iter()
+        .map(|(header, namespace, key)| {
+            format!(
+                r#"
+              - header: {header}
+                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
+                remove: true"#
+            )
+        })
+        .collect();
+    let metadata_filter = if metadata_rules.is_empty() {
+        String::new()
+    } else {
+        format!(
             r#"
           - name: envoy.filters.http.header_to_metadata
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
-              request_rules:
-              - header: {header}
-                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
-                remove: true"#
-        ),
+              request_rules:{metadata_rules}"#
+        )
     };
+    let hcm_options: String = opts
+        .hcm_options
+        .iter()
+        .map(|(name, value)| format!("\n          {name}: {value}"))
+        .collect();
     let wasm_filter = match &opts.plugin_json {
         None => String::new(),
         Some(json) => format!(
@@ -733,7 +760,7 @@ static_resources:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: test
           use_remote_address: {use_remote_address}
-          xff_num_trusted_hops: {xff_num_trusted_hops}
+          xff_num_trusted_hops: {xff_num_trusted_hops}{hcm_options}
           route_config:
             name: test
             virtual_hosts:
