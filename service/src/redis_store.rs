@@ -104,8 +104,8 @@ return {1, granted, limit - count, reset, 0}
 /// whole). Admits if room >= cost, granting min(take, room). retry_after is the filter's
 /// `sliding_window::retry_after`: later in this window if only the previous window's weight is
 /// in the way, else into the next window, where this window's count is the one that fades.
-/// reset is the time to the end of the next window if this one has a count (before the
-/// decision), else to the end of this one, as locally. TTL: to the end of the next window plus
+/// reset is when both counts have faded: the end of the next window once this one has a count
+/// (after an admission it always has), else the end of this one, as locally. TTL: to the end of the next window plus
 /// 1 s. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
 pub const SLIDING_WINDOW_LUA: &str = r"
 local window = tonumber(ARGV[1])
@@ -196,7 +196,7 @@ local granted = math.min(take, room)
 local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
 local state = string.format('%d:%d:%d', index, current + granted, previous)
 redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
-return {1, granted, room - granted, reset, 0}
+return {1, granted, room - granted, 2 * window - elapsed, 0}
 ";
 
 /// Sliding log: the admission time of every token of the last `window`, so the limit holds
@@ -263,8 +263,9 @@ return {1, granted, limit - count - granted, window, 0}
 ///
 /// delay > max_delay: denied, nothing written, retry_after = delay - max_delay. Otherwise
 /// admitted with that delay (the filter holds the request), TAT = turn + cost × interval,
-/// remaining = floor((max_delay - delay) / interval), reset = until the queue drains. TTL: until
-/// it drains plus 1 s.
+/// remaining = the cost-1 requests that could still queue behind it within max_delay
+/// (floor((max_delay - delay) / interval) + 1 - cost, at least 0), reset = until the queue
+/// drains. TTL: until it drains plus 1 s.
 pub const LEAKY_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
 local max_delay = tonumber(ARGV[2])
@@ -280,7 +281,7 @@ local drained = turn + cost * interval
 local reset = drained - now
 local ttl_ms = math.ceil(reset / 1000) + 1000
 redis.call('SET', KEYS[1], string.format('%d', drained), 'PX', string.format('%d', ttl_ms))
-return {1, cost, math.floor((max_delay - delay) / interval), reset, 0, delay}
+return {1, cost, math.max(math.floor((max_delay - delay) / interval) + 1 - cost, 0), reset, 0, delay}
 ";
 
 /// Bound on every Redis operation, retries and reconnects included.
