@@ -1456,13 +1456,21 @@ mod tests {
     fn a_bypass_names_its_key_policies_owner_reason_and_expiry() {
         let plan = parse(with_bypass(alice_bypass()).to_string().as_bytes()).unwrap();
         let b = &plan.bypass[0];
-        assert_eq!((b.policy, b.owner.as_str(), b.reason.as_str()), (0, "oncall@example.com", "INC-42"));
+        assert_eq!(
+            (b.policy, b.owner.as_str(), b.reason.as_str()),
+            (0, "oncall@example.com", "INC-42")
+        );
         assert_eq!(b.key, crate::key::hash_values(&["alice".into()]));
         assert_eq!(b.expires, 1_796_083_200_000_000_000);
         let mut by_hash = alice_bypass();
         by_hash.as_object_mut().unwrap().remove("key");
         by_hash["key_hash"] = json!(format!("{:016x}", b.key));
-        assert_eq!(parse(with_bypass(by_hash).to_string().as_bytes()).unwrap().bypass, plan.bypass);
+        assert_eq!(
+            parse(with_bypass(by_hash).to_string().as_bytes())
+                .unwrap()
+                .bypass,
+            plan.bypass
+        );
     }
 
     #[test]
@@ -1470,7 +1478,11 @@ mod tests {
         for field in ["owner", "reason", "expires", "policies"] {
             let mut entry = alice_bypass();
             entry.as_object_mut().unwrap().remove(field);
-            assert_refused(with_bypass(entry), "bypass[0]", &format!("missing field `{field}`"));
+            assert_refused(
+                with_bypass(entry),
+                "bypass[0]",
+                &format!("missing field `{field}`"),
+            );
         }
         let mut entry = alice_bypass();
         entry["owner"] = json!(" ");
@@ -1480,13 +1492,21 @@ mod tests {
         assert_refused(with_bypass(entry), "bypass[0].expires", "RFC 3339");
         let mut entry = alice_bypass();
         entry["policies"] = json!(["nope"]);
-        assert_refused(with_bypass(entry), "bypass[0].policies[0]", "no policy is named");
+        assert_refused(
+            with_bypass(entry),
+            "bypass[0].policies[0]",
+            "no policy is named",
+        );
         let mut entry = alice_bypass();
         entry["key"] = json!(["alice", "extra"]);
         assert_refused(with_bypass(entry), "bypass[0].key", "1 key parts");
         let mut entry = alice_bypass();
         entry["key_hash"] = json!("zz");
-        assert_refused(with_bypass(entry), "bypass[0]", "exactly one of key or key_hash");
+        assert_refused(
+            with_bypass(entry),
+            "bypass[0]",
+            "exactly one of key or key_hash",
+        );
     }
 
     proptest::proptest! {

@@ -969,10 +969,17 @@ mod tests {
     fn a_bypassed_key_passes_and_is_counted_until_the_entry_expires() {
         let (filter, host) = setup(bypassed_alice("2027-06-01T00:00:00Z"));
         assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 200]);
-        assert_eq!(statuses(&filter, &host, 2, &[("x-user-id", "bob")]), [200, 429]);
+        assert_eq!(
+            statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+            [200, 429]
+        );
         filter.flush_counters(&host);
         assert_eq!(host.counter("sluice.per-user.bypassed"), 3);
         let (filter, host) = setup(bypassed_alice("2020-01-01T00:00:00Z"));
-        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429], "expired: ignored");
+        assert_eq!(
+            statuses(&filter, &host, 2, ALICE),
+            [200, 429],
+            "expired: ignored"
+        );
     }
 }

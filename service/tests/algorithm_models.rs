@@ -285,7 +285,13 @@ fn sliding_window(
             .unwrap();
         let remaining = (limit_w - used_w - u128::from(granted) * w) / w;
         Outcome {
-            reply: vec![1, granted.into(), remaining as i128, (2 * window - elapsed).into(), 0],
+            reply: vec![
+                1,
+                granted.into(),
+                remaining as i128,
+                (2 * window - elapsed).into(),
+                0,
+            ],
             stored: Stored::Text(format!("{index}:{}:{previous}", current + granted)),
             ttl_ms: Some(ceil_ms(2 * window - elapsed) + 1000),
         }
@@ -574,7 +580,9 @@ fn leaky_bucket(interval: u64, max_delay: u64, cost: u64) -> impl Fn(&Stored, u6
             reply: vec![
                 1,
                 cost.into(),
-                ((max_delay - delay) / interval + 1).saturating_sub(cost).into(),
+                ((max_delay - delay) / interval + 1)
+                    .saturating_sub(cost)
+                    .into(),
                 (drained - now).into(),
                 0,
                 delay.into(),
