@@ -241,3 +241,59 @@ fn a_redis_cluster_keeps_keys_in_different_slots_exact() {
         );
     }
 }
+
+/// Every algorithm in global scope: two Envoys share each key's budget exactly, and a global
+/// leaky bucket holds requests for the turn the service gives them.
+#[test]
+fn every_algorithm_holds_one_budget_across_envoys() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let policy = |name: &str, algorithm: &str| {
+        json!({"name": name, "scope": "global", "algorithm": algorithm,
+            "match": {"path_prefix": format!("/{name}/")}, "key": ["header:x-user-id"],
+            "requests": 4, "per": "1h"})
+    };
+    let mut token_bucket = policy("tb", "token_bucket");
+    token_bucket["burst"] = json!(4);
+    let policies = json!([
+        token_bucket,
+        policy("fw", "fixed_window"),
+        policy("sw", "sliding_window"),
+        policy("sl", "sliding_log"),
+    ]);
+    let envoys = [
+        envoy(&[service.addr], policies.clone()),
+        envoy(&[service.addr], policies),
+    ];
+    for name in ["tb", "fw", "sw", "sl"] {
+        let path = format!("/{name}/x");
+        let all: Vec<u16> = (0..10)
+            .map(|i| envoys[i % 2].get(&path, ALICE).status)
+            .collect();
+        assert_eq!(
+            all,
+            [200, 200, 200, 200, 429, 429, 429, 429, 429, 429],
+            "{name}"
+        );
+    }
+
+    let mut leaky = policy("lb", "leaky_bucket");
+    leaky["requests"] = json!(10);
+    leaky["per"] = json!("1s");
+    leaky["max_delay"] = json!("250ms");
+    let envoy = envoy(&[service.addr], json!([leaky]));
+    let started = Instant::now();
+    let (first, second, third) = (
+        envoy.get("/lb/x", ALICE),
+        envoy.get("/lb/x", ALICE),
+        envoy.get("/lb/x", ALICE),
+    );
+    assert_eq!((first.status, second.status, third.status), (200, 200, 200));
+    let took = started.elapsed();
+    // Sent one after another: the second waits for its turn 100 ms after the first, the
+    // third 100 ms after that (less the time the second already waited).
+    assert!(
+        (Duration::from_millis(190)..Duration::from_millis(400)).contains(&took),
+        "{took:?}"
+    );
+}
