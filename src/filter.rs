@@ -702,15 +702,52 @@ mod tests {
         assert_eq!(admitted, 50, "{results:?}");
     }
 
+    /// 64 slots, five tokens an hour per user: no refill gets in the way.
+    fn small_table() -> Value {
+        json!({"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1,
+            "per": "1h", "burst": 5, "max_keys": 64}]})
+    }
+
     #[test]
-    fn a_flood_of_keys_stays_within_max_keys() {
-        let mut p = per_user(5);
-        p["max_keys"] = json!(64);
-        let (filter, host) = setup(json!({"policies": [p]}));
-        for i in 0..5_000 {
-            send(&filter, &host, &[("x-user-id", &format!("user-{i}"))]);
+    fn a_flood_of_new_keys_neither_grows_the_table_nor_evicts_a_key_in_use() {
+        let (filter, host) = setup(small_table());
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 200]);
+        let mut flood_admitted = 0;
+        for i in 0..5_000u64 {
+            host.now.set(T0 + i * 100_000);
+            let id = format!("attacker-{i}");
+            flood_admitted +=
+                usize::from(statuses(&filter, &host, 1, &[("x-user-id", &id)])[0] == 200);
         }
-        assert_eq!(host.store.entry_count(), 64);
+        assert_eq!(
+            host.store.entry_count(),
+            65,
+            "64 slots and the overflow slot"
+        );
+        assert_eq!(
+            statuses(&filter, &host, 3, ALICE),
+            [200, 200, 429],
+            "alice keeps her exact limit"
+        );
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.evictions"), 0);
+        assert!(
+            flood_admitted < 64 + 10,
+            "the flood shares the overflow budget: {flood_admitted}"
+        );
+    }
+
+    #[test]
+    fn keys_not_used_for_a_while_make_room_for_new_ones() {
+        let (filter, host) = setup(small_table());
+        for i in 0..40 {
+            statuses(&filter, &host, 1, &[("x-user-id", &format!("early-{i}"))]);
+        }
+        host.now.set(T0 + 2 * crate::table::RECENT);
+        let late: Vec<u16> = (0..40)
+            .map(|i| statuses(&filter, &host, 1, &[("x-user-id", &format!("late-{i}"))])[0])
+            .collect();
+        assert!(late.iter().all(|&s| s == 200));
         filter.flush_counters(&host);
         assert!(host.counter("sluice.evictions") > 0);
     }
@@ -981,5 +1018,23 @@ mod tests {
             [200, 429],
             "expired: ignored"
         );
+    }
+
+    #[test]
+    fn a_key_in_the_overflow_slot_never_spends_another_keys_lease() {
+        let mut p = global_per_user(20);
+        p["lease"] = json!(5);
+        p["max_keys"] = json!(1);
+        let (filter, host) = setup(global(p));
+        let service = FakeService::default();
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        let bob = &[("x-user-id", "bob")];
+        for _ in 0..3 {
+            assert_eq!(serve(&filter, &host, Some(&service), bob), 200);
+        }
+        let calls = host.calls.borrow();
+        assert_eq!(calls.len(), 4, "bob, in the overflow slot, asks every time");
+        let last: Value = serde_json::from_slice(calls.last().unwrap()).unwrap();
+        assert_eq!(last["checks"][0]["take"], 1, "and takes no lease");
     }
 }

@@ -211,10 +211,10 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
             if denied {
                 work.undo_charges(plan);
             }
-            if work.next == work.slot.state {
+            if work.next == work.slot.state && !work.slot.needs_touch(p.now) {
                 break;
             }
-            match write(store, &work.slot, work.hash, &work.next) {
+            match write(store, &work.slot, &work.next, p.now) {
                 Ok(()) => {
                     p.outcome.evictions += u32::from(work.slot.evicts);
                     break;
@@ -333,6 +333,7 @@ fn reload(work: &mut Work, plan: &Plan, prefix: &str, store: &impl Store, now: u
 /// Decides every member against the slot as read, computing the state to write.
 fn decide(work: &mut Work, plan: &Plan, now: u64) {
     work.next = work.slot.state.clone();
+    let shared = work.slot.is_overflow();
     work.verdicts = work
         .members
         .iter()
@@ -340,15 +341,18 @@ fn decide(work: &mut Work, plan: &Plan, now: u64) {
             let policy = plan.policies.get(member.policy)?;
             let end = policy.column + policy.columns();
             let state = work.next.get_mut(policy.column..end)?;
-            decide_member(policy, member, state, now)
+            decide_member(policy, member, state, shared, now)
         })
         .collect();
 }
 
+/// `shared`: the state is the overflow slot's, shared by keys that found no slot of their own,
+/// so a global policy keeps neither leases nor over-limit marks in it (they are one key's).
 fn decide_member(
     policy: &Policy,
     member: &Member,
     state: &mut [u64],
+    shared: bool,
     now: u64,
 ) -> Option<(Decision, Basis)> {
     match &policy.global {
@@ -367,7 +371,11 @@ fn decide_member(
                 blocked,
                 emergency,
             };
-            state.decide(global, policy.cost, member, now)
+            let decision = state.decide(global, policy.cost, member, now);
+            if shared {
+                (*state.lease, *state.blocked) = (0, 0);
+            }
+            decision
         }
     }
 }
@@ -495,7 +503,9 @@ impl Work {
             };
             let columns = policy.column..policy.column + policy.columns();
             match (verdict, member.service) {
-                (Some((_, Basis::Service)), Service::Answered(a)) if a.allowed => {
+                (Some((_, Basis::Service)), Service::Answered(a))
+                    if a.allowed && !self.slot.is_overflow() =>
+                {
                     if let Some(lease) = self.next.get_mut(policy.column + 1) {
                         *lease += policy.cost;
                     }
@@ -548,7 +558,11 @@ fn checks(plan: &Plan, works: &[Work]) -> (Vec<(usize, usize)>, Vec<Check>) {
                     per_ms: protocol::per_ms(member.tier.per_nanos),
                     burst: algorithm.capacity(),
                     cost: policy.cost,
-                    take: global.take.min(algorithm.capacity()),
+                    take: if work.slot.is_overflow() {
+                        policy.cost
+                    } else {
+                        global.take.min(algorithm.capacity())
+                    },
                     max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
                 });
             }

@@ -3,30 +3,60 @@
 //! fixed number of slots, created up front (a write that creates an entry ignores CAS, so only
 //! pre-created slots are race-free).
 //!
-//! A key may live in one of two candidate slots. A slot stores its owner's key hash and the
-//! state words of every policy of the layout. A slot whose state is idle (every bucket full,
-//! every window over: the caller's `idle_at` says from when) is as good as empty and is reused
-//! without loss. When both candidates hold other keys' live state, the one idle soonest is taken
-//! over: that key starts again from empty (an error of at most one burst) and the eviction is
-//! counted.
+//! A key may live in one of two candidate slots. A slot stores its owner's key hash, when it was
+//! last used, and the state words of every policy of the layout. A new key takes:
+//! 1. a candidate whose state is idle (every bucket full, every window over: the caller's
+//!    `idle_at` says from when): as good as empty, reused without loss;
+//! 2. else the least recently used candidate not used within `RECENT`: that key is forgotten and
+//!    starts again from empty (an error of at most one burst), counted as an eviction;
+//! 3. else, when both candidates are in active use, the table's one overflow slot, which all such
+//!    keys share. A flood of new keys can thus never evict a key in active use: the flood ends up
+//!    sharing one budget, and the keys in use keep their exact limits.
 
 use crate::config::TableSpec;
+use crate::duration::NANOS_PER_SEC;
 use crate::store::{Store, StoreError};
+
+/// A key used this recently is in active use: never evicted.
+pub const RECENT: u64 = NANOS_PER_SEC;
+/// The owner of the overflow slot, shared by the keys that found no slot of their own.
+pub const OVERFLOW_KEY: u64 = 0x6f76_6572_666c_6f77;
+
+/// Words of a slot value before the policies' state: owner, last use.
+const HEADER_WORDS: usize = 2;
 
 /// A key's slot as read: where it is, its version, and the policies' state words.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Slot {
     pub name: String,
     pub cas: u32,
+    /// Whose state the slot holds once written: the key, or `OVERFLOW_KEY`.
+    pub owner: u64,
     pub state: Vec<u64>,
-    /// Taking this slot resets another key's live state.
+    /// When the slot was last written.
+    pub last_used: u64,
+    /// Taking this slot forgets another key's live state.
     pub evicts: bool,
+}
+
+impl Slot {
+    /// The shared overflow slot rather than the key's own.
+    pub fn is_overflow(&self) -> bool {
+        self.owner == OVERFLOW_KEY
+    }
+
+    /// Whether a write that changes no state should still go, to mark the slot as in use: a
+    /// key that is only being denied is in use too, and must not be evicted for a fresh start.
+    pub fn needs_touch(&self, now: u64) -> bool {
+        self.last_used.saturating_add(RECENT / 2) <= now
+    }
 }
 
 struct Read {
     name: String,
     cas: u32,
     owner: u64,
+    last_used: u64,
     state: Vec<u64>,
     /// From when the state is as good as empty.
     idle_at: u64,
@@ -37,26 +67,39 @@ impl Read {
         self.owner == 0 || self.idle_at <= now
     }
 
-    fn into_slot(self, mine: bool, evicts: bool, width: usize) -> Slot {
+    fn in_use(&self, now: u64) -> bool {
+        self.last_used.saturating_add(RECENT) > now
+    }
+
+    /// The slot for `owner`: its state if it already is the owner's, else empty.
+    fn take(self, owner: u64, evicts: bool, width: usize) -> Slot {
+        let (state, last_used) = if self.owner == owner {
+            (self.state, self.last_used)
+        } else {
+            (vec![0; width], 0)
+        };
         Slot {
             name: self.name,
             cas: self.cas,
-            state: if mine { self.state } else { vec![0; width] },
+            owner,
+            state,
+            last_used,
             evicts,
         }
     }
 }
 
-/// The shared-data key of slot `index`: `<prefix><layout id>/<index>`.
+/// The shared-data key of slot `index`: `<prefix><layout id>/<index>`. The overflow slot is the
+/// one past the last.
 pub fn slot_name(prefix: &str, spec: &TableSpec, index: u32) -> String {
     format!("{prefix}{:016x}/{index}", spec.layout_id)
 }
 
-/// Creates every slot that does not exist yet, empty. Run at configuration time, before any
-/// request can write a slot.
+/// Creates every slot (and the overflow slot) that does not exist yet, empty. Run at
+/// configuration time, before any request can write a slot.
 pub fn create_slots(store: &impl Store, prefix: &str, spec: &TableSpec) -> Result<(), StoreError> {
-    let empty = encode(0, &vec![0; spec.width]);
-    for index in 0..spec.capacity {
+    let empty = encode(0, 0, &vec![0; spec.width]);
+    for index in 0..=spec.capacity {
         let name = slot_name(prefix, spec, index);
         if store.get(&name).is_none() {
             store.set(&name, &empty, 0)?;
@@ -66,8 +109,8 @@ pub fn create_slots(store: &impl Store, prefix: &str, spec: &TableSpec) -> Resul
 }
 
 /// Finds the slot of the key `hash`, or the slot it should take: one read when the key is in
-/// its first candidate, two otherwise. `idle_at` says from when a slot's state is as good as
-/// empty.
+/// its first candidate, two otherwise, three when it overflows. `idle_at` says from when a
+/// slot's state is as good as empty.
 pub fn find(
     store: &impl Store,
     prefix: &str,
@@ -78,31 +121,32 @@ pub fn find(
 ) -> Slot {
     let (a, b) = candidates(hash, spec.capacity);
     let read = |index| read(store, slot_name(prefix, spec, index), spec.width, &idle_at);
+    let width = spec.width;
     let first = read(a);
     if first.owner == hash {
-        return first.into_slot(true, false, spec.width);
+        return first.take(hash, false, width);
     }
-    if a == b {
-        let evicts = !first.is_free(now);
-        return first.into_slot(false, evicts, spec.width);
+    let mut choices = vec![first];
+    if a != b {
+        let second = read(b);
+        if second.owner == hash {
+            return second.take(hash, false, width);
+        }
+        choices.push(second);
     }
-    let second = read(b);
-    if second.owner == hash {
-        second.into_slot(true, false, spec.width)
-    } else if first.is_free(now) {
-        first.into_slot(false, false, spec.width)
-    } else if second.is_free(now) {
-        second.into_slot(false, false, spec.width)
-    } else if first.idle_at <= second.idle_at {
-        first.into_slot(false, true, spec.width)
-    } else {
-        second.into_slot(false, true, spec.width)
+    if let Some(free) = choices.iter().position(|c| c.is_free(now)) {
+        return choices.swap_remove(free).take(hash, false, width);
     }
+    choices.retain(|c| !c.in_use(now));
+    if let Some(oldest) = choices.into_iter().min_by_key(|c| c.last_used) {
+        return oldest.take(hash, true, width);
+    }
+    read(spec.capacity).take(OVERFLOW_KEY, false, width)
 }
 
-/// Writes the key's new state into its slot, if nobody wrote the slot since it was read.
-pub fn write(store: &impl Store, slot: &Slot, hash: u64, state: &[u64]) -> Result<(), StoreError> {
-    store.set(&slot.name, &encode(hash, state), slot.cas)
+/// Writes the slot's new state, used at `now`, if nobody wrote the slot since it was read.
+pub fn write(store: &impl Store, slot: &Slot, state: &[u64], now: u64) -> Result<(), StoreError> {
+    store.set(&slot.name, &encode(slot.owner, now, state), slot.cas)
 }
 
 fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
@@ -113,41 +157,41 @@ fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
 
 fn read(store: &impl Store, name: String, width: usize, idle_at: impl Fn(&[u64]) -> u64) -> Read {
     let (value, cas) = store.get(&name).unwrap_or_default();
-    let (owner, state) = decode(&value, width).unwrap_or((0, vec![0; width]));
+    let (owner, last_used, state) = decode(&value, width).unwrap_or((0, 0, vec![0; width]));
     Read {
         name,
         cas,
         owner,
+        last_used,
         idle_at: idle_at(&state),
         state,
     }
 }
 
-/// Slot value: owner key hash, then one TAT per policy, all u64 little-endian.
-fn encode(owner: u64, tats: &[u64]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(8 * (1 + tats.len()));
-    bytes.extend_from_slice(&owner.to_le_bytes());
-    for tat in tats {
-        bytes.extend_from_slice(&tat.to_le_bytes());
+/// Slot value: owner key hash, last use, then the policies' state words, all u64 little-endian.
+fn encode(owner: u64, last_used: u64, state: &[u64]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(value_size(state.len()));
+    for word in [owner, last_used].iter().chain(state) {
+        bytes.extend_from_slice(&word.to_le_bytes());
     }
     bytes
 }
 
 /// `None` for a value of another layout or size: such a slot counts as empty.
-fn decode(bytes: &[u8], width: usize) -> Option<(u64, Vec<u64>)> {
-    if bytes.len() != 8 * (1 + width) {
+fn decode(bytes: &[u8], width: usize) -> Option<(u64, u64, Vec<u64>)> {
+    if bytes.len() != value_size(width) {
         return None;
     }
     let mut words = bytes
         .chunks_exact(8)
         .map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap_or_default()));
-    let owner = words.next()?;
-    Some((owner, words.collect()))
+    let (owner, last_used) = (words.next()?, words.next()?);
+    Some((owner, last_used, words.collect()))
 }
 
 /// Bytes of shared data per slot value (the host adds its own per-entry overhead).
 pub fn value_size(width: usize) -> usize {
-    8 * (1 + width)
+    8 * (HEADER_WORDS + width)
 }
 
 #[cfg(test)]
@@ -169,12 +213,21 @@ mod tests {
         }
     }
 
+    const NOW: u64 = 100 * NANOS_PER_SEC;
+
+    /// Finds the key's slot at `now` and writes `state` into it.
+    fn put(store: &MemoryStore, spec: &TableSpec, hash: u64, state: u64, now: u64) -> Slot {
+        let slot = find(store, "p/", spec, hash, max, now);
+        write(store, &slot, &[state], now).unwrap();
+        slot
+    }
+
     #[test]
     fn slots_are_created_once_and_up_front() {
         let store = MemoryStore::default();
         let spec = spec(100, 2);
         create_slots(&store, "p/", &spec).unwrap();
-        assert_eq!(store.entry_count(), 100);
+        assert_eq!(store.entry_count(), 101, "100 slots and the overflow slot");
         let (value, cas) = store.get(&slot_name("p/", &spec, 3)).unwrap();
         assert_eq!(value, vec![0; value_size(2)]);
         create_slots(&store, "p/", &spec).unwrap();
@@ -190,12 +243,9 @@ mod tests {
         let store = MemoryStore::default();
         let spec = spec(10, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let mut slot = find(&store, "p/", &spec, 42, max, 100);
-        assert_eq!(slot.state, [0]);
-        slot.state = vec![500];
-        write(&store, &slot, 42, &slot.state).unwrap();
-        let again = find(&store, "p/", &spec, 42, max, 100);
-        assert_eq!((again.name, again.state), (slot.name, vec![500]));
+        let slot = put(&store, &spec, 42, NOW + 500, NOW);
+        let again = find(&store, "p/", &spec, 42, max, NOW);
+        assert_eq!((again.name, again.state), (slot.name, vec![NOW + 500]));
     }
 
     #[test]
@@ -203,33 +253,50 @@ mod tests {
         let store = MemoryStore::default();
         let spec = spec(10, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let slot = find(&store, "p/", &spec, 42, max, 100);
-        write(&store, &slot, 42, &slot.state).unwrap();
+        let slot = find(&store, "p/", &spec, 42, max, NOW);
+        write(&store, &slot, &[1], NOW).unwrap();
         assert_eq!(
-            write(&store, &slot, 42, &slot.state),
+            write(&store, &slot, &[2], NOW),
             Err(StoreError::CasMismatch)
         );
     }
 
     #[test]
-    fn live_keys_never_share_a_slot_and_full_buckets_are_reused() {
+    fn an_idle_slot_is_reused_and_an_old_live_one_evicted() {
         let store = MemoryStore::default();
         let spec = spec(1, 1);
         create_slots(&store, "p/", &spec).unwrap();
-        let mut slot = find(&store, "p/", &spec, 1, max, 100);
-        slot.state = vec![200];
-        write(&store, &slot, 1, &slot.state).unwrap();
-        let other = find(&store, "p/", &spec, 2, max, 150);
+        put(&store, &spec, 1, NOW + 10 * RECENT, NOW);
+        let idle = find(&store, "p/", &spec, 2, max, NOW + 10 * RECENT);
         assert_eq!(
-            (other.state.clone(), other.evicts),
-            (vec![0], true),
-            "live: eviction"
+            (idle.is_overflow(), idle.evicts, idle.state),
+            (false, false, vec![0])
         );
-        let later = find(&store, "p/", &spec, 2, max, 200);
+        let old = find(&store, "p/", &spec, 2, max, NOW + RECENT);
         assert_eq!(
-            (later.state, later.evicts),
-            (vec![0], false),
-            "full: free reuse"
+            (old.is_overflow(), old.evicts, old.state),
+            (false, true, vec![0])
+        );
+    }
+
+    #[test]
+    fn keys_in_active_use_are_never_evicted_newcomers_share_the_overflow() {
+        let store = MemoryStore::default();
+        let spec = spec(1, 1);
+        create_slots(&store, "p/", &spec).unwrap();
+        let mine = put(&store, &spec, 1, NOW + 10 * RECENT, NOW);
+        let newcomer = put(&store, &spec, 2, NOW + 5, NOW + 1);
+        assert!(newcomer.is_overflow());
+        let other = find(&store, "p/", &spec, 3, max, NOW + 2);
+        assert_eq!(
+            (other.is_overflow(), other.state),
+            (true, vec![NOW + 5]),
+            "shares the budget"
+        );
+        let again = find(&store, "p/", &spec, 1, max, NOW + 3);
+        assert_eq!(
+            (again.name, again.state),
+            (mine.name, vec![NOW + 10 * RECENT])
         );
     }
 
@@ -242,21 +309,20 @@ mod tests {
         let twin = (2..)
             .find(|&h| candidates(h, 1000).0 == a && candidates(h, 1000).1 != a)
             .unwrap();
-        let mut first = find(&store, "p/", &spec, 1, max, 100);
-        first.state = vec![10_000];
-        write(&store, &first, 1, &first.state).unwrap();
-        let mut second = find(&store, "p/", &spec, twin, max, 100);
+        let first = put(&store, &spec, 1, NOW + 10_000, NOW);
+        let second = put(&store, &spec, twin, NOW + 20_000, NOW);
         assert!(!second.evicts);
         assert_ne!(second.name, first.name);
-        second.state = vec![20_000];
-        write(&store, &second, twin, &second.state).unwrap();
-        assert_eq!(find(&store, "p/", &spec, 1, max, 100).state, [10_000]);
-        assert_eq!(find(&store, "p/", &spec, twin, max, 100).state, [20_000]);
+        assert_eq!(find(&store, "p/", &spec, 1, max, NOW).state, [NOW + 10_000]);
+        assert_eq!(
+            find(&store, "p/", &spec, twin, max, NOW).state,
+            [NOW + 20_000]
+        );
     }
 
     #[test]
     fn a_slot_of_another_layout_counts_as_empty() {
         assert_eq!(decode(&[1, 2, 3], 1), None);
-        assert_eq!(decode(&encode(9, &[1, 2]), 2), Some((9, vec![1, 2])));
+        assert_eq!(decode(&encode(9, 5, &[1, 2]), 2), Some((9, 5, vec![1, 2])));
     }
 }
