@@ -122,10 +122,18 @@ struct Measured {
     max_ns: f64,
 }
 
-/// Times `op` (one operation per call) in `BATCHES` batches sized to take about 10 ms each.
+/// Times `op` (one operation per call), after 200 ms of warm-up, in `BATCHES` batches sized to
+/// take about 10 ms each.
 fn measure(name: &str, mut op: impl FnMut()) -> Measured {
     const BATCHES: usize = 31;
     const BATCH_TIME: Duration = Duration::from_millis(10);
+    // Warm caches, the allocator and (under V8) the optimising compiler first.
+    let warm = Instant::now();
+    while warm.elapsed() < Duration::from_millis(200) {
+        for _ in 0..100 {
+            op();
+        }
+    }
     let mut per_batch = 1u64;
     loop {
         let start = Instant::now();

@@ -55,6 +55,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 # `nice -n N` in front of Envoy and wrk (--nice): on a machine busy with other work.
 PRIORITY = []
 
+# sluice's default max_keys: the slots each key layout (table) creates up front.
+DEFAULT_MAX_KEYS = 10_000
 # Never-denying limits: a million requests per second per key, a burst of as many.
 NEVER = 1_000_000
 
@@ -510,7 +512,7 @@ def facts(envoy):
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         "commit": commit,
         "envoy": match.group(1) if match else version,
-        "envoy_full": version,
+        "envoy_full": version.split("version: ", 1)[-1],
         "wrk": (subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0]).strip(),
     }
 
@@ -634,6 +636,20 @@ def svg_chart(order, labels, summary, title):
     return "\n".join(out) + "\n"
 
 
+def shared_data_estimate(summary):
+    """Envoy's memory per shared-data entry, from setups 4 and 5b: the same filter with 1 and with
+    5 tables of the default max_keys slots each."""
+    if "4" not in summary or "5b" not in summary:
+        return []
+    from_4_to_5b = (summary["5b"]["rss_mib"] - summary["4"]["rss_mib"]) * 2**20
+    slots = 4 * DEFAULT_MAX_KEYS
+    return [
+        f"RSS per shared-data slot, estimated from 5b − 4 ({slots:,} more slots): "
+        f"{from_4_to_5b / slots:.0f} bytes.",
+        "",
+    ]
+
+
 def rel(path):
     """A link from the report to one of its companions."""
     return os.path.relpath(path, BENCHMARKS_MD.parent)
@@ -695,6 +711,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         "",
         f"![requests/s, p99 latency and CPU per request, per setup]({rel(RESULTS_SVG)})",
         "",
+        *shared_data_estimate(summary),
         "Envoy's CPU share over the runs (the load must saturate the Envoy core for "
         "requests/s to mean anything): "
         + ", ".join(f"{sid}: {100 * summary[sid]['envoy_cpu_share']:.0f}%" for sid in order)
