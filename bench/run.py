@@ -45,6 +45,8 @@ SLUICE_WASM = ROOT / "target" / "wasm32-wasip1" / "release" / "sluice.wasm"
 RESULTS_JSON = BENCH / "results.json"
 RESULTS_SVG = BENCH / "results.svg"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+# One line per full run, kept: the key figures of earlier runs, to tell a change from noise.
+HISTORY = BENCH / "history.jsonl"
 
 ENVOY_CORE = "0"
 WRK_CORE = "1"
@@ -511,6 +513,7 @@ def facts(envoy):
         "kernel": platform.release(),
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         "commit": commit,
+        "command": "python3 bench/run.py" + "".join(" " + a for a in sys.argv[1:]),
         "envoy": match.group(1) if match else version,
         "envoy_full": version.split("version: ", 1)[-1],
         "wrk": (subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0]).strip(),
@@ -650,6 +653,27 @@ def shared_data_estimate(summary):
     ]
 
 
+def history_entry(info, summary, acc):
+    return {
+        "date": info["date"],
+        "commit": info["commit"],
+        "cpu_us": {sid: round(s["cpu_us_per_request"], 2) for sid, s in summary.items()},
+        "rps": {sid: round(s["rps"]) for sid, s in summary.items()},
+        "ratios": {
+            f"{a}/{b}": round(value, 4)
+            for a, b, _ in RATIOS
+            if (value := ratio(summary, a, b, "cpu_us_per_request")) is not None
+        },
+        "accuracy_error": None if acc is None else round(acc["error"], 2),
+    }
+
+
+def read_history():
+    if not HISTORY.exists():
+        return []
+    return [json.loads(line) for line in HISTORY.read_text().splitlines() if line.strip()]
+
+
 def rel(path):
     """A link from the report to one of its companions."""
     return os.path.relpath(path, BENCHMARKS_MD.parent)
@@ -661,7 +685,7 @@ def ratio(summary, a, b, key):
     return None
 
 
-def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
+def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, history=()):
     f = lambda v, spec: "n/a" if v is None else format(v, spec)
     md = [
         "# Benchmarks",
@@ -673,7 +697,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         f"- Date: {info['date']}; the run took {elapsed / 60:.1f} minutes",
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
         f"load average at the start {' '.join(info['loadavg'])}",
-        f"- Commit: {info['commit']}; command: `python3 bench/run.py{''.join(' ' + a for a in sys.argv[1:])}`",
+        f"- Commit: {info['commit']}; command: `{info.get('command', 'python3 bench/run.py')}`",
         f"- Envoy {info['envoy']} (`{info['envoy_full']}`); {info['wrk']}",
         "",
         "## Method",
@@ -770,6 +794,29 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed):
         value = ratio(summary, a, b, "cpu_us_per_request")
         verdict = "n/a" if value is None else ("pass" if value <= limit else "**fail**")
         md.append(f"| {a} ≤ {limit}× {b} | {f(value, '.3f')}× | {verdict} |")
+    if len(history) > 1:
+        shown = list(history)[-8:]
+        md += [
+            "",
+            "## Run to run",
+            "",
+            "The same figures from the latest full runs (`bench/history.jsonl`): on a shared or "
+            "virtual machine, how far a figure moves between runs of the same code says how small a "
+            "change can be told from noise.",
+            "",
+            "| Date | Commit | 1 µs | 3b µs | 4 µs | "
+            + " | ".join(f"{a}/{b}" for a, b, _ in TARGETS)
+            + " | Accuracy |",
+            "| --- | --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in TARGETS) + " | ---: |",
+        ]
+        for run in shown:
+            cpu, ratios = run.get("cpu_us", {}), run.get("ratios", {})
+            md.append(
+                f"| {run['date']} | {run['commit']} | {f(cpu.get('1'), '.1f')} | {f(cpu.get('3b'), '.1f')} | "
+                f"{f(cpu.get('4'), '.1f')} | "
+                + " | ".join(f"{f(ratios.get(f'{a}/{b}'), '.3f')}" for a, b, _ in TARGETS)
+                + f" | {f(run.get('accuracy_error'), '+.1f')} |"
+            )
     if acc:
         md += [
             "",
@@ -845,6 +892,8 @@ def main():
                         help="run Envoy and wrk under nice -n NICE (negative: ahead of other work)")
     parser.add_argument("--no-micro", action="store_true", help="skip cargo bench")
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke run")
+    parser.add_argument("--render-only", action="store_true",
+                        help="measure nothing: rewrite BENCHMARKS.md and results.svg from results.json")
     parser.add_argument("--out", type=Path,
                         help="write BENCHMARKS.md, results.svg and results.json to this directory "
                         "instead of the committed ones")
@@ -858,6 +907,11 @@ def main():
         args.out.mkdir(parents=True, exist_ok=True)
         RESULTS_JSON, RESULTS_SVG = args.out / "results.json", args.out / "results.svg"
         BENCHMARKS_MD = args.out / "BENCHMARKS.md"
+        global HISTORY
+        HISTORY = args.out / "history.jsonl"
+    if args.render_only:
+        render(json.loads(RESULTS_JSON.read_text()))
+        return
 
     for tool in ("wrk", "taskset", "cargo"):
         if not shutil.which(tool):
@@ -938,11 +992,26 @@ def main():
         )
         + "\n"
     )
-    title = f"sluice benchmark, {info['date']}, commit {info['commit'].split()[0]}, Envoy {info['envoy']}"
-    RESULTS_SVG.write_text(svg_chart(order, labels, summary, title))
-    write_report(info, args, order, labels, rows, summary, acc, micro, elapsed)
+    # A run of every setup, rounds included, is one the next runs compare themselves with.
+    if not args.only and not args.quick:
+        HISTORY.write_text(
+            "".join(json.dumps(run) + "\n" for run in read_history() + [history_entry(info, summary, acc)])
+        )
+    render(json.loads(RESULTS_JSON.read_text()))
     log(f"wrote {BENCHMARKS_MD}, {RESULTS_SVG.name} and {RESULTS_JSON.name} in {elapsed:.0f}s")
     print(BENCHMARKS_MD.read_text())
+
+
+def render(saved):
+    """BENCHMARKS.md and the chart, from what a run saved in results.json."""
+    info, labels, summary = saved["info"], saved["labels"], saved["summary"]
+    order = list(labels)
+    title = f"sluice benchmark, {info['date']}, commit {info['commit'].split()[0]}, Envoy {info['envoy']}"
+    RESULTS_SVG.write_text(svg_chart(order, labels, summary, title))
+    write_report(
+        info, argparse.Namespace(**saved["args"]), order, labels, saved["rounds"], summary,
+        saved["accuracy"], saved["micro"], saved["elapsed_s"], read_history(),
+    )
 
 
 if __name__ == "__main__":
