@@ -345,7 +345,8 @@ class Envoy:
                 return False
             try:
                 if http_get(self.admin_port, "/ready")[0] == 200:
-                    return http_get(self.port, PATH, CLIENT_HEADERS)[0] == 200
+                    # Served by the route, or refused by a rate limit: either way, up.
+                    return http_get(self.port, PATH, CLIENT_HEADERS)[0] in (200, 429)
             except OSError:
                 pass
             time.sleep(0.1)
