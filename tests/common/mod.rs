@@ -50,6 +50,10 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const COUNTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Starting again with new ports when another process took ours in between.
 const START_ATTEMPTS: u32 = 3;
+/// Where `lds_from_file` keeps the listener, under the Envoy's temp dir: the watched directory.
+const LDS_DIR: &str = "lds";
+const LDS_FILE: &str = "listener.yaml";
+const LDS_UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to start Envoy. `Envoy::start(json)` is `EnvoyOptions::new(json).start()`.
 #[derive(Clone, Debug)]
@@ -71,6 +75,9 @@ pub struct EnvoyOptions {
     pub header_to_metadata: Vec<(String, String, String)>,
     /// Extra HCM fields, `(name, YAML flow value)`: `("max_request_headers_kb", "96")`.
     pub hcm_options: Vec<(String, String)>,
+    /// The listener from a file-based LDS resource (a watched directory) instead of the static
+    /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
+    pub lds_from_file: bool,
 }
 
 impl EnvoyOptions {
@@ -83,6 +90,7 @@ impl EnvoyOptions {
             service: None,
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
+            lds_from_file: false,
         }
     }
 
@@ -124,6 +132,12 @@ impl EnvoyOptions {
         self
     }
 
+    /// Serves the listener from a file-based dynamic resource (LDS): see `Envoy::update_plugin`.
+    pub fn lds_from_file(mut self) -> Self {
+        self.lds_from_file = true;
+        self
+    }
+
     /// Adds the cluster `sluice_service` with these endpoints (none: a cluster that has none).
     pub fn service(mut self, endpoints: &[SocketAddr]) -> Self {
         self.service = Some(endpoints.to_vec());
@@ -157,6 +171,7 @@ impl EnvoyOptions {
 pub struct Envoy {
     child: Child,
     dir: PathBuf,
+    opts: EnvoyOptions,
     /// The HTTP listener, on 127.0.0.1.
     pub port: u16,
     /// The admin interface, on 127.0.0.1.
@@ -187,8 +202,12 @@ impl Envoy {
         let admin_port = free_port();
         let bootstrap = dir.join("bootstrap.yaml");
         let log_path = dir.join("envoy.log");
-        std::fs::write(&bootstrap, bootstrap_yaml(opts, port, admin_port))
+        std::fs::write(&bootstrap, bootstrap_yaml(opts, &dir, port, admin_port))
             .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
+        if opts.lds_from_file {
+            std::fs::create_dir_all(dir.join(LDS_DIR)).expect("creating the LDS directory");
+            write_lds(&dir, &lds_yaml(opts, port));
+        }
         let log_file = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
         let log_file2 = log_file.try_clone().expect("dup log file handle");
@@ -210,6 +229,7 @@ impl Envoy {
         let mut envoy = Envoy {
             child,
             dir,
+            opts: opts.clone(),
             port,
             admin_port,
         };
@@ -307,6 +327,45 @@ impl Envoy {
                 return value;
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Replaces the plugin configuration of a listener served by file-based LDS
+    /// (`EnvoyOptions::lds_from_file`) while Envoy runs, as Envoy wants such files changed: a new
+    /// file renamed over the old one. Returns once Envoy has taken the update
+    /// (`listener_manager.lds.update_success` went up), or `Err` with Envoy's log tail when it
+    /// rejected it (`update_rejected`) or did neither within 10 s.
+    pub fn update_plugin(&mut self, plugin_json: &str) -> Result<(), String> {
+        assert!(
+            self.opts.lds_from_file,
+            "update_plugin needs lds_from_file()"
+        );
+        let counter = |envoy: &Envoy, name: &str| {
+            let full = format!("listener_manager.lds.{name}");
+            let stats = envoy.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
+            stats.get(&full).copied().unwrap_or(0)
+        };
+        let (success, rejected) = (
+            counter(self, "update_success"),
+            counter(self, "update_rejected"),
+        );
+        self.opts.plugin_json = Some(plugin_json.to_string());
+        write_lds(&self.dir, &lds_yaml(&self.opts, self.port));
+        let deadline = Instant::now() + LDS_UPDATE_TIMEOUT;
+        loop {
+            if counter(self, "update_success") > success {
+                return Ok(());
+            }
+            if counter(self, "update_rejected") > rejected {
+                return Err(format!("LDS update rejected:\n{}", self.log_tail(20)));
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "LDS update not taken within {LDS_UPDATE_TIMEOUT:?}:\n{}",
+                    self.log_tail(20)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -689,10 +748,62 @@ fn yaml_quote(s: &str) -> String {
     out
 }
 
-/// The static bootstrap: the same shape as envoy/demo.yaml, with the given
-/// ports, an absolute wasm path, and routes `api` (/api/) and `default` (/)
-/// that both answer 200 "ok".
-fn bootstrap_yaml(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
+/// The bootstrap: the same shape as envoy/demo.yaml, with the given ports, an absolute wasm
+/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok". The listener is
+/// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
+fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
+    let admin = format!(
+        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
+    );
+    let clusters = opts
+        .service
+        .as_deref()
+        .map(service_cluster)
+        .unwrap_or_default();
+    if !opts.lds_from_file {
+        return format!(
+            "{admin}static_resources:\n  listeners:\n{}{clusters}",
+            listener_yaml(opts, port, "  - ")
+        );
+    }
+    let lds = dir.join(LDS_DIR);
+    let static_clusters = if clusters.is_empty() {
+        String::new()
+    } else {
+        format!("static_resources:\n{clusters}")
+    };
+    format!(
+        r#"node: {{ id: sluice-test, cluster: sluice-test }}
+{admin}dynamic_resources:
+  lds_config:
+    resource_api_version: V3
+    path_config_source:
+      path: {path}
+      watched_directory: {{ path: {watched} }}
+{static_clusters}"#,
+        path = yaml_quote(&lds.join(LDS_FILE).to_string_lossy()),
+        watched = yaml_quote(&lds.to_string_lossy()),
+    )
+}
+
+/// The LDS resource file: a discovery response with the one listener.
+fn lds_yaml(opts: &EnvoyOptions, port: u16) -> String {
+    let item = "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    ";
+    format!("resources:\n{}", listener_yaml(opts, port, item))
+}
+
+/// Writes the LDS file as Envoy wants it changed: a new file moved over the old one.
+fn write_lds(dir: &Path, yaml: &str) {
+    let staged = dir.join(format!("{LDS_FILE}.next"));
+    std::fs::write(&staged, yaml).unwrap_or_else(|e| panic!("writing {}: {e}", staged.display()));
+    let path = dir.join(LDS_DIR).join(LDS_FILE);
+    std::fs::rename(&staged, &path)
+        .unwrap_or_else(|e| panic!("renaming to {}: {e}", path.display()));
+}
+
+/// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
+/// or the LDS resource's type line and what follows it).
+fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
     let metadata_rules: String = opts
         .header_to_metadata
         .iter()
@@ -745,12 +856,7 @@ fn bootstrap_yaml(opts: &EnvoyOptions, port: u16, admin_port: u16) -> String {
         ),
     };
     format!(
-        r#"admin:
-  address:
-    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}
-static_resources:
-  listeners:
-  - name: test
+        r#"{item}name: test
     address:
       socket_address: {{ address: 127.0.0.1, port_value: {port} }}
     filter_chains:
@@ -777,14 +883,9 @@ static_resources:
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-{clusters}"#,
+"#,
         use_remote_address = opts.use_remote_address,
         xff_num_trusted_hops = opts.xff_num_trusted_hops,
-        clusters = opts
-            .service
-            .as_deref()
-            .map(service_cluster)
-            .unwrap_or_default(),
     )
 }
 
