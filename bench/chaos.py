@@ -227,10 +227,10 @@ def main():
             service.start()
             for i in range(2):
                 envoys.append(rl.make_envoy(envoy_bin, f"chaos-{i}", config(), workdir,
-                                            clusters=[rl.service_cluster(service.port)]))
+                                            clusters=[bench.service_cluster(service.port)]))
                 envoys[-1].start()
-            log(f"Redis :{redis.port}, sluice-service :{service.port} ({rl.service_binary().name} "
-                f"{service.binary.parent.parent.name}), Envoys :{envoys[0].port} :{envoys[1].port}")
+            log(f"Redis :{redis.port}, sluice-service :{service.port} ({service.binary}), "
+                f"Envoys :{envoys[0].port} :{envoys[1].port}")
             load = Load(envoys, time.monotonic() + args.baseline_seconds + 3 * per_fault + 60)
             load.start()
             start = time.monotonic()

@@ -2,8 +2,8 @@
 processes, the Envoy pieces for global policies, a paced keep-alive HTTP client, RSS sampling,
 and docs/reliability.md, where each script rewrites its own section. Python 3 standard library.
 
-Envoy itself, its bootstrap, wrk's output and the machine facts come from bench/run.py (the
-benchmark), imported as `bench`. Everything binds 127.0.0.1 on free ports; every wait has a
+Envoy itself, its bootstrap, the service's Envoy cluster and its release build, wrk's output and
+the machine facts come from bench/run.py (the benchmark), imported as `bench`. Everything binds 127.0.0.1 on free ports; every wait has a
 deadline; every child is stopped by its PID.
 """
 
@@ -24,10 +24,6 @@ import run as bench  # noqa: E402  (bench/run.py: Envoy, bootstrap, wrk, facts)
 
 ROOT = bench.ROOT
 REPORT = ROOT / "docs" / "reliability.md"
-SERVICE_CLUSTER = "sluice_service"
-# `make soak` and `make chaos` build this (release, without LTO: quick to compile).
-SERVICE_FAST = ROOT / "target" / "service-fast" / "release" / "sluice-service"
-SERVICE_DEBUG = ROOT / "target" / "debug" / "sluice-service"
 
 
 class Stop(Exception):
@@ -65,14 +61,14 @@ def free_port():
 
 
 def service_binary():
-    """$SLUICE_SERVICE, else the quick release build, else the debug build."""
+    """$SLUICE_SERVICE, else the benchmark's release build of the service (without LTO: quick to
+    compile; built now if out of date)."""
     chosen = os.environ.get("SLUICE_SERVICE")
     if chosen:
         return Path(chosen)
-    for path in (SERVICE_FAST, SERVICE_DEBUG):
-        if path.exists():
-            return path
-    sys.exit("sluice-service is not built: make service (or the soak/chaos targets)")
+    if not hasattr(service_binary, "built"):
+        service_binary.built = bench.build_service()
+    return service_binary.built
 
 
 def rss_mib(pid):
@@ -189,35 +185,13 @@ class Service(Child):
 # Envoy pieces
 
 
-def service_cluster(port):
-    """The Envoy cluster of sluice-service, as in envoy/global.yaml."""
-    return {
-        "name": SERVICE_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "0.25s",
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "common_http_protocol_options": {"idle_timeout": "60s"},
-                "explicit_http_config": {"http_protocol_options": {}},
-            }
-        },
-        "load_assignment": {
-            "cluster_name": SERVICE_CLUSTER,
-            "endpoints": [
-                {"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}]}
-            ],
-        },
-    }
-
-
 def sluice_filter(config):
     """The sluice filter with a whole plugin configuration (bench.sluice() takes policies only)."""
     return bench.wasm_filter(bench.SLUICE_WASM, config, "sluice")
 
 
 def global_block(timeout="50ms"):
-    return {"cluster": SERVICE_CLUSTER, "authority": "sluice-service", "timeout": timeout}
+    return {"cluster": bench.SERVICE_CLUSTER, "authority": "sluice-service", "timeout": timeout}
 
 
 def make_envoy(envoy_bin, name, config, workdir, clusters=(), concurrency=2):
@@ -377,7 +351,8 @@ def wrk(port, seconds, connections, threads, script, env=None, timeout_s="5s", p
 
 def facts(envoy_bin):
     info = bench.facts(envoy_bin)
-    info["service"] = str(service_binary().relative_to(ROOT)) if service_binary().is_relative_to(ROOT) else str(service_binary())
+    binary = service_binary()
+    info["service"] = str(binary.relative_to(ROOT)) if binary.is_relative_to(ROOT) else str(binary)
     info["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
     return info
 

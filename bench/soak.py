@@ -309,7 +309,7 @@ def mixed(envoy_bin, workdir, args):
         service = rl.Service(workdir, redis, rl.service_binary())
         service.start()
         envoy = rl.make_envoy(envoy_bin, "mixed", mixed_config(), workdir,
-                              clusters=[rl.service_cluster(service.port)])
+                              clusters=[bench.service_cluster(service.port)])
         envoy.start()
         time.sleep(1)
 
