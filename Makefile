@@ -65,3 +65,15 @@ clean:
 .PHONY: bench
 bench: build
 	cd $(ROOT) && python3 bench/run.py $(BENCH_ARGS)
+
+# Not part of make test: reliability runs that rewrite their sections of docs/reliability.md.
+# make soak: a flood of 1,000,000 new keys against max_keys, then SOAK_MINUTES (default 10) of
+# mixed local and global traffic; make chaos: Redis and the service killed and paused under load
+# (about 2 minutes). Both build the service as make bench does (release, without LTO).
+# Options go through SOAK_ARGS / CHAOS_ARGS (see bench/soak.py --help, bench/chaos.py --help).
+.PHONY: soak chaos
+soak: build
+	cd $(ROOT) && python3 bench/soak.py $(SOAK_ARGS)
+
+chaos: build
+	cd $(ROOT) && python3 bench/chaos.py $(CHAOS_ARGS)
