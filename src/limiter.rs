@@ -120,6 +120,8 @@ enum Service {
 struct Member {
     policy: usize,
     tier: Tier,
+    /// The limit enforced locally while the service cannot answer (global fail-open policies).
+    emergency: Tier,
     service: Service,
 }
 
@@ -283,9 +285,12 @@ fn gather<R: RequestSource + ?Sized>(
             }
             outcome.expired_bypass.push(entry);
         }
+        let tier = tier_of(policy, request);
+        let emergency = policy.global.and_then(|g| g.fail_open.flatten());
         let member = Member {
             policy: index,
-            tier: tier_of(policy, request),
+            tier,
+            emergency: emergency.unwrap_or(tier),
             service: if service_up {
                 Service::Ask
             } else {
@@ -461,9 +466,8 @@ impl GlobalState<'_> {
             }
             Service::Ask => None,
             Service::Failed => match global.fail_open {
-                Some(emergency) => {
-                    let tier = emergency.unwrap_or(member.tier);
-                    let decision = decide_local(&tier, cost, self.emergency, now)?;
+                Some(_) => {
+                    let decision = decide_local(&member.emergency, cost, self.emergency, now)?;
                     Some((decision, Basis::Emergency))
                 }
                 None => Some((denied(NANOS_PER_SEC, 0), Basis::Unavailable)),
@@ -531,7 +535,12 @@ impl Work {
                 verdict.map(|(decision, basis)| Applied {
                     policy: m.policy,
                     key: self.hash,
-                    tier: m.tier,
+                    // What the headers report: the limit that decided.
+                    tier: if basis == Basis::Emergency {
+                        m.emergency
+                    } else {
+                        m.tier
+                    },
                     decision,
                     basis,
                 })

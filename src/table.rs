@@ -4,14 +4,15 @@
 //! pre-created slots are race-free).
 //!
 //! A key may live in one of two candidate slots. A slot stores its owner's key hash, when it was
-//! last used, and the state words of every policy of the layout. A new key takes:
-//! 1. a candidate whose state is idle (every bucket full, every window over: the caller's
-//!    `idle_at` says from when): as good as empty, reused without loss;
-//! 2. else the least recently used candidate not used within `RECENT`: that key is forgotten and
-//!    starts again from empty (an error of at most one burst), counted as an eviction;
+//! last used, and the state words of every policy of the layout. A slot used within `RECENT` is
+//! in active use and is never taken from its key, whatever its state. A new key takes:
+//! 1. a candidate not in active use whose state is idle (every bucket full, every window over:
+//!    the caller's `idle_at` says from when): as good as empty, reused without loss;
+//! 2. else the least recently used candidate not in active use: that key is forgotten and starts
+//!    again from empty (an error of at most one burst), counted as an eviction;
 //! 3. else, when both candidates are in active use, the table's one overflow slot, which all such
-//!    keys share. A flood of new keys can thus never evict a key in active use: the flood ends up
-//!    sharing one budget, and the keys in use keep their exact limits.
+//!    keys share. A flood of new keys can thus never displace a key in active use: the flood ends
+//!    up sharing one budget, and the keys in use keep their exact limits.
 
 use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
@@ -63,7 +64,7 @@ struct Read {
 }
 
 impl Read {
-    fn is_free(&self, now: u64) -> bool {
+    fn is_idle(&self, now: u64) -> bool {
         self.owner == 0 || self.idle_at <= now
     }
 
@@ -134,10 +135,10 @@ pub fn find(
         }
         choices.push(second);
     }
-    if let Some(free) = choices.iter().position(|c| c.is_free(now)) {
-        return choices.swap_remove(free).take(hash, false, width);
-    }
     choices.retain(|c| !c.in_use(now));
+    if let Some(idle) = choices.iter().position(|c| c.is_idle(now)) {
+        return choices.swap_remove(idle).take(hash, false, width);
+    }
     if let Some(oldest) = choices.into_iter().min_by_key(|c| c.last_used) {
         return oldest.take(hash, true, width);
     }
@@ -276,6 +277,20 @@ mod tests {
         assert_eq!(
             (old.is_overflow(), old.evicts, old.state),
             (false, true, vec![0])
+        );
+    }
+
+    #[test]
+    fn a_key_in_active_use_keeps_its_slot_even_when_its_state_is_idle() {
+        let store = MemoryStore::default();
+        let spec = spec(1, 1);
+        create_slots(&store, "p/", &spec).unwrap();
+        let mine = put(&store, &spec, 1, NOW, NOW);
+        let newcomer = find(&store, "p/", &spec, 2, max, NOW + RECENT - 1);
+        assert!(newcomer.is_overflow(), "idle but in use: not free");
+        assert_eq!(
+            find(&store, "p/", &spec, 1, max, NOW + RECENT - 1).name,
+            mine.name
         );
     }
 

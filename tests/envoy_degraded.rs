@@ -2,10 +2,8 @@
 //! with no endpoints): the emergency budget decides, and the response headers should describe
 //! the limit that decided.
 //!
-//! The test is ignored: it pins a bug (docs/reliability.md, "Findings"). The headers of an
-//! emergency decision take `remaining` and `reset` from the emergency bucket but the limit from
-//! the policy's own (global) tier, so a client is told `x-ratelimit-limit: 50` with
-//! `x-ratelimit-remaining: 2`. `cargo test --test envoy_degraded -- --ignored` shows it.
+//! It pins a bug found here and fixed: the headers of an emergency decision took `remaining`
+//! and `reset` from the emergency bucket but the limit from the policy's own (global) tier.
 
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
@@ -28,7 +26,6 @@ fn described(status: u16, limit: &str, remaining: &str, policy: &str) -> String 
 }
 
 #[test]
-#[ignore = "bug: emergency decisions report the global tier's limit (docs/reliability.md, Findings)"]
 fn degraded_responses_carry_the_emergency_limit_that_decided_them() {
     let envoy = Envoy::options(FAIL_OPEN).service(&[]).start();
     let seen: Vec<String> = (0..4)
