@@ -8,6 +8,7 @@
 //! `bench/run.py` (`make bench`) puts into BENCHMARKS.md.
 
 use sluice::algorithm::token_bucket::{self, Rate};
+use sluice::algorithm::Algorithm;
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::key::hash_key;
@@ -230,6 +231,25 @@ fn main() {
                 1,
             ));
         }));
+    }
+
+    // Every algorithm through `Algorithm::decide`, on a key at its limit (100 per second, a
+    // request every 10 ms): what one decision costs, its state read and written in place.
+    for algorithm in [
+        Algorithm::TokenBucket(Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1))),
+        Algorithm::FixedWindow { limit: 100, window: NANOS_PER_SEC },
+        Algorithm::SlidingWindow { limit: 100, window: NANOS_PER_SEC },
+        Algorithm::SlidingLog { limit: 100, window: NANOS_PER_SEC },
+        Algorithm::LeakyBucket { interval: NANOS_PER_SEC / 100, max_delay: NANOS_PER_SEC },
+    ] {
+        let name = format!("Algorithm::decide [{}]", algorithm.name());
+        if wanted(&name) {
+            let (mut state, mut now) = (vec![0u64; algorithm.columns()], T0);
+            results.push(measure(&name, || {
+                now += 10_000_000;
+                black_box(algorithm.decide(&mut state, black_box(now), 1));
+            }));
+        }
     }
 
     if wanted("hash_key") {
