@@ -236,11 +236,25 @@ fn main() {
     // Every algorithm through `Algorithm::decide`, on a key at its limit (100 per second, a
     // request every 10 ms): what one decision costs, its state read and written in place.
     for algorithm in [
-        Algorithm::TokenBucket(Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1))),
-        Algorithm::FixedWindow { limit: 100, window: NANOS_PER_SEC },
-        Algorithm::SlidingWindow { limit: 100, window: NANOS_PER_SEC },
-        Algorithm::SlidingLog { limit: 100, window: NANOS_PER_SEC },
-        Algorithm::LeakyBucket { interval: NANOS_PER_SEC / 100, max_delay: NANOS_PER_SEC },
+        Algorithm::TokenBucket(
+            Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1)),
+        ),
+        Algorithm::FixedWindow {
+            limit: 100,
+            window: NANOS_PER_SEC,
+        },
+        Algorithm::SlidingWindow {
+            limit: 100,
+            window: NANOS_PER_SEC,
+        },
+        Algorithm::SlidingLog {
+            limit: 100,
+            window: NANOS_PER_SEC,
+        },
+        Algorithm::LeakyBucket {
+            interval: NANOS_PER_SEC / 100,
+            max_delay: NANOS_PER_SEC,
+        },
     ] {
         let name = format!("Algorithm::decide [{}]", algorithm.name());
         if wanted(&name) {
