@@ -130,6 +130,23 @@ mod tests {
         assert_eq!(headers[4].1, r#""per-user";r=7;t=0"#);
     }
 
+    proptest::proptest! {
+        /// Any numbers give headers of digits and the policy name only: nothing to inject.
+        #[test]
+        fn headers_are_digits_and_the_policy_name(
+            limit in proptest::arbitrary::any::<u64>(),
+            remaining in proptest::arbitrary::any::<u64>(),
+            reset_after in proptest::arbitrary::any::<u64>(),
+            now in proptest::arbitrary::any::<u64>(),
+        ) {
+            let quota = Quota { limit, remaining, reset_after, requests: limit, ..QUOTA };
+            for (_, value) in rate_limit_headers(HeaderStyle::Both, &quota, now) {
+                let rest = value.replace("\"per-user\"", "");
+                proptest::prop_assert!(rest.bytes().all(|b| b.is_ascii_digit() || b"qwrt=;".contains(&b)), "{value}");
+            }
+        }
+    }
+
     #[test]
     fn retry_after_is_whole_seconds_at_least_one() {
         assert_eq!(retry_after_secs(1), 1);

@@ -104,6 +104,26 @@ mod tests {
         assert!(!check(&m, &[(":method", "get")]));
     }
 
+    proptest::proptest! {
+        /// Any bytes a client can put in a path, method or header: an answer, never a panic.
+        #[test]
+        fn odd_requests_never_panic(
+            path in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..300),
+            method in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..20),
+        ) {
+            let mut request = FakeRequest::default();
+            request.headers.insert(":path".into(), path);
+            request.headers.insert(":method".into(), method.clone());
+            request.headers.insert(":authority".into(), method);
+            let m = Matcher {
+                path: Some((0, PathRule::Prefix("/api/".into()))),
+                methods: Some((1, vec!["GET".into()])),
+                headers: vec![(2, HeaderRule::Equals(b"x".to_vec()))],
+            };
+            let _ = m.matches(&mut Attributes::new(&request, &ATTRS));
+        }
+    }
+
     #[test]
     fn header_conditions_present_absent_and_equal() {
         let m = |rule| Matcher {
