@@ -6,6 +6,8 @@
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                and the integration tests that drive real Envoys, Redis and the service
 #   make lint    cargo fmt --check and clippy for the host and for wasm
+#   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
+#   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
 
 # Recipes run from the repo root, wherever make was started from: the demo
