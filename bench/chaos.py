@@ -188,6 +188,12 @@ def summarize(name, records, start, fault_at, lifted, recovered):
         "emergency": emergency,
         "fault_seconds": (lifted - fault_at) if fault_at is not None else 0,
         "recover_s": None if recovered is None else max(0.0, recovered - lifted) if fault_at is not None else 0.0,
+        # For the JSON: requests over 20 ms, when (from the fault; before the fault: negative) and where.
+        "slow": [
+            {"t": round(r.sent - (fault_at if fault_at is not None else start), 3), "envoy": r.envoy,
+             "kind": r.kind, "status": r.status, "ms": round(1000 * r.latency, 1)}
+            for r in records if r.latency > 0.020
+        ][:300],
         "first_degraded_s": (
             min((r.sent for r in records if r.degraded), default=fault_at) - fault_at if fault_at is not None else None
         ),
