@@ -361,10 +361,13 @@ def mixed(envoy_bin, workdir, args):
 
 
 def report(info, args, a, b):
-    lines = ["## Soak (`make soak`, bench/soak.py)", ""]
-    lines += rl.facts_lines(info, "python3 bench/soak.py" + "".join(" " + x for x in sys.argv[1:])
-                            + (f" (SOAK_MINUTES={os.environ['SOAK_MINUTES']})" if "SOAK_MINUTES" in os.environ else ""))
+    """Each part has its own section ("soak-flood", "soak-mixed"), so that a run of one part
+    (--skip-mixed, --skip-flood) leaves the other's figures in place."""
+    facts = rl.facts_lines(info, "python3 bench/soak.py" + "".join(" " + x for x in sys.argv[1:])
+                           + (f" (SOAK_MINUTES={os.environ['SOAK_MINUTES']})" if "SOAK_MINUTES" in os.environ else ""))
+    printed = []
     if a:
+        lines = []
         load, rss, c, legit = a["load"], a["rss"], a["counters"], a["legit"]
         s = load["script"]
         width = 1  # each table holds one token bucket: 1 state word
@@ -372,8 +375,9 @@ def report(info, args, a, b):
         value_bytes = 8 * (2 + width)
         per_table_mib = (MAX_KEYS + 1) * a["slot_bytes"] / 2**20
         lines += [
-            "",
             "### (a) A flood of new keys against max_keys 10,000",
+            "",
+            *facts,
             "",
             f"One Envoy, 2 workers (`--concurrency 2`, not pinned), `GET /api/items`. Policies: `per-user` "
             f"(`x-user-id`, {USER_RATE}/s, burst {USER_BURST}: a token back every 100 ms) and `per-api-key` "
@@ -436,7 +440,10 @@ def report(info, args, a, b):
             f"**{a['slot_bytes']:.0f} bytes per slot**, so about {per_table_mib:.1f} MiB per table of "
             f"{MAX_KEYS:,} keys, allocated when the filter is configured.",
         ]
+        rl.write_section("soak-flood", lines)
+        printed += lines
     if b:
+        lines = []
         load, c, http = b["load"], b["counters"], b["http"]
         s = load["script"]
         warm, end = b["after_warmup"], b["end"]
@@ -446,8 +453,9 @@ def report(info, args, a, b):
 
         policies = [p["name"] for p in b["config"]["policies"]]
         lines += [
-            "",
             f"### (b) Mixed traffic, {b['seconds'] / 60:g} minutes, with the service and Redis",
+            "",
+            *facts,
             "",
             "redis-server, sluice-service and one Envoy (2 workers). Policies on `/api/`: `local-user` "
             "(local, 40/s burst 40 per `x-user-id`), `global-user` (global, 30/s burst 30, lease 5, "
@@ -488,8 +496,9 @@ def report(info, args, a, b):
             "",
             "sluice-service RSS every 10 s (MiB): " + " ".join(f"{x['service']:.1f}" for x in b["samples"]) + ".",
         ]
-    rl.write_section("soak", lines)
-    return lines
+        rl.write_section("soak-mixed", lines)
+        printed += [""] + lines
+    return printed
 
 
 def main():
