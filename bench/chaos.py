@@ -15,8 +15,8 @@ Policies (callout timeout 50 ms, the default):
 
 Every response says who decided it: an emergency decision leaves fewer than 10 tokens
 (`x-ratelimit-remaining`) or denies, a global one leaves over 100; a 503 names its policy.
-(`x-ratelimit-limit` would say it more directly, but it shows the global burst for emergency
-decisions too: a bug, see docs/reliability.md.) For each phase the table gives requests,
+(`x-ratelimit-limit` says it too since bee485b; before, emergency decisions reported the global
+burst.) For each phase the table gives requests,
 answers, unexpected outcomes (a connection error, a status other than 200/429, a 503 not from
 the closed policy), the worst latency (bound: the callout timeout plus a margin), whether each
 Envoy's emergency admissions stayed within 10 + 10/s x the time it spent degraded, and the time
