@@ -46,17 +46,12 @@ impl Service {
     /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
     /// waits for the readiness line, which names the address it listens on.
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut command = Command::new(binary());
-        if !env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
-            command.args(["--listen", "127.0.0.1:0"]);
-        }
-        let mut child = command
-            .args(args)
-            .env_remove("SLUICE_LISTEN")
-            .env_remove("SLUICE_REDIS")
-            .env_remove("SLUICE_REDIS_CLUSTER")
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
+        let listen: &[&str] = if env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
+            &[]
+        } else {
+            &["--listen", "127.0.0.1:0"]
+        };
+        let mut child = command(&[listen, args].concat(), env)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -112,19 +107,27 @@ pub fn lines_of(output: impl std::io::Read + Send + 'static) -> Receiver<String>
     receive
 }
 
+/// The binary with `args` and exactly the `SLUICE_*` settings in `env` (none inherited from the
+/// test's own environment), no stdin.
+fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .env_remove("SLUICE_LISTEN")
+        .env_remove("SLUICE_REDIS")
+        .env_remove("SLUICE_REDIS_CLUSTER")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null());
+    command
+}
+
 /// Runs the binary to completion (bounded), returning its status, stdout and stderr.
 pub fn run_to_exit(
     args: &[&str],
     env: &[(&str, &str)],
     within: Duration,
 ) -> (ExitStatus, String, String) {
-    let mut child = Command::new(binary())
-        .args(args)
-        .env_remove("SLUICE_LISTEN")
-        .env_remove("SLUICE_REDIS")
-        .env_remove("SLUICE_REDIS_CLUSTER")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
+    let mut child = command(args, env)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
