@@ -13,19 +13,12 @@ mod common;
 use std::time::Duration;
 
 use common::clock::{redis_time_us, window_around, window_with_left};
-use common::http::post_check;
 use common::redis::RedisServer;
 use common::service::Service;
-use common::{bucket, checks_body, leaky, window};
+use common::{bucket, leaky, window};
 use serde_json::Value;
 
 const MINUTE_MS: u64 = 60_000;
-
-fn check(service: &Service, checks: &[Value]) -> Vec<Value> {
-    let response = post_check(service.addr, &checks_body(checks));
-    assert_eq!(response.status, 200, "{response:?}");
-    response.json()["results"].as_array().unwrap().clone()
-}
 
 fn field(results: &[Value], name: &str) -> Vec<u64> {
     results.iter().map(|r| r[name].as_u64().unwrap()).collect()
@@ -48,12 +41,12 @@ fn a_fixed_window_passes_twice_its_limit_across_a_boundary_and_the_sliding_ones_
             vec![window(algorithm, &format!("edge/{algorithm}"), 5, per_ms, 1, 1); 5]
         })
         .collect();
-    let before = check(&service, &late);
+    let before = service.check(&late);
     assert_eq!(allowed(&before), 15, "{before:?}");
     let to_boundary = before[0]["reset_ms"].as_u64().unwrap();
     assert!(to_boundary <= 1_000, "the window ends in {to_boundary} ms");
     std::thread::sleep(Duration::from_millis(to_boundary + 100));
-    let after = check(&service, &late);
+    let after = service.check(&late);
     let (fixed, sliding, log) = (&after[..5], &after[5..10], &after[10..]);
     assert_eq!(
         allowed(fixed),
@@ -77,7 +70,7 @@ fn a_fixed_window_passes_twice_its_limit_across_a_boundary_and_the_sliding_ones_
     for retry in field(log, "retry_after_ms") {
         assert!((per_ms - 2_000..=per_ms).contains(&retry), "{retry}");
     }
-    let sixth = check(&service, &late[..1]).remove(0);
+    let sixth = service.check(&late[..1]).remove(0);
     assert_eq!(sixth["allowed"], false);
     let retry = sixth["retry_after_ms"].as_u64().unwrap();
     assert_eq!(
@@ -98,25 +91,22 @@ fn window_leases_grant_what_is_left_up_to_take() {
     for algorithm in ["fixed_window", "sliding_window", "sliding_log"] {
         let lease = window(algorithm, &format!("lease/{algorithm}"), 30, per_ms, 1, 20);
         let results: Vec<Value> = (0..3)
-            .map(|_| check(&service, std::slice::from_ref(&lease)).remove(0))
+            .map(|_| service.check(std::slice::from_ref(&lease)).remove(0))
             .collect();
         assert_eq!(field(&results, "granted"), [20, 10, 0], "{algorithm}");
         assert_eq!(field(&results, "remaining"), [10, 0, 0], "{algorithm}");
         // A lease needs at least `cost` left: 2 do not fit in what a third lease would leave.
         let costly = window(algorithm, &format!("costly/{algorithm}"), 30, per_ms, 2, 30);
-        let first = check(
-            &service,
-            &[window(
-                algorithm,
-                &format!("costly/{algorithm}"),
-                30,
-                per_ms,
-                29,
-                29,
-            )],
-        );
+        let first = service.check(&[window(
+            algorithm,
+            &format!("costly/{algorithm}"),
+            30,
+            per_ms,
+            29,
+            29,
+        )]);
         assert_eq!(field(&first, "granted"), [29], "{algorithm}");
-        let denied = check(&service, &[costly]).remove(0);
+        let denied = service.check(&[costly]).remove(0);
         assert_eq!(
             (denied["allowed"].clone(), denied["remaining"].clone()),
             (false.into(), 1.into()),
@@ -131,7 +121,7 @@ fn a_leaky_bucket_delays_each_request_one_interval_more_and_denies_beyond_max_de
     let service = Service::start(&redis.url());
     // One request per 10 s, held at most 25 s: the queue takes 3.
     let queued = leaky("shape/1", 1, 10_000, 25_000, 1);
-    let results = check(&service, &vec![queued; 5]);
+    let results = service.check(&vec![queued; 5]);
     assert_eq!(allowed(&results), 3);
     assert_eq!(field(&results, "granted"), [1, 1, 1, 0, 0]);
     assert_eq!(field(&results, "remaining"), [2, 1, 0, 0, 0]);
@@ -155,16 +145,13 @@ fn a_leaky_bucket_delays_each_request_one_interval_more_and_denies_beyond_max_de
 fn only_leaky_bucket_answers_carry_delay_ms() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
-    let results = check(
-        &service,
-        &[
-            bucket("shape/tb", 1, MINUTE_MS, 5, 1, 1),
-            window("fixed_window", "shape/fw", 5, MINUTE_MS, 1, 1),
-            window("sliding_window", "shape/sw", 5, MINUTE_MS, 1, 1),
-            window("sliding_log", "shape/sl", 5, MINUTE_MS, 1, 1),
-            leaky("shape/lb", 1, 1_000, 0, 1),
-        ],
-    );
+    let results = service.check(&[
+        bucket("shape/tb", 1, MINUTE_MS, 5, 1, 1),
+        window("fixed_window", "shape/fw", 5, MINUTE_MS, 1, 1),
+        window("sliding_window", "shape/sw", 5, MINUTE_MS, 1, 1),
+        window("sliding_log", "shape/sl", 5, MINUTE_MS, 1, 1),
+        leaky("shape/lb", 1, 1_000, 0, 1),
+    ]);
     assert_eq!(allowed(&results), 5);
     for result in &results[..4] {
         assert!(result.get("delay_ms").is_none(), "{result}");
@@ -178,16 +165,13 @@ fn every_algorithm_keeps_one_hash_tagged_key_with_a_ttl() {
     let service = Service::start(&redis.url());
     let mut client = redis.client();
     let per_ms = window_around(redis_time_us(&mut client), 120_000..240_000, 30_000);
-    let results = check(
-        &service,
-        &[
-            bucket("ttl/tb", 1, 1_000, 5, 3, 3),
-            window("fixed_window", "ttl/fw", 5, per_ms, 1, 1),
-            window("sliding_window", "ttl/sw", 5, per_ms, 1, 1),
-            window("sliding_log", "ttl/sl", 5, per_ms, 2, 2),
-            leaky("ttl/lb", 1, 1_000, 5_000, 3),
-        ],
-    );
+    let results = service.check(&[
+        bucket("ttl/tb", 1, 1_000, 5, 3, 3),
+        window("fixed_window", "ttl/fw", 5, per_ms, 1, 1),
+        window("sliding_window", "ttl/sw", 5, per_ms, 1, 1),
+        window("sliding_log", "ttl/sl", 5, per_ms, 2, 2),
+        leaky("ttl/lb", 1, 1_000, 5_000, 3),
+    ]);
     assert_eq!(allowed(&results), 5);
     let reset = field(&results, "reset_ms");
     // Token bucket: until full again; fixed window: to its end; sliding window: to the end of
@@ -227,10 +211,10 @@ fn the_new_scripts_are_loaded_again_after_a_script_flush() {
         window("sliding_log", "flush/sl", 5, MINUTE_MS, 1, 1),
         leaky("flush/lb", 1, 60_000, 120_000, 1),
     ];
-    check(&service, &checks);
+    service.check(&checks);
     let mut client = redis.client();
     assert_eq!(client.cmd(&["SCRIPT", "FLUSH"]).text(), "OK");
-    let results = check(&service, &checks);
+    let results = service.check(&checks);
     assert_eq!(allowed(&results), 3);
     // The log kept its first entry; the leaky bucket its queue.
     assert_eq!(results[1]["remaining"], 3);
@@ -251,11 +235,11 @@ fn a_sliding_window_lets_the_previous_window_fade() {
     // still weigh: room for 2 of 10 (3 only if the sleep overshot by a twentieth of the window).
     let per_ms = window_with_left(redis_time_us(&mut client), 8_000..16_000, 300..500);
     let full = window("sliding_window", "fade/1", 10, per_ms, 1, 1);
-    let first = check(&service, &vec![full.clone(); 10]);
+    let first = service.check(&vec![full.clone(); 10]);
     assert_eq!(allowed(&first), 10);
     // An admission's reset is when its count has faded: the end of the next window.
     let left = first[0]["reset_ms"].as_u64().unwrap() - per_ms;
     std::thread::sleep(Duration::from_millis(left + per_ms / 4 + 50));
-    let results = check(&service, &vec![full; 4]);
+    let results = service.check(&vec![full; 4]);
     assert_eq!(allowed(&results), 2, "{results:?}");
 }

@@ -21,15 +21,9 @@ use serde_json::{json, Value};
 
 const MINUTE_MS: u64 = 60_000;
 
-fn check(service: &Service, checks: &[Value]) -> Vec<Value> {
-    let response = post_check(service.addr, &checks_body(checks));
-    assert_eq!(response.status, 200, "{response:?}");
-    response.json()["results"].as_array().unwrap().clone()
-}
-
 /// One request with one check; its result.
 fn check_one(service: &Service, one: &Value) -> Value {
-    check(service, std::slice::from_ref(one)).remove(0)
+    service.check(std::slice::from_ref(one)).remove(0)
 }
 
 fn allowed(results: &[Value]) -> Vec<bool> {
@@ -102,14 +96,11 @@ fn each_check_of_a_request_is_decided_on_its_own_in_order() {
     let tight = bucket("layer/tight", 1, MINUTE_MS, 1, 1, 1);
     check_one(&service, &tight);
     let loose = bucket("layer/loose", 1, MINUTE_MS, 10, 1, 1);
-    let results = check(
-        &service,
-        &[
-            tight,
-            loose.clone(),
-            bucket("layer/other", 1, MINUTE_MS, 3, 2, 2),
-        ],
-    );
+    let results = service.check(&[
+        tight,
+        loose.clone(),
+        bucket("layer/other", 1, MINUTE_MS, 3, 2, 2),
+    ]);
     assert_eq!(allowed(&results), [false, true, true]);
     // The filter denies this request, yet the other checks were charged (documented semantics).
     assert_eq!(results[1]["remaining"], 9);
@@ -122,7 +113,7 @@ fn the_same_key_twice_in_one_request_is_charged_twice_in_order() {
     let service = Service::start(&redis.url());
     let once = bucket("twice/1", 1, MINUTE_MS, 1, 1, 1);
     assert_eq!(
-        allowed(&check(&service, &[once.clone(), once])),
+        allowed(&service.check(&[once.clone(), once])),
         [true, false]
     );
 }
@@ -131,7 +122,9 @@ fn the_same_key_twice_in_one_request_is_charged_twice_in_order() {
 fn the_redis_key_is_hash_tagged_and_expires_when_the_bucket_is_full_again() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
-    let result = check(&service, &[bucket("per-user/abc", 1, 1000, 5, 3, 3)]).remove(0);
+    let result = service
+        .check(&[bucket("per-user/abc", 1, 1000, 5, 3, 3)])
+        .remove(0);
     let reset_ms = result["reset_ms"].as_i64().unwrap();
     assert_eq!(reset_ms, 3000);
     let mut client = redis.client();
@@ -155,10 +148,10 @@ fn checks_survive_a_script_flush() {
         bucket("flush/a", 1, MINUTE_MS, 5, 1, 1),
         bucket("flush/b", 1, MINUTE_MS, 5, 1, 1),
     ];
-    check(&service, &checks);
+    service.check(&checks);
     let mut client = redis.client();
     assert_eq!(client.cmd(&["SCRIPT", "FLUSH"]).text(), "OK");
-    let results = check(&service, &checks);
+    let results = service.check(&checks);
     assert_eq!(allowed(&results), [true, true]);
     assert_eq!(
         (

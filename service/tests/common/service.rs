@@ -34,6 +34,13 @@ pub struct Service {
 }
 
 impl Service {
+    /// POST /v1/check with these checks, which must succeed; the results, in order.
+    pub fn check(&self, checks: &[serde_json::Value]) -> Vec<serde_json::Value> {
+        let response = super::http::post_check(self.addr, &super::checks_body(checks));
+        assert_eq!(response.status, 200, "{response:?}");
+        response.json()["results"].as_array().unwrap().clone()
+    }
+
     /// `sluice-service --listen 127.0.0.1:0 --redis <url>`.
     pub fn start(redis_url: &str) -> Service {
         Service::start_with(&["--redis", redis_url], &[])
