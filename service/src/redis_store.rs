@@ -409,7 +409,7 @@ impl RedisStore {
 
     async fn decide(&self, checks: &[Check]) -> RedisResult<Vec<Decision>> {
         let replies = match self.connection.clone() {
-            Connection::Single(mut con) => self.eval_pipelined(&mut con, checks).await?,
+            Connection::Single(con) => self.eval_pipelined(&con, checks).await?,
             Connection::Cluster(con) => self.eval_concurrently(&con, checks).await?,
         };
         if replies.len() != checks.len() {
@@ -422,16 +422,15 @@ impl RedisStore {
     }
 
     /// One node: all checks in one pipeline. Checks that met NOSCRIPT (the script cache was
-    /// flushed, or Redis restarted) are run again, once, after loading the scripts.
+    /// flushed, or Redis restarted) are run again, once, after loading the scripts. One round
+    /// trip of the request that lost its connection is sent again (`Retry`).
     async fn eval_pipelined(
         &self,
-        con: &mut ConnectionManager,
+        con: &ConnectionManager,
         checks: &[Check],
     ) -> RedisResult<Vec<Value>> {
-        let mut replies = self
-            .pipeline(checks.iter())
-            .query_async::<Vec<Value>>(con)
-            .await?;
+        let mut retry = Retry::once();
+        let mut replies = query(con, &self.pipeline(checks.iter()), &mut retry).await?;
         let missing: Vec<usize> = (replies.iter().enumerate())
             .filter(|(_, reply)| is_noscript(reply))
             .map(|(i, _)| i)
@@ -439,10 +438,10 @@ impl RedisStore {
         if missing.is_empty() {
             return Ok(replies);
         }
-        self.load_scripts().await?;
+        retry.run(|| self.load_scripts()).await?;
         let again = missing.iter().filter_map(|&i| checks.get(i));
-        let retried = self.pipeline(again).query_async::<Vec<Value>>(con).await?;
-        for (i, reply) in missing.into_iter().zip(retried) {
+        let rerun = query(con, &self.pipeline(again), &mut retry).await?;
+        for (i, reply) in missing.into_iter().zip(rerun) {
             if let Some(slot) = replies.get_mut(i) {
                 *slot = reply;
             }
@@ -451,9 +450,10 @@ impl RedisStore {
     }
 
     /// Cluster: every check in flight at once. The client multiplexes them over one connection
-    /// per node, so each node gets its checks in one round trip; it follows MOVED/ASK per command
-    /// and `invoke_async` reloads the script on NOSCRIPT. (A redis-rs pipeline must stay within
-    /// one slot, and checks of one request are in different slots.)
+    /// per node, so each node gets its checks in one round trip; it follows MOVED/ASK per command,
+    /// retries after a lost connection by itself (up to `retries` times, see `open`), and
+    /// `invoke_async` reloads the script on NOSCRIPT. (A redis-rs pipeline must stay within one
+    /// slot, and checks of one request are in different slots.)
     async fn eval_concurrently(
         &self,
         con: &ClusterConnection,
@@ -501,6 +501,65 @@ impl Store for RedisStore {
     }
 }
 
+/// A request's one retry of a round trip to Redis that lost its connection.
+///
+/// The connection manager notices a dead connection (Redis restarted, the network reset it)
+/// only when a command fails on it, and reconnects for the next command: without a retry, the
+/// first check after a Redis restart answers 503 and the filter's breaker waits a full back-off
+/// before it calls again. A refused connection is retried too: it can be a reconnection that
+/// failed while Redis was down, met by the first check after Redis is back.
+///
+/// The scripts charge tokens, so a retry is not free. A refused connection sent nothing, but a
+/// connection that died may have taken the reply with it after Redis ran the scripts: the retry
+/// then charges that request twice. That is the worst case, once per request: tokens taken
+/// twice (an under-admission), never tokens given back (an over-admission). Anything Redis
+/// answered (a script error, OOM, ...) and timeouts (the script may still run) are not retried.
+/// Both attempts together stay within `COMMAND_TIMEOUT` (`Store::check`).
+struct Retry {
+    left: bool,
+}
+
+impl Retry {
+    fn once() -> Retry {
+        Retry { left: true }
+    }
+
+    /// Runs `attempt`, and once more if it lost its connection and the retry is still left.
+    async fn run<T, F>(&mut self, mut attempt: impl FnMut() -> F) -> RedisResult<T>
+    where
+        F: std::future::Future<Output = RedisResult<T>>,
+    {
+        match attempt().await {
+            Err(error) if self.left && connection_lost(&error) => {
+                self.left = false;
+                attempt().await
+            }
+            result => result,
+        }
+    }
+}
+
+/// Broken pipe, reset, end of file, refused: redis-rs's "connection dropped" kinds (which include
+/// refusal). Not a timeout.
+fn connection_lost(error: &RedisError) -> bool {
+    error.is_connection_dropped()
+}
+
+/// Sends `pipe` and reads its replies, through `retry`. The manager is a handle to a shared
+/// connection: each attempt takes its own clone, and the second gets the reconnected one.
+async fn query(
+    con: &ConnectionManager,
+    pipe: &Pipeline,
+    retry: &mut Retry,
+) -> RedisResult<Vec<Value>> {
+    retry
+        .run(|| {
+            let mut con = con.clone();
+            async move { pipe.query_async::<Vec<Value>>(&mut con).await }
+        })
+        .await
+}
+
 async fn open(target: &RedisTarget) -> RedisResult<Connection> {
     match target {
         RedisTarget::Single(url) => {
@@ -508,8 +567,11 @@ async fn open(target: &RedisTarget) -> RedisResult<Connection> {
             let config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(COMMAND_TIMEOUT))
                 .set_response_timeout(Some(COMMAND_TIMEOUT))
-                // At start, fail fast; later the manager reconnects on the next command.
-                .set_number_of_retries(1);
+                // One connection attempt per (re)connection, no back-off: at start, fail fast;
+                // later a check that meets a dead or refused connection starts a reconnection
+                // and waits for it (`Retry`), so while Redis is down each check fails after one
+                // refused attempt instead of waiting out a back-off between two.
+                .set_number_of_retries(0);
             let manager = ConnectionManager::new_with_config(client, config).await?;
             Ok(Connection::Single(manager))
         }
@@ -615,6 +677,47 @@ mod tests {
         );
         let cluster = RedisTarget::Cluster(vec!["redis://u:p@h1:1".into(), "redis://h2:2".into()]);
         assert_eq!(cluster.to_string(), "cluster redis://***@h1:1,redis://h2:2");
+    }
+
+    fn io_error(kind: std::io::ErrorKind) -> RedisError {
+        std::io::Error::from(kind).into()
+    }
+
+    #[test]
+    fn only_a_dead_or_refused_connection_counts_as_lost() {
+        use std::io::ErrorKind::{BrokenPipe, ConnectionRefused, ConnectionReset, TimedOut};
+        for kind in [BrokenPipe, ConnectionReset, ConnectionRefused] {
+            assert!(connection_lost(&io_error(kind)), "{kind:?}");
+        }
+        assert!(!connection_lost(&io_error(TimedOut)));
+        assert!(!connection_lost(&unexpected_reply("a script error".into())));
+        let noscript = ErrorKind::Server(ServerErrorKind::NoScript);
+        assert!(!connection_lost(&RedisError::from((noscript, "NOSCRIPT"))));
+    }
+
+    /// Runs `retry` over an attempt that always fails with `error`; how many attempts ran.
+    async fn attempts(retry: &mut Retry, error: &RedisError) -> usize {
+        let mut calls = 0;
+        let result: RedisResult<()> = retry
+            .run(|| {
+                calls += 1;
+                let error = error.clone();
+                async move { Err(error) }
+            })
+            .await;
+        assert!(result.is_err());
+        calls
+    }
+
+    #[tokio::test]
+    async fn a_request_retries_once_and_only_after_a_lost_connection() {
+        let lost = io_error(std::io::ErrorKind::BrokenPipe);
+        let timeout = io_error(std::io::ErrorKind::TimedOut);
+        assert_eq!(attempts(&mut Retry::once(), &timeout).await, 1);
+        let mut retry = Retry::once();
+        assert_eq!(attempts(&mut retry, &lost).await, 2);
+        // Spent: a second round trip of the same request that loses its connection fails.
+        assert_eq!(attempts(&mut retry, &lost).await, 1);
     }
 
     const BUCKET: Algorithm = Algorithm::TokenBucket {

@@ -82,6 +82,26 @@ fn with_redis_frozen_checks_answer_503_within_two_seconds() {
 }
 
 #[test]
+fn with_redis_down_checks_do_not_wait_for_reconnection_back_offs() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    redis.stop();
+    // Checks close together, as a breaker's probes and the requests of several workers are: each
+    // must fail at once, not wait for a reconnection started by the one before. The median, so
+    // that one slow scheduling of this busy test machine does not decide.
+    let mut took: Vec<Duration> = (0..9)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(5));
+            let started = Instant::now();
+            assert_redis_unavailable(&post_check(service.addr, &one_check()));
+            started.elapsed()
+        })
+        .collect();
+    took.sort();
+    assert!(took[4] < Duration::from_millis(50), "took {took:?}");
+}
+
+#[test]
 fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
     let mut redis = RedisServer::start();
     let service = Service::start(&redis.url());
@@ -131,4 +151,45 @@ fn unknown_paths_and_methods_get_json_errors() {
     );
     let post_metrics = request(service.addr, "POST", "/metrics", "application/json", "{}");
     assert_eq!(post_metrics.status, 405);
+}
+
+#[test]
+fn the_first_check_after_a_redis_restart_is_answered() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    assert_eq!(post_check(service.addr, &one_check()).status, 200);
+    redis.restart();
+    // The service's connection died with the old server; it notices only when it uses it.
+    let started = Instant::now();
+    let response = post_check(service.addr, &one_check());
+    assert_eq!(response.status, 200, "{response:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        response.json()["results"][0]["remaining"],
+        4,
+        "charged once, on the new (empty) server"
+    );
+}
+
+#[test]
+fn the_first_check_after_redis_is_back_is_answered_after_503s_while_it_was_down() {
+    let mut redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    assert_eq!(post_check(service.addr, &one_check()).status, 200);
+    redis.stop();
+    // The first meets the dead connection, the second a refused reconnection.
+    for _ in 0..2 {
+        assert_redis_unavailable(&post_check(service.addr, &one_check()));
+    }
+    // Each failure starts a reconnection in the background: let the last one fail too, so the
+    // service holds a refused reconnection when Redis is back.
+    std::thread::sleep(Duration::from_millis(500));
+    redis.restart();
+    let response = post_check(service.addr, &one_check());
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["results"][0]["remaining"], 4);
 }
