@@ -40,31 +40,35 @@ async fn run(args: Args) -> Result<(), String> {
     let address = listener
         .local_addr()
         .map_err(|failure| failure.to_string())?;
+    let shutdown = shutdown_signal()?;
     eprintln!("sluice-service listening on {address}, redis {target}");
-    serve(listener, Arc::new(App::new(store)), shutdown_signal()).await;
+    serve(listener, Arc::new(App::new(store)), shutdown).await;
     eprintln!("sluice-service: stopped");
     Ok(())
 }
 
-/// SIGTERM (how orchestrators stop us) or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGTERM (how orchestrators stop us) or Ctrl-C (SIGINT). The handlers are installed when this
+/// is called, before the readiness line: a signal sent as soon as the service is ready must stop
+/// it cleanly, not kill it with the default action (as it did when they were installed on the
+/// first poll, inside `serve`).
+#[cfg(unix)]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let install =
+        |kind| signal(kind).map_err(|failure| format!("cannot handle signals: {failure}"));
+    let mut terminate = install(SignalKind::terminate())?;
+    let mut interrupt = install(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
