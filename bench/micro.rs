@@ -9,10 +9,13 @@
 
 use sluice::algorithm::token_bucket::{self, Rate};
 use sluice::algorithm::Algorithm;
+use sluice::config::GlobalService;
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
+use sluice::filter::{Filter, Host, Verdict};
 use sluice::key::hash_key;
 use sluice::limiter::{self, Step};
+use sluice::metrics::Metrics;
 use sluice::request::{Attributes, RequestSource};
 use sluice::store::{Store, StoreError};
 use sluice::table;
@@ -92,6 +95,81 @@ impl Store for MemoryStore {
         entries.insert(key.to_string(), (value.to_vec(), self.version.get()));
         Ok(())
     }
+}
+
+/// The proxy as the filter sees it: one request, shared data, and a clock the benchmark moves.
+struct BenchHost {
+    request: Request,
+    store: MemoryStore,
+    now: Cell<u64>,
+}
+
+impl RequestSource for BenchHost {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.request.header(name)
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.request.property(path)
+    }
+}
+
+impl Store for BenchHost {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.store.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        self.store.set(key, value, cas)
+    }
+}
+
+impl Host for BenchHost {
+    fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn send_response(&self, _status: u32, headers: &[(&str, &str)], body: &[u8]) {
+        black_box((headers, body));
+    }
+
+    fn dispatch(&self, _service: &GlobalService, _body: &[u8]) -> bool {
+        false
+    }
+}
+
+impl Metrics for BenchHost {
+    fn define_counter(&self, _name: &str) -> Option<u32> {
+        Some(0)
+    }
+
+    fn increment(&self, _id: u32, _by: u64) {}
+}
+
+/// One request through the whole filter, as Envoy drives it: the request headers, then the
+/// rate-limit headers of the response (what `wasm.rs` adds to the response), the clock moving
+/// 10 µs per request.
+fn bench_filter(name: &str, json: &str) -> Measured {
+    let host = BenchHost {
+        request: Request::typical(),
+        store: MemoryStore::default(),
+        now: Cell::new(T0),
+    };
+    let filter = match Filter::configure(json.as_bytes(), PLUGIN, &host, &host) {
+        Ok(filter) => filter,
+        Err(e) => {
+            eprintln!("bench config refused: {e}");
+            std::process::exit(1);
+        }
+    };
+    measure(name, || {
+        host.now.set(host.now.get() + 10_000);
+        if let Verdict::Continue(Some(reported)) = filter.on_request_headers(black_box(&host)) {
+            filter.each_response_header(&reported, |name, value| {
+                black_box((name, value));
+            });
+        }
+    })
 }
 
 fn plan(json: &str) -> Plan {
@@ -368,6 +446,13 @@ fn main() {
             &policies_json(&[policy("per-user", "header:x-user-id", 1, "1h")]),
             &request,
             true,
+        ));
+    }
+
+    if wanted("filter") {
+        results.push(bench_filter(
+            "Filter: request + response headers, 1 policy (setup 4)",
+            &policies_json(&[policy("per-user", "header:x-user-id", 1_000_000_000, "1s")]),
         ));
     }
 

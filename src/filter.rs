@@ -5,7 +5,9 @@
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
-use crate::headers::{denial_body, rate_limit_headers, retry_after_secs, Quota};
+use crate::headers::{
+    denial_body, each_rate_limit_header, rate_limit_headers, retry_after_secs, Quota,
+};
 use crate::limiter::{self, Applied, Basis, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
@@ -131,7 +133,14 @@ impl Filter {
         self.advance(host, step, now)
     }
 
-    /// The rate-limit headers to add to the response.
+    /// Calls `emit` with each rate-limit header to add to the response.
+    pub fn each_response_header(&self, reported: &Reported, emit: impl FnMut(&'static str, &str)) {
+        if let Some(quota) = self.quota(&reported.applied) {
+            each_rate_limit_header(self.plan.headers, &quota, reported.now, emit);
+        }
+    }
+
+    /// The rate-limit headers of the response, collected.
     pub fn response_headers(&self, reported: &Reported) -> Vec<(&'static str, String)> {
         match self.quota(&reported.applied) {
             Some(quota) => rate_limit_headers(self.plan.headers, &quota, reported.now),

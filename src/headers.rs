@@ -1,6 +1,7 @@
 //! What clients see: the rate-limit response headers and the 429 body.
 
 use crate::duration::ceil_secs;
+use crate::text::push_decimal;
 use serde::Deserialize;
 
 /// Which rate-limit headers responses carry.
@@ -30,35 +31,68 @@ pub struct Quota<'a> {
     pub reset_after: u64,
 }
 
-/// The rate-limit headers for `quota` at `now` (Unix nanoseconds). Policy names are restricted
-/// to `[A-Za-z0-9_.-]` by the config, so nothing here needs escaping.
+/// Calls `emit` with each rate-limit header for `quota` at `now` (Unix nanoseconds). The values
+/// are built in one buffer, without `core::fmt`: this runs for every response. Policy names are
+/// restricted to `[A-Za-z0-9_.-]` by the config, so nothing here needs escaping.
+pub fn each_rate_limit_header(
+    style: HeaderStyle,
+    quota: &Quota,
+    now: u64,
+    mut emit: impl FnMut(&'static str, &str),
+) {
+    let mut value = String::with_capacity(quota.policy.len() + 48);
+    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
+        let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
+        for (name, n) in [
+            ("x-ratelimit-limit", quota.limit),
+            ("x-ratelimit-remaining", quota.remaining),
+            ("x-ratelimit-reset", reset_epoch),
+        ] {
+            value.clear();
+            push_decimal(&mut value, n);
+            emit(name, &value);
+        }
+    }
+    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        // Both are structured-field lists of one item: "<policy>";<a>=<x>;<b>=<y>.
+        for (name, (a, x), (b, y)) in [
+            (
+                "ratelimit-policy",
+                ("q", quota.requests),
+                ("w", quota.window_secs),
+            ),
+            (
+                "ratelimit",
+                ("r", quota.remaining),
+                ("t", ceil_secs(quota.reset_after)),
+            ),
+        ] {
+            value.clear();
+            value.push('"');
+            value.push_str(quota.policy);
+            value.push_str("\";");
+            value.push_str(a);
+            value.push('=');
+            push_decimal(&mut value, x);
+            value.push(';');
+            value.push_str(b);
+            value.push('=');
+            push_decimal(&mut value, y);
+            emit(name, &value);
+        }
+    }
+}
+
+/// The rate-limit headers for `quota` at `now`, collected (for a local reply).
 pub fn rate_limit_headers(
     style: HeaderStyle,
     quota: &Quota,
     now: u64,
 ) -> Vec<(&'static str, String)> {
     let mut headers = Vec::with_capacity(5);
-    if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
-        let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
-        headers.push(("x-ratelimit-limit", quota.limit.to_string()));
-        headers.push(("x-ratelimit-remaining", quota.remaining.to_string()));
-        headers.push(("x-ratelimit-reset", reset_epoch.to_string()));
-    }
-    if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let name = quota.policy;
-        headers.push((
-            "ratelimit-policy",
-            format!("\"{name}\";q={};w={}", quota.requests, quota.window_secs),
-        ));
-        headers.push((
-            "ratelimit",
-            format!(
-                "\"{name}\";r={};t={}",
-                quota.remaining,
-                ceil_secs(quota.reset_after)
-            ),
-        ));
-    }
+    each_rate_limit_header(style, quota, now, |name, value| {
+        headers.push((name, value.to_string()));
+    });
     headers
 }
 

@@ -20,6 +20,7 @@ pub mod protocol;
 pub mod request;
 pub mod store;
 pub mod table;
+pub mod text;
 pub mod time;
 
 // The glue is left out of test builds so the core's tests run on wasm32 without a proxy.

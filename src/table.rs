@@ -17,6 +17,7 @@
 use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
 use crate::store::{Store, StoreError};
+use crate::text::{push_decimal, push_hex16};
 
 /// A key used this recently is in active use: never evicted.
 pub const RECENT: u64 = NANOS_PER_SEC;
@@ -59,13 +60,12 @@ struct Read {
     owner: u64,
     last_used: u64,
     state: Vec<u64>,
-    /// From when the state is as good as empty.
-    idle_at: u64,
 }
 
 impl Read {
-    fn is_idle(&self, now: u64) -> bool {
-        self.owner == 0 || self.idle_at <= now
+    /// `idle_at` says from when a state is as good as empty (asked only of other keys' slots).
+    fn is_idle(&self, idle_at: impl Fn(&[u64]) -> u64, now: u64) -> bool {
+        self.owner == 0 || idle_at(&self.state) <= now
     }
 
     fn in_use(&self, now: u64) -> bool {
@@ -93,7 +93,12 @@ impl Read {
 /// The shared-data key of slot `index`: `<prefix><layout id>/<index>`. The overflow slot is the
 /// one past the last.
 pub fn slot_name(prefix: &str, spec: &TableSpec, index: u32) -> String {
-    format!("{prefix}{:016x}/{index}", spec.layout_id)
+    let mut name = String::with_capacity(prefix.len() + 27);
+    name.push_str(prefix);
+    push_hex16(&mut name, spec.layout_id);
+    name.push('/');
+    push_decimal(&mut name, index.into());
+    name
 }
 
 /// Creates every slot (and the overflow slot) that does not exist yet, empty. Run at
@@ -121,7 +126,7 @@ pub fn find(
     now: u64,
 ) -> Slot {
     let (a, b) = candidates(hash, spec.capacity);
-    let read = |index| read(store, slot_name(prefix, spec, index), spec.width, &idle_at);
+    let read = |index| read(store, slot_name(prefix, spec, index), spec.width);
     let width = spec.width;
     let first = read(a);
     if first.owner == hash {
@@ -136,7 +141,7 @@ pub fn find(
         choices.push(second);
     }
     choices.retain(|c| !c.in_use(now));
-    if let Some(idle) = choices.iter().position(|c| c.is_idle(now)) {
+    if let Some(idle) = choices.iter().position(|c| c.is_idle(&idle_at, now)) {
         return choices.swap_remove(idle).take(hash, false, width);
     }
     if let Some(oldest) = choices.into_iter().min_by_key(|c| c.last_used) {
@@ -156,7 +161,7 @@ fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
     ((hash % capacity) as u32, (second % capacity) as u32)
 }
 
-fn read(store: &impl Store, name: String, width: usize, idle_at: impl Fn(&[u64]) -> u64) -> Read {
+fn read(store: &impl Store, name: String, width: usize) -> Read {
     let (value, cas) = store.get(&name).unwrap_or_default();
     let (owner, last_used, state) = decode(&value, width).unwrap_or((0, 0, vec![0; width]));
     Read {
@@ -164,7 +169,6 @@ fn read(store: &impl Store, name: String, width: usize, idle_at: impl Fn(&[u64])
         cas,
         owner,
         last_used,
-        idle_at: idle_at(&state),
         state,
     }
 }

@@ -250,9 +250,9 @@ impl HttpContext for Exchange {
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         if let (Some(filter), Some(reported)) = (&self.filter, self.reported.take()) {
-            for (name, value) in filter.response_headers(&reported) {
-                let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value);
-            }
+            filter.each_response_header(&reported, |name, value| {
+                let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
+            });
         }
         Action::Continue
     }
