@@ -74,7 +74,10 @@ pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
     let local =
         days_from_civil(year, month, day) * 86_400 + (hour * 3600 + minute * 60 + second) as i64;
     let utc = u64::try_from(local - offset_secs).map_err(|_| bad())?;
-    Ok(utc * NANOS_PER_SEC + nanos)
+    // Unix nanoseconds in a u64 end in 2554: a later instant is refused, never wrapped.
+    utc.checked_mul(NANOS_PER_SEC)
+        .and_then(|n| n.checked_add(nanos))
+        .ok_or_else(|| format!("{text:?} is after 2554-07-21T23:34:33Z, the latest supported"))
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
@@ -122,9 +125,20 @@ mod tests {
             "2026-12-01T00:00:00",
             "2026-12-01T00:00:00+0200",
             "tomorrow",
+            "2554-07-21T23:34:34Z",
+            "2554-07-21T23:34:33.9Z",
+            "9999-12-31T23:59:59Z",
         ] {
             assert!(parse_rfc3339(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_latest_instant_in_u64_nanoseconds_is_accepted() {
+        assert_eq!(
+            parse_rfc3339("2554-07-21T23:34:33.709551615Z"),
+            Ok(u64::MAX)
+        );
     }
 
     proptest! {

@@ -224,12 +224,7 @@ const KNOWN_MEMBERS: &[&str] = &[
 
 /// Strings that are almost what some field wants: durations, timestamps, key parts, methods,
 /// enum variants, hashes, policy names at the length limit.
-///
-/// KNOWN ISSUE, excluded here: an `expires` after 2554-07-21T23:34:33.709551615Z
-/// (`"2554-07-21T23:34:34Z"`, `"9999-12-31T23:59:59Z"`, `"2554-07-21T23:34:33.9Z"`) overflows u64
-/// nanoseconds in `src/time.rs` (`utc * NANOS_PER_SEC + nanos`): a panic in a debug build, a
-/// silently wrapped expiry in the release (wasm) build. See `far_future_expiry_is_refused`
-/// (ignored until `src/time.rs` is fixed).
+/// Timestamps around the last instant u64 nanoseconds hold (2554-07-21T23:34:33.709551615Z).
 fn nearly_valid() -> Vec<String> {
     [
         "0s",
@@ -299,6 +294,8 @@ fn nearly_valid() -> Vec<String> {
         "2026-12-01T00:00:00.Z",
         "2026-12-01t00:00:00z",
         "2554-07-21T23:34:33Z",
+        "2554-07-21T23:34:34Z",
+        "9999-12-31T23:59:59Z",
         "0000000000000000",
         "ffffffffffffffff",
         "FFFFFFFFFFFFFFFF",
@@ -950,13 +947,9 @@ fn every_refusal_names_the_mutated_place() {
     }
 }
 
-/// KNOWN ISSUE (src/time.rs): `parse_rfc3339` computes `utc * NANOS_PER_SEC + nanos` unchecked,
-/// so an expiry after 2554-07-21T23:34:33.709551615Z panics with "attempt to multiply with
-/// overflow" in a debug build and wraps in the release build (`"2554-07-21T23:34:34Z"` becomes
-/// 0.29 s after the epoch: a bypass silently expired). Should be refused on `bypass[0].expires`.
-/// Run with `cargo test --test config_errors -- --ignored`; un-ignore once fixed.
+/// Found by the property above: expiries past the end of u64 nanoseconds used to panic (debug)
+/// or wrap around into an already expired bypass (release).
 #[test]
-#[ignore = "known issue: src/time.rs overflows on expiries after 2554-07-21T23:34:33Z"]
 fn far_future_expiry_is_refused() {
     for expires in [
         "2554-07-21T23:34:34Z",
