@@ -21,7 +21,8 @@ use crate::key::{hash_key, MISSING_KEY};
 use crate::protocol::{self, Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::{Store, StoreError};
-use crate::table::{find, write, Slot};
+use crate::table::{find, write, Slot, Words};
+use smallvec::{smallvec, SmallVec};
 
 /// Attempts per table before giving up on a contended slot.
 pub const MAX_ATTEMPTS: u32 = 8;
@@ -131,10 +132,10 @@ struct Member {
 struct Work {
     table: usize,
     hash: u64,
-    members: Vec<Member>,
+    members: SmallVec<[Member; 2]>,
     slot: Slot,
-    next: Vec<u64>,
-    verdicts: Vec<Option<(Decision, Basis)>>,
+    next: Words,
+    verdicts: SmallVec<[Option<(Decision, Basis)>; 2]>,
 }
 
 /// Decides the request at `now` (Unix nanoseconds). `prefix` namespaces the shared-data keys;
@@ -250,7 +251,7 @@ fn gather<R: RequestSource + ?Sized>(
     now: u64,
     outcome: &mut Outcome,
 ) -> Vec<Work> {
-    let mut matched: Vec<(usize, &Policy)> = plan
+    let mut matched: SmallVec<[(usize, &Policy); 8]> = plan
         .policies
         .iter()
         .enumerate()
@@ -302,10 +303,10 @@ fn gather<R: RequestSource + ?Sized>(
             None => works.push(Work {
                 table: policy.table,
                 hash,
-                members: vec![member],
+                members: smallvec![member],
                 slot: Slot::default(),
-                next: Vec::new(),
-                verdicts: Vec::new(),
+                next: Words::new(),
+                verdicts: SmallVec::new(),
             }),
         }
     }

@@ -1,5 +1,7 @@
 //! The request attributes that policies read, each fetched from the host at most once.
 
+use smallvec::{smallvec, SmallVec};
+
 /// Where a request attribute comes from. The plan lists each distinct one once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Attr {
@@ -31,7 +33,7 @@ pub trait RequestSource {
 pub struct Attributes<'a, S: ?Sized> {
     source: &'a S,
     attrs: &'a [Attr],
-    cache: Vec<Option<Option<Vec<u8>>>>,
+    cache: SmallVec<[Option<Option<Vec<u8>>>; 4]>,
 }
 
 impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
@@ -39,7 +41,7 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         Attributes {
             source,
             attrs,
-            cache: vec![None; attrs.len()],
+            cache: smallvec![None; attrs.len()],
         }
     }
 

@@ -18,6 +18,7 @@ use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
 use crate::store::{Store, StoreError};
 use crate::text::{push_decimal, push_hex16};
+use smallvec::{smallvec, SmallVec};
 
 /// A key used this recently is in active use: never evicted.
 pub const RECENT: u64 = NANOS_PER_SEC;
@@ -27,6 +28,9 @@ pub const OVERFLOW_KEY: u64 = 0x6f76_6572_666c_6f77;
 /// Words of a slot value before the policies' state: owner, last use.
 const HEADER_WORDS: usize = 2;
 
+/// The policies' state words of one slot, inline up to a typical layout's width.
+pub type Words = SmallVec<[u64; 8]>;
+
 /// A key's slot as read: where it is, its version, and the policies' state words.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Slot {
@@ -34,7 +38,7 @@ pub struct Slot {
     pub cas: u32,
     /// Whose state the slot holds once written: the key, or `OVERFLOW_KEY`.
     pub owner: u64,
-    pub state: Vec<u64>,
+    pub state: Words,
     /// When the slot was last written.
     pub last_used: u64,
     /// Taking this slot forgets another key's live state.
@@ -59,7 +63,7 @@ struct Read {
     cas: u32,
     owner: u64,
     last_used: u64,
-    state: Vec<u64>,
+    state: Words,
 }
 
 impl Read {
@@ -77,7 +81,7 @@ impl Read {
         let (state, last_used) = if self.owner == owner {
             (self.state, self.last_used)
         } else {
-            (vec![0; width], 0)
+            (smallvec![0; width], 0)
         };
         Slot {
             name: self.name,
@@ -163,7 +167,8 @@ fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
 
 fn read(store: &impl Store, name: String, width: usize) -> Read {
     let (value, cas) = store.get(&name).unwrap_or_default();
-    let (owner, last_used, state) = decode(&value, width).unwrap_or((0, 0, vec![0; width]));
+    let (owner, last_used, state) =
+        decode(&value, width).unwrap_or_else(|| (0, 0, smallvec![0; width]));
     Read {
         name,
         cas,
@@ -174,8 +179,8 @@ fn read(store: &impl Store, name: String, width: usize) -> Read {
 }
 
 /// Slot value: owner key hash, last use, then the policies' state words, all u64 little-endian.
-fn encode(owner: u64, last_used: u64, state: &[u64]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(value_size(state.len()));
+fn encode(owner: u64, last_used: u64, state: &[u64]) -> SmallVec<[u8; 80]> {
+    let mut bytes = SmallVec::with_capacity(value_size(state.len()));
     for word in [owner, last_used].iter().chain(state) {
         bytes.extend_from_slice(&word.to_le_bytes());
     }
@@ -183,7 +188,7 @@ fn encode(owner: u64, last_used: u64, state: &[u64]) -> Vec<u8> {
 }
 
 /// `None` for a value of another layout or size: such a slot counts as empty.
-fn decode(bytes: &[u8], width: usize) -> Option<(u64, u64, Vec<u64>)> {
+fn decode(bytes: &[u8], width: usize) -> Option<(u64, u64, Words)> {
     if bytes.len() != value_size(width) {
         return None;
     }
@@ -250,7 +255,10 @@ mod tests {
         create_slots(&store, "p/", &spec).unwrap();
         let slot = put(&store, &spec, 42, NOW + 500, NOW);
         let again = find(&store, "p/", &spec, 42, max, NOW);
-        assert_eq!((again.name, again.state), (slot.name, vec![NOW + 500]));
+        assert_eq!(
+            (again.name, again.state),
+            (slot.name, Words::from_slice(&[NOW + 500]))
+        );
     }
 
     #[test]
@@ -275,12 +283,12 @@ mod tests {
         let idle = find(&store, "p/", &spec, 2, max, NOW + 10 * RECENT);
         assert_eq!(
             (idle.is_overflow(), idle.evicts, idle.state),
-            (false, false, vec![0])
+            (false, false, Words::from_slice(&[0]))
         );
         let old = find(&store, "p/", &spec, 2, max, NOW + RECENT);
         assert_eq!(
             (old.is_overflow(), old.evicts, old.state),
-            (false, true, vec![0])
+            (false, true, Words::from_slice(&[0]))
         );
     }
 
@@ -309,13 +317,13 @@ mod tests {
         let other = find(&store, "p/", &spec, 3, max, NOW + 2);
         assert_eq!(
             (other.is_overflow(), other.state),
-            (true, vec![NOW + 5]),
+            (true, Words::from_slice(&[NOW + 5])),
             "shares the budget"
         );
         let again = find(&store, "p/", &spec, 1, max, NOW + 3);
         assert_eq!(
             (again.name, again.state),
-            (mine.name, vec![NOW + 10 * RECENT])
+            (mine.name, Words::from_slice(&[NOW + 10 * RECENT]))
         );
     }
 
@@ -332,9 +340,12 @@ mod tests {
         let second = put(&store, &spec, twin, NOW + 20_000, NOW);
         assert!(!second.evicts);
         assert_ne!(second.name, first.name);
-        assert_eq!(find(&store, "p/", &spec, 1, max, NOW).state, [NOW + 10_000]);
         assert_eq!(
-            find(&store, "p/", &spec, twin, max, NOW).state,
+            find(&store, "p/", &spec, 1, max, NOW).state[..],
+            [NOW + 10_000]
+        );
+        assert_eq!(
+            find(&store, "p/", &spec, twin, max, NOW).state[..],
             [NOW + 20_000]
         );
     }
@@ -342,6 +353,9 @@ mod tests {
     #[test]
     fn a_slot_of_another_layout_counts_as_empty() {
         assert_eq!(decode(&[1, 2, 3], 1), None);
-        assert_eq!(decode(&encode(9, 5, &[1, 2]), 2), Some((9, 5, vec![1, 2])));
+        assert_eq!(
+            decode(&encode(9, 5, &[1, 2]), 2),
+            Some((9, 5, Words::from_slice(&[1, 2])))
+        );
     }
 }

@@ -14,22 +14,23 @@ pub fn push_decimal(out: &mut String, n: u64) {
             break;
         }
     }
-    for &digit in digits.iter().skip(start) {
-        out.push(char::from(digit));
-    }
+    push_ascii(out, digits.get(start..).unwrap_or_default());
 }
 
 /// Appends `n` as 16 lower-case hex digits, zero-padded.
 pub fn push_hex16(out: &mut String, n: u64) {
-    for shift in (0..16).rev() {
-        let nibble = ((n >> (shift * 4)) & 0xf) as u8;
-        let digit = if nibble < 10 {
-            b'0' + nibble
-        } else {
-            b'a' + nibble - 10
-        };
-        out.push(char::from(digit));
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    for (i, slot) in digits.iter_mut().enumerate() {
+        let nibble = (n >> ((15 - i) * 4)) & 0xf;
+        *slot = HEX.get(nibble as usize).copied().unwrap_or(b'0');
     }
+    push_ascii(out, &digits);
+}
+
+/// One append for the whole number: pushing char by char costs more than the digits.
+fn push_ascii(out: &mut String, ascii: &[u8]) {
+    out.push_str(std::str::from_utf8(ascii).unwrap_or_default());
 }
 
 #[cfg(test)]
