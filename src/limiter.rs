@@ -68,6 +68,8 @@ pub struct Outcome {
     pub denied_by: Option<Applied>,
     pub cas_retries: u32,
     pub evictions: u32,
+    /// Tables whose key found no slot of its own and shared the overflow slot.
+    pub overflowed: u32,
     /// A slot stayed contended (or the store failed) through every attempt: the request is
     /// denied rather than let through unmetered.
     pub exhausted: bool,
@@ -220,6 +222,7 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
             match write(store, &work.slot, &work.next, p.now) {
                 Ok(()) => {
                     p.outcome.evictions += u32::from(work.slot.evicts);
+                    p.outcome.overflowed += u32::from(work.slot.is_overflow());
                     break;
                 }
                 Err(StoreError::CasMismatch) if attempt < MAX_ATTEMPTS => {

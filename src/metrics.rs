@@ -53,6 +53,7 @@ pub struct Counters {
     cas_retries: Counter,
     cas_exhausted: Counter,
     evictions: Counter,
+    overflowed: Counter,
     pub callouts: Counter,
     pub callout_failures: Counter,
 }
@@ -76,6 +77,7 @@ impl Counters {
             cas_retries: counter("sluice.cas_retries".into()),
             cas_exhausted: counter("sluice.cas_exhausted".into()),
             evictions: counter("sluice.evictions".into()),
+            overflowed: counter("sluice.overflowed".into()),
             callouts: counter("sluice.callouts".into()),
             callout_failures: counter("sluice.callout_failures".into()),
         }
@@ -115,6 +117,7 @@ impl Counters {
         }
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
+        self.overflowed.add(u64::from(outcome.overflowed));
         self.cas_exhausted.add(u64::from(outcome.exhausted));
     }
 
@@ -135,6 +138,7 @@ impl Counters {
                 &self.cas_retries,
                 &self.cas_exhausted,
                 &self.evictions,
+                &self.overflowed,
                 &self.callouts,
                 &self.callout_failures,
             ])
