@@ -7,6 +7,7 @@
 #                and the integration tests that drive real Envoys, Redis and the service
 #   make lint    cargo fmt --check and clippy for the host and for wasm
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
+#   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
 
@@ -67,6 +68,15 @@ clean:
 .PHONY: bench
 bench: build
 	cd $(ROOT) && python3 bench/run.py $(BENCH_ARGS)
+
+# Not part of make test: the same setups, each Envoy under valgrind's callgrind, counting the
+# instructions its worker executes per request. Deterministic where make bench's CPU time moves
+# ±20% between runs on a shared machine, but blind to cache misses and syscall costs: a complement,
+# not a replacement. Rewrites bench/instructions.json and its section of BENCHMARKS.md; about
+# 4 minutes. Needs valgrind (apt-get install valgrind). Options through BENCH_ARGS, e.g. --only 3b,4.
+.PHONY: bench-instructions
+bench-instructions: build
+	cd $(ROOT) && python3 bench/run.py --instructions $(BENCH_ARGS)
 
 # Not part of make test: reliability runs that rewrite their sections of docs/reliability.md.
 # make soak: a flood of 1,000,000 new keys against max_keys, then SOAK_MINUTES (default 10) of

@@ -15,6 +15,13 @@ happens.
   python3 bench/run.py                 # the full run, about 5 minutes on 2 cores
   python3 bench/run.py --quick         # a 1-round smoke run, about a minute
   python3 bench/run.py --only 1,4,7    # some setups (the ratios need both sides)
+  python3 bench/run.py --instructions  # instructions per request instead (below), about 4 minutes
+
+--instructions (make bench-instructions) runs each setup's Envoy under valgrind's callgrind, one
+at a time, and counts the instructions its worker thread executes per request: deterministic
+where CPU time on a shared machine moves ±20% between runs, though blind to cache misses and to
+what syscalls cost. It writes bench/instructions.json and its own section of BENCHMARKS.md; a CPU
+run keeps that section (rendered from the JSON).
 """
 
 import argparse
@@ -47,6 +54,8 @@ RESULTS_SVG = BENCH / "results.svg"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 # One line per full run, kept: the key figures of earlier runs, to tell a change from noise.
 HISTORY = BENCH / "history.jsonl"
+# What --instructions measured (BENCHMARKS.md renders its section from it; --out moves it too).
+INSTRUCTIONS_JSON = BENCH / "instructions.json"
 
 ENVOY_CORE = "0"
 WRK_CORE = "1"
@@ -135,16 +144,16 @@ def policy(name, key, requests, per, burst=None):
     return p
 
 
-def native_local_ratelimit(tokens):
-    """Envoy's own local rate limit: one bucket of `tokens`, refilled with as many every second,
-    with its x-ratelimit-* response headers on (as sluice's "legacy" headers are)."""
+def native_local_ratelimit(tokens, fill_interval="1s"):
+    """Envoy's own local rate limit: one bucket of `tokens`, refilled with as many every
+    `fill_interval`, with its x-ratelimit-* response headers on (as sluice's "legacy" headers are)."""
     percent = {"numerator": 100, "denominator": "HUNDRED"}
     return {
         "name": "envoy.filters.http.local_ratelimit",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
             "stat_prefix": "bench_local",
-            "token_bucket": {"max_tokens": tokens, "tokens_per_fill": tokens, "fill_interval": "1s"},
+            "token_bucket": {"max_tokens": tokens, "tokens_per_fill": tokens, "fill_interval": fill_interval},
             "filter_enabled": {"runtime_key": "bench_local_enabled", "default_value": percent},
             "filter_enforced": {"runtime_key": "bench_local_enforced", "default_value": percent},
             "enable_x_ratelimit_headers": "DRAFT_VERSION_03",
@@ -268,6 +277,8 @@ def global_services(redis_port, service_port):
                    "--appendonly", "no", "--dir", str(workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
+        # The service exits at once if it cannot reach Redis: start it once Redis accepts.
+        wait_port(redis_port, 30)
         service = subprocess.Popen(
             pin + [str(binary), "--listen", f"127.0.0.1:{service_port}", "--redis", f"redis://127.0.0.1:{redis_port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -296,7 +307,11 @@ def build_service():
     return SERVICE_TARGET / "release" / "sluice-service"
 
 
-def setups(fixtures):
+def setups(fixtures, valgrind=False):
+    """The setups, 1 to 9. `valgrind`: for a run under valgrind, where Envoy answers about 50
+    times slower: the denying setups (6, 7) refill per hour rather than per second, so that every
+    request after the burst is denied, and the global rows (8, 9) give the service 5 s, not 1 s."""
+    deny_per, service_settings = ("1h", dict(SERVICE, timeout="5s")) if valgrind else ("1s", SERVICE)
     layered = [
         policy(f"per-{per}", "header:x-user-id", NEVER * seconds, per, NEVER * seconds)
         for per, seconds in [("1s", 1), ("1m", 60), ("1h", 3600), ("1d", 86400), ("30d", 30 * 86400)]
@@ -323,11 +338,13 @@ def setups(fixtures):
         Setup("4", "sluice, 1 policy", [sluice(policy("per-user", "header:x-user-id", NEVER, "1s"))]),
         Setup("5", "sluice, 5 layered policies, 1 key", [sluice(*layered)]),
         Setup("5b", "sluice, 5 policies, 5 keys", [sluice(*keyed)]),
-        Setup("6", "native local_ratelimit, denying", [native_local_ratelimit(100)], denies=True),
-        Setup("7", "sluice, denying", [sluice(policy("per-user", "header:x-user-id", 100, "1s", 100))], denies=True),
-        Setup("8", "sluice, global, strict (a call per request)", [sluice(strict, service=SERVICE)],
+        Setup("6", "native local_ratelimit, denying",
+              [native_local_ratelimit(100, "3600s" if valgrind else "1s")], denies=True),
+        Setup("7", "sluice, denying", [sluice(policy("per-user", "header:x-user-id", 100, deny_per, 100))],
+              denies=True),
+        Setup("8", "sluice, global, strict (a call per request)", [sluice(strict, service=service_settings)],
               clusters=[service_cluster(service_port)], services=services),
-        Setup("9", "sluice, global, lease of 100 on the hot key", [sluice(leased, service=SERVICE)],
+        Setup("9", "sluice, global, lease of 100 on the hot key", [sluice(leased, service=service_settings)],
               clusters=[service_cluster(service_port)], services=services),
     ]
 
@@ -368,6 +385,17 @@ def free_ports(n):
             s.close()
 
 
+def wait_port(port, timeout):
+    """Waits, at most `timeout` seconds, until something accepts TCP connections on the port."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def http_get(port, path, headers=None, timeout=2.0):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
@@ -379,12 +407,14 @@ def http_get(port, path, headers=None, timeout=2.0):
 
 
 class Envoy:
-    """One Envoy process of ours, stopped by PID."""
+    """One Envoy process of ours, stopped by PID. `wrapper`: a command Envoy runs under (valgrind);
+    its process is the one started, so its PID is still Envoy's."""
 
-    def __init__(self, envoy, name, filters, workdir, concurrency=1, pin=True, clusters=(), access_log=None):
+    def __init__(self, envoy, name, filters, workdir, concurrency=1, pin=True, clusters=(), access_log=None,
+                 wrapper=()):
         self.envoy, self.name, self.filters = envoy, name, filters
         self.workdir, self.concurrency, self.pin = workdir, concurrency, pin
-        self.clusters, self.access_log = clusters, access_log
+        self.clusters, self.access_log, self.wrapper = clusters, access_log, list(wrapper)
         self.proc = None
 
     def start(self, timeout=60):
@@ -402,6 +432,7 @@ class Envoy:
                 "--disable-hot-restart",
                 "-l", "warn",
             ]
+            cmd = self.wrapper + cmd
             if self.pin:
                 cmd = ["taskset", "-c", ENVOY_CORE] + cmd
             cmd = PRIORITY + cmd
@@ -593,7 +624,8 @@ def facts(envoy):
         "command": "python3 bench/run.py" + "".join(" " + a for a in sys.argv[1:]),
         "envoy": match.group(1) if match else version,
         "envoy_full": version.split("version: ", 1)[-1],
-        "wrk": (subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0]).strip(),
+        "wrk": (subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0]).strip()
+        if shutil.which("wrk") else "no wrk",
     }
 
 
@@ -655,6 +687,163 @@ def accuracy(envoy_bin, workdir, duration, rate=100, burst=50):
         "cas_exhausted": stats.get("wasmcustom.sluice.cas_exhausted", 0),
         "counter_allowed": stats.get("wasmcustom.sluice.accuracy.allowed"),
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# Instructions per request (--instructions): deterministic where CPU time is not
+
+
+# Envoy's command prefix. Start-up runs uninstrumented (--instr-atstart=no, several times
+# faster); --smc-check=all-non-file makes valgrind see the code V8 writes, the compiled wasm.
+CALLGRIND = [
+    "valgrind", "--tool=callgrind", "--separate-threads=yes", "--smc-check=all-non-file",
+    "--instr-atstart=no",
+]
+# Requests sent before counting (they fill the caches and drain the denying setups' bursts).
+INSTRUCTIONS_WARMUP = 300
+# A bound per setup: start-up under valgrind (10 to 20 s, more on a busy machine) and the
+# requests (about 400/s under valgrind).
+INSTRUCTIONS_SECONDS_PER_SETUP = 90
+
+
+def valgrind_version():
+    """valgrind's version; exits with how to install it if valgrind or callgrind_control lacks."""
+    for tool in ("valgrind", "callgrind_control"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} not found: --instructions needs valgrind (apt-get install valgrind)")
+    return run(["valgrind", "--version"], timeout=30).strip()
+
+
+def callgrind_control(envoy, option):
+    """Sends a command (instrumentation on, zero, dump) to the callgrind running `envoy`."""
+    run(["callgrind_control", option, str(envoy.pid)], timeout=120)
+
+
+def send(port, count):
+    """`count` requests, one after another over one keep-alive connection: their statuses,
+    counted."""
+    statuses = {}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        for _ in range(count):
+            conn.request("GET", PATH, headers=CLIENT_HEADERS)
+            response = conn.getresponse()
+            response.read()
+            statuses[str(response.status)] = statuses.get(str(response.status), 0) + 1
+    finally:
+        conn.close()
+    return statuses
+
+
+def thread_totals(out, pid):
+    """Instructions per thread in callgrind's first dump (`<out>.<pid>.1-<thread>`), by thread."""
+    totals = {}
+    for path in out.parent.glob(f"{out.name}.{pid}.1-*"):
+        match = re.search(r"^(?:summary|totals):\s+(\d+)", path.read_text(errors="replace"), re.MULTILINE)
+        if match:
+            totals[path.name.rsplit("-", 1)[1]] = int(match.group(1))
+    if not totals:
+        sys.exit(f"bench: callgrind wrote no dump for {out.name} (pid {pid})")
+    return dict(sorted(totals.items()))
+
+
+def callout_stats(envoy):
+    """sluice's calls to the service and their failures, once its counters reach Envoy (they are
+    flushed every second)."""
+    time.sleep(1.5)
+    stats = envoy.stats()
+    return {name: stats.get(f"wasmcustom.sluice.{name}", 0) for name in ("callouts", "callout_failures")}
+
+
+def count_instructions(envoy_bin, setup, workdir, requests):
+    """One setup's Envoy under callgrind: warm up, zero, `requests` requests, dump. The busiest
+    thread (the worker's) over the requests is the figure."""
+    out = workdir / f"callgrind-{setup.id}"
+    envoy = Envoy(envoy_bin, setup.id, setup.filters, workdir, pin=False, clusters=setup.clusters,
+                  wrapper=CALLGRIND + [f"--callgrind-out-file={out}.%p"])
+    try:
+        began = time.monotonic()
+        envoy.start(timeout=INSTRUCTIONS_SECONDS_PER_SETUP)
+        start_s = time.monotonic() - began
+        callgrind_control(envoy, "--instr=on")
+        warmup = send(envoy.port, INSTRUCTIONS_WARMUP)
+        callgrind_control(envoy, "--zero")
+        began = time.monotonic()
+        statuses = send(envoy.port, requests)
+        seconds = time.monotonic() - began
+        callgrind_control(envoy, "--dump")
+        calls = callout_stats(envoy) if setup.clusters else None
+    finally:
+        envoy.stop()
+    threads = thread_totals(out, envoy.pid)
+    worker = max(threads.values())
+    expected = "429" if setup.denies else "200"
+    return {
+        "instructions_per_request": worker / requests,
+        "all_threads_per_request": sum(threads.values()) / requests,
+        "threads": threads,
+        "requests": requests,
+        "statuses": statuses,
+        "warmup_statuses": warmup,
+        "callouts": calls,
+        "as_designed": statuses == {expected: requests} and not (calls and calls["callout_failures"]),
+        "start_s": round(start_s, 1),
+        "requests_per_s": round(requests / seconds, 1),
+    }
+
+
+def measure_instructions(args):
+    """--instructions: every setup (or --only's), one at a time under callgrind; writes
+    instructions.json and re-renders BENCHMARKS.md (its CPU part from results.json)."""
+    valgrind = valgrind_version()
+    if not SLUICE_WASM.exists():
+        sys.exit(f"bench: {SLUICE_WASM.relative_to(ROOT)} is missing: run make build (make bench-instructions does)")
+    install_signal_handlers()
+    started = time.monotonic()
+    envoy_bin = run([str(ROOT / "scripts" / "find-envoy")], timeout=600).strip()
+    info = facts(envoy_bin) | {"valgrind": valgrind}
+    all_setups = selected(setups(build_fixtures(), valgrind=True), args.only)
+    if any(s.services for s in all_setups):
+        build_service()  # Before the deadline: the first build takes minutes.
+    rows, services = {}, []
+    with tempfile.TemporaryDirectory(prefix="sluice-instructions-") as tmp:
+        workdir = Path(tmp)
+        signal.alarm(INSTRUCTIONS_SECONDS_PER_SETUP * len(all_setups) + 120)
+        try:
+            for start in dict.fromkeys(s.services for s in all_setups if s.services):
+                services += start(workdir)
+            for s in all_setups:
+                log(f"setup {s.id}: {s.label}, under callgrind")
+                rows[s.id] = row = count_instructions(envoy_bin, s, workdir, args.requests)
+                log(
+                    f"setup {s.id:>2}: {row['instructions_per_request']:>9,.0f} instructions/request "
+                    f"(all threads {row['all_threads_per_request']:,.0f}), answers {row['statuses']}, "
+                    f"start-up {row['start_s']:.0f}s, {row['requests_per_s']:.0f} requests/s"
+                    + (f", calls {row['callouts']}" if row["callouts"] else "")
+                )
+                if not row["as_designed"]:
+                    log(f"warning: setup {s.id} did not answer as designed: left out of the ratios")
+        finally:
+            for proc in services:
+                stop_process(proc)
+            signal.alarm(0)
+    INSTRUCTIONS_JSON.write_text(
+        json.dumps(
+            {"info": info, "warmup": INSTRUCTIONS_WARMUP, "requests": args.requests, "callgrind": CALLGRIND,
+             "labels": {s.id: s.label for s in all_setups}, "rows": rows,
+             "elapsed_s": time.monotonic() - started},
+            indent=1,
+        )
+        + "\n"
+    )
+    log(f"wrote {INSTRUCTIONS_JSON.name} in {time.monotonic() - started:.0f}s")
+    if RESULTS_JSON.exists():
+        cpu = json.loads(RESULTS_JSON.read_text())
+        render(cpu)
+        log(f"rewrote {BENCHMARKS_MD}")
+        print("\n".join(instructions_section(read_instructions(), cpu["summary"])))
+    else:
+        log(f"no {RESULTS_JSON.name}: BENCHMARKS.md not rewritten (make bench writes both)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -762,7 +951,111 @@ def ratio(summary, a, b, key):
     return None
 
 
-def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, history=()):
+def instructions_section(saved, cpu_summary):
+    """BENCHMARKS.md's section on instructions per request, from instructions.json; the ratios of
+    CPU per request beside them when `cpu_summary` (results.json's) has both setups."""
+    if not saved:
+        return []
+    f = lambda v, spec: "n/a" if v is None else format(v, spec)
+    times = lambda v: "n/a" if v is None else f"{v:.3f}×"
+    info, rows, labels = saved["info"], saved["rows"], saved["labels"]
+    counts = {sid: {"ir": row["instructions_per_request"]} for sid, row in rows.items() if row["as_designed"]}
+    cpu_summary = cpu_summary or {}
+    md = [
+        "",
+        "## Instructions per request (callgrind)",
+        "",
+        "Written by `make bench-instructions` (`bench/run.py --instructions`), separately from the "
+        f"figures above; the raw counts are in [`bench/instructions.json`]({rel(INSTRUCTIONS_JSON)}).",
+        "",
+        f"- Date: {info['date']}; the run took {saved['elapsed_s'] / 60:.1f} minutes",
+        f"- Commit: {info['commit']}; command: `{info['command']}`",
+        f"- Envoy {info['envoy']}; {info['valgrind']}",
+        "",
+        "**What it is, and is not.** The instructions Envoy's worker thread executes per request, "
+        "counted by valgrind's callgrind: Envoy's own code and the filter's wasm as V8 compiled it. "
+        "Unlike CPU time it does not move with other load on the machine: the same code and "
+        "configuration count the same to within a few hundredths of a percent (the residue is "
+        "work done per second, such as sluice's counter flush, rather than per request), so a "
+        "change of a percent shows at once. It is not time: every instruction weighs the same, "
+        "so it does not see cache misses, mispredicted branches or what a syscall costs in the "
+        "kernel (only the instructions leading to it), and it leaves out Envoy's other threads "
+        "(their share is in *all threads*). The CPU-time figures above stay the primary ones; "
+        "these tell whether a change altered the work per request, and by how much.",
+        "",
+        "**Method.** Each setup is its own Envoy (`--concurrency 1`, one at a time, not pinned) "
+        f"under `{' '.join(saved['callgrind'])}` (start-up runs uninstrumented). Once Envoy is up: "
+        f"instrumentation on (`callgrind_control --instr=on`), {saved['warmup']} warm-up requests, "
+        f"counters zeroed, {saved['requests']:,} requests counted, a dump; all the same "
+        f"`GET {PATH}` with the fixed `x-user-id` and `x-api-key`, one after another over one "
+        "keep-alive connection (Python's `http.client`). The figure is the busiest thread's count "
+        "(the worker's) over the counted requests. Under valgrind Envoy answers only a few hundred "
+        "requests a second, so two kinds of setup differ from the CPU run: the denying setups 6 and 7 "
+        "refill their 100 tokens per hour instead of per second (a refill per second would let a "
+        "part of the counted requests through), and the global rows 8 and 9 give "
+        "sluice-service 5 s instead of 1 s to answer. Every counted request must get the setup's "
+        "answer (200; 429 for 6 and 7) and on 8 and 9 no call to the service may fail; a row that "
+        "does not is shown but left out of the ratios.",
+        "",
+        "| # | Setup | instructions/request | all threads | answers | requests/s under valgrind |",
+        "| --- | --- | ---: | ---: | --- | ---: |",
+    ]
+    for sid, row in rows.items():
+        answers = ", ".join(f"{n:,} × {code}" for code, n in sorted(row["statuses"].items()))
+        if row["callouts"]:
+            answers += f"; {row['callouts']['callouts']:,} calls, {row['callouts']['callout_failures']} failed"
+        if not row["as_designed"]:
+            answers += " (**not as designed**)"
+        md.append(
+            f"| {sid} | {labels[sid]} | {row['instructions_per_request']:,.0f} | "
+            f"{row['all_threads_per_request']:,.0f} | {answers} | {row['requests_per_s']:,.0f} |"
+        )
+    md += [
+        "",
+        "| Ratio | Meaning | instructions | CPU/request (the CPU run's *Ratios* above) |",
+        "| --- | --- | ---: | ---: |",
+    ]
+    for a, b, meaning in RATIOS:
+        md.append(
+            f"| {a}/{b} | {meaning} | {times(ratio(counts, a, b, 'ir'))} | "
+            f"{times(ratio(cpu_summary, a, b, 'cpu_us_per_request'))} |"
+        )
+    md += ["", "| Target (issue 5) | instructions | Result |", "| --- | ---: | --- |"]
+    for a, b, limit in TARGETS:
+        value = ratio(counts, a, b, "ir")
+        result = "n/a" if value is None else ("pass" if value <= limit else "**fail**")
+        md.append(f"| {a} ≤ {limit}× {b} | {times(value)} | {result} |")
+
+    def added(a, b):
+        return counts[a]["ir"] - counts[b]["ir"] if a in counts and b in counts else None
+
+    md += [
+        "",
+        "The target on strict global calls (8 − 1 ≤ "
+        f"{CALLOUT_BUDGET_US:.0f} µs) is one of time: only the CPU run checks it. What each step "
+        "adds, in instructions per request: "
+        + ", ".join(
+            f"{a}−{b} ({what}) {f(added(a, b), '+,.0f')}"
+            for a, b, what in [
+                ("3", "1", "a proxy-wasm filter that does nothing"),
+                ("3b", "3", "header, clock, shared-data read and CAS"),
+                ("4", "3b", "sluice beyond that floor"),
+                ("2", "1", "native local_ratelimit"),
+                ("8", "4", "a call to sluice-service per request"),
+                ("9", "4", "leases of 100: a call per 100 requests"),
+            ]
+        )
+        + ".",
+    ]
+    return md
+
+
+def read_instructions():
+    """What the last --instructions run saved, if any."""
+    return json.loads(INSTRUCTIONS_JSON.read_text()) if INSTRUCTIONS_JSON.exists() else None
+
+
+def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, history=(), instructions=None):
     f = lambda v, spec: "n/a" if v is None else format(v, spec)
     md = [
         "# Benchmarks",
@@ -913,6 +1206,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, 
                 + " | ".join(f"{f(ratios.get(f'{a}/{b}'), '.3f')}" for a, b, _ in TARGETS)
                 + f" | {f(run.get('accuracy_error'), '+.1f')} |"
             )
+    md += instructions_section(instructions, summary)
     if acc:
         md += [
             "",
@@ -980,6 +1274,20 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, 
 # ---------------------------------------------------------------------------------------------
 
 
+def install_signal_handlers():
+    """Whatever stops us, unwind through the finally blocks that stop our processes."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
+        signal.signal(signum, on_signal)
+
+
+def selected(all_setups, only):
+    """The setups --only names (comma-separated ids), or all of them."""
+    if not only:
+        return all_setups
+    wanted = set(only.split(","))
+    return [s for s in all_setups if s.id in wanted]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -993,7 +1301,15 @@ def main():
     parser.add_argument("--no-micro", action="store_true", help="skip cargo bench")
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s: a smoke run")
     parser.add_argument("--render-only", action="store_true",
-                        help="measure nothing: rewrite BENCHMARKS.md and results.svg from results.json")
+                        help="measure nothing: rewrite BENCHMARKS.md and results.svg from results.json "
+                        "(and instructions.json)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="instead of CPU time, count the instructions Envoy's worker executes per "
+                        "request under valgrind's callgrind; writes instructions.json and its section "
+                        "of BENCHMARKS.md (make bench-instructions)")
+    parser.add_argument("--requests", type=int, default=1000,
+                        help=f"with --instructions: requests counted per setup (after {INSTRUCTIONS_WARMUP} "
+                        "of warm-up)")
     parser.add_argument("--out", type=Path,
                         help="write BENCHMARKS.md, results.svg and results.json to this directory "
                         "instead of the committed ones")
@@ -1007,10 +1323,14 @@ def main():
         args.out.mkdir(parents=True, exist_ok=True)
         RESULTS_JSON, RESULTS_SVG = args.out / "results.json", args.out / "results.svg"
         BENCHMARKS_MD = args.out / "BENCHMARKS.md"
-        global HISTORY
+        global HISTORY, INSTRUCTIONS_JSON
         HISTORY = args.out / "history.jsonl"
+        INSTRUCTIONS_JSON = args.out / "instructions.json"
     if args.render_only:
         render(json.loads(RESULTS_JSON.read_text()))
+        return
+    if args.instructions:
+        measure_instructions(args)
         return
 
     for tool in ("wrk", "taskset", "cargo"):
@@ -1021,9 +1341,7 @@ def main():
     if not SLUICE_WASM.exists():
         sys.exit(f"bench: {SLUICE_WASM.relative_to(ROOT)} is missing: run make build (make bench does)")
 
-    # Whatever stops us, unwind through the finally blocks that stop our processes.
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM):
-        signal.signal(signum, on_signal)
+    install_signal_handlers()
     started = time.monotonic()
     envoy_bin = run([str(ROOT / "scripts" / "find-envoy")], timeout=600).strip()
     info = facts(envoy_bin)
@@ -1031,10 +1349,7 @@ def main():
     if load > 0.5:
         log(f"warning: load average {load} before the run: other work on this machine skews the figures")
     fixtures = build_fixtures()
-    all_setups = setups(fixtures)
-    if args.only:
-        wanted = set(args.only.split(","))
-        all_setups = [s for s in all_setups if s.id in wanted]
+    all_setups = selected(setups(fixtures), args.only)
     order = [s.id for s in all_setups]
     labels = {s.id: s.label for s in all_setups}
 
@@ -1110,7 +1425,7 @@ def render(saved):
     RESULTS_SVG.write_text(svg_chart(order, labels, summary, title))
     write_report(
         info, argparse.Namespace(**saved["args"]), order, labels, saved["rounds"], summary,
-        saved["accuracy"], saved["micro"], saved["elapsed_s"], read_history(),
+        saved["accuracy"], saved["micro"], saved["elapsed_s"], read_history(), read_instructions(),
     )
 
 
