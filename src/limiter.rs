@@ -202,6 +202,7 @@ fn advance(plan: &Plan, prefix: &str, store: &impl Store, mut p: Pending) -> Ste
         if settle(plan, prefix, store, &mut p) {
             p.outcome.denied_by = strictest_denial(plan, &p.works);
             p.outcome.applied = applied(&p.works);
+            p.outcome.overflowed = p.works.iter().filter(|w| w.slot.is_overflow()).count() as u32;
             return Step::Done(p.outcome);
         }
     }
@@ -222,7 +223,6 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
             match write(store, &work.slot, &work.next, p.now) {
                 Ok(()) => {
                     p.outcome.evictions += u32::from(work.slot.evicts);
-                    p.outcome.overflowed += u32::from(work.slot.is_overflow());
                     break;
                 }
                 Err(StoreError::CasMismatch) if attempt < MAX_ATTEMPTS => {

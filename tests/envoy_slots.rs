@@ -40,6 +40,8 @@ fn a_busy_key_keeps_its_slot_and_newcomers_share_the_overflow_budget() {
     let alice: Vec<u16> = (0..3).map(|_| get(&envoy, "alice")).collect();
     assert_eq!(alice, [200, 200, 429]);
     assert_eq!(envoy.wait_for_wasm_counter("sluice.evictions", 0), 0);
+    // Every newcomer's decision was made on the overflow slot, and operators can see it.
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.overflowed", 7), 7);
 }
 
 #[test]
