@@ -740,7 +740,10 @@ mod tests {
         );
         filter.flush_counters(&host);
         assert_eq!(host.counter("sluice.evictions"), 0);
-        assert!(host.counter("sluice.overflowed") > 0, "the overflow is visible");
+        assert!(
+            host.counter("sluice.overflowed") > 0,
+            "the overflow is visible"
+        );
         assert!(
             flood_admitted < 64 + 10,
             "the flood shares the overflow budget: {flood_admitted}"
