@@ -5,16 +5,17 @@
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
-use crate::headers::{
-    denial_body, each_rate_limit_header, rate_limit_headers, retry_after_secs, Quota,
-};
+use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
 use crate::limiter::{self, Applied, Basis, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
 use crate::table;
+use crate::text::push_decimal;
+use smallvec::SmallVec;
 use std::cell::Cell;
+use std::ops::Range;
 
 /// What the filter needs from the proxy.
 pub trait Host: RequestSource + Store {
@@ -137,14 +138,6 @@ impl Filter {
     pub fn each_response_header(&self, reported: &Reported, emit: impl FnMut(&'static str, &str)) {
         if let Some(quota) = self.quota(&reported.applied) {
             each_rate_limit_header(self.plan.headers, &quota, reported.now, emit);
-        }
-    }
-
-    /// The rate-limit headers of the response, collected.
-    pub fn response_headers(&self, reported: &Reported) -> Vec<(&'static str, String)> {
-        match self.quota(&reported.applied) {
-            Some(quota) => rate_limit_headers(self.plan.headers, &quota, reported.now),
-            None => Vec::new(),
         }
     }
 
@@ -308,20 +301,32 @@ impl Filter {
             denial.key
         );
         let retry_secs = retry_after_secs(denial.decision.retry_after);
-        let mut headers = vec![
-            ("content-type", "application/json".to_string()),
-            ("retry-after", retry_secs.to_string()),
-        ];
+        // Every header value goes into one buffer: under a flood of denials this is the hot path.
+        let mut values = String::with_capacity(128);
+        let mut spans: SmallVec<[(&str, Range<usize>); 8]> = SmallVec::new();
+        let mut add = |name, value: &str| {
+            let start = values.len();
+            values.push_str(value);
+            spans.push((name, start..values.len()));
+        };
+        add("content-type", "application/json");
+        let mut retry = String::with_capacity(20);
+        push_decimal(&mut retry, retry_secs);
+        add("retry-after", &retry);
         let (status, error) = if denial.basis == Basis::Unavailable {
             (503, "rate_limit_unavailable")
         } else {
-            headers.extend(self.response_headers(&Reported {
+            let reported = Reported {
                 applied: *denial,
                 now,
-            }));
+            };
+            self.each_response_header(&reported, &mut add);
             (429, "too_many_requests")
         };
-        let pairs: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let pairs: SmallVec<[(&str, &str); 8]> = spans
+            .iter()
+            .map(|(name, span)| (*name, values.get(span.clone()).unwrap_or_default()))
+            .collect();
         let body = denial_body(error, name, retry_secs);
         host.send_response(status, &pairs, body.as_bytes());
     }
@@ -377,6 +382,15 @@ mod tests {
     use std::sync::Arc;
 
     const T0: u64 = 1_800_000_000 * SEC;
+
+    /// The rate-limit headers the glue would add to the response.
+    fn response_headers(filter: &Filter, reported: &Reported) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        filter.each_response_header(reported, |name, value| {
+            headers.push((name, value.to_string()));
+        });
+        headers
+    }
 
     /// A local reply: status, headers, body.
     type Reply = (u32, Vec<(String, String)>, String);
@@ -541,7 +555,7 @@ mod tests {
         let Verdict::Continue(Some(reported)) = send(&filter, &host, ALICE) else {
             panic!("allowed")
         };
-        let headers = filter.response_headers(&reported);
+        let headers = response_headers(&filter, &reported);
         assert_eq!(headers[0], ("x-ratelimit-limit", "3".to_string()));
         assert_eq!(headers[1], ("x-ratelimit-remaining", "2".to_string()));
     }
@@ -590,7 +604,7 @@ mod tests {
         let Verdict::Continue(Some(r)) = send(&filter, &host, &[("x-user-id", "bob")]) else {
             panic!()
         };
-        let remaining_ip = filter.response_headers(&r);
+        let remaining_ip = response_headers(&filter, &r);
         assert_eq!(
             remaining_ip[1].1, "1",
             "bob's per-second bucket is the tightest"

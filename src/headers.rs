@@ -83,19 +83,6 @@ pub fn each_rate_limit_header(
     }
 }
 
-/// The rate-limit headers for `quota` at `now`, collected (for a local reply).
-pub fn rate_limit_headers(
-    style: HeaderStyle,
-    quota: &Quota,
-    now: u64,
-) -> Vec<(&'static str, String)> {
-    let mut headers = Vec::with_capacity(5);
-    each_rate_limit_header(style, quota, now, |name, value| {
-        headers.push((name, value.to_string()));
-    });
-    headers
-}
-
 /// `Retry-After` in whole seconds: rounded up, and at least 1.
 pub fn retry_after_secs(retry_after: u64) -> u64 {
     ceil_secs(retry_after).max(1)
@@ -104,7 +91,19 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
 /// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
 /// (503, a policy that fails closed).
 pub fn denial_body(error: &str, policy: &str, retry_after_secs: u64) -> String {
-    format!(r#"{{"error":"{error}","policy":"{policy}","retry_after":{retry_after_secs}}}"#)
+    let mut body = String::with_capacity(error.len() + policy.len() + 64);
+    for part in [
+        r#"{"error":""#,
+        error,
+        r#"","policy":""#,
+        policy,
+        r#"","retry_after":"#,
+    ] {
+        body.push_str(part);
+    }
+    push_decimal(&mut body, retry_after_secs);
+    body.push('}');
+    body
 }
 
 #[cfg(test)]
@@ -121,6 +120,18 @@ mod tests {
         reset_after: 2_500_000_000,
     };
     const NOW: u64 = 1_700_000_000_250_000_000;
+
+    fn rate_limit_headers(
+        style: HeaderStyle,
+        quota: &Quota,
+        now: u64,
+    ) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        each_rate_limit_header(style, quota, now, |name, value| {
+            headers.push((name, value.to_string()));
+        });
+        headers
+    }
 
     #[test]
     fn legacy_headers_give_reset_as_epoch_seconds() {
