@@ -360,6 +360,15 @@ RATIOS = [
     ("9", "4", "global with leases over local"),
     ("8", "4", "strict global over local"),
 ]
+# What each step from one setup to the next adds (a − b), in the CPU and instruction reports.
+STEPS = [
+    ("3", "1", "a proxy-wasm filter that does nothing"),
+    ("3b", "3", "header, clock, shared-data read and CAS"),
+    ("4", "3b", "sluice beyond that floor"),
+    ("2", "1", "native local_ratelimit"),
+    ("8", "4", "a call to sluice-service per request"),
+    ("9", "4", "leases of 100: a call per 100 requests"),
+]
 # The targets, on CPU per request: numerator <= factor x denominator.
 TARGETS = [("4", "3b", 1.15), ("5", "4", 1.2), ("7", "4", 1.0), ("9", "4", 1.25)]
 # A peer's gRPC callout per request costs about +630 µs over Envoy alone (the figure):
@@ -1037,14 +1046,7 @@ def instructions_section(saved, cpu_summary):
         "adds, in instructions per request: "
         + ", ".join(
             f"{a}−{b} ({what}) {f(added(a, b), '+,.0f')}"
-            for a, b, what in [
-                ("3", "1", "a proxy-wasm filter that does nothing"),
-                ("3b", "3", "header, clock, shared-data read and CAS"),
-                ("4", "3b", "sluice beyond that floor"),
-                ("2", "1", "native local_ratelimit"),
-                ("8", "4", "a call to sluice-service per request"),
-                ("9", "4", "leases of 100: a call per 100 requests"),
-            ]
+            for a, b, what in STEPS
         )
         + ".",
     ]
@@ -1144,14 +1146,7 @@ def write_report(info, args, order, labels, rows, summary, acc, micro, elapsed, 
         "What each step adds, in CPU µs per request: "
         + ", ".join(
             f"{a}−{b} ({what}) {f(added(a, b), '+.1f')}"
-            for a, b, what in [
-                ("3", "1", "a proxy-wasm filter that does nothing"),
-                ("3b", "3", "header, clock, shared-data read and CAS"),
-                ("4", "3b", "sluice beyond that floor"),
-                ("2", "1", "native local_ratelimit"),
-                ("8", "4", "a call to sluice-service per request"),
-                ("9", "4", "leases of 100: a call per 100 requests"),
-            ]
+            for a, b, what in STEPS
         )
         + ".",
         "",
