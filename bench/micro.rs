@@ -14,6 +14,7 @@ use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::filter::{Filter, Host, Verdict};
 use sluice::key::hash_key;
+use sluice::ledger::Ledger;
 use sluice::limiter::{self, Step};
 use sluice::metrics::Metrics;
 use sluice::request::{Attributes, RequestSource};
@@ -258,7 +259,16 @@ fn bench_evaluate(name: &str, json: &str, request: &Request, denies: bool) -> Me
     let store = store_for(&plan, &prefix);
     let decide = |now: u64| {
         let mut attrs = Attributes::new(black_box(request), &plan.attrs);
-        limiter::evaluate(&plan, &prefix, &mut attrs, &store, black_box(now), true)
+        let mut ledger = Ledger::default();
+        limiter::evaluate(
+            &plan,
+            &prefix,
+            &mut attrs,
+            &store,
+            &mut ledger,
+            black_box(now),
+            true,
+        )
     };
     for i in 0..3 {
         decide(T0 + i * 10_000);

@@ -217,11 +217,9 @@ pub struct Tier {
     pub per_nanos: u64,
 }
 
-/// How a global policy is decided: by the service, with a local lease and a failure mode.
+/// How a global policy is decided when the service cannot answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GlobalPolicy {
-    /// Tokens asked of the service per callout (`lease`, or just the cost: strict mode).
-    pub take: u64,
     /// When the service cannot answer: `Some(rate)` enforces that rate locally instead
     /// (`None` in it: the request's own tier); `None`: fail closed with a 503.
     pub fail_open: Option<Option<Tier>>,
@@ -246,6 +244,9 @@ pub struct Policy {
     pub shadow: bool,
     pub share_missing_key: bool,
     pub cost: u64,
+    /// Tokens taken per visit to the bucket (local: this worker spends the rest itself) or per
+    /// call to the service (global: this Envoy does): `lease`, or the cost.
+    pub lease: u64,
     pub tier: Tier,
     pub tiers: Option<(KeyPart, HashMap<Vec<u8>, Tier>)>,
     /// `None`: a local policy, decided by its bucket in shared data.
@@ -469,7 +470,8 @@ impl Compiler {
                 format!("must be between 1 and {MAX_MAX_KEYS}"),
             ));
         }
-        let global = global_policy(at, raw, &shape, &tier, tiers.as_ref(), has_service)?;
+        let lease = lease(at, raw, &shape, &tier, tiers.as_ref())?;
+        let global = global_policy(at, raw, &shape, has_service)?;
         let mut policy = Policy {
             name: raw.name.clone(),
             matcher,
@@ -477,6 +479,7 @@ impl Compiler {
             shadow: raw.mode == Mode::Shadow,
             share_missing_key: raw.missing_key == MissingKey::Shared,
             cost: raw.cost,
+            lease,
             tier,
             tiers,
             global,
@@ -736,37 +739,18 @@ fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
     })
 }
 
-/// The global settings of a policy; the fields that only make sense for one are refused on
-/// a local policy.
-fn global_policy(
+/// Tokens a policy takes per visit to its bucket (local) or call to the service (global):
+/// `lease`, or just the cost. A lease lies between the cost and the smallest burst of the
+/// policy's rates; locally only a token bucket can lend tokens out and take them back.
+fn lease(
     at: &str,
     raw: &RawPolicy,
     shape: &Shape,
     tier: &Tier,
     tiers: Option<&(KeyPart, HashMap<Vec<u8>, Tier>)>,
-    has_service: bool,
-) -> Result<Option<GlobalPolicy>, ConfigError> {
-    if raw.scope == Scope::Local {
-        let only_global = [
-            ("failure_mode", raw.failure_mode.is_some()),
-            ("lease", raw.lease.is_some()),
-            ("emergency", raw.emergency.is_some()),
-        ];
-        return match only_global.iter().find(|(_, given)| *given) {
-            Some((field, _)) => Err(error(
-                format!("{at}.{field}"),
-                "applies to global policies only (\"scope\": \"global\")",
-            )),
-            None => Ok(None),
-        };
-    }
-    if !has_service {
-        return Err(error(
-            format!("{at}.scope"),
-            "a global policy needs the top-level \"global\" service settings",
-        ));
-    }
-    if raw.lease.is_some() && shape.kind == Kind::LeakyBucket {
+) -> Result<u64, ConfigError> {
+    let leases_locally = raw.scope == Scope::Local && shape.kind != Kind::TokenBucket;
+    if raw.lease.is_some() && (leases_locally || shape.kind == Kind::LeakyBucket) {
         return Err(not_for(&format!("{at}.lease"), shape.kind));
     }
     let take = raw.lease.unwrap_or(raw.cost);
@@ -786,6 +770,36 @@ fn global_policy(
             ),
         ));
     }
+    Ok(take)
+}
+
+/// The global settings of a policy; the fields that only make sense for one are refused on
+/// a local policy.
+fn global_policy(
+    at: &str,
+    raw: &RawPolicy,
+    shape: &Shape,
+    has_service: bool,
+) -> Result<Option<GlobalPolicy>, ConfigError> {
+    if raw.scope == Scope::Local {
+        let only_global = [
+            ("failure_mode", raw.failure_mode.is_some()),
+            ("emergency", raw.emergency.is_some()),
+        ];
+        return match only_global.iter().find(|(_, given)| *given) {
+            Some((field, _)) => Err(error(
+                format!("{at}.{field}"),
+                "applies to global policies only (\"scope\": \"global\")",
+            )),
+            None => Ok(None),
+        };
+    }
+    if !has_service {
+        return Err(error(
+            format!("{at}.scope"),
+            "a global policy needs the top-level \"global\" service settings",
+        ));
+    }
     let fail_open = match (
         raw.failure_mode.unwrap_or(FailureMode::Open),
         &raw.emergency,
@@ -803,7 +817,7 @@ fn global_policy(
         }
         (FailureMode::Closed, None) => None,
     };
-    Ok(Some(GlobalPolicy { take, fail_open }))
+    Ok(Some(GlobalPolicy { fail_open }))
 }
 
 /// A bypass entry, one exemption per policy it names.
@@ -1235,20 +1249,15 @@ mod tests {
         assert_eq!(
             global,
             GlobalPolicy {
-                take: 1,
                 fail_open: Some(None)
             }
         );
+        assert_eq!(plan.policies[0].lease, 1);
         assert_eq!(plan.tables[0].width, 4);
     }
 
     #[test]
     fn global_only_fields_are_refused_on_local_policies() {
-        assert_refused(
-            with(json!({"lease": 5})),
-            "policies[0].lease",
-            "global policies only",
-        );
         assert_refused(
             with(json!({"failure_mode": "closed"})),
             "policies[0].failure_mode",
@@ -1273,6 +1282,22 @@ mod tests {
             with(json!({"scope": "cluster"})),
             "policies[0].scope",
             "unknown variant",
+        );
+    }
+
+    #[test]
+    fn a_local_token_bucket_can_lease_and_nothing_else_locally() {
+        let plan = parse(with(json!({"lease": 5})).to_string().as_bytes()).unwrap();
+        assert_eq!((plan.policies[0].lease, plan.policies[0].cost), (5, 1));
+        assert_refused(
+            with(json!({"lease": 21})),
+            "policies[0].lease",
+            "between cost (1) and burst (20)",
+        );
+        assert_refused(
+            with(json!({"algorithm": "fixed_window", "burst": null, "lease": 2})),
+            "policies[0].lease",
+            "does not apply to the fixed_window algorithm",
         );
     }
 

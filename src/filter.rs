@@ -6,6 +6,7 @@ use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
 use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
+use crate::ledger::Ledger;
 use crate::limiter::{self, Applied, Basis, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
@@ -14,7 +15,7 @@ use crate::store::Store;
 use crate::table;
 use crate::text::push_decimal;
 use smallvec::SmallVec;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ops::Range;
 
 /// What the filter needs from the proxy.
@@ -58,6 +59,8 @@ pub struct Filter {
     prefix: String,
     counters: Counters,
     breaker: Breaker,
+    /// This worker's leases on local buckets.
+    ledger: RefCell<Ledger>,
     /// The latest time seen: the wall clock may step back, this worker's time does not.
     latest: Cell<u64>,
     /// When a degraded decision was last logged: at most one line a second.
@@ -92,6 +95,7 @@ impl Filter {
             prefix,
             counters,
             breaker: Breaker::default(),
+            ledger: RefCell::default(),
             latest: Cell::new(0),
             last_degraded_log: Cell::new(0),
         })
@@ -106,14 +110,17 @@ impl Filter {
         let now = self.now(host);
         let mut request = Attributes::new(host, &self.plan.attrs);
         let service_up = self.breaker.allows(now);
-        let step = limiter::evaluate(
-            &self.plan,
-            &self.prefix,
-            &mut request,
-            host,
-            now,
-            service_up,
-        );
+        let step = self.with_ledger(|ledger| {
+            limiter::evaluate(
+                &self.plan,
+                &self.prefix,
+                &mut request,
+                host,
+                ledger,
+                now,
+                service_up,
+            )
+        });
         self.advance(host, step, now)
     }
 
@@ -130,7 +137,9 @@ impl Filter {
             .and_then(|(_, body)| protocol::decode(&body, pending.checks()));
         let now = self.now(host);
         self.record_call(answers.is_some(), now);
-        let step = limiter::resume(&self.plan, &self.prefix, host, pending, answers);
+        let step = self.with_ledger(|ledger| {
+            limiter::resume(&self.plan, &self.prefix, host, ledger, pending, answers)
+        });
         self.advance(host, step, now)
     }
 
@@ -144,6 +153,14 @@ impl Filter {
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
         self.counters.flush(metrics);
+    }
+
+    fn with_ledger<T>(&self, decide: impl FnOnce(&mut Ledger) -> T) -> T {
+        match self.ledger.try_borrow_mut() {
+            Ok(mut ledger) => decide(&mut ledger),
+            // Unreachable (a worker runs one callback at a time); leasing nothing is safe.
+            Err(_) => decide(&mut Ledger::default()),
+        }
     }
 
     fn now(&self, host: &impl Host) -> u64 {
@@ -165,7 +182,9 @@ impl Filter {
                         return Verdict::Waiting(pending);
                     }
                     self.record_call(false, now);
-                    step = limiter::resume(&self.plan, &self.prefix, host, pending, None);
+                    step = self.with_ledger(|ledger| {
+                        limiter::resume(&self.plan, &self.prefix, host, ledger, pending, None)
+                    });
                 }
             }
         }
@@ -405,6 +424,8 @@ mod tests {
         /// Bodies sent to the rate-limit service.
         calls: RefCell<Vec<Vec<u8>>>,
         service_reachable: Cell<bool>,
+        /// Shared-data reads and writes.
+        store_calls: Cell<u32>,
     }
 
     impl FakeHost {
@@ -417,6 +438,7 @@ mod tests {
                 counters: RefCell::default(),
                 calls: RefCell::default(),
                 service_reachable: Cell::new(true),
+                store_calls: Cell::new(0),
             }
         }
 
@@ -440,9 +462,11 @@ mod tests {
 
     impl Store for FakeHost {
         fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+            self.store_calls.set(self.store_calls.get() + 1);
             self.store.get(key)
         }
         fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+            self.store_calls.set(self.store_calls.get() + 1);
             self.store.set(key, value, cas)
         }
     }
@@ -1063,5 +1087,125 @@ mod tests {
         assert_eq!(calls.len(), 4, "bob, in the overflow slot, asks every time");
         let last: Value = serde_json::from_slice(calls.last().unwrap()).unwrap();
         assert_eq!(last["checks"][0]["take"], 1, "and takes no lease");
+    }
+
+    /// `per_user(burst)` refilling one token an hour, leasing `lease` tokens to a worker.
+    fn leasing(burst: u64, lease: u64) -> Value {
+        let mut p = per_user(burst);
+        (p["per"], p["lease"]) = (json!("1h"), json!(lease));
+        json!({ "policies": [p] })
+    }
+
+    fn remaining(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> String {
+        let Verdict::Continue(Some(reported)) = send(filter, host, headers) else {
+            panic!("not admitted");
+        };
+        let headers = response_headers(filter, &reported);
+        headers
+            .into_iter()
+            .find(|(n, _)| *n == "x-ratelimit-remaining")
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn a_local_lease_serves_a_hot_key_with_one_read_and_write_per_lease() {
+        let (filter, host) = setup(leasing(50, 10));
+        assert_eq!(
+            remaining(&filter, &host, ALICE),
+            "49",
+            "40 in the bucket, 9 held"
+        );
+        host.store_calls.set(0);
+        let left: Vec<String> = (0..11).map(|_| remaining(&filter, &host, ALICE)).collect();
+        assert_eq!(
+            left,
+            ["48", "47", "46", "45", "44", "43", "42", "41", "40", "39", "38"]
+        );
+        assert_eq!(
+            host.store_calls.get(),
+            2,
+            "one read and one CAS for the second lease"
+        );
+    }
+
+    #[test]
+    fn tokens_a_worker_still_holds_go_back_to_the_bucket() {
+        let (filter, host) = setup(leasing(20, 10));
+        assert_eq!(statuses(&filter, &host, 1, ALICE), [200]);
+        host.now.set(T0 + crate::ledger::LEASE_TTL);
+        let later = statuses(&filter, &host, 25, ALICE);
+        assert_eq!(later, [vec![200; 19], vec![429; 6]].concat(), "none lost");
+    }
+
+    #[test]
+    fn a_request_denied_by_another_policy_gives_its_leased_token_back() {
+        let per_key = json!({"name": "per-key", "key": ["header:x-api-key"], "requests": 1,
+            "per": "1h", "burst": 2});
+        let mut config = leasing(10, 5);
+        config["policies"].as_array_mut().unwrap().push(per_key);
+        let (filter, host) = setup(config);
+        let with_key = &[("x-user-id", "alice"), ("x-api-key", "k1")];
+        assert_eq!(statuses(&filter, &host, 3, with_key), [200, 200, 429]);
+        // alice's bucket: 10, less the lease of 5, of which 2 were spent: 3 held, 5 left.
+        let alone = statuses(&filter, &host, 10, ALICE);
+        assert_eq!(alone, [vec![200; 8], vec![429; 2]].concat());
+    }
+
+    // wasm32-wasip1 has no threads; Envoy's own workers race in the integration tests.
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn workers_racing_with_leases_never_over_admit() {
+        let store = Arc::new(MemoryStore::default());
+        let config = leasing(50, 4);
+        configure(&config, &FakeHost::new(store.clone()));
+        let workers: Vec<_> = (0..4)
+            .map(|_| {
+                let (store, config) = (store.clone(), config.clone());
+                std::thread::spawn(move || {
+                    let host = FakeHost::new(store);
+                    let filter = configure(&config, &host);
+                    let statuses = statuses(&filter, &host, 500, ALICE);
+                    statuses.iter().filter(|&&s| s == 200).count()
+                })
+            })
+            .collect();
+        let admitted: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert!((50 - 4 * 3..=50).contains(&admitted), "{admitted}");
+    }
+
+    proptest::proptest! {
+        /// Workers leasing from one bucket at random moments, handing back what they hold when
+        /// leases expire: what they admit never exceeds what the bucket gives (its burst plus the
+        /// refill so far). (`workers_racing_with_leases_never_over_admit` bounds the shortfall.)
+        #[test]
+        fn leasing_workers_admit_what_the_bucket_gives(
+            lease in 1u64..8,
+            extra in 0u64..20,
+            steps in proptest::collection::vec((0usize..3, 0u64..400), 1..300),
+        ) {
+            let (burst, rate_per_sec) = (lease + extra, 10);
+            let mut p = per_user(burst);
+            (p["requests"], p["lease"], p["max_keys"]) = (json!(rate_per_sec), json!(lease), json!(4));
+            let config = json!({ "policies": [p] });
+            let store = Arc::new(MemoryStore::default());
+            let workers: Vec<(Filter, FakeHost)> = (0..3)
+                .map(|_| {
+                    let host = FakeHost::new(store.clone());
+                    (configure(&config, &host), host)
+                })
+                .collect();
+            let (mut now, mut admitted) = (T0, 0);
+            for (worker, ms) in steps {
+                now += ms * 1_000_000;
+                let (filter, host) = &workers[worker];
+                host.now.set(now);
+                if matches!(send(filter, host, ALICE), Verdict::Continue(_)) {
+                    admitted += 1;
+                }
+                let given = burst + (now - T0) * rate_per_sec / SEC;
+                proptest::prop_assert!(admitted <= given, "{admitted} > {given}");
+            }
+        }
     }
 }

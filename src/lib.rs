@@ -13,6 +13,7 @@ pub mod filter;
 pub mod headers;
 pub mod hold;
 pub mod key;
+pub mod ledger;
 pub mod limiter;
 pub mod matcher;
 pub mod metrics;

@@ -7,6 +7,10 @@
 //! leased to this Envoy are spent locally. When a request needs the service, `evaluate` returns
 //! the checks to send and `resume` finishes with the answers.
 //!
+//! A local policy with a `lease` takes that many tokens from its bucket at a time and this worker
+//! spends the rest by itself (see `ledger`): a request whose every policy on a key can be paid
+//! from this worker's leases touches no shared data.
+//!
 //! Layered limits: all applicable policies are decided against one snapshot first; if any
 //! enforcing policy denies, no bucket is charged (what the service said is still remembered,
 //! and tokens it granted for the denied request go to the lease). Otherwise each table's slot is
@@ -14,10 +18,11 @@
 //! denies, the tables written before it keep their charge (a race can over-charge a request
 //! once, never over-admit).
 
-use crate::algorithm::Decision;
+use crate::algorithm::{token_bucket, Algorithm, Decision};
 use crate::config::{GlobalPolicy, Plan, Policy, Tier, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
 use crate::key::{hash_key, MISSING_KEY};
+use crate::ledger::{Lease, Ledger, LEASE_TTL as WORKER_LEASE_TTL};
 use crate::protocol::{self, Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::{Store, StoreError};
@@ -37,7 +42,7 @@ pub const LEASE_TTL: u64 = NANOS_PER_SEC;
 pub enum Basis {
     /// A local bucket.
     Bucket,
-    /// Tokens the service leased to this Envoy.
+    /// Tokens leased earlier: by the service to this Envoy, or by a local bucket to this worker.
     Lease,
     /// The service said earlier that this key is over its limit until a known time.
     OverLimit,
@@ -138,6 +143,13 @@ struct Work {
     slot: Slot,
     next: Words,
     verdicts: SmallVec<[Option<(Decision, Basis)>; 2]>,
+    /// Paid from this worker's leases: no slot is read or written.
+    on_lease: bool,
+    /// This worker's leases on the slot's buckets, taken out of the ledger: handed back to the
+    /// buckets with the write, or put back in the ledger when nothing is written.
+    withdrawn: SmallVec<[Lease; 1]>,
+    /// Per member, the lease the write takes for this worker.
+    granted: SmallVec<[Option<Lease>; 2]>,
 }
 
 /// Decides the request at `now` (Unix nanoseconds). `prefix` namespaces the shared-data keys;
@@ -148,6 +160,7 @@ pub fn evaluate<R: RequestSource + ?Sized>(
     prefix: &str,
     request: &mut Attributes<R>,
     store: &impl Store,
+    ledger: &mut Ledger,
     now: u64,
     service_up: bool,
 ) -> Step {
@@ -161,9 +174,11 @@ pub fn evaluate<R: RequestSource + ?Sized>(
         outcome,
     };
     for work in &mut pending.works {
-        reload(work, plan, prefix, store, now);
+        if !spend_leases(work, plan, ledger, now) {
+            reload(work, plan, prefix, store, ledger, now);
+        }
     }
-    advance(plan, prefix, store, pending)
+    advance(plan, prefix, store, ledger, pending)
 }
 
 /// Continues a request with the service's answers (`None`: the call failed).
@@ -171,6 +186,7 @@ pub fn resume(
     plan: &Plan,
     prefix: &str,
     store: &impl Store,
+    ledger: &mut Ledger,
     mut pending: Pending,
     answers: Option<Vec<Answer>>,
 ) -> Step {
@@ -184,11 +200,17 @@ pub fn resume(
     for work in &mut pending.works {
         decide(work, plan, pending.now);
     }
-    advance(plan, prefix, store, pending)
+    advance(plan, prefix, store, ledger, pending)
 }
 
 /// Calls the service if a member needs it and no enforcing policy denies; otherwise writes.
-fn advance(plan: &Plan, prefix: &str, store: &impl Store, mut p: Pending) -> Step {
+fn advance(
+    plan: &Plan,
+    prefix: &str,
+    store: &impl Store,
+    ledger: &mut Ledger,
+    mut p: Pending,
+) -> Step {
     loop {
         if strictest_denial(plan, &p.works).is_none() && p.works.iter().any(Work::asks) {
             if p.round < MAX_CALLOUTS {
@@ -199,8 +221,11 @@ fn advance(plan: &Plan, prefix: &str, store: &impl Store, mut p: Pending) -> Ste
             give_up_asking(&mut p.works, plan, p.now);
             continue;
         }
-        if settle(plan, prefix, store, &mut p) {
+        if settle(plan, prefix, store, ledger, &mut p) {
             p.outcome.denied_by = strictest_denial(plan, &p.works);
+            if p.outcome.is_denied() {
+                refund_leases(&p.works, plan, ledger);
+            }
             p.outcome.applied = applied(&p.works);
             p.outcome.overflowed = p.works.iter().filter(|w| w.slot.is_overflow()).count() as u32;
             return Step::Done(p.outcome);
@@ -210,9 +235,16 @@ fn advance(plan: &Plan, prefix: &str, store: &impl Store, mut p: Pending) -> Ste
 
 /// Writes every table, re-deciding after each lost race. Returns false when a re-read needs
 /// the service again.
-fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> bool {
+fn settle(
+    plan: &Plan,
+    prefix: &str,
+    store: &impl Store,
+    ledger: &mut Ledger,
+    p: &mut Pending,
+) -> bool {
     let mut denied = strictest_denial(plan, &p.works).is_some();
-    for work in &mut p.works {
+    for work in p.works.iter_mut().filter(|w| !w.on_lease) {
+        let mut charged = false;
         for attempt in 1..=MAX_ATTEMPTS {
             if denied {
                 work.undo_charges(plan);
@@ -223,11 +255,12 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
             match write(store, &work.slot, &work.next, p.now) {
                 Ok(()) => {
                     p.outcome.evictions += u32::from(work.slot.evicts);
+                    charged = !denied;
                     break;
                 }
                 Err(StoreError::CasMismatch) if attempt < MAX_ATTEMPTS => {
                     p.outcome.cas_retries += 1;
-                    reload(work, plan, prefix, store, p.now);
+                    reload(work, plan, prefix, store, ledger, p.now);
                     if work.asks() && !denied {
                         return false;
                     }
@@ -240,6 +273,7 @@ fn settle(plan: &Plan, prefix: &str, store: &impl Store, p: &mut Pending) -> boo
                 }
             }
         }
+        work.settle_leases(ledger, charged);
     }
     true
 }
@@ -310,6 +344,9 @@ fn gather<R: RequestSource + ?Sized>(
                 slot: Slot::default(),
                 next: Words::new(),
                 verdicts: SmallVec::new(),
+                on_lease: false,
+                withdrawn: SmallVec::new(),
+                granted: SmallVec::new(),
             }),
         }
     }
@@ -327,8 +364,53 @@ fn tier_of<R: RequestSource + ?Sized>(policy: &Policy, request: &mut Attributes<
         .unwrap_or(policy.tier)
 }
 
-/// Reads the table's slot and decides every member against it.
-fn reload(work: &mut Work, plan: &Plan, prefix: &str, store: &impl Store, now: u64) {
+/// Pays the work from this worker's leases when every member is a local policy that holds
+/// enough of its bucket here.
+fn spend_leases(work: &mut Work, plan: &Plan, ledger: &mut Ledger, now: u64) -> bool {
+    if ledger.is_empty() {
+        return false;
+    }
+    let cost = |m: &Member| plan.policies.get(m.policy).map(|p| p.cost);
+    let payable = work
+        .members
+        .iter()
+        .all(|m| cost(m).is_some_and(|cost| ledger.can_spend(m.policy, work.hash, cost, now)));
+    if !payable {
+        return false;
+    }
+    work.verdicts = work
+        .members
+        .iter()
+        .map(|m| {
+            let decision = ledger.spend(m.policy, work.hash, cost(m)?, now)?;
+            Some((decision, Basis::Lease))
+        })
+        .collect();
+    work.on_lease = true;
+    true
+}
+
+/// For a denied request: the tokens its works spent from this worker's leases go back to them.
+fn refund_leases(works: &[Work], plan: &Plan, ledger: &mut Ledger) {
+    for work in works.iter().filter(|w| w.on_lease) {
+        for member in &work.members {
+            if let Some(policy) = plan.policies.get(member.policy) {
+                ledger.refund(member.policy, work.hash, policy.cost);
+            }
+        }
+    }
+}
+
+/// Reads the table's slot and decides every member against it. The leases this worker holds on
+/// the key's own slot are withdrawn, to be handed back with the write.
+fn reload(
+    work: &mut Work,
+    plan: &Plan,
+    prefix: &str,
+    store: &impl Store,
+    ledger: &mut Ledger,
+    now: u64,
+) {
     if let Some(spec) = plan.tables.get(work.table) {
         let idle_at = |state: &[u64]| {
             let policies = plan.policies.iter().filter(|p| p.table == work.table);
@@ -336,38 +418,62 @@ fn reload(work: &mut Work, plan: &Plan, prefix: &str, store: &impl Store, now: u
         };
         work.slot = find(store, prefix, spec, work.hash, idle_at, now);
     }
+    if !work.slot.is_overflow() && !ledger.is_empty() {
+        for member in &work.members {
+            if work.withdrawn.iter().any(|l| l.policy == member.policy) {
+                continue;
+            }
+            if let Some(lease) = ledger.withdraw(member.policy, work.hash) {
+                work.withdrawn.push(lease);
+            }
+        }
+    }
     decide(work, plan, now);
 }
 
 /// Decides every member against the slot as read, computing the state to write.
 fn decide(work: &mut Work, plan: &Plan, now: u64) {
+    if work.on_lease {
+        return;
+    }
     work.next = work.slot.state.clone();
     let shared = work.slot.is_overflow();
-    work.verdicts = work
-        .members
-        .iter()
-        .map(|member| {
-            let policy = plan.policies.get(member.policy)?;
+    work.verdicts.clear();
+    work.granted.clear();
+    for member in &work.members {
+        let decided = plan.policies.get(member.policy).and_then(|policy| {
             let end = policy.column + policy.columns();
             let state = work.next.get_mut(policy.column..end)?;
-            decide_member(policy, member, state, shared, now)
-        })
-        .collect();
+            let held = work.withdrawn.iter().find(|l| l.policy == member.policy);
+            decide_member(policy, member, state, shared, held, work.hash, now)
+        });
+        let (verdict, grant) = decided.unzip();
+        work.verdicts.push(verdict);
+        work.granted.push(grant.flatten());
+    }
 }
 
 /// `shared`: the state is the overflow slot's, shared by keys that found no slot of their own,
-/// so a global policy keeps neither leases nor over-limit marks in it (they are one key's).
+/// so a global policy keeps neither leases nor over-limit marks in it (they are one key's), and
+/// a local policy lends nothing from it. `held`: this worker's lease on the policy's bucket for
+/// `key`, handed back before deciding. Also returns the lease the decision takes for this worker.
 fn decide_member(
     policy: &Policy,
     member: &Member,
     state: &mut [u64],
     shared: bool,
+    held: Option<&Lease>,
+    key: u64,
     now: u64,
-) -> Option<(Decision, Basis)> {
+) -> Option<((Decision, Basis), Option<Lease>)> {
     match &policy.global {
+        None if policy.lease > policy.cost && !shared => {
+            let (decision, lease) = lend(policy, member, key, state, held, now)?;
+            Some(((decision, Basis::Bucket), lease))
+        }
         None => {
             let decision = decide_local(&member.tier, policy.cost, state, now)?;
-            Some((decision, Basis::Bucket))
+            Some(((decision, Basis::Bucket), None))
         }
         Some(global) => {
             let (marks, emergency) = state.split_at_mut(GLOBAL_COLUMNS);
@@ -384,9 +490,48 @@ fn decide_member(
             if shared {
                 (*state.lease, *state.blocked) = (0, 0);
             }
-            decision
+            decision.map(|d| (d, None))
         }
     }
+}
+
+/// A leasing local policy (a token bucket): hands back what this worker still holds, then takes
+/// the whole lease if the bucket has it, or else just the cost. Tokens beyond the cost become
+/// this worker's lease; the decision reports them as remaining.
+fn lend(
+    policy: &Policy,
+    member: &Member,
+    key: u64,
+    state: &mut [u64],
+    held: Option<&Lease>,
+    now: u64,
+) -> Option<(Decision, Option<Lease>)> {
+    let (Algorithm::TokenBucket(rate), Some(tat)) = (member.tier.algorithm, state.first_mut())
+    else {
+        return decide_local(&member.tier, policy.cost, state, now).map(|d| (d, None));
+    };
+    if let Some(held) = held {
+        token_bucket::hand_back(tat, held.tokens, held.interval);
+    }
+    let lent = token_bucket::decide(&rate, tat, now, policy.lease);
+    if !lent.allowed {
+        return Some((token_bucket::decide(&rate, tat, now, policy.cost), None));
+    }
+    let tokens = policy.lease - policy.cost;
+    let lease = Lease {
+        policy: member.policy,
+        key,
+        tokens,
+        interval: rate.interval,
+        expires: now + WORKER_LEASE_TTL,
+        remaining: lent.remaining,
+        reset_at: now.saturating_add(lent.reset_after),
+    };
+    let decision = Decision {
+        remaining: lent.remaining + tokens,
+        ..lent
+    };
+    Some((decision, Some(lease)))
 }
 
 /// Runs the tier's algorithm on its words of the policy's state.
@@ -502,6 +647,20 @@ impl Work {
         self.verdicts.iter().any(Option::is_none)
     }
 
+    /// After the slot's write (`charged`: it carried this request's charges), this worker keeps
+    /// the leases the write took; otherwise the leases it withdrew go back to the ledger.
+    fn settle_leases(&mut self, ledger: &mut Ledger, charged: bool) {
+        if charged {
+            self.withdrawn.clear();
+            self.granted
+                .iter()
+                .flatten()
+                .for_each(|&l| ledger.deposit(l));
+        } else {
+            self.withdrawn.drain(..).for_each(|l| ledger.deposit(l));
+        }
+    }
+
     /// For a denied request: keeps what the service said (over-limit marks, and tokens it
     /// granted go to the lease), takes back every other charge.
     fn undo_charges(&mut self, plan: &Plan) {
@@ -561,7 +720,7 @@ fn checks(plan: &Plan, works: &[Work]) -> (Vec<(usize, usize)>, Vec<Check>) {
             let Some(policy) = plan.policies.get(member.policy) else {
                 continue;
             };
-            if let (None, Some(global)) = (verdict, &policy.global) {
+            if let (None, Some(_)) = (verdict, &policy.global) {
                 asked.push((w, m));
                 let algorithm = member.tier.algorithm;
                 checks.push(Check {
@@ -574,7 +733,7 @@ fn checks(plan: &Plan, works: &[Work]) -> (Vec<(usize, usize)>, Vec<Check>) {
                     take: if work.slot.is_overflow() {
                         policy.cost
                     } else {
-                        global.take.min(algorithm.capacity())
+                        policy.lease.min(algorithm.capacity())
                     },
                     max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
                 });

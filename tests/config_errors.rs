@@ -179,7 +179,7 @@ fn at_mut<'a>(value: &'a mut Value, path: &[Seg]) -> &'a mut Value {
 }
 
 /// Every member name the configuration knows: inserting one where it is absent exercises the
-/// rules between optional members (`burst` on a window, `lease` on a local policy, `match` on
+/// rules between optional members (`burst` on a window, `lease` on a local window, `match` on
 /// the default, `path_prefix` next to `path_exact`, `key_hash` next to `key`...).
 const KNOWN_MEMBERS: &[&str] = &[
     "version",
@@ -743,13 +743,18 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
         a.add(&lease, "must be between cost", lease_rule);
     }
     if is("scope") {
-        for f in ["failure_mode", "lease", "emergency"] {
+        for f in ["failure_mode", "emergency"] {
             a.add(
                 &field(f),
                 "applies to global policies only",
-                "failure_mode, lease and emergency are refused on a local policy",
+                "failure_mode and emergency are refused on a local policy",
             );
         }
+        a.add(
+            &lease,
+            "does not apply to the",
+            "a local policy leases only from a token bucket",
+        );
         a.add(&lease, "must be between cost", lease_rule);
     }
     if is("failure_mode") {

@@ -57,6 +57,12 @@ pub fn decide(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
     }
 }
 
+/// Puts back `tokens` taken earlier at `interval` nanoseconds each and not spent. A bucket that
+/// refilled meanwhile stays full: `decide` never counts time before `now`.
+pub fn hand_back(tat: &mut u64, tokens: u64, interval: u64) {
+    *tat = tat.saturating_sub(tokens.saturating_mul(interval));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
