@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::{envoy_binary, Envoy, Response};
+use common::{envoy_binary, Connection, Envoy, Response};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Barrier;
@@ -671,6 +671,232 @@ fn a_fresh_key_hit_by_two_clients_at_once_admits_exactly_one() {
     assert!(retries.is_some(), "sluice.cas_retries is not in /stats");
 }
 
+// --- Leases: a worker takes several tokens of a key's bucket at once and spends them itself.
+
+/// Keep-alive connections, `per_worker` accepted by each of the two workers, by worker. They
+/// are opened one at a time, each answering a request without `x-user-id` (no bucket applies
+/// to it) before the next, so the worker connection counts tell which worker took each.
+fn keep_alive_connections_on_both_workers(
+    envoy: &Envoy,
+    per_worker: usize,
+) -> [Vec<Connection>; 2] {
+    let mut by_worker: [Vec<Connection>; 2] = Default::default();
+    // The kernel hands each connection to either worker with about even odds: 20 tries per
+    // connection wanted practically never run out.
+    for _ in 0..per_worker * 2 * 20 {
+        if by_worker.iter().all(|c| c.len() >= per_worker) {
+            return by_worker;
+        }
+        let before = connections_per_worker(envoy);
+        let mut connection = envoy.connect();
+        let r = connection
+            .send("GET", "/", &[])
+            .unwrap_or_else(|e| panic!("a request without x-user-id: {e}"));
+        assert_eq!(r.status, 200, "{r:?}");
+        let after = connections_per_worker(envoy);
+        let took: Vec<usize> = (0..after.len())
+            .filter(|&w| after[w] > before.get(w).copied().unwrap_or(0))
+            .collect();
+        match took[..] {
+            [w] if w < 2 => {
+                if by_worker[w].len() < per_worker {
+                    by_worker[w].push(connection);
+                }
+            }
+            _ => panic!("not one worker accepted the connection: {before:?} -> {after:?}"),
+        }
+    }
+    let counts = by_worker.map(|c| c.len());
+    panic!("the workers did not both get {per_worker} connections: {counts:?}");
+}
+
+/// One client's keep-alive load: the statuses in order and when it sent and was answered.
+struct Load {
+    worker: usize,
+    statuses: Vec<u16>,
+    /// Just before the first request was sent.
+    began: Instant,
+    first_answered: Instant,
+    last_sent: Instant,
+    last_answered: Instant,
+}
+
+impl Load {
+    fn count(&self, status: u16) -> usize {
+        self.statuses.iter().filter(|&&s| s == status).count()
+    }
+}
+
+#[test]
+fn leases_keep_a_saturated_key_within_burst_plus_rate_through_both_workers() {
+    const BURST: f64 = 20.0;
+    const RATE: f64 = 20.0; // tokens per second
+    const LEASE: f64 = 5.0;
+    const CLIENTS_PER_WORKER: usize = 3;
+    const LOAD_FOR: Duration = Duration::from_secs(3);
+    // Bounds the run if requests are faster than expected; a few thousand are sent per client.
+    const MAX_REQUESTS_EACH: usize = 20_000;
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 20, "per": "1s", "burst": 20, "lease": 5}]}"#,
+    );
+    let connections = keep_alive_connections_on_both_workers(&envoy, CLIENTS_PER_WORKER);
+    let start = Barrier::new(2 * CLIENTS_PER_WORKER);
+
+    // Every client sends its next request as soon as the last is answered, all on one key:
+    // both workers see the key far more often than a token refills (every 50 ms).
+    let loads: Vec<Load> = std::thread::scope(|s| {
+        let clients: Vec<_> = connections
+            .into_iter()
+            .enumerate()
+            .flat_map(|(worker, conns)| conns.into_iter().map(move |c| (worker, c)))
+            .map(|(worker, mut connection)| {
+                let start = &start;
+                s.spawn(move || {
+                    start.wait();
+                    let began = Instant::now();
+                    let mut statuses = Vec::new();
+                    let (mut first_answered, mut last_sent, mut last_answered) =
+                        (None, began, began);
+                    while began.elapsed() < LOAD_FOR && statuses.len() < MAX_REQUESTS_EACH {
+                        let sent = Instant::now();
+                        let r = connection
+                            .send("GET", "/api/x", &user("hot"))
+                            .unwrap_or_else(|e| panic!("worker {worker}: {e}"));
+                        let answered = Instant::now();
+                        first_answered.get_or_insert(answered);
+                        (last_sent, last_answered) = (sent, answered);
+                        statuses.push(r.status);
+                    }
+                    Load {
+                        worker,
+                        statuses,
+                        began,
+                        first_answered: first_answered.unwrap_or(began),
+                        last_sent,
+                        last_answered,
+                    }
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .map(|c| c.join().expect("client thread"))
+            .collect()
+    });
+
+    let sent: usize = loads.iter().map(|l| l.statuses.len()).sum();
+    let admitted: usize = loads.iter().map(|l| l.count(200)).sum();
+    let denied: usize = loads.iter().map(|l| l.count(429)).sum();
+    let mut others: Vec<u16> = loads
+        .iter()
+        .flat_map(|l| l.statuses.iter().copied())
+        .filter(|s| ![200, 429].contains(s))
+        .collect();
+    others.sort_unstable();
+    others.dedup();
+    assert_eq!(others, [] as [u16; 0], "statuses other than 200 and 429");
+    let admitted_by_worker: Vec<usize> = (0..2)
+        .map(|w| {
+            loads
+                .iter()
+                .filter(|l| l.worker == w)
+                .map(|l| l.count(200))
+                .sum()
+        })
+        .collect();
+
+    // Every request reached the filter between the first send and the last answer: no run
+    // of the bucket can admit more than its burst plus the refill over that span.
+    let outer = loads
+        .iter()
+        .map(|l| l.last_answered)
+        .max()
+        .expect("clients")
+        - loads.iter().map(|l| l.began).min().expect("clients");
+    let most = BURST + RATE * outer.as_secs_f64();
+    // The bucket was full when the first request reached it (before the first answer), and
+    // until the first client stopped, every client kept asking: each token that refilled by
+    // then went to a request, except what the workers still hold at the end (at most lease -
+    // cost each, never spent) and the one token still refilling when the run ended.
+    let inner = loads
+        .iter()
+        .map(|l| l.last_sent)
+        .min()
+        .expect("clients")
+        .saturating_duration_since(
+            loads
+                .iter()
+                .map(|l| l.first_answered)
+                .min()
+                .expect("clients"),
+        );
+    let ideal = BURST + RATE * inner.as_secs_f64();
+    let least = ideal - 2.0 * (LEASE - 1.0) - 1.0;
+    eprintln!(
+        "lease 5 of 20/s: {sent} requests, {admitted} admitted (by worker {admitted_by_worker:?}), \
+         {denied} denied; at most {most:.2} over {outer:?}, ideal {ideal:.2} over {inner:?}, \
+         at least {least:.2}"
+    );
+    assert!(
+        (admitted as f64) <= most,
+        "{admitted} admitted, more than burst + rate * {outer:?} = {most:.2}"
+    );
+    assert!(
+        (admitted as f64) >= least,
+        "{admitted} admitted, fewer than {least:.2} ({ideal:.2} over {inner:?}, less what \
+         the two workers may hold)"
+    );
+    assert!(
+        admitted_by_worker.iter().all(|&n| n > 0),
+        "a worker admitted nothing: {admitted_by_worker:?}"
+    );
+    let (admitted, denied) = (admitted as u64, denied as u64);
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.allowed", admitted),
+        admitted
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.denied", denied),
+        denied
+    );
+}
+
+#[test]
+fn with_a_lease_the_remaining_header_counts_down_by_one_on_one_connection() {
+    let envoy = Envoy::start(
+        r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 50, "lease": 10}]}"#,
+    );
+    // One connection: one worker. The first request leases 10 tokens and spends one: 40 left
+    // in the bucket and 9 held, reported as 49. Each request spends one held token; every
+    // tenth takes the next lease (hands back what is left, takes 10), so the sum still goes
+    // down by one. The 51st finds the bucket empty.
+    let mut connection = envoy.connect();
+    let responses: Vec<Response> = (0..52)
+        .map(|i| {
+            connection
+                .send("GET", "/api/x", &user("alice"))
+                .unwrap_or_else(|e| panic!("request {i}: {e}"))
+        })
+        .collect();
+
+    let codes: Vec<u16> = responses.iter().map(|r| r.status).collect();
+    assert_eq!(codes, [vec![200; 50], vec![429; 2]].concat());
+    let remaining: Vec<&str> = responses
+        .iter()
+        .map(|r| r.header("x-ratelimit-remaining").unwrap_or("none"))
+        .collect();
+    let expected: Vec<String> = (0..50)
+        .rev()
+        .chain([0, 0])
+        .map(|n: u32| n.to_string())
+        .collect();
+    assert_eq!(remaining, expected);
+    assert_eq!(
+        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 50),
+        50
+    );
+}
+
 // --- Refused configurations.
 
 #[test]
@@ -724,6 +950,29 @@ fn bad_configurations_keep_envoy_from_starting_and_the_log_names_the_field() {
             );
         }
     });
+}
+
+#[test]
+fn a_lease_on_a_local_fixed_window_policy_keeps_envoy_from_starting() {
+    // Only a token bucket can lend tokens to a worker and take them back.
+    let json = r#"{"policies": [{"name": "p", "key": ["ip"], "algorithm": "fixed_window",
+        "requests": 10, "per": "1s", "lease": 5}]}"#;
+
+    let log = match Envoy::try_start(json) {
+        Ok(_) => panic!("Envoy started with a lease on a fixed window"),
+        Err(log) => log,
+    };
+
+    assert!(
+        log.contains(
+            "invalid configuration: policies[0].lease: does not apply to the fixed_window algorithm"
+        ),
+        "the log does not name policies[0].lease:\n{log}"
+    );
+    assert!(
+        log.contains("[harness] Envoy exited"),
+        "Envoy did not exit:\n{log}"
+    );
 }
 
 // --- The shipped bootstraps.

@@ -471,7 +471,8 @@ pub fn http_request(
 
 /// A connection opened ahead of its one request: threads that open theirs
 /// first and then send together race inside Envoy, not in `connect`.
-/// `Envoy::connect()` opens one to the listener.
+/// `Envoy::connect()` opens one to the listener. `send` instead keeps it open
+/// for any number of requests, one at a time.
 pub struct Connection {
     stream: TcpStream,
     addr: SocketAddr,
@@ -492,28 +493,54 @@ impl Connection {
 
     /// Sends one request with `Connection: close` and reads its response.
     pub fn request(
-        self,
+        mut self,
         method: &str,
         path: &str,
         headers: &[(&str, &[u8])],
     ) -> Result<Response, String> {
-        let Connection { stream, addr } = self;
-        let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
-        if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-            req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
-        }
-        for (name, value) in headers {
-            req.extend_from_slice(name.as_bytes());
-            req.extend_from_slice(b": ");
-            req.extend_from_slice(value);
-            req.extend_from_slice(b"\r\n");
-        }
-        req.extend_from_slice(b"connection: close\r\n\r\n");
-        read_response(stream, &req, method)
+        let req = request_bytes(self.addr, method, path, headers, "close");
+        read_response(&mut self.stream, &req, method)
+    }
+
+    /// Sends one request with `Connection: keep-alive` and reads its response, leaving the
+    /// connection open for the next: all requests sent on it reach the Envoy worker that
+    /// accepted it.
+    pub fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> Result<Response, String> {
+        let req = request_bytes(self.addr, method, path, headers, "keep-alive");
+        read_response(&mut self.stream, &req, method)
     }
 }
 
-fn read_response(mut stream: TcpStream, req: &[u8], method: &str) -> Result<Response, String> {
+/// An HTTP/1.1 request without a body; `connection` is the `Connection` header's value.
+fn request_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    connection: &str,
+) -> Vec<u8> {
+    let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
+        req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
+    }
+    for (name, value) in headers {
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(format!("connection: {connection}\r\n\r\n").as_bytes());
+    req
+}
+
+/// Writes `req` and reads its response. Bytes after the response would be dropped, but with
+/// one request in flight at a time there are none: a keep-alive connection stays usable.
+fn read_response(stream: &mut TcpStream, req: &[u8], method: &str) -> Result<Response, String> {
     stream.write_all(req).map_err(|e| format!("write: {e}"))?;
 
     // Read until the response is complete, not to EOF: after `connection:
