@@ -212,7 +212,7 @@ fn advance(
     mut p: Pending,
 ) -> Step {
     loop {
-        if strictest_denial(plan, &p.works).is_none() && p.works.iter().any(Work::asks) {
+        if p.works.iter().any(Work::asks) && strictest_denial(plan, &p.works).is_none() {
             if p.round < MAX_CALLOUTS {
                 p.round += 1;
                 (p.asked, p.checks) = checks(plan, &p.works);
@@ -222,11 +222,11 @@ fn advance(
             continue;
         }
         if settle(plan, prefix, store, ledger, &mut p) {
-            p.outcome.denied_by = strictest_denial(plan, &p.works);
+            p.outcome.applied = applied(&p.works);
+            p.outcome.denied_by = strictest(plan, p.outcome.applied.iter().copied());
             if p.outcome.is_denied() {
                 refund_leases(&p.works, plan, ledger);
             }
-            p.outcome.applied = applied(&p.works);
             p.outcome.overflowed = p.works.iter().filter(|w| w.slot.is_overflow()).count() as u32;
             return Step::Done(p.outcome);
         }
@@ -759,11 +759,13 @@ fn applied(works: &[Work]) -> Vec<Applied> {
     works.iter().flat_map(Work::applied).collect()
 }
 
-/// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
 fn strictest_denial(plan: &Plan, works: &[Work]) -> Option<Applied> {
-    works
-        .iter()
-        .flat_map(Work::applied)
+    strictest(plan, works.iter().flat_map(Work::applied))
+}
+
+/// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
+fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Applied> {
+    applied
         .filter(|a| !a.decision.allowed)
         .filter(|a| plan.policies.get(a.policy).is_some_and(|p| !p.shadow))
         .max_by_key(|a| a.decision.retry_after)
