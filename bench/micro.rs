@@ -464,6 +464,12 @@ fn main() {
             "Filter: request + response headers, 1 policy (setup 4)",
             &policies_json(&[policy("per-user", "header:x-user-id", 1_000_000_000, "1s")]),
         ));
+        let leasing = policy("per-user", "header:x-user-id", 1_000_000_000, "1s")
+            .replace(r#""per": "1s""#, r#""per": "1s", "lease": 100"#);
+        results.push(bench_filter(
+            "Filter: the same on a worker lease of 100 (setup 4L)",
+            &policies_json(&[leasing]),
+        ));
     }
 
     println!("\nShared data per key (value + entry name; Envoy adds its own per-entry overhead):");

@@ -336,6 +336,8 @@ def setups(fixtures, valgrind=False):
         Setup("3", "empty proxy-wasm filter", [wasm_filter(fixtures["empty"])]),
         Setup("3b", "floor: header + clock + shared-data read + CAS", [wasm_filter(fixtures["floor"])]),
         Setup("4", "sluice, 1 policy", [sluice(policy("per-user", "header:x-user-id", NEVER, "1s"))]),
+        Setup("4L", "sluice, 1 policy, worker lease of 100",
+              [sluice(dict(policy("per-user", "header:x-user-id", NEVER, "1s"), lease=100))]),
         Setup("5", "sluice, 5 layered policies, 1 key", [sluice(*layered)]),
         Setup("5b", "sluice, 5 policies, 5 keys", [sluice(*keyed)]),
         Setup("6", "native local_ratelimit, denying",
@@ -354,6 +356,8 @@ RATIOS = [
     ("4", "3b", "sluice over the design's floor"),
     ("4", "3", "sluice over an empty wasm filter"),
     ("4", "2", "sluice over native local_ratelimit"),
+    ("4L", "3b", "a hot key on worker leases over the floor"),
+    ("4L", "4", "worker leases of 100 over none"),
     ("5", "4", "5 layered policies over 1"),
     ("5b", "4", "5 keys over 1"),
     ("7", "4", "a 429 over an allowed request"),
@@ -365,12 +369,13 @@ STEPS = [
     ("3", "1", "a proxy-wasm filter that does nothing"),
     ("3b", "3", "header, clock, shared-data read and CAS"),
     ("4", "3b", "sluice beyond that floor"),
+    ("4L", "4", "worker leases of 100: a shared-data read and CAS per 100 requests"),
     ("2", "1", "native local_ratelimit"),
     ("8", "4", "a call to sluice-service per request"),
     ("9", "4", "leases of 100: a call per 100 requests"),
 ]
 # The targets, on CPU per request: numerator <= factor x denominator.
-TARGETS = [("4", "3b", 1.15), ("5", "4", 1.2), ("7", "4", 1.0), ("9", "4", 1.25)]
+TARGETS = [("4", "3b", 1.15), ("4L", "3b", 1.0), ("5", "4", 1.2), ("7", "4", 1.0), ("9", "4", 1.25)]
 # A peer's gRPC callout per request costs about +630 µs over Envoy alone (the figure):
 # strict global (8) must cost at most half of that over Envoy alone (1).
 CALLOUT_BUDGET_US = 630 / 2
