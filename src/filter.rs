@@ -948,6 +948,29 @@ mod tests {
     }
 
     #[test]
+    fn a_fixed_window_lease_ends_with_its_window() {
+        let mut p = global_per_user(10);
+        (p["algorithm"], p["burst"], p["requests"]) =
+            (json!("fixed_window"), Value::Null, json!(10));
+        p["lease"] = json!(5);
+        let (filter, host) = setup(global(p));
+        // The fake service answers as a bucket of 10 a second: taking 5 resets in 500 ms, which
+        // stands here for the window's end.
+        let service = FakeService::default();
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        host.now.set(T0 + 400 * 1_000_000);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(host.calls.borrow().len(), 1, "spent from the lease");
+        host.now.set(T0 + 600 * 1_000_000);
+        assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(
+            host.calls.borrow().len(),
+            2,
+            "the lease ended with the window"
+        );
+    }
+
+    #[test]
     fn a_service_that_cannot_be_reached_fails_open_to_the_emergency_budget() {
         let mut p = global_per_user(10);
         p["emergency"] = json!({"requests": 1, "per": "1s", "burst": 2});

@@ -591,7 +591,13 @@ impl GlobalState<'_> {
         match member.service {
             Service::Answered(answer) if answer.allowed => {
                 *self.lease = leased + answer.granted - cost;
-                *self.expiry = now + LEASE_TTL;
+                // A fixed window's tokens are good only until its end: spent in the next window
+                // they would come on top of that window's limit.
+                let ttl = match member.tier.algorithm {
+                    Algorithm::FixedWindow { .. } => LEASE_TTL.min(answer.reset_after),
+                    _ => LEASE_TTL,
+                };
+                *self.expiry = now + ttl;
                 let decision = Decision {
                     delay: answer.delay,
                     ..allowed(answer.remaining, answer.reset_after)
