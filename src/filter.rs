@@ -1137,7 +1137,7 @@ mod tests {
         assert_eq!(
             remaining(&filter, &host, ALICE),
             "49",
-            "40 in the bucket, 9 held"
+            "a first visit takes no lease"
         );
         host.store_calls.set(0);
         let left: Vec<String> = (0..11).map(|_| remaining(&filter, &host, ALICE)).collect();
@@ -1147,18 +1147,36 @@ mod tests {
         );
         assert_eq!(
             host.store_calls.get(),
-            2,
-            "one read and one CAS for the second lease"
+            4,
+            "a read and a CAS per lease of 10"
         );
     }
 
     #[test]
     fn tokens_a_worker_still_holds_go_back_to_the_bucket() {
         let (filter, host) = setup(leasing(20, 10));
-        assert_eq!(statuses(&filter, &host, 1, ALICE), [200]);
+        assert_eq!(
+            statuses(&filter, &host, 2, ALICE),
+            [200, 200],
+            "the second leases 10"
+        );
         host.now.set(T0 + crate::ledger::LEASE_TTL);
         let later = statuses(&filter, &host, 25, ALICE);
-        assert_eq!(later, [vec![200; 19], vec![429; 6]].concat(), "none lost");
+        assert_eq!(later, [vec![200; 18], vec![429; 7]].concat(), "none lost");
+    }
+
+    #[test]
+    fn a_key_that_comes_back_later_than_a_lease_lasts_takes_none() {
+        let (filter, host) = setup(leasing(20, 10));
+        for left in (15..20).rev() {
+            host.store_calls.set(0);
+            assert_eq!(remaining(&filter, &host, ALICE), left.to_string());
+            assert!(
+                host.store_calls.get() >= 2,
+                "every request visits the bucket"
+            );
+            host.now.set(host.now.get() + crate::ledger::LEASE_TTL);
+        }
     }
 
     #[test]
@@ -1170,7 +1188,8 @@ mod tests {
         let (filter, host) = setup(config);
         let with_key = &[("x-user-id", "alice"), ("x-api-key", "k1")];
         assert_eq!(statuses(&filter, &host, 3, with_key), [200, 200, 429]);
-        // alice's bucket: 10, less the lease of 5, of which 2 were spent: 3 held, 5 left.
+        // alice's bucket: 10, less 1, then a lease of 5 (one spent; the denied request's token
+        // came back): 4 held, 4 left.
         let alone = statuses(&filter, &host, 10, ALICE);
         assert_eq!(alone, [vec![200; 8], vec![429; 2]].concat());
     }

@@ -3,8 +3,12 @@
 //! CAS until they run out. Leased tokens are real debits of the shared bucket: the bucket's limit
 //! over time stays exact. Tokens a worker still holds when it next visits the bucket are handed
 //! back in the same CAS; a worker spends them only for `LEASE_TTL`, so a key's short burst can
-//! exceed `burst` by no more than what the workers hold, and tokens are lost (an under-admission)
-//! only when a lease is pushed out of a full ledger or its key never comes back.
+//! exceed `burst` by no more than what the workers hold.
+//!
+//! Only a hot key leases: one back at this worker's bucket within `LEASE_TTL` of its last visit.
+//! A first visit leaves an empty lease that marks the key as seen. So a key too cold to spend a
+//! lease in time never takes one, and tokens are lost (an under-admission) only when a key stops
+//! coming back right after a lease and its lapsed lease is pushed out of a full ledger.
 
 use crate::algorithm::Decision;
 use crate::duration::NANOS_PER_SEC;
@@ -81,21 +85,21 @@ impl Ledger {
         Some(self.leases.swap_remove(at))
     }
 
-    /// Keeps a lease. A lease the ledger already holds for the same bucket wins (the newer
-    /// one's tokens are lost); a full ledger drops the lease that expires first.
-    pub fn deposit(&mut self, lease: Lease) {
+    /// Keeps a lease. A full ledger makes room from a lease that holds no tokens, else from one
+    /// that lapsed (its tokens are lost); full of live tokens, it leaves the newcomer out. A
+    /// lease the ledger already holds for the same bucket wins. (Both only lose tokens when a
+    /// request waited for the service meanwhile: otherwise the key's own lease was withdrawn.)
+    pub fn deposit(&mut self, lease: Lease, now: u64) {
         if self.find(lease.policy, lease.key).is_some() {
             return;
         }
         if self.leases.len() >= CAPACITY {
-            let first = self
-                .leases
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, l)| l.expires);
-            if let Some((at, _)) = first {
-                self.leases.swap_remove(at);
-            }
+            let room = (self.leases.iter().position(|l| l.tokens == 0))
+                .or_else(|| self.leases.iter().position(|l| l.expires <= now));
+            let Some(at) = room else {
+                return;
+            };
+            self.leases.swap_remove(at);
         }
         self.leases.push(lease);
     }
@@ -132,7 +136,7 @@ mod tests {
     #[test]
     fn spends_until_the_tokens_or_the_time_run_out() {
         let mut ledger = Ledger::default();
-        ledger.deposit(lease(7, 2, 100));
+        ledger.deposit(lease(7, 2, 100), 0);
         let first = ledger.spend(0, 7, 1, 10).unwrap();
         assert_eq!((first.remaining, first.reset_after), (6, 990));
         assert!(ledger.spend(0, 7, 2, 10).is_none(), "one token left");
@@ -148,35 +152,48 @@ mod tests {
     #[test]
     fn withdrawing_returns_expired_tokens_too() {
         let mut ledger = Ledger::default();
-        ledger.deposit(lease(7, 3, 100));
+        ledger.deposit(lease(7, 3, 100), 0);
         assert_eq!(ledger.withdraw(0, 7).map(|l| l.tokens), Some(3));
         assert_eq!(ledger.withdraw(0, 7), None);
     }
 
     #[test]
-    fn a_full_ledger_drops_the_lease_that_expires_first() {
+    fn a_full_ledger_makes_room_from_empty_then_lapsed_leases_never_live_tokens() {
         let mut ledger = Ledger::default();
         for key in 0..CAPACITY as u64 {
-            ledger.deposit(lease(key, 1, 1_000 + key));
+            ledger.deposit(lease(key, 1, 1_000 + key), 0);
         }
-        ledger.deposit(lease(99, 1, 5_000));
-        assert!(!ledger.can_spend(0, 0, 1, 0));
-        assert!(ledger.can_spend(0, 1, 1, 0));
-        assert!(ledger.can_spend(0, 99, 1, 0));
+        ledger.deposit(lease(99, 1, 5_000), 500);
+        assert!(
+            !ledger.can_spend(0, 99, 1, 500),
+            "all hold live tokens: left out"
+        );
+        ledger.spend(0, 3, 1, 500).unwrap();
+        ledger.deposit(lease(99, 1, 5_000), 500);
+        assert!(
+            ledger.can_spend(0, 99, 1, 500),
+            "took the room of key 3's empty lease"
+        );
+        ledger.deposit(lease(98, 1, 5_000), 1_000);
+        assert!(
+            ledger.can_spend(0, 98, 1, 1_000),
+            "took the room of key 0's lapsed lease"
+        );
+        assert_eq!(ledger.withdraw(0, 0), None);
     }
 
     #[test]
     fn the_lease_already_held_wins() {
         let mut ledger = Ledger::default();
-        ledger.deposit(lease(7, 1, 100));
-        ledger.deposit(lease(7, 50, 100));
+        ledger.deposit(lease(7, 1, 100), 0);
+        ledger.deposit(lease(7, 50, 100), 0);
         assert_eq!(ledger.withdraw(0, 7).map(|l| l.tokens), Some(1));
     }
 
     #[test]
     fn refunds_go_back_to_the_lease() {
         let mut ledger = Ledger::default();
-        ledger.deposit(lease(7, 1, 100));
+        ledger.deposit(lease(7, 1, 100), 0);
         ledger.spend(0, 7, 1, 0).unwrap();
         ledger.refund(0, 7, 1);
         assert!(ledger.can_spend(0, 7, 1, 0));

@@ -273,7 +273,7 @@ fn settle(
                 }
             }
         }
-        work.settle_leases(ledger, charged);
+        work.settle_leases(ledger, charged, p.now);
     }
     true
 }
@@ -495,9 +495,11 @@ fn decide_member(
     }
 }
 
-/// A leasing local policy (a token bucket): hands back what this worker still holds, then takes
-/// the whole lease if the bucket has it, or else just the cost. Tokens beyond the cost become
-/// this worker's lease; the decision reports them as remaining.
+/// A leasing local policy (a token bucket): hands back what this worker still holds, then, for a
+/// key back within a lease's time of its last visit here, takes the whole lease if the bucket
+/// has it. Tokens beyond the cost become this worker's lease, reported as remaining. A colder key
+/// takes just the cost (its lease would lapse, or be pushed out of the ledger, unspent) and is
+/// marked as seen, with an empty lease.
 fn lend(
     policy: &Policy,
     member: &Member,
@@ -510,28 +512,32 @@ fn lend(
     else {
         return decide_local(&member.tier, policy.cost, state, now).map(|d| (d, None));
     };
+    let hot = held.is_some_and(|h| h.expires > now);
     if let Some(held) = held {
         token_bucket::hand_back(tat, held.tokens, held.interval);
     }
-    let lent = token_bucket::decide(&rate, tat, now, policy.lease);
-    if !lent.allowed {
-        return Some((token_bucket::decide(&rate, tat, now, policy.cost), None));
-    }
-    let tokens = policy.lease - policy.cost;
+    // A denied take leaves the bucket as it was.
+    let lent = hot
+        .then(|| token_bucket::decide(&rate, tat, now, policy.lease))
+        .filter(|lent| lent.allowed);
+    let (decision, tokens) = match lent {
+        Some(lent) => (lent, policy.lease - policy.cost),
+        None => (token_bucket::decide(&rate, tat, now, policy.cost), 0),
+    };
     let lease = Lease {
         policy: member.policy,
         key,
         tokens,
         interval: rate.interval,
         expires: now + WORKER_LEASE_TTL,
-        remaining: lent.remaining,
-        reset_at: now.saturating_add(lent.reset_after),
+        remaining: decision.remaining,
+        reset_at: now.saturating_add(decision.reset_after),
     };
-    let decision = Decision {
-        remaining: lent.remaining + tokens,
-        ..lent
+    let reported = Decision {
+        remaining: decision.remaining + tokens,
+        ..decision
     };
-    Some((decision, Some(lease)))
+    Some((reported, decision.allowed.then_some(lease)))
 }
 
 /// Runs the tier's algorithm on its words of the policy's state.
@@ -655,15 +661,16 @@ impl Work {
 
     /// After the slot's write (`charged`: it carried this request's charges), this worker keeps
     /// the leases the write took; otherwise the leases it withdrew go back to the ledger.
-    fn settle_leases(&mut self, ledger: &mut Ledger, charged: bool) {
+    fn settle_leases(&mut self, ledger: &mut Ledger, charged: bool, now: u64) {
         if charged {
             self.withdrawn.clear();
-            self.granted
-                .iter()
-                .flatten()
-                .for_each(|&l| ledger.deposit(l));
+            for &lease in self.granted.iter().flatten() {
+                ledger.deposit(lease, now);
+            }
         } else {
-            self.withdrawn.drain(..).for_each(|l| ledger.deposit(l));
+            for lease in self.withdrawn.drain(..) {
+                ledger.deposit(lease, now);
+            }
         }
     }
 
