@@ -1166,6 +1166,22 @@ mod tests {
     }
 
     #[test]
+    fn more_hot_keys_than_the_ledger_holds_each_get_exactly_their_burst() {
+        let (filter, host) = setup(leasing(10, 5));
+        let users: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+        let mut admitted = vec![0; users.len()];
+        for _ in 0..15 {
+            for (user, count) in users.iter().zip(&mut admitted) {
+                host.now.set(host.now.get() + 1_000_000);
+                if let Verdict::Continue(_) = send(&filter, &host, &[("x-user-id", user)]) {
+                    *count += 1;
+                }
+            }
+        }
+        assert_eq!(admitted, vec![10; users.len()]);
+    }
+
+    #[test]
     fn a_key_that_comes_back_later_than_a_lease_lasts_takes_none() {
         let (filter, host) = setup(leasing(20, 10));
         for left in (15..20).rev() {
