@@ -718,33 +718,53 @@ mod tests {
         assert_eq!(host.counter("sluice.per-user.allowed"), 1);
     }
 
+    /// `workers` filters on their own threads and one store, each sending `each` requests for
+    /// alice at once; what `report` makes of each one's admitted count and host.
     // wasm32-wasip1 has no threads; Envoy's own workers race in the integration tests.
     #[cfg(not(target_arch = "wasm32"))]
-    #[test]
-    fn workers_racing_on_one_fresh_key_never_over_admit() {
+    fn race<T: Send + 'static>(
+        config: &Value,
+        workers: usize,
+        each: usize,
+        report: fn(usize, &Filter, &FakeHost) -> T,
+    ) -> Vec<T> {
         let store = Arc::new(MemoryStore::default());
-        let config = json!({"policies": [per_user(50)]});
-        configure(&config, &FakeHost::new(store.clone()));
-        let workers: Vec<_> = (0..4)
+        configure(config, &FakeHost::new(store.clone()));
+        let threads: Vec<_> = (0..workers)
             .map(|_| {
                 let (store, config) = (store.clone(), config.clone());
                 std::thread::spawn(move || {
                     let host = FakeHost::new(store);
                     let filter = configure(&config, &host);
-                    let admitted = statuses(&filter, &host, 500, ALICE)
-                        .iter()
-                        .filter(|&&s| s == 200)
-                        .count();
-                    filter.flush_counters(&host);
-                    (
-                        admitted,
-                        host.counter("sluice.cas_retries"),
-                        host.counter("sluice.cas_exhausted"),
+                    let statuses = statuses(&filter, &host, each, ALICE);
+                    report(
+                        statuses.iter().filter(|&&s| s == 200).count(),
+                        &filter,
+                        &host,
                     )
                 })
             })
             .collect();
-        let results: Vec<_> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    #[test]
+    fn workers_racing_on_one_fresh_key_never_over_admit() {
+        let results = race(
+            &json!({"policies": [per_user(50)]}),
+            4,
+            500,
+            |admitted, filter, host| {
+                filter.flush_counters(host);
+                let counter = |name| host.counter(name);
+                (
+                    admitted,
+                    counter("sluice.cas_retries"),
+                    counter("sluice.cas_exhausted"),
+                )
+            },
+        );
         let admitted: usize = results.iter().map(|r| r.0).sum();
         assert_eq!(admitted, 50, "{results:?}");
     }
@@ -1210,26 +1230,12 @@ mod tests {
         assert_eq!(alone, [vec![200; 8], vec![429; 2]].concat());
     }
 
-    // wasm32-wasip1 has no threads; Envoy's own workers race in the integration tests.
     #[cfg(not(target_arch = "wasm32"))]
     #[test]
     fn workers_racing_with_leases_never_over_admit() {
-        let store = Arc::new(MemoryStore::default());
-        let config = leasing(50, 4);
-        configure(&config, &FakeHost::new(store.clone()));
-        let workers: Vec<_> = (0..4)
-            .map(|_| {
-                let (store, config) = (store.clone(), config.clone());
-                std::thread::spawn(move || {
-                    let host = FakeHost::new(store);
-                    let filter = configure(&config, &host);
-                    let statuses = statuses(&filter, &host, 500, ALICE);
-                    statuses.iter().filter(|&&s| s == 200).count()
-                })
-            })
-            .collect();
-        let admitted: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
-        assert!((50 - 4 * 3..=50).contains(&admitted), "{admitted}");
+        let results = race(&leasing(50, 4), 4, 500, |admitted, _, _| admitted);
+        let admitted: usize = results.iter().sum();
+        assert!((50 - 4 * 3..=50).contains(&admitted), "{results:?}");
     }
 
     proptest::proptest! {
