@@ -498,8 +498,7 @@ impl Connection {
         path: &str,
         headers: &[(&str, &[u8])],
     ) -> Result<Response, String> {
-        let req = request_bytes(self.addr, method, path, headers, "close");
-        read_response(&mut self.stream, &req, method)
+        self.exchange(method, path, headers, "close")
     }
 
     /// Sends one request with `Connection: keep-alive` and reads its response, leaving the
@@ -511,7 +510,17 @@ impl Connection {
         path: &str,
         headers: &[(&str, &[u8])],
     ) -> Result<Response, String> {
-        let req = request_bytes(self.addr, method, path, headers, "keep-alive");
+        self.exchange(method, path, headers, "keep-alive")
+    }
+
+    fn exchange(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+        connection: &str,
+    ) -> Result<Response, String> {
+        let req = request_bytes(self.addr, method, path, headers, connection);
         read_response(&mut self.stream, &req, method)
     }
 }
