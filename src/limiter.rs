@@ -148,8 +148,9 @@ struct Work {
     /// This worker's leases on the slot's buckets, taken out of the ledger: handed back to the
     /// buckets with the write, or put back in the ledger when nothing is written.
     withdrawn: SmallVec<[Lease; 1]>,
-    /// Per member, the lease the write takes for this worker.
-    granted: SmallVec<[Option<Lease>; 2]>,
+    /// The leases the write takes for this worker: its leasing members' (empty ones mark a key
+    /// as seen).
+    granted: SmallVec<[Lease; 1]>,
 }
 
 /// Decides the request at `now` (Unix nanoseconds). `prefix` namespaces the shared-data keys;
@@ -438,19 +439,23 @@ fn decide(work: &mut Work, plan: &Plan, now: u64) {
     }
     work.next = work.slot.state.clone();
     let shared = work.slot.is_overflow();
-    work.verdicts.clear();
     work.granted.clear();
-    for member in &work.members {
-        let decided = plan.policies.get(member.policy).and_then(|policy| {
-            let end = policy.column + policy.columns();
-            let state = work.next.get_mut(policy.column..end)?;
-            let held = work.withdrawn.iter().find(|l| l.policy == member.policy);
-            decide_member(policy, member, state, shared, held, work.hash, now)
-        });
-        let (verdict, grant) = decided.unzip();
-        work.verdicts.push(verdict);
-        work.granted.push(grant.flatten());
-    }
+    let (next, granted) = (&mut work.next, &mut work.granted);
+    work.verdicts = work
+        .members
+        .iter()
+        .map(|member| {
+            let decided = plan.policies.get(member.policy).and_then(|policy| {
+                let end = policy.column + policy.columns();
+                let state = next.get_mut(policy.column..end)?;
+                let held = work.withdrawn.iter().find(|l| l.policy == member.policy);
+                decide_member(policy, member, state, shared, held, work.hash, now)
+            });
+            let (verdict, grant) = decided.unzip();
+            granted.extend(grant.flatten());
+            verdict
+        })
+        .collect();
 }
 
 /// `shared`: the state is the overflow slot's, shared by keys that found no slot of their own,
@@ -664,7 +669,7 @@ impl Work {
     fn settle_leases(&mut self, ledger: &mut Ledger, charged: bool, now: u64) {
         if charged {
             self.withdrawn.clear();
-            for &lease in self.granted.iter().flatten() {
+            for &lease in &self.granted {
                 ledger.deposit(lease, now);
             }
         } else {
