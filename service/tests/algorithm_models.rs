@@ -1,6 +1,9 @@
 //! The fixed-window, sliding-window, sliding-log and leaky-bucket scripts, run by a real
-//! redis-server, against reference models: the filter's local algorithms (src/algorithm) written
-//! again in plain integer Rust, in µs, plus the Redis state each script keeps.
+//! redis-server, against the filter's own algorithms (src/algorithm, the `sluice` crate): each
+//! model calls the filter's `decide` with every time in µs (the algorithms are pure integer
+//! functions, blind to the unit), and adds only what is the script's own: reading and writing
+//! the Redis state it keeps, `take` (the most tokens in cost..=take that the filter admits), the
+//! TTL, and another algorithm's state under the key.
 //!
 //! Redis TIME is the scripts' only clock, so each call is bracketed by TIME before and after:
 //! some `now` in between must make the model give exactly the script's reply and the key's state
@@ -22,6 +25,7 @@ use std::fmt::Debug;
 use common::clock::redis_time_us;
 use common::redis::RedisServer;
 use common::resp::{Reply, Resp};
+use sluice::algorithm::{self as filter, Decision};
 use sluice_service::redis_store::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
@@ -172,40 +176,74 @@ fn numbers(text: &str) -> Option<Vec<u64>> {
     text.split(':').map(|part| part.parse().ok()).collect()
 }
 
+/// The filter's state words from a script's `<word>:<word>...` (N of them); anything else (no
+/// key, another algorithm's state) is the filter's empty state, all zeros (window 0 is long past).
+fn words<const N: usize>(stored: &Stored) -> [u64; N] {
+    match stored {
+        Stored::Text(text) => numbers(text).and_then(|n| n.try_into().ok()),
+        _ => None,
+    }
+    .unwrap_or([0; N])
+}
+
+/// The scripts' `take`: the most tokens in cost..=take that `decide` admits from `state`, each
+/// tried on a copy, and the state that admission leaves; if even `cost` is denied, that denial.
+/// Returns the decision and the tokens granted.
+fn grant<S: Clone>(
+    state: &mut S,
+    cost: u64,
+    take: u64,
+    decide: impl Fn(&mut S, u64) -> Decision,
+) -> (Decision, u64) {
+    let attempt = |tokens| {
+        let mut after = state.clone();
+        (decide(&mut after, tokens), after)
+    };
+    let (denial, _) = attempt(cost);
+    if !denial.allowed {
+        return (denial, 0);
+    }
+    let (granted, (d, after)) = (cost..=take)
+        .rev()
+        .map(|tokens| (tokens, attempt(tokens)))
+        .find(|(_, (d, _))| d.allowed)
+        .unwrap();
+    *state = after;
+    (d, granted)
+}
+
+/// The script's reply and TTL for the filter's decision: `{allowed, granted, remaining,
+/// reset_us, retry_after_us}`; an admission sets a TTL of reset plus 1 s.
+fn outcome(d: Decision, granted: u64, stored: Stored) -> Outcome {
+    Outcome {
+        reply: vec![
+            d.allowed.into(),
+            granted.into(),
+            d.remaining.into(),
+            d.reset_after.into(),
+            d.retry_after.into(),
+        ],
+        stored,
+        ttl_ms: d.allowed.then(|| ceil_ms(d.reset_after) + 1000),
+    }
+}
+
 // ---- fixed window -------------------------------------------------------------------------
 
-/// src/algorithm/fixed_window.rs, with take; state `<index>:<count>`.
+/// The filter's `fixed_window::decide`, with take; state `<index>:<count>`.
 fn fixed_window(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
-        let index = now / window;
-        let count = match stored {
-            Stored::Text(text) => match numbers(text).as_deref() {
-                Some(&[stored_index, count]) if stored_index == index => count,
-                _ => 0,
-            },
-            _ => 0,
+        let mut state: [u64; filter::fixed_window::COLUMNS] = words(stored);
+        let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
+            filter::fixed_window::decide(limit, window, state, now, tokens)
+        });
+        let [index, count] = state;
+        let after = if d.allowed {
+            Stored::Text(format!("{index}:{count}"))
+        } else {
+            stored.clone()
         };
-        let reset = (index + 1) * window - now;
-        if count + cost > limit {
-            let remaining = limit.saturating_sub(count);
-            return Outcome {
-                reply: vec![0, 0, remaining.into(), reset.into(), reset.into()],
-                stored: stored.clone(),
-                ttl_ms: None,
-            };
-        }
-        let granted = take.min(limit - count);
-        Outcome {
-            reply: vec![
-                1,
-                granted.into(),
-                (limit - count - granted).into(),
-                reset.into(),
-                0,
-            ],
-            stored: Stored::Text(format!("{index}:{}", count + granted)),
-            ttl_ms: Some(ceil_ms(reset) + 1000),
-        }
+        outcome(d, granted, after)
     }
 }
 
@@ -243,8 +281,7 @@ fn fixed_window_matches_the_model() {
 
 // ---- sliding window -----------------------------------------------------------------------
 
-/// src/algorithm/sliding_window.rs (products in u128), with take: the most tokens in
-/// cost..=take that fit the estimate. State `<index>:<current>:<previous>`.
+/// The filter's `sliding_window::decide`, with take; state `<index>:<current>:<previous>`.
 fn sliding_window(
     limit: u64,
     window: u64,
@@ -252,75 +289,17 @@ fn sliding_window(
     take: u64,
 ) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
-        let index = now / window;
-        let (current, previous) = match stored {
-            Stored::Text(text) => match numbers(text).as_deref() {
-                Some(&[i, current, previous]) if i == index => (current, previous),
-                Some(&[i, current, _]) if i + 1 == index => (0, current),
-                _ => (0, 0),
-            },
-            _ => (0, 0),
-        };
-        let elapsed = now - index * window;
-        let w = u128::from(window);
-        let limit_w = u128::from(limit) * w;
-        let used_w = u128::from(previous) * u128::from(window - elapsed) + u128::from(current) * w;
-        let reset = if current > 0 {
-            2 * window - elapsed
+        let mut state: [u64; filter::sliding_window::COLUMNS] = words(stored);
+        let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
+            filter::sliding_window::decide(limit, window, state, now, tokens)
+        });
+        let [index, current, previous] = state;
+        let after = if d.allowed {
+            Stored::Text(format!("{index}:{current}:{previous}"))
         } else {
-            window - elapsed
+            stored.clone()
         };
-        if used_w + u128::from(cost) * w > limit_w {
-            let remaining = limit_w.saturating_sub(used_w) / w;
-            let retry = sliding_retry_after(limit, window, current, previous, elapsed, cost);
-            return Outcome {
-                reply: vec![0, 0, remaining as i128, reset.into(), retry.into()],
-                stored: stored.clone(),
-                ttl_ms: None,
-            };
-        }
-        let granted = (cost..=take)
-            .rev()
-            .find(|&t| used_w + u128::from(t) * w <= limit_w)
-            .unwrap();
-        let remaining = (limit_w - used_w - u128::from(granted) * w) / w;
-        Outcome {
-            reply: vec![
-                1,
-                granted.into(),
-                remaining as i128,
-                (2 * window - elapsed).into(),
-                0,
-            ],
-            stored: Stored::Text(format!("{index}:{}:{previous}", current + granted)),
-            ttl_ms: Some(ceil_ms(2 * window - elapsed) + 1000),
-        }
-    }
-}
-
-/// `sliding_window::retry_after`, verbatim.
-fn sliding_retry_after(
-    limit: u64,
-    window: u64,
-    current: u64,
-    previous: u64,
-    elapsed: u64,
-    cost: u64,
-) -> u64 {
-    let fits_at = |fading: u64, fresh: u64| -> Option<u64> {
-        let room = limit.checked_sub(fresh + cost)?;
-        if fading <= room {
-            return Some(0);
-        }
-        let fading_w = u128::from(window) * u128::from(fading - room);
-        Some(fading_w.div_ceil(u128::from(fading)) as u64)
-    };
-    match fits_at(previous, current) {
-        Some(t) => t.saturating_sub(elapsed).max(1),
-        None => match fits_at(current, 0) {
-            Some(t) => window - elapsed + t,
-            None => 2 * window - elapsed,
-        },
+        outcome(d, granted, after)
     }
 }
 
@@ -407,61 +386,40 @@ fn sliding_window_products_beyond_two_to_the_53_stay_exact() {
 
 // ---- sliding log --------------------------------------------------------------------------
 
-/// src/algorithm/sliding_log.rs, with take; state a sorted set of admission times, members
-/// `<time>-<n>`. Expired entries are trimmed when a request is admitted; another algorithm's
-/// state is dropped first.
+/// The filter's `sliding_log::decide`, with take; state a sorted set of admission times,
+/// members `<time>-<n>`, n counting on from the entries already at that time. Another
+/// algorithm's state is dropped first, even by a denial.
 fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
-        let entries = match stored {
+        let before = match stored {
             Stored::Log(entries) => entries.clone(),
             _ => Vec::new(),
         };
-        let live: Vec<(u64, String)> = entries
-            .iter()
-            .filter(|(t, _)| t + window > now)
-            .cloned()
-            .collect();
-        let mut times: Vec<u64> = live.iter().map(|(t, _)| *t).collect();
-        times.sort_unstable();
-        let count = times.len() as u64;
-        if count + cost > limit {
-            let reset = times.last().map_or(0, |newest| newest + window - now);
-            let must_expire = (count + cost).saturating_sub(limit).max(1) as usize;
-            let retry = times
-                .get(must_expire - 1)
-                .map_or(window, |t| t + window - now);
-            let stored = match stored {
+        // One word per entry, 0 a free slot, and at least the filter's `limit` words: a log kept
+        // under a higher limit holds more entries than that, and each still counts.
+        let mut times: Vec<u64> = before.iter().map(|(t, _)| *t).collect();
+        times.resize(times.len().max(limit as usize), 0);
+        let at_now = |times: &[u64]| times.iter().filter(|&&t| t == now).count() as u64;
+        let first = at_now(&times);
+        let (d, granted) = grant(&mut times, cost, take, |times, tokens| {
+            filter::sliding_log::decide(limit, window, times, now, tokens)
+        });
+        if !d.allowed {
+            let after = match stored {
                 Stored::Log(_) => stored.clone(),
                 _ => Stored::Absent,
             };
-            return Outcome {
-                reply: vec![
-                    0,
-                    0,
-                    limit.saturating_sub(count).into(),
-                    reset.into(),
-                    retry.into(),
-                ],
-                stored,
-                ttl_ms: None,
-            };
+            return outcome(d, granted, after);
         }
-        let granted = take.min(limit - count);
-        let first = live.iter().filter(|(t, _)| *t == now).count() as u64;
-        let mut after = live;
-        after.extend((first..first + granted).map(|n| (now, format!("{now}-{n}"))));
+        // The script trims every expired entry where the filter overwrites only the slots it
+        // needs: the live entries are the same, those kept plus the ones it placed at `now`.
+        let placed = at_now(&times) - first;
+        let mut after: Vec<(u64, String)> = (before.into_iter())
+            .filter(|(t, _)| t + window > now)
+            .collect();
+        after.extend((first..first + placed).map(|n| (now, format!("{now}-{n}"))));
         after.sort();
-        Outcome {
-            reply: vec![
-                1,
-                granted.into(),
-                (limit - count - granted).into(),
-                window.into(),
-                0,
-            ],
-            stored: Stored::Log(after),
-            ttl_ms: Some(ceil_ms(window) + 1000),
-        }
+        outcome(d, granted, Stored::Log(after))
     }
 }
 
@@ -559,37 +517,24 @@ fn a_log_entry_leaves_exactly_one_window_after_it_was_admitted() {
 
 // ---- leaky bucket -------------------------------------------------------------------------
 
-/// src/algorithm/leaky_bucket.rs; state the TAT (when the queue drains) in µs.
+/// The filter's `leaky_bucket::decide` (take is cost); state the TAT (when the queue drains) in
+/// µs. The reply adds `delay_us`.
 fn leaky_bucket(interval: u64, max_delay: u64, cost: u64) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
-        let tat = match stored {
+        // Not a number (another algorithm's state) is 0, as in the script: an empty queue.
+        let mut tat = match stored {
             Stored::Text(text) => text.parse().unwrap_or(0),
             _ => 0,
         };
-        let turn = now.max(tat);
-        let delay = turn - now;
-        let drained = turn + cost * interval;
-        if delay > max_delay {
-            return Outcome {
-                reply: vec![0, 0, 0, delay.into(), (delay - max_delay).into(), 0],
-                stored: stored.clone(),
-                ttl_ms: None,
-            };
-        }
-        Outcome {
-            reply: vec![
-                1,
-                cost.into(),
-                ((max_delay - delay) / interval + 1)
-                    .saturating_sub(cost)
-                    .into(),
-                (drained - now).into(),
-                0,
-                delay.into(),
-            ],
-            stored: Stored::Text(drained.to_string()),
-            ttl_ms: Some(ceil_ms(drained - now) + 1000),
-        }
+        let d = filter::leaky_bucket::decide(interval, max_delay, &mut tat, now, cost);
+        let (granted, after) = if d.allowed {
+            (cost, Stored::Text(tat.to_string()))
+        } else {
+            (0, stored.clone())
+        };
+        let mut outcome = outcome(d, granted, after);
+        outcome.reply.push(d.delay.into());
+        outcome
     }
 }
 

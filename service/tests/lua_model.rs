@@ -1,7 +1,8 @@
-//! The token-bucket Lua script, run by a real redis-server, against a reference model of the
-//! contract written in plain integer Rust. Redis TIME is the script's only clock, so tests use
-//! buckets whose interval is far longer than the test: no token comes back while it runs, and
-//! durations differ from the model only by the time that passed since the bucket was created.
+//! The token-bucket Lua script, run by a real redis-server, against the filter's own token
+//! bucket (src/algorithm/token_bucket.rs, the `sluice` crate) called in µs, plus the script's
+//! `take`. Redis TIME is the script's only clock, so tests use buckets whose interval is far
+//! longer than the test: no token comes back while it runs, and durations differ from the model
+//! only by the time that passed since the bucket was created.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -16,44 +17,59 @@ use std::time::Instant;
 
 use common::redis::RedisServer;
 use common::resp::{Reply, Resp};
+use sluice::algorithm::token_bucket::{self, Rate};
 use sluice_service::check::MAX_CAPACITY_US;
 use sluice_service::redis_store::TOKEN_BUCKET_LUA;
 
 const MINUTE_US: u64 = 60_000_000;
 
-/// The contract's GCRA, in µs: `{allowed, granted, remaining, reset_us, retry_after_us}`.
+/// The model's clock: every check is at NOW (durations in the replies are from it), and a TAT
+/// given as an offset from now is NOW plus that offset.
+const NOW: u64 = 1_000_000_000_000_000;
+
+/// `token_bucket::decide` in µs, with take: `{allowed, granted, remaining, reset_us,
+/// retry_after_us}`.
 struct Model {
-    interval: i128,
-    burst: i128,
-    tat: i128,
+    rate: Rate,
+    tat: u64,
 }
 
 impl Model {
+    /// A bucket with no TAT yet (an absent key, a full bucket).
     fn new(interval_us: u64, burst: u64) -> Model {
+        // One token per interval_us: its bound on capacity, 2^62, is far above MAX_CAPACITY_US.
+        let rate = Rate::new(1, interval_us, burst).unwrap();
+        Model { rate, tat: 0 }
+    }
+
+    /// A bucket whose TAT is `offset_us` from now.
+    fn with_tat(interval_us: u64, burst: u64, offset_us: i128) -> Model {
+        let tat = (i128::from(NOW) + offset_us).try_into().unwrap();
         Model {
-            interval: interval_us.into(),
-            burst: burst.into(),
-            tat: 0,
+            tat,
+            ..Model::new(interval_us, burst)
         }
     }
 
-    fn check(&mut self, now: i128, cost: u64, take: u64) -> [i128; 5] {
-        let (cost, take) = (i128::from(cost), i128::from(take));
-        let capacity = self.burst * self.interval;
-        let tat = self.tat.max(now);
-        let available = (capacity - (tat - now)).div_euclid(self.interval);
-        if available < cost {
-            return [
-                0,
-                0,
-                available.max(0),
-                tat - now,
-                tat + cost * self.interval - capacity - now,
-            ];
+    /// The script's `take`: the most tokens in cost..=take that the filter admits, each tried
+    /// on a copy of the TAT; if even `cost` is denied, that denial.
+    fn check(&mut self, cost: u64, take: u64) -> [i128; 5] {
+        for tokens in (cost..=take).rev() {
+            let mut tat = self.tat;
+            let d = token_bucket::decide(&self.rate, &mut tat, NOW, tokens);
+            if d.allowed || tokens == cost {
+                self.tat = tat;
+                let granted = if d.allowed { tokens } else { 0 };
+                return [
+                    d.allowed.into(),
+                    granted.into(),
+                    d.remaining.into(),
+                    d.reset_after.into(),
+                    d.retry_after.into(),
+                ];
+            }
         }
-        let granted = take.min(available);
-        self.tat = tat + granted * self.interval;
-        [1, granted, available - granted, self.tat - now, 0]
+        panic!("take {take} < cost {cost}")
     }
 }
 
@@ -133,7 +149,7 @@ fn random_strict_and_lease_checks_match_the_model() {
             let actual = eval(&mut client, &key, interval_us, burst, cost, take);
             let elapsed_us = started.elapsed().as_micros() as i128 + 50_000;
             let label = format!("{key} step {step} cost {cost} take {take}");
-            assert_matches(actual, model.check(0, cost, take), elapsed_us, &label);
+            assert_matches(actual, model.check(cost, take), elapsed_us, &label);
         }
     }
 }
@@ -286,13 +302,9 @@ fn partly_refilled_buckets_match_the_model() {
         client.cmd(&["SET", &key, &(now + offset).to_string()]);
         let started = Instant::now();
         let actual = eval(&mut client, &key, interval_us, burst, cost, take);
-        let mut model = Model {
-            interval: interval_us.into(),
-            burst: burst.into(),
-            tat: offset,
-        };
+        let mut model = Model::with_tat(interval_us, burst, offset);
         let elapsed_us = started.elapsed().as_micros() as i128 + 50_000;
         let label = format!("offset {offset} µs of {capacity}, cost {cost}, take {take}");
-        assert_matches(actual, model.check(0, cost, take), elapsed_us, &label);
+        assert_matches(actual, model.check(cost, take), elapsed_us, &label);
     }
 }
