@@ -36,6 +36,13 @@ pub struct Lease {
     pub reset_at: u64,
 }
 
+impl Lease {
+    /// Whether `cost` of its tokens can be spent at `now`.
+    fn covers(&self, cost: u64, now: u64) -> bool {
+        self.expires > now && self.tokens >= cost
+    }
+}
+
 /// A worker's leases. Small and scanned linearly: it only ever holds a few hot keys.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -50,16 +57,13 @@ impl Ledger {
 
     /// Whether `cost` tokens of the policy's bucket for `key` can be spent here at `now`.
     pub fn can_spend(&self, policy: usize, key: u64, cost: u64, now: u64) -> bool {
-        self.find(policy, key)
-            .is_some_and(|l| l.expires > now && l.tokens >= cost)
+        self.find(policy, key).is_some_and(|l| l.covers(cost, now))
     }
 
     /// Spends `cost` leased tokens, if `can_spend`; the decision reports the bucket as the lease
     /// left it plus the tokens still held.
     pub fn spend(&mut self, policy: usize, key: u64, cost: u64, now: u64) -> Option<Decision> {
-        let lease = self
-            .find_mut(policy, key)
-            .filter(|l| l.expires > now && l.tokens >= cost)?;
+        let lease = self.find_mut(policy, key).filter(|l| l.covers(cost, now))?;
         lease.tokens -= cost;
         Some(Decision {
             allowed: true,
