@@ -11,15 +11,13 @@
     clippy::indexing_slicing
 )]
 
-mod common;
-
 use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::backend::{free_port, wait_for, TempDir};
-use common::{http_request, send_signal, SIGKILL, SIGTERM};
+use sluice_testkit::http::http_request;
+use sluice_testkit::{free_port, repo_root, send_signal, wait_for, TempDir, SIGKILL, SIGTERM};
 
 const README: &str = include_str!("../README.md");
 
@@ -112,7 +110,7 @@ impl Serving {
         let make = Command::new("make")
             .arg(target)
             .args(ports.iter().map(|(var, _, port)| format!("{var}={port}")))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(repo_root())
             // As a user types it, not as a sub-make of `make test`.
             .env_remove("MAKEFLAGS")
             .env_remove("MAKELEVEL")

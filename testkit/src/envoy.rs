@@ -14,7 +14,7 @@
 //! when set. The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
 
 use crate::http::{http_request, Connection, Response};
-use crate::{free_port, repo_root, target_dir, TempDir};
+use crate::{free_port, repo_root, send_signal, target_dir, TempDir, SIGTERM};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -402,25 +402,10 @@ impl Drop for Envoy {
     }
 }
 
-pub const SIGTERM: i32 = 15;
-pub const SIGKILL: i32 = 9;
-
 /// std only offers SIGKILL (`Child::kill`); SIGTERM lets Envoy shut down cleanly.
 fn send_sigterm(pid: u32) {
     if let Ok(pid) = i32::try_from(pid) {
         send_signal(pid, SIGTERM);
-    }
-}
-
-/// kill(2) to `pid`, or with a minus sign to the process group it leads. Only for our own
-/// child not yet reaped (or its group), so that the number cannot belong to another process.
-pub fn send_signal(pid: i32, signal: i32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    // SAFETY: kill(2) takes two integers and touches no memory of ours.
-    unsafe {
-        kill(pid, signal);
     }
 }
 
