@@ -137,6 +137,14 @@ def sluice(*policies, service=None):
     return wasm_filter(SLUICE_WASM, config, "sluice")
 
 
+def policy_counter(policy, outcome):
+    """A policy's counter as the filter names it (src/metrics.rs), without Envoy's `wasmcustom.`:
+    `outcome` is allowed, denied, shadow_denied or bypassed, or degraded."""
+    if outcome == "degraded":
+        return f"sluice.sluice_policy=.={policy};.;degraded_total"
+    return f"sluice.sluice_policy=.={policy};.;sluice_outcome=.={outcome};.;requests_total"
+
+
 def policy(name, key, requests, per, burst=None):
     p = {"name": name, "key": key if isinstance(key, list) else [key], "requests": requests, "per": per}
     if burst is not None:
@@ -699,7 +707,7 @@ def accuracy(envoy_bin, workdir, duration, rate=100, burst=50):
         "rps": load["rps"],
         "cas_retries": stats.get("wasmcustom.sluice.cas_retries", 0),
         "cas_exhausted": stats.get("wasmcustom.sluice.cas_exhausted", 0),
-        "counter_allowed": stats.get("wasmcustom.sluice.accuracy.allowed"),
+        "counter_allowed": stats.get("wasmcustom." + policy_counter("accuracy", "allowed")),
     }
 
 

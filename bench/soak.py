@@ -396,8 +396,8 @@ def report(info, args, a, b):
                     ["socket errors", f"{load['socket_errors']:,}"],
                     ["Envoy 5xx (`downstream_rq_5xx`)", f"{a['http']['5xx']:,}"],
                     ["`sluice.evictions`", f"{c.get('sluice.evictions', 0):,}"],
-                    ["`per-user` allowed / denied", f"{c.get('sluice.per-user.allowed', 0):,} / {c.get('sluice.per-user.denied', 0):,}"],
-                    ["`per-api-key` allowed / denied", f"{c.get('sluice.per-api-key.allowed', 0):,} / {c.get('sluice.per-api-key.denied', 0):,}"],
+                    ["`per-user` allowed / denied", f"{c.get(bench.policy_counter('per-user', 'allowed'), 0):,} / {c.get(bench.policy_counter('per-user', 'denied'), 0):,}"],
+                    ["`per-api-key` allowed / denied", f"{c.get(bench.policy_counter('per-api-key', 'allowed'), 0):,} / {c.get(bench.policy_counter('per-api-key', 'denied'), 0):,}"],
                     ["`cas_retries` / `cas_exhausted`", f"{c.get('sluice.cas_retries', 0):,} / {c.get('sluice.cas_exhausted', 0):,}"],
                 ],
             ),
@@ -479,7 +479,7 @@ def report(info, args, a, b):
                 ]
                 + [
                     [f"`{p}` allowed / denied / degraded",
-                     f"{c.get(f'sluice.{p}.allowed', 0):,} / {c.get(f'sluice.{p}.denied', 0):,} / {c.get(f'sluice.{p}.degraded', 0):,}"]
+                     f"{c.get(bench.policy_counter(p, 'allowed'), 0):,} / {c.get(bench.policy_counter(p, 'denied'), 0):,} / {c.get(bench.policy_counter(p, 'degraded'), 0):,}"]
                     for p in policies
                 ],
             ),

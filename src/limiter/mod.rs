@@ -94,6 +94,62 @@ impl Outcome {
     pub fn is_denied(&self) -> bool {
         self.denied_by.is_some() || self.exhausted
     }
+
+    /// Each policy's part in the request: the policy, the key's hash, what it did. A policy
+    /// that allowed a request another one denied has none.
+    pub fn by_policy<'a>(
+        &'a self,
+        plan: &'a Plan,
+    ) -> impl Iterator<Item = (usize, u64, PolicyOutcome)> + 'a {
+        let denied = self.is_denied();
+        let applied = self.applied.iter().filter_map(move |a| {
+            let shadow = plan.policies.get(a.policy).is_some_and(|p| p.shadow);
+            let what = match (a.decision.allowed, shadow) {
+                (false, true) => PolicyOutcome::ShadowDenied,
+                (false, false) => PolicyOutcome::Denied,
+                (true, _) if !denied => PolicyOutcome::Allowed,
+                (true, _) => return None,
+            };
+            Some((a.policy, a.key, what))
+        });
+        let bypassed = self.bypassed.iter().filter_map(|&i| plan.bypass.get(i));
+        applied.chain(bypassed.map(|b| (b.policy, b.key, PolicyOutcome::Bypassed)))
+    }
+}
+
+/// What a policy did with a request, as the counters (`sluice_outcome`) and the access log
+/// (`outcome`) name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyOutcome {
+    Allowed,
+    Denied,
+    /// A shadow policy would have denied it.
+    ShadowDenied,
+    /// A bypass entry exempted its key from the policy.
+    Bypassed,
+}
+
+impl PolicyOutcome {
+    pub const ALL: [PolicyOutcome; 4] = [
+        PolicyOutcome::Allowed,
+        PolicyOutcome::Denied,
+        PolicyOutcome::ShadowDenied,
+        PolicyOutcome::Bypassed,
+    ];
+
+    /// Its position in `ALL`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyOutcome::Allowed => "allowed",
+            PolicyOutcome::Denied => "denied",
+            PolicyOutcome::ShadowDenied => "shadow_denied",
+            PolicyOutcome::Bypassed => "bypassed",
+        }
+    }
 }
 
 /// A request on its way: its works, and the checks sent to the service for it.
@@ -357,6 +413,13 @@ mod tests {
             Basis::Grant,
             "three granted tokens are left here"
         );
+    }
+
+    #[test]
+    fn policy_outcomes_sit_at_their_index_in_all() {
+        for (i, outcome) in PolicyOutcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.index(), i, "{outcome:?}");
+        }
     }
 
     #[test]
