@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Envoy puts the counters a wasm module defines under this prefix: the filter's
-/// `sluice.per-user.allowed` is `wasmcustom.sluice.per-user.allowed` in /stats.
+/// `sluice.cas_retries` is `wasmcustom.sluice.cas_retries` in /stats.
 pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,6 +36,8 @@ const START_ATTEMPTS: u32 = 3;
 const LDS_DIR: &str = "lds";
 const LDS_FILE: &str = "listener.yaml";
 const LDS_UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The file access log, under the Envoy's temp dir.
+const ACCESS_LOG: &str = "access.log";
 
 /// How to start Envoy. `Envoy::start(json)` is `EnvoyOptions::new(json).start()`.
 #[derive(Clone, Debug)]
@@ -60,6 +62,12 @@ pub struct EnvoyOptions {
     /// The listener from a file-based LDS resource (a watched directory) instead of the static
     /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
     pub lds_from_file: bool,
+    /// The bootstrap's `stats_config`, in YAML flow style (JSON will do).
+    pub stats_config: Option<String>,
+    /// The `log_format` (YAML flow style) of a file access log, `Envoy::access_log` reads it.
+    pub access_log_format: Option<String>,
+    /// A gRPC server (plaintext HTTP/2) that gRPC requests are routed to, by the route `grpc`.
+    pub grpc_upstream: Option<SocketAddr>,
 }
 
 impl EnvoyOptions {
@@ -73,6 +81,9 @@ impl EnvoyOptions {
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
             lds_from_file: false,
+            stats_config: None,
+            access_log_format: None,
+            grpc_upstream: None,
         }
     }
 
@@ -117,6 +128,26 @@ impl EnvoyOptions {
     /// Serves the listener from a file-based dynamic resource (LDS): see `Envoy::update_plugin`.
     pub fn lds_from_file(mut self) -> Self {
         self.lds_from_file = true;
+        self
+    }
+
+    /// Sets the bootstrap's `stats_config` (YAML flow style, e.g. JSON): its `stats_tags` make
+    /// the labels of `/stats/prometheus`.
+    pub fn stats_config(mut self, yaml: &str) -> Self {
+        self.stats_config = Some(yaml.into());
+        self
+    }
+
+    /// Logs each request to a file with this `log_format` (YAML flow style, e.g.
+    /// `{ text_format_source: { inline_string: "%RESPONSE_CODE%\n" } }`): see `Envoy::access_log`.
+    pub fn access_log(mut self, log_format: &str) -> Self {
+        self.access_log_format = Some(log_format.into());
+        self
+    }
+
+    /// Routes gRPC requests (route `grpc`, before the others) to this server, over HTTP/2.
+    pub fn grpc_upstream(mut self, server: SocketAddr) -> Self {
+        self.grpc_upstream = Some(server);
         self
     }
 
@@ -191,7 +222,7 @@ impl Envoy {
         .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
         if opts.lds_from_file {
             std::fs::create_dir_all(dir.path().join(LDS_DIR)).expect("creating the LDS directory");
-            write_lds(dir.path(), &lds_yaml(opts, port));
+            write_lds(dir.path(), &lds_yaml(opts, dir.path(), port));
         }
         let log_file = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
@@ -204,6 +235,8 @@ impl Envoy {
             // No shared memory or sockets of hot restart: nothing is left over
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
+            // Access log lines reach their file within 100 ms, not Envoy's default 10 s.
+            .args(["--file-flush-interval-msec", "100"])
             .args(["-l", "info"])
             .stdin(Stdio::null())
             .stdout(log_file)
@@ -293,8 +326,8 @@ impl Envoy {
             .collect()
     }
 
-    /// A counter the filter defines, by the name the filter gives it
-    /// (`sluice.per-user.allowed`); `None` if Envoy does not have it.
+    /// A counter the filter defines, by the name the filter gives it (`sluice.cas_retries`,
+    /// `sluice::metrics::requests_counter(..)`); `None` if Envoy does not have it.
     pub fn wasm_counter(&self, name: &str) -> Option<u64> {
         let full = format!("{WASM_STAT_PREFIX}{name}");
         let regex = format!("^{}$", full.replace('.', "\\."));
@@ -310,6 +343,32 @@ impl Envoy {
             let value = self.wasm_counter(name).unwrap_or(0);
             if value == expected || Instant::now() > deadline {
                 return value;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `/stats/prometheus`, as a scraper reads it.
+    pub fn prometheus(&self) -> String {
+        let r = self.admin_get("/stats/prometheus");
+        assert_eq!(r.status, 200, "/stats/prometheus: {}", r.text());
+        r.text()
+    }
+
+    /// The lines of the file access log (`EnvoyOptions::access_log`) once it has `n` (Envoy
+    /// writes them from a buffer, flushed every 100 ms here), or all it has after 5 s.
+    pub fn access_log(&self, n: usize) -> Vec<String> {
+        assert!(
+            self.opts.access_log_format.is_some(),
+            "access_log needs EnvoyOptions::access_log"
+        );
+        let deadline = Instant::now() + COUNTER_TIMEOUT;
+        loop {
+            let text =
+                std::fs::read_to_string(self.dir.path().join(ACCESS_LOG)).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -335,7 +394,10 @@ impl Envoy {
             counter(self, "update_rejected"),
         );
         self.opts.plugin_json = Some(plugin_json.to_string());
-        write_lds(self.dir.path(), &lds_yaml(&self.opts, self.port));
+        write_lds(
+            self.dir.path(),
+            &lds_yaml(&self.opts, self.dir.path(), self.port),
+        );
         let deadline = Instant::now() + LDS_UPDATE_TIMEOUT;
         loop {
             if counter(self, "update_success") > success {
@@ -520,15 +582,25 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
     let admin = format!(
         "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
     );
-    let clusters = opts
+    let admin = match &opts.stats_config {
+        Some(stats) => format!("{admin}stats_config: {stats}\n"),
+        None => admin,
+    };
+    let mut clusters = opts
         .service
         .as_deref()
         .map(service_cluster)
         .unwrap_or_default();
+    if let Some(server) = opts.grpc_upstream {
+        if clusters.is_empty() {
+            clusters.push_str("  clusters:\n");
+        }
+        clusters.push_str(&grpc_cluster(server));
+    }
     if !opts.lds_from_file {
         return format!(
             "{admin}static_resources:\n  listeners:\n{}{clusters}",
-            listener_yaml(opts, port, "  - ")
+            listener_yaml(opts, dir, port, "  - ")
         );
     }
     let lds = dir.join(LDS_DIR);
@@ -552,9 +624,9 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
 }
 
 /// The LDS resource file: a discovery response with the one listener.
-fn lds_yaml(opts: &EnvoyOptions, port: u16) -> String {
+fn lds_yaml(opts: &EnvoyOptions, dir: &Path, port: u16) -> String {
     let item = "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    ";
-    format!("resources:\n{}", listener_yaml(opts, port, item))
+    format!("resources:\n{}", listener_yaml(opts, dir, port, item))
 }
 
 /// Writes the LDS file as Envoy wants it changed: a new file moved over the old one.
@@ -567,36 +639,20 @@ fn write_lds(dir: &Path, yaml: &str) {
 }
 
 /// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
-/// or the LDS resource's type line and what follows it).
-fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
-    let metadata_rules: String = opts
-        .header_to_metadata
-        .iter()
-        .map(|(header, namespace, key)| {
-            format!(
-                r#"
-              - header: {header}
-                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
-                remove: true"#
-            )
-        })
-        .collect();
-    let metadata_filter = if metadata_rules.is_empty() {
-        String::new()
-    } else {
-        format!(
-            r#"
-          - name: envoy.filters.http.header_to_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
-              request_rules:{metadata_rules}"#
-        )
-    };
+/// or the LDS resource's type line and what follows it). `dir` holds its access log.
+fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> String {
+    let metadata_filter = metadata_filter_yaml(opts);
     let hcm_options: String = opts
         .hcm_options
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
+        .chain(access_log_yaml(opts, dir))
         .collect();
+    let grpc_route = if opts.grpc_upstream.is_some() {
+        "\n              - name: grpc\n                match: { prefix: /, grpc: {} }\n                route: { cluster: grpc_upstream }"
+    } else {
+        ""
+    };
     let wasm_filter = match &opts.plugin_json {
         None => String::new(),
         Some(json) => format!(
@@ -637,7 +693,7 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
             virtual_hosts:
             - name: test
               domains: ["*"]
-              routes:
+              routes:{grpc_route}
               - name: api
                 match: {{ prefix: /api/ }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
@@ -651,6 +707,68 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
 "#,
         use_remote_address = opts.use_remote_address,
         xff_num_trusted_hops = opts.xff_num_trusted_hops,
+    )
+}
+
+/// A header_to_metadata filter with `EnvoyOptions::header_to_metadata`'s rules, if any.
+fn metadata_filter_yaml(opts: &EnvoyOptions) -> String {
+    let metadata_rules: String = opts
+        .header_to_metadata
+        .iter()
+        .map(|(header, namespace, key)| {
+            format!(
+                r#"
+              - header: {header}
+                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
+                remove: true"#
+            )
+        })
+        .collect();
+    if metadata_rules.is_empty() {
+        String::new()
+    } else {
+        format!(
+            r#"
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+              request_rules:{metadata_rules}"#
+        )
+    }
+}
+
+/// The HCM's `access_log`, a file in `dir`, when `EnvoyOptions::access_log` asked for one.
+fn access_log_yaml(opts: &EnvoyOptions, dir: &Path) -> Option<String> {
+    let log_format = opts.access_log_format.as_deref()?;
+    Some(format!(
+        r#"
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format: {log_format}"#,
+        path = yaml_quote(&dir.join(ACCESS_LOG).to_string_lossy()),
+    ))
+}
+
+/// The cluster `grpc_upstream`: plaintext HTTP/2 to one gRPC server.
+fn grpc_cluster(server: SocketAddr) -> String {
+    let (ip, port) = (server.ip(), server.port());
+    format!(
+        r#"  - name: grpc_upstream
+    type: STATIC
+    connect_timeout: 0.25s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: grpc_upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}
+"#
     )
 }
 

@@ -3,6 +3,7 @@
 //! - `envoy`: an Envoy with the built sluice filter, on free loopback ports;
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
+//! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
@@ -16,6 +17,7 @@
 )]
 
 pub mod envoy;
+pub mod grpc;
 pub mod http;
 pub mod redis;
 pub mod resp;
