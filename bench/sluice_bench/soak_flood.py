@@ -163,16 +163,34 @@ def flood(envoy_bin, workdir, args):
 
 
 def send_flood(envoy, workdir, args, legit):
-    """wrk's flood: each Lua thread stops sending after its share; wrk itself is stopped once
-    Envoy has answered them all (what it completed, less the legitimate clients' requests)."""
+    """wrk's flood: each Lua thread stops sending after its share, but wrk runs its whole -d; it
+    is stopped once Envoy has answered the flood (what it completed, less the legitimate
+    clients' requests)."""
     per_thread = -(-args.flood_keys // FLOOD_THREADS)
     log(f"flood: {per_thread * FLOOD_THREADS:,} requests with new keys (wrk -t{FLOOD_THREADS} "
         f"-c{args.connections}, at most {args.flood_max_seconds}s); legitimate: steady {STEADY_RATE}/s, "
         f"greedy {GREEDY_RATE}/s")
-    completed = lambda: envoy.stats().get("http.bench.downstream_rq_completed", 0)  # noqa: E731
-    completed_before, legit_before = completed(), legit.sent()
-    flood_done = lambda: (completed() - completed_before  # noqa: E731
-                          - (legit.sent() - legit_before) >= per_thread * FLOOD_THREADS)
-    return wrk_script(envoy.port, args.flood_max_seconds, args.connections, FLOOD_THREADS, FLOOD_LUA, workdir,
-                      env={"FLOOD_PER_THREAD": str(per_thread)}, until=flood_done)
+    completed_before, legit_before = envoy.downstream_counts()["completed"], legit.sent()
 
+    def answered():
+        return envoy.downstream_counts()["completed"] - completed_before - (legit.sent() - legit_before)
+
+    return wrk_script(envoy.port, args.flood_max_seconds, args.connections, FLOOD_THREADS, FLOOD_LUA, workdir,
+                      env={"FLOOD_PER_THREAD": str(per_thread)},
+                      until=all_answered(answered, per_thread * FLOOD_THREADS, args.connections))
+
+
+def all_answered(answered, sent, in_flight):
+    """wrk_script's `until` for the flood: true once `answered()` reaches `sent`, or once it is
+    within `in_flight` (a request a connection) of it and has stopped growing since the last
+    poll. A Lua thread that stops itself leaves the requests it had in flight unanswered, and
+    it may stop right at its share, so waiting for all `sent` would last the whole -d."""
+    last = None
+
+    def done():
+        nonlocal last
+        now, before = answered(), last
+        last = now
+        return now >= sent or (now >= sent - in_flight and before is not None and now <= before)
+
+    return done
