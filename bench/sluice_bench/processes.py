@@ -169,8 +169,11 @@ class Child:
         self.log_path = self.workdir / f"{self.name}-{self.starts}.log"
         command = self.prefix() + self.command()
         with open(self.log_path, "w") as log_file:
-            self.proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file,
-                                         stderr=subprocess.STDOUT)
+            try:
+                self.proc = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log_file,
+                                             stderr=subprocess.STDOUT)
+            except OSError as error:
+                raise Failure(f"{self.name} could not be started: {error}") from None
         if not wait_until(lambda: not self.running() or self.ready(), timeout) or not self.running():
             tail = self.log_path.read_text(errors="replace")[-2000:]
             self.stop()
