@@ -41,6 +41,15 @@ pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Opt
     None
 }
 
+/// Sends `signal` (`-STOP`, `-TERM`, ...) to a process this test started.
+pub fn signal(pid: u32, signal: &str) {
+    let pid = pid.to_string();
+    let sent = std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status();
+    assert!(sent.unwrap().success(), "kill {signal} {pid}");
+}
+
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
 

@@ -111,9 +111,7 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().unwrap().id().to_string();
-        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
-        assert!(status.success());
+        super::signal(self.child.as_ref().unwrap().id(), signal);
     }
 }
 
