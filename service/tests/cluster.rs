@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::clock::{redis_time_us, window_around};
-use common::http::{get, post_check};
-use common::redis::RedisCluster;
-use common::service::Service;
+use common::post_check;
 use common::{bucket, checks_body, leaky, window};
 use serde_json::Value;
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisCluster;
+use sluice_testkit::service::Service;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -138,12 +139,12 @@ fn cluster_checks_of_every_algorithm_are_exact_for_keys_in_different_slots() {
             "node {} holds no key",
             node.port
         );
-        let common::resp::Reply::Array(zsets) =
+        let sluice_testkit::resp::Reply::Array(zsets) =
             client.cmd(&["SCAN", "0", "COUNT", "1000", "TYPE", "zset"])
         else {
             panic!("SCAN")
         };
-        let common::resp::Reply::Array(found) = &zsets[1] else {
+        let sluice_testkit::resp::Reply::Array(found) = &zsets[1] else {
             panic!("SCAN")
         };
         logs += found.len();
@@ -171,7 +172,7 @@ fn a_service_started_while_the_cluster_is_frozen_becomes_ready_once_it_answers()
     for node in &cluster.nodes {
         node.thaw();
     }
-    let ready = common::wait_for(Duration::from_secs(5), || {
+    let ready = sluice_testkit::wait_for(Duration::from_secs(5), || {
         (get(service.addr, "/readyz").status == 200).then_some(())
     });
     assert!(ready.is_some(), "not ready 5 s after the cluster answered");

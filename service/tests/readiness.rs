@@ -14,10 +14,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::http::{get, post_check};
-use common::redis::RedisServer;
-use common::service::Service;
-use common::{bucket, checks_body};
+use common::{bucket, checks_body, post_check};
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 
 const WITHIN: Duration = Duration::from_secs(1);
 
@@ -28,7 +28,7 @@ fn one_check() -> String {
 /// How long until /readyz answers `status`, polling every 20 ms for at most 5 s.
 fn until_readyz(addr: SocketAddr, status: u16) -> Duration {
     let started = Instant::now();
-    let reached = common::wait_for(Duration::from_secs(5), || {
+    let reached = sluice_testkit::wait_for(Duration::from_secs(5), || {
         (get(addr, "/readyz").status == status).then_some(())
     });
     assert!(reached.is_some(), "/readyz never answered {status}");
@@ -36,7 +36,7 @@ fn until_readyz(addr: SocketAddr, status: u16) -> Duration {
 }
 
 fn redis_up_gauge(addr: SocketAddr) -> String {
-    let metrics = get(addr, "/metrics").body;
+    let metrics = get(addr, "/metrics").text();
     let line = metrics
         .lines()
         .find(|l| l.starts_with("sluice_service_redis_up "));

@@ -15,16 +15,16 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::http::{get, post_check};
-use common::redis::RedisServer;
-use common::service::Service;
-use common::{bucket, checks_body};
+use common::{bucket, checks_body, post_check};
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 
 fn one_check() -> String {
     checks_body(&[bucket("stop/1", 1, 60_000, 5, 1, 1)])
 }
 
-/// A check whose headers and first half of the body are sent; the rest is `send`'s.
+/// A check whose headers and first half of the body are sent; the rest is `finish`'s.
 struct InFlight {
     stream: TcpStream,
     rest: Vec<u8>,
@@ -73,7 +73,7 @@ fn sigterm_lets_a_check_in_flight_finish_stops_accepting_and_exits_0() {
     assert!(service
         .event("shutting down", Duration::from_secs(2))
         .is_some());
-    let refused = common::wait_for(Duration::from_secs(2), || {
+    let refused = sluice_testkit::wait_for(Duration::from_secs(2), || {
         TcpStream::connect(service.addr).is_err().then_some(())
     });
     assert!(refused.is_some(), "still accepting connections");
@@ -94,7 +94,7 @@ fn during_the_shutdown_delay_readyz_fails_and_checks_are_still_decided() {
     let mut service = start(&redis, &["--shutdown-delay", "2"]);
     let signalled = Instant::now();
     service.signal("-TERM");
-    let failing = common::wait_for(Duration::from_secs(1), || {
+    let failing = sluice_testkit::wait_for(Duration::from_secs(1), || {
         let ready = get(service.addr, "/readyz");
         (ready.status == 503).then(|| ready.json())
     });

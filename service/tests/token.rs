@@ -15,15 +15,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use common::http::{get, send_raw, HttpResponse};
-use common::redis::RedisServer;
-use common::service::{run_to_exit, Service};
-use common::{bucket, checks_body, TempDir};
+use common::{bucket, checks_body};
+use sluice_testkit::http::{get, send_raw, Response};
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::{run_to_exit, Service};
+use sluice_testkit::TempDir;
 
 const TOKEN: &str = "s3cret-Token_1";
 
 /// POST /v1/check with `authorization` as given (`None`: no such header).
-fn check_with(addr: SocketAddr, authorization: Option<&str>) -> HttpResponse {
+fn check_with(addr: SocketAddr, authorization: Option<&str>) -> Response {
     let body = checks_body(&[bucket("token/1", 1, 1000, 100, 1, 1)]);
     let authorization = authorization.map_or(String::new(), |a| format!("authorization: {a}\r\n"));
     let raw = format!(
@@ -39,10 +40,10 @@ fn start_with_tokens(redis: &RedisServer, file: &Path, env: &[(&str, &str)]) -> 
     Service::start_with(&["--redis", &redis.url(), "--token-file", file], env)
 }
 
-fn assert_unauthorized(response: &HttpResponse) {
+fn assert_unauthorized(response: &Response) {
     assert_eq!(response.status, 401, "{response:?}");
-    let head = response.head.to_ascii_lowercase();
-    assert!(head.contains("\r\nwww-authenticate: bearer\r\n"), "{head}");
+    let challenge = response.header("www-authenticate");
+    assert_eq!(challenge, Some("Bearer"), "{response:?}");
     assert_eq!(response.json()["error"], "unauthorized", "{response:?}");
 }
 
@@ -65,7 +66,7 @@ fn with_a_token_file_a_check_needs_the_bearer_token_and_the_probes_do_not() {
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(get(service.addr, path).status, 200, "{path}");
     }
-    let metrics = get(service.addr, "/metrics").body;
+    let metrics = get(service.addr, "/metrics").text();
     let refused = r#"sluice_service_http_requests_total{path="/v1/check",status="401"} 4"#;
     assert!(metrics.lines().any(|l| l == refused), "{metrics}");
     assert_eq!(
