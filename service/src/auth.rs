@@ -16,8 +16,15 @@ pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The accepted tokens: one per non-empty line, so that during a rotation the old and the new
 /// token can both be accepted until every caller has the new one.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 pub struct Tokens(Vec<Vec<u8>>);
+
+/// Only how many: a token must not reach a log through `{:?}`.
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tokens({} hidden)", self.0.len())
+    }
+}
 
 impl Tokens {
     /// Each line trimmed of surrounding whitespace (a trailing newline, CRLF); empty lines are
@@ -174,6 +181,11 @@ mod tests {
             "line 2: a token must be printable ASCII without spaces"
         );
         assert!(Tokens::parse("caf\u{e9}".as_bytes()).is_err());
+    }
+
+    #[test]
+    fn tokens_do_not_show_in_debug_output() {
+        assert_eq!(format!("{:?}", tokens("s3cret\nother")), "Tokens(2 hidden)");
     }
 
     #[test]
