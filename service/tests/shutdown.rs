@@ -19,6 +19,7 @@ use common::{bucket, checks_body, post_check};
 use sluice_testkit::http::get;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
+use sluice_testkit::{SIGINT, SIGTERM};
 
 fn one_check() -> String {
     checks_body(&[bucket("stop/1", 1, 60_000, 5, 1, 1)])
@@ -69,7 +70,7 @@ fn sigterm_lets_a_check_in_flight_finish_stops_accepting_and_exits_0() {
     let mut service = start(&redis, &[]);
     let in_flight = InFlight::start(service.addr);
     std::thread::sleep(Duration::from_millis(100));
-    service.signal("-TERM");
+    service.signal(SIGTERM);
     assert!(service
         .event("shutting down", Duration::from_secs(2))
         .is_some());
@@ -93,7 +94,7 @@ fn during_the_shutdown_delay_readyz_fails_and_checks_are_still_decided() {
     let redis = RedisServer::start();
     let mut service = start(&redis, &["--shutdown-delay", "2"]);
     let signalled = Instant::now();
-    service.signal("-TERM");
+    service.signal(SIGTERM);
     let failing = sluice_testkit::wait_for(Duration::from_secs(1), || {
         let ready = get(service.addr, "/readyz");
         (ready.status == 503).then(|| ready.json())
@@ -119,7 +120,7 @@ fn a_check_still_in_flight_after_the_shutdown_timeout_does_not_hold_the_exit() {
     let stuck = InFlight::start(service.addr);
     std::thread::sleep(Duration::from_millis(100));
     let signalled = Instant::now();
-    service.signal("-TERM");
+    service.signal(SIGTERM);
     let status = service
         .wait_exit(Duration::from_secs(5))
         .expect("still running");
@@ -144,7 +145,7 @@ fn sigint_stops_an_idle_service_at_once_with_exit_0() {
     // An idle keep-alive connection does not hold the shutdown.
     let idle = TcpStream::connect(service.addr).unwrap();
     let signalled = Instant::now();
-    service.signal("-INT");
+    service.signal(SIGINT);
     let status = service
         .wait_exit(Duration::from_secs(5))
         .expect("still running");

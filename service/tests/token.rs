@@ -19,7 +19,7 @@ use common::{bucket, checks_body};
 use sluice_testkit::http::{get, send_raw, Response};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::{run_to_exit, Service};
-use sluice_testkit::TempDir;
+use sluice_testkit::{TempDir, SIGHUP};
 
 const TOKEN: &str = "s3cret-Token_1";
 
@@ -115,7 +115,7 @@ fn a_rotated_token_file_takes_effect_on_sighup_and_may_hold_the_old_and_new_toke
 
     let reload = |content: &str, expected: &str| {
         std::fs::write(&file, content).unwrap();
-        service.signal("-HUP");
+        service.signal(SIGHUP);
         let event = service.event(expected, Duration::from_secs(5));
         event.unwrap_or_else(|| panic!("no {expected:?} after writing {content:?}"))
     };

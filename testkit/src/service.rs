@@ -119,9 +119,9 @@ impl Service {
         self.child.id()
     }
 
-    /// Sends `signal` (`-TERM`, `-HUP`) to the service.
-    pub fn signal(&self, signal: &str) {
-        super::signal(self.pid(), signal);
+    /// Sends `signal` (`crate::SIGTERM`, ...) to the service.
+    pub fn signal(&self, signal: i32) {
+        crate::send_signal(i32::try_from(self.pid()).unwrap(), signal);
     }
 
     /// Waits for the process to exit on its own.
