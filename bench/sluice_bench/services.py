@@ -4,6 +4,7 @@ restart empties it) and sluice-service in front of it, each on a port of its own
 import contextlib
 import socket
 
+from .load import http_get
 from .processes import Child
 
 
@@ -30,8 +31,7 @@ class Redis(Child):
 
 
 class Service(Child):
-    """sluice-service in front of a Redis; it exits at once if it cannot reach it, so start it
-    once Redis answers."""
+    """sluice-service in front of a Redis (started once Redis answers)."""
 
     name = "service"
 
@@ -43,7 +43,11 @@ class Service(Child):
         return [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--redis", self.redis.url]
 
     def ready(self):
-        return "listening on" in self.log_path.read_text(errors="replace")
+        """Ready once it reaches Redis (it serves, with 503s, before that)."""
+        try:
+            return http_get(self.port, "/readyz")[0] == 200
+        except OSError:
+            return False
 
 
 @contextlib.contextmanager
