@@ -3,6 +3,7 @@
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make image   OCI images of the filter and of sluice-service under target/oci/ (docs/istio.md)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                and the integration tests that drive real Envoys, Redis and the service
 #   make lint    cargo fmt --check and clippy for the host and for wasm
@@ -16,8 +17,11 @@
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 WASM_TARGET := wasm32-wasip1
 WASM := target/$(WASM_TARGET)/release/sluice.wasm
+# sluice-service for an image from scratch: a static binary.
+MUSL_TARGET := x86_64-unknown-linux-musl
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(ROOT)/Cargo.toml | head -n 1)
 
-.PHONY: build service run run-global test lint toolchain clean
+.PHONY: build service run run-global image test lint toolchain clean
 
 # Adds the wasm target and the lint components when rustup lacks them.
 toolchain:
@@ -31,6 +35,21 @@ build: toolchain
 # The global-limit service, as the integration tests and run-global use it.
 service:
 	cd $(ROOT) && cargo build -p sluice-service
+
+# Three OCI image layouts, each also as a .tar that skopeo, crane and docker load take, written
+# without a container daemon (scripts/oci-image): sluice-wasm (Istio's compat form, plugin.wasm
+# in one layer), sluice-wasm-artifact (the Wasm OCI artifact form) and sluice-service (the
+# static binary alone, run as user 65532). File times are the last commit's, so the same
+# binaries give the same digests. Not part of make test (tests/images.rs checks the layouts):
+# the static build takes minutes the first time.
+image: build
+	@rustup target list --installed | grep -qx '$(MUSL_TARGET)' || rustup target add $(MUSL_TARGET)
+	cd $(ROOT) && cargo build --release -p sluice-service --target $(MUSL_TARGET)
+	cd $(ROOT) && export SOURCE_DATE_EPOCH="$$(git log -1 --format=%ct 2>/dev/null || echo 0)" && \
+	scripts/oci-image wasm $(WASM) target/oci/sluice-wasm --tag $(IMAGE_TAG) && \
+	scripts/oci-image wasm-artifact $(WASM) target/oci/sluice-wasm-artifact --tag $(IMAGE_TAG) && \
+	scripts/oci-image service target/$(MUSL_TARGET)/release/sluice-service \
+	  target/oci/sluice-service --tag $(IMAGE_TAG)
 
 run-global: build service
 	@cd $(ROOT) && exec scripts/run-global
