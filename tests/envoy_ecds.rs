@@ -1,0 +1,154 @@
+//! The filter delivered as Istio delivers it: through extension config discovery (ECDS), the
+//! listener naming the filter and a discovery resource carrying its config, here a watched file
+//! (`EnvoyOptions::ecds_from_file`) where Istio uses its xDS stream. What the tests pin (and
+//! docs/istio.md explains):
+//!
+//! - An update takes effect on new requests while traffic runs, and none fails. Bucket state is
+//!   in shared data, per vm_id and slot layout: a changed rate keeps what each key spent.
+//! - A configuration the filter refuses is rejected as a whole (`update_rejected`), the error
+//!   names the field, and the last accepted configuration serves on with its buckets.
+//! - A first configuration that is refused (a new pod) leaves the filter without any: Envoy
+//!   goes live and answers every request with 500, whatever the wasm `failure_policy` (Istio's
+//!   `failStrategy`). An ECDS `default_config` serves instead, where one is given.
+//! - When Istio's agent cannot fetch the module, it sends an allow-all (`FAIL_OPEN`) or a
+//!   deny-all (`FAIL_CLOSE`) RBAC filter in its place. The buckets do not outlive the swap:
+//!   Envoy drops a vm_id's shared data with its last VM, so they start full when it returns.
+
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+mod common;
+
+use common::reload::Traffic;
+use common::reload::{config, failures, statuses, user, wait_for_config, wait_for_responses};
+use common::{Envoy, ECDS_FILTER};
+
+/// What Istio's agent puts in the filter's place when it cannot fetch the module: RBAC with no
+/// rules allows everything (`FAIL_OPEN`); RBAC with an empty rule set denies everything.
+const ALLOW_ALL: &str = r#"{ "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules_stat_prefix: wasm-default-allow }"#;
+const DENY_ALL: &str = r#"{ "@type": type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC, rules: {}, rules_stat_prefix: wasm-default-deny }"#;
+
+fn ecds_counter(envoy: &Envoy, name: &str) -> u64 {
+    let full = format!("extension_config_discovery.http_filter.{ECDS_FILTER}.{name}");
+    let stats = envoy.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
+    stats.get(&full).copied().unwrap_or(0)
+}
+
+fn without_rate_limit_headers(r: &common::Response) -> bool {
+    r.status == 200 && r.header("x-ratelimit-limit").is_none()
+}
+
+#[test]
+fn ecds_updates_apply_under_traffic_and_a_refused_one_leaves_the_last_serving_with_its_buckets() {
+    let mut envoy = Envoy::options(&config("v1", "per-user", 5))
+        .ecds_from_file()
+        .start();
+    let traffic = Traffic::start(envoy.addr());
+    assert_eq!(statuses(&envoy, "alice", 3), [200, 200, 200]);
+
+    // A higher burst under the same name: alice keeps her 3 spent, 8 - 3 = 5 left.
+    envoy.update_plugin(&config("v2", "per-user", 8)).unwrap();
+    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
+    assert_eq!(statuses(&envoy, "alice", 6), [200, 200, 200, 200, 200, 429]);
+
+    let refused = envoy.update_plugin(&config("v3", "per-user", 0));
+    assert!(refused.is_err(), "burst 0 was accepted");
+    assert!(
+        envoy
+            .log()
+            .contains("invalid configuration: policies[0].burst"),
+        "the log does not name the field"
+    );
+    assert_eq!(ecds_counter(&envoy, "update_rejected"), 1);
+    // v2 serves on, and alice's bucket with it.
+    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
+    assert_eq!(statuses(&envoy, "alice", 1), [429]);
+
+    let outcomes = traffic.finish();
+    let failed = failures(&outcomes);
+    assert!(
+        outcomes.len() >= 50,
+        "too little traffic: {}",
+        outcomes.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(10)]
+    );
+}
+
+#[test]
+fn a_refused_first_configuration_gives_500s_whatever_the_failure_policy_until_one_is_accepted() {
+    for failure_policy in ["FAIL_CLOSED", "FAIL_OPEN"] {
+        let mut envoy = Envoy::options(&config("bad", "per-user", 0))
+            .ecds_from_file()
+            .wasm_failure_policy(failure_policy)
+            .start();
+        assert!(envoy
+            .log()
+            .contains("invalid configuration: policies[0].burst"));
+        assert_eq!(
+            ecds_counter(&envoy, "update_rejected"),
+            1,
+            "{failure_policy}"
+        );
+        let r = envoy.get("/api/x", &user("alice"));
+        assert_eq!(
+            r.status, 500,
+            "{failure_policy}: a filter without configuration: {r:?}"
+        );
+
+        envoy.update_plugin(&config("good", "per-user", 2)).unwrap();
+        wait_for_config(&envoy, r#""per-user";q=1"#, 2);
+        assert_eq!(
+            statuses(&envoy, "alice", 3),
+            [200, 200, 429],
+            "{failure_policy}"
+        );
+    }
+}
+
+#[test]
+fn a_default_config_serves_while_the_first_configuration_is_refused() {
+    let mut envoy = Envoy::options(&config("bad", "per-user", 0))
+        .ecds_from_file()
+        .ecds_default(ALLOW_ALL)
+        .start();
+    assert_eq!(ecds_counter(&envoy, "update_rejected"), 1);
+    let r = envoy.get("/api/x", &user("alice"));
+    assert!(
+        without_rate_limit_headers(&r),
+        "the default did not serve: {r:?}"
+    );
+
+    envoy.update_plugin(&config("good", "per-user", 2)).unwrap();
+    wait_for_config(&envoy, r#""per-user";q=1"#, 2);
+    assert_eq!(statuses(&envoy, "alice", 3), [200, 200, 429]);
+}
+
+#[test]
+fn istio_fallbacks_for_an_unfetchable_module_deny_or_allow_all_and_the_buckets_start_over_after() {
+    let mut envoy = Envoy::options(&config("v1", "per-user", 3))
+        .ecds_from_file()
+        .start();
+    assert_eq!(statuses(&envoy, "alice", 4), [200, 200, 200, 429]);
+
+    envoy.update_extension(DENY_ALL).unwrap();
+    wait_for_responses(&envoy, |r| r.status == 403);
+
+    envoy.update_extension(ALLOW_ALL).unwrap();
+    wait_for_responses(&envoy, without_rate_limit_headers);
+    assert_eq!(
+        statuses(&envoy, "alice", 5),
+        [200; 5],
+        "unlimited while allow-all serves"
+    );
+
+    // The module is back, but with its last VM Envoy dropped the vm_id's shared data: alice
+    // starts again from a full bucket.
+    envoy.update_plugin(&config("v1", "per-user", 3)).unwrap();
+    wait_for_config(&envoy, r#""per-user";q=1"#, 3);
+    assert_eq!(statuses(&envoy, "alice", 4), [200, 200, 200, 429]);
+}
