@@ -1,7 +1,7 @@
-//! The filter delivered as Istio delivers it: through extension config discovery (ECDS), the
-//! listener naming the filter and a discovery resource carrying its config, here a watched file
-//! (`EnvoyOptions::ecds_from_file`) where Istio uses its xDS stream. What the tests pin (and
-//! docs/istio.md explains):
+//! The filter as Istio runs it. Istio delivers wasm filters through extension config discovery
+//! (ECDS): the listener names the filter, a discovery resource carries its config, here a
+//! watched file (`EnvoyOptions::ecds_from_file`) where Istio uses its xDS stream. What the tests
+//! pin (and docs/istio.md explains):
 //!
 //! - An update takes effect on new requests while traffic runs, and none fails. Bucket state is
 //!   in shared data, per vm_id and slot layout: a changed rate keeps what each key spent.
@@ -13,6 +13,8 @@
 //! - When Istio's agent cannot fetch the module, it sends an allow-all (`FAIL_OPEN`) or a
 //!   deny-all (`FAIL_CLOSE`) RBAC filter in its place. The buckets do not outlive the swap:
 //!   Envoy drops a vm_id's shared data with its last VM, so they start full when it returns.
+//! - At a sidecar (inbound: `use_remote_address` false, no trusted hops) the `ip` key is the last
+//!   `x-forwarded-for` address when there is one, which any caller can write, else the TCP peer.
 
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
@@ -151,4 +153,33 @@ fn istio_fallbacks_for_an_unfetchable_module_deny_or_allow_all_and_the_buckets_s
     envoy.update_plugin(&config("v1", "per-user", 3)).unwrap();
     wait_for_config(&envoy, r#""per-user";q=1"#, 3);
     assert_eq!(statuses(&envoy, "alice", 4), [200, 200, 200, 429]);
+}
+
+#[test]
+fn at_a_sidecar_ip_is_the_last_x_forwarded_for_address_which_any_caller_can_write() {
+    let per_ip = r#"{"policies": [{"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1h", "burst": 1}]}"#;
+    // Istio's sidecar inbound connection manager.
+    let envoy = Envoy::options(per_ip).use_remote_address(false).start();
+    let from = |xff: &'static str| [("x-forwarded-for", xff.as_bytes())];
+    let status = |headers: &[(&str, &[u8])]| envoy.get("/", headers).status;
+
+    assert_eq!(
+        [status(&from("203.0.113.7")), status(&from("203.0.113.7"))],
+        [200, 429]
+    );
+    assert_eq!(
+        status(&from("198.51.100.1, 203.0.113.7")),
+        429,
+        "the last entry is the client"
+    );
+    assert_eq!(
+        status(&from("203.0.113.8")),
+        200,
+        "a made-up address is a fresh bucket"
+    );
+    assert_eq!(
+        [status(&[]), status(&[])],
+        [200, 429],
+        "without the header, the TCP peer"
+    );
 }
