@@ -1,4 +1,4 @@
-//! What the reload tests share (`envoy_reload.rs` through LDS, `envoy_ecds.rs` through ECDS):
+//! What the reload tests share (`envoy_reload.rs` through LDS, `envoy_istio.rs` through ECDS):
 //! one per-user policy that does not refill during a test, background traffic that records every
 //! outcome, and a wait until every worker serves a given configuration.
 
