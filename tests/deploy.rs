@@ -22,11 +22,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sluice_testkit::TempDir;
 
 /// The oldest and the newest Kubernetes the manifests are checked against.
 const KUBERNETES_VERSIONS: [&str; 2] = ["1.31.0", "1.37.0"];
@@ -79,8 +79,8 @@ fn kustomize(dir: &Path) -> Vec<Value> {
 /// deploy/ with the token component: a kustomization in a temp dir naming both by relative path
 /// (kustomize refuses absolute ones).
 fn kustomize_with_token() -> Vec<Value> {
-    let dir = std::env::temp_dir().join(format!("sluice-deploy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let temp = TempDir::new("deploy-token");
+    let dir = temp.path();
     let up = "../".repeat(dir.components().count() - 1);
     let deploy = format!(
         "{up}{}",
@@ -92,9 +92,7 @@ fn kustomize_with_token() -> Vec<Value> {
     );
     let kustomization = format!("resources: [{deploy}]\ncomponents: [{deploy}/token]\n");
     std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
-    let docs = kustomize(&dir);
-    std::fs::remove_dir_all(&dir).unwrap();
-    docs
+    kustomize(dir)
 }
 
 /// Every YAML file under deploy/ applied on its own (not part of the kustomization).
@@ -133,12 +131,8 @@ fn describe(doc: &Value) -> String {
 
 /// Kubernetes' own kinds through `kubernetes-validate --strict`, for each version.
 fn kubernetes_validate(docs: &[&Value], what: &str) {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let file = std::env::temp_dir().join(format!(
-        "sluice-deploy-{}-{}.yaml",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
+    let temp = TempDir::new("deploy-validate");
+    let file = temp.path().join("resources.yaml");
     // As JSON documents: YAML 1.1 readers take an unquoted `no` for false.
     let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
     std::fs::write(&file, text.join("\n---\n")).unwrap();
@@ -157,7 +151,6 @@ fn kubernetes_validate(docs: &[&Value], what: &str) {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    std::fs::remove_file(&file).unwrap();
 }
 
 /// Istio's and Envoy Gateway's kinds against tests/crd-schemas.yaml; errors, one per line.

@@ -3,10 +3,9 @@
 //! watched file (`EnvoyOptions::ecds_from_file`) where Istio uses its xDS stream. What the tests
 //! pin (and docs/istio.md explains):
 //!
-//! - An update takes effect on new requests while traffic runs, and none fails. Bucket state is
-//!   in shared data, per vm_id and slot layout: a changed rate keeps what each key spent.
-//! - A configuration the filter refuses is rejected as a whole (`update_rejected`), the error
-//!   names the field, and the last accepted configuration serves on with its buckets.
+//! - Updates, and updates the filter refuses, behave as through LDS: tests/envoy_reload.rs runs
+//!   its scenarios through both (no request fails; a refused one leaves the last serving; a
+//!   changed rate keeps what each key spent).
 //! - A first configuration that is refused (a new pod) leaves the filter without any: Envoy
 //!   goes live and answers every request with 500, whatever the wasm `failure_policy` (Istio's
 //!   `failStrategy`). An ECDS `default_config` serves instead, where one is given.
@@ -19,11 +18,9 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::reload::Traffic;
-use common::reload::{config, failures, statuses, user, wait_for_config, wait_for_responses};
-use common::{Envoy, ECDS_FILTER};
+use sluice_testkit::envoy::{Envoy, ECDS_FILTER};
+use sluice_testkit::http::Response;
+use sluice_testkit::reload::{config, statuses, user, wait_for_config, wait_for_responses};
 
 /// What Istio's agent puts in the filter's place when it cannot fetch the module: RBAC with no
 /// rules allows everything (`FAIL_OPEN`); RBAC with an empty rule set denies everything.
@@ -36,49 +33,8 @@ fn ecds_counter(envoy: &Envoy, name: &str) -> u64 {
     stats.get(&full).copied().unwrap_or(0)
 }
 
-fn without_rate_limit_headers(r: &common::Response) -> bool {
+fn without_rate_limit_headers(r: &Response) -> bool {
     r.status == 200 && r.header("x-ratelimit-limit").is_none()
-}
-
-#[test]
-fn ecds_updates_apply_under_traffic_and_a_refused_one_leaves_the_last_serving_with_its_buckets() {
-    let mut envoy = Envoy::options(&config("v1", "per-user", 5))
-        .ecds_from_file()
-        .start();
-    let traffic = Traffic::start(envoy.addr());
-    assert_eq!(statuses(&envoy, "alice", 3), [200, 200, 200]);
-
-    // A higher burst under the same name: alice keeps her 3 spent, 8 - 3 = 5 left.
-    envoy.update_plugin(&config("v2", "per-user", 8)).unwrap();
-    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
-    assert_eq!(statuses(&envoy, "alice", 6), [200, 200, 200, 200, 200, 429]);
-
-    let refused = envoy.update_plugin(&config("v3", "per-user", 0));
-    assert!(refused.is_err(), "burst 0 was accepted");
-    assert!(
-        envoy
-            .log()
-            .contains("invalid configuration: policies[0].burst"),
-        "the log does not name the field"
-    );
-    assert_eq!(ecds_counter(&envoy, "update_rejected"), 1);
-    // v2 serves on, and alice's bucket with it.
-    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
-    assert_eq!(statuses(&envoy, "alice", 1), [429]);
-
-    let outcomes = traffic.finish();
-    let failed = failures(&outcomes);
-    assert!(
-        outcomes.len() >= 50,
-        "too little traffic: {}",
-        outcomes.len()
-    );
-    assert!(
-        failed.is_empty(),
-        "{} failed: {:?}",
-        failed.len(),
-        &failed[..failed.len().min(10)]
-    );
 }
 
 #[test]

@@ -1,7 +1,9 @@
-//! The plugin configuration changes while Envoy serves: the listener comes from a file-based
-//! LDS resource (a watched directory), and each change is a new file renamed over the old one,
-//! as Envoy wants file-based xDS changed. Envoy builds a new filter chain with the new plugin
-//! configuration (same vm_id, same code: the same VMs, a new root context) and drains the old.
+//! The plugin configuration changes while Envoy serves, delivered two ways, each scenario run
+//! through both: a file-based LDS resource (the whole listener), and a file-based ECDS resource
+//! (the filter alone, as Istio delivers wasm filters). Each change is a new file renamed over the
+//! old one, as Envoy wants file-based xDS changed. Envoy builds a new filter chain (LDS) or a new
+//! filter config (ECDS) with the new plugin configuration (same vm_id, same code: the same VMs,
+//! a new root context).
 //!
 //! - No request fails across the switches: client threads keep sending throughout, and none
 //!   meets a connection error or a 5xx; a refused configuration leaves the old one serving.
@@ -12,17 +14,48 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::reload::{config, failures, statuses, wait_for_config, Traffic};
-use common::Envoy;
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::reload::{config, failures, statuses, wait_for_config, Traffic};
 use std::time::Duration;
 
+/// Where the plugin configuration comes from.
+#[derive(Clone, Copy, Debug)]
+enum Delivery {
+    Lds,
+    Ecds,
+}
+
+fn start(plugin_json: &str, delivery: Delivery) -> Envoy {
+    let options = Envoy::options(plugin_json);
+    match delivery {
+        Delivery::Lds => options.lds_from_file(),
+        Delivery::Ecds => options.ecds_from_file(),
+    }
+    .start()
+}
+
 #[test]
-fn the_plugin_configuration_changes_under_traffic_and_no_request_fails() {
-    let mut envoy = Envoy::options(&config("v0", "per-user", 5))
-        .lds_from_file()
-        .start();
+fn the_plugin_configuration_changes_under_traffic_and_no_request_fails_through_lds() {
+    changes_under_traffic(Delivery::Lds);
+}
+
+#[test]
+fn the_plugin_configuration_changes_under_traffic_and_no_request_fails_through_ecds() {
+    changes_under_traffic(Delivery::Ecds);
+}
+
+#[test]
+fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh_through_lds() {
+    bucket_state_across_changes(Delivery::Lds);
+}
+
+#[test]
+fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh_through_ecds() {
+    bucket_state_across_changes(Delivery::Ecds);
+}
+
+fn changes_under_traffic(delivery: Delivery) {
+    let mut envoy = start(&config("v0", "per-user", 5), delivery);
     let traffic = Traffic::start(envoy.addr());
     let mut switches = 0;
     for (round, burst) in [6, 7, 8, 9, 10, 11].into_iter().enumerate() {
@@ -66,11 +99,8 @@ fn the_plugin_configuration_changes_under_traffic_and_no_request_fails() {
     );
 }
 
-#[test]
-fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh() {
-    let mut envoy = Envoy::options(&config("v1", "per-user", 5))
-        .lds_from_file()
-        .start();
+fn bucket_state_across_changes(delivery: Delivery) {
+    let mut envoy = start(&config("v1", "per-user", 5), delivery);
     let traffic = Traffic::start(envoy.addr());
     assert_eq!(statuses(&envoy, "alice", 3), [200, 200, 200]);
 

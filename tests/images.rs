@@ -13,8 +13,6 @@
     clippy::indexing_slicing
 )]
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -22,6 +20,8 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+use sluice_testkit::envoy::wasm_path;
+use sluice_testkit::TempDir;
 
 const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
 const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
@@ -31,26 +31,6 @@ const WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
 const TAG: &str = "9.9.9-test";
 /// Any small executable that needs a dynamic loader, as every Debian's coreutils build does.
 const DYNAMIC_ELF: &str = "/bin/true";
-
-/// A fresh directory for one test's images, removed at the end unless the test failed.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("sluice-images-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
 
 fn oci_image(args: &[&str]) -> Output {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/oci-image");
@@ -226,9 +206,9 @@ fn single_layer_image(layout: &Layout) -> (Value, Value, Vec<u8>) {
 
 #[test]
 fn the_filter_image_has_one_gzip_layer_holding_plugin_wasm_byte_for_byte() {
-    let scratch = Scratch::new("wasm");
-    let wasm = common::wasm_path();
-    let layout = build(&scratch.0, "wasm", &wasm, &[]);
+    let scratch = TempDir::new("images-wasm");
+    let wasm = wasm_path();
+    let layout = build(scratch.path(), "wasm", &wasm, &[]);
     let (manifest, config, tar) = single_layer_image(&layout);
 
     assert_eq!(
@@ -251,9 +231,9 @@ fn the_filter_image_has_one_gzip_layer_holding_plugin_wasm_byte_for_byte() {
 
 #[test]
 fn the_wasm_artifact_has_its_runtime_config_and_the_raw_module_as_two_layers() {
-    let scratch = Scratch::new("artifact");
-    let wasm = common::wasm_path();
-    let layout = build(&scratch.0, "wasm-artifact", &wasm, &[]);
+    let scratch = TempDir::new("images-artifact");
+    let wasm = wasm_path();
+    let layout = build(scratch.path(), "wasm-artifact", &wasm, &[]);
     let (manifest, _) = layout.manifest();
 
     assert_eq!(manifest["config"]["mediaType"], WASM_CONFIG);
@@ -276,9 +256,9 @@ fn the_wasm_artifact_has_its_runtime_config_and_the_raw_module_as_two_layers() {
 
 #[test]
 fn the_service_image_holds_only_the_binary_and_runs_it_as_a_non_root_user() {
-    let scratch = Scratch::new("service");
+    let scratch = TempDir::new("images-service");
     let binary = Path::new(DYNAMIC_ELF);
-    let layout = build(&scratch.0, "service", binary, &["--allow-dynamic"]);
+    let layout = build(scratch.path(), "service", binary, &["--allow-dynamic"]);
     let (_, config, tar) = single_layer_image(&layout);
 
     assert_eq!(
@@ -322,9 +302,9 @@ fn the_service_image_holds_only_the_binary_and_runs_it_as_a_non_root_user() {
 
 #[test]
 fn a_binary_that_needs_a_dynamic_loader_is_refused_for_the_service_image() {
-    let scratch = Scratch::new("dynamic");
+    let scratch = TempDir::new("images-dynamic");
     let binary = Path::new(DYNAMIC_ELF);
-    let out = scratch.0.join("service");
+    let out = scratch.path().join("service");
     let result = oci_image(&["service", binary.to_str().unwrap(), out.to_str().unwrap()]);
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(!result.status.success(), "a dynamic binary was packaged");
@@ -334,10 +314,10 @@ fn a_binary_that_needs_a_dynamic_loader_is_refused_for_the_service_image() {
 
 #[test]
 fn each_tarball_is_its_layout_and_also_a_docker_archive_where_docker_can_read_one() {
-    let scratch = Scratch::new("tarballs");
-    let wasm = common::wasm_path();
+    let scratch = TempDir::new("images-tarballs");
+    let wasm = wasm_path();
     for (kind, docker) in [("wasm", true), ("wasm-artifact", false)] {
-        let layout = build(&scratch.0, kind, &wasm, &[]);
+        let layout = build(scratch.path(), kind, &wasm, &[]);
         let mut files: BTreeMap<String, Vec<u8>> = untar(&layout.tarball())
             .into_iter()
             .filter_map(|e| Some((e.path, e.data?)))
@@ -375,10 +355,10 @@ fn each_tarball_is_its_layout_and_also_a_docker_archive_where_docker_can_read_on
 
 #[test]
 fn the_same_inputs_give_the_same_image_digests() {
-    let scratch = Scratch::new("reproducible");
-    let wasm = common::wasm_path();
-    let first = build(&scratch.0.join("a"), "wasm", &wasm, &[]);
-    let second = build(&scratch.0.join("b"), "wasm", &wasm, &[]);
+    let scratch = TempDir::new("images-reproducible");
+    let wasm = wasm_path();
+    let first = build(&scratch.path().join("a"), "wasm", &wasm, &[]);
+    let second = build(&scratch.path().join("b"), "wasm", &wasm, &[]);
     assert_eq!(first.manifest().1, second.manifest().1);
     assert!(first.tarball() == second.tarball(), "the tarballs differ");
 }

@@ -23,12 +23,12 @@ mod common;
 use std::fmt::Debug;
 
 use common::clock::redis_time_us;
-use common::redis::RedisServer;
-use common::resp::{Reply, Resp};
 use sluice::algorithm::{self as filter, Decision};
 use sluice_service::redis_store::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::resp::{Reply, Resp};
 
 const MS: u64 = 1_000;
 const SEC: u64 = 1_000_000;

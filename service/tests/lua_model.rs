@@ -15,11 +15,11 @@ mod common;
 
 use std::time::Instant;
 
-use common::redis::RedisServer;
-use common::resp::{Reply, Resp};
 use sluice::algorithm::token_bucket::{self, Rate};
 use sluice_service::check::MAX_CAPACITY_US;
 use sluice_service::redis_store::TOKEN_BUCKET_LUA;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::resp::{Reply, Resp};
 
 const MINUTE_US: u64 = 60_000_000;
 

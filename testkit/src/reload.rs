@@ -2,7 +2,8 @@
 //! one per-user policy that does not refill during a test, background traffic that records every
 //! outcome, and a wait until every worker serves a given configuration.
 
-use super::{http_request, Envoy, Response};
+use crate::envoy::Envoy;
+use crate::http::{http_request, Response};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
