@@ -14,7 +14,7 @@
 //! when set. The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
 
 use crate::http::{http_request, Connection, Response};
-use crate::{free_port, repo_root, target_dir, TempDir};
+use crate::{free_port, repo_root, send_signal, target_dir, TempDir, SIGTERM};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -469,16 +469,8 @@ impl Drop for Envoy {
 
 /// std only offers SIGKILL (`Child::kill`); SIGTERM lets Envoy shut down cleanly.
 fn send_sigterm(pid: u32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    const SIGTERM: i32 = 15;
     if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill(2) takes two integers and touches no memory of ours. The
-        // pid is our own unreaped child, so it cannot belong to another process.
-        unsafe {
-            kill(pid, SIGTERM);
-        }
+        send_signal(pid, SIGTERM);
     }
 }
 

@@ -48,6 +48,21 @@ pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Opt
     None
 }
 
+pub const SIGTERM: i32 = 15;
+pub const SIGKILL: i32 = 9;
+
+/// kill(2) to `pid`, or with a minus sign to the process group it leads. Only for our own
+/// child not yet reaped (or its group), so that the number cannot belong to another process.
+pub fn send_signal(pid: i32, signal: i32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    unsafe {
+        kill(pid, signal);
+    }
+}
+
 /// The workspace root (the filter's crate).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
