@@ -178,7 +178,11 @@ class Service(Child):
         return [str(self.binary), "--listen", f"127.0.0.1:{self.port}", "--redis", self.redis.url]
 
     def ready(self):
-        return "listening on" in self.log_path.read_text(errors="replace")
+        """Ready once it reaches Redis (it serves, with 503s, before that)."""
+        try:
+            return bench.http_get(self.port, "/readyz")[0] == 200
+        except OSError:
+            return False
 
 
 # ---------------------------------------------------------------------------------------------

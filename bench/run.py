@@ -277,7 +277,7 @@ def global_services(redis_port, service_port):
                    "--appendonly", "no", "--dir", str(workdir)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        # The service exits at once if it cannot reach Redis: start it once Redis accepts.
+        # Start the service once Redis accepts; it is ready (/readyz) once it reaches Redis.
         wait_port(redis_port, 30)
         service = subprocess.Popen(
             pin + [str(binary), "--listen", f"127.0.0.1:{service_port}", "--redis", f"redis://127.0.0.1:{redis_port}"],
@@ -286,7 +286,7 @@ def global_services(redis_port, service_port):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                if http_get(service_port, "/healthz")[0] == 200:
+                if http_get(service_port, "/readyz")[0] == 200:
                     return [redis, service]
             except OSError:
                 pass
