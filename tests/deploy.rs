@@ -302,6 +302,23 @@ fn the_service_deployment_its_service_and_its_budget_fit_together() {
             "{probe} port"
         );
     }
+    // SIGTERM, then --shutdown-delay of serving, then up to the service's 5 s shutdown timeout.
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let delay: u64 = args
+        .windows(2)
+        .find(|pair| pair[0] == "--shutdown-delay")
+        .map(|pair| pair[1].parse().unwrap())
+        .expect("no --shutdown-delay");
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    assert!(grace > delay + 5, "killed before it drained: {grace} s");
+
     let service = find(&docs, "Service", "sluice-service");
     assert!(
         selects(&service["spec"]["selector"], labels),
