@@ -4,7 +4,8 @@
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
 //! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
-//! - `http`: an HTTP/1.1 client for all of them.
+//! - `http`: an HTTP/1.1 client for all of them;
+//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
 //! every wait has a deadline. Test support code panics with a clear message when the set-up is
@@ -20,6 +21,7 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod redis;
+pub mod reload;
 pub mod resp;
 pub mod service;
 
