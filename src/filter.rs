@@ -4,7 +4,7 @@
 
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
-use crate::duration::{ceil_secs, NANOS_PER_SEC};
+use crate::duration::NANOS_PER_SEC;
 use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
 use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
@@ -369,13 +369,15 @@ impl Filter {
 
     fn quota(&self, applied: &Applied) -> Option<Quota<'_>> {
         let policy = self.plan.policies.get(applied.policy)?;
+        let decision = &applied.decision;
         Some(Quota {
             policy: &policy.name,
             limit: applied.tier.algorithm.capacity(),
             requests: applied.tier.requests,
-            window_secs: ceil_secs(applied.tier.per_nanos),
-            remaining: applied.decision.remaining,
-            reset_after: applied.decision.reset_after,
+            per_nanos: applied.tier.per_nanos,
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            retry_after: (!decision.allowed).then_some(decision.retry_after),
         })
     }
 }

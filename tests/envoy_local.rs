@@ -365,13 +365,13 @@ fn legacy_headers_give_limit_remaining_and_reset_epoch_seconds() {
 }
 
 #[test]
-fn draft_headers_give_policy_quota_window_remaining_and_seconds_to_full() {
+fn draft_headers_give_the_burst_over_a_full_refill_remaining_and_seconds_to_full_or_to_retry() {
     let (first, denied, _, _) = three_allowed_then_denied("draft");
 
     assert_eq!(
         rate_limit_headers(&first),
         pairs(&[
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
             ("ratelimit", r#""per-user";r=2;t=6"#),
         ])
     );
@@ -379,8 +379,8 @@ fn draft_headers_give_policy_quota_window_remaining_and_seconds_to_full() {
     assert_eq!(
         rate_limit_headers(&denied),
         pairs(&[
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
-            ("ratelimit", r#""per-user";r=0;t=18"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
+            ("ratelimit", r#""per-user";r=0;t=6"#),
         ])
     );
 }
@@ -400,7 +400,7 @@ fn both_gives_the_legacy_and_the_draft_headers() {
             ("x-ratelimit-limit", "3"),
             ("x-ratelimit-remaining", "2"),
             ("x-ratelimit-reset", &reset),
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
             ("ratelimit", r#""per-user";r=2;t=6"#),
         ])
     );
@@ -416,8 +416,8 @@ fn both_gives_the_legacy_and_the_draft_headers() {
             ("x-ratelimit-limit", "3"),
             ("x-ratelimit-remaining", "0"),
             ("x-ratelimit-reset", &reset),
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
-            ("ratelimit", r#""per-user";r=0;t=18"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
+            ("ratelimit", r#""per-user";r=0;t=6"#),
         ])
     );
 }

@@ -79,11 +79,12 @@ impl Traffic {
     }
 }
 
-/// Waits until new connections meet the configuration whose draft policy header starts with
-/// `policy_header` (`"per-user";q=1`) and whose burst is `burst`: eight probes in a row, so every
+/// Waits until new connections meet the configuration of policy `name` with burst `burst`
+/// (its draft policy header `"<name>";q=<burst>;w=...`): eight probes in a row, so every
 /// worker has switched. A 429 carries the headers too, so the probes use a few keys of their own
 /// (a new key each time would take slots, and could push a test key out of its own).
-fn wait_for_config(envoy: &Envoy, policy_header: &str, burst: u64) {
+fn wait_for_config(envoy: &Envoy, name: &str, burst: u64) {
+    let policy_header = format!("\"{name}\";q={burst};");
     static PROBE: AtomicU32 = AtomicU32::new(0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut in_a_row = 0;
@@ -93,7 +94,7 @@ fn wait_for_config(envoy: &Envoy, policy_header: &str, burst: u64) {
         let switched = r
             .header("ratelimit-policy")
             .unwrap_or("")
-            .starts_with(policy_header)
+            .starts_with(&policy_header)
             && r.header("x-ratelimit-limit") == Some(&burst.to_string());
         in_a_row = if switched { in_a_row + 1 } else { 0 };
         assert!(
@@ -133,13 +134,13 @@ fn the_plugin_configuration_changes_under_traffic_and_no_request_fails() {
         envoy
             .update_plugin(&config(&version, "per-user", burst))
             .unwrap();
-        wait_for_config(&envoy, r#""per-user";q=1"#, burst);
+        wait_for_config(&envoy, "per-user", burst);
         switches += 1;
     }
     // A configuration the filter refuses: Envoy rejects the update and the last one serves on.
     let refused = envoy.update_plugin(&config("bad", "per-user", 0));
     assert!(refused.is_err(), "burst 0 was accepted");
-    wait_for_config(&envoy, r#""per-user";q=1"#, 11);
+    wait_for_config(&envoy, "per-user", 11);
     std::thread::sleep(Duration::from_millis(150));
     let outcomes = traffic.finish();
 
@@ -179,7 +180,7 @@ fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh() {
     // Same name, same key: the same slots. The bucket is a GCRA timestamp, so alice keeps her
     // 3 spent requests under the new burst: 8 - 3 = 5 left, not 8.
     envoy.update_plugin(&config("v2", "per-user", 8)).unwrap();
-    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
+    wait_for_config(&envoy, "per-user", 8);
     assert_eq!(
         statuses(&envoy, "alice", 6),
         [200, 200, 200, 200, 200, 429],
@@ -190,7 +191,7 @@ fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh() {
     envoy
         .update_plugin(&config("v3", "per-user-v3", 8))
         .unwrap();
-    wait_for_config(&envoy, r#""per-user-v3";q=1"#, 8);
+    wait_for_config(&envoy, "per-user-v3", 8);
     let mut expected = vec![200; 8];
     expected.push(429);
     assert_eq!(
@@ -202,7 +203,7 @@ fn a_changed_burst_keeps_what_a_key_spent_and_a_renamed_policy_starts_fresh() {
     // Back to the old name: the old slots are still in shared data (Envoy never frees them), so
     // alice finds her old bucket again, with 0 left of 8.
     envoy.update_plugin(&config("v4", "per-user", 8)).unwrap();
-    wait_for_config(&envoy, r#""per-user";q=1"#, 8);
+    wait_for_config(&envoy, "per-user", 8);
     assert_eq!(
         statuses(&envoy, "alice", 1),
         [429],
