@@ -53,8 +53,9 @@ pub struct Policy {
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service
-/// granted this Envoy, when they lapse, and until when the key is over its limit.
-pub const GLOBAL_COLUMNS: usize = 3;
+/// granted this Envoy, when they lapse, until when the key is over its limit, and the remaining
+/// and time to full the service last reported (what a request paid from the grant reports).
+pub const GLOBAL_COLUMNS: usize = 5;
 
 impl Policy {
     /// The limit run while the service cannot answer, if the policy fails open to one of its own

@@ -329,7 +329,7 @@ fn a_global_policy_compiles_with_its_defaults() {
         Scope::Global(OnFailure::Open { emergency: None })
     );
     assert_eq!(plan.policies[0].take, 1);
-    assert_eq!(plan.tables[0].width, 4);
+    assert_eq!(plan.tables[0].width, 1 + GLOBAL_COLUMNS);
 }
 
 #[test]
