@@ -544,6 +544,23 @@ fn the_default_policy_applies_only_to_requests_no_policy_matched() {
     assert_eq!(envoy.wait_for_wasm_counter("sluice.api.allowed", 2), 2);
 }
 
+#[test]
+fn requests_a_policy_skips_for_want_of_its_key_fall_to_the_default() {
+    let envoy = Envoy::start(API_WITH_DEFAULT);
+
+    // /api/ matches `api`, but without x-user-id `api` skips them: the baseline catches them,
+    // on the same per-ip bucket as every other unlimited request.
+    let anonymous: Vec<Response> = (0..2).map(|_| envoy.get("/api/x", &[])).collect();
+    let elsewhere = statuses(&envoy, "/static/x", &[], 1);
+    let denied = envoy.get("/api/x", &[("x-user-id", b"")]);
+
+    assert_eq!(anonymous[0].status, 200);
+    assert_eq!(anonymous[0].header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(elsewhere, [200]);
+    assert_eq!(denying_policy(&denied), "baseline");
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.denied", 1), 1);
+}
+
 // --- Both workers share every bucket.
 
 /// `listener.<addr>.worker_<n>.downstream_cx_total` for each worker: who accepted connections.
