@@ -19,9 +19,16 @@ pub struct Plan {
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
+    /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
+    pub route_metadata: Option<usize>,
 }
 
 impl Plan {
+    /// The policy named `name`.
+    pub fn policy_index(&self, name: &[u8]) -> Option<usize> {
+        self.policies.iter().position(|p| p.name.as_bytes() == name)
+    }
+
     /// The exemption of `key` from `policy`, expired or not.
     pub fn bypass_of(&self, policy: usize, key: u64) -> Option<(usize, &Bypass)> {
         self.bypass

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::algorithm::{Algorithm, Drain, Rate, Window};
+use crate::request::Attr;
 use serde_json::{json, Value};
 
 fn policy() -> Value {
@@ -217,6 +218,16 @@ fn rejects_bad_matches() {
         with(json!({"match": {"methods": ["get"]}})),
         "policies[0].match.methods",
         "upper-case",
+    );
+    assert_refused(
+        with(json!({"match": {"routes": []}})),
+        "policies[0].match.routes",
+        "not be empty",
+    );
+    assert_refused(
+        with(json!({"match": {"routes": ["checkout", ""]}})),
+        "policies[0].match.routes[1]",
+        "name a route",
     );
     assert_refused(
         with(json!({"match": {"headers": [{"name": "x"}]}})),
@@ -603,4 +614,22 @@ proptest::proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..200)) {
         let _ = parse(&bytes);
     }
+}
+
+#[test]
+fn route_scope_reads_the_route_only_when_asked_to() {
+    let routes = with(json!({"match": {"routes": ["checkout"]}}));
+    let plan = parse(routes.to_string().as_bytes()).unwrap();
+    assert!(plan.attrs.contains(&Attr::Route));
+    assert_eq!(plan.route_metadata, None);
+    let mut asked = with(json!({}));
+    asked["route_metadata"] = json!(true);
+    let plan = parse(asked.to_string().as_bytes()).unwrap();
+    let attr = plan.route_metadata.map(|i| &plan.attrs[i]);
+    assert_eq!(attr, Some(&Attr::RouteMetadata));
+    let plain = parse(with(json!({})).to_string().as_bytes()).unwrap();
+    assert!(!plain
+        .attrs
+        .iter()
+        .any(|a| matches!(a, Attr::Route | Attr::RouteMetadata)));
 }

@@ -1,5 +1,6 @@
 //! The first step of a request: the policies that apply to it, grouped into works by the table
-//! their key shares, with the key's hash and the tier each member runs at. Policies whose key is
+//! their key shares, with the key's hash and the tier each member runs at. With `route_metadata`
+//! the selected route says first which policies may apply there (`route`). Policies whose key is
 //! missing drop out, unless they share one bucket for all such requests; so do policies the key
 //! has a bypass for (recorded in the outcome). The `default` policy applies to every request that
 //! no enforcing policy applied to: none matched, each that did lacked its key or exempted it, or
@@ -11,6 +12,7 @@ use super::Outcome;
 use crate::config::{Plan, Policy};
 use crate::key::{hash_key, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
+use crate::route::{self, RouteScope};
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,
@@ -28,21 +30,38 @@ pub(super) fn works<R: RequestSource + ?Sized>(
         },
         now,
     };
+    let scope = route_scope(plan, request, outcome);
+    let in_scope = || {
+        let policies = plan.policies.iter().enumerate();
+        policies.filter(|(i, _)| scope.includes(*i))
+    };
     let mut enforced = false;
-    for (index, policy) in plan.policies.iter().enumerate() {
+    for (index, policy) in in_scope() {
         if !policy.fallback && policy.matcher.matches(request) {
             let applied = gathered.join(plan, index, policy, request, outcome);
             enforced |= applied && !policy.shadow;
         }
     }
     if !enforced {
-        for (index, policy) in plan.policies.iter().enumerate() {
-            if policy.fallback {
-                gathered.join(plan, index, policy, request, outcome);
-            }
+        for (index, policy) in in_scope().filter(|(_, p)| p.fallback) {
+            gathered.join(plan, index, policy, request, outcome);
         }
     }
     gathered.works
+}
+
+/// The policies the selected route lets apply: all of them unless `route_metadata` is on.
+fn route_scope<R: RequestSource + ?Sized>(
+    plan: &Plan,
+    request: &mut Attributes<R>,
+    outcome: &mut Outcome,
+) -> RouteScope {
+    let Some(attr) = plan.route_metadata else {
+        return RouteScope::All;
+    };
+    let (scope, ignored) = route::scope(request.get(attr), |name| plan.policy_index(name));
+    outcome.ignored_route_metadata = ignored;
+    scope
 }
 
 /// The works of a request so far.
@@ -119,12 +138,16 @@ fn exempt(plan: &Plan, policy: usize, key: u64, now: u64, outcome: &mut Outcome)
 mod tests {
     use super::super::testing::*;
     use super::*;
+    use crate::testing::{envoy_list, FakeRequest};
     use serde_json::json;
 
     fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Vec<Work>, Outcome) {
-        let source = request(headers);
+        gather_from(plan, &request(headers), now)
+    }
+
+    fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Vec<Work>, Outcome) {
         let mut outcome = Outcome::default();
-        let mut attributes = Attributes::new(&source, &plan.attrs);
+        let mut attributes = Attributes::new(source, &plan.attrs);
         let works = works(plan, &mut attributes, true, now, &mut outcome);
         (works, outcome)
     }
@@ -179,6 +202,55 @@ mod tests {
             gathered(&[(":path", "/trial/x"), alice]),
             [vec![1], vec![2]],
             "a shadow policy limits nothing"
+        );
+    }
+
+    #[test]
+    fn the_selected_route_narrows_the_policies_or_turns_them_off_when_asked_to() {
+        let config = |route_metadata: bool| {
+            plan(json!({"route_metadata": route_metadata, "policies": [
+                per_user("per-user", 1, json!({})),
+                {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1s"}],
+                "default": {"name": "baseline", "key": ["global"], "requests": 1, "per": "1s"}}))
+        };
+        let (on, off) = (config(true), config(false));
+        let on_route = |plan: &Plan, headers, metadata: &[(&str, &[u8])]| {
+            let source = request(headers).with_route_metadata(metadata);
+            let (works, outcome) = gather_from(plan, &source, T0);
+            (
+                members(&works),
+                outcome.ignored_route_metadata,
+                source.reads.get(),
+            )
+        };
+        let per_ip = envoy_list(&["per-ip"]);
+        let listed: &[(&str, &[u8])] = &[("policies", &per_ip)];
+        assert_eq!(on_route(&on, ALICE, listed).0, [vec![1]]);
+        assert_eq!(
+            on_route(&on, ALICE, &[("disabled", &[1])]).0,
+            Vec::<Vec<usize>>::new()
+        );
+        assert_eq!(on_route(&on, ALICE, &[]).0, [vec![0], vec![1]]);
+        let with_baseline = envoy_list(&["per-user", "baseline"]);
+        let anonymous = on_route(&on, &[], &[("policies", &with_baseline)]);
+        assert_eq!(
+            anonymous.0,
+            [vec![2]],
+            "the listed default catches what per-user skips"
+        );
+        let typo = envoy_list(&["per-usr"]);
+        let ignored = on_route(&on, ALICE, &[("policies", &typo)]);
+        assert_eq!(ignored.0, [vec![0], vec![1]]);
+        assert_eq!(
+            ignored.1,
+            Some("policies names a policy that does not exist")
+        );
+        let unasked = on_route(&off, ALICE, &[("disabled", &[1])]);
+        assert_eq!(unasked.0, [vec![0], vec![1]]);
+        assert_eq!(
+            unasked.2,
+            on_route(&on, ALICE, &[]).2 - 1,
+            "the route was not read"
         );
     }
 
