@@ -19,11 +19,23 @@ pub fn binary() -> std::path::PathBuf {
 }
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
+/// The environment variables the binary reads, none inherited from the test's own environment.
+const SETTINGS: [&str; 7] = [
+    "SLUICE_LISTEN",
+    "SLUICE_REDIS",
+    "SLUICE_REDIS_CLUSTER",
+    "SLUICE_TOKEN_FILE",
+    "SLUICE_LOG",
+    "SLUICE_SHUTDOWN_DELAY",
+    "SLUICE_SHUTDOWN_TIMEOUT",
+];
+
 /// A running service, killed on drop.
 pub struct Service {
     child: Child,
     pub addr: SocketAddr,
-    pub ready_line: String,
+    /// The `listening` log event, which names the address and Redis.
+    pub listening: serde_json::Value,
     stderr: Receiver<String>,
 }
 
@@ -36,7 +48,7 @@ impl Service {
         response.json()["results"].as_array().unwrap().clone()
     }
 
-    /// `sluice-service --listen 127.0.0.1:0 --redis <url>`.
+    /// `sluice-service --listen 127.0.0.1:0 --redis <url>`, ready.
     pub fn start(redis_url: &str) -> Service {
         Service::start_with(&["--redis", redis_url], &[])
     }
@@ -45,9 +57,19 @@ impl Service {
         Service::start_with(&["--redis-cluster", urls], &[])
     }
 
-    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
-    /// waits for the readiness line, which names the address it listens on.
+    /// `spawn`, then waits until /readyz answers 200 (Redis reached).
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let service = Service::spawn(args, env);
+        let ready = super::wait_for(READY_WITHIN, || {
+            (super::http::get(service.addr, "/readyz").status == 200).then_some(())
+        });
+        assert!(ready.is_some(), "/readyz not 200 within {READY_WITHIN:?}");
+        service
+    }
+
+    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
+    /// waits for the `listening` log event, which names the address; Redis may be down.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Service {
         let listen: &[&str] = if env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
             &[]
         } else {
@@ -62,25 +84,44 @@ impl Service {
         let mut service = Service {
             child,
             addr: "127.0.0.1:0".parse().unwrap(),
-            ready_line: String::new(),
+            listening: serde_json::Value::Null,
             stderr,
         };
-        let ready = service.next_line(READY_WITHIN).unwrap_or_default();
-        let addr = ready
-            .strip_prefix("sluice-service listening on ")
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|addr| addr.parse().ok());
-        service.addr = addr.unwrap_or_else(|| panic!("no readiness line, got {ready:?}"));
-        service.ready_line = ready;
+        let listening = service.event("listening", READY_WITHIN);
+        let listening = listening.unwrap_or_else(|| panic!("no listening event"));
+        let addr = listening["address"].as_str().and_then(|a| a.parse().ok());
+        service.addr = addr.unwrap_or_else(|| panic!("no address in {listening}"));
+        service.listening = listening;
         service
     }
 
-    pub fn next_line(&self, within: Duration) -> Option<String> {
-        self.stderr.recv_timeout(within).ok()
+    /// The next log event with this message, skipping the lines before it (each must be one
+    /// JSON object).
+    pub fn event(&self, message: &str, within: Duration) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let line = self.stderr.recv_timeout(left).ok()?;
+            let event: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+            if event["message"] == message {
+                return Some(event);
+            }
+        }
+    }
+
+    /// Every log line from here until none comes for `quiet`.
+    pub fn lines(&self, quiet: Duration) -> Vec<String> {
+        std::iter::from_fn(|| self.stderr.recv_timeout(quiet).ok()).collect()
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` (`crate::SIGTERM`, ...) to the service.
+    pub fn signal(&self, signal: i32) {
+        crate::send_signal(i32::try_from(self.pid()).unwrap(), signal);
     }
 
     /// Waits for the process to exit on its own.
@@ -113,13 +154,11 @@ pub fn lines_of(output: impl std::io::Read + Send + 'static) -> Receiver<String>
 /// test's own environment), no stdin.
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(binary());
-    command
-        .args(args)
-        .env_remove("SLUICE_LISTEN")
-        .env_remove("SLUICE_REDIS")
-        .env_remove("SLUICE_REDIS_CLUSTER")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
+    command.args(args);
+    for name in SETTINGS {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied()).stdin(Stdio::null());
     command
 }
 
