@@ -23,6 +23,9 @@ pub(super) struct RawConfig {
     pub(super) global: Option<RawGlobal>,
     #[serde(default)]
     pub(super) bypass: Vec<RawBypass>,
+    /// Whether the selected route's `filter_metadata.sluice` narrows or switches off the policies.
+    #[serde(default)]
+    pub(super) route_metadata: bool,
     /// How policies answer the requests they deny, unless they say otherwise.
     pub(super) denial: Option<RawDenial>,
 }
@@ -150,6 +153,7 @@ pub(super) struct RawMatch {
     pub(super) methods: Option<Vec<String>>,
     #[serde(default)]
     pub(super) headers: Vec<RawHeaderCondition>,
+    pub(super) routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -67,6 +67,9 @@ pub struct EnvoyOptions {
     /// The listener from a file-based LDS resource (a watched directory) instead of the static
     /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
     pub lds_from_file: bool,
+    /// Routes before `api` and `default`: `(name, path prefix, fields)`, each field a route
+    /// field in YAML flow style (`metadata: {...}`, `typed_per_filter_config: {...}`).
+    pub routes: Vec<(String, String, Vec<String>)>,
     /// The sluice filter from a file-based extension config discovery (ECDS) resource, as Istio
     /// delivers wasm filters, instead of inline: `Envoy::update_plugin` changes it while Envoy
     /// runs, `Envoy::update_extension` replaces it with any HTTP filter config.
@@ -98,6 +101,7 @@ impl EnvoyOptions {
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
             lds_from_file: false,
+            routes: Vec::new(),
             ecds_from_file: false,
             ecds_default: None,
             wasm_failure_policy: None,
@@ -149,6 +153,16 @@ impl EnvoyOptions {
     /// `.hcm_option("common_http_protocol_options", "{ max_headers_count: 500 }")`.
     pub fn hcm_option(mut self, name: &str, value: &str) -> Self {
         self.hcm_options.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds a route named `name` for paths under `prefix`, answering 200 "ok" like the others,
+    /// with extra route fields in YAML flow style:
+    /// `.route("checkout", "/checkout/", &["metadata: { filter_metadata: { sluice: { disabled: true } } }"])`.
+    /// Routes are matched in the order added, before `api` and `default`.
+    pub fn route(mut self, name: &str, prefix: &str, fields: &[&str]) -> Self {
+        let fields = fields.iter().map(|f| f.to_string()).collect();
+        self.routes.push((name.into(), prefix.into(), fields));
         self
     }
 
@@ -649,7 +663,8 @@ fn yaml_quote(s: &str) -> String {
 }
 
 /// The bootstrap: the same shape as envoy/demo.yaml, with the given ports, an absolute wasm
-/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok". The listener is
+/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok", after the test's
+/// own (`EnvoyOptions::route`). The listener is
 /// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
 fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
     // xDS subscriptions, file-based ones included, need a node id and cluster.
@@ -784,18 +799,14 @@ fn sluice_filter_yaml(opts: &EnvoyOptions, dir: &Path) -> String {
 /// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
 /// or the LDS resource's type line and what follows it).
 fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> String {
-    let metadata_filter = metadata_filter_yaml(opts);
+    let metadata_filter = header_to_metadata_filter(opts);
     let hcm_options: String = opts
         .hcm_options
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
         .chain(access_log_yaml(opts, dir))
         .collect();
-    let grpc_route = if opts.grpc_upstream.is_some() {
-        "\n              - name: grpc\n                match: { prefix: /, grpc: {} }\n                route: { cluster: grpc_upstream }"
-    } else {
-        ""
-    };
+    let routes = extra_routes(opts);
     let wasm_filter = sluice_filter_yaml(opts, dir);
     format!(
         r#"{item}name: test
@@ -814,7 +825,7 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
             virtual_hosts:
             - name: test
               domains: ["*"]
-              routes:{grpc_route}
+              routes:{routes}
               - name: api
                 match: {{ prefix: /api/ }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
@@ -831,8 +842,8 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
     )
 }
 
-/// A header_to_metadata filter with `EnvoyOptions::header_to_metadata`'s rules, if any.
-fn metadata_filter_yaml(opts: &EnvoyOptions) -> String {
+/// The header_to_metadata filter of `EnvoyOptions::header_to_metadata`, if it has rules.
+fn header_to_metadata_filter(opts: &EnvoyOptions) -> String {
     let metadata_rules: String = opts
         .header_to_metadata
         .iter()
@@ -891,6 +902,27 @@ fn grpc_cluster(server: SocketAddr) -> String {
         - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}
 "#
     )
+}
+
+/// The gRPC route (`EnvoyOptions::grpc_upstream`) and the test's own routes
+/// (`EnvoyOptions::route`), as items of the virtual host's route list.
+fn extra_routes(opts: &EnvoyOptions) -> String {
+    let grpc = opts.grpc_upstream.map(|_| {
+        "\n              - name: grpc\n                match: { prefix: /, grpc: {} }\n                route: { cluster: grpc_upstream }".to_string()
+    });
+    let own = opts.routes.iter().map(|(name, prefix, fields)| {
+        let fields: String = fields
+            .iter()
+            .map(|f| format!("\n                {f}"))
+            .collect();
+        format!(
+            r#"
+              - name: {name}
+                match: {{ prefix: {prefix} }}
+                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}{fields}"#
+        )
+    });
+    grpc.into_iter().chain(own).collect()
 }
 
 /// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.
