@@ -36,10 +36,12 @@ pub struct App<S> {
 
 impl<S: Store> App<S> {
     pub fn new(store: S) -> Self {
-        App {
-            store,
-            metrics: Metrics::default(),
-        }
+        App::with_metrics(store, Metrics::default())
+    }
+
+    /// With `metrics` holding the series other parts registered.
+    pub fn with_metrics(store: S, metrics: Metrics) -> Self {
+        App { store, metrics }
     }
 
     pub async fn handle(&self, request: Request<Incoming>) -> Reply {

@@ -1,16 +1,24 @@
-//! `sluice-service`: connect to Redis, then serve until SIGTERM or Ctrl-C.
+//! `sluice-service`: connect to Redis, then serve HTTP, the RLS or both until SIGTERM or Ctrl-C.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use futures_util::FutureExt;
 use sluice_service::cli::Args;
 use sluice_service::http::{serve, App};
+use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
+use sluice_service::rls::Rls;
 use tokio::net::TcpListener;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,17 +42,42 @@ async fn run(args: Args) -> Result<(), String> {
     let store = RedisStore::connect(&target)
         .await
         .map_err(|failure| format!("cannot reach Redis at {target}: {failure}"))?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|failure| format!("cannot listen on {}: {failure}", args.listen))?;
-    let address = listener
-        .local_addr()
-        .map_err(|failure| failure.to_string())?;
-    let shutdown = shutdown_signal()?;
-    eprintln!("sluice-service listening on {address}, redis {target}");
-    serve(listener, Arc::new(App::new(store)), shutdown).await;
+    let store = Arc::new(store);
+    let mut metrics = Metrics::default();
+    let rls = Rls::prepare(&args.rls, Arc::clone(&store), metrics.registry_mut()).await?;
+    let listener = match args.http_listen() {
+        Some(listen) => Some(
+            TcpListener::bind(listen)
+                .await
+                .map_err(|failure| format!("cannot listen on {listen}: {failure}"))?,
+        ),
+        None => None,
+    };
+    let shutdown = shutdown_signal()?.shared();
+    if let Some(listener) = &listener {
+        let address = listener
+            .local_addr()
+            .map_err(|failure| failure.to_string())?;
+        eprintln!("sluice-service listening on {address}, redis {target}");
+    }
+    if let Some(rls) = &rls {
+        eprintln!("sluice-service {}, redis {target}", rls.describe());
+    }
+    let http = async {
+        if let Some(listener) = listener {
+            let app = Arc::new(App::with_metrics(store, metrics));
+            serve(listener, app, shutdown.clone()).await;
+        }
+    };
+    let rls = async {
+        match rls {
+            Some(rls) => rls.serve(shutdown.clone()).await,
+            None => Ok(()),
+        }
+    };
+    let ((), served) = tokio::join!(http, rls);
     eprintln!("sluice-service: stopped");
-    Ok(())
+    served
 }
 
 /// SIGTERM (how orchestrators stop us) or Ctrl-C (SIGINT). The handlers are installed when this

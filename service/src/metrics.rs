@@ -1,9 +1,12 @@
 //! Counters and a latency histogram, rendered in the Prometheus text format by hand
-//! (five series do not need a metrics crate).
+//! (five series do not need a metrics crate), followed by the series other parts (the RLS)
+//! registered in `registry`.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+use prometheus_client::registry::Registry;
 
 use crate::store::Decision;
 
@@ -20,6 +23,7 @@ pub struct Metrics {
     redis_errors: AtomicU64,
     bad_requests: AtomicU64,
     latency: Histogram,
+    registry: Registry,
 }
 
 impl Metrics {
@@ -39,6 +43,11 @@ impl Metrics {
 
     pub fn record_latency(&self, elapsed: Duration) {
         self.latency.observe(elapsed);
+    }
+
+    /// Where other parts register their series, to be rendered with these.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
     }
 
     pub fn render(&self) -> String {
@@ -72,6 +81,7 @@ impl Metrics {
             "sluice_check_duration_seconds",
             "Time to answer a valid /v1/check request, Redis included.",
         );
+        let _ = prometheus_client::encoding::text::encode_registry(&mut text, &self.registry);
         text
     }
 }
