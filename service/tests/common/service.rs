@@ -28,8 +28,11 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 /// A running service, killed on drop.
 pub struct Service {
     child: Child,
+    /// The HTTP address (`0.0.0.0:0` when it serves only the RLS).
     pub addr: SocketAddr,
     pub ready_line: String,
+    /// The RLS's gRPC address, when started with `start_rls`.
+    pub rls: Option<SocketAddr>,
     stderr: Receiver<String>,
 }
 
@@ -68,6 +71,7 @@ impl Service {
             child,
             addr: "127.0.0.1:0".parse().unwrap(),
             ready_line: String::new(),
+            rls: None,
             stderr,
         };
         let ready = service.next_line(READY_WITHIN).unwrap_or_default();
@@ -77,6 +81,44 @@ impl Service {
             .and_then(|addr| addr.parse().ok());
         service.addr = addr.unwrap_or_else(|| panic!("no readiness line, got {ready:?}"));
         service.ready_line = ready;
+        service
+    }
+
+    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
+    /// given) and waits for the readiness lines: HTTP's if `--listen` is in `args`, then the RLS's
+    /// (`sluice-service rls listening on ADDR, ...`), whose address goes to `rls`.
+    pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = command(args, env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let mut service = Service {
+            child,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            ready_line: String::new(),
+            rls: None,
+            stderr,
+        };
+        let address = |line: &str, prefix: &str| -> Option<SocketAddr> {
+            let rest = line.strip_prefix(prefix)?;
+            rest.split(',').next()?.parse().ok()
+        };
+        let mut seen = Vec::new();
+        while service.rls.is_none() {
+            let Some(line) = service.next_line(READY_WITHIN) else {
+                panic!("no readiness line for the RLS; got {seen:?}");
+            };
+            if let Some(addr) = address(&line, "sluice-service listening on ") {
+                service.addr = addr;
+            }
+            if let Some(addr) = address(&line, "sluice-service rls listening on ") {
+                service.rls = Some(addr);
+                service.ready_line = line.clone();
+            }
+            seen.push(line);
+        }
         service
     }
 
@@ -123,6 +165,9 @@ fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
         .env_remove("SLUICE_LISTEN")
         .env_remove("SLUICE_REDIS")
         .env_remove("SLUICE_REDIS_CLUSTER")
+        .env_remove("SLUICE_RLS")
+        .env_remove("SLUICE_RLS_CONFIG")
+        .env_remove("SLUICE_RLS_HEADERS")
         .envs(env.iter().copied())
         .stdin(Stdio::null());
     command
