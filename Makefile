@@ -3,6 +3,7 @@
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make run-rls  redis-server, sluice-service --rls and Envoy's own ratelimit filter (envoy/rls.yaml)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                and the integration tests that drive real Envoys, Redis and the service
 #   make lint    cargo fmt --check and clippy for the host and for wasm
@@ -17,7 +18,7 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 WASM_TARGET := wasm32-wasip1
 WASM := target/$(WASM_TARGET)/release/sluice.wasm
 
-.PHONY: build service run run-global test lint toolchain clean
+.PHONY: build service run run-global run-rls test lint toolchain clean
 
 # Adds the wasm target and the lint components when rustup lacks them.
 toolchain:
@@ -34,6 +35,10 @@ service:
 
 run-global: build service
 	@cd $(ROOT) && exec scripts/run-global
+
+# No wasm here: Envoy's native ratelimit filter asks sluice-service over gRPC.
+run-rls: service
+	@cd $(ROOT) && exec scripts/run-rls
 
 run: build
 	@cd $(ROOT) && envoy="$$(scripts/find-envoy)" && \

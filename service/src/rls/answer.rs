@@ -221,7 +221,11 @@ fn override_limit<'c>(
 }
 
 /// The descriptor's own `hits_addend` (0 allowed: only asks), else the request's (0 means 1).
+/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back.
 fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    if descriptor.is_negative_hits {
+        return 0;
+    }
     match &descriptor.hits_addend {
         Some(own) => own.value,
         None => u64::from(request.hits_addend.max(1)),
@@ -727,6 +731,11 @@ descriptors:
             plan(&config, &request(vec![asking])).unwrap().checks[0].cost,
             0
         );
+        let mut refund = descriptor(&[("user", "a")]);
+        refund.hits_addend = Some(UInt64Value { value: 4 });
+        refund.is_negative_hits = true;
+        let refunding = plan(&config, &request(vec![refund])).unwrap();
+        assert_eq!(refunding.checks[0].cost, 0, "tokens are never given back");
     }
 
     #[test]

@@ -61,24 +61,9 @@ impl Service {
         } else {
             &["--listen", "127.0.0.1:0"]
         };
-        let mut child = command(&[listen, args].concat(), env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = lines_of(child.stderr.take().unwrap());
-        let mut service = Service {
-            child,
-            addr: "127.0.0.1:0".parse().unwrap(),
-            ready_line: String::new(),
-            rls: None,
-            stderr,
-        };
+        let mut service = Service::spawn(&[listen, args].concat(), env);
         let ready = service.next_line(READY_WITHIN).unwrap_or_default();
-        let addr = ready
-            .strip_prefix("sluice-service listening on ")
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|addr| addr.parse().ok());
+        let addr = address(&ready, "sluice-service listening on ");
         service.addr = addr.unwrap_or_else(|| panic!("no readiness line, got {ready:?}"));
         service.ready_line = ready;
         service
@@ -88,23 +73,7 @@ impl Service {
     /// given) and waits for the readiness lines: HTTP's if `--listen` is in `args`, then the RLS's
     /// (`sluice-service rls listening on ADDR, ...`), whose address goes to `rls`.
     pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut child = command(args, env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = lines_of(child.stderr.take().unwrap());
-        let mut service = Service {
-            child,
-            addr: "0.0.0.0:0".parse().unwrap(),
-            ready_line: String::new(),
-            rls: None,
-            stderr,
-        };
-        let address = |line: &str, prefix: &str| -> Option<SocketAddr> {
-            let rest = line.strip_prefix(prefix)?;
-            rest.split(',').next()?.parse().ok()
-        };
+        let mut service = Service::spawn(args, env);
         let mut seen = Vec::new();
         while service.rls.is_none() {
             let Some(line) = service.next_line(READY_WITHIN) else {
@@ -120,6 +89,22 @@ impl Service {
             seen.push(line);
         }
         service
+    }
+
+    fn spawn(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = command(args, env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = lines_of(child.stderr.take().unwrap());
+        Service {
+            child,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            ready_line: String::new(),
+            rls: None,
+            stderr,
+        }
     }
 
     pub fn next_line(&self, within: Duration) -> Option<String> {
@@ -141,6 +126,12 @@ impl Drop for Service {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The address in a readiness line `<prefix><address>, ...`.
+fn address(line: &str, prefix: &str) -> Option<SocketAddr> {
+    let rest = line.strip_prefix(prefix)?;
+    rest.split(',').next()?.parse().ok()
 }
 
 /// Lines of a child's output, read on a thread that ends when the child does.
