@@ -78,30 +78,31 @@ impl RlsMetrics {
             domains: Gauge::default(),
             value_labels: Mutex::new(HashSet::new()),
         };
+        // prometheus-client ends each help text with a full stop itself.
         for (name, help, family) in [
             (
                 "sluice_rls_total_hits",
-                "Hits (hits_addend) checked against a limit.",
+                "Hits (hits_addend) checked against a limit",
                 &metrics.total_hits,
             ),
             (
                 "sluice_rls_over_limit",
-                "Hits refused by a limit (in shadow mode too).",
+                "Hits refused by a limit (in shadow mode too)",
                 &metrics.over_limit,
             ),
             (
                 "sluice_rls_near_limit",
-                "Allowed hits above 80% of a limit.",
+                "Allowed hits above 80% of a limit",
                 &metrics.near_limit,
             ),
             (
                 "sluice_rls_within_limit",
-                "Hits a limit allowed.",
+                "Hits a limit allowed",
                 &metrics.within_limit,
             ),
             (
                 "sluice_rls_shadow_mode",
-                "Hits a limit in shadow mode would have refused.",
+                "Hits a limit in shadow mode would have refused",
                 &metrics.shadow_mode,
             ),
         ] {
@@ -109,22 +110,22 @@ impl RlsMetrics {
         }
         registry.register(
             "sluice_rls_errors",
-            "ShouldRateLimit calls answered with an error, by kind (redis, request).",
+            "ShouldRateLimit calls answered with an error, by kind (redis, request)",
             metrics.errors.clone(),
         );
         registry.register(
             "sluice_rls_unknown_domain",
-            "ShouldRateLimit calls for a domain the configuration does not have.",
+            "ShouldRateLimit calls for a domain the configuration does not have",
             metrics.unknown_domain.clone(),
         );
         registry.register(
             "sluice_rls_config_loads",
-            "Configuration loads, by result (success, error).",
+            "Configuration loads, by result (success, error)",
             metrics.config_loads.clone(),
         );
         registry.register(
             "sluice_rls_config_domains",
-            "Domains in the configuration in force.",
+            "Domains in the configuration in force",
             metrics.domains.clone(),
         );
         metrics

@@ -111,10 +111,10 @@ impl<S: Store> Rls<S> {
         }))
     }
 
-    /// `rls listening on <address>, config <path> (<n> domains)`, for the readiness line.
+    /// `rls listening on <address>, config <path> (domains: <n>)`, for the readiness line.
     pub fn describe(&self) -> String {
         format!(
-            "rls listening on {}, config {} ({} domains)",
+            "rls listening on {}, config {} (domains: {})",
             self.address,
             self.config_path.display(),
             self.domains

@@ -84,7 +84,7 @@ impl Watcher {
                 self.shared.replace(config);
                 self.metrics.record_config_load(Some(domains));
                 tracing::info!(
-                    "rls configuration loaded from {}: {domains} domains",
+                    "rls configuration loaded from {} (domains: {domains})",
                     self.path.display()
                 );
             }
