@@ -14,11 +14,12 @@ use tokio::net::TcpListener;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    tracing_subscriber::fmt()
+    // Reloads of the RLS configuration are logged; the readiness lines stay plain stderr lines.
+    let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .with_target(false)
-        .init();
+        .try_init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
