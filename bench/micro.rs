@@ -8,154 +8,45 @@
 //! `bench/run.py` (`make bench`) puts into BENCHMARKS.md.
 
 use sluice::algorithm::token_bucket::{self, Rate};
-use sluice::algorithm::Algorithm;
-use sluice::config::GlobalService;
+use sluice::algorithm::{Algorithm, Drain, Window};
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
-use sluice::filter::{Filter, Host, Verdict};
+use sluice::filter::{Filter, Verdict};
 use sluice::key::hash_key;
 use sluice::ledger::Ledger;
-use sluice::limiter::{self, Step};
-use sluice::metrics::Metrics;
-use sluice::request::{Attributes, RequestSource};
-use sluice::store::{Store, StoreError};
+use sluice::limiter::{Limiter, Step};
+use sluice::request::Attributes;
 use sluice::table;
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use sluice::testing::{FakeHost, FakeRequest, MemoryStore};
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The plugin name Envoy gives the demo and the benchmark: shared-data keys start with it.
 const PLUGIN: &str = "sluice";
 const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
 /// The case the issue sets a target for (bench/run.py finds it by this name).
-const TOKEN_BUCKET: &str = "token_bucket::decide (one token-bucket decision)";
+const TOKEN_BUCKET: &str = "token_bucket::admit (one token-bucket decision)";
 
 /// One request as the host shows it. Values are cloned out on every read, as the hostcalls do.
-struct Request {
-    headers: Vec<(&'static str, &'static [u8])>,
-    properties: Vec<(&'static str, &'static [u8])>,
-}
-
-impl Request {
-    fn typical() -> Request {
-        Request {
-            headers: vec![
-                (":path", b"/api/v1/items?page=2"),
-                (":method", b"GET"),
-                (":authority", b"api.example.com"),
-                ("x-user-id", b"user-8c2f41"),
-                ("x-api-key", b"k-3f9a7c21d0e84b6a"),
-            ],
-            properties: vec![
-                ("source.address", b"10.1.2.3:54321"),
-                ("xds.route_name", b"api"),
-            ],
-        }
-    }
-}
-
-impl RequestSource for Request {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.to_vec())
-    }
-
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        let path = path.join(".");
-        self.properties
-            .iter()
-            .find(|(p, _)| *p == path)
-            .map(|(_, v)| v.to_vec())
-    }
-}
-
-/// Shared data with Envoy's semantics (CAS 0 and creating writes are unconditional), in one
-/// thread: what a worker sees when nobody races it.
-#[derive(Default)]
-struct MemoryStore {
-    entries: RefCell<HashMap<String, (Vec<u8>, u32)>>,
-    version: Cell<u32>,
-}
-
-impl Store for MemoryStore {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.entries.borrow().get(key).cloned()
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let mut entries = self.entries.borrow_mut();
-        if let Some((_, current)) = entries.get(key) {
-            if cas != 0 && cas != *current {
-                return Err(StoreError::CasMismatch);
-            }
-        }
-        self.version.set(self.version.get() + 1);
-        entries.insert(key.to_string(), (value.to_vec(), self.version.get()));
-        Ok(())
-    }
-}
-
-/// The proxy as the filter sees it: one request, shared data, and a clock the benchmark moves.
-struct BenchHost {
-    request: Request,
-    store: MemoryStore,
-    now: Cell<u64>,
-}
-
-impl RequestSource for BenchHost {
-    fn header(&self, name: &str) -> Option<Vec<u8>> {
-        self.request.header(name)
-    }
-
-    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        self.request.property(path)
-    }
-}
-
-impl Store for BenchHost {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.store.get(key)
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        self.store.set(key, value, cas)
-    }
-}
-
-impl Host for BenchHost {
-    fn now(&self) -> u64 {
-        self.now.get()
-    }
-
-    fn send_response(&self, _status: u32, headers: &[(&str, &str)], body: &[u8]) {
-        black_box((headers, body));
-    }
-
-    fn dispatch(&self, _service: &GlobalService, _body: &[u8]) -> bool {
-        false
-    }
-}
-
-impl Metrics for BenchHost {
-    fn define_counter(&self, _name: &str) -> Option<u32> {
-        Some(0)
-    }
-
-    fn increment(&self, _id: u32, _by: u64) {}
+fn typical_request() -> FakeRequest {
+    FakeRequest::new(&[
+        (":path", "/api/v1/items?page=2"),
+        (":method", "GET"),
+        (":authority", "api.example.com"),
+        ("x-user-id", "user-8c2f41"),
+        ("x-api-key", "k-3f9a7c21d0e84b6a"),
+    ])
+    .with_property("source.address", "10.1.2.3:54321")
+    .with_property("xds.route_name", "api")
 }
 
 /// One request through the whole filter, as Envoy drives it: the request headers, then the
 /// rate-limit headers of the response (what `wasm.rs` adds to the response), the clock moving
 /// 10 µs per request.
 fn bench_filter(name: &str, json: &str) -> Measured {
-    let host = BenchHost {
-        request: Request::typical(),
-        store: MemoryStore::default(),
-        now: Cell::new(T0),
-    };
+    let host = FakeHost::new(Arc::default(), T0);
+    *host.request.borrow_mut() = typical_request();
     let filter = match Filter::configure(json.as_bytes(), PLUGIN, &host, &host) {
         Ok(filter) => filter,
         Err(e) => {
@@ -253,22 +144,20 @@ fn measure(name: &str, mut op: impl FnMut()) -> Measured {
 
 /// Runs the whole `evaluate` for one request per call, the clock moving 10 µs per request.
 /// Every decision must deny (or allow) as `denies` says: checked once, before timing.
-fn bench_evaluate(name: &str, json: &str, request: &Request, denies: bool) -> Measured {
+fn bench_evaluate(name: &str, json: &str, request: &FakeRequest, denies: bool) -> Measured {
     let plan = plan(json);
     let prefix = format!("sluice/{PLUGIN}/");
     let store = store_for(&plan, &prefix);
     let decide = |now: u64| {
         let mut attrs = Attributes::new(black_box(request), &plan.attrs);
         let mut ledger = Ledger::default();
-        limiter::evaluate(
-            &plan,
-            &prefix,
-            &mut attrs,
-            &store,
-            &mut ledger,
-            black_box(now),
-            true,
-        )
+        let mut limiter = Limiter {
+            plan: &plan,
+            prefix: &prefix,
+            store: &store,
+            ledger: &mut ledger,
+        };
+        limiter.evaluate(&mut attrs, black_box(now), true)
     };
     for i in 0..3 {
         decide(T0 + i * 10_000);
@@ -302,7 +191,7 @@ fn main() {
     // `cargo bench` passes `--bench`; a filter argument selects cases by substring.
     let filter: Option<String> = std::env::args().skip(1).find(|a| !a.starts_with("--"));
     let wanted = |name: &str| filter.as_deref().is_none_or(|f| name.contains(f));
-    let request = Request::typical();
+    let request = typical_request();
     let mut results = Vec::new();
 
     println!("{:<52} {:>13}", "case", "median");
@@ -312,7 +201,7 @@ fn main() {
         let (mut tat, mut now) = (0u64, T0);
         results.push(measure(TOKEN_BUCKET, || {
             now += 3_000_000;
-            black_box(token_bucket::decide(
+            black_box(token_bucket::admit(
                 black_box(&rate),
                 &mut tat,
                 black_box(now),
@@ -321,35 +210,23 @@ fn main() {
         }));
     }
 
-    // Every algorithm through `Algorithm::decide`, on a key at its limit (100 per second, a
+    // Every algorithm through `Algorithm::admit`, on a key at its limit (100 per second, a
     // request every 10 ms): what one decision costs, its state read and written in place.
+    let valid = |algorithm: Option<Algorithm>| algorithm.unwrap_or_else(|| std::process::exit(1));
+    let window = Window::new(100, NANOS_PER_SEC);
     for algorithm in [
-        Algorithm::TokenBucket(
-            Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1)),
-        ),
-        Algorithm::FixedWindow {
-            limit: 100,
-            window: NANOS_PER_SEC,
-        },
-        Algorithm::SlidingWindow {
-            limit: 100,
-            window: NANOS_PER_SEC,
-        },
-        Algorithm::SlidingLog {
-            limit: 100,
-            window: NANOS_PER_SEC,
-        },
-        Algorithm::LeakyBucket {
-            interval: NANOS_PER_SEC / 100,
-            max_delay: NANOS_PER_SEC,
-        },
+        valid(Rate::new(100, NANOS_PER_SEC, 50).map(Algorithm::TokenBucket)),
+        valid(window.map(Algorithm::FixedWindow)),
+        valid(window.map(Algorithm::SlidingWindow)),
+        valid(window.map(Algorithm::SlidingLog)),
+        valid(Drain::new(100, NANOS_PER_SEC, NANOS_PER_SEC).map(Algorithm::LeakyBucket)),
     ] {
-        let name = format!("Algorithm::decide [{}]", algorithm.name());
+        let name = format!("Algorithm::admit [{}]", algorithm.name());
         if wanted(&name) {
             let (mut state, mut now) = (vec![0u64; algorithm.columns()], T0);
             results.push(measure(&name, || {
                 now += 10_000_000;
-                black_box(algorithm.decide(&mut state, black_box(now), 1));
+                black_box(algorithm.admit(&mut state, black_box(now), 1));
             }));
         }
     }

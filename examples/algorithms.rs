@@ -12,7 +12,7 @@ use std::error::Error;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use sluice::algorithm::{Algorithm, Rate};
+use sluice::algorithm::{Algorithm, Drain, Rate, Window};
 use sluice::duration::NANOS_PER_SEC as SEC;
 
 const MS: u64 = 1_000_000;
@@ -92,7 +92,7 @@ fn simulate(algorithm: Algorithm, color: &'static str, requests: &[Request]) -> 
     let outcomes = requests
         .iter()
         .map(|&request| {
-            let decision = algorithm.decide(&mut state, START + request.at, 1);
+            let decision = algorithm.admit(&mut state, START + request.at, 1);
             (
                 request,
                 decision.allowed.then_some(request.at + decision.delay),
@@ -461,36 +461,14 @@ fn svg(runs: &[Run], requests: &[Request]) -> Result<String, std::fmt::Error> {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let rate = Rate::new(LIMIT, WINDOW, LIMIT).ok_or("the token bucket's rate is invalid")?;
+    let window = Window::new(LIMIT, WINDOW).ok_or("the window is invalid")?;
+    let drain = Drain::new(LIMIT, WINDOW, MAX_DELAY).ok_or("the leaky bucket is invalid")?;
     let algorithms = [
         (Algorithm::TokenBucket(rate), "#0072B2"),
-        (
-            Algorithm::FixedWindow {
-                limit: LIMIT,
-                window: WINDOW,
-            },
-            "#D55E00",
-        ),
-        (
-            Algorithm::SlidingWindow {
-                limit: LIMIT,
-                window: WINDOW,
-            },
-            "#009E73",
-        ),
-        (
-            Algorithm::SlidingLog {
-                limit: LIMIT,
-                window: WINDOW,
-            },
-            "#CC79A7",
-        ),
-        (
-            Algorithm::LeakyBucket {
-                interval: WINDOW / LIMIT,
-                max_delay: MAX_DELAY,
-            },
-            "#E69F00",
-        ),
+        (Algorithm::FixedWindow(window), "#D55E00"),
+        (Algorithm::SlidingWindow(window), "#009E73"),
+        (Algorithm::SlidingLog(window), "#CC79A7"),
+        (Algorithm::LeakyBucket(drain), "#E69F00"),
     ];
     let requests = traffic();
     let runs: Vec<Run> = algorithms

@@ -7,7 +7,7 @@ use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
 use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
 use crate::ledger::Ledger;
-use crate::limiter::{self, Applied, Basis, Outcome, Pending, Step};
+use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
 use crate::request::{Attributes, RequestSource};
@@ -110,18 +110,8 @@ impl Filter {
         let now = self.now(host);
         let mut request = Attributes::new(host, &self.plan.attrs);
         let service_up = self.breaker.allows(now);
-        let step = self.with_ledger(|ledger| {
-            limiter::evaluate(
-                &self.plan,
-                &self.prefix,
-                &mut request,
-                host,
-                ledger,
-                now,
-                service_up,
-            )
-        });
-        self.advance(host, step, now)
+        let step = self.limiter(host, |l| l.evaluate(&mut request, now, service_up));
+        self.proceed(host, step, now)
     }
 
     /// Continues a held request with the service's reply: its HTTP status and body, or `None`
@@ -137,10 +127,8 @@ impl Filter {
             .and_then(|(_, body)| protocol::decode(&body, pending.checks()));
         let now = self.now(host);
         self.record_call(answers.is_some(), now);
-        let step = self.with_ledger(|ledger| {
-            limiter::resume(&self.plan, &self.prefix, host, ledger, pending, answers)
-        });
-        self.advance(host, step, now)
+        let step = self.limiter(host, |l| l.resume(pending, answers));
+        self.proceed(host, step, now)
     }
 
     /// Calls `emit` with each rate-limit header to add to the response.
@@ -155,11 +143,20 @@ impl Filter {
         self.counters.flush(metrics);
     }
 
-    fn with_ledger<T>(&self, decide: impl FnOnce(&mut Ledger) -> T) -> T {
+    /// Runs `step` with a limiter over this worker's loans and the host's shared data.
+    fn limiter<H: Host, T>(&self, host: &H, step: impl FnOnce(&mut Limiter<H>) -> T) -> T {
+        let run = |ledger: &mut Ledger| {
+            step(&mut Limiter {
+                plan: &self.plan,
+                prefix: &self.prefix,
+                store: host,
+                ledger,
+            })
+        };
         match self.ledger.try_borrow_mut() {
-            Ok(mut ledger) => decide(&mut ledger),
-            // Unreachable (a worker runs one callback at a time); leasing nothing is safe.
-            Err(_) => decide(&mut Ledger::default()),
+            Ok(mut ledger) => run(&mut ledger),
+            // Unreachable (a worker runs one callback at a time); lending nothing is safe.
+            Err(_) => run(&mut Ledger::default()),
         }
     }
 
@@ -169,8 +166,8 @@ impl Filter {
         now
     }
 
-    /// Sends the checks a step needs, or finishes the request.
-    fn advance(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
+    /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
+    fn proceed(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
         loop {
             match step {
                 Step::Done(outcome) => return self.finish(host, &outcome, now),
@@ -182,9 +179,7 @@ impl Filter {
                         return Verdict::Waiting(pending);
                     }
                     self.record_call(false, now);
-                    step = self.with_ledger(|ledger| {
-                        limiter::resume(&self.plan, &self.prefix, host, ledger, pending, None)
-                    });
+                    step = self.limiter(host, |l| l.resume(pending, None));
                 }
             }
         }
@@ -229,13 +224,9 @@ impl Filter {
 
     /// Whether some policy holds requests for their turn, so held ones need releasing.
     pub fn shapes_traffic(&self) -> bool {
-        let tiers = |p: &crate::config::Policy| {
-            let values = p.tiers.iter().flat_map(|(_, v)| v.values());
-            values
-                .chain([&p.tier])
-                .any(|t| t.algorithm.max_delay().is_some())
-        };
-        self.plan.policies.iter().any(tiers)
+        let holds =
+            |p: &crate::config::Policy| p.limits().any(|t| t.algorithm.max_delay().is_some());
+        self.plan.policies.iter().any(holds)
     }
 
     fn log_degraded(&self, outcome: &Outcome, now: u64) {
@@ -393,8 +384,7 @@ impl Filter {
 mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC as SEC;
-    use crate::request::fake::FakeRequest;
-    use crate::store::{MemoryStore, StoreError};
+    use crate::testing::{FakeHost, FakeRequest, MemoryStore};
     use serde_json::{json, Value};
     use std::cell::RefCell;
     use std::collections::HashMap;
@@ -411,99 +401,9 @@ mod tests {
         headers
     }
 
-    /// A local reply: status, headers, body.
-    type Reply = (u32, Vec<(String, String)>, String);
-
-    /// One Envoy worker: its own request, clock and replies; the store may be shared.
-    struct FakeHost {
-        store: Arc<MemoryStore>,
-        request: RefCell<FakeRequest>,
-        now: Cell<u64>,
-        replies: RefCell<Vec<Reply>>,
-        counters: RefCell<Vec<(String, u64)>>,
-        /// Bodies sent to the rate-limit service.
-        calls: RefCell<Vec<Vec<u8>>>,
-        service_reachable: Cell<bool>,
-        /// Shared-data reads and writes.
-        store_calls: Cell<u32>,
-    }
-
-    impl FakeHost {
-        fn new(store: Arc<MemoryStore>) -> Self {
-            FakeHost {
-                store,
-                request: RefCell::new(FakeRequest::default()),
-                now: Cell::new(T0),
-                replies: RefCell::default(),
-                counters: RefCell::default(),
-                calls: RefCell::default(),
-                service_reachable: Cell::new(true),
-                store_calls: Cell::new(0),
-            }
-        }
-
-        fn counter(&self, name: &str) -> u64 {
-            self.counters
-                .borrow()
-                .iter()
-                .find(|(n, _)| n == name)
-                .map_or(0, |(_, v)| *v)
-        }
-    }
-
-    impl RequestSource for FakeHost {
-        fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.request.borrow().header(name)
-        }
-        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-            self.request.borrow().property(path)
-        }
-    }
-
-    impl Store for FakeHost {
-        fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-            self.store_calls.set(self.store_calls.get() + 1);
-            self.store.get(key)
-        }
-        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-            self.store_calls.set(self.store_calls.get() + 1);
-            self.store.set(key, value, cas)
-        }
-    }
-
-    impl Host for FakeHost {
-        fn now(&self) -> u64 {
-            self.now.get()
-        }
-        fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
-            let headers = headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_string()))
-                .collect();
-            self.replies
-                .borrow_mut()
-                .push((status, headers, String::from_utf8_lossy(body).into()));
-        }
-        fn dispatch(&self, _service: &GlobalService, body: &[u8]) -> bool {
-            self.calls.borrow_mut().push(body.to_vec());
-            self.service_reachable.get()
-        }
-    }
-
-    impl Metrics for FakeHost {
-        fn define_counter(&self, name: &str) -> Option<u32> {
-            let mut counters = self.counters.borrow_mut();
-            counters.push((name.to_string(), 0));
-            Some(counters.len() as u32 - 1)
-        }
-        fn increment(&self, id: u32, by: u64) {
-            self.counters.borrow_mut()[id as usize].1 += by;
-        }
-    }
-
     /// A filter on its own worker and store.
     fn setup(config: Value) -> (Filter, FakeHost) {
-        let host = FakeHost::new(Arc::default());
+        let host = FakeHost::new(Arc::default(), T0);
         (configure(&config, &host), host)
     }
 
@@ -550,8 +450,9 @@ mod tests {
     fn a_denial_is_a_json_429_with_retry_after_and_headers() {
         let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
         statuses(&filter, &host, 2, ALICE);
-        let replies = host.replies.borrow();
-        let (status, headers, body) = &replies[0];
+        assert_eq!(host.replies.get(), 1);
+        let reply = host.reply.borrow();
+        let (status, headers, body) = reply.as_ref().unwrap();
         assert_eq!(*status, 429);
         assert_eq!(
             body,
@@ -648,7 +549,7 @@ mod tests {
         filter.flush_counters(&host);
         assert_eq!(host.counter("sluice.per-user.shadow_denied"), 2);
         assert_eq!(host.counter("sluice.per-user.allowed"), 1);
-        assert!(host.replies.borrow().is_empty());
+        assert_eq!(host.replies.get(), 0);
     }
 
     #[test]
@@ -729,12 +630,12 @@ mod tests {
         report: fn(usize, &Filter, &FakeHost) -> T,
     ) -> Vec<T> {
         let store = Arc::new(MemoryStore::default());
-        configure(config, &FakeHost::new(store.clone()));
+        configure(config, &FakeHost::new(store.clone(), T0));
         let threads: Vec<_> = (0..workers)
             .map(|_| {
                 let (store, config) = (store.clone(), config.clone());
                 std::thread::spawn(move || {
-                    let host = FakeHost::new(store);
+                    let host = FakeHost::new(store, T0);
                     let filter = configure(&config, &host);
                     let statuses = statuses(&filter, &host, each, ALICE);
                     report(
@@ -825,7 +726,7 @@ mod tests {
 
     #[test]
     fn configure_refuses_bad_json() {
-        let host = FakeHost::new(Arc::default());
+        let host = FakeHost::new(Arc::default(), T0);
         let err =
             Filter::configure(br#"{"policies": [{"name": "x"}]}"#, "t", &host, &host).unwrap_err();
         assert!(err.to_string().starts_with("policies[0]"), "{err}");
@@ -852,7 +753,7 @@ mod tests {
                     let tat = self.tats.borrow().get(&key).copied().unwrap_or(0);
                     let check = |cost: u64| {
                         let mut after = tat;
-                        (crate::algorithm::token_bucket::decide(&rate, &mut after, now, cost), after)
+                        (crate::algorithm::token_bucket::admit(&rate, &mut after, now, cost), after)
                     };
                     let (first, _) = check(n("cost"));
                     if !first.allowed {
@@ -882,9 +783,9 @@ mod tests {
         loop {
             match verdict {
                 Verdict::Continue(_) | Verdict::Hold { .. } => return 200,
-                Verdict::Denied => return host.replies.borrow().last().unwrap().0 as u16,
+                Verdict::Denied => return host.reply.borrow().as_ref().unwrap().0 as u16,
                 Verdict::Waiting(pending) => {
-                    let body = host.calls.borrow().last().unwrap().clone();
+                    let body = host.call.borrow().clone().unwrap();
                     let reply = service.map(|s| (200, s.answer(&body, host.now.get())));
                     verdict = filter.on_service_response(host, pending, reply);
                 }
@@ -911,13 +812,13 @@ mod tests {
             .collect();
         assert_eq!(statuses, [200, 200, 200, 429, 429]);
         assert_eq!(
-            host.calls.borrow().len(),
+            host.calls.get(),
             4,
             "the fifth is denied from the over-limit cache"
         );
         host.now.set(T0 + SEC);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        assert_eq!(host.calls.borrow().len(), 5);
+        assert_eq!(host.calls.get(), 5);
     }
 
     #[test]
@@ -945,7 +846,7 @@ mod tests {
             .collect();
         assert_eq!(statuses, [vec![200; 10], vec![429; 2]].concat());
         assert_eq!(
-            host.calls.borrow().len(),
+            host.calls.get(),
             3,
             "two leases of 5, then one denial cached"
         );
@@ -958,13 +859,9 @@ mod tests {
         let (filter, host) = setup(global(p));
         let service = FakeService::default();
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        host.now.set(T0 + limiter::LEASE_TTL);
+        host.now.set(T0 + crate::limiter::GRANT_TTL);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        assert_eq!(
-            host.calls.borrow().len(),
-            2,
-            "the lapsed lease was not spent"
-        );
+        assert_eq!(host.calls.get(), 2, "the lapsed lease was not spent");
     }
 
     #[test]
@@ -980,14 +877,10 @@ mod tests {
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         host.now.set(T0 + 400 * 1_000_000);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        assert_eq!(host.calls.borrow().len(), 1, "spent from the lease");
+        assert_eq!(host.calls.get(), 1, "spent from the lease");
         host.now.set(T0 + 600 * 1_000_000);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        assert_eq!(
-            host.calls.borrow().len(),
-            2,
-            "the lease ended with the window"
-        );
+        assert_eq!(host.calls.get(), 2, "the lease ended with the window");
     }
 
     #[test]
@@ -1009,7 +902,7 @@ mod tests {
         p["failure_mode"] = json!("closed");
         let (filter, host) = setup(global(p));
         assert_eq!(serve(&filter, &host, None, ALICE), 503);
-        let (_, headers, body) = host.replies.borrow().last().unwrap().clone();
+        let (_, headers, body) = host.reply.borrow().clone().unwrap();
         assert_eq!(
             body,
             r#"{"error":"rate_limit_unavailable","policy":"per-user","retry_after":1}"#
@@ -1040,17 +933,14 @@ mod tests {
         for _ in 0..10 {
             serve(&filter, &host, None, ALICE);
         }
-        assert_eq!(
-            host.calls.borrow().len(),
-            crate::breaker::FAILURES_TO_OPEN as usize
-        );
+        assert_eq!(host.calls.get(), crate::breaker::FAILURES_TO_OPEN as usize);
         host.service_reachable.set(true);
         host.now.set(T0 + crate::breaker::BACKOFF);
         assert_eq!(
             serve(&filter, &host, Some(&FakeService::default()), ALICE),
             200
         );
-        assert_eq!(host.calls.borrow().len(), 4, "one probe");
+        assert_eq!(host.calls.get(), 4, "one probe");
     }
 
     #[test]
@@ -1063,7 +953,7 @@ mod tests {
         let service = FakeService::default();
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 429);
-        assert_eq!(host.calls.borrow().len(), 1);
+        assert_eq!(host.calls.get(), 1);
     }
 
     #[test]
@@ -1126,9 +1016,12 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(serve(&filter, &host, Some(&service), bob), 200);
         }
-        let calls = host.calls.borrow();
-        assert_eq!(calls.len(), 4, "bob, in the overflow slot, asks every time");
-        let last: Value = serde_json::from_slice(calls.last().unwrap()).unwrap();
+        assert_eq!(
+            host.calls.get(),
+            4,
+            "bob, in the overflow slot, asks every time"
+        );
+        let last: Value = serde_json::from_slice(&host.call.borrow().clone().unwrap()).unwrap();
         assert_eq!(last["checks"][0]["take"], 1, "and takes no lease");
     }
 
@@ -1180,7 +1073,7 @@ mod tests {
             [200, 200],
             "the second leases 10"
         );
-        host.now.set(T0 + crate::ledger::LEASE_TTL);
+        host.now.set(T0 + crate::ledger::LOAN_TTL);
         let later = statuses(&filter, &host, 25, ALICE);
         assert_eq!(later, [vec![200; 18], vec![429; 7]].concat(), "none lost");
     }
@@ -1211,7 +1104,7 @@ mod tests {
                 host.store_calls.get() >= 2,
                 "every request visits the bucket"
             );
-            host.now.set(host.now.get() + crate::ledger::LEASE_TTL);
+            host.now.set(host.now.get() + crate::ledger::LOAN_TTL);
         }
     }
 
@@ -1255,7 +1148,7 @@ mod tests {
             let store = Arc::new(MemoryStore::default());
             let workers: Vec<(Filter, FakeHost)> = (0..3)
                 .map(|_| {
-                    let host = FakeHost::new(store.clone());
+                    let host = FakeHost::new(store.clone(), T0);
                     (configure(&config, &host), host)
                 })
                 .collect();

@@ -151,7 +151,7 @@ impl KeyHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::fake::FakeRequest;
+    use crate::testing::FakeRequest;
     use proptest::prelude::*;
 
     fn parse(parts: &[&str]) -> (Vec<KeyPart>, Vec<Attr>) {

@@ -1,9 +1,11 @@
 //! sluice: a rate limiter for Envoy, as a proxy-wasm HTTP filter.
 //!
-//! The request flows one way: `config` (parsed once) → `matcher` (which policies apply) →
-//! `key` (whose bucket) → `limiter` with an `algorithm` and `table` over a `store` (the decision,
-//! with an injected clock) → `headers` (what the client sees). `filter` drives that for one HTTP
-//! request through the `Host` seam; `wasm` is the only code that talks to proxy-wasm.
+//! The request flows one way: `config` (the JSON `input`, `compile`d once into a `plan`) →
+//! `limiter` (which policies apply through `matcher`, whose bucket through `key`, the decision by
+//! an `algorithm` on a `table` slot in a `store`, or by the service over `protocol`; the clock is
+//! passed in) → `headers` (what the client sees). `filter` drives that for one HTTP request
+//! through the `Host` seam; `wasm` is the only code that talks to proxy-wasm, and `testing` fakes
+//! what it provides.
 
 pub mod algorithm;
 pub mod breaker;
@@ -21,6 +23,8 @@ pub mod protocol;
 pub mod request;
 pub mod store;
 pub mod table;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod text;
 pub mod time;
 

@@ -54,8 +54,8 @@ impl Matcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::fake::FakeRequest;
     use crate::request::Attr;
+    use crate::testing::FakeRequest;
 
     const ATTRS: [Attr; 3] = [Attr::Path, Attr::Method, Attr::Authority];
 

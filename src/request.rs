@@ -95,54 +95,9 @@ fn strip_query(mut path: Vec<u8>) -> Vec<u8> {
 }
 
 #[cfg(test)]
-pub mod fake {
-    use super::RequestSource;
-    use std::cell::Cell;
-    use std::collections::HashMap;
-
-    /// A request for tests, counting how often the host is asked.
-    #[derive(Default)]
-    pub struct FakeRequest {
-        pub headers: HashMap<String, Vec<u8>>,
-        pub properties: HashMap<String, Vec<u8>>,
-        pub reads: Cell<usize>,
-    }
-
-    impl FakeRequest {
-        pub fn new(headers: &[(&str, &str)]) -> Self {
-            let mut request = FakeRequest::default();
-            for (name, value) in headers {
-                request
-                    .headers
-                    .insert(name.to_string(), value.as_bytes().to_vec());
-            }
-            request
-        }
-
-        pub fn with_property(mut self, path: &str, value: &str) -> Self {
-            self.properties
-                .insert(path.into(), value.as_bytes().to_vec());
-            self
-        }
-    }
-
-    impl RequestSource for FakeRequest {
-        fn header(&self, name: &str) -> Option<Vec<u8>> {
-            self.reads.set(self.reads.get() + 1);
-            self.headers.get(name).cloned()
-        }
-
-        fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-            self.reads.set(self.reads.get() + 1);
-            self.properties.get(&path.join(".")).cloned()
-        }
-    }
-}
-
-#[cfg(test)]
 mod tests {
-    use super::fake::FakeRequest;
     use super::*;
+    use crate::testing::FakeRequest;
 
     #[test]
     fn each_attribute_is_read_once() {

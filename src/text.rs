@@ -1,20 +1,9 @@
 //! Numbers written as text on the hot path (shared-data slot names, response headers) without
 //! `core::fmt`: under V8 its machinery costs more than the rest of a decision.
 
-/// Appends `n` in decimal.
+/// Appends `n` in decimal (with `itoa`, which serde_json links anyway).
 pub fn push_decimal(out: &mut String, n: u64) {
-    let mut digits = [0u8; 20];
-    let mut start = digits.len();
-    let mut rest = n;
-    for slot in digits.iter_mut().rev() {
-        *slot = b'0' + (rest % 10) as u8;
-        start -= 1;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    push_ascii(out, digits.get(start..).unwrap_or_default());
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Appends `n` as 16 lower-case hex digits, zero-padded.
@@ -25,12 +14,8 @@ pub fn push_hex16(out: &mut String, n: u64) {
         let nibble = (n >> ((15 - i) * 4)) & 0xf;
         *slot = HEX.get(nibble as usize).copied().unwrap_or(b'0');
     }
-    push_ascii(out, &digits);
-}
-
-/// One append for the whole number: pushing char by char costs more than the digits.
-fn push_ascii(out: &mut String, ascii: &[u8]) {
-    out.push_str(std::str::from_utf8(ascii).unwrap_or_default());
+    // One append for the whole number: pushing char by char costs more than the digits.
+    out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
 }
 
 #[cfg(test)]

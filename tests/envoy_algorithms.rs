@@ -5,10 +5,9 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::{Connection, Envoy};
 use serde_json::json;
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::http::Connection;
 use std::io::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -8,9 +8,7 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::Envoy;
+use sluice_testkit::envoy::Envoy;
 
 /// Global 100/min, burst 50; while the service cannot answer, 1/h with a burst of 3 per Envoy.
 const FAIL_OPEN: &str = r#"{"headers": "both",

@@ -5,12 +5,10 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::backend::redis::{RedisCluster, RedisServer};
-use common::backend::service::Service;
-use common::Envoy;
 use serde_json::{json, Value};
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::redis::{RedisCluster, RedisServer};
+use sluice_testkit::service::Service;
 use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant};
 

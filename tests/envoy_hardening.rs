@@ -14,9 +14,8 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::{Envoy, EnvoyOptions, Response};
+use sluice_testkit::envoy::{Envoy, EnvoyOptions};
+use sluice_testkit::http::Response;
 use std::cell::RefCell;
 use std::collections::BTreeSet;
 

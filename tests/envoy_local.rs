@@ -1,7 +1,7 @@
 //! Local rate limiting in a real Envoy (`--concurrency 2`): what clients see, what the
 //! counters say, and what Envoy refuses to start with.
 //!
-//! Every test starts its own Envoy on free loopback ports (see `common`). Limits that must not
+//! Every test starts its own Envoy on free loopback ports (see `sluice_testkit::envoy`). Limits that must not
 //! refill during a test are written "per 1h"; the tests that depend on refill say how long they
 //! wait and why that is enough.
 
@@ -9,9 +9,8 @@
 // assertions, they report an unexpected response by panicking.
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::{envoy_binary, Connection, Envoy, Response};
+use sluice_testkit::envoy::{envoy_binary, Envoy};
+use sluice_testkit::http::{Connection, Response};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Barrier;

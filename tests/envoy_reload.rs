@@ -12,10 +12,9 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::{http_request, Envoy};
 use serde_json::json;
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::http::http_request;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;

@@ -5,16 +5,20 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
+/// Redis TIME and windows placed around it, as the service's tests use them.
+#[allow(dead_code)]
+#[path = "../service/tests/common/clock.rs"]
+mod clock;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::backend::clock::{redis_time_us, window_with_left};
-use common::backend::redis::RedisServer;
-use common::backend::service::Service;
-use common::backend::TempDir;
-use common::{Envoy, EnvoyOptions, Response};
+use clock::{redis_time_us, window_with_left};
+use sluice_testkit::envoy::{Envoy, EnvoyOptions};
+use sluice_testkit::http::Response;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
+use sluice_testkit::TempDir;
 
 /// A front listener on `{port}` whose routes send descriptors to the RLS at `{rls}`, and a
 /// backend listener on `{backend_port}` that answers 200. On `/`: (case=<x-case>),
@@ -231,7 +235,7 @@ fn shadow_mode_lets_everything_through_and_unlimited_never_limits() {
     assert_eq!(statuses(&envoy, "internal", None, 15), [200; 15]);
     // Every request counted against the address limit of 20 too.
     assert_eq!(statuses(&envoy, "other", None, 1), [429]);
-    let metrics = common::backend::http::get(rls.service.addr, "/metrics").body;
+    let metrics = sluice_testkit::http::get(rls.service.addr, "/metrics").text();
     let shadow = r#"sluice_rls_shadow_mode_total{domain="test",descriptor="case_trial"} 4"#;
     assert!(metrics.lines().any(|l| l == shadow), "{metrics}");
 }

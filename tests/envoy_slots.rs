@@ -9,9 +9,7 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
-mod common;
-
-use common::Envoy;
+use sluice_testkit::envoy::Envoy;
 use std::time::Duration;
 
 /// One slot, no refill to speak of: a key that made a request stays busy.

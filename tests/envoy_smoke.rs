@@ -1,8 +1,6 @@
 //! The filter in a real Envoy: the reference behaviour, end to end.
 
-mod common;
-
-use common::{Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 
 const ONE_PER_SECOND_BURST_5: &str = r#"{
   "policies": [

@@ -1,6 +1,6 @@
 //! The fixed-window, sliding-window, sliding-log and leaky-bucket scripts, run by a real
 //! redis-server, against the filter's own algorithms (src/algorithm, the `sluice` crate): each
-//! model calls the filter's `decide` with every time in µs (the algorithms are pure integer
+//! model calls the filter's `admit` with every time in µs (the algorithms are pure integer
 //! functions, blind to the unit), and adds only what is the script's own: reading and writing
 //! the Redis state it keeps, `take` (the most tokens in cost..=take that the filter admits), the
 //! TTL, and another algorithm's state under the key.
@@ -23,12 +23,12 @@ mod common;
 use std::fmt::Debug;
 
 use common::clock::redis_time_us;
-use common::redis::RedisServer;
-use common::resp::{Reply, Resp};
 use sluice::algorithm::{self as filter, Decision};
 use sluice_service::redis_store::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::resp::{Reply, Resp};
 
 const MS: u64 = 1_000;
 const SEC: u64 = 1_000_000;
@@ -186,7 +186,7 @@ fn words<const N: usize>(stored: &Stored) -> [u64; N] {
     .unwrap_or([0; N])
 }
 
-/// The scripts' `take`: the most tokens in cost..=take that `decide` admits from `state`, each
+/// The scripts' `take`: the most tokens in cost..=take that `admit` admits from `state`, each
 /// tried on a copy, and the state that admission leaves; if even `cost` is denied, that denial.
 /// Returns the decision and the tokens granted.
 fn grant<S: Clone>(
@@ -228,14 +228,19 @@ fn outcome(d: Decision, granted: u64, stored: Stored) -> Outcome {
     }
 }
 
+/// A window of `limit` per `length` µs, as the filter's window algorithms take it.
+fn per(limit: u64, length: u64) -> filter::Window {
+    filter::Window::new(limit, length).unwrap()
+}
+
 // ---- fixed window -------------------------------------------------------------------------
 
-/// The filter's `fixed_window::decide`, with take; state `<index>:<count>`.
+/// The filter's `fixed_window::admit`, with take; state `<index>:<count>`.
 fn fixed_window(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
         let mut state: [u64; filter::fixed_window::COLUMNS] = words(stored);
         let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
-            filter::fixed_window::decide(limit, window, state, now, tokens)
+            filter::fixed_window::admit(&per(limit, window), state, now, tokens)
         });
         let [index, count] = state;
         let after = if d.allowed {
@@ -281,7 +286,7 @@ fn fixed_window_matches_the_model() {
 
 // ---- sliding window -----------------------------------------------------------------------
 
-/// The filter's `sliding_window::decide`, with take; state `<index>:<current>:<previous>`.
+/// The filter's `sliding_window::admit`, with take; state `<index>:<current>:<previous>`.
 fn sliding_window(
     limit: u64,
     window: u64,
@@ -291,7 +296,7 @@ fn sliding_window(
     move |stored, now| {
         let mut state: [u64; filter::sliding_window::COLUMNS] = words(stored);
         let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
-            filter::sliding_window::decide(limit, window, state, now, tokens)
+            filter::sliding_window::admit(&per(limit, window), state, now, tokens)
         });
         let [index, current, previous] = state;
         let after = if d.allowed {
@@ -386,7 +391,7 @@ fn sliding_window_products_beyond_two_to_the_53_stay_exact() {
 
 // ---- sliding log --------------------------------------------------------------------------
 
-/// The filter's `sliding_log::decide`, with take; state a sorted set of admission times,
+/// The filter's `sliding_log::admit`, with take; state a sorted set of admission times,
 /// members `<time>-<n>`, n counting on from the entries already at that time. Another
 /// algorithm's state is dropped first, even by a denial.
 fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
@@ -402,7 +407,7 @@ fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored
         let at_now = |times: &[u64]| times.iter().filter(|&&t| t == now).count() as u64;
         let first = at_now(&times);
         let (d, granted) = grant(&mut times, cost, take, |times, tokens| {
-            filter::sliding_log::decide(limit, window, times, now, tokens)
+            filter::sliding_log::admit(&per(limit, window), times, now, tokens)
         });
         if !d.allowed {
             let after = match stored {
@@ -517,7 +522,7 @@ fn a_log_entry_leaves_exactly_one_window_after_it_was_admitted() {
 
 // ---- leaky bucket -------------------------------------------------------------------------
 
-/// The filter's `leaky_bucket::decide` (take is cost); state the TAT (when the queue drains) in
+/// The filter's `leaky_bucket::admit` (take is cost); state the TAT (when the queue drains) in
 /// µs. The reply adds `delay_us`.
 fn leaky_bucket(interval: u64, max_delay: u64, cost: u64) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
@@ -526,7 +531,8 @@ fn leaky_bucket(interval: u64, max_delay: u64, cost: u64) -> impl Fn(&Stored, u6
             Stored::Text(text) => text.parse().unwrap_or(0),
             _ => 0,
         };
-        let d = filter::leaky_bucket::decide(interval, max_delay, &mut tat, now, cost);
+        let drain = filter::Drain::new(1, interval, max_delay).unwrap();
+        let d = filter::leaky_bucket::admit(&drain, &mut tat, now, cost);
         let (granted, after) = if d.allowed {
             (cost, Stored::Text(tat.to_string()))
         } else {

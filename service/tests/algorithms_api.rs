@@ -13,10 +13,10 @@ mod common;
 use std::time::Duration;
 
 use common::clock::{redis_time_us, window_around, window_with_left};
-use common::redis::RedisServer;
-use common::service::Service;
 use common::{bucket, leaky, window};
 use serde_json::Value;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -193,7 +193,7 @@ fn every_algorithm_keeps_one_hash_tagged_key_with_a_ttl() {
         );
     }
     let mut keys: Vec<String> = match client.cmd(&["KEYS", "*"]) {
-        common::resp::Reply::Array(keys) => keys.iter().map(|k| k.text()).collect(),
+        sluice_testkit::resp::Reply::Array(keys) => keys.iter().map(|k| k.text()).collect(),
         other => panic!("{other:?}"),
     };
     keys.sort();

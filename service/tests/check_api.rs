@@ -13,11 +13,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::http::{post_check, HttpResponse};
-use common::redis::RedisServer;
-use common::service::Service;
-use common::{bucket, checks_body, wait_for};
+use common::post_check;
+use common::{bucket, checks_body};
 use serde_json::{json, Value};
+use sluice_testkit::http::Response;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
+use sluice_testkit::wait_for;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -175,7 +177,7 @@ fn checks_resume_after_redis_restarts_empty() {
     // The wait only bounds the test: the first check after the restart is answered (pinned by
     // tests/failures.rs).
     let recovered = wait_for(Duration::from_secs(5), || {
-        let response: HttpResponse =
+        let response: Response =
             post_check(service.addr, &checks_body(std::slice::from_ref(&user)));
         (response.status == 200).then(|| response.json())
     });

@@ -13,10 +13,10 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::free_port;
-use common::http::get;
-use common::redis::RedisServer;
-use common::service::{run_to_exit, Service};
+use sluice_testkit::free_port;
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::{run_to_exit, Service};
 
 #[test]
 fn help_documents_every_option_and_its_environment_variable() {

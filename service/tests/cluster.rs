@@ -13,11 +13,12 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::clock::{redis_time_us, window_around};
-use common::http::{get, post_check};
-use common::redis::RedisCluster;
-use common::service::Service;
+use common::post_check;
 use common::{bucket, checks_body, leaky, window};
 use serde_json::Value;
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisCluster;
+use sluice_testkit::service::Service;
 
 const MINUTE_MS: u64 = 60_000;
 
@@ -142,12 +143,12 @@ fn cluster_checks_of_every_algorithm_are_exact_for_keys_in_different_slots() {
             "node {} holds no key",
             node.port
         );
-        let common::resp::Reply::Array(zsets) =
+        let sluice_testkit::resp::Reply::Array(zsets) =
             client.cmd(&["SCAN", "0", "COUNT", "1000", "TYPE", "zset"])
         else {
             panic!("SCAN")
         };
-        let common::resp::Reply::Array(found) = &zsets[1] else {
+        let sluice_testkit::resp::Reply::Array(found) = &zsets[1] else {
             panic!("SCAN")
         };
         logs += found.len();

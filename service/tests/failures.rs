@@ -11,16 +11,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::http::{get, post_check, request, HttpResponse};
-use common::redis::RedisServer;
-use common::service::Service;
+use common::post_check;
 use common::{bucket, checks_body};
+use sluice_testkit::http::{get, send_body, Response};
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 
 fn one_check() -> String {
     checks_body(&[bucket("fail/1", 1, 1000, 5, 1, 1)])
 }
 
-fn assert_redis_unavailable(response: &HttpResponse) {
+fn assert_redis_unavailable(response: &Response) {
     assert_eq!(response.status, 503, "{response:?}");
     let json = response.json();
     assert_eq!(json["error"], "redis_unavailable");
@@ -72,7 +73,7 @@ fn with_redis_frozen_checks_answer_503_within_two_seconds() {
     redis.thaw();
     assert_redis_unavailable(&response);
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
-    let recovered = common::wait_for(Duration::from_secs(5), || {
+    let recovered = sluice_testkit::wait_for(Duration::from_secs(5), || {
         (post_check(service.addr, &one_check()).status == 200).then_some(())
     });
     assert!(
@@ -114,10 +115,10 @@ fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
     assert_eq!(post_check(service.addr, &burst_two).status, 503);
     let metrics = get(service.addr, "/metrics");
     assert_eq!(metrics.status, 200);
-    assert!(metrics
-        .head
-        .to_ascii_lowercase()
-        .contains("content-type: text/plain; version=0.0.4"));
+    assert_eq!(
+        metrics.header("content-type"),
+        Some("text/plain; version=0.0.4")
+    );
     for line in [
         "sluice_checks_total 3",
         "sluice_denials_total 1",
@@ -128,9 +129,9 @@ fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
         "sluice_check_duration_seconds_count 4",
     ] {
         assert!(
-            metrics.body.lines().any(|l| l == line),
+            metrics.text().lines().any(|l| l == line),
             "missing {line:?} in\n{}",
-            metrics.body
+            metrics.text()
         );
     }
 }
@@ -149,7 +150,7 @@ fn unknown_paths_and_methods_get_json_errors() {
         (wrong_method.status, wrong_method.json()["error"].as_str()),
         (405, Some("method_not_allowed"))
     );
-    let post_metrics = request(service.addr, "POST", "/metrics", "application/json", "{}");
+    let post_metrics = send_body(service.addr, "POST", "/metrics", "application/json", b"{}");
     assert_eq!(post_metrics.status, 405);
 }
 

@@ -15,11 +15,11 @@ mod common;
 
 use std::time::Instant;
 
-use common::redis::RedisServer;
-use common::resp::{Reply, Resp};
 use sluice::algorithm::token_bucket::{self, Rate};
 use sluice_service::check::MAX_CAPACITY_US;
 use sluice_service::redis_store::TOKEN_BUCKET_LUA;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::resp::{Reply, Resp};
 
 const MINUTE_US: u64 = 60_000_000;
 
@@ -27,7 +27,7 @@ const MINUTE_US: u64 = 60_000_000;
 /// given as an offset from now is NOW plus that offset.
 const NOW: u64 = 1_000_000_000_000_000;
 
-/// `token_bucket::decide` in µs, with take: `{allowed, granted, remaining, reset_us,
+/// `token_bucket::admit` in µs, with take: `{allowed, granted, remaining, reset_us,
 /// retry_after_us}`.
 struct Model {
     rate: Rate,
@@ -56,7 +56,7 @@ impl Model {
     fn check(&mut self, cost: u64, take: u64) -> [i128; 5] {
         for tokens in (cost..=take).rev() {
             let mut tat = self.tat;
-            let d = token_bucket::decide(&self.rate, &mut tat, NOW, tokens);
+            let d = token_bucket::admit(&self.rate, &mut tat, NOW, tokens);
             if d.allowed || tokens == cost {
                 self.tat = tat;
                 let granted = if d.allowed { tokens } else { 0 };

@@ -17,12 +17,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::clock::{redis_time_us, window_around};
-use common::http::get;
-use common::redis::{RedisCluster, RedisServer};
-use common::service::run_to_exit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit, Code};
 use envoy_types::pb::google::protobuf::UInt64Value;
 use rls::{ask, codes, oks_then_over, overall, overall_codes, request, Rls};
+use sluice_testkit::http::get;
+use sluice_testkit::redis::{RedisCluster, RedisServer};
+use sluice_testkit::service::run_to_exit;
 use tonic::Code as GrpcCode;
 
 const PER_USER: &str = "domain: api
@@ -233,7 +233,7 @@ async fn a_changed_file_applies_within_seconds_and_a_bad_one_keeps_the_previous_
         oks_then_over(3, 1)
     );
     rls.rewrite(&PER_USER.replace("requests_per_unit: 3", "requests_per_unit: 5"));
-    let applied = common::wait_for(Duration::from_secs(5), || {
+    let applied = sluice_testkit::wait_for(Duration::from_secs(5), || {
         let answer = futures_block(ask(&mut client, request("api", &[&[("user", "dave")]], 0)));
         (answer.statuses[0].current_limit.as_ref()?.requests_per_unit == 5).then_some(())
     });
@@ -250,7 +250,7 @@ async fn a_changed_file_applies_within_seconds_and_a_bad_one_keeps_the_previous_
     rls.rewrite(
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: fortnight\n",
     );
-    let logged = common::wait_for(Duration::from_secs(5), || {
+    let logged = sluice_testkit::wait_for(Duration::from_secs(5), || {
         rls.service.next_line(Duration::from_millis(100)).filter(|line| {
             line.contains("limits.yaml:3: descriptors[0]: rate_limit.unit: invalid rate limit unit 'fortnight'")
         })
@@ -327,6 +327,7 @@ async fn metrics_count_hits_per_domain_and_descriptor_next_to_the_http_api() {
     overall_codes(&mut client, &request("api", &[&[("user", "a")]], 0), 5).await;
     let metrics = get(rls.service.addr, "/metrics");
     assert_eq!(metrics.status, 200);
+    let text = metrics.text();
     for line in [
         r#"sluice_rls_total_hits_total{domain="api",descriptor="user"} 5"#,
         r#"sluice_rls_within_limit_total{domain="api",descriptor="user"} 3"#,
@@ -337,9 +338,9 @@ async fn metrics_count_hits_per_domain_and_descriptor_next_to_the_http_api() {
         "sluice_checks_total 0",
     ] {
         assert!(
-            metrics.body.lines().any(|l| l == line),
+            text.lines().any(|l| l == line),
             "missing {line:?} in\n{}",
-            metrics.body
+            text
         );
     }
 }
@@ -385,7 +386,7 @@ async fn a_leaky_bucket_holds_each_answer_until_the_requests_turn() {
 #[test]
 fn a_bad_configuration_at_start_exits_naming_file_and_line() {
     let redis = RedisServer::start();
-    let dir = common::TempDir::new("rls-bad");
+    let dir = sluice_testkit::TempDir::new("rls-bad");
     let file = dir.path().join("bad.yaml");
     std::fs::write(
         &file,
@@ -438,7 +439,7 @@ fn the_descriptor_keys_in_redis_are_hashes_of_any_bytes() {
             oks_then_over(3, 1)
         );
     });
-    let common::resp::Reply::Array(keys) = redis.client().cmd(&["KEYS", "*"]) else {
+    let sluice_testkit::resp::Reply::Array(keys) = redis.client().cmd(&["KEYS", "*"]) else {
         panic!("KEYS")
     };
     assert_eq!(keys.len(), 1);

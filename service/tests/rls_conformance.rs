@@ -13,17 +13,16 @@
     clippy::indexing_slicing
 )]
 
-mod common;
 #[path = "rls/client.rs"]
 mod rls;
 
 use std::path::PathBuf;
 
-use common::http::get;
-use common::redis::RedisServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use rls::{ask, codes, oks_then_over, overall, overall_codes, request, Client, Rls};
 use sluice_service::rls::config::Config;
+use sluice_testkit::http::get;
+use sluice_testkit::redis::RedisServer;
 
 const EXAMPLE_1: &str = "domain: mongo_cps
 descriptors:
@@ -209,7 +208,7 @@ async fn serve(example: &str) -> (RedisServer, Rls, Client) {
 }
 
 fn metrics(rls: &Rls) -> String {
-    get(rls.service.addr, "/metrics").body
+    get(rls.service.addr, "/metrics").text()
 }
 
 #[test]

@@ -11,11 +11,12 @@
 
 mod common;
 
-use common::http::{post_check, request, send_raw, HttpResponse};
-use common::redis::RedisServer;
-use common::service::Service;
 use common::{bucket, checks_body, leaky, window};
+use common::{post_check, Refusal};
 use serde_json::json;
+use sluice_testkit::http::{send_body, send_raw, Response};
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 
 /// A service whose Redis is gone (the server handle keeps its temp dir until the test ends).
 struct WithoutRedis {
@@ -33,7 +34,7 @@ fn service_without_redis() -> WithoutRedis {
     }
 }
 
-fn rejected(body: &str) -> HttpResponse {
+fn rejected(body: &str) -> Response {
     post_check(service_without_redis().service.addr, body)
 }
 
@@ -225,12 +226,12 @@ fn a_sliding_log_of_more_than_a_thousand_is_rejected() {
 fn a_body_that_is_not_json_content_is_rejected() {
     let service = service_without_redis();
     let body = one(bucket("k", 1, 1000, 5, 1, 1));
-    let response = request(
+    let response = send_body(
         service.service.addr,
         "POST",
         "/v1/check",
         "text/plain",
-        &body,
+        body.as_bytes(),
     );
     response.assert_bad_request("content-type: must be application/json");
 }
@@ -268,7 +269,7 @@ fn bad_requests_leave_a_live_redis_untouched() {
         !stats.contains("cmdstat_evalsha") && !stats.contains("cmdstat_eval:"),
         "{stats}"
     );
-    let metrics = common::http::get(service.addr, "/metrics").body;
+    let metrics = sluice_testkit::http::get(service.addr, "/metrics").text();
     assert!(
         metrics.lines().any(|l| l == "sluice_bad_requests_total 5"),
         "{metrics}"

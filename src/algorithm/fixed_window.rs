@@ -2,18 +2,19 @@
 //! (window index = floor(now / window)) so every Envoy and Redis agree on the boundaries. Cheap
 //! and exact within a window, but a client can pass up to 2 × limit across a boundary.
 
-use super::Decision;
+use super::{Decision, Window};
 
 /// State: the window index and the count in it.
 pub const COLUMNS: usize = 2;
 
-pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
-    let index = now / window;
+pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let (limit, length) = (window.limit, window.length.get());
+    let index = now / window.length;
     let count = match state {
         [stored, count] if *stored == index => *count,
         _ => 0,
     };
-    let reset_after = (index + 1) * window - now;
+    let reset_after = (index + 1) * length - now;
     if count + cost > limit {
         return Decision {
             allowed: false,
@@ -35,9 +36,9 @@ pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -
 }
 
 /// A window's count means nothing once the window is over.
-pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
     match state {
-        [index, count] if *count > 0 => (index + 1).saturating_mul(window),
+        [index, count] if *count > 0 => (index + 1).saturating_mul(window.length.get()),
         _ => 0,
     }
 }
@@ -48,20 +49,24 @@ mod tests {
     use crate::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
+    fn per(limit: u64, length: u64) -> Window {
+        Window::new(limit, length).unwrap()
+    }
+
     #[test]
     fn counts_within_a_window_and_starts_over_at_the_next() {
         let mut state = [0; COLUMNS];
         let t = 100 * SEC;
         let allowed: Vec<bool> = (0..4)
-            .map(|_| decide(3, SEC, &mut state, t, 1).allowed)
+            .map(|_| admit(&per(3, SEC), &mut state, t, 1).allowed)
             .collect();
         assert_eq!(allowed, [true, true, true, false]);
-        let denied = decide(3, SEC, &mut state, t + SEC / 4, 1);
+        let denied = admit(&per(3, SEC), &mut state, t + SEC / 4, 1);
         assert_eq!(
             (denied.retry_after, denied.reset_after),
             (3 * SEC / 4, 3 * SEC / 4)
         );
-        assert!(decide(3, SEC, &mut state, t + SEC, 1).allowed);
+        assert!(admit(&per(3, SEC), &mut state, t + SEC, 1).allowed);
     }
 
     #[test]
@@ -69,10 +74,10 @@ mod tests {
         let mut state = [0; COLUMNS];
         let end_of_window = 10 * SEC - 1;
         let late = (0..5)
-            .filter(|_| decide(5, SEC, &mut state, end_of_window, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut state, end_of_window, 1).allowed)
             .count();
         let early = (0..5)
-            .filter(|_| decide(5, SEC, &mut state, end_of_window + 2, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut state, end_of_window + 2, 1).allowed)
             .count();
         assert_eq!(late + early, 10, "2 × limit within 2 ns");
     }
@@ -80,9 +85,9 @@ mod tests {
     #[test]
     fn idle_once_the_window_is_over() {
         let mut state = [0; COLUMNS];
-        decide(3, SEC, &mut state, 5 * SEC + 1, 1);
-        assert_eq!(idle_at(SEC, &state), 6 * SEC);
-        assert_eq!(idle_at(SEC, &[0, 0]), 0);
+        admit(&per(3, SEC), &mut state, 5 * SEC + 1, 1);
+        assert_eq!(idle_at(&per(1, SEC), &state), 6 * SEC);
+        assert_eq!(idle_at(&per(1, SEC), &[0, 0]), 0);
     }
 
     proptest! {
@@ -103,7 +108,7 @@ mod tests {
                 if expected {
                     *count += cost;
                 }
-                prop_assert_eq!(decide(limit, SEC, &mut state, now, cost).allowed, expected);
+                prop_assert_eq!(admit(&per(limit, SEC), &mut state, now, cost).allowed, expected);
             }
         }
     }

@@ -3,9 +3,35 @@
 //! for its turn is admitted with that delay (the filter holds it); one that would wait longer
 //! is denied at once. State: the time the queue drains (a GCRA TAT).
 
+use std::num::NonZeroU64;
+
 use super::Decision;
 
-pub fn decide(interval: u64, max_delay: u64, tat: &mut u64, now: u64, cost: u64) -> Decision {
+/// Requests leave one per `interval`; none waits longer than `max_delay` for its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drain {
+    pub interval: NonZeroU64,
+    pub max_delay: u64,
+}
+
+impl Drain {
+    /// `requests` per `per_nanos`; `None` for a zero rate or more than one per nanosecond.
+    pub fn new(requests: u64, per_nanos: u64, max_delay: u64) -> Option<Drain> {
+        let interval = NonZeroU64::new(per_nanos.checked_div(requests)?)?;
+        Some(Drain {
+            interval,
+            max_delay,
+        })
+    }
+
+    /// Requests that can be admitted at once: one now and one per interval within `max_delay`.
+    pub fn capacity(&self) -> u64 {
+        self.max_delay / self.interval + 1
+    }
+}
+
+pub fn admit(drain: &Drain, tat: &mut u64, now: u64, cost: u64) -> Decision {
+    let (interval, max_delay) = (drain.interval.get(), drain.max_delay);
     let turn = (*tat).max(now);
     let delay = turn - now;
     let drained = turn.saturating_add(cost.saturating_mul(interval));
@@ -22,7 +48,7 @@ pub fn decide(interval: u64, max_delay: u64, tat: &mut u64, now: u64, cost: u64)
     Decision {
         allowed: true,
         // Cost-1 requests that could still queue behind this one within `max_delay`.
-        remaining: ((max_delay - delay) / interval + 1).saturating_sub(cost),
+        remaining: ((max_delay - delay) / drain.interval + 1).saturating_sub(cost),
         reset_after: drained - now,
         retry_after: 0,
         delay,
@@ -35,6 +61,10 @@ mod tests {
     use crate::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
+    fn drain(interval: u64, max_delay: u64) -> Drain {
+        Drain::new(1, interval, max_delay).unwrap()
+    }
+
     const MS: u64 = 1_000_000;
 
     #[test]
@@ -43,7 +73,7 @@ mod tests {
         let now = 50 * SEC;
         let delays: Vec<Option<u64>> = (0..5)
             .map(|_| {
-                let d = decide(100 * MS, 250 * MS, &mut tat, now, 1);
+                let d = admit(&drain(100 * MS, 250 * MS), &mut tat, now, 1);
                 d.allowed.then_some(d.delay)
             })
             .collect();
@@ -51,17 +81,17 @@ mod tests {
             delays,
             [Some(0), Some(100 * MS), Some(200 * MS), None, None]
         );
-        let denied = decide(100 * MS, 250 * MS, &mut tat, now, 1);
+        let denied = admit(&drain(100 * MS, 250 * MS), &mut tat, now, 1);
         assert_eq!(denied.retry_after, 50 * MS);
     }
 
     #[test]
     fn remaining_counts_what_could_still_queue_behind_a_costly_request() {
         let mut tat = 0;
-        let first = decide(100 * MS, 500 * MS, &mut tat, SEC, 3);
+        let first = admit(&drain(100 * MS, 500 * MS), &mut tat, SEC, 3);
         assert_eq!(first.remaining, 3);
         let queued = (0..10)
-            .filter(|_| decide(100 * MS, 500 * MS, &mut tat, SEC, 1).allowed)
+            .filter(|_| admit(&drain(100 * MS, 500 * MS), &mut tat, SEC, 1).allowed)
             .count();
         assert_eq!(queued, 3);
     }
@@ -79,7 +109,7 @@ mod tests {
             let mut releases = Vec::new();
             for gap in gaps {
                 now += gap;
-                let d = decide(interval, max_delay, &mut tat, now, 1);
+                let d = admit(&drain(interval, max_delay), &mut tat, now, 1);
                 if d.allowed {
                     prop_assert!(d.delay <= max_delay);
                     releases.push(now + d.delay);

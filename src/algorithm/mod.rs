@@ -16,6 +16,11 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+use std::num::NonZeroU64;
+
+use serde::{Deserialize, Serialize};
+
+pub use leaky_bucket::Drain;
 pub use token_bucket::Rate;
 
 /// What one check found. Durations are nanoseconds from `now`.
@@ -32,35 +37,80 @@ pub struct Decision {
     pub delay: u64,
 }
 
+/// The algorithms by name, as the configuration and the service's wire format spell them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    #[default]
+    TokenBucket,
+    FixedWindow,
+    SlidingWindow,
+    SlidingLog,
+    LeakyBucket,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "token_bucket",
+            Kind::FixedWindow => "fixed_window",
+            Kind::SlidingWindow => "sliding_window",
+            Kind::SlidingLog => "sliding_log",
+            Kind::LeakyBucket => "leaky_bucket",
+        }
+    }
+}
+
+/// At most `limit` tokens per window of `length` nanoseconds: the three window algorithms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub limit: u64,
+    pub length: NonZeroU64,
+}
+
+impl Window {
+    /// `None` for a zero limit or a zero length.
+    pub fn new(limit: u64, length: u64) -> Option<Window> {
+        Some(Window {
+            limit: (limit > 0).then_some(limit)?,
+            length: NonZeroU64::new(length)?,
+        })
+    }
+}
+
 /// An algorithm with its validated numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algorithm {
     TokenBucket(Rate),
-    FixedWindow { limit: u64, window: u64 },
-    SlidingWindow { limit: u64, window: u64 },
-    SlidingLog { limit: u64, window: u64 },
-    LeakyBucket { interval: u64, max_delay: u64 },
+    FixedWindow(Window),
+    SlidingWindow(Window),
+    SlidingLog(Window),
+    LeakyBucket(Drain),
 }
 
 impl Algorithm {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Algorithm::TokenBucket(_) => Kind::TokenBucket,
+            Algorithm::FixedWindow(_) => Kind::FixedWindow,
+            Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
+            Algorithm::SlidingLog(_) => Kind::SlidingLog,
+            Algorithm::LeakyBucket(_) => Kind::LeakyBucket,
+        }
+    }
+
     /// The name used in the configuration and on the wire.
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket(_) => "token_bucket",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::SlidingLog { .. } => "sliding_log",
-            Algorithm::LeakyBucket { .. } => "leaky_bucket",
-        }
+        self.kind().name()
     }
 
     /// Words of state per key.
     pub fn columns(&self) -> usize {
         match self {
-            Algorithm::TokenBucket(_) | Algorithm::LeakyBucket { .. } => 1,
-            Algorithm::FixedWindow { .. } => fixed_window::COLUMNS,
-            Algorithm::SlidingWindow { .. } => sliding_window::COLUMNS,
-            Algorithm::SlidingLog { limit, .. } => *limit as usize,
+            Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_) => 1,
+            Algorithm::FixedWindow(_) => fixed_window::COLUMNS,
+            Algorithm::SlidingWindow(_) => sliding_window::COLUMNS,
+            Algorithm::SlidingLog(window) => usize::try_from(window.limit).unwrap_or(usize::MAX),
         }
     }
 
@@ -68,44 +118,33 @@ impl Algorithm {
     pub fn capacity(&self) -> u64 {
         match self {
             Algorithm::TokenBucket(rate) => rate.burst,
-            Algorithm::FixedWindow { limit, .. }
-            | Algorithm::SlidingWindow { limit, .. }
-            | Algorithm::SlidingLog { limit, .. } => *limit,
-            Algorithm::LeakyBucket {
-                interval,
-                max_delay,
-            } => max_delay / interval + 1,
+            Algorithm::FixedWindow(window)
+            | Algorithm::SlidingWindow(window)
+            | Algorithm::SlidingLog(window) => window.limit,
+            Algorithm::LeakyBucket(drain) => drain.capacity(),
         }
     }
 
     /// How long a request may be held for its turn (leaky bucket only).
     pub fn max_delay(&self) -> Option<u64> {
         match self {
-            Algorithm::LeakyBucket { max_delay, .. } => Some(*max_delay),
+            Algorithm::LeakyBucket(drain) => Some(drain.max_delay),
             _ => None,
         }
     }
 
     /// Admits `cost` at `now` if the state allows, updating it; leaves it alone otherwise.
-    pub fn decide(&self, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    pub fn admit(&self, state: &mut [u64], now: u64, cost: u64) -> Decision {
         match (self, state) {
-            (Algorithm::TokenBucket(rate), [tat]) => token_bucket::decide(rate, tat, now, cost),
-            (Algorithm::FixedWindow { limit, window }, state) => {
-                fixed_window::decide(*limit, *window, state, now, cost)
+            (Algorithm::TokenBucket(rate), [tat]) => token_bucket::admit(rate, tat, now, cost),
+            (Algorithm::FixedWindow(window), state) => {
+                fixed_window::admit(window, state, now, cost)
             }
-            (Algorithm::SlidingWindow { limit, window }, state) => {
-                sliding_window::decide(*limit, *window, state, now, cost)
+            (Algorithm::SlidingWindow(window), state) => {
+                sliding_window::admit(window, state, now, cost)
             }
-            (Algorithm::SlidingLog { limit, window }, state) => {
-                sliding_log::decide(*limit, *window, state, now, cost)
-            }
-            (
-                Algorithm::LeakyBucket {
-                    interval,
-                    max_delay,
-                },
-                [tat],
-            ) => leaky_bucket::decide(*interval, *max_delay, tat, now, cost),
+            (Algorithm::SlidingLog(window), state) => sliding_log::admit(window, state, now, cost),
+            (Algorithm::LeakyBucket(drain), [tat]) => leaky_bucket::admit(drain, tat, now, cost),
             _ => Decision::default(),
         }
     }
@@ -114,12 +153,12 @@ impl Algorithm {
     /// losing anything.
     pub fn idle_at(&self, state: &[u64]) -> u64 {
         match self {
-            Algorithm::TokenBucket(_) | Algorithm::LeakyBucket { .. } => {
+            Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_) => {
                 state.first().copied().unwrap_or(0)
             }
-            Algorithm::FixedWindow { window, .. } => fixed_window::idle_at(*window, state),
-            Algorithm::SlidingWindow { window, .. } => sliding_window::idle_at(*window, state),
-            Algorithm::SlidingLog { window, .. } => sliding_log::idle_at(*window, state),
+            Algorithm::FixedWindow(window) => fixed_window::idle_at(window, state),
+            Algorithm::SlidingWindow(window) => sliding_window::idle_at(window, state),
+            Algorithm::SlidingLog(window) => sliding_log::idle_at(window, state),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! any span of `window`. State per key is one word per token of the limit (8 × limit bytes),
 //! which is why the configuration caps `requests` for this algorithm.
 
-use super::Decision;
+use super::{Decision, Window};
 
 /// A time is live while it is within the last `window`; 0 marks an unused entry.
 fn live(time: u64, now: u64, window: u64) -> bool {
@@ -11,7 +11,8 @@ fn live(time: u64, now: u64, window: u64) -> bool {
 
 /// Admits `cost` if fewer than `limit - cost + 1` entries are live, writing `now` over `cost`
 /// expired or unused entries.
-pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
+pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let (limit, window) = (window.limit, window.length.get());
     let mut times: Vec<u64> = state
         .iter()
         .copied()
@@ -50,12 +51,12 @@ pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -
 }
 
 /// Idle once the newest entry has left the window.
-pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
     state
         .iter()
         .max()
         .filter(|&&newest| newest > 0)
-        .map_or(0, |newest| newest.saturating_add(window))
+        .map_or(0, |newest| newest.saturating_add(window.length.get()))
 }
 
 #[cfg(test)]
@@ -64,33 +65,37 @@ mod tests {
     use crate::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
+    fn per(limit: u64, length: u64) -> Window {
+        Window::new(limit, length).unwrap()
+    }
+
     #[test]
     fn holds_the_limit_over_any_span_of_the_window() {
         let mut log = [0; 5];
         let end_of_window = 10 * SEC - 1;
         let late = (0..5)
-            .filter(|_| decide(5, SEC, &mut log, end_of_window, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut log, end_of_window, 1).allowed)
             .count();
         let early = (0..5)
-            .filter(|_| decide(5, SEC, &mut log, end_of_window + 2, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut log, end_of_window + 2, 1).allowed)
             .count();
         assert_eq!((late, early), (5, 0));
-        let denied = decide(5, SEC, &mut log, 10 * SEC, 1);
+        let denied = admit(&per(5, SEC), &mut log, 10 * SEC, 1);
         assert_eq!(
             denied.retry_after,
             SEC - 1,
             "the oldest leaves the window then"
         );
-        assert!(decide(5, SEC, &mut log, end_of_window + SEC, 1).allowed);
+        assert!(admit(&per(5, SEC), &mut log, end_of_window + SEC, 1).allowed);
     }
 
     #[test]
     fn a_costly_request_waits_for_enough_entries_to_expire() {
         let mut log = [0; 3];
         for t in [1, 2, 3] {
-            assert!(decide(3, 10 * SEC, &mut log, t * SEC, 1).allowed);
+            assert!(admit(&per(3, 10 * SEC), &mut log, t * SEC, 1).allowed);
         }
-        let denied = decide(3, 10 * SEC, &mut log, 5 * SEC, 2);
+        let denied = admit(&per(3, 10 * SEC), &mut log, 5 * SEC, 2);
         assert_eq!(
             denied.retry_after,
             7 * SEC,
@@ -100,8 +105,8 @@ mod tests {
 
     #[test]
     fn idle_when_the_newest_entry_has_left() {
-        assert_eq!(idle_at(SEC, &[0, 0]), 0);
-        assert_eq!(idle_at(SEC, &[5 * SEC, 7 * SEC]), 8 * SEC);
+        assert_eq!(idle_at(&per(1, SEC), &[0, 0]), 0);
+        assert_eq!(idle_at(&per(1, SEC), &[5 * SEC, 7 * SEC]), 8 * SEC);
     }
 
     proptest! {
@@ -119,13 +124,13 @@ mod tests {
                 let cost = cost.min(limit);
                 let recent: u64 = admitted.iter().filter(|(t, _)| t + SEC > now).map(|(_, c)| c).sum();
                 let expected = recent + cost <= limit;
-                let d = decide(limit, SEC, &mut log, now, cost);
+                let d = admit(&per(limit, SEC), &mut log, now, cost);
                 prop_assert_eq!(d.allowed, expected);
                 if d.allowed {
                     admitted.push((now, cost));
                 } else {
                     let mut probe = log.clone();
-                    prop_assert!(decide(limit, SEC, &mut probe, now + d.retry_after, cost).allowed);
+                    prop_assert!(admit(&per(limit, SEC), &mut probe, now + d.retry_after, cost).allowed);
                 }
             }
         }

@@ -3,32 +3,33 @@
 //! 2 × limit burst at a boundary; the estimate assumes the previous window's requests were
 //! spread evenly.
 
-use super::Decision;
+use super::{Decision, Window};
 
 /// State: the current window index, its count, and the previous window's count.
 pub const COLUMNS: usize = 3;
 
 /// Admits `cost` if `previous × (1 - elapsed/window) + current + cost <= limit`. Products are
 /// taken in u128: counts times nanoseconds overflow u64.
-pub fn decide(limit: u64, window: u64, state: &mut [u64], now: u64, cost: u64) -> Decision {
-    let index = now / window;
+pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let (limit, length) = (window.limit, window.length.get());
+    let index = now / window.length;
     let (current, previous) = match state {
         [stored, current, previous] if *stored == index => (*current, *previous),
         [stored, current, _] if *stored + 1 == index => (0, *current),
         _ => (0, 0),
     };
-    let elapsed = now - index * window;
-    let (w, limit_w) = (u128::from(window), u128::from(limit) * u128::from(window));
-    let used_w = u128::from(previous) * u128::from(window - elapsed) + u128::from(current) * w;
+    let elapsed = now - index * length;
+    let (w, limit_w) = (u128::from(length), u128::from(limit) * u128::from(length));
+    let used_w = u128::from(previous) * u128::from(length - elapsed) + u128::from(current) * w;
     let need_w = u128::from(cost) * w;
     // Until both counts have faded: the window after the current one if it holds a count.
-    let (to_next, to_after_next) = (window - elapsed, 2 * window - elapsed);
+    let (to_next, to_after_next) = (length - elapsed, 2 * length - elapsed);
     if used_w + need_w > limit_w {
         return Decision {
             allowed: false,
             remaining: to_u64(limit_w.saturating_sub(used_w) / w),
             reset_after: if current > 0 { to_after_next } else { to_next },
-            retry_after: retry_after(limit, window, current, previous, elapsed, cost),
+            retry_after: retry_after(limit, length, current, previous, elapsed, cost),
             delay: 0,
         };
     }
@@ -78,10 +79,10 @@ fn to_u64(n: u128) -> u64 {
 }
 
 /// Both counts have faded once the window after the current one is over.
-pub fn idle_at(window: u64, state: &[u64]) -> u64 {
+pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
     match state {
         [index, current, previous] if *current > 0 || *previous > 0 => {
-            (index + 2).saturating_mul(window)
+            (index + 2).saturating_mul(window.length.get())
         }
         _ => 0,
     }
@@ -93,15 +94,19 @@ mod tests {
     use crate::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
+    fn per(limit: u64, length: u64) -> Window {
+        Window::new(limit, length).unwrap()
+    }
+
     #[test]
     fn caps_the_boundary_burst_that_a_fixed_window_lets_through() {
         let mut state = [0; COLUMNS];
         let end_of_window = 10 * SEC - 1;
         let late = (0..5)
-            .filter(|_| decide(5, SEC, &mut state, end_of_window, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut state, end_of_window, 1).allowed)
             .count();
         let early = (0..5)
-            .filter(|_| decide(5, SEC, &mut state, end_of_window + 2, 1).allowed)
+            .filter(|_| admit(&per(5, SEC), &mut state, end_of_window + 2, 1).allowed)
             .count();
         assert_eq!((late, early), (5, 0));
     }
@@ -109,11 +114,11 @@ mod tests {
     #[test]
     fn the_previous_window_fades_linearly() {
         let mut state = [0; COLUMNS];
-        (0..10).for_each(|_| assert!(decide(10, SEC, &mut state, 10 * SEC, 1).allowed));
+        (0..10).for_each(|_| assert!(admit(&per(10, SEC), &mut state, 10 * SEC, 1).allowed));
         // Half-way through the next window the estimate is 10 × 0.5 = 5: room for 5.
         let half = 11 * SEC + SEC / 2;
         let passed = (0..10)
-            .filter(|_| decide(10, SEC, &mut state, half, 1).allowed)
+            .filter(|_| admit(&per(10, SEC), &mut state, half, 1).allowed)
             .count();
         assert_eq!(passed, 5);
     }
@@ -122,16 +127,16 @@ mod tests {
     fn reset_is_when_the_admitted_request_has_faded() {
         let mut state = [0; COLUMNS];
         let now = 5 * SEC + 300_000_000;
-        let d = decide(3, SEC, &mut state, now, 1);
+        let d = admit(&per(3, SEC), &mut state, now, 1);
         assert_eq!(d.reset_after, 1_700_000_000);
-        assert_eq!(idle_at(SEC, &state), now + d.reset_after);
+        assert_eq!(idle_at(&per(1, SEC), &state), now + d.reset_after);
     }
 
     #[test]
     fn idle_two_windows_after_its_last_count() {
         let mut state = [0; COLUMNS];
-        decide(3, SEC, &mut state, 5 * SEC, 1);
-        assert_eq!(idle_at(SEC, &state), 7 * SEC);
+        admit(&per(3, SEC), &mut state, 5 * SEC, 1);
+        assert_eq!(idle_at(&per(1, SEC), &state), 7 * SEC);
     }
 
     /// Reference: the same estimate in exact rational arithmetic from the full request history.
@@ -166,15 +171,15 @@ mod tests {
                 let cost = cost.min(limit);
                 let (used, w) = estimate(&history, now, SEC);
                 let expected = used + u128::from(cost) * w <= u128::from(limit) * w;
-                let d = decide(limit, SEC, &mut state, now, cost);
+                let d = admit(&per(limit, SEC), &mut state, now, cost);
                 prop_assert_eq!(d.allowed, expected);
                 if d.allowed {
                     history.push((now, cost));
                 } else {
                     let mut probe = state;
-                    prop_assert!(decide(limit, SEC, &mut probe, now + d.retry_after, cost).allowed);
+                    prop_assert!(admit(&per(limit, SEC), &mut probe, now + d.retry_after, cost).allowed);
                     let mut early = state;
-                    prop_assert!(d.retry_after == 1 || !decide(limit, SEC, &mut early, now + d.retry_after - 1, cost).allowed);
+                    prop_assert!(d.retry_after == 1 || !admit(&per(limit, SEC), &mut early, now + d.retry_after - 1, cost).allowed);
                 }
             }
         }

@@ -4,13 +4,15 @@
 //! at `requests / per` up to `burst` tokens, but it fits one compare-and-swapped integer.
 //! The caller supplies `now`: this module never reads a clock.
 
+use std::num::NonZeroU64;
+
 use super::Decision;
 
 /// A validated rate: `interval` nanoseconds per token, `burst` tokens of capacity.
 /// `capacity` (= burst × interval) is checked at config time to fit comfortably in a u64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
-    pub interval: u64,
+    pub interval: NonZeroU64,
     pub burst: u64,
     pub capacity: u64,
 }
@@ -20,8 +22,9 @@ impl Rate {
     /// (zero rate, more than one token per nanosecond, or a bucket that takes centuries to fill).
     pub fn new(requests: u64, per_nanos: u64, burst: u64) -> Option<Rate> {
         const MAX_CAPACITY: u64 = 1 << 62;
-        let interval = per_nanos.checked_div(requests).filter(|&i| i > 0)?;
+        let interval = NonZeroU64::new(per_nanos.checked_div(requests)?)?;
         let capacity = interval
+            .get()
             .checked_mul(burst)
             .filter(|&c| c > 0 && c <= MAX_CAPACITY)?;
         Some(Rate {
@@ -33,9 +36,9 @@ impl Rate {
 }
 
 /// Takes `cost` tokens from the bucket whose TAT is `tat`, if it has them at `now`.
-pub fn decide(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
+pub fn admit(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
     let start = (*tat).max(now);
-    let after = start.saturating_add(cost.saturating_mul(rate.interval));
+    let after = start.saturating_add(cost.saturating_mul(rate.interval.get()));
     let debt_after = after - now;
     if debt_after <= rate.capacity {
         *tat = after;
@@ -58,9 +61,9 @@ pub fn decide(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
 }
 
 /// Puts back `tokens` taken earlier at `interval` nanoseconds each and not spent. A bucket that
-/// refilled meanwhile stays full: `decide` never counts time before `now`.
-pub fn hand_back(tat: &mut u64, tokens: u64, interval: u64) {
-    *tat = tat.saturating_sub(tokens.saturating_mul(interval));
+/// refilled meanwhile stays full: `admit` never counts time before `now`.
+pub fn hand_back(tat: &mut u64, tokens: u64, interval: NonZeroU64) {
+    *tat = tat.saturating_sub(tokens.saturating_mul(interval.get()));
 }
 
 #[cfg(test)]
@@ -78,14 +81,14 @@ mod tests {
         let mut tat = 0;
         times
             .iter()
-            .map(|&now| decide(rate, &mut tat, now, 1).allowed)
+            .map(|&now| admit(rate, &mut tat, now, 1).allowed)
             .collect()
     }
 
     /// Decides without keeping the new state.
     fn check(rate: &Rate, tat: u64, now: u64, cost: u64) -> (Decision, u64) {
         let mut after = tat;
-        (decide(rate, &mut after, now, cost), after)
+        (admit(rate, &mut after, now, cost), after)
     }
 
     #[test]
@@ -158,7 +161,7 @@ mod tests {
         fn take(&mut self, rate: &Rate, now: u64, cost: u64) -> (bool, u64) {
             self.level = (self.level + (now - self.last)).min(rate.capacity);
             self.last = now;
-            let need = cost * rate.interval;
+            let need = cost * rate.interval.get();
             let allowed = self.level >= need;
             if allowed {
                 self.level -= need;
@@ -204,7 +207,7 @@ mod tests {
             let (mut tat, mut now, mut admitted) = (0, start, 0u64);
             for gap in gaps {
                 now += gap;
-                let d = decide(&rate, &mut tat, now, 1);
+                let d = admit(&rate, &mut tat, now, 1);
                 admitted += u64::from(d.allowed);
             }
             prop_assert!(admitted <= burst + (now - start) / rate.interval);

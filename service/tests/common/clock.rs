@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::resp::{Reply, Resp};
+use sluice_testkit::resp::{Reply, Resp};
 
 /// Redis TIME in µs since the epoch.
 pub fn redis_time_us(client: &mut Resp) -> u64 {

@@ -1,66 +1,34 @@
-//! Test harness: real `redis-server`s (single or Cluster), the real `sluice-service` binary,
-//! and small blocking clients for HTTP and RESP. Every child process is killed by PID when its
-//! handle drops, so a failing test leaves nothing running. Every wait has a deadline.
-// Each test binary compiles this module and uses only part of it. It is test support code (not
-// under #[test], so clippy's in-tests allowances miss it): panicking with a clear message is how
-// it reports a broken setup.
-#![allow(
-    dead_code,
-    clippy::panic,
-    clippy::expect_used,
-    clippy::unwrap_used,
-    clippy::indexing_slicing
-)]
+//! What the service's tests share beyond the workspace harness (`sluice-testkit`): the request
+//! bodies the filter sends, the 400s the service answers, and Redis's clock.
+// Each test binary uses only part of this module.
+#![allow(dead_code, clippy::panic, clippy::unwrap_used)]
 
 pub mod clock;
-pub mod http;
-pub mod redis;
-pub mod resp;
-pub mod service;
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use sluice_testkit::http::{post_json, Response};
+use std::net::SocketAddr;
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
+/// POST /v1/check with this body.
+pub fn post_check(addr: SocketAddr, body: &str) -> Response {
+    post_json(addr, "/v1/check", body)
 }
 
-/// Polls `probe` until it gives a value or `limit` passes.
-pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(value) = probe() {
-            return Some(value);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
+/// The service's error answers.
+pub trait Refusal {
+    /// Asserts a 400 whose detail starts with `detail_prefix` (the field at fault).
+    fn assert_bad_request(&self, detail_prefix: &str);
 }
 
-/// A directory under the system temp dir, removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    pub fn new(label: &str) -> TempDir {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("sluice-{label}-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&path).unwrap();
-        TempDir(path)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+impl Refusal for Response {
+    fn assert_bad_request(&self, detail_prefix: &str) {
+        assert_eq!(self.status, 400, "{self:?}");
+        let json = self.json();
+        assert_eq!(json["error"], "bad_request", "{self:?}");
+        let detail = json["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with(detail_prefix),
+            "detail {detail:?} should start with {detail_prefix:?}"
+        );
     }
 }
 

@@ -12,8 +12,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
-use crate::common::service::Service;
-use crate::common::TempDir;
+use sluice_testkit::service::Service;
+use sluice_testkit::TempDir;
 
 pub type Client = RateLimitServiceClient<Channel>;
 

@@ -6,8 +6,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::resp::{Reply, Resp};
-use super::{free_port, wait_for, TempDir};
+use crate::resp::{Reply, Resp};
+use crate::{free_port, wait_for, TempDir};
 
 const START_ATTEMPTS: usize = 5;
 const READY_WITHIN: Duration = Duration::from_secs(5);

@@ -6,22 +6,16 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
-/// The binary Cargo built for this package's tests; from the filter's tests (which include this
-/// harness too), the workspace's debug build.
+/// The workspace's debug build: Cargo builds it for the service's own tests, `make service`
+/// for the filter's.
 pub fn binary() -> std::path::PathBuf {
-    match option_env!("CARGO_BIN_EXE_sluice-service") {
-        Some(path) => path.into(),
-        None => {
-            let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-            let path = workspace.join("target/debug/sluice-service");
-            assert!(
-                path.exists(),
-                "{} is missing: run `cargo build -p sluice-service`",
-                path.display()
-            );
-            path
-        }
-    }
+    let path = crate::target_dir().join("debug/sluice-service");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build -p sluice-service`",
+        path.display()
+    );
+    path
 }
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
@@ -39,7 +33,8 @@ pub struct Service {
 impl Service {
     /// POST /v1/check with these checks, which must succeed; the results, in order.
     pub fn check(&self, checks: &[serde_json::Value]) -> Vec<serde_json::Value> {
-        let response = super::http::post_check(self.addr, &super::checks_body(checks));
+        let body = serde_json::json!({ "checks": checks }).to_string();
+        let response = crate::http::post_json(self.addr, "/v1/check", &body);
         assert_eq!(response.status, 200, "{response:?}");
         response.json()["results"].as_array().unwrap().clone()
     }
@@ -117,7 +112,7 @@ impl Service {
 
     /// Waits for the process to exit on its own.
     pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        super::wait_for(within, || self.child.try_wait().ok().flatten())
+        crate::wait_for(within, || self.child.try_wait().ok().flatten())
     }
 }
 
@@ -178,7 +173,7 @@ pub fn run_to_exit(
     let stdout = lines_of(child.stdout.take().unwrap());
     let stderr = lines_of(child.stderr.take().unwrap());
     let started = Instant::now();
-    let status = super::wait_for(within, || child.try_wait().ok().flatten());
+    let status = crate::wait_for(within, || child.try_wait().ok().flatten());
     let Some(status) = status else {
         let _ = child.kill();
         let _ = child.wait();

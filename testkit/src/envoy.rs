@@ -1,5 +1,4 @@
-//! Integration-test harness: runs a real Envoy with the sluice wasm filter and
-//! talks plain HTTP/1.1 to it.
+//! A real Envoy with the sluice wasm filter, on free loopback ports.
 //!
 //! ```ignore
 //! let envoy = Envoy::start(r#"{"policies":[...]}"#);
@@ -7,38 +6,22 @@
 //! assert_eq!(r.status, 200);
 //! ```
 //!
-//! Each `Envoy` gets its own temp dir (bootstrap.yaml, envoy.log) and free
-//! loopback ports; dropping it stops the process, also when a test panics. A
-//! failing test prints the tail of Envoy's log and keeps the temp dir.
+//! Each `Envoy` gets its own temp dir (bootstrap.yaml, envoy.log); dropping it stops the
+//! process, also when a test panics. A failing test prints the tail of Envoy's log and keeps
+//! the temp dir.
 //!
-//! The filter is `target/wasm32-wasip1/release/sluice.wasm` (`make build`),
-//! or `$SLUICE_WASM` when set.
-//! The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
+//! The filter is `target/wasm32-wasip1/release/sluice.wasm` (`make build`), or `$SLUICE_WASM`
+//! when set. The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
 
-// Each test binary compiles this module and uses only part of it. It is test
-// support code (not under #[test], so clippy's in-tests allowances miss it):
-// panicking with a clear message is how it reports a broken setup.
-#![allow(
-    dead_code,
-    clippy::panic,
-    clippy::expect_used,
-    clippy::unwrap_used,
-    clippy::indexing_slicing
-)]
-
+use crate::http::{http_request, Connection, Response};
+use crate::{free_port, repo_root, send_signal, target_dir, TempDir, SIGTERM};
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-
-/// The service's own harness: redis-server (single and Cluster) and sluice-service processes.
-#[path = "../../service/tests/common/mod.rs"]
-pub mod backend;
+use std::time::{Duration, Instant, SystemTime};
 
 /// Envoy puts the counters a wasm module defines under this prefix: the filter's
 /// `sluice.per-user.allowed` is `wasmcustom.sluice.per-user.allowed` in /stats.
@@ -46,7 +29,6 @@ pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
-const IO_TIMEOUT: Duration = Duration::from_secs(10);
 const COUNTER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Starting again with new ports when another process took ours in between.
 const START_ATTEMPTS: u32 = 3;
@@ -184,7 +166,7 @@ impl EnvoyOptions {
 /// A running Envoy. Dropping it stops the process.
 pub struct Envoy {
     child: Child,
-    dir: PathBuf,
+    dir: TempDir,
     opts: EnvoyOptions,
     /// The HTTP listener, on 127.0.0.1.
     pub port: u16,
@@ -211,23 +193,23 @@ impl Envoy {
     }
 
     fn launch(opts: &EnvoyOptions) -> Result<Envoy, String> {
-        let dir = fresh_temp_dir();
+        let dir = TempDir::new("envoy");
         let port = free_port();
         let admin_port = free_port();
-        let bootstrap = dir.join("bootstrap.yaml");
-        let log_path = dir.join("envoy.log");
+        let bootstrap = dir.path().join("bootstrap.yaml");
+        let log_path = dir.path().join("envoy.log");
         let yaml = match &opts.bootstrap {
             Some(template) => template
                 .replace("{port}", &port.to_string())
                 .replace("{admin_port}", &admin_port.to_string())
                 .replace("{backend_port}", &free_port().to_string()),
-            None => bootstrap_yaml(opts, &dir, port, admin_port),
+            None => bootstrap_yaml(opts, dir.path(), port, admin_port),
         };
         std::fs::write(&bootstrap, yaml)
             .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
         if opts.lds_from_file {
-            std::fs::create_dir_all(dir.join(LDS_DIR)).expect("creating the LDS directory");
-            write_lds(&dir, &lds_yaml(opts, port));
+            std::fs::create_dir_all(dir.path().join(LDS_DIR)).expect("creating the LDS directory");
+            write_lds(dir.path(), &lds_yaml(opts, port));
         }
         let log_file = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
@@ -371,7 +353,7 @@ impl Envoy {
             counter(self, "update_rejected"),
         );
         self.opts.plugin_json = Some(plugin_json.to_string());
-        write_lds(&self.dir, &lds_yaml(&self.opts, self.port));
+        write_lds(self.dir.path(), &lds_yaml(&self.opts, self.port));
         let deadline = Instant::now() + LDS_UPDATE_TIMEOUT;
         loop {
             if counter(self, "update_success") > success {
@@ -392,7 +374,7 @@ impl Envoy {
 
     /// Everything Envoy has logged so far.
     pub fn log(&self) -> String {
-        let bytes = std::fs::read(self.dir.join("envoy.log")).unwrap_or_default();
+        let bytes = std::fs::read(self.dir.path().join("envoy.log")).unwrap_or_default();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
@@ -404,7 +386,7 @@ impl Envoy {
 
     /// The temp dir with bootstrap.yaml and envoy.log.
     pub fn dir(&self) -> &Path {
-        &self.dir
+        self.dir.path()
     }
 
     /// SIGTERM, then SIGKILL after a grace period; always reaps the child.
@@ -431,244 +413,18 @@ impl Drop for Envoy {
         if std::thread::panicking() {
             eprintln!(
                 "--- Envoy log tail ({}/envoy.log) ---\n{}\n---",
-                self.dir.display(),
+                self.dir.path().display(),
                 self.log_tail(60)
             );
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 }
 
 /// std only offers SIGKILL (`Child::kill`); SIGTERM lets Envoy shut down cleanly.
 fn send_sigterm(pid: u32) {
-    extern "C" {
-        fn kill(pid: i32, sig: i32) -> i32;
-    }
-    const SIGTERM: i32 = 15;
     if let Ok(pid) = i32::try_from(pid) {
-        // SAFETY: kill(2) takes two integers and touches no memory of ours. The
-        // pid is our own unreaped child, so it cannot belong to another process.
-        unsafe {
-            kill(pid, SIGTERM);
-        }
+        send_signal(pid, SIGTERM);
     }
-}
-
-/// An HTTP response.
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    /// In order received; names lower-cased, values as sent.
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Response {
-    /// The first header with this (case-insensitive) name.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        let name = name.to_ascii_lowercase();
-        self.headers
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body as text (lossy UTF-8).
-    pub fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
-
-/// One request on a fresh connection with `Connection: close`.
-pub fn http_request(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &[u8])],
-) -> Result<Response, String> {
-    Connection::open(addr)?.request(method, path, headers)
-}
-
-/// A connection opened ahead of its one request: threads that open theirs
-/// first and then send together race inside Envoy, not in `connect`.
-/// `Envoy::connect()` opens one to the listener. `send` instead keeps it open
-/// for any number of requests, one at a time.
-pub struct Connection {
-    stream: TcpStream,
-    addr: SocketAddr,
-}
-
-impl Connection {
-    pub fn open(addr: SocketAddr) -> Result<Connection, String> {
-        let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
-            .map_err(|e| format!("connect {addr}: {e}"))?;
-        stream
-            .set_read_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        stream
-            .set_write_timeout(Some(IO_TIMEOUT))
-            .map_err(|e| e.to_string())?;
-        Ok(Connection { stream, addr })
-    }
-
-    /// Sends one request with `Connection: close` and reads its response.
-    pub fn request(
-        mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &[u8])],
-    ) -> Result<Response, String> {
-        self.exchange(method, path, headers, "close")
-    }
-
-    /// Sends one request with `Connection: keep-alive` and reads its response, leaving the
-    /// connection open for the next: all requests sent on it reach the Envoy worker that
-    /// accepted it.
-    pub fn send(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &[u8])],
-    ) -> Result<Response, String> {
-        self.exchange(method, path, headers, "keep-alive")
-    }
-
-    fn exchange(
-        &mut self,
-        method: &str,
-        path: &str,
-        headers: &[(&str, &[u8])],
-        connection: &str,
-    ) -> Result<Response, String> {
-        let req = request_bytes(self.addr, method, path, headers, connection);
-        read_response(&mut self.stream, &req, method)
-    }
-}
-
-/// An HTTP/1.1 request without a body; `connection` is the `Connection` header's value.
-fn request_bytes(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &[u8])],
-    connection: &str,
-) -> Vec<u8> {
-    let mut req = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
-    if !headers.iter().any(|(n, _)| n.eq_ignore_ascii_case("host")) {
-        req.extend_from_slice(format!("host: {addr}\r\n").as_bytes());
-    }
-    for (name, value) in headers {
-        req.extend_from_slice(name.as_bytes());
-        req.extend_from_slice(b": ");
-        req.extend_from_slice(value);
-        req.extend_from_slice(b"\r\n");
-    }
-    req.extend_from_slice(format!("connection: {connection}\r\n\r\n").as_bytes());
-    req
-}
-
-/// Writes `req` and reads its response. Bytes after the response would be dropped, but with
-/// one request in flight at a time there are none: a keep-alive connection stays usable.
-fn read_response(stream: &mut TcpStream, req: &[u8], method: &str) -> Result<Response, String> {
-    stream.write_all(req).map_err(|e| format!("write: {e}"))?;
-
-    // Read until the response is complete, not to EOF: after `connection:
-    // close` Envoy waits up to its delayed_close_timeout (1 s) before closing,
-    // which would make every request take a second.
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 8192];
-    loop {
-        let n = stream.read(&mut buf).map_err(|e| format!("read: {e}"))?;
-        raw.extend_from_slice(&buf[..n]);
-        let eof = n == 0;
-        if let Some(response) = parse_response(&raw, eof, method == "HEAD")? {
-            return Ok(response);
-        }
-        if eof {
-            return Err(format!(
-                "connection closed before a complete response: {:?}",
-                String::from_utf8_lossy(&raw)
-            ));
-        }
-    }
-}
-
-/// `Ok(None)` while `raw` does not hold a complete response yet.
-fn parse_response(raw: &[u8], eof: bool, head_only: bool) -> Result<Option<Response>, String> {
-    let Some(head_end) = find(raw, b"\r\n\r\n") else {
-        return Ok(None);
-    };
-    let head = String::from_utf8_lossy(&raw[..head_end]).into_owned();
-    let rest = &raw[head_end + 4..];
-
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or_default();
-    let status: u16 = status_line
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut response = Response {
-        status,
-        headers,
-        body: Vec::new(),
-    };
-
-    let chunked = response
-        .header("transfer-encoding")
-        .is_some_and(|te| te.eq_ignore_ascii_case("chunked"));
-    let body = if head_only || status == 204 || status == 304 {
-        Some(Vec::new())
-    } else if chunked {
-        decode_chunked(rest)?
-    } else if let Some(len) = response.header("content-length") {
-        let len: usize = len
-            .parse()
-            .map_err(|_| format!("bad content-length {len:?}"))?;
-        rest.get(..len).map(<[u8]>::to_vec)
-    } else if eof {
-        Some(rest.to_vec())
-    } else {
-        None
-    };
-    Ok(body.map(|body| {
-        response.body = body;
-        response
-    }))
-}
-
-/// The decoded body, or `Ok(None)` while the last chunk has not arrived.
-fn decode_chunked(mut data: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let mut body = Vec::new();
-    loop {
-        let Some(line_end) = find(data, b"\r\n") else {
-            return Ok(None);
-        };
-        let size_line = String::from_utf8_lossy(&data[..line_end]);
-        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16)
-            .map_err(|_| format!("bad chunk size {size_hex:?}"))?;
-        data = &data[line_end + 2..];
-        if size == 0 {
-            // Complete once the (ignored) trailer section ends with an empty line.
-            let done = data.starts_with(b"\r\n") || find(data, b"\r\n\r\n").is_some();
-            return Ok(done.then_some(body));
-        }
-        let (Some(chunk), Some(after)) = (data.get(..size), data.get(size + 2..)) else {
-            return Ok(None);
-        };
-        body.extend_from_slice(chunk);
-        data = after;
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn percent_encode(s: &str) -> String {
@@ -681,10 +437,6 @@ fn percent_encode(s: &str) -> String {
         }
     }
     out
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// `$ENVOY`, else the path `scripts/find-envoy` prints (resolved once per test binary).
@@ -718,10 +470,7 @@ pub fn wasm_path() -> PathBuf {
     if let Some(path) = std::env::var_os("SLUICE_WASM").filter(|p| !p.is_empty()) {
         return PathBuf::from(path);
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("target"));
-    let wasm = target.join("wasm32-wasip1/release/sluice.wasm");
+    let wasm = target_dir().join("wasm32-wasip1/release/sluice.wasm");
     assert!(
         wasm.is_file(),
         "{} is missing: run `make build` first",
@@ -761,29 +510,6 @@ fn newest_mtime(dir: &Path) -> Option<SystemTime> {
             }
         })
         .max()
-}
-
-fn fresh_temp_dir() -> PathBuf {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-envoy-{}-{}-{nanos}",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
-    dir
-}
-
-/// A port that was free a moment ago (bind port 0, read it, release it).
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding an ephemeral port on 127.0.0.1")
 }
 
 /// A YAML double-quoted scalar holding `s` exactly.

@@ -1,0 +1,587 @@
+//! Turns the configuration as written (`input`) into the `Plan` requests read: validates every
+//! field, interns the request attributes, and places each policy's state in a shared-data
+//! table.
+
+use super::input::{
+    RawBypass, RawConfig, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode, RawPolicy,
+    RawScope, RawTiers,
+};
+use super::plan::{Bypass, GlobalService, OnFailure, Plan, Policy, Scope, TableSpec, Tier, Tiers};
+use super::{error, ConfigError};
+use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
+use crate::duration::parse_nanos;
+use crate::key::{parse_part, KeyPart, Source};
+use crate::matcher::{HeaderRule, Matcher, PathRule};
+use crate::request::Attr;
+use siphasher::sip::SipHasher13;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+
+/// The most distinct keys a policy may track.
+pub const MAX_MAX_KEYS: u32 = 1_000_000;
+/// A sliding log keeps one timestamp per request of its limit, in every key's slot.
+pub const MAX_SLIDING_LOG: u64 = 1_000;
+
+/// Validates and compiles a configuration.
+pub(super) fn compile(raw: RawConfig) -> Result<Plan, ConfigError> {
+    Compiler::default().compile(raw)
+}
+
+#[derive(Default)]
+struct Compiler {
+    attrs: Vec<Attr>,
+    tables: Vec<TableDraft>,
+}
+
+/// A table while policies are still being placed in it.
+struct TableDraft {
+    key: Vec<KeyPart>,
+    /// Each policy's name and number of columns, in column order.
+    members: Vec<(String, usize)>,
+    capacity: u32,
+}
+
+impl Compiler {
+    fn compile(mut self, raw: RawConfig) -> Result<Plan, ConfigError> {
+        if raw.policies.is_empty() && raw.default.is_none() {
+            return Err(error(
+                "policies",
+                "at least one policy (or a default) is required",
+            ));
+        }
+        let global = raw.global.as_ref().map(service).transpose()?;
+        let mut policies = Vec::with_capacity(raw.policies.len() + 1);
+        for (i, policy) in raw.policies.iter().enumerate() {
+            let at = format!("policies[{i}]");
+            policies.push(self.policy(&at, policy, false, global.is_some())?);
+        }
+        if let Some(default) = &raw.default {
+            if default.matcher.is_some() {
+                return Err(error(
+                    "default.match",
+                    "the default policy applies when no policy matches, so it takes no match",
+                ));
+            }
+            policies.push(self.policy("default", default, true, global.is_some())?);
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, policy) in policies.iter().enumerate() {
+            if !names.insert(policy.name.as_str()) {
+                let field = if policy.fallback {
+                    "default.name".into()
+                } else {
+                    format!("policies[{i}].name")
+                };
+                return Err(error(
+                    field,
+                    format!("duplicate policy name {:?}", policy.name),
+                ));
+            }
+        }
+        let bypass = raw
+            .bypass
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| bypass(&format!("bypass[{i}]"), entry, &policies, &self.tables))
+            .collect::<Result<Vec<_>, _>>()?
+            .concat();
+        let attrs = self.attrs;
+        let tables = self
+            .tables
+            .into_iter()
+            .map(|t| TableSpec {
+                layout_id: layout_id(&t.key, &t.members, &attrs),
+                width: t.members.iter().map(|(_, columns)| columns).sum(),
+                key: t.key,
+                capacity: t.capacity,
+            })
+            .collect();
+        Ok(Plan {
+            version: raw.version.unwrap_or_else(|| "unversioned".into()),
+            headers: raw.headers,
+            attrs,
+            policies,
+            tables,
+            global,
+            bypass,
+        })
+    }
+
+    fn intern(&mut self, attr: Attr) -> usize {
+        match self.attrs.iter().position(|a| *a == attr) {
+            Some(index) => index,
+            None => {
+                self.attrs.push(attr);
+                self.attrs.len() - 1
+            }
+        }
+    }
+
+    fn policy(
+        &mut self,
+        at: &str,
+        raw: &RawPolicy,
+        fallback: bool,
+        has_service: bool,
+    ) -> Result<Policy, ConfigError> {
+        if !is_policy_name(&raw.name) {
+            return Err(error(
+                format!("{at}.name"),
+                "must be 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'",
+            ));
+        }
+        if raw.cost == 0 {
+            return Err(error(format!("{at}.cost"), "must be at least 1"));
+        }
+        let shape = Shape::of(at, raw)?;
+        let tier = shape.tier(at, raw.requests, &raw.per, raw.burst)?;
+        let tiers = match &raw.tiers {
+            Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, &shape)?),
+            None => None,
+        };
+        let matcher = match &raw.matcher {
+            Some(m) => self.matcher(&format!("{at}.match"), m)?,
+            None => Matcher::default(),
+        };
+        let key = self.key(&format!("{at}.key"), &raw.key)?;
+        if !(1..=MAX_MAX_KEYS).contains(&raw.max_keys) {
+            return Err(error(
+                format!("{at}.max_keys"),
+                format!("must be between 1 and {MAX_MAX_KEYS}"),
+            ));
+        }
+        let scope = scope(at, raw, &shape, has_service)?;
+        let mut policy = Policy {
+            name: raw.name.clone(),
+            matcher,
+            fallback,
+            shadow: raw.mode == RawMode::Shadow,
+            share_missing_key: raw.missing_key == RawMissingKey::Shared,
+            cost: raw.cost,
+            take: 0,
+            tier,
+            tiers,
+            scope,
+            table: 0,
+            column: 0,
+        };
+        policy.take = take(at, raw, &policy)?;
+        (policy.table, policy.column) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
+        Ok(policy)
+    }
+
+    fn key(&mut self, at: &str, parts: &[String]) -> Result<Vec<KeyPart>, ConfigError> {
+        if parts.is_empty() {
+            return Err(error(at, "must list at least one key part"));
+        }
+        parts
+            .iter()
+            .enumerate()
+            .map(|(i, part)| {
+                parse_part(part, &mut |a| self.intern(a))
+                    .map_err(|r| error(format!("{at}[{i}]"), r))
+            })
+            .collect()
+    }
+
+    /// The table for this key (shared with earlier policies of the same key) and the first
+    /// of the policy's columns in it.
+    fn place(
+        &mut self,
+        key: Vec<KeyPart>,
+        name: &str,
+        columns: usize,
+        max_keys: u32,
+    ) -> (usize, usize) {
+        let member = (name.to_string(), columns);
+        if let Some(index) = self.tables.iter().position(|t| t.key == key) {
+            if let Some(table) = self.tables.get_mut(index) {
+                let column = table.members.iter().map(|(_, c)| c).sum();
+                table.members.push(member);
+                table.capacity = table.capacity.max(max_keys);
+                return (index, column);
+            }
+        }
+        self.tables.push(TableDraft {
+            key,
+            members: vec![member],
+            capacity: max_keys,
+        });
+        (self.tables.len() - 1, 0)
+    }
+
+    fn tiers(&mut self, at: &str, raw: &RawTiers, shape: &Shape) -> Result<Tiers, ConfigError> {
+        let by = parse_part(&raw.by, &mut |a| self.intern(a))
+            .map_err(|r| error(format!("{at}.by"), r))?;
+        let mut values = HashMap::new();
+        for (value, rate) in &raw.values {
+            let field = format!("{at}.values.{value}");
+            values.insert(
+                value.as_bytes().to_vec(),
+                shape.tier(&field, rate.requests, &rate.per, rate.burst)?,
+            );
+        }
+        Ok(Tiers { by, values })
+    }
+
+    fn matcher(&mut self, at: &str, raw: &RawMatch) -> Result<Matcher, ConfigError> {
+        let path = match (&raw.path_prefix, &raw.path_exact) {
+            (Some(_), Some(_)) => {
+                return Err(error(
+                    format!("{at}.path_exact"),
+                    "give path_prefix or path_exact, not both",
+                ))
+            }
+            (Some(p), None) => Some(PathRule::Prefix(path(&format!("{at}.path_prefix"), p)?)),
+            (None, Some(p)) => Some(PathRule::Exact(path(&format!("{at}.path_exact"), p)?)),
+            (None, None) => None,
+        };
+        let path = path.map(|rule| (self.intern(Attr::Path), rule));
+        let methods = match &raw.methods {
+            Some(methods) => {
+                if methods.is_empty() {
+                    return Err(error(
+                        format!("{at}.methods"),
+                        "must not be empty (leave it out to match any method)",
+                    ));
+                }
+                if let Some(bad) = methods
+                    .iter()
+                    .find(|m| m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()))
+                {
+                    return Err(error(
+                        format!("{at}.methods"),
+                        format!("{bad:?} is not an upper-case method name"),
+                    ));
+                }
+                Some((self.intern(Attr::Method), methods.clone()))
+            }
+            None => None,
+        };
+        let mut headers = Vec::with_capacity(raw.headers.len());
+        for (i, condition) in raw.headers.iter().enumerate() {
+            let field = format!("{at}.headers[{i}]");
+            if !crate::key::is_header_name(&condition.name) {
+                return Err(error(
+                    format!("{field}.name"),
+                    format!("{:?} is not a valid header name", condition.name),
+                ));
+            }
+            let rule = match (condition.present, &condition.equals) {
+                (Some(present), None) => HeaderRule::Present(present),
+                (None, Some(value)) => HeaderRule::Equals(value.as_bytes().to_vec()),
+                _ => return Err(error(field, "give exactly one of present or equals")),
+            };
+            headers.push((
+                self.intern(Attr::Header(condition.name.to_ascii_lowercase())),
+                rule,
+            ));
+        }
+        Ok(Matcher {
+            path,
+            methods,
+            headers,
+        })
+    }
+}
+
+/// What a policy's limits are made of, whatever the tier: the algorithm, the cost of a
+/// request, and (leaky bucket) the longest a request may be held.
+struct Shape {
+    kind: Kind,
+    cost: u64,
+    max_delay: Option<u64>,
+}
+
+impl Shape {
+    fn of(at: &str, raw: &RawPolicy) -> Result<Shape, ConfigError> {
+        let max_delay = match (&raw.max_delay, raw.algorithm) {
+            (Some(text), Kind::LeakyBucket) => {
+                Some(parse_nanos(text).map_err(|r| error(format!("{at}.max_delay"), r))?)
+            }
+            (None, Kind::LeakyBucket) => {
+                return Err(error(
+                    format!("{at}.max_delay"),
+                    "leaky_bucket needs the longest a request may be held",
+                ))
+            }
+            (Some(_), kind) => return Err(not_for(&format!("{at}.max_delay"), kind)),
+            (None, _) => None,
+        };
+        Ok(Shape {
+            kind: raw.algorithm,
+            cost: raw.cost,
+            max_delay,
+        })
+    }
+
+    /// `requests` per `per` (and `burst` where the algorithm has one) as a validated limit.
+    fn tier(
+        &self,
+        at: &str,
+        requests: u64,
+        per: &str,
+        burst: Option<u64>,
+    ) -> Result<Tier, ConfigError> {
+        if requests == 0 {
+            return Err(error(format!("{at}.requests"), "must be at least 1"));
+        }
+        let per_nanos = parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?;
+        if burst.is_some() && self.kind != Kind::TokenBucket {
+            return Err(not_for(&format!("{at}.burst"), self.kind));
+        }
+        let cost = self.cost;
+        let out_of_range = || {
+            error(
+                format!("{at}.requests"),
+                "rate out of range: more than one request per nanosecond, or a bucket that takes over a century to fill",
+            )
+        };
+        let at_least_cost = |field: &str, value: u64| {
+            if value < cost {
+                Err(error(
+                    format!("{at}.{field}"),
+                    format!("must be >= cost ({cost})"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let window = || Window::new(requests, per_nanos).ok_or_else(out_of_range);
+        let algorithm = match self.kind {
+            Kind::TokenBucket => {
+                let burst = burst.unwrap_or(requests);
+                at_least_cost("burst", burst)?;
+                Algorithm::TokenBucket(
+                    Rate::new(requests, per_nanos, burst).ok_or_else(out_of_range)?,
+                )
+            }
+            Kind::FixedWindow | Kind::SlidingWindow | Kind::SlidingLog => {
+                at_least_cost("requests", requests)?;
+                match self.kind {
+                    Kind::FixedWindow => Algorithm::FixedWindow(window()?),
+                    Kind::SlidingWindow => Algorithm::SlidingWindow(window()?),
+                    _ if requests > MAX_SLIDING_LOG => {
+                        return Err(error(
+                            format!("{at}.requests"),
+                            format!(
+                            "sliding_log keeps a timestamp per request: at most {MAX_SLIDING_LOG}"
+                        ),
+                        ))
+                    }
+                    _ => Algorithm::SlidingLog(window()?),
+                }
+            }
+            Kind::LeakyBucket => {
+                let max_delay = self.max_delay.unwrap_or(0);
+                Algorithm::LeakyBucket(
+                    Drain::new(requests, per_nanos, max_delay).ok_or_else(out_of_range)?,
+                )
+            }
+        };
+        Ok(Tier {
+            algorithm,
+            requests,
+            per_nanos,
+        })
+    }
+}
+
+fn not_for(field: &str, kind: Kind) -> ConfigError {
+    error(
+        field,
+        format!("does not apply to the {} algorithm", kind.name()),
+    )
+}
+
+fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
+    if raw.cluster.is_empty() {
+        return Err(error("global.cluster", "must name an Envoy cluster"));
+    }
+    if raw.authority.is_empty() {
+        return Err(error("global.authority", "must not be empty"));
+    }
+    let timeout = parse_nanos(&raw.timeout).map_err(|r| error("global.timeout", r))?;
+    Ok(GlobalService {
+        cluster: raw.cluster.clone(),
+        authority: raw.authority.clone(),
+        path: path("global.path", &raw.path)?,
+        timeout_ms: timeout.div_ceil(1_000_000),
+    })
+}
+
+/// Tokens a policy takes at a time: `lease`, or just the cost. A lease lies between the cost
+/// and the smallest burst of the policy's limits; locally only a token bucket can lend tokens to
+/// a worker and take them back.
+fn take(at: &str, raw: &RawPolicy, policy: &Policy) -> Result<u64, ConfigError> {
+    let kind = raw.algorithm;
+    let lends_locally = policy.scope == Scope::Local && kind == Kind::TokenBucket;
+    let leases_globally = matches!(policy.scope, Scope::Global(_)) && kind != Kind::LeakyBucket;
+    if raw.lease.is_some() && !lends_locally && !leases_globally {
+        return Err(not_for(&format!("{at}.lease"), kind));
+    }
+    let take = raw.lease.unwrap_or(raw.cost);
+    let capacities = policy.own_limits().map(|t| t.algorithm.capacity());
+    let smallest_burst = capacities.min().unwrap_or(1);
+    if take < raw.cost || take > smallest_burst {
+        return Err(error(
+            format!("{at}.lease"),
+            format!(
+                "must be between cost ({}) and burst ({smallest_burst})",
+                raw.cost
+            ),
+        ));
+    }
+    Ok(take)
+}
+
+/// Where the policy is decided; the fields that only make sense for a global policy are
+/// refused on a local one.
+fn scope(
+    at: &str,
+    raw: &RawPolicy,
+    shape: &Shape,
+    has_service: bool,
+) -> Result<Scope, ConfigError> {
+    if raw.scope == RawScope::Local {
+        let only_global = [
+            ("failure_mode", raw.failure_mode.is_some()),
+            ("emergency", raw.emergency.is_some()),
+        ];
+        return match only_global.iter().find(|(_, given)| *given) {
+            Some((field, _)) => Err(error(
+                format!("{at}.{field}"),
+                "applies to global policies only (\"scope\": \"global\")",
+            )),
+            None => Ok(Scope::Local),
+        };
+    }
+    if !has_service {
+        return Err(error(
+            format!("{at}.scope"),
+            "a global policy needs the top-level \"global\" service settings",
+        ));
+    }
+    let on_failure = match (
+        raw.failure_mode.unwrap_or(RawFailureMode::Open),
+        &raw.emergency,
+    ) {
+        (RawFailureMode::Open, None) => OnFailure::Open { emergency: None },
+        (RawFailureMode::Open, Some(r)) => {
+            let at = format!("{at}.emergency");
+            let emergency = shape.tier(&at, r.requests, &r.per, r.burst)?;
+            OnFailure::Open {
+                emergency: Some(emergency),
+            }
+        }
+        (RawFailureMode::Closed, Some(_)) => {
+            return Err(error(
+                format!("{at}.emergency"),
+                "a policy that fails closed has no emergency budget",
+            ))
+        }
+        (RawFailureMode::Closed, None) => OnFailure::Closed,
+    };
+    Ok(Scope::Global(on_failure))
+}
+
+/// A bypass entry, one exemption per policy it names.
+fn bypass(
+    at: &str,
+    raw: &RawBypass,
+    policies: &[Policy],
+    tables: &[TableDraft],
+) -> Result<Vec<Bypass>, ConfigError> {
+    for (field, value) in [("owner", &raw.owner), ("reason", &raw.reason)] {
+        if value.trim().is_empty() {
+            return Err(error(
+                format!("{at}.{field}"),
+                "must say who and why: it is the audit trail",
+            ));
+        }
+    }
+    let expires =
+        crate::time::parse_rfc3339(&raw.expires).map_err(|r| error(format!("{at}.expires"), r))?;
+    if raw.policies.is_empty() {
+        return Err(error(
+            format!("{at}.policies"),
+            "must name at least one policy",
+        ));
+    }
+    raw.policies
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let (index, policy) = policies
+                .iter()
+                .enumerate()
+                .find(|(_, p)| p.name == *name)
+                .ok_or_else(|| {
+                    error(
+                        format!("{at}.policies[{i}]"),
+                        format!("no policy is named {name:?}"),
+                    )
+                })?;
+            let parts = tables.get(policy.table).map_or(0, |t| t.key.len());
+            let key = match (&raw.key, &raw.key_hash) {
+                (Some(values), None) if values.len() == parts => crate::key::hash_values(values),
+                (Some(_), None) => {
+                    return Err(error(
+                        format!("{at}.key"),
+                        format!("policy {name:?} has {parts} key parts: give one value for each"),
+                    ))
+                }
+                (None, Some(hex)) => u64::from_str_radix(hex, 16)
+                    .ok()
+                    .filter(|_| hex.len() == 16)
+                    .ok_or_else(|| {
+                        error(
+                            format!("{at}.key_hash"),
+                            "must be the 16 hex digits the logs show",
+                        )
+                    })?,
+                _ => return Err(error(at, "give exactly one of key or key_hash")),
+            };
+            Ok(Bypass {
+                policy: index,
+                key,
+                owner: raw.owner.clone(),
+                reason: raw.reason.clone(),
+                expires,
+            })
+        })
+        .collect()
+}
+
+fn path(at: &str, path: &str) -> Result<String, ConfigError> {
+    if path.starts_with('/') {
+        Ok(path.to_string())
+    } else {
+        Err(error(at, "must start with '/'"))
+    }
+}
+
+fn is_policy_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+}
+
+/// Hashes what the key reads (not where the plan happens to index it) and the policies'
+/// names and column counts.
+fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u64 {
+    let mut hasher = SipHasher13::new_with_keys(0, 0);
+    for part in key {
+        for source in &part.alternatives {
+            match source {
+                Source::Global => None,
+                Source::Attr(index) => attrs.get(*index),
+            }
+            .hash(&mut hasher);
+        }
+        hasher.write_u8(b'|');
+    }
+    members.hash(&mut hasher);
+    hasher.finish()
+}

@@ -1,0 +1,173 @@
+//! The configuration as users write it: the JSON format, read strictly (unknown fields are
+//! refused everywhere). Defaults live here; meaning and validation live in `compile`.
+
+use super::{error, ConfigError};
+use crate::algorithm::Kind;
+use crate::headers::HeaderStyle;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `max_keys` when a policy does not say.
+pub const DEFAULT_MAX_KEYS: u32 = 10_000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConfig {
+    pub(super) version: Option<String>,
+    #[serde(default)]
+    pub(super) headers: HeaderStyle,
+    #[serde(default)]
+    pub(super) policies: Vec<RawPolicy>,
+    pub(super) default: Option<RawPolicy>,
+    pub(super) global: Option<RawGlobal>,
+    #[serde(default)]
+    pub(super) bypass: Vec<RawBypass>,
+}
+
+/// An audited exemption: who asked, why, and until when.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBypass {
+    /// The key's value, one string per key part (each part's first alternative)...
+    pub(super) key: Option<Vec<String>>,
+    /// ...or its hash as the logs show it (16 hex digits).
+    pub(super) key_hash: Option<String>,
+    pub(super) policies: Vec<String>,
+    pub(super) owner: String,
+    pub(super) reason: String,
+    pub(super) expires: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGlobal {
+    pub(super) cluster: String,
+    pub(super) authority: String,
+    #[serde(default = "default_check_path")]
+    pub(super) path: String,
+    #[serde(default = "default_timeout")]
+    pub(super) timeout: String,
+}
+
+fn default_check_path() -> String {
+    "/v1/check".into()
+}
+
+fn default_timeout() -> String {
+    "50ms".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPolicy {
+    pub(super) name: String,
+    #[serde(rename = "match")]
+    pub(super) matcher: Option<RawMatch>,
+    pub(super) key: Vec<String>,
+    #[serde(default)]
+    pub(super) missing_key: RawMissingKey,
+    pub(super) requests: u64,
+    pub(super) per: String,
+    pub(super) burst: Option<u64>,
+    #[serde(default = "one")]
+    pub(super) cost: u64,
+    #[serde(default)]
+    pub(super) mode: RawMode,
+    pub(super) tiers: Option<RawTiers>,
+    #[serde(default = "default_max_keys")]
+    pub(super) max_keys: u32,
+    #[serde(default)]
+    pub(super) algorithm: Kind,
+    pub(super) max_delay: Option<String>,
+    #[serde(default)]
+    pub(super) scope: RawScope,
+    pub(super) failure_mode: Option<RawFailureMode>,
+    pub(super) lease: Option<u64>,
+    pub(super) emergency: Option<RawRate>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawScope {
+    #[default]
+    Local,
+    Global,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawFailureMode {
+    Open,
+    Closed,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn default_max_keys() -> u32 {
+    DEFAULT_MAX_KEYS
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawMissingKey {
+    #[default]
+    Skip,
+    Shared,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawMode {
+    #[default]
+    Enforce,
+    Shadow,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMatch {
+    pub(super) path_prefix: Option<String>,
+    pub(super) path_exact: Option<String>,
+    pub(super) methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub(super) headers: Vec<RawHeaderCondition>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHeaderCondition {
+    pub(super) name: String,
+    pub(super) present: Option<bool>,
+    pub(super) equals: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTiers {
+    pub(super) by: String,
+    pub(super) values: BTreeMap<String, RawRate>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRate {
+    pub(super) requests: u64,
+    pub(super) per: String,
+    pub(super) burst: Option<u64>,
+}
+
+/// Reads the JSON document; an error names the path of the field at fault.
+pub(super) fn read(json: &[u8]) -> Result<RawConfig, ConfigError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(json);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let field = e.path().to_string();
+        let field = if field == "." {
+            "configuration".into()
+        } else {
+            field
+        };
+        error(field, e.inner().to_string())
+    })
+}

@@ -1,0 +1,42 @@
+//! The plugin configuration. `input` is the JSON format as users write it, read strictly;
+//! `compile` validates it once, at configuration time, into the `plan` that every request
+//! reads. Any error names the field and the reason; nothing half-valid gets through.
+
+mod compile;
+mod input;
+mod plan;
+#[cfg(test)]
+mod tests;
+
+pub use compile::{MAX_MAX_KEYS, MAX_SLIDING_LOG};
+pub use input::DEFAULT_MAX_KEYS;
+pub use plan::{
+    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, TableSpec, Tier, Tiers, GLOBAL_COLUMNS,
+};
+
+use std::fmt;
+
+/// Parses and validates the plugin configuration.
+pub fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
+    compile::compile(input::read(json)?)
+}
+
+/// A refused configuration: which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+fn error(field: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,170 @@
+//! The compiled configuration: what a policy is at run time. Built once by `compile`, read by
+//! every request; nothing here parses or validates.
+
+use crate::algorithm::Algorithm;
+use crate::headers::HeaderStyle;
+use crate::key::KeyPart;
+use crate::matcher::Matcher;
+use crate::request::{Attr, Attributes, RequestSource};
+use std::collections::HashMap;
+
+/// The compiled configuration.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub version: String,
+    pub headers: HeaderStyle,
+    /// Every request attribute some policy reads, each once.
+    pub attrs: Vec<Attr>,
+    pub policies: Vec<Policy>,
+    pub tables: Vec<TableSpec>,
+    pub global: Option<GlobalService>,
+    pub bypass: Vec<Bypass>,
+}
+
+impl Plan {
+    /// The exemption of `key` from `policy`, expired or not.
+    pub fn bypass_of(&self, policy: usize, key: u64) -> Option<(usize, &Bypass)> {
+        self.bypass
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.policy == policy && b.key == key)
+    }
+}
+
+/// A compiled policy. `table` and `column` say where its state lives in the key's slot.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub name: String,
+    pub matcher: Matcher,
+    /// The `default` policy: applies only when no other policy matched.
+    pub fallback: bool,
+    pub shadow: bool,
+    pub share_missing_key: bool,
+    pub cost: u64,
+    /// Tokens taken at a time (the `lease` field, else the cost): per visit to a local bucket,
+    /// the rest lent to this worker (see `ledger`); per call to the service, the rest granted
+    /// to this Envoy (see `limiter::global`).
+    pub take: u64,
+    pub tier: Tier,
+    pub tiers: Option<Tiers>,
+    pub scope: Scope,
+    pub table: usize,
+    pub column: usize,
+}
+
+/// Words a global policy keeps per key before its emergency state: the tokens the service
+/// granted this Envoy, when they lapse, and until when the key is over its limit.
+pub const GLOBAL_COLUMNS: usize = 3;
+
+impl Policy {
+    /// The limit run while the service cannot answer, if the policy fails open to one of its own
+    /// (`None` in a fail-open policy: the request's tier).
+    pub fn emergency(&self) -> Option<Tier> {
+        match self.scope {
+            Scope::Global(OnFailure::Open { emergency }) => emergency,
+            _ => None,
+        }
+    }
+
+    /// The limits a request can run at: the policy's own and its tiers'.
+    pub fn own_limits(&self) -> impl Iterator<Item = Tier> + '_ {
+        let tiers = self.tiers.iter().flat_map(|t| t.values.values().copied());
+        [self.tier].into_iter().chain(tiers)
+    }
+
+    /// Every limit the policy can run at: its own, its tiers', its emergency budget.
+    pub fn limits(&self) -> impl Iterator<Item = Tier> + '_ {
+        self.own_limits().chain(self.emergency())
+    }
+
+    /// Words of state per key: the algorithm's (for the largest of its limits), and for a
+    /// global policy the grant and over-limit marks besides.
+    pub fn columns(&self) -> usize {
+        let local = self.limits().map(|t| t.algorithm.columns()).max();
+        local.unwrap_or(1)
+            + match self.scope {
+                Scope::Local => 0,
+                Scope::Global(_) => GLOBAL_COLUMNS,
+            }
+    }
+
+    /// The tier this request runs at: the one its tier key names, else the policy's own.
+    pub fn tier_of<R: RequestSource + ?Sized>(&self, request: &mut Attributes<R>) -> Tier {
+        self.tiers
+            .as_ref()
+            .and_then(|tiers| tiers.select(request))
+            .unwrap_or(self.tier)
+    }
+}
+
+/// One limit a policy can run at: the policy's own, or a tier's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tier {
+    pub algorithm: Algorithm,
+    pub requests: u64,
+    pub per_nanos: u64,
+}
+
+/// Per-tier limits, chosen by the value of a key part.
+#[derive(Debug, Clone)]
+pub struct Tiers {
+    pub by: KeyPart,
+    pub values: HashMap<Vec<u8>, Tier>,
+}
+
+impl Tiers {
+    fn select<R: RequestSource + ?Sized>(&self, request: &mut Attributes<R>) -> Option<Tier> {
+        let (_, value) = self.by.resolve(request)?;
+        self.values.get(&value).copied()
+    }
+}
+
+/// Where a policy is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// By its bucket in this Envoy's shared data.
+    Local,
+    /// By the rate-limit service, for every Envoy; and this when the service cannot answer.
+    Global(OnFailure),
+}
+
+/// What a global policy does while the service cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnFailure {
+    /// Enforce a limit locally: `emergency`, or the request's own tier when `None`.
+    Open { emergency: Option<Tier> },
+    /// Answer 503.
+    Closed,
+}
+
+/// Where and how the rate-limit service is called, from the top-level `global` settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalService {
+    pub cluster: String,
+    pub authority: String,
+    pub path: String,
+    pub timeout_ms: u64,
+}
+
+/// A shared-data table: one bounded set of slots for all policies with the same key. Each slot
+/// holds one key's buckets for all of them, so they cost one read and one CAS together.
+#[derive(Debug, Clone)]
+pub struct TableSpec {
+    pub key: Vec<KeyPart>,
+    pub capacity: u32,
+    /// Words of state per slot: the sum of its policies' columns.
+    pub width: usize,
+    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
+    pub layout_id: u64,
+}
+
+/// One policy's exemption of one key, from a `bypass` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bypass {
+    pub policy: usize,
+    pub key: u64,
+    pub owner: String,
+    pub reason: String,
+    /// Unix nanoseconds.
+    pub expires: u64,
+}

@@ -1,0 +1,606 @@
+//! The configuration format through `parse`: what compiles to what, and what is refused with
+//! which field named.
+
+use super::*;
+use crate::algorithm::{Algorithm, Drain, Rate, Window};
+use serde_json::{json, Value};
+
+fn policy() -> Value {
+    json!({"name": "per-user", "key": ["header:x-user-id"], "requests": 100, "per": "1m", "burst": 20})
+}
+
+fn with(policy_fields: Value) -> Value {
+    let mut p = policy();
+    for (k, v) in policy_fields.as_object().unwrap() {
+        p[k] = v.clone();
+    }
+    json!({ "policies": [p] })
+}
+
+fn refused(config: Value) -> ConfigError {
+    parse(config.to_string().as_bytes()).expect_err("should be refused")
+}
+
+fn assert_refused(config: Value, field: &str, reason_contains: &str) {
+    let e = refused(config);
+    assert_eq!(e.field, field, "{e}");
+    assert!(e.reason.contains(reason_contains), "{e}");
+}
+
+#[test]
+fn the_issue_example_compiles_with_defaults() {
+    let plan = parse(
+        br#"{"version":"2026-11-29.1","headers":"legacy","policies":[{"name":"per-user",
+        "match":{"path_prefix":"/api/","methods":["GET","POST"]},"key":["header:x-user-id"],
+        "requests":100,"per":"1m","burst":20,"mode":"enforce"}]}"#,
+    )
+    .unwrap();
+    assert_eq!(plan.version, "2026-11-29.1");
+    let p = &plan.policies[0];
+    assert_eq!((p.cost, p.shadow, p.share_missing_key), (1, false, false));
+    assert_eq!(
+        p.tier.algorithm,
+        Algorithm::TokenBucket(Rate::new(100, 60_000_000_000, 20).unwrap())
+    );
+    assert_eq!((p.tier.requests, p.tier.per_nanos), (100, 60_000_000_000));
+    assert_eq!(plan.tables[0].capacity, DEFAULT_MAX_KEYS);
+}
+
+#[test]
+fn burst_defaults_to_requests() {
+    let plan = parse(
+        json!({"policies": [{"name": "a", "key": ["ip"], "requests": 7, "per": "1s"}]})
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    assert_eq!(plan.policies[0].tier.algorithm.capacity(), 7);
+}
+
+#[test]
+fn policies_with_the_same_key_share_one_table() {
+    let config = json!({"policies": [
+        {"name": "second", "key": ["header:x-user-id"], "requests": 1, "per": "1s"},
+        {"name": "ip", "key": ["ip"], "requests": 1, "per": "1s"},
+        {"name": "minute", "key": ["header:X-User-Id"], "requests": 10, "per": "1m", "max_keys": 50000},
+    ]});
+    let plan = parse(config.to_string().as_bytes()).unwrap();
+    assert_eq!(plan.tables.len(), 2);
+    assert_eq!((plan.policies[2].table, plan.policies[2].column), (0, 1));
+    assert_eq!((plan.tables[0].width, plan.tables[0].capacity), (2, 50000));
+}
+
+#[test]
+fn the_slot_layout_id_ignores_attribute_order() {
+    let a = json!({"policies": [
+        {"name": "m", "match": {"headers": [{"name": "x-a", "present": true}]}, "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
+    let b = json!({"policies": [{"name": "m", "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
+    let id = |c: Value| parse(c.to_string().as_bytes()).unwrap().tables[0].layout_id;
+    assert_eq!(id(a), id(b));
+}
+
+#[test]
+fn rejects_unknown_fields_naming_them() {
+    assert_refused(
+        with(json!({"brust": 3})),
+        "policies[0].brust",
+        "unknown field",
+    );
+    assert_refused(
+        json!({"policies": [], "polices": []}),
+        "polices",
+        "unknown field",
+    );
+}
+
+#[test]
+fn rejects_wrong_types_naming_the_field() {
+    assert_refused(
+        with(json!({"burst": "5"})),
+        "policies[0].burst",
+        "invalid type",
+    );
+    assert_refused(
+        with(json!({"key": "ip"})),
+        "policies[0].key",
+        "invalid type",
+    );
+}
+
+#[test]
+fn rejects_zero_and_negative_rates() {
+    assert_refused(
+        with(json!({"requests": 0})),
+        "policies[0].requests",
+        "at least 1",
+    );
+    assert_refused(
+        with(json!({"requests": -5})),
+        "policies[0].requests",
+        "invalid value",
+    );
+    assert_refused(
+        with(json!({"burst": 0})),
+        "policies[0].burst",
+        "must be >= cost",
+    );
+    assert_refused(with(json!({"cost": 0})), "policies[0].cost", "at least 1");
+}
+
+#[test]
+fn rejects_rates_out_of_range() {
+    assert_refused(
+        with(json!({"requests": 2_000_000, "per": "1ms"})),
+        "policies[0].requests",
+        "out of range",
+    );
+    assert_refused(
+        with(json!({"requests": 1, "per": "365d", "burst": 1_000_000})),
+        "policies[0].requests",
+        "out of range",
+    );
+}
+
+#[test]
+fn rejects_burst_below_cost() {
+    assert_refused(
+        with(json!({"burst": 2, "cost": 3})),
+        "policies[0].burst",
+        "must be >= cost (3)",
+    );
+}
+
+#[test]
+fn rejects_unparsable_durations() {
+    assert_refused(with(json!({"per": "1 minute"})), "policies[0].per", "unit");
+    assert_refused(
+        with(json!({"per": "0s"})),
+        "policies[0].per",
+        "greater than zero",
+    );
+}
+
+#[test]
+fn rejects_duplicate_names() {
+    let p = policy();
+    assert_refused(json!({"policies": [p, p]}), "policies[1].name", "duplicate");
+    assert_refused(
+        json!({"policies": [p], "default": p}),
+        "default.name",
+        "duplicate",
+    );
+}
+
+#[test]
+fn rejects_names_that_would_need_escaping() {
+    assert_refused(
+        with(json!({"name": "a\"b"})),
+        "policies[0].name",
+        "characters",
+    );
+    assert_refused(with(json!({"name": ""})), "policies[0].name", "characters");
+}
+
+#[test]
+fn rejects_bad_keys() {
+    assert_refused(with(json!({"key": []})), "policies[0].key", "at least one");
+    assert_refused(
+        with(json!({"key": ["ip", "cookie:x"]})),
+        "policies[0].key[1]",
+        "unknown key part",
+    );
+    assert_refused(
+        with(json!({"missing_key": "deny"})),
+        "policies[0].missing_key",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn rejects_bad_matches() {
+    assert_refused(
+        with(json!({"match": {"path_prefix": "/a", "path_exact": "/b"}})),
+        "policies[0].match.path_exact",
+        "not both",
+    );
+    assert_refused(
+        with(json!({"match": {"path_prefix": "api"}})),
+        "policies[0].match.path_prefix",
+        "start with '/'",
+    );
+    assert_refused(
+        with(json!({"match": {"methods": []}})),
+        "policies[0].match.methods",
+        "not be empty",
+    );
+    assert_refused(
+        with(json!({"match": {"methods": ["get"]}})),
+        "policies[0].match.methods",
+        "upper-case",
+    );
+    assert_refused(
+        with(json!({"match": {"headers": [{"name": "x"}]}})),
+        "policies[0].match.headers[0]",
+        "exactly one",
+    );
+    assert_refused(
+        with(json!({"match": {"headers": [{"name": "a b", "present": true}]}})),
+        "policies[0].match.headers[0].name",
+        "header name",
+    );
+}
+
+#[test]
+fn rejects_bad_modes_and_header_styles() {
+    assert_refused(
+        with(json!({"mode": "log"})),
+        "policies[0].mode",
+        "unknown variant",
+    );
+    assert_refused(
+        json!({"headers": "rfc", "policies": [policy()]}),
+        "headers",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn rejects_bad_tiers() {
+    let tiers = |values: Value| {
+        with(json!({"cost": 2, "tiers": {"by": "header:x-plan", "values": values}}))
+    };
+    assert_refused(
+        tiers(json!({"pro": {"requests": 10, "per": "1s", "burst": 1}})),
+        "policies[0].tiers.values.pro.burst",
+        ">= cost",
+    );
+    assert_refused(
+        tiers(json!({"pro": {"requests": 10, "per": "soon"}})),
+        "policies[0].tiers.values.pro.per",
+        "unit",
+    );
+    assert_refused(
+        tiers(json!({"pro": {"requests": 10}})),
+        "policies[0].tiers.values.pro",
+        "missing field `per`",
+    );
+    assert_refused(
+        with(json!({"tiers": {"by": "plan", "values": {}}})),
+        "policies[0].tiers.by",
+        "unknown key part",
+    );
+}
+
+#[test]
+fn rejects_max_keys_out_of_range() {
+    assert_refused(
+        with(json!({"max_keys": 0})),
+        "policies[0].max_keys",
+        "between",
+    );
+    assert_refused(
+        with(json!({"max_keys": 2_000_000})),
+        "policies[0].max_keys",
+        "between",
+    );
+}
+
+#[test]
+fn rejects_an_empty_configuration() {
+    assert_refused(json!({}), "policies", "at least one");
+    assert_eq!(refused(json!([])).field, "configuration");
+    assert!(parse(b"not json").is_err());
+}
+
+#[test]
+fn a_default_policy_takes_no_match() {
+    let mut d = policy();
+    d["match"] = json!({"path_prefix": "/"});
+    assert_refused(
+        json!({"policies": [], "default": d}),
+        "default.match",
+        "no match",
+    );
+    let plan = parse(json!({"default": policy()}).to_string().as_bytes()).unwrap();
+    assert!(plan.policies[0].fallback);
+}
+
+fn with_service(policy_fields: Value) -> Value {
+    let mut config = with(policy_fields);
+    config["global"] = json!({"cluster": "ratelimit", "authority": "ratelimit.local"});
+    config
+}
+
+#[test]
+fn a_global_policy_compiles_with_its_defaults() {
+    let plan = parse(
+        with_service(json!({"scope": "global"}))
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap();
+    let service = plan.global.as_ref().unwrap();
+    assert_eq!(
+        (service.path.as_str(), service.timeout_ms),
+        ("/v1/check", 50)
+    );
+    assert_eq!(
+        plan.policies[0].scope,
+        Scope::Global(OnFailure::Open { emergency: None })
+    );
+    assert_eq!(plan.policies[0].take, 1);
+    assert_eq!(plan.tables[0].width, 4);
+}
+
+#[test]
+fn global_only_fields_are_refused_on_local_policies() {
+    assert_refused(
+        with(json!({"failure_mode": "closed"})),
+        "policies[0].failure_mode",
+        "global policies only",
+    );
+    let emergency = json!({"requests": 1, "per": "1s"});
+    assert_refused(
+        with(json!({"emergency": emergency})),
+        "policies[0].emergency",
+        "global policies only",
+    );
+}
+
+#[test]
+fn a_global_policy_needs_the_service_settings() {
+    assert_refused(
+        with(json!({"scope": "global"})),
+        "policies[0].scope",
+        "\"global\" service settings",
+    );
+    assert_refused(
+        with(json!({"scope": "cluster"})),
+        "policies[0].scope",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn a_local_token_bucket_can_lease_and_nothing_else_locally() {
+    let plan = parse(with(json!({"lease": 5})).to_string().as_bytes()).unwrap();
+    assert_eq!((plan.policies[0].take, plan.policies[0].cost), (5, 1));
+    assert_refused(
+        with(json!({"lease": 21})),
+        "policies[0].lease",
+        "between cost (1) and burst (20)",
+    );
+    assert_refused(
+        with(json!({"algorithm": "fixed_window", "burst": null, "lease": 2})),
+        "policies[0].lease",
+        "does not apply to the fixed_window algorithm",
+    );
+}
+
+#[test]
+fn rejects_bad_leases_and_failure_modes() {
+    assert_refused(
+        with_service(json!({"scope": "global", "lease": 21})),
+        "policies[0].lease",
+        "between cost (1) and burst (20)",
+    );
+    assert_refused(
+        with_service(json!({"scope": "global", "cost": 2, "lease": 1})),
+        "policies[0].lease",
+        "between cost (2)",
+    );
+    let closed = json!({"scope": "global", "failure_mode": "closed", "emergency": {"requests": 1, "per": "1s"}});
+    assert_refused(
+        with_service(closed),
+        "policies[0].emergency",
+        "fails closed",
+    );
+    assert_refused(
+        with_service(json!({"scope": "global", "failure_mode": "maybe"})),
+        "policies[0].failure_mode",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn rejects_bad_service_settings() {
+    let service = |s: Value| json!({"global": s, "policies": [policy()]});
+    assert_refused(
+        service(json!({"cluster": "", "authority": "a"})),
+        "global.cluster",
+        "Envoy cluster",
+    );
+    assert_refused(
+        service(json!({"cluster": "c", "authority": "a", "timeout": "soon"})),
+        "global.timeout",
+        "unit",
+    );
+    assert_refused(
+        service(json!({"cluster": "c", "authority": "a", "path": "check"})),
+        "global.path",
+        "start with '/'",
+    );
+    assert_refused(
+        service(json!({"cluster": "c"})),
+        "global",
+        "missing field `authority`",
+    );
+}
+
+#[test]
+fn every_algorithm_compiles_with_its_own_fields() {
+    for (name, expected) in [
+        (
+            "fixed_window",
+            Algorithm::FixedWindow(Window::new(100, 60_000_000_000).unwrap()),
+        ),
+        (
+            "sliding_window",
+            Algorithm::SlidingWindow(Window::new(100, 60_000_000_000).unwrap()),
+        ),
+        (
+            "sliding_log",
+            Algorithm::SlidingLog(Window::new(100, 60_000_000_000).unwrap()),
+        ),
+    ] {
+        let mut fields = policy();
+        fields.as_object_mut().unwrap().remove("burst");
+        fields["algorithm"] = json!(name);
+        let config = json!({"policies": [fields]});
+        assert_eq!(
+            parse(config.to_string().as_bytes()).unwrap().policies[0]
+                .tier
+                .algorithm,
+            expected
+        );
+    }
+    let mut fields = policy();
+    fields.as_object_mut().unwrap().remove("burst");
+    fields["algorithm"] = json!("leaky_bucket");
+    fields["max_delay"] = json!("500ms");
+    let plan = parse(json!({"policies": [fields]}).to_string().as_bytes()).unwrap();
+    assert_eq!(
+        plan.policies[0].tier.algorithm,
+        Algorithm::LeakyBucket(Drain::new(1, 600_000_000, 500_000_000).unwrap())
+    );
+}
+
+#[test]
+fn fields_that_do_not_apply_to_an_algorithm_are_refused() {
+    assert_refused(
+        with(json!({"algorithm": "fixed_window"})),
+        "policies[0].burst",
+        "does not apply to the fixed_window algorithm",
+    );
+    assert_refused(
+        with(json!({"max_delay": "1s"})),
+        "policies[0].max_delay",
+        "does not apply to the token_bucket algorithm",
+    );
+    let mut leaky = policy();
+    leaky.as_object_mut().unwrap().remove("burst");
+    leaky["algorithm"] = json!("leaky_bucket");
+    assert_refused(
+        json!({"policies": [leaky.clone()]}),
+        "policies[0].max_delay",
+        "needs the longest",
+    );
+    leaky["max_delay"] = json!("1s");
+    leaky["scope"] = json!("global");
+    leaky["lease"] = json!(2);
+    let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [leaky]});
+    assert_refused(
+        config,
+        "policies[0].lease",
+        "does not apply to the leaky_bucket algorithm",
+    );
+    assert_refused(
+        with(json!({"algorithm": "gcra"})),
+        "policies[0].algorithm",
+        "unknown variant",
+    );
+}
+
+#[test]
+fn a_sliding_log_is_capped_and_windows_need_room_for_the_cost() {
+    let mut log = policy();
+    log.as_object_mut().unwrap().remove("burst");
+    log["algorithm"] = json!("sliding_log");
+    log["requests"] = json!(MAX_SLIDING_LOG + 1);
+    assert_refused(
+        json!({"policies": [log.clone()]}),
+        "policies[0].requests",
+        "at most 1000",
+    );
+    log["requests"] = json!(2);
+    log["cost"] = json!(3);
+    assert_refused(
+        json!({"policies": [log]}),
+        "policies[0].requests",
+        "must be >= cost (3)",
+    );
+}
+
+#[test]
+fn a_sliding_log_keeps_a_word_per_request_of_its_largest_tier() {
+    let mut log = policy();
+    log.as_object_mut().unwrap().remove("burst");
+    log["algorithm"] = json!("sliding_log");
+    log["tiers"] =
+        json!({"by": "header:x-plan", "values": {"pro": {"requests": 300, "per": "1m"}}});
+    let plan = parse(json!({"policies": [log]}).to_string().as_bytes()).unwrap();
+    assert_eq!(plan.policies[0].columns(), 300);
+}
+
+fn with_bypass(entry: Value) -> Value {
+    json!({"policies": [policy()], "bypass": [entry]})
+}
+
+fn alice_bypass() -> Value {
+    json!({"key": ["alice"], "policies": ["per-user"], "owner": "oncall@example.com",
+        "reason": "INC-42", "expires": "2026-12-01T00:00:00Z"})
+}
+
+#[test]
+fn a_bypass_names_its_key_policies_owner_reason_and_expiry() {
+    let plan = parse(with_bypass(alice_bypass()).to_string().as_bytes()).unwrap();
+    let b = &plan.bypass[0];
+    assert_eq!(
+        (b.policy, b.owner.as_str(), b.reason.as_str()),
+        (0, "oncall@example.com", "INC-42")
+    );
+    assert_eq!(b.key, crate::key::hash_values(&["alice".into()]));
+    assert_eq!(b.expires, 1_796_083_200_000_000_000);
+    let mut by_hash = alice_bypass();
+    by_hash.as_object_mut().unwrap().remove("key");
+    by_hash["key_hash"] = json!(format!("{:016x}", b.key));
+    assert_eq!(
+        parse(with_bypass(by_hash).to_string().as_bytes())
+            .unwrap()
+            .bypass,
+        plan.bypass
+    );
+}
+
+#[test]
+fn a_bypass_without_its_audit_trail_is_refused() {
+    for field in ["owner", "reason", "expires", "policies"] {
+        let mut entry = alice_bypass();
+        entry.as_object_mut().unwrap().remove(field);
+        assert_refused(
+            with_bypass(entry),
+            "bypass[0]",
+            &format!("missing field `{field}`"),
+        );
+    }
+    let mut entry = alice_bypass();
+    entry["owner"] = json!(" ");
+    assert_refused(with_bypass(entry), "bypass[0].owner", "audit trail");
+    let mut entry = alice_bypass();
+    entry["expires"] = json!("next week");
+    assert_refused(with_bypass(entry), "bypass[0].expires", "RFC 3339");
+    let mut entry = alice_bypass();
+    entry["policies"] = json!(["nope"]);
+    assert_refused(
+        with_bypass(entry),
+        "bypass[0].policies[0]",
+        "no policy is named",
+    );
+    let mut entry = alice_bypass();
+    entry["key"] = json!(["alice", "extra"]);
+    assert_refused(with_bypass(entry), "bypass[0].key", "1 key parts");
+    let mut entry = alice_bypass();
+    entry["key_hash"] = json!("zz");
+    assert_refused(
+        with_bypass(entry),
+        "bypass[0]",
+        "exactly one of key or key_hash",
+    );
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..200)) {
+        let _ = parse(&bytes);
+    }
+}

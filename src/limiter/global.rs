@@ -1,0 +1,371 @@
+//! Global members: decided by the rate-limit service, unless this Envoy can answer for it. A key
+//! the service said is over its limit stays denied until the time it gave (the over-limit mark),
+//! and tokens the service granted this Envoy beyond a request's cost (a global policy's `lease`)
+//! are spent here until `GRANT_TTL` passes. When the service cannot answer, the policy's failure
+//! mode decides: a local emergency budget, or a 503.
+//!
+//! A global policy's words in a key's slot: the granted tokens left, when they lapse, until when
+//! the key is over its limit (`GLOBAL_COLUMNS` in all), then its emergency algorithm's state.
+
+use super::work::{Member, Verdict, Work};
+use super::{local, Basis, Pending};
+use crate::algorithm::{Algorithm, Decision};
+use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
+use crate::duration::NANOS_PER_SEC;
+use crate::protocol::{self, Answer, Check};
+
+/// How long tokens granted by the service stay spendable here: unused ones are lost
+/// (under-admission), never spent twice.
+pub const GRANT_TTL: u64 = NANOS_PER_SEC;
+
+/// What a global member knows from the service for this request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Service {
+    /// Not asked yet.
+    Ask,
+    Answered(Answer),
+    /// The call failed, or the service is known to be failing.
+    Failed,
+}
+
+/// A global policy's marks in a slot.
+struct Marks<'a> {
+    granted: &'a mut u64,
+    expiry: &'a mut u64,
+    blocked: &'a mut u64,
+}
+
+impl<'a> Marks<'a> {
+    /// The marks and the emergency state, from the policy's words.
+    fn split(state: &'a mut [u64]) -> Option<(Marks<'a>, &'a mut [u64])> {
+        let (marks, emergency) = state.split_at_mut_checked(GLOBAL_COLUMNS)?;
+        let [granted, expiry, blocked] = marks else {
+            return None;
+        };
+        Some((
+            Marks {
+                granted,
+                expiry,
+                blocked,
+            },
+            emergency,
+        ))
+    }
+
+    /// Granted tokens still spendable at `now`.
+    fn spendable(&self, now: u64) -> u64 {
+        if *self.expiry > now {
+            *self.granted
+        } else {
+            0
+        }
+    }
+}
+
+/// Judges a global member on its words of the slot (`shared`: the overflow slot's, where one
+/// key's grants and marks must not stay). `None`: only the service can answer.
+pub(super) fn judge(
+    on_failure: OnFailure,
+    cost: u64,
+    member: &Member,
+    state: &mut [u64],
+    shared: bool,
+    now: u64,
+) -> Verdict {
+    let (marks, emergency) = Marks::split(state)?;
+    let verdict = judge_marks(on_failure, cost, member, marks, emergency, now);
+    if shared {
+        state.get_mut(..GLOBAL_COLUMNS)?.fill(0);
+    }
+    verdict
+}
+
+fn judge_marks(
+    on_failure: OnFailure,
+    cost: u64,
+    member: &Member,
+    marks: Marks,
+    emergency: &mut [u64],
+    now: u64,
+) -> Verdict {
+    let spendable = marks.spendable(now);
+    match member.service {
+        Service::Answered(answer) if answer.allowed => {
+            *marks.granted = spendable + answer.granted - cost;
+            // A fixed window's tokens are good only until its end: spent in the next window
+            // they would come on top of that window's limit.
+            let ttl = match member.tier.algorithm {
+                Algorithm::FixedWindow(_) => GRANT_TTL.min(answer.reset_after),
+                _ => GRANT_TTL,
+            };
+            *marks.expiry = now + ttl;
+            let decision = Decision {
+                delay: answer.delay,
+                ..allowed(answer.remaining, answer.reset_after)
+            };
+            Some((decision, Basis::Service))
+        }
+        Service::Answered(answer) => {
+            *marks.blocked = now.saturating_add(answer.retry_after);
+            let decision = denied(answer.retry_after, answer.reset_after);
+            Some((decision, Basis::Service))
+        }
+        _ if *marks.blocked > now => {
+            let wait = *marks.blocked - now;
+            Some((denied(wait, wait), Basis::OverLimit))
+        }
+        _ if spendable >= cost => {
+            *marks.granted = spendable - cost;
+            Some((allowed(*marks.granted, 0), Basis::Grant))
+        }
+        Service::Ask => None,
+        Service::Failed => match on_failure {
+            OnFailure::Open { .. } => {
+                let decision = local::admit(&member.emergency, cost, emergency, now)?;
+                Some((decision, Basis::Emergency))
+            }
+            OnFailure::Closed => Some((denied(NANOS_PER_SEC, 0), Basis::Unavailable)),
+        },
+    }
+}
+
+/// For a request denied by another policy: what the service said stays, and the cost it
+/// granted for this request is not spent, so it joins this Envoy's grant (outside the overflow
+/// slot, which keeps no grants).
+pub(super) fn keep_unspent(member: &Member, policy: &Policy, next: &mut [u64], shared: bool) {
+    let granted_here = matches!(member.service, Service::Answered(a) if a.allowed);
+    if let (true, false, Some((marks, _))) = (granted_here, shared, Marks::split(next)) {
+        *marks.granted += policy.cost;
+    }
+}
+
+/// From when a global policy's marks say nothing: its grant lapsed, its over-limit mark passed.
+pub(super) fn idle_at(marks: &[u64]) -> u64 {
+    match marks {
+        [granted, expiry, blocked] => {
+            let grant_idle = if *granted > 0 { *expiry } else { 0 };
+            grant_idle.max(*blocked)
+        }
+        _ => 0,
+    }
+}
+
+/// Records the service's answers (`None`: the call failed) on the members that asked.
+pub(super) fn record(pending: &mut Pending, answers: Option<&[Answer]>) {
+    let asked = std::mem::take(&mut pending.asked);
+    for (i, (w, m)) in asked.into_iter().enumerate() {
+        let member = pending.works.get_mut(w).and_then(|w| w.members.get_mut(m));
+        if let Some(member) = member {
+            let answer = answers.and_then(|a| a.get(i)).copied();
+            member.service = answer.map_or(Service::Failed, Service::Answered);
+        }
+    }
+}
+
+/// Prepares the next call: a check for every member that waits for the service.
+pub(super) fn ask(plan: &Plan, pending: &mut Pending) {
+    pending.round += 1;
+    pending.asked.clear();
+    pending.checks.clear();
+    for (w, work) in pending.works.iter().enumerate() {
+        let waiting = work.members.iter().zip(&work.verdicts).enumerate();
+        for (m, (member, _)) in waiting.filter(|(_, (_, verdict))| verdict.is_none()) {
+            let policy = plan.policies.get(member.policy);
+            if let Some(policy) = policy.filter(|p| matches!(p.scope, Scope::Global(_))) {
+                pending.asked.push((w, m));
+                pending.checks.push(check(policy, member, work));
+            }
+        }
+    }
+}
+
+/// The question about one member's key. A key in the overflow slot takes just its cost: no
+/// grant can be kept for it.
+fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
+    let algorithm = member.tier.algorithm;
+    Check {
+        key: format!("{}/{:016x}", policy.name, work.hash),
+        algorithm: algorithm.name(),
+        requests: member.tier.requests,
+        per_ms: protocol::per_ms(member.tier.per_nanos),
+        burst: algorithm.capacity(),
+        cost: policy.cost,
+        take: if work.slot.is_overflow() {
+            policy.cost
+        } else {
+            policy.take.min(algorithm.capacity())
+        },
+        max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
+    }
+}
+
+/// After the last call: members still waiting for the service count it as failed.
+pub(super) fn give_up_asking(plan: &Plan, pending: &mut Pending) {
+    for work in &mut pending.works {
+        for member in &mut work.members {
+            if member.service == Service::Ask {
+                member.service = Service::Failed;
+            }
+        }
+        work.judge(plan, pending.now);
+    }
+}
+
+fn allowed(remaining: u64, reset_after: u64) -> Decision {
+    Decision {
+        allowed: true,
+        remaining,
+        reset_after,
+        ..Decision::default()
+    }
+}
+
+fn denied(retry_after: u64, reset_after: u64) -> Decision {
+    Decision {
+        retry_after,
+        reset_after,
+        ..Decision::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn global(extra: Value) -> Plan {
+        let mut fields = json!({"scope": "global", "lease": 5});
+        for (k, v) in extra.as_object().unwrap() {
+            fields[k] = v.clone();
+        }
+        plan_of(json!([per_user("global", 10, fields)]))
+    }
+
+    fn member(plan: &Plan, service: Service) -> Member {
+        let policy = &plan.policies[0];
+        Member {
+            policy: 0,
+            tier: policy.tier,
+            emergency: policy.emergency().unwrap_or(policy.tier),
+            service,
+        }
+    }
+
+    fn answered(allowed: bool, granted: u64, retry_after: u64) -> Service {
+        Service::Answered(Answer {
+            allowed,
+            granted,
+            remaining: 4,
+            reset_after: 500 * 1_000_000,
+            retry_after,
+            delay: 0,
+        })
+    }
+
+    /// Judges the member on `state` at `now`, as the overflow slot's when `shared`.
+    fn judged(plan: &Plan, service: Service, state: &mut [u64], shared: bool, now: u64) -> Verdict {
+        let Scope::Global(on_failure) = plan.policies[0].scope else {
+            panic!("a global policy");
+        };
+        judge(on_failure, 1, &member(plan, service), state, shared, now)
+    }
+
+    fn basis(verdict: Verdict) -> Option<(bool, Basis)> {
+        verdict.map(|(d, b)| (d.allowed, b))
+    }
+
+    #[test]
+    fn an_answer_leaves_the_rest_of_its_grant_here_for_a_second() {
+        let plan = global(json!({}));
+        let mut state = [0; 4];
+        let verdict = judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        assert_eq!(basis(verdict), Some((true, Basis::Service)));
+        assert_eq!(state[..2], [4, T0 + GRANT_TTL]);
+        let next = judged(&plan, Service::Ask, &mut state, false, T0 + 1);
+        assert_eq!(basis(next), Some((true, Basis::Grant)));
+        let lapsed = judged(&plan, Service::Ask, &mut state, false, T0 + GRANT_TTL);
+        assert_eq!(lapsed, None, "only the service can answer");
+    }
+
+    #[test]
+    fn a_fixed_windows_grant_ends_with_its_window() {
+        let plan = global(json!({"algorithm": "fixed_window"}));
+        let mut state = [0; 5];
+        judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        assert_eq!(state[1], T0 + 500 * 1_000_000);
+    }
+
+    #[test]
+    fn a_denial_marks_the_key_over_its_limit_until_it_may_retry() {
+        let plan = global(json!({}));
+        let mut state = [0; 4];
+        judged(&plan, answered(false, 0, SEC), &mut state, false, T0);
+        let cached = judged(&plan, Service::Ask, &mut state, false, T0 + SEC - 1);
+        assert_eq!(basis(cached), Some((false, Basis::OverLimit)));
+        assert_eq!(
+            judged(&plan, Service::Ask, &mut state, false, T0 + SEC),
+            None
+        );
+    }
+
+    #[test]
+    fn without_the_service_a_policy_fails_open_to_its_emergency_budget_or_closed() {
+        let open = global(json!({"emergency": {"requests": 1, "per": "1h", "burst": 1}}));
+        let mut state = [0; 4];
+        let first = judged(&open, Service::Failed, &mut state, false, T0);
+        assert_eq!(basis(first), Some((true, Basis::Emergency)));
+        let second = judged(&open, Service::Failed, &mut state, false, T0);
+        assert_eq!(basis(second), Some((false, Basis::Emergency)));
+        let closed = global(json!({"failure_mode": "closed"}));
+        let verdict = judged(&closed, Service::Failed, &mut [0; 4], false, T0);
+        assert_eq!(basis(verdict), Some((false, Basis::Unavailable)));
+    }
+
+    #[test]
+    fn the_overflow_slot_keeps_no_grant_and_no_mark() {
+        let plan = global(json!({}));
+        let mut state = [0; 4];
+        judged(&plan, answered(true, 5, 0), &mut state, true, T0);
+        judged(&plan, answered(false, 0, SEC), &mut state, true, T0);
+        assert_eq!(state[..GLOBAL_COLUMNS], [0, 0, 0]);
+    }
+
+    #[test]
+    fn a_request_denied_by_another_policy_keeps_the_cost_it_was_granted() {
+        let plan = global(json!({}));
+        let mut next = [3, T0 + GRANT_TTL, 0, 0];
+        let granted = member(&plan, answered(true, 5, 0));
+        keep_unspent(&granted, &plan.policies[0], &mut next, false);
+        assert_eq!(
+            next[0], 4,
+            "the grant, not its expiry, takes the unspent token"
+        );
+        keep_unspent(&granted, &plan.policies[0], &mut next, true);
+        assert_eq!(next[0], 4, "the overflow slot keeps no grant");
+    }
+
+    #[test]
+    fn checks_ask_for_waiting_global_members_only_and_the_overflow_takes_its_cost() {
+        let plan = plan_of(json!([
+            per_user("local", 10, json!({})),
+            per_user("global", 10, json!({"scope": "global", "lease": 5})),
+        ]));
+        let store = store(&plan);
+        let mut ledger = crate::ledger::Ledger::default();
+        let super::super::Step::Callout(pending) = evaluate(&plan, &store, &mut ledger, ALICE, T0)
+        else {
+            panic!("asks the service");
+        };
+        let checks = pending.checks();
+        assert_eq!(checks.len(), 1);
+        assert!(checks[0].key.starts_with("global/"));
+        assert_eq!((checks[0].cost, checks[0].take), (1, 5));
+        let mut overflow = Work::new(0, 9, member(&plan, Service::Ask));
+        overflow.slot.owner = crate::table::OVERFLOW_KEY;
+        assert_eq!(
+            check(&plan.policies[1], &member(&plan, Service::Ask), &overflow).take,
+            1
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! Local members: decided by their algorithm on the key's bucket in shared data, and a local
+//! token bucket's `lease`: tokens a worker borrows from the bucket in the same CAS and spends by
+//! itself (see `ledger`), so a hot key's requests touch no shared data until the loan runs out.
+
+use super::work::{Member, Work};
+use super::Basis;
+use crate::algorithm::{token_bucket, Algorithm, Decision};
+use crate::config::{Plan, Policy, Tier};
+use crate::ledger::{Ledger, Loan, LOAN_TTL};
+
+/// Runs the tier's algorithm on its words of the policy's state.
+pub(super) fn admit(tier: &Tier, cost: u64, state: &mut [u64], now: u64) -> Option<Decision> {
+    let words = state.get_mut(..tier.algorithm.columns())?;
+    Some(tier.algorithm.admit(words, now, cost))
+}
+
+/// A lending policy (a token bucket): takes back what this worker still holds, then, for a key
+/// back within a loan's time of its last visit here, takes the whole `take` if the bucket has
+/// it. Tokens beyond the cost become this worker's loan, reported as remaining. A colder key
+/// takes just the cost (its loan would lapse, or be pushed out of the ledger, unspent) and is
+/// marked as seen, with an empty loan.
+pub(super) fn lend(
+    policy: &Policy,
+    member: &Member,
+    key: u64,
+    state: &mut [u64],
+    held: Option<&Loan>,
+    now: u64,
+) -> Option<(Decision, Option<Loan>)> {
+    let (Algorithm::TokenBucket(rate), Some(tat)) = (member.tier.algorithm, state.first_mut())
+    else {
+        return admit(&member.tier, policy.cost, state, now).map(|d| (d, None));
+    };
+    let hot = held.is_some_and(|h| h.expires > now);
+    if let Some(held) = held {
+        token_bucket::hand_back(tat, held.tokens, held.interval);
+    }
+    // A refused loan leaves the bucket as it was.
+    let lent = hot
+        .then(|| token_bucket::admit(&rate, tat, now, policy.take))
+        .filter(|lent| lent.allowed);
+    let (decision, tokens) = match lent {
+        Some(lent) => (lent, policy.take - policy.cost),
+        None => (token_bucket::admit(&rate, tat, now, policy.cost), 0),
+    };
+    let loan = Loan {
+        policy: member.policy,
+        key,
+        tokens,
+        interval: rate.interval,
+        expires: now + LOAN_TTL,
+        remaining: decision.remaining,
+        reset_at: now.saturating_add(decision.reset_after),
+    };
+    let reported = Decision {
+        remaining: decision.remaining + tokens,
+        ..decision
+    };
+    Some((reported, decision.allowed.then_some(loan)))
+}
+
+/// Pays the work from this worker's loans when every member is a local policy that holds
+/// enough of its bucket here.
+pub(super) fn pay_from_loans(work: &mut Work, plan: &Plan, ledger: &mut Ledger, now: u64) -> bool {
+    if ledger.is_empty() {
+        return false;
+    }
+    let cost = |policy: usize| plan.policies.get(policy).map(|p| p.cost);
+    let payable = work.members.iter().all(|m| {
+        cost(m.policy).is_some_and(|cost| ledger.can_spend(m.policy, work.hash, cost, now))
+    });
+    if !payable {
+        return false;
+    }
+    work.verdicts = work
+        .members
+        .iter()
+        .map(|m| {
+            let decision = ledger.spend(m.policy, work.hash, cost(m.policy)?, now)?;
+            Some((decision, Basis::Loan))
+        })
+        .collect();
+    work.on_loan = true;
+    true
+}
+
+/// For a denied request: the tokens its works spent from this worker's loans go back to them.
+pub(super) fn refund_loans(works: &[Work], plan: &Plan, ledger: &mut Ledger) {
+    for work in works.iter().filter(|w| w.on_loan) {
+        for member in &work.members {
+            if let Some(policy) = plan.policies.get(member.policy) {
+                ledger.refund(member.policy, work.hash, policy.cost);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::super::work::Work;
+    use super::*;
+    use crate::limiter::global::Service;
+    use serde_json::json;
+
+    /// A policy of burst 10 refilling one token an hour, lending `take`.
+    fn lending(take: u64) -> Plan {
+        plan_of(json!([per_user(
+            "per-user",
+            1,
+            json!({"per": "1h", "burst": 10, "lease": take})
+        )]))
+    }
+
+    fn member(plan: &Plan) -> Member {
+        Member {
+            policy: 0,
+            tier: plan.policies[0].tier,
+            emergency: plan.policies[0].tier,
+            service: Service::Ask,
+        }
+    }
+
+    fn loan(tokens: u64, expires: u64, plan: &Plan) -> Loan {
+        let Algorithm::TokenBucket(rate) = plan.policies[0].tier.algorithm else {
+            panic!("a token bucket");
+        };
+        Loan {
+            policy: 0,
+            key: 7,
+            tokens,
+            interval: rate.interval,
+            expires,
+            remaining: 0,
+            reset_at: 0,
+        }
+    }
+
+    #[test]
+    fn admit_runs_the_tiers_algorithm_on_its_own_words() {
+        let plan = lending(1);
+        let mut state = [0, 99];
+        let decision = admit(&plan.policies[0].tier, 3, &mut state, T0).unwrap();
+        assert_eq!((decision.allowed, decision.remaining), (true, 7));
+        assert_eq!(state[1], 99, "the next policy's word is untouched");
+    }
+
+    #[test]
+    fn a_cold_key_borrows_nothing_and_is_marked_as_seen() {
+        let plan = lending(5);
+        let mut state = [0];
+        let (decision, loan) =
+            lend(&plan.policies[0], &member(&plan), 7, &mut state, None, T0).unwrap();
+        assert_eq!(decision.remaining, 9);
+        assert_eq!(loan.map(|l| l.tokens), Some(0));
+    }
+
+    #[test]
+    fn a_hot_key_borrows_the_whole_lease_after_handing_back_what_it_held() {
+        let plan = lending(5);
+        let mut state = [0];
+        let held = loan(2, T0 + 1, &plan);
+        let (_, cold) = lend(&plan.policies[0], &member(&plan), 7, &mut state, None, T0).unwrap();
+        assert_eq!(cold.map(|l| l.tokens), Some(0));
+        let hour = 3600 * SEC;
+        let mut bucket = [state[0] + 2 * hour];
+        let (decision, loan) = lend(
+            &plan.policies[0],
+            &member(&plan),
+            7,
+            &mut bucket,
+            Some(&held),
+            T0,
+        )
+        .unwrap();
+        assert_eq!(loan.map(|l| l.tokens), Some(4), "five taken, one spent");
+        assert_eq!(
+            decision.remaining,
+            4 + 4,
+            "the bucket's four, and the four held"
+        );
+    }
+
+    #[test]
+    fn loans_pay_a_work_only_when_they_cover_every_member() {
+        let plan = lending(5);
+        let mut ledger = Ledger::default();
+        let mut work = Work::new(0, 7, member(&plan));
+        assert!(
+            !pay_from_loans(&mut work, &plan, &mut ledger, T0),
+            "no loan"
+        );
+        ledger.deposit(loan(1, T0 + 1, &plan), T0);
+        assert!(pay_from_loans(&mut work, &plan, &mut ledger, T0));
+        assert_eq!(
+            work.verdicts[0].map(|(d, b)| (d.allowed, b)),
+            Some((true, Basis::Loan))
+        );
+        let mut again = Work::new(0, 7, member(&plan));
+        assert!(!pay_from_loans(&mut again, &plan, &mut ledger, T0), "spent");
+        refund_loans(&[work], &plan, &mut ledger);
+        assert!(
+            pay_from_loans(&mut again, &plan, &mut ledger, T0),
+            "refunded"
+        );
+    }
+}

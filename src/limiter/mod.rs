@@ -1,0 +1,385 @@
+//! One decision for one request: which policies apply, their keys, and their state, read and
+//! updated with compare-and-swap so every worker shares one budget.
+//!
+//! The path of a request, top to bottom (`Limiter::evaluate`, then `resume` after each call to
+//! the service):
+//! 1. `gather`: the policies that apply, grouped by the table their key shares (a `Work`), with
+//!    the key's hash and the tier each runs at. Bypassed keys drop out.
+//! 2. Each work is judged: from this worker's loans when they cover it (`local`), else from its
+//!    slot as read (`write`). A local member is judged by its algorithm (`local`); a global one by
+//!    what the service answered, or what it left here: an over-limit mark, tokens granted to this
+//!    Envoy, or, when it cannot answer, the failure mode (`global`).
+//! 3. While a member needs the service and no enforcing policy denies, the service is asked, at
+//!    most `MAX_CALLOUTS` times.
+//! 4. `write`: every slot is written with CAS, judged again after a lost race.
+//!
+//! Layered limits: all applicable policies are judged against one snapshot first; if any
+//! enforcing policy denies, no bucket is charged (what the service said is still remembered, and
+//! tokens it granted for the denied request stay granted). When a CAS loses a race, that table is
+//! read and judged again; if it now denies, the tables written before it keep their charge (a race
+//! can over-charge a request once, never over-admit).
+
+mod gather;
+mod global;
+mod local;
+mod work;
+mod write;
+
+pub use global::GRANT_TTL;
+
+use crate::algorithm::Decision;
+use crate::config::{Plan, Tier};
+use crate::ledger::Ledger;
+use crate::protocol::{Answer, Check};
+use crate::request::{Attributes, RequestSource};
+use crate::store::Store;
+use work::Work;
+
+/// Attempts per table before giving up on a contended slot.
+pub const MAX_ATTEMPTS: u32 = 8;
+/// Calls to the service per request (a second only when a grant ran dry in a race).
+pub const MAX_CALLOUTS: u32 = 2;
+
+/// What a decision rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Basis {
+    /// A local bucket.
+    Bucket,
+    /// Tokens this worker borrowed from a local bucket earlier.
+    Loan,
+    /// Tokens the service granted this Envoy earlier.
+    Grant,
+    /// The service said earlier that this key is over its limit until a known time.
+    OverLimit,
+    /// The service, for this request.
+    Service,
+    /// The service could not answer; the policy fails open to its local emergency budget.
+    Emergency,
+    /// The service could not answer; the policy fails closed.
+    Unavailable,
+}
+
+/// A policy that applied to the request, with its verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub policy: usize,
+    /// The key's hash: what logs may show of the key.
+    pub key: u64,
+    /// The limit that decided (a global policy's emergency budget when it decided).
+    pub tier: Tier,
+    pub decision: Decision,
+    pub basis: Basis,
+}
+
+/// Everything the glue needs to answer, count and log.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub applied: Vec<Applied>,
+    /// The enforcing policy whose denial stands (the longest wait), if any.
+    pub denied_by: Option<Applied>,
+    pub cas_retries: u32,
+    pub evictions: u32,
+    /// Tables whose key found no slot of its own and shared the overflow slot.
+    pub overflowed: u32,
+    /// A slot stayed contended (or the store failed) through every attempt: the request is
+    /// denied rather than let through unmetered.
+    pub exhausted: bool,
+    /// Bypass entries (indices into `Plan::bypass`) that exempted this request...
+    pub bypassed: Vec<usize>,
+    /// ...and those that would have, had they not expired.
+    pub expired_bypass: Vec<usize>,
+}
+
+impl Outcome {
+    pub fn is_denied(&self) -> bool {
+        self.denied_by.is_some() || self.exhausted
+    }
+}
+
+/// A request on its way: its works, and the checks sent to the service for it.
+#[derive(Debug)]
+pub struct Pending {
+    works: Vec<Work>,
+    now: u64,
+    /// Calls to the service so far.
+    round: u32,
+    /// The (work, member) of each check, in the order sent.
+    asked: Vec<(usize, usize)>,
+    checks: Vec<Check>,
+    outcome: Outcome,
+}
+
+impl Pending {
+    /// The checks to send to the service before `resume`.
+    pub fn checks(&self) -> &[Check] {
+        &self.checks
+    }
+}
+
+/// Where a request stands.
+#[derive(Debug)]
+pub enum Step {
+    Done(Outcome),
+    /// Send `Pending::checks` to the service, then `resume`.
+    Callout(Pending),
+}
+
+/// What a decision works with: the plan, this plugin's shared data, and this worker's loans.
+pub struct Limiter<'a, S> {
+    pub plan: &'a Plan,
+    /// Namespaces this plugin's shared-data keys.
+    pub prefix: &'a str,
+    pub store: &'a S,
+    pub ledger: &'a mut Ledger,
+}
+
+impl<S: Store> Limiter<'_, S> {
+    /// Decides the request at `now` (Unix nanoseconds). `service_up` is false while the service
+    /// is known to be failing: global policies then apply their failure mode without calling.
+    pub fn evaluate<R: RequestSource + ?Sized>(
+        &mut self,
+        request: &mut Attributes<R>,
+        now: u64,
+        service_up: bool,
+    ) -> Step {
+        let mut outcome = Outcome::default();
+        let works = gather::works(self.plan, request, service_up, now, &mut outcome);
+        let mut pending = Pending {
+            works,
+            now,
+            round: 0,
+            asked: Vec::new(),
+            checks: Vec::new(),
+            outcome,
+        };
+        for work in &mut pending.works {
+            if !local::pay_from_loans(work, self.plan, self.ledger, now) {
+                self.read(work, now);
+            }
+        }
+        self.advance(pending)
+    }
+
+    /// Continues a request with the service's answers (`None`: the call failed).
+    pub fn resume(&mut self, mut pending: Pending, answers: Option<Vec<Answer>>) -> Step {
+        global::record(&mut pending, answers.as_deref());
+        for work in &mut pending.works {
+            work.judge(self.plan, pending.now);
+        }
+        self.advance(pending)
+    }
+
+    /// Asks the service while a member needs it and no enforcing policy denies; then writes.
+    fn advance(&mut self, mut pending: Pending) -> Step {
+        loop {
+            let asks = pending.works.iter().any(Work::asks);
+            if asks && strictest_denial(self.plan, &pending.works).is_none() {
+                if pending.round < MAX_CALLOUTS {
+                    global::ask(self.plan, &mut pending);
+                    return Step::Callout(pending);
+                }
+                global::give_up_asking(self.plan, &mut pending);
+            } else if self.write(&mut pending) {
+                return Step::Done(self.finish(pending));
+            }
+        }
+    }
+
+    /// The outcome of a request whose slots are written. A denied request gives back the
+    /// tokens it spent from this worker's loans.
+    fn finish(&mut self, pending: Pending) -> Outcome {
+        let mut outcome = pending.outcome;
+        outcome.applied = pending.works.iter().flat_map(Work::applied).collect();
+        outcome.denied_by = strictest(self.plan, outcome.applied.iter().copied());
+        if outcome.is_denied() {
+            local::refund_loans(&pending.works, self.plan, self.ledger);
+        }
+        let overflowed = pending.works.iter().filter(|w| w.slot.is_overflow());
+        outcome.overflowed = overflowed.count() as u32;
+        outcome
+    }
+}
+
+fn strictest_denial(plan: &Plan, works: &[Work]) -> Option<Applied> {
+    strictest(plan, works.iter().flat_map(Work::applied))
+}
+
+/// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
+fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Applied> {
+    applied
+        .filter(|a| !a.decision.allowed)
+        .filter(|a| plan.policies.get(a.policy).is_some_and(|p| !p.shadow))
+        .max_by_key(|a| a.decision.retry_after)
+}
+
+/// What the limiter's unit tests share: plans from JSON, stores with their slots, requests.
+#[cfg(test)]
+mod testing {
+    use super::*;
+    use crate::testing::FakeRequest;
+    use crate::testing::MemoryStore;
+    use serde_json::{json, Value};
+
+    pub const SEC: u64 = crate::duration::NANOS_PER_SEC;
+    pub const T0: u64 = 1_800_000_000 * SEC;
+    pub const PREFIX: &str = "test/";
+    pub const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+    pub fn plan(config: Value) -> Plan {
+        crate::config::parse(config.to_string().as_bytes()).unwrap()
+    }
+
+    /// `requests` per second per `x-user-id`, with `extra` fields.
+    pub fn per_user(name: &str, requests: u64, extra: Value) -> Value {
+        let mut policy = json!({"name": name, "key": ["header:x-user-id"],
+            "requests": requests, "per": "1s"});
+        for (field, value) in extra.as_object().unwrap() {
+            policy[field] = value.clone();
+        }
+        policy
+    }
+
+    /// A plan with these policies and a service to call for global ones.
+    pub fn plan_of(policies: Value) -> Plan {
+        plan(json!({"global": {"cluster": "c", "authority": "a"}, "policies": policies}))
+    }
+
+    /// A store with the plan's slots created, as `Filter::configure` does.
+    pub fn store(plan: &Plan) -> MemoryStore {
+        let store = MemoryStore::default();
+        for spec in &plan.tables {
+            crate::table::create_slots(&store, PREFIX, spec).unwrap();
+        }
+        store
+    }
+
+    /// A request with these headers, from 10.0.0.1.
+    pub fn request(headers: &[(&str, &str)]) -> FakeRequest {
+        FakeRequest::new(headers).with_property("source.address", "10.0.0.1:5555")
+    }
+
+    /// Evaluates one request at `now`, the service reachable.
+    pub fn evaluate<S: Store>(
+        plan: &Plan,
+        store: &S,
+        ledger: &mut Ledger,
+        headers: &[(&str, &str)],
+        now: u64,
+    ) -> Step {
+        let source = request(headers);
+        let mut attributes = Attributes::new(&source, &plan.attrs);
+        let mut limiter = Limiter {
+            plan,
+            prefix: PREFIX,
+            store,
+            ledger,
+        };
+        limiter.evaluate(&mut attributes, now, true)
+    }
+
+    /// The outcome of a request that needs no service.
+    pub fn decide<S: Store>(plan: &Plan, store: &S, headers: &[(&str, &str)], now: u64) -> Outcome {
+        match evaluate(plan, store, &mut Ledger::default(), headers, now) {
+            Step::Done(outcome) => outcome,
+            Step::Callout(_) => panic!("asked the service"),
+        }
+    }
+
+    pub fn verdicts(outcome: &Outcome) -> Vec<(usize, bool)> {
+        let verdicts = outcome.applied.iter();
+        verdicts.map(|a| (a.policy, a.decision.allowed)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::*;
+    use super::*;
+    use serde_json::json;
+
+    fn answer(allowed: bool, granted: u64) -> Answer {
+        Answer {
+            allowed,
+            granted,
+            remaining: 3,
+            reset_after: SEC,
+            retry_after: if allowed { 0 } else { SEC },
+            delay: 0,
+        }
+    }
+
+    #[test]
+    fn a_layered_denial_charges_no_other_policy() {
+        let plan = plan_of(json!([
+            per_user("roomy", 10, json!({})),
+            per_user("tight", 1, json!({"per": "1h"})),
+        ]));
+        let store = store(&plan);
+        assert_eq!(
+            verdicts(&decide(&plan, &store, ALICE, T0)),
+            [(0, true), (1, true)]
+        );
+        let denied = decide(&plan, &store, ALICE, T0);
+        assert_eq!(denied.denied_by.map(|a| a.policy), Some(1));
+        let after = decide(&plan, &store, ALICE, T0).applied[0]
+            .decision
+            .remaining;
+        assert_eq!(after, 8, "roomy paid once: its remaining is 10 - 1 - 1");
+    }
+
+    #[test]
+    fn a_global_member_waits_for_the_service_then_is_written() {
+        let plan = plan_of(json!([per_user(
+            "global",
+            10,
+            json!({"scope": "global", "lease": 4})
+        )]));
+        let store = store(&plan);
+        let mut ledger = Ledger::default();
+        let Step::Callout(pending) = evaluate(&plan, &store, &mut ledger, ALICE, T0) else {
+            panic!("needs the service");
+        };
+        assert_eq!(pending.checks().len(), 1);
+        assert_eq!(pending.checks()[0].take, 4);
+        let mut limiter = Limiter {
+            plan: &plan,
+            prefix: PREFIX,
+            store: &store,
+            ledger: &mut ledger,
+        };
+        let Step::Done(outcome) = limiter.resume(pending, Some(vec![answer(true, 4)])) else {
+            panic!("answered");
+        };
+        assert_eq!(outcome.applied[0].basis, Basis::Service);
+        let next = decide(&plan, &store, ALICE, T0 + 1);
+        assert_eq!(
+            next.applied[0].basis,
+            Basis::Grant,
+            "three granted tokens are left here"
+        );
+    }
+
+    #[test]
+    fn a_failed_call_is_asked_no_more_and_the_failure_mode_decides() {
+        let plan = plan_of(json!([per_user(
+            "global",
+            10,
+            json!({"scope": "global", "failure_mode": "closed"})
+        )]));
+        let store = store(&plan);
+        let mut ledger = Ledger::default();
+        let Step::Callout(pending) = evaluate(&plan, &store, &mut ledger, ALICE, T0) else {
+            panic!("needs the service");
+        };
+        let mut limiter = Limiter {
+            plan: &plan,
+            prefix: PREFIX,
+            store: &store,
+            ledger: &mut ledger,
+        };
+        let Step::Done(outcome) = limiter.resume(pending, None) else {
+            panic!("a failed call is not asked again");
+        };
+        assert_eq!(outcome.denied_by.map(|a| a.basis), Some(Basis::Unavailable));
+    }
+}

@@ -1,0 +1,173 @@
+//! A work: the policies of one table that apply to a request, the key they share, the slot as
+//! read, the state to write, and each member's verdict.
+
+use super::global::{self, Service};
+use super::{local, Applied, Basis};
+use crate::algorithm::Decision;
+use crate::config::{Plan, Policy, Scope, Tier};
+use crate::ledger::{Ledger, Loan};
+use crate::table::{Slot, Words};
+use smallvec::{smallvec, SmallVec};
+
+/// One applicable policy of a work.
+#[derive(Debug)]
+pub(super) struct Member {
+    pub policy: usize,
+    pub tier: Tier,
+    /// The limit enforced locally while the service cannot answer (global fail-open policies).
+    pub emergency: Tier,
+    pub service: Service,
+}
+
+/// A member's verdict: `None` while only the service can give it.
+pub(super) type Verdict = Option<(Decision, Basis)>;
+
+#[derive(Debug)]
+pub(super) struct Work {
+    pub table: usize,
+    pub hash: u64,
+    pub members: SmallVec<[Member; 2]>,
+    pub slot: Slot,
+    pub next: Words,
+    pub verdicts: SmallVec<[Verdict; 2]>,
+    /// Paid from this worker's loans: no slot is read or written.
+    pub on_loan: bool,
+    /// This worker's loans on the slot's buckets, taken out of the ledger: handed back to the
+    /// buckets with the write, or put back in the ledger when nothing is written.
+    pub withdrawn: SmallVec<[Loan; 1]>,
+    /// The loans the write makes to this worker: its lending members' (empty ones mark a key as
+    /// seen).
+    pub lent: SmallVec<[Loan; 1]>,
+}
+
+impl Work {
+    pub fn new(table: usize, hash: u64, member: Member) -> Work {
+        Work {
+            table,
+            hash,
+            members: smallvec![member],
+            slot: Slot::default(),
+            next: Words::new(),
+            verdicts: SmallVec::new(),
+            on_loan: false,
+            withdrawn: SmallVec::new(),
+            lent: SmallVec::new(),
+        }
+    }
+
+    /// Whether a member waits for the service.
+    pub fn asks(&self) -> bool {
+        self.verdicts.iter().any(Option::is_none)
+    }
+
+    /// Judges every member against the slot as read, computing the state to write.
+    pub fn judge(&mut self, plan: &Plan, now: u64) {
+        if self.on_loan {
+            return;
+        }
+        self.next = self.slot.state.clone();
+        self.lent.clear();
+        let shared = self.slot.is_overflow();
+        let (next, lent, withdrawn) = (&mut self.next, &mut self.lent, &self.withdrawn);
+        self.verdicts = self
+            .members
+            .iter()
+            .map(|member| {
+                let policy = plan.policies.get(member.policy)?;
+                let state = next.get_mut(policy.column..policy.column + policy.columns())?;
+                let held = withdrawn.iter().find(|l| l.policy == member.policy);
+                let (verdict, loan) =
+                    judge_member(policy, member, state, shared, held, self.hash, now);
+                lent.extend(loan);
+                verdict
+            })
+            .collect();
+    }
+
+    /// The members that have a verdict, as the outcome reports them.
+    pub fn applied(&self) -> impl Iterator<Item = Applied> + '_ {
+        self.members
+            .iter()
+            .zip(&self.verdicts)
+            .filter_map(|(m, verdict)| {
+                verdict.map(|(decision, basis)| Applied {
+                    policy: m.policy,
+                    key: self.hash,
+                    tier: if basis == Basis::Emergency {
+                        m.emergency
+                    } else {
+                        m.tier
+                    },
+                    decision,
+                    basis,
+                })
+            })
+    }
+
+    /// For a denied request: keeps what the service said (over-limit marks, and tokens it granted
+    /// stay granted), takes back every other charge.
+    pub fn undo_charges(&mut self, plan: &Plan) {
+        let shared = self.slot.is_overflow();
+        for (member, verdict) in self.members.iter().zip(&self.verdicts) {
+            let Some(policy) = plan.policies.get(member.policy) else {
+                continue;
+            };
+            let columns = policy.column..policy.column + policy.columns();
+            let (Some(next), Some(read)) = (
+                self.next.get_mut(columns.clone()),
+                self.slot.state.get(columns),
+            ) else {
+                continue;
+            };
+            match verdict {
+                Some((_, Basis::Service)) => global::keep_unspent(member, policy, next, shared),
+                _ => next.copy_from_slice(read),
+            }
+        }
+    }
+
+    /// After the slot's write (`charged`: it carried this request's charges), this worker keeps
+    /// the loans the write made; otherwise the loans it withdrew go back to the ledger.
+    pub fn settle_loans(&mut self, ledger: &mut Ledger, charged: bool, now: u64) {
+        if charged {
+            self.withdrawn.clear();
+            for &loan in &self.lent {
+                ledger.deposit(loan, now);
+            }
+        } else {
+            for loan in self.withdrawn.drain(..) {
+                ledger.deposit(loan, now);
+            }
+        }
+    }
+}
+
+/// Judges one member on its words of the slot. `shared`: the state is the overflow slot's,
+/// shared by keys that found no slot of their own, so a global policy keeps neither grants nor
+/// over-limit marks in it (they are one key's), and a local policy lends nothing from it.
+/// `held`: this worker's loan on the policy's bucket for `key`, handed back before judging.
+/// Also returns the loan the verdict makes to this worker.
+fn judge_member(
+    policy: &Policy,
+    member: &Member,
+    state: &mut [u64],
+    shared: bool,
+    held: Option<&Loan>,
+    key: u64,
+    now: u64,
+) -> (Verdict, Option<Loan>) {
+    match policy.scope {
+        Scope::Local if policy.take > policy.cost && !shared => {
+            let (decision, loan) = local::lend(policy, member, key, state, held, now).unzip();
+            (decision.map(|d| (d, Basis::Bucket)), loan.flatten())
+        }
+        Scope::Local => {
+            let decision = local::admit(&member.tier, policy.cost, state, now);
+            (decision.map(|d| (d, Basis::Bucket)), None)
+        }
+        Scope::Global(on_failure) => {
+            let verdict = global::judge(on_failure, policy.cost, member, state, shared, now);
+            (verdict, None)
+        }
+    }
+}

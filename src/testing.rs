@@ -1,0 +1,190 @@
+//! Fakes of what the filter needs from Envoy, with Envoy's semantics: shared data, a request, and
+//! a whole host. For the unit tests and, through the `testing` feature, the micro-benchmarks and
+//! the other crates' tests. Test support: it panics on misuse.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
+
+use crate::config::GlobalService;
+use crate::filter::Host;
+use crate::metrics::Metrics;
+use crate::request::RequestSource;
+use crate::store::{Store, StoreError};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Shared data in one process, with Envoy's semantics (CAS 0 and creating writes are
+/// unconditional). Thread-safe, so tests can play several workers at once.
+#[derive(Default)]
+pub struct MemoryStore {
+    entries: Mutex<Entries>,
+}
+
+/// Entries by key with their versions, and the last version handed out.
+type Entries = (HashMap<String, (Vec<u8>, u32)>, u32);
+
+impl MemoryStore {
+    pub fn entry_count(&self) -> usize {
+        self.entries.lock().unwrap().0.len()
+    }
+}
+
+impl Store for MemoryStore {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.entries.lock().unwrap().0.get(key).cloned()
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let mut guard = self.entries.lock().unwrap();
+        let (entries, version) = &mut *guard;
+        if let Some((_, current)) = entries.get(key) {
+            if cas != 0 && cas != *current {
+                return Err(StoreError::CasMismatch);
+            }
+        }
+        *version += 1;
+        entries.insert(key.to_string(), (value.to_vec(), *version));
+        Ok(())
+    }
+}
+
+/// A request, counting how often the host is asked. Properties are keyed by their path joined
+/// with dots (`source.address`).
+#[derive(Default)]
+pub struct FakeRequest {
+    pub headers: HashMap<String, Vec<u8>>,
+    pub properties: HashMap<String, Vec<u8>>,
+    pub reads: Cell<usize>,
+}
+
+impl FakeRequest {
+    pub fn new(headers: &[(&str, &str)]) -> Self {
+        let mut request = FakeRequest::default();
+        for (name, value) in headers {
+            request
+                .headers
+                .insert(name.to_string(), value.as_bytes().to_vec());
+        }
+        request
+    }
+
+    pub fn with_property(mut self, path: &str, value: &str) -> Self {
+        self.properties
+            .insert(path.into(), value.as_bytes().to_vec());
+        self
+    }
+}
+
+impl RequestSource for FakeRequest {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.reads.set(self.reads.get() + 1);
+        self.headers.get(name).cloned()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.reads.set(self.reads.get() + 1);
+        self.properties.get(&path.join(".")).cloned()
+    }
+}
+
+/// A local reply: status, headers, body.
+pub type Reply = (u32, Vec<(String, String)>, String);
+
+/// One Envoy worker: its current request, clock, counters and replies; the store may be shared
+/// with other workers.
+pub struct FakeHost {
+    pub store: Arc<MemoryStore>,
+    pub request: RefCell<FakeRequest>,
+    pub now: Cell<u64>,
+    /// The last local reply, and how many were sent.
+    pub reply: RefCell<Option<Reply>>,
+    pub replies: Cell<usize>,
+    pub counters: RefCell<Vec<(String, u64)>>,
+    /// The last body sent to the rate-limit service, and how many were.
+    pub call: RefCell<Option<Vec<u8>>>,
+    pub calls: Cell<usize>,
+    pub service_reachable: Cell<bool>,
+    /// Shared-data reads and writes.
+    pub store_calls: Cell<u32>,
+}
+
+impl FakeHost {
+    pub fn new(store: Arc<MemoryStore>, now: u64) -> Self {
+        FakeHost {
+            store,
+            request: RefCell::default(),
+            now: Cell::new(now),
+            reply: RefCell::default(),
+            replies: Cell::new(0),
+            counters: RefCell::default(),
+            call: RefCell::default(),
+            calls: Cell::new(0),
+            service_reachable: Cell::new(true),
+            store_calls: Cell::new(0),
+        }
+    }
+
+    /// The counter's value as flushed so far (0 when not defined).
+    pub fn counter(&self, name: &str) -> u64 {
+        self.counters
+            .borrow()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, v)| *v)
+    }
+}
+
+impl RequestSource for FakeHost {
+    fn header(&self, name: &str) -> Option<Vec<u8>> {
+        self.request.borrow().header(name)
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
+        self.request.borrow().property(path)
+    }
+}
+
+impl Store for FakeHost {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.store_calls.set(self.store_calls.get() + 1);
+        self.store.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        self.store_calls.set(self.store_calls.get() + 1);
+        self.store.set(key, value, cas)
+    }
+}
+
+impl Host for FakeHost {
+    fn now(&self) -> u64 {
+        self.now.get()
+    }
+
+    fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
+        let headers = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        let body = String::from_utf8_lossy(body).into();
+        *self.reply.borrow_mut() = Some((status, headers, body));
+        self.replies.set(self.replies.get() + 1);
+    }
+
+    fn dispatch(&self, _service: &GlobalService, body: &[u8]) -> bool {
+        *self.call.borrow_mut() = Some(body.to_vec());
+        self.calls.set(self.calls.get() + 1);
+        self.service_reachable.get()
+    }
+}
+
+impl Metrics for FakeHost {
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        let mut counters = self.counters.borrow_mut();
+        counters.push((name.to_string(), 0));
+        u32::try_from(counters.len() - 1).ok()
+    }
+
+    fn increment(&self, id: u32, by: u64) {
+        self.counters.borrow_mut()[id as usize].1 += by;
+    }
+}

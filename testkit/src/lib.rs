@@ -1,0 +1,107 @@
+//! The one test harness of the workspace: real processes and small blocking clients.
+//!
+//! - `envoy`: an Envoy with the built sluice filter, on free loopback ports;
+//! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
+//! - `service`: the `sluice-service` binary;
+//! - `http`: an HTTP/1.1 client for all of them.
+//!
+//! Every child process is stopped by PID when its handle drops, also when a test panics, and
+//! every wait has a deadline. Test support code panics with a clear message when the set-up is
+//! broken: that is how it reports.
+#![allow(
+    clippy::panic,
+    clippy::expect_used,
+    clippy::unwrap_used,
+    clippy::indexing_slicing
+)]
+
+pub mod envoy;
+pub mod http;
+pub mod redis;
+pub mod resp;
+pub mod service;
+
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A port that was free a moment ago on 127.0.0.1 (bind port 0, read it, release it).
+pub fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding an ephemeral port on 127.0.0.1")
+}
+
+/// Polls `probe` until it gives a value or `limit` passes.
+pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(value) = probe() {
+            return Some(value);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+pub const SIGTERM: i32 = 15;
+pub const SIGKILL: i32 = 9;
+
+/// kill(2) to `pid`, or with a minus sign to the process group it leads. Only for our own
+/// child not yet reaped (or its group), so that the number cannot belong to another process.
+pub fn send_signal(pid: i32, signal: i32) {
+    extern "C" {
+        fn kill(pid: i32, sig: i32) -> i32;
+    }
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    unsafe {
+        kill(pid, signal);
+    }
+}
+
+/// The workspace root (the filter's crate).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .expect("testkit lives in the workspace root")
+}
+
+/// Where Cargo puts build outputs: `$CARGO_TARGET_DIR`, else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"))
+}
+
+/// A directory under the system temp dir, removed on drop; kept when the test is failing, for
+/// the logs it holds.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("sluice-{label}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        TempDir(path)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("[testkit] kept {} for its logs", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
