@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota};
 
-use super::config::{Config, Limit, Rate, Rule, Unit};
+use super::config::{Config, Limit, Node, Rate, Rule, Unit};
 use super::matching::{find, Entry};
 use crate::store::{hashed_key, Algorithm, Check, Decision};
 
@@ -136,7 +136,7 @@ struct Matched<'c> {
 }
 
 fn match_descriptor<'c>(
-    root: &'c crate::rls::config::Node,
+    root: &'c Node,
     descriptor: &RateLimitDescriptor,
     index: usize,
 ) -> Result<Option<Matched<'c>>, Invalid> {
