@@ -125,9 +125,10 @@ impl<S: Store> Rls<S> {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
         let watching = tokio::spawn(self.watcher.run(self.hangups));
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        // One service: served as it is, without a router in front of it.
+        let service = RateLimitServiceServer::new(self.service);
         let served = tonic::transport::Server::builder()
-            .add_service(RateLimitServiceServer::new(self.service))
-            .serve_with_incoming_shutdown(incoming, shutdown)
+            .serve_with_incoming_shutdown(service, incoming, shutdown)
             .await;
         watching.abort();
         served.map_err(|failure| format!("rls: {failure}"))
