@@ -384,10 +384,11 @@ impl Filter {
 mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::exact::ExactStore;
+    use crate::protocol::{CheckRequest, CheckResponse};
     use crate::testing::{FakeHost, FakeRequest, MemoryStore};
     use serde_json::{json, Value};
     use std::cell::RefCell;
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     const T0: u64 = 1_800_000_000 * SEC;
@@ -732,42 +733,19 @@ mod tests {
         assert!(err.to_string().starts_with("policies[0]"), "{err}");
     }
 
-    /// The rate-limit service as the filter sees it: GCRA buckets by check key, taking up to
-    /// `take` tokens, answering in the wire format.
+    /// The rate-limit service, answering in its wire format as the exact store decides.
     #[derive(Default)]
-    struct FakeService {
-        tats: RefCell<HashMap<String, u64>>,
-    }
+    struct FakeService(RefCell<ExactStore>);
 
     impl FakeService {
         fn answer(&self, body: &[u8], now: u64) -> Vec<u8> {
-            let request: Value = serde_json::from_slice(body).unwrap();
-            let results: Vec<Value> = request["checks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| {
-                    let n = |f: &str| c[f].as_u64().unwrap();
-                    let rate = crate::algorithm::Rate::new(n("requests"), n("per_ms") * 1_000_000, n("burst")).unwrap();
-                    let key = c["key"].as_str().unwrap().to_string();
-                    let tat = self.tats.borrow().get(&key).copied().unwrap_or(0);
-                    let check = |cost: u64| {
-                        let mut after = tat;
-                        (crate::algorithm::token_bucket::admit(&rate, &mut after, now, cost), after)
-                    };
-                    let (first, _) = check(n("cost"));
-                    if !first.allowed {
-                        return json!({"allowed": false, "granted": 0, "remaining": first.remaining,
-                            "reset_ms": first.reset_after / 1_000_000, "retry_after_ms": first.retry_after.div_ceil(1_000_000)});
-                    }
-                    let granted = (n("cost")..=n("take")).rev().find(|&t| check(t).0.allowed).unwrap();
-                    let (taken, after) = check(granted);
-                    self.tats.borrow_mut().insert(key, after);
-                    json!({"allowed": true, "granted": granted, "remaining": taken.remaining,
-                        "reset_ms": taken.reset_after / 1_000_000, "retry_after_ms": 0})
-                })
-                .collect();
-            serde_json::to_vec(&json!({ "results": results })).unwrap()
+            let request: CheckRequest = serde_json::from_slice(body).unwrap();
+            let mut store = self.0.borrow_mut();
+            let results = request.checks.iter().map(|c| store.check(c, now).unwrap());
+            let response = CheckResponse {
+                results: results.collect(),
+            };
+            serde_json::to_vec(&response).unwrap()
         }
     }
 
@@ -871,14 +849,15 @@ mod tests {
             (json!("fixed_window"), Value::Null, json!(10));
         p["lease"] = json!(5);
         let (filter, host) = setup(global(p));
-        // The fake service answers as a bucket of 10 a second: taking 5 resets in 500 ms, which
-        // stands here for the window's end.
         let service = FakeService::default();
+        // Half-way through a one-second window: it ends 500 ms later, before the lease's 1 s.
+        let ms = 1_000_000;
+        host.now.set(T0 + 500 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        host.now.set(T0 + 400 * 1_000_000);
+        host.now.set(T0 + 900 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         assert_eq!(host.calls.get(), 1, "spent from the lease");
-        host.now.set(T0 + 600 * 1_000_000);
+        host.now.set(T0 + 1_100 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         assert_eq!(host.calls.get(), 2, "the lease ended with the window");
     }

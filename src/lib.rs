@@ -11,6 +11,7 @@ pub mod algorithm;
 pub mod breaker;
 pub mod config;
 pub mod duration;
+pub mod exact;
 pub mod filter;
 pub mod headers;
 pub mod hold;

@@ -236,7 +236,7 @@ fn shadow_mode_lets_everything_through_and_unlimited_never_limits() {
     // Every request counted against the address limit of 20 too.
     assert_eq!(statuses(&envoy, "other", None, 1), [429]);
     let metrics = sluice_testkit::http::get(rls.service.addr, "/metrics").text();
-    let shadow = r#"sluice_rls_shadow_mode_total{domain="test",descriptor="case_trial"} 4"#;
+    let shadow = r#"sluice_service_rls_shadow_mode_total{domain="test",descriptor="case_trial"} 4"#;
     assert!(metrics.lines().any(|l| l == shadow), "{metrics}");
 }
 

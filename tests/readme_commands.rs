@@ -77,7 +77,7 @@ fn make_run_global_gives_alice_five_200s_then_429s_decided_by_the_service() {
 
     assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
     let stats = stats.unwrap_or_else(|| panic!("{}", run.last_stats()));
-    let checks = metric(&metrics, "sluice_checks_total");
+    let checks = metric(&metrics, "sluice_service_checks_total");
     assert!(checks >= 1, "the service decided nothing:\n{metrics}");
     // With every call answered in time, the leases of 2 make the checks fewer than the
     // requests; a call that timed out on a busy machine is asked again.
@@ -108,8 +108,7 @@ fn make_run_rls_gives_alice_five_200s_then_429s_decided_by_the_rls() {
     let metrics = run.sh(METRICS);
 
     assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
-    let user =
-        r#"sluice_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
+    let user = r#"sluice_service_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
     assert_eq!(metric(&metrics, user), 7, "{metrics}");
     run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
 }
@@ -260,12 +259,22 @@ impl Drop for Serving {
     }
 }
 
-/// The value of a Prometheus sample line `NAME VALUE` in `metrics`.
+/// The sum of the samples `NAME VALUE` and `NAME{labels} VALUE` in `metrics`: a series over
+/// all its labels.
 fn metric(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    let samples: Vec<u64> = (metrics.lines())
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let labels_end = if rest.starts_with('{') {
+                rest.find("} ")? + 1
+            } else {
+                0
+            };
+            rest.get(labels_end..)?.strip_prefix(' ')?.parse().ok()
+        })
+        .collect();
+    assert!(!samples.is_empty(), "no {name} in:\n{metrics}");
+    samples.iter().sum()
 }
 
 fn tail(text: &str, lines: usize) -> String {

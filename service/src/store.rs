@@ -79,13 +79,42 @@ pub struct Decision {
     pub delay_us: Option<u64>,
 }
 
-/// Storage failed or did not answer in time; the detail goes into the 503 body.
+/// Storage failed or did not answer in time; the detail goes into the 503 body and the logs,
+/// the kind into the metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreError(pub String);
+pub struct StoreError {
+    pub kind: FailureKind,
+    pub detail: String,
+}
+
+/// Why storage failed, in as few kinds as an operator acts on differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// No answer in time (a paused or overloaded Redis, a network that drops packets).
+    Timeout,
+    /// No connection: refused, reset, dropped, or not made yet.
+    Connection,
+    /// Redis answered with an error (OOM, BUSY, READONLY, CLUSTERDOWN, a script error).
+    Server,
+    /// Anything else, such as an unexpected reply.
+    Other,
+}
+
+impl FailureKind {
+    /// The name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::Connection => "connection",
+            FailureKind::Server => "server",
+            FailureKind::Other => "other",
+        }
+    }
+}
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.detail)
     }
 }
 
@@ -97,7 +126,7 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// Whether the store answers at all.
+    /// Whether the store answers at all; the readiness probe (`health`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 

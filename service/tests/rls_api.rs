@@ -250,15 +250,14 @@ async fn a_changed_file_applies_within_seconds_and_a_bad_one_keeps_the_previous_
     rls.rewrite(
         "domain: api\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: fortnight\n",
     );
-    let logged = sluice_testkit::wait_for(Duration::from_secs(5), || {
-        rls.service.next_line(Duration::from_millis(100)).filter(|line| {
-            line.contains("limits.yaml:3: descriptors[0]: rate_limit.unit: invalid rate limit unit 'fortnight'")
-        })
-    });
-    assert!(
-        logged.is_some(),
-        "no error naming the file, line and field was logged"
-    );
+    let refused = "rls configuration refused, the previous one keeps serving";
+    let logged = rls.service.event(refused, Duration::from_secs(5));
+    let logged = logged.expect("no error was logged");
+    assert_eq!(logged["level"], "ERROR");
+    let error = logged["error"].as_str().unwrap();
+    let expected =
+        "limits.yaml:3: descriptors[0]: rate_limit.unit: invalid rate limit unit 'fortnight'";
+    assert!(error.ends_with(expected), "{logged}");
     let erin = request("api", &[&[("user", "erin")]], 0);
     assert_eq!(
         overall_codes(&mut client, &erin, 6).await,
@@ -280,11 +279,10 @@ async fn sighup_reloads_at_once_and_does_not_stop_the_service() {
         .status()
         .unwrap();
     assert!(status.success());
-    let line = rls
+    let loaded = rls
         .service
-        .next_line(Duration::from_secs(2))
-        .unwrap_or_default();
-    assert!(line.contains("rls configuration loaded from"), "{line:?}");
+        .event("rls configuration loaded", Duration::from_secs(2));
+    assert_eq!(loaded.expect("no reload logged")["domains"], 1);
     let mut client = rls.client().await;
     assert_eq!(
         overall(&ask(&mut client, request("api", &[&[("user", "a")]], 0)).await),
@@ -329,13 +327,13 @@ async fn metrics_count_hits_per_domain_and_descriptor_next_to_the_http_api() {
     assert_eq!(metrics.status, 200);
     let text = metrics.text();
     for line in [
-        r#"sluice_rls_total_hits_total{domain="api",descriptor="user"} 5"#,
-        r#"sluice_rls_within_limit_total{domain="api",descriptor="user"} 3"#,
-        r#"sluice_rls_over_limit_total{domain="api",descriptor="user"} 2"#,
-        r#"sluice_rls_near_limit_total{domain="api",descriptor="user"} 1"#,
-        r#"sluice_rls_config_loads_total{result="success"} 1"#,
-        "sluice_rls_config_domains 1",
-        "sluice_checks_total 0",
+        r#"sluice_service_rls_total_hits_total{domain="api",descriptor="user"} 5"#,
+        r#"sluice_service_rls_within_limit_total{domain="api",descriptor="user"} 3"#,
+        r#"sluice_service_rls_over_limit_total{domain="api",descriptor="user"} 2"#,
+        r#"sluice_service_rls_near_limit_total{domain="api",descriptor="user"} 1"#,
+        r#"sluice_service_rls_config_loads_total{result="success"} 1"#,
+        "sluice_service_rls_config_domains 1",
+        "sluice_service_redis_up 1",
     ] {
         assert!(
             text.lines().any(|l| l == line),

@@ -343,8 +343,7 @@ async fn example_6_shadow_mode_answers_ok_past_the_limit_and_counts_it() {
         oks_then_over(20, 1)
     );
     let text = metrics(&rls);
-    let shadow =
-        r#"sluice_rls_shadow_mode_total{domain="example6",descriptor="service.user_user-a"} 2"#;
+    let shadow = r#"sluice_service_rls_shadow_mode_total{domain="example6",descriptor="service.user_user-a"} 2"#;
     assert!(text.lines().any(|l| l == shadow), "{text}");
 }
 
@@ -377,8 +376,9 @@ async fn example_8_detailed_metric_names_each_unspecified_value() {
         "key1_unspecified_value2",
         "key1_value1",
     ] {
-        let line =
-            format!(r#"sluice_rls_total_hits_total{{domain="example8",descriptor="{label}"}} 1"#);
+        let line = format!(
+            r#"sluice_service_rls_total_hits_total{{domain="example8",descriptor="{label}"}} 1"#
+        );
         assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
     }
 }
@@ -430,8 +430,9 @@ async fn example_10_value_to_metric_puts_runtime_values_in_the_metric() {
         "route_api.http_method_GET.subject_id",
         "route_web.http_method_POST.subject_id",
     ] {
-        let line =
-            format!(r#"sluice_rls_total_hits_total{{domain="example10",descriptor="{label}"}} 1"#);
+        let line = format!(
+            r#"sluice_service_rls_total_hits_total{{domain="example10",descriptor="{label}"}} 1"#
+        );
         assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
     }
     let (_redis, rls, mut client) = serve(EXAMPLE_10_WILDCARD).await;
@@ -441,7 +442,7 @@ async fn example_10_value_to_metric_puts_runtime_values_in_the_metric() {
         ("resource", "documents"),
     ];
     ask(&mut client, request("example10_wildcard", &[&entries], 0)).await;
-    let line = r#"sluice_rls_total_hits_total{domain="example10_wildcard",descriptor="user_alice.action_readfile.resource"} 1"#;
+    let line = r#"sluice_service_rls_total_hits_total{domain="example10_wildcard",descriptor="user_alice.action_readfile.resource"} 1"#;
     let text = metrics(&rls);
     assert!(text.lines().any(|l| l == line), "missing {line} in\n{text}");
 }

@@ -185,16 +185,16 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
     let algorithm = member.tier.algorithm;
     Check {
         key: format!("{}/{:016x}", policy.name, work.hash),
-        algorithm: algorithm.name(),
+        algorithm: algorithm.kind(),
         requests: member.tier.requests,
         per_ms: protocol::per_ms(member.tier.per_nanos),
         burst: algorithm.capacity(),
         cost: policy.cost,
-        take: if work.slot.is_overflow() {
+        take: Some(if work.slot.is_overflow() {
             policy.cost
         } else {
             policy.take.min(algorithm.capacity())
-        },
+        }),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
     }
 }
@@ -360,11 +360,11 @@ mod tests {
         let checks = pending.checks();
         assert_eq!(checks.len(), 1);
         assert!(checks[0].key.starts_with("global/"));
-        assert_eq!((checks[0].cost, checks[0].take), (1, 5));
+        assert_eq!((checks[0].cost, checks[0].take()), (1, 5));
         let mut overflow = Work::new(0, 9, member(&plan, Service::Ask));
         overflow.slot.owner = crate::table::OVERFLOW_KEY;
         assert_eq!(
-            check(&plan.policies[1], &member(&plan, Service::Ask), &overflow).take,
+            check(&plan.policies[1], &member(&plan, Service::Ask), &overflow).take(),
             1
         );
     }

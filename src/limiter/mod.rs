@@ -340,7 +340,7 @@ mod tests {
             panic!("needs the service");
         };
         assert_eq!(pending.checks().len(), 1);
-        assert_eq!(pending.checks()[0].take, 4);
+        assert_eq!(pending.checks()[0].take(), 4);
         let mut limiter = Limiter {
             plan: &plan,
             prefix: PREFIX,

@@ -46,8 +46,13 @@ pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Opt
     None
 }
 
-pub const SIGTERM: i32 = 15;
+// Linux's numbers.
+pub const SIGHUP: i32 = 1;
+pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
+pub const SIGCONT: i32 = 18;
+pub const SIGSTOP: i32 = 19;
 
 /// kill(2) to `pid`, or with a minus sign to the process group it leads. Only for our own
 /// child not yet reaped (or its group), so that the number cannot belong to another process.

@@ -64,8 +64,9 @@ pub struct RlsMetrics {
 }
 
 impl RlsMetrics {
-    /// Creates the series and registers them in `registry`.
+    /// Creates the series and registers them in `registry`, under the prefix `rls`.
     pub fn register(registry: &mut Registry) -> RlsMetrics {
+        let registry = registry.sub_registry_with_prefix("rls");
         let metrics = RlsMetrics {
             total_hits: Family::default(),
             over_limit: Family::default(),
@@ -81,27 +82,27 @@ impl RlsMetrics {
         // prometheus-client ends each help text with a full stop itself.
         for (name, help, family) in [
             (
-                "sluice_rls_total_hits",
+                "total_hits",
                 "Hits (hits_addend) checked against a limit",
                 &metrics.total_hits,
             ),
             (
-                "sluice_rls_over_limit",
+                "over_limit",
                 "Hits refused by a limit (in shadow mode too)",
                 &metrics.over_limit,
             ),
             (
-                "sluice_rls_near_limit",
+                "near_limit",
                 "Allowed hits above 80% of a limit",
                 &metrics.near_limit,
             ),
             (
-                "sluice_rls_within_limit",
+                "within_limit",
                 "Hits a limit allowed",
                 &metrics.within_limit,
             ),
             (
-                "sluice_rls_shadow_mode",
+                "shadow_mode",
                 "Hits a limit in shadow mode would have refused",
                 &metrics.shadow_mode,
             ),
@@ -109,22 +110,22 @@ impl RlsMetrics {
             registry.register(name, help, family.clone());
         }
         registry.register(
-            "sluice_rls_errors",
+            "errors",
             "ShouldRateLimit calls answered with an error, by kind (redis, request)",
             metrics.errors.clone(),
         );
         registry.register(
-            "sluice_rls_unknown_domain",
+            "unknown_domain",
             "ShouldRateLimit calls for a domain the configuration does not have",
             metrics.unknown_domain.clone(),
         );
         registry.register(
-            "sluice_rls_config_loads",
+            "config_loads",
             "Configuration loads, by result (success, error)",
             metrics.config_loads.clone(),
         );
         registry.register(
-            "sluice_rls_config_domains",
+            "config_domains",
             "Domains in the configuration in force",
             metrics.domains.clone(),
         );
@@ -226,16 +227,16 @@ mod tests {
 
     #[test]
     fn hits_are_counted_per_domain_and_descriptor() {
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("sluice_service");
         let metrics = RlsMetrics::register(&mut registry);
         let within = tally("to_number", "to_number", 2, false);
         let over = tally("to_number", "to_number", 1, true);
         metrics.record("messaging", &[within, over]);
         let text = render(&registry);
         for line in [
-            r#"sluice_rls_total_hits_total{domain="messaging",descriptor="to_number"} 3"#,
-            r#"sluice_rls_within_limit_total{domain="messaging",descriptor="to_number"} 2"#,
-            r#"sluice_rls_over_limit_total{domain="messaging",descriptor="to_number"} 1"#,
+            r#"sluice_service_rls_total_hits_total{domain="messaging",descriptor="to_number"} 3"#,
+            r#"sluice_service_rls_within_limit_total{domain="messaging",descriptor="to_number"} 2"#,
+            r#"sluice_service_rls_over_limit_total{domain="messaging",descriptor="to_number"} 1"#,
         ] {
             assert!(
                 text.lines().any(|l| l == line),
@@ -246,7 +247,7 @@ mod tests {
 
     #[test]
     fn request_values_make_at_most_a_bounded_number_of_series() {
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("sluice_service");
         let metrics = RlsMetrics::register(&mut registry);
         for n in 0..MAX_VALUE_SERIES + 5 {
             let label = format!("user_{n}");
@@ -255,10 +256,13 @@ mod tests {
         metrics.record("d", &[tally("user_0", "user", 1, false)]);
         let text = render(&registry);
         let series = (text.lines())
-            .filter(|l| l.starts_with("sluice_rls_total_hits_total{"))
+            .filter(|l| l.starts_with("sluice_service_rls_total_hits_total{"))
             .count();
         assert_eq!(series, MAX_VALUE_SERIES + 1);
-        assert!(text.contains(r#"sluice_rls_total_hits_total{domain="d",descriptor="user"} 5"#));
-        assert!(text.contains(r#"sluice_rls_total_hits_total{domain="d",descriptor="user_0"} 2"#));
+        assert!(
+            text.contains(r#"sluice_service_rls_total_hits_total{domain="d",descriptor="user"} 5"#)
+        );
+        assert!(text
+            .contains(r#"sluice_service_rls_total_hits_total{domain="d",descriptor="user_0"} 2"#));
     }
 }

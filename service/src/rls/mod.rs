@@ -18,6 +18,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args as ClapArgs;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -111,26 +112,34 @@ impl<S: Store> Rls<S> {
         }))
     }
 
-    /// `rls listening on <address>, config <path> (domains: <n>)`, for the readiness line.
-    pub fn describe(&self) -> String {
-        format!(
-            "rls listening on {}, config {} (domains: {})",
-            self.address,
-            self.config_path.display(),
-            self.domains
-        )
+    /// Logs where it listens (the port chosen, for port 0) and what it loaded: the readiness
+    /// event `rls listening`.
+    pub fn announce(&self, redis: &dyn std::fmt::Display) {
+        let (address, config) = (self.address, self.config_path.display());
+        let domains = self.domains;
+        tracing::info!(address = %address, config = %config, domains, redis = %redis, "rls listening");
     }
 
-    /// Serves gRPC until `shutdown` completes, reloading the configuration meanwhile.
-    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    /// Serves gRPC, reloading the configuration meanwhile, until `stopping` completes; then stops
+    /// accepting and gives calls in flight `drain` to finish. Whether they all did.
+    pub async fn serve<F>(self, stopping: F, drain: Duration) -> Result<bool, String>
+    where
+        F: Future<Output = ()> + Clone,
+    {
         let watching = tokio::spawn(self.watcher.run(self.hangups));
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         // One service: served as it is, without a router in front of it.
         let service = RateLimitServiceServer::new(self.service);
-        let served = tonic::transport::Server::builder()
-            .serve_with_incoming_shutdown(service, incoming, shutdown)
-            .await;
+        let server = tonic::transport::Server::builder().serve_with_incoming_shutdown(
+            service,
+            incoming,
+            stopping.clone(),
+        );
+        let drained = tokio::select! {
+            served = server => served.map(|()| true).map_err(|failure| format!("rls: {failure}")),
+            () = async { stopping.await; tokio::time::sleep(drain).await } => Ok(false),
+        };
         watching.abort();
-        served.map_err(|failure| format!("rls: {failure}"))
+        drained
     }
 }

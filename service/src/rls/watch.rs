@@ -83,10 +83,8 @@ impl Watcher {
                 let domains = config.domain_count();
                 self.shared.replace(config);
                 self.metrics.record_config_load(Some(domains));
-                tracing::info!(
-                    "rls configuration loaded from {} (domains: {domains})",
-                    self.path.display()
-                );
+                let config = self.path.display();
+                tracing::info!(config = %config, domains, "rls configuration loaded");
             }
             Err(errors) => self.refuse(&errors),
         }
@@ -97,7 +95,11 @@ impl Watcher {
     fn refuse(&self, errors: &[ConfigError]) {
         self.metrics.record_config_load(None);
         for error in errors {
-            tracing::error!("rls configuration refused, the previous one keeps serving: {error}");
+            let error = error.to_string();
+            tracing::error!(
+                error,
+                "rls configuration refused, the previous one keeps serving"
+            );
         }
     }
 }
