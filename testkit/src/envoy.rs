@@ -36,6 +36,11 @@ const START_ATTEMPTS: u32 = 3;
 const LDS_DIR: &str = "lds";
 const LDS_FILE: &str = "listener.yaml";
 const LDS_UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where `ecds_from_file` keeps the filter's configuration: the watched directory and its file.
+const ECDS_DIR: &str = "ecds";
+const ECDS_FILE: &str = "sluice.yaml";
+/// The filter's name in the listener and in its ECDS resource (Istio names it after the plugin).
+pub const ECDS_FILTER: &str = "sluice";
 
 /// How to start Envoy. `Envoy::start(json)` is `EnvoyOptions::new(json).start()`.
 #[derive(Clone, Debug)]
@@ -62,6 +67,15 @@ pub struct EnvoyOptions {
     pub lds_from_file: bool,
     /// A whole bootstrap instead of the generated one (`EnvoyOptions::bootstrap`).
     pub bootstrap: Option<String>,
+    /// The sluice filter from a file-based extension config discovery (ECDS) resource, as Istio
+    /// delivers wasm filters, instead of inline: `Envoy::update_plugin` changes it while Envoy
+    /// runs, `Envoy::update_extension` replaces it with any HTTP filter config.
+    pub ecds_from_file: bool,
+    /// The ECDS `default_config`, a typed config in YAML flow style: what the filter runs until
+    /// a configuration is accepted. Without one the filter has no configuration until then.
+    pub ecds_default: Option<String>,
+    /// The wasm plugin's `failure_policy` (`FAIL_OPEN`, ...; Istio's `failStrategy` sets it).
+    pub wasm_failure_policy: Option<String>,
 }
 
 impl EnvoyOptions {
@@ -76,6 +90,9 @@ impl EnvoyOptions {
             hcm_options: Vec::new(),
             lds_from_file: false,
             bootstrap: None,
+            ecds_from_file: false,
+            ecds_default: None,
+            wasm_failure_policy: None,
         }
     }
 
@@ -131,6 +148,25 @@ impl EnvoyOptions {
     /// Serves the listener from a file-based dynamic resource (LDS): see `Envoy::update_plugin`.
     pub fn lds_from_file(mut self) -> Self {
         self.lds_from_file = true;
+        self
+    }
+
+    /// Serves the sluice filter's configuration from a file-based ECDS resource: see
+    /// `Envoy::update_plugin` and `Envoy::update_extension`.
+    pub fn ecds_from_file(mut self) -> Self {
+        self.ecds_from_file = true;
+        self
+    }
+
+    /// The ECDS `default_config` (YAML flow style, with its `"@type"`).
+    pub fn ecds_default(mut self, typed_config: &str) -> Self {
+        self.ecds_default = Some(typed_config.into());
+        self
+    }
+
+    /// The wasm plugin's `failure_policy`: `FAIL_CLOSED` (Envoy's default), `FAIL_OPEN`, ...
+    pub fn wasm_failure_policy(mut self, policy: &str) -> Self {
+        self.wasm_failure_policy = Some(policy.into());
         self
     }
 
@@ -209,7 +245,13 @@ impl Envoy {
             .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
         if opts.lds_from_file {
             std::fs::create_dir_all(dir.path().join(LDS_DIR)).expect("creating the LDS directory");
-            write_lds(dir.path(), &lds_yaml(opts, port));
+            write_lds(dir.path(), &lds_yaml(opts, dir.path(), port));
+        }
+        if opts.ecds_from_file {
+            std::fs::create_dir_all(dir.path().join(ECDS_DIR))
+                .expect("creating the ECDS directory");
+            let typed_config = wasm_typed_config(opts).expect("ecds_from_file needs a plugin");
+            write_watched(dir.path(), ECDS_DIR, ECDS_FILE, &ecds_yaml(&typed_config));
         }
         let log_file = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
@@ -333,38 +375,61 @@ impl Envoy {
         }
     }
 
-    /// Replaces the plugin configuration of a listener served by file-based LDS
-    /// (`EnvoyOptions::lds_from_file`) while Envoy runs, as Envoy wants such files changed: a new
-    /// file renamed over the old one. Returns once Envoy has taken the update
-    /// (`listener_manager.lds.update_success` went up), or `Err` with Envoy's log tail when it
-    /// rejected it (`update_rejected`) or did neither within 10 s.
+    /// Replaces the plugin configuration while Envoy runs, in the file-based xDS resource that
+    /// carries it (`EnvoyOptions::ecds_from_file`, else `lds_from_file`), as Envoy wants such
+    /// files changed: a new file renamed over the old one. Returns once Envoy has taken the
+    /// update (its `update_success` went up), or `Err` with Envoy's log tail when it rejected it
+    /// (`update_rejected`) or did neither within 10 s.
     pub fn update_plugin(&mut self, plugin_json: &str) -> Result<(), String> {
+        self.opts.plugin_json = Some(plugin_json.to_string());
+        if self.opts.ecds_from_file {
+            let typed_config = wasm_typed_config(&self.opts).unwrap_or_default();
+            return self.update_extension(&typed_config);
+        }
         assert!(
             self.opts.lds_from_file,
-            "update_plugin needs lds_from_file()"
+            "update_plugin needs lds_from_file() or ecds_from_file()"
         );
-        let counter = |envoy: &Envoy, name: &str| {
-            let full = format!("listener_manager.lds.{name}");
-            let stats = envoy.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
+        let yaml = lds_yaml(&self.opts, self.dir.path(), self.port);
+        self.apply_update("listener_manager.lds", || {
+            write_lds(self.dir.path(), &yaml);
+        })
+    }
+
+    /// Replaces the ECDS resource of the sluice filter with any HTTP filter's typed config (YAML
+    /// flow style), as Istio's agent does when it cannot fetch a module; see `update_plugin`.
+    pub fn update_extension(&mut self, typed_config: &str) -> Result<(), String> {
+        assert!(
+            self.opts.ecds_from_file,
+            "update_extension needs ecds_from_file()"
+        );
+        let yaml = ecds_yaml(typed_config);
+        let stats = format!("extension_config_discovery.http_filter.{ECDS_FILTER}");
+        self.apply_update(&stats, || {
+            write_watched(self.dir.path(), ECDS_DIR, ECDS_FILE, &yaml);
+        })
+    }
+
+    /// Counters `<prefix>.update_success` and `.update_rejected` around `write`.
+    fn apply_update(&self, prefix: &str, write: impl FnOnce()) -> Result<(), String> {
+        let counter = |name: &str| {
+            let full = format!("{prefix}.{name}");
+            let stats = self.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
             stats.get(&full).copied().unwrap_or(0)
         };
-        let (success, rejected) = (
-            counter(self, "update_success"),
-            counter(self, "update_rejected"),
-        );
-        self.opts.plugin_json = Some(plugin_json.to_string());
-        write_lds(self.dir.path(), &lds_yaml(&self.opts, self.port));
+        let (success, rejected) = (counter("update_success"), counter("update_rejected"));
+        write();
         let deadline = Instant::now() + LDS_UPDATE_TIMEOUT;
         loop {
-            if counter(self, "update_success") > success {
+            if counter("update_success") > success {
                 return Ok(());
             }
-            if counter(self, "update_rejected") > rejected {
-                return Err(format!("LDS update rejected:\n{}", self.log_tail(20)));
+            if counter("update_rejected") > rejected {
+                return Err(format!("{prefix}: update rejected:\n{}", self.log_tail(20)));
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "LDS update not taken within {LDS_UPDATE_TIMEOUT:?}:\n{}",
+                    "{prefix}: update not taken within {LDS_UPDATE_TIMEOUT:?}:\n{}",
                     self.log_tail(20)
                 ));
             }
@@ -535,8 +600,9 @@ fn yaml_quote(s: &str) -> String {
 /// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok". The listener is
 /// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
 fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
+    // xDS subscriptions, file-based ones included, need a node id and cluster.
     let admin = format!(
-        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
+        "node: {{ id: sluice-test, cluster: sluice-test }}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
     );
     let clusters = opts
         .service
@@ -546,7 +612,7 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
     if !opts.lds_from_file {
         return format!(
             "{admin}static_resources:\n  listeners:\n{}{clusters}",
-            listener_yaml(opts, port, "  - ")
+            listener_yaml(opts, dir, port, "  - ")
         );
     }
     let lds = dir.join(LDS_DIR);
@@ -556,8 +622,7 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
         format!("static_resources:\n{clusters}")
     };
     format!(
-        r#"node: {{ id: sluice-test, cluster: sluice-test }}
-{admin}dynamic_resources:
+        r#"{admin}dynamic_resources:
   lds_config:
     resource_api_version: V3
     path_config_source:
@@ -570,23 +635,84 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
 }
 
 /// The LDS resource file: a discovery response with the one listener.
-fn lds_yaml(opts: &EnvoyOptions, port: u16) -> String {
+fn lds_yaml(opts: &EnvoyOptions, dir: &Path, port: u16) -> String {
     let item = "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    ";
-    format!("resources:\n{}", listener_yaml(opts, port, item))
+    format!("resources:\n{}", listener_yaml(opts, dir, port, item))
 }
 
-/// Writes the LDS file as Envoy wants it changed: a new file moved over the old one.
 fn write_lds(dir: &Path, yaml: &str) {
-    let staged = dir.join(format!("{LDS_FILE}.next"));
+    write_watched(dir, LDS_DIR, LDS_FILE, yaml);
+}
+
+/// The ECDS resource file: a discovery response with the sluice filter's one typed config.
+fn ecds_yaml(typed_config: &str) -> String {
+    format!(
+        "resources:\n- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n  name: {ECDS_FILTER}\n  typed_config: {typed_config}\n"
+    )
+}
+
+/// Writes `<dir>/<sub>/<file>` as Envoy wants a watched file changed: a new file moved over it.
+fn write_watched(dir: &Path, sub: &str, file: &str, yaml: &str) {
+    let staged = dir.join(format!("{file}.next"));
     std::fs::write(&staged, yaml).unwrap_or_else(|e| panic!("writing {}: {e}", staged.display()));
-    let path = dir.join(LDS_DIR).join(LDS_FILE);
+    let path = dir.join(sub).join(file);
     std::fs::rename(&staged, &path)
         .unwrap_or_else(|e| panic!("renaming to {}: {e}", path.display()));
 }
 
+/// The wasm filter's typed config in YAML flow style, `None` without a plugin configuration.
+fn wasm_typed_config(opts: &EnvoyOptions) -> Option<String> {
+    let failure_policy = opts
+        .wasm_failure_policy
+        .as_deref()
+        .map(|policy| format!(" failure_policy: {policy},"))
+        .unwrap_or_default();
+    opts.plugin_json.as_deref().map(|json| {
+        format!(
+            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8, code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
+            wasm = yaml_quote(&wasm_path().to_string_lossy()),
+            json = yaml_quote(json),
+        )
+    })
+}
+
+/// The sluice filter in the HCM's list: its typed config inline, or discovered through ECDS from
+/// `<dir>/ecds/sluice.yaml`. Empty without a plugin configuration.
+fn sluice_filter_yaml(opts: &EnvoyOptions, dir: &Path) -> String {
+    let Some(typed_config) = wasm_typed_config(opts) else {
+        return String::new();
+    };
+    if !opts.ecds_from_file {
+        return format!(
+            "\n          - name: envoy.filters.http.wasm\n            typed_config: {typed_config}"
+        );
+    }
+    let ecds = dir.join(ECDS_DIR);
+    let default_config = opts
+        .ecds_default
+        .as_deref()
+        .map(|config| format!("\n              default_config: {config}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+          - name: {ECDS_FILTER}
+            config_discovery:
+              config_source:
+                resource_api_version: V3
+                path_config_source:
+                  path: {path}
+                  watched_directory: {{ path: {watched} }}{default_config}
+              type_urls:
+              - type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              - type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"#,
+        path = yaml_quote(&ecds.join(ECDS_FILE).to_string_lossy()),
+        watched = yaml_quote(&ecds.to_string_lossy()),
+    )
+}
+
 /// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
 /// or the LDS resource's type line and what follows it).
-fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
+fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> String {
     let metadata_rules: String = opts
         .header_to_metadata
         .iter()
@@ -615,29 +741,7 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
         .collect();
-    let wasm_filter = match &opts.plugin_json {
-        None => String::new(),
-        Some(json) => format!(
-            r#"
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: sluice
-                root_id: sluice
-                vm_config:
-                  vm_id: sluice
-                  runtime: envoy.wasm.runtime.v8
-                  code:
-                    local:
-                      filename: {wasm}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {json}"#,
-            wasm = yaml_quote(&wasm_path().to_string_lossy()),
-            json = yaml_quote(json),
-        ),
-    };
+    let wasm_filter = sluice_filter_yaml(opts, dir);
     format!(
         r#"{item}name: test
     address:

@@ -3,7 +3,8 @@
 //! - `envoy`: an Envoy with the built sluice filter, on free loopback ports;
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
-//! - `http`: an HTTP/1.1 client for all of them.
+//! - `http`: an HTTP/1.1 client for all of them;
+//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
 //! every wait has a deadline. Test support code panics with a clear message when the set-up is
@@ -18,6 +19,7 @@
 pub mod envoy;
 pub mod http;
 pub mod redis;
+pub mod reload;
 pub mod resp;
 pub mod service;
 
