@@ -295,3 +295,44 @@ fn every_algorithm_holds_one_budget_across_envoys() {
         "{took:?}"
     );
 }
+
+#[test]
+fn the_filter_sends_the_services_token_from_its_vm_environment() {
+    let redis = RedisServer::start();
+    let dir = sluice_testkit::TempDir::new("token");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let token_file = token_file.to_string_lossy().into_owned();
+    let service = Service::start_with(&["--redis", &redis.url(), "--token-file", &token_file], &[]);
+    let mut with_token = config(json!([per_user(2, json!({"failure_mode": "closed"}))]));
+    with_token = with_token.replace(
+        r#""timeout":"100ms""#,
+        r#""timeout":"100ms","token_env":"SLUICE_SERVICE_TOKEN""#,
+    );
+    let options = Envoy::options(&with_token).service(&[service.addr]);
+    let envoy = options
+        .clone()
+        .vm_env("SLUICE_SERVICE_TOKEN", "s3cret-token")
+        .start();
+    assert_eq!(
+        statuses(&envoy, 3, ALICE),
+        [200, 200, 429],
+        "decided by the service"
+    );
+    let wrong = options
+        .clone()
+        .vm_env("SLUICE_SERVICE_TOKEN", "guess")
+        .start();
+    let bob: &[(&str, &[u8])] = &[("x-user-id", b"bob")];
+    assert_eq!(
+        statuses(&wrong, 1, bob),
+        [503],
+        "refused by the service: fails closed"
+    );
+    let log = options
+        .try_start()
+        .err()
+        .expect("refused without the variable");
+    assert!(log.contains("global.token_env"), "{log}");
+    assert!(!log.contains("s3cret"), "the token never reaches a log");
+}

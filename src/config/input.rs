@@ -47,6 +47,8 @@ pub(super) struct RawGlobal {
     pub(super) path: String,
     #[serde(default = "default_timeout")]
     pub(super) timeout: String,
+    /// The environment variable that holds the service's bearer token.
+    pub(super) token_env: Option<String>,
 }
 
 fn default_check_path() -> String {

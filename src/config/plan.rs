@@ -144,6 +144,28 @@ pub struct GlobalService {
     pub authority: String,
     pub path: String,
     pub timeout_ms: u64,
+    /// The `authorization` header's value (`Bearer <token>`), when the service requires a token.
+    pub authorization: Option<Secret>,
+}
+
+/// A value that must never reach a log: its `Debug` shows only that it is there.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Secret {
+        Secret(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// A shared-data table: one bounded set of slots for all policies with the same key. Each slot

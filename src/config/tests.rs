@@ -428,6 +428,21 @@ fn rejects_bad_service_settings() {
 }
 
 #[test]
+fn the_services_token_comes_from_the_environment_and_never_shows_in_debug_output() {
+    let config = json!({"global": {"cluster": "c", "authority": "a", "token_env": "TOKEN"},
+        "policies": [policy()]});
+    let env = |name: &str| (name == "TOKEN").then(|| " s3cret\n".to_string());
+    let plan = parse_with_env(config.to_string().as_bytes(), &env).unwrap();
+    let service = plan.global.as_ref().unwrap();
+    let authorization = service.authorization.as_ref().map(Secret::expose);
+    assert_eq!(authorization, Some("Bearer s3cret"));
+    assert!(!format!("{plan:?}").contains("s3cret"));
+    let unset = parse_with_env(config.to_string().as_bytes(), &|_| None).unwrap_err();
+    assert_eq!(unset.field, "global.token_env");
+    assert!(unset.reason.contains("host_env_keys"), "{unset}");
+}
+
+#[test]
 fn every_algorithm_compiles_with_its_own_fields() {
     for (name, expected) in [
         (

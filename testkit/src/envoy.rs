@@ -76,6 +76,9 @@ pub struct EnvoyOptions {
     pub ecds_default: Option<String>,
     /// The wasm plugin's `failure_policy` (`FAIL_OPEN`, ...; Istio's `failStrategy` sets it).
     pub wasm_failure_policy: Option<String>,
+    /// Environment variables set for the Envoy process and handed to the wasm VM
+    /// (`vm_config.environment_variables.host_env_keys`), as an operator passes secrets.
+    pub vm_env: Vec<(String, String)>,
 }
 
 impl EnvoyOptions {
@@ -93,6 +96,7 @@ impl EnvoyOptions {
             ecds_from_file: false,
             ecds_default: None,
             wasm_failure_policy: None,
+            vm_env: Vec::new(),
         }
     }
 
@@ -113,6 +117,12 @@ impl EnvoyOptions {
             plugin_json: None,
             ..EnvoyOptions::new("")
         }
+    }
+
+    /// Sets `name` in Envoy's environment and lets the wasm VM read it. Each call adds one.
+    pub fn vm_env(mut self, name: &str, value: &str) -> Self {
+        self.vm_env.push((name.into(), value.into()));
+        self
     }
 
     pub fn use_remote_address(mut self, on: bool) -> Self {
@@ -265,6 +275,7 @@ impl Envoy {
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
             .args(["-l", "info"])
+            .envs(opts.vm_env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_file2)
@@ -667,9 +678,18 @@ fn wasm_typed_config(opts: &EnvoyOptions) -> Option<String> {
         .as_deref()
         .map(|policy| format!(" failure_policy: {policy},"))
         .unwrap_or_default();
+    let names: Vec<&str> = opts.vm_env.iter().map(|(name, _)| name.as_str()).collect();
+    let environment = if names.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " environment_variables: {{ host_env_keys: [{}] }},",
+            names.join(", ")
+        )
+    };
     opts.plugin_json.as_deref().map(|json| {
         format!(
-            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8, code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
+            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8,{environment} code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
             wasm = yaml_quote(&wasm_path().to_string_lossy()),
             json = yaml_quote(json),
         )
