@@ -87,6 +87,7 @@ impl Compiler {
             .map(|(i, entry)| bypass(&format!("bypass[{i}]"), entry, &policies, &self.tables))
             .collect::<Result<Vec<_>, _>>()?
             .concat();
+        let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
         let tables = self
             .tables
@@ -106,6 +107,7 @@ impl Compiler {
             tables,
             global,
             bypass,
+            route_metadata,
         })
     }
 
@@ -260,6 +262,10 @@ impl Compiler {
             }
             None => None,
         };
+        let routes = match &raw.routes {
+            Some(routes) => Some((self.intern(Attr::Route), route_names(at, routes)?)),
+            None => None,
+        };
         let mut headers = Vec::with_capacity(raw.headers.len());
         for (i, condition) in raw.headers.iter().enumerate() {
             let field = format!("{at}.headers[{i}]");
@@ -283,6 +289,7 @@ impl Compiler {
             path,
             methods,
             headers,
+            routes,
         })
     }
 }
@@ -575,6 +582,23 @@ fn bypass(
             })
         })
         .collect()
+}
+
+/// The route names of a `match`: some, none empty.
+fn route_names(at: &str, routes: &[String]) -> Result<Vec<String>, ConfigError> {
+    if routes.is_empty() {
+        return Err(error(
+            format!("{at}.routes"),
+            "must not be empty (leave it out to match any route)",
+        ));
+    }
+    if let Some(i) = routes.iter().position(String::is_empty) {
+        return Err(error(
+            format!("{at}.routes[{i}]"),
+            "must name a route (Envoy's route `name`)",
+        ));
+    }
+    Ok(routes.to_vec())
 }
 
 fn path(at: &str, path: &str) -> Result<String, ConfigError> {

@@ -22,6 +22,9 @@ pub(super) struct RawConfig {
     pub(super) global: Option<RawGlobal>,
     #[serde(default)]
     pub(super) bypass: Vec<RawBypass>,
+    /// Whether the selected route's `filter_metadata.sluice` narrows or switches off the policies.
+    #[serde(default)]
+    pub(super) route_metadata: bool,
 }
 
 /// An audited exemption: who asked, why, and until when.
@@ -135,6 +138,7 @@ pub(super) struct RawMatch {
     pub(super) methods: Option<Vec<String>>,
     #[serde(default)]
     pub(super) headers: Vec<RawHeaderCondition>,
+    pub(super) routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

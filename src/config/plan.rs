@@ -19,9 +19,16 @@ pub struct Plan {
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
+    /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
+    pub route_metadata: Option<usize>,
 }
 
 impl Plan {
+    /// The policy named `name`.
+    pub fn policy_index(&self, name: &[u8]) -> Option<usize> {
+        self.policies.iter().position(|p| p.name.as_bytes() == name)
+    }
+
     /// The exemption of `key` from `policy`, expired or not.
     pub fn bypass_of(&self, policy: usize, key: u64) -> Option<(usize, &Bypass)> {
         self.bypass
@@ -53,8 +60,9 @@ pub struct Policy {
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service
-/// granted this Envoy, when they lapse, and until when the key is over its limit.
-pub const GLOBAL_COLUMNS: usize = 3;
+/// granted this Envoy, when they lapse, until when the key is over its limit, and the remaining
+/// and time to full the service last reported (what a request paid from the grant reports).
+pub const GLOBAL_COLUMNS: usize = 5;
 
 impl Policy {
     /// The limit run while the service cannot answer, if the policy fails open to one of its own

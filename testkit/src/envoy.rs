@@ -67,6 +67,9 @@ pub struct EnvoyOptions {
     pub lds_from_file: bool,
     /// A whole bootstrap instead of the generated one (`EnvoyOptions::bootstrap`).
     pub bootstrap: Option<String>,
+    /// Routes before `api` and `default`: `(name, path prefix, fields)`, each field a route
+    /// field in YAML flow style (`metadata: {...}`, `typed_per_filter_config: {...}`).
+    pub routes: Vec<(String, String, Vec<String>)>,
     /// The sluice filter from a file-based extension config discovery (ECDS) resource, as Istio
     /// delivers wasm filters, instead of inline: `Envoy::update_plugin` changes it while Envoy
     /// runs, `Envoy::update_extension` replaces it with any HTTP filter config.
@@ -93,6 +96,7 @@ impl EnvoyOptions {
             hcm_options: Vec::new(),
             lds_from_file: false,
             bootstrap: None,
+            routes: Vec::new(),
             ecds_from_file: false,
             ecds_default: None,
             wasm_failure_policy: None,
@@ -152,6 +156,16 @@ impl EnvoyOptions {
     /// `.hcm_option("common_http_protocol_options", "{ max_headers_count: 500 }")`.
     pub fn hcm_option(mut self, name: &str, value: &str) -> Self {
         self.hcm_options.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds a route named `name` for paths under `prefix`, answering 200 "ok" like the others,
+    /// with extra route fields in YAML flow style:
+    /// `.route("checkout", "/checkout/", &["metadata: { filter_metadata: { sluice: { disabled: true } } }"])`.
+    /// Routes are matched in the order added, before `api` and `default`.
+    pub fn route(mut self, name: &str, prefix: &str, fields: &[&str]) -> Self {
+        let fields = fields.iter().map(|f| f.to_string()).collect();
+        self.routes.push((name.into(), prefix.into(), fields));
         self
     }
 
@@ -608,7 +622,8 @@ fn yaml_quote(s: &str) -> String {
 }
 
 /// The bootstrap: the same shape as envoy/demo.yaml, with the given ports, an absolute wasm
-/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok". The listener is
+/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok", after the test's
+/// own (`EnvoyOptions::route`). The listener is
 /// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
 fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
     // xDS subscriptions, file-based ones included, need a node id and cluster.
@@ -733,34 +748,13 @@ fn sluice_filter_yaml(opts: &EnvoyOptions, dir: &Path) -> String {
 /// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
 /// or the LDS resource's type line and what follows it).
 fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> String {
-    let metadata_rules: String = opts
-        .header_to_metadata
-        .iter()
-        .map(|(header, namespace, key)| {
-            format!(
-                r#"
-              - header: {header}
-                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
-                remove: true"#
-            )
-        })
-        .collect();
-    let metadata_filter = if metadata_rules.is_empty() {
-        String::new()
-    } else {
-        format!(
-            r#"
-          - name: envoy.filters.http.header_to_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
-              request_rules:{metadata_rules}"#
-        )
-    };
+    let metadata_filter = header_to_metadata_filter(opts);
     let hcm_options: String = opts
         .hcm_options
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
         .collect();
+    let routes = extra_routes(opts);
     let wasm_filter = sluice_filter_yaml(opts, dir);
     format!(
         r#"{item}name: test
@@ -779,7 +773,7 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
             virtual_hosts:
             - name: test
               domains: ["*"]
-              routes:
+              routes:{routes}
               - name: api
                 match: {{ prefix: /api/ }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
@@ -794,6 +788,52 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
         use_remote_address = opts.use_remote_address,
         xff_num_trusted_hops = opts.xff_num_trusted_hops,
     )
+}
+
+/// The header_to_metadata filter of `EnvoyOptions::header_to_metadata`, if it has rules.
+fn header_to_metadata_filter(opts: &EnvoyOptions) -> String {
+    let metadata_rules: String = opts
+        .header_to_metadata
+        .iter()
+        .map(|(header, namespace, key)| {
+            format!(
+                r#"
+              - header: {header}
+                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
+                remove: true"#
+            )
+        })
+        .collect();
+    if metadata_rules.is_empty() {
+        String::new()
+    } else {
+        format!(
+            r#"
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+              request_rules:{metadata_rules}"#
+        )
+    }
+}
+
+/// The test's own routes (`EnvoyOptions::route`), as items of the virtual host's route list.
+fn extra_routes(opts: &EnvoyOptions) -> String {
+    opts.routes
+        .iter()
+        .map(|(name, prefix, fields)| {
+            let fields: String = fields
+                .iter()
+                .map(|f| format!("\n                {f}"))
+                .collect();
+            format!(
+                r#"
+              - name: {name}
+                match: {{ prefix: {prefix} }}
+                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}{fields}"#
+            )
+        })
+        .collect()
 }
 
 /// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.

@@ -69,13 +69,14 @@ impl Traffic {
     }
 }
 
-/// Waits until new connections meet the configuration whose draft policy header starts with
-/// `policy_header` (`"per-user";q=1`) and whose burst is `burst`.
-pub fn wait_for_config(envoy: &Envoy, policy_header: &str, burst: u64) {
+/// Waits until new connections meet the configuration of policy `name` with burst `burst` (its
+/// draft policy header `"<name>";q=<burst>;w=...`).
+pub fn wait_for_config(envoy: &Envoy, name: &str, burst: u64) {
+    let policy_header = format!("\"{name}\";q={burst};");
     wait_for_responses(envoy, |r| {
         r.header("ratelimit-policy")
             .unwrap_or("")
-            .starts_with(policy_header)
+            .starts_with(&policy_header)
             && r.header("x-ratelimit-limit") == Some(&burst.to_string())
     });
 }

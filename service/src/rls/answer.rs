@@ -425,13 +425,16 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
     let Some(outcome) = reported else {
         return headers;
     };
+    let decision = &outcome.decision;
+    let retry_after = decision.retry_after_us.saturating_mul(1000);
     let quota = Quota {
         policy: &outcome.applied.limit.policy,
         limit: outcome.rate.capacity,
         requests: u64::from(outcome.rate.requests),
-        window_secs: outcome.rate.window_ms.div_ceil(1000),
-        remaining: outcome.decision.remaining,
-        reset_after: outcome.decision.reset_us.saturating_mul(1000),
+        per_nanos: outcome.rate.window_ms.saturating_mul(1_000_000),
+        remaining: decision.remaining,
+        reset_after: decision.reset_us.saturating_mul(1000),
+        retry_after: (!decision.allowed).then_some(retry_after),
     };
     let mut add = |key: &str, value: &str| {
         headers.push(HeaderValue {
@@ -442,7 +445,6 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
     };
     each_rate_limit_header(style, &quota, now_ns, &mut add);
     if over {
-        let retry_after = outcome.decision.retry_after_us.saturating_mul(1000);
         add("retry-after", &retry_after_secs(retry_after).to_string());
     }
     headers
@@ -743,6 +745,8 @@ descriptors:
         let config = config();
         let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
         let now = 1_700_000_000 * 1_000_000_000;
+        // The token bucket refuses: 2 a second with a burst of 4 is a quota of 4 in 2 s; `t` is
+        // the wait, as retry-after.
         let answer = answer(&plan, &[allowed(7), denied()], HeaderStyle::Both, now);
         let headers: Vec<(&str, &str)> = (answer.response.response_headers_to_add.iter())
             .map(|h| (h.key.as_str(), h.value.as_str()))
@@ -753,8 +757,8 @@ descriptors:
                 ("x-ratelimit-limit", "4"),
                 ("x-ratelimit-remaining", "0"),
                 ("x-ratelimit-reset", "1700000002"),
-                ("ratelimit-policy", "\"user_2\";q=2;w=1"),
-                ("ratelimit", "\"user_2\";r=0;t=2"),
+                ("ratelimit-policy", "\"user_2\";q=4;w=2"),
+                ("ratelimit", "\"user_2\";r=0;t=3"),
                 ("retry-after", "3"),
             ]
         );
