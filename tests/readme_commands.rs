@@ -1,4 +1,4 @@
-//! The README's commands as a user runs them: `make run` and `make run-global`, each serving on
+//! The README's commands as a user runs them: `make run`, `make run-global` and `make run-rls`, each serving on
 //! free ports for a few seconds, get the README's curl commands (its ports replaced by theirs)
 //! and must give the answers the README promises. `make test` has built the wasm and the
 //! service before the tests run, so the targets' build steps are no-ops here.
@@ -22,11 +22,13 @@ use sluice_testkit::{free_port, repo_root, send_signal, wait_for, TempDir, SIGKI
 const README: &str = include_str!("../README.md");
 
 /// The make variables that set the ports, with the ports the README shows.
-const PORTS: [(&str, u16); 4] = [
+const PORTS: [(&str, u16); 6] = [
     ("LISTEN_PORT", 10000),
     ("ADMIN_PORT", 9901),
     ("SERVICE_PORT", 8080),
     ("REDIS_PORT", 6379),
+    ("RLS_PORT", 8081),
+    ("BACKEND_PORT", 10001),
 ];
 
 const ALICE_EIGHT: &str = r"for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user-id: alice' localhost:10000/api/hello; done";
@@ -82,6 +84,29 @@ fn make_run_global_gives_alice_five_200s_then_429s_decided_by_the_service() {
     if run.callout_failures() == Some(0) {
         assert!(checks < 7, "{checks} checks for 7 requests:\n{metrics}");
     }
+    run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
+}
+
+#[test]
+fn make_run_rls_gives_alice_five_200s_then_429s_decided_by_the_rls() {
+    let run = Serving::start(
+        "run-rls",
+        &[
+            "LISTEN_PORT",
+            "ADMIN_PORT",
+            "SERVICE_PORT",
+            "REDIS_PORT",
+            "RLS_PORT",
+            "BACKEND_PORT",
+        ],
+    );
+
+    let alice = run.sh(ALICE_SEVEN);
+    let metrics = run.sh(METRICS);
+
+    assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
+    let user = r#"sluice_service_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
+    assert_eq!(metric(&metrics, user), 7, "{metrics}");
     run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
 }
 

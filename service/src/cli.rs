@@ -8,24 +8,28 @@ use clap::{Args as ClapArgs, Parser};
 use tracing_subscriber::EnvFilter;
 
 use crate::redis_store::RedisTarget;
+use crate::rls::RlsArgs;
+
+/// Where HTTP is served when `--listen` is not given and neither is `--rls`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// Decides sluice's global rate limits for the Envoy filter (token bucket, fixed window, sliding
 /// window, sliding log, leaky bucket), keeping their state in Redis. Serves POST /v1/check,
-/// GET /healthz, GET /readyz and GET /metrics; logs JSON lines on stderr.
+/// GET /healthz, GET /readyz and GET /metrics, and with --rls Envoy's Rate Limit Service gRPC
+/// API; logs JSON lines on stderr.
 #[derive(Parser, Debug)]
 #[command(name = "sluice-service", version)]
 pub struct Args {
-    /// Address to serve HTTP on (port 0 picks a free port, logged when listening)
-    #[arg(
-        long,
-        env = "SLUICE_LISTEN",
-        value_name = "ADDR",
-        default_value = "127.0.0.1:8080"
-    )]
-    pub listen: SocketAddr,
+    /// Address to serve HTTP on (port 0 picks a free port, logged when listening) [default:
+    /// 127.0.0.1:8080, or no HTTP at all with --rls]
+    #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
 
     #[command(flatten)]
     pub redis: RedisArgs,
+
+    #[command(flatten)]
+    pub rls: RlsArgs,
 
     /// File of bearer tokens that POST /v1/check then requires, one per line; re-read when it
     /// changes and on SIGHUP
@@ -62,6 +66,17 @@ pub struct Args {
         value_parser = seconds
     )]
     pub shutdown_timeout: Duration,
+}
+
+impl Args {
+    /// Where to serve HTTP: `--listen`, else the default unless `--rls` is given.
+    pub fn http_listen(&self) -> Option<SocketAddr> {
+        match (self.listen, self.rls.rls) {
+            (Some(listen), _) => Some(listen),
+            (None, Some(_)) => None,
+            (None, None) => DEFAULT_LISTEN.parse().ok(),
+        }
+    }
 }
 
 fn log_filter(text: &str) -> Result<String, String> {
@@ -119,7 +134,7 @@ mod tests {
         let args = parse(&["--redis-cluster", "redis://h1:1,redis://h2:2"]).unwrap();
         let nodes = vec!["redis://h1:1".to_string(), "redis://h2:2".to_string()];
         assert_eq!(args.redis.target(), RedisTarget::Cluster(nodes));
-        assert_eq!(args.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(args.http_listen(), Some("127.0.0.1:8080".parse().unwrap()));
         assert_eq!(args.token_file, None);
         assert_eq!(args.log, "info");
         assert_eq!(args.shutdown_delay, Duration::ZERO);
@@ -152,5 +167,35 @@ mod tests {
             single.redis.target(),
             RedisTarget::Single("redis://127.0.0.1:6379".into())
         );
+    }
+
+    #[test]
+    fn with_rls_http_is_served_only_when_listen_is_given() {
+        let rls = [
+            "--redis",
+            "redis://a",
+            "--rls",
+            "127.0.0.1:0",
+            "--rls-config",
+            "rls.yaml",
+        ];
+        assert_eq!(parse(&rls).unwrap().http_listen(), None);
+        let both = parse(&[&rls[..], &["--listen", "127.0.0.1:9"]].concat()).unwrap();
+        assert_eq!(both.http_listen(), Some("127.0.0.1:9".parse().unwrap()));
+    }
+
+    #[test]
+    fn rls_and_its_config_come_together() {
+        assert!(parse(&["--redis", "redis://a", "--rls", "127.0.0.1:0"]).is_err());
+        assert!(parse(&["--redis", "redis://a", "--rls-config", "rls.yaml"]).is_err());
+        let bad_headers = [
+            "--rls",
+            "127.0.0.1:0",
+            "--rls-config",
+            "x",
+            "--rls-headers",
+            "all",
+        ];
+        assert!(parse(&[&["--redis", "redis://a"][..], &bad_headers].concat()).is_err());
     }
 }

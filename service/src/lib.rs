@@ -6,7 +6,7 @@
 //! (`redis_store`: one atomic Lua call per check, one script per algorithm) →
 //! `check::CheckResponse`. Around it: `health` probes Redis for readiness, `metrics` holds every
 //! series in one registry, `logging` writes JSON lines, `signals` and `cli` are the process's
-//! inputs.
+//! inputs. `rls` serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
 
 pub mod auth;
 pub mod check;
@@ -16,5 +16,6 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod redis_store;
+pub mod rls;
 pub mod signals;
 pub mod store;

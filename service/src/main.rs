@@ -1,16 +1,18 @@
-//! `sluice-service`: serve at once, reach Redis in the background, stop gracefully on SIGTERM or
-//! Ctrl-C.
+//! `sluice-service`: serve at once (HTTP, the RLS or both), reach Redis in the background, stop
+//! gracefully on SIGTERM or Ctrl-C.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use futures_util::FutureExt;
 use sluice_service::auth::{self, TokenFile};
 use sluice_service::cli::Args;
 use sluice_service::health::{self, Readiness};
 use sluice_service::http::{serve, App};
 use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
+use sluice_service::rls::Rls;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -46,15 +48,12 @@ async fn run(args: Args) -> Result<(), String> {
         .map(TokenFile::load)
         .transpose()?;
     let tokens = tokens.map(Arc::new);
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|failure| format!("cannot listen on {}: {failure}", args.listen))?;
-    let address = listener
-        .local_addr()
-        .map_err(|failure| failure.to_string())?;
+    let mut metrics = Metrics::new();
+    let rls = Rls::prepare(&args.rls, Arc::clone(&store), metrics.registry_mut()).await?;
+    let listener = http_listener(&args).await?;
     let signals = signals::install()?;
 
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(metrics);
     let readiness = Arc::new(Readiness::new());
     let probe = health::probe_redis(
         Arc::clone(&store),
@@ -65,8 +64,15 @@ async fn run(args: Args) -> Result<(), String> {
     if let Some(tokens) = &tokens {
         tokio::spawn(auth::keep_current(Arc::clone(tokens), signals.hangup));
     }
-    let app = App::new(store, metrics, Arc::clone(&readiness), tokens.clone());
-    info!(address = %address, redis = %target, token = tokens.is_some(), "listening");
+    if let Some(listener) = &listener {
+        let address = listener
+            .local_addr()
+            .map_err(|failure| failure.to_string())?;
+        info!(address = %address, redis = %target, token = tokens.is_some(), "listening");
+    }
+    if let Some(rls) = &rls {
+        rls.announce(&target);
+    }
 
     let (delay, drain) = (args.shutdown_delay, args.shutdown_timeout);
     let stopping = async {
@@ -78,8 +84,23 @@ async fn run(args: Args) -> Result<(), String> {
             "shutting down"
         );
         tokio::time::sleep(delay).await;
+    }
+    .shared();
+    let http = async {
+        let Some(listener) = listener else {
+            return true;
+        };
+        let app = App::new(store, metrics, Arc::clone(&readiness), tokens.clone());
+        serve(listener, Arc::new(app), stopping.clone(), drain).await
     };
-    if serve(listener, Arc::new(app), stopping, drain).await {
+    let rls = async {
+        match rls {
+            Some(rls) => rls.serve(stopping.clone(), drain).await,
+            None => Ok(true),
+        }
+    };
+    let (http_drained, rls_drained) = tokio::join!(http, rls);
+    if http_drained && rls_drained? {
         info!("stopped");
     } else {
         warn!(
@@ -88,4 +109,14 @@ async fn run(args: Args) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// The HTTP listener, unless only the RLS is served.
+async fn http_listener(args: &Args) -> Result<Option<TcpListener>, String> {
+    let Some(listen) = args.http_listen() else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(listen).await;
+    let listener = listener.map_err(|failure| format!("cannot listen on {listen}: {failure}"))?;
+    Ok(Some(listener))
 }

@@ -214,10 +214,10 @@ return {1, granted, room - granted, 2 * window - elapsed, 0}
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// An entry is live while time > now - window. Admits if live + cost <= limit, adding
-/// granted = min(take, limit - live) entries at now after trimming the expired ones. A denial
-/// writes nothing; its retry_after is when the (live + cost - limit)-th oldest entry leaves,
-/// its reset when the newest does; an admission's reset is the window. TTL: the window plus
-/// 1 s (the newest entry is now).
+/// granted = min(take, limit - live) entries at now after trimming the expired ones (none for a
+/// cost of 0, which only asks). A denial writes nothing; its retry_after is when the
+/// (live + cost - limit)-th oldest entry leaves, its reset when the newest does; an admission's
+/// reset is the window. TTL: the window plus 1 s (the newest entry is now).
 pub const SLIDING_LOG_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -254,7 +254,9 @@ for n = first, first + granted - 1 do
   entries[#entries + 1] = at
   entries[#entries + 1] = at .. '-' .. string.format('%d', n)
 end
-redis.call('ZADD', KEYS[1], unpack(entries))
+if granted > 0 then
+  redis.call('ZADD', KEYS[1], unpack(entries))
+end
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
 return {1, granted, limit - count - granted, window, 0}
 ";

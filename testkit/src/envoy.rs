@@ -67,6 +67,8 @@ pub struct EnvoyOptions {
     /// The listener from a file-based LDS resource (a watched directory) instead of the static
     /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
     pub lds_from_file: bool,
+    /// A whole bootstrap instead of the generated one (`EnvoyOptions::bootstrap`).
+    pub bootstrap: Option<String>,
     /// Routes before `api` and `default`: `(name, path prefix, fields)`, each field a route
     /// field in YAML flow style (`metadata: {...}`, `typed_per_filter_config: {...}`).
     pub routes: Vec<(String, String, Vec<String>)>,
@@ -101,6 +103,7 @@ impl EnvoyOptions {
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
             lds_from_file: false,
+            bootstrap: None,
             routes: Vec::new(),
             ecds_from_file: false,
             ecds_default: None,
@@ -109,6 +112,17 @@ impl EnvoyOptions {
             stats_config: None,
             access_log_format: None,
             grpc_upstream: None,
+        }
+    }
+
+    /// Envoy from a whole bootstrap YAML, for configurations the generated one does not cover
+    /// (Envoy's native filters). The harness replaces `{port}` (the listener `Envoy::port`
+    /// names), `{admin_port}` and `{backend_port}` (a third free port, e.g. for a listener that
+    /// serves as the upstream) with free ports of its choosing.
+    pub fn bootstrap(template: &str) -> Self {
+        EnvoyOptions {
+            bootstrap: Some(template.to_string()),
+            ..EnvoyOptions::without_filter()
         }
     }
 
@@ -275,11 +289,15 @@ impl Envoy {
         let admin_port = free_port();
         let bootstrap = dir.path().join("bootstrap.yaml");
         let log_path = dir.path().join("envoy.log");
-        std::fs::write(
-            &bootstrap,
-            bootstrap_yaml(opts, dir.path(), port, admin_port),
-        )
-        .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
+        let yaml = match &opts.bootstrap {
+            Some(template) => template
+                .replace("{port}", &port.to_string())
+                .replace("{admin_port}", &admin_port.to_string())
+                .replace("{backend_port}", &free_port().to_string()),
+            None => bootstrap_yaml(opts, dir.path(), port, admin_port),
+        };
+        std::fs::write(&bootstrap, yaml)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
         if opts.lds_from_file {
             std::fs::create_dir_all(dir.path().join(LDS_DIR)).expect("creating the LDS directory");
             write_lds(dir.path(), &lds_yaml(opts, dir.path(), port));

@@ -20,7 +20,7 @@ pub fn binary() -> std::path::PathBuf {
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The environment variables the binary reads, none inherited from the test's own environment.
-const SETTINGS: [&str; 7] = [
+const SETTINGS: [&str; 10] = [
     "SLUICE_LISTEN",
     "SLUICE_REDIS",
     "SLUICE_REDIS_CLUSTER",
@@ -28,14 +28,20 @@ const SETTINGS: [&str; 7] = [
     "SLUICE_LOG",
     "SLUICE_SHUTDOWN_DELAY",
     "SLUICE_SHUTDOWN_TIMEOUT",
+    "SLUICE_RLS",
+    "SLUICE_RLS_CONFIG",
+    "SLUICE_RLS_HEADERS",
 ];
 
 /// A running service, killed on drop.
 pub struct Service {
     child: Child,
+    /// The HTTP address (`0.0.0.0:0` when it serves only the RLS).
     pub addr: SocketAddr,
     /// The `listening` log event, which names the address and Redis.
     pub listening: serde_json::Value,
+    /// The RLS's gRPC address, when started with `start_rls`.
+    pub rls: Option<SocketAddr>,
     stderr: Receiver<String>,
 }
 
@@ -75,18 +81,7 @@ impl Service {
         } else {
             &["--listen", "127.0.0.1:0"]
         };
-        let mut child = command(&[listen, args].concat(), env)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = lines_of(child.stderr.take().unwrap());
-        let mut service = Service {
-            child,
-            addr: "127.0.0.1:0".parse().unwrap(),
-            listening: serde_json::Value::Null,
-            stderr,
-        };
+        let mut service = Service::launch(&[listen, args].concat(), env);
         let listening = service.event("listening", READY_WITHIN);
         let listening = listening.unwrap_or_else(|| panic!("no listening event"));
         let addr = listening["address"].as_str().and_then(|a| a.parse().ok());
@@ -95,15 +90,66 @@ impl Service {
         service
     }
 
+    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
+    /// given) and waits until the RLS listens (its address goes to `rls`), HTTP too if
+    /// `--listen` is in `args`, and Redis is up: ready for calls.
+    pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut service = Service::launch(args, env);
+        let mut waiting = vec!["rls listening", "redis is up"];
+        if args.contains(&"--listen") {
+            waiting.push("listening");
+        }
+        let deadline = Instant::now() + READY_WITHIN;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = service.next_event(left);
+            let event = event.unwrap_or_else(|| panic!("still waiting for {waiting:?}"));
+            let message = event["message"].as_str().unwrap_or_default();
+            let address = event["address"].as_str().and_then(|a| a.parse().ok());
+            match message {
+                "rls listening" => service.rls = address,
+                "listening" => {
+                    service.addr = address.unwrap();
+                    service.listening = event.clone();
+                }
+                _ => {}
+            }
+            waiting.retain(|&waited| waited != message);
+        }
+        service
+    }
+
+    fn launch(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = command(args, env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = lines_of(child.stderr.take().unwrap());
+        Service {
+            child,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            listening: serde_json::Value::Null,
+            rls: None,
+            stderr,
+        }
+    }
+
+    /// The next log event (each line must be one JSON object), if one comes `within`.
+    pub fn next_event(&self, within: Duration) -> Option<serde_json::Value> {
+        let line = self.stderr.recv_timeout(within).ok()?;
+        let event = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+        Some(event)
+    }
+
     /// The next log event with this message, skipping the lines before it (each must be one
     /// JSON object).
     pub fn event(&self, message: &str, within: Duration) -> Option<serde_json::Value> {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
-            let line = self.stderr.recv_timeout(left).ok()?;
-            let event: serde_json::Value = serde_json::from_str(&line)
-                .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+            let event = self.next_event(left)?;
             if event["message"] == message {
                 return Some(event);
             }
