@@ -105,8 +105,10 @@ lint: deps
 # Lint first so that cargo test's summary is the last thing printed. The core's unit tests
 # also run compiled for wasm32, under Node's WASI (.cargo/config.toml); tests/readme_commands.rs
 # runs make run and make run-global and sends them the README's curl commands; the gRPC tests
-# (tests/envoy_native.rs) use grpcio from .venv.
-NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio
+# (tests/envoy_native.rs) use grpcio from .venv; tests/observability.rs checks the alerts with
+# promtool (Debian's prometheus package, about 20 MB; on a machine with systemd, Debian also
+# starts its Prometheus server on :9090).
+NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio promtool
 test: lint build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
