@@ -720,11 +720,23 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
             continue;
         };
         let rate_field = |name: &str| matches!(within, [Seg::Key(k)] if k == name);
-        if rate_field("burst") || rate_field("per") {
+        if rate_field("per") {
             a.add(
                 &join(r, &[key("requests")]),
-                "rate out of range",
-                "a rate out of range (interval × burst) is reported on its `requests`",
+                "more than one request per nanosecond",
+                "a shorter `per` can make the rate faster than 1/ns, reported on `requests`",
+            );
+        }
+        if rate_field("per") || rate_field("requests") {
+            a.add(
+                &join(r, &[key("burst")]),
+                "over a century",
+                "burst × per / requests must fit 2^62 ns, reported on `burst`",
+            );
+            a.add(
+                &field("cost"),
+                "over a century",
+                "a leaky bucket's cost × per / requests must fit 2^62 ns, reported on `cost`",
             );
         }
         if rate_field("requests") {

@@ -139,6 +139,12 @@ fn schema_is_a_valid_draft_2020_12_schema() {
     }
 }
 
+/// The filter's own parser, in a VM whose environment has a hash secret for `hash_secret_env`.
+fn parse(config: &Value) -> Result<sluice::config::Plan, sluice::config::ConfigError> {
+    let secret = |_: &str| Some("an example secret of 32 bytes or more".to_string());
+    sluice::config::parse_with_env(config.to_string().as_bytes(), &secret)
+}
+
 /// Valid for the schema and accepted by the filter's own parser, the real gate.
 #[test]
 fn every_shipped_configuration_is_valid() {
@@ -148,7 +154,7 @@ fn every_shipped_configuration_is_valid() {
 
     for path in example_files() {
         let config = read_json(&path);
-        if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+        if let Err(e) = parse(&config) {
             failures.push(format!("{}: the filter refuses it: {e}", path.display()));
         }
         let errors = violations(&validator, &config);
@@ -159,7 +165,7 @@ fn every_shipped_configuration_is_valid() {
     }
     for (path, configs) in envoy_plugin_configs() {
         for (i, config) in configs.iter().enumerate() {
-            if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+            if let Err(e) = parse(config) {
                 failures.push(format!(
                     "{} (#{i}): the filter refuses it: {e}",
                     path.display()

@@ -22,6 +22,8 @@ pub(super) struct RawConfig {
     pub(super) global: Option<RawGlobal>,
     #[serde(default)]
     pub(super) bypass: Vec<RawBypass>,
+    /// The environment variable that holds the operator's hash secret.
+    pub(super) hash_secret_env: Option<String>,
 }
 
 /// An audited exemption: who asked, why, and until when.

@@ -16,9 +16,18 @@ pub use plan::{
 
 use std::fmt;
 
-/// Parses and validates the plugin configuration.
+/// Parses and validates the plugin configuration, in an environment with no variables.
 pub fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
-    compile::compile(input::read(json)?)
+    parse_with_env(json, &|_| None)
+}
+
+/// Parses and validates the plugin configuration; `env` reads the environment variables it
+/// names (`hash_secret_env`).
+pub fn parse_with_env(
+    json: &[u8],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Plan, ConfigError> {
+    compile::compile(input::read(json)?, env)
 }
 
 /// A refused configuration: which field, and why.

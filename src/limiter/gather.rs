@@ -7,12 +7,13 @@ use super::global::Service;
 use super::work::{Member, Work};
 use super::Outcome;
 use crate::config::{Plan, Policy};
-use crate::key::{hash_key, MISSING_KEY};
+use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
 use smallvec::SmallVec;
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,
+    keying: &Keying,
     request: &mut Attributes<R>,
     service_up: bool,
     now: u64,
@@ -21,14 +22,14 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     let mut works: Vec<Work> = Vec::new();
     for (index, policy) in matching(plan, request) {
         let existing = works.iter().position(|w| w.table == policy.table);
-        let hash = match existing.and_then(|i| works.get(i)) {
-            Some(work) => work.hash,
-            None => key_of(plan, policy, request),
+        let (hash, key) = match existing.and_then(|i| works.get(i)) {
+            Some(work) => (work.hash, work.key),
+            None => hashes_of(plan, keying, policy, request),
         };
         if hash == MISSING_KEY && !policy.share_missing_key {
             continue;
         }
-        if exempt(plan, index, hash, now, outcome) {
+        if key.is_some_and(|key| exempt(plan, index, key, now, outcome)) {
             continue;
         }
         let tier = policy.tier_of(request);
@@ -44,7 +45,7 @@ pub(super) fn works<R: RequestSource + ?Sized>(
         };
         match existing.and_then(|i| works.get_mut(i)) {
             Some(work) => work.members.push(member),
-            None => works.push(Work::new(policy.table, hash, member)),
+            None => works.push(Work::new(policy.table, (hash, key), member)),
         }
     }
     works
@@ -66,15 +67,30 @@ fn matching<'p, R: RequestSource + ?Sized>(
     policies.filter(|(_, p)| p.fallback).collect()
 }
 
-/// The hash of the policy's key, or `MISSING_KEY` when a part of it is missing.
-fn key_of<R: RequestSource + ?Sized>(
+/// The policy's key hashed for its slot and, where it is needed (the table's key is named by
+/// other Envoys or operators, or debug logs may show it), as it is known beyond this Envoy: see
+/// `Work`. `MISSING_KEY` for both when a part of it is missing. Under one secret the one hash
+/// serves both; otherwise the shared one costs a second hash only where it is needed.
+fn hashes_of<R: RequestSource + ?Sized>(
     plan: &Plan,
+    keying: &Keying,
     policy: &Policy,
     request: &mut Attributes<R>,
-) -> u64 {
-    let table = plan.tables.get(policy.table);
-    let hash = table.and_then(|t| hash_key(&t.key, request));
-    hash.unwrap_or(MISSING_KEY)
+) -> (u64, Option<u64>) {
+    let Some(table) = plan.tables.get(policy.table) else {
+        return (MISSING_KEY, Some(MISSING_KEY));
+    };
+    let Some(hash) = hash_key(&table.key, request, &keying.slots) else {
+        return (MISSING_KEY, Some(MISSING_KEY));
+    };
+    let key = if keying.is_one() {
+        Some(hash)
+    } else if table.shares_key || log::log_enabled!(log::Level::Debug) {
+        hash_key(&table.key, request, &keying.shared)
+    } else {
+        None
+    };
+    (hash, key)
 }
 
 /// Whether a bypass entry exempts the key from the policy at `now`; the entry is recorded,
@@ -96,13 +112,14 @@ fn exempt(plan: &Plan, policy: usize, key: u64, now: u64, outcome: &mut Outcome)
 mod tests {
     use super::super::testing::*;
     use super::*;
+    use crate::key::HashSecret;
     use serde_json::json;
 
     fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Vec<Work>, Outcome) {
         let source = request(headers);
         let mut outcome = Outcome::default();
         let mut attributes = Attributes::new(&source, &plan.attrs);
-        let works = works(plan, &mut attributes, true, now, &mut outcome);
+        let works = works(plan, &keying(), &mut attributes, true, now, &mut outcome);
         (works, outcome)
     }
 
@@ -142,6 +159,28 @@ mod tests {
         let (works, _) = gather(&plan, &[], T0);
         assert_eq!(members(&works), [vec![1]]);
         assert_eq!(works[0].hash, MISSING_KEY);
+    }
+
+    #[test]
+    fn without_an_operators_secret_slots_and_shared_keys_hash_apart() {
+        let bypass = json!([{"key": ["alice"], "policies": ["bypassed"], "owner": "oncall",
+            "reason": "INC-1", "expires": "2030-01-01T00:00:00Z"}]);
+        let plan = plan(json!({"policies": [
+            per_user("bypassed", 1, json!({})),
+            {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1s"},
+        ], "bypass": bypass}));
+        let (works, _) = gather(&plan, &[("x-user-id", "bob")], T0);
+        let public = crate::key::hash_values(&["bob".into()], &HashSecret::PUBLIC);
+        assert_eq!(
+            works[0].key,
+            Some(public),
+            "named by a bypass entry: the public hash"
+        );
+        assert_ne!(works[0].hash, public, "its slot: this Envoy's secret");
+        assert_eq!(
+            works[1].key, None,
+            "a local key no one names is hashed once"
+        );
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub use global::GRANT_TTL;
 
 use crate::algorithm::Decision;
 use crate::config::{Plan, Tier};
+use crate::key::Keying;
 use crate::ledger::Ledger;
 use crate::protocol::{Answer, Check};
 use crate::request::{Attributes, RequestSource};
@@ -63,8 +64,10 @@ pub enum Basis {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     pub policy: usize,
-    /// The key's hash: what logs may show of the key.
-    pub key: u64,
+    /// The key's hash as logs, bypass entries and the service know it (see `Work::key`): under
+    /// the operator's secret, else the public key. `None` when nothing here needed it (a local
+    /// policy without bypass entries, with debug logs off, under no operator's secret).
+    pub key: Option<u64>,
     /// The limit that decided (a global policy's emergency budget when it decided).
     pub tier: Tier,
     pub decision: Decision,
@@ -78,9 +81,10 @@ pub struct Outcome {
     /// The enforcing policy whose denial stands (the longest wait), if any.
     pub denied_by: Option<Applied>,
     pub cas_retries: u32,
+    /// Other keys' states this request's keys took slots from, forgetting what they owed...
     pub evictions: u32,
-    /// Tables whose key found no slot of its own and shared the overflow slot.
-    pub overflowed: u32,
+    /// ...and the tokens those keys owed: what forgetting forgave them.
+    pub forgiven: u64,
     /// A slot stayed contended (or the store failed) through every attempt: the request is
     /// denied rather than let through unmetered.
     pub exhausted: bool,
@@ -124,9 +128,11 @@ pub enum Step {
     Callout(Pending),
 }
 
-/// What a decision works with: the plan, this plugin's shared data, and this worker's loans.
+/// What a decision works with: the plan, the secrets of its key hashes, this plugin's shared
+/// data, and this worker's loans.
 pub struct Limiter<'a, S> {
     pub plan: &'a Plan,
+    pub keying: &'a Keying,
     /// Namespaces this plugin's shared-data keys.
     pub prefix: &'a str,
     pub store: &'a S,
@@ -143,7 +149,14 @@ impl<S: Store> Limiter<'_, S> {
         service_up: bool,
     ) -> Step {
         let mut outcome = Outcome::default();
-        let works = gather::works(self.plan, request, service_up, now, &mut outcome);
+        let works = gather::works(
+            self.plan,
+            self.keying,
+            request,
+            service_up,
+            now,
+            &mut outcome,
+        );
         let mut pending = Pending {
             works,
             now,
@@ -194,8 +207,6 @@ impl<S: Store> Limiter<'_, S> {
         if outcome.is_denied() {
             local::refund_loans(&pending.works, self.plan, self.ledger);
         }
-        let overflowed = pending.works.iter().filter(|w| w.slot.is_overflow());
-        outcome.overflowed = overflowed.count() as u32;
         outcome
     }
 }
@@ -224,6 +235,15 @@ mod testing {
     pub const T0: u64 = 1_800_000_000 * SEC;
     pub const PREFIX: &str = "test/";
     pub const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+    /// As in an Envoy without an operator's secret: its own secret for slots, the public key
+    /// for what other Envoys see.
+    pub fn keying() -> Keying {
+        Keying {
+            slots: crate::key::HashSecret::from_bytes([7; 16]),
+            shared: crate::key::HashSecret::PUBLIC,
+        }
+    }
 
     pub fn plan(config: Value) -> Plan {
         crate::config::parse(config.to_string().as_bytes()).unwrap()
@@ -270,6 +290,7 @@ mod testing {
         let mut attributes = Attributes::new(&source, &plan.attrs);
         let mut limiter = Limiter {
             plan,
+            keying: &keying(),
             prefix: PREFIX,
             store,
             ledger,
@@ -343,6 +364,7 @@ mod tests {
         assert_eq!(pending.checks()[0].take, 4);
         let mut limiter = Limiter {
             plan: &plan,
+            keying: &keying(),
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
@@ -373,6 +395,7 @@ mod tests {
         };
         let mut limiter = Limiter {
             plan: &plan,
+            keying: &keying(),
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
