@@ -60,6 +60,9 @@ pub struct EnvoyOptions {
     /// The listener from a file-based LDS resource (a watched directory) instead of the static
     /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
     pub lds_from_file: bool,
+    /// `(name, value)`: set in Envoy's environment and passed to the wasm VM
+    /// (`vm_config.environment_variables.host_env_keys`), as an operator passes a secret.
+    pub host_env: Vec<(String, String)>,
 }
 
 impl EnvoyOptions {
@@ -73,6 +76,7 @@ impl EnvoyOptions {
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
             lds_from_file: false,
+            host_env: Vec::new(),
         }
     }
 
@@ -117,6 +121,12 @@ impl EnvoyOptions {
     /// Serves the listener from a file-based dynamic resource (LDS): see `Envoy::update_plugin`.
     pub fn lds_from_file(mut self) -> Self {
         self.lds_from_file = true;
+        self
+    }
+
+    /// Sets `name` in Envoy's environment and passes it to the wasm VM. Each call adds one.
+    pub fn host_env(mut self, name: &str, value: &str) -> Self {
+        self.host_env.push((name.into(), value.into()));
         self
     }
 
@@ -205,6 +215,7 @@ impl Envoy {
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
             .args(["-l", "info"])
+            .envs(opts.host_env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_file2)
@@ -272,6 +283,15 @@ impl Envoy {
                 self.log_tail(40)
             )
         })
+    }
+
+    /// Envoy's resident memory (VmRSS), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_else(|e| panic!("reading Envoy's /proc status: {e}"));
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+        let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+        kib.unwrap_or_else(|| panic!("no VmRSS in Envoy's /proc status"))
     }
 
     /// GET on the admin interface.
@@ -597,6 +617,15 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
         .collect();
+    let environment = if opts.host_env.is_empty() {
+        String::new()
+    } else {
+        let keys: Vec<String> = opts.host_env.iter().map(|(k, _)| yaml_quote(k)).collect();
+        format!(
+            "\n                  environment_variables: {{ host_env_keys: [{}] }}",
+            keys.join(", ")
+        )
+    };
     let wasm_filter = match &opts.plugin_json {
         None => String::new(),
         Some(json) => format!(
@@ -609,7 +638,7 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
                 root_id: sluice
                 vm_config:
                   vm_id: sluice
-                  runtime: envoy.wasm.runtime.v8
+                  runtime: envoy.wasm.runtime.v8{environment}
                   code:
                     local:
                       filename: {wasm}
