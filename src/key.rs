@@ -186,14 +186,11 @@ pub fn hash_parts<V: AsRef<[u8]>>(
     parts: impl IntoIterator<Item = (usize, V)>,
     secret: &HashSecret,
 ) -> u64 {
-    let mut hasher = SipHasher13::new_with_keys(secret.k0, secret.k1);
+    let mut hasher = KeyHasher::new(secret);
     for (position, value) in parts {
-        let value = value.as_ref();
-        hasher.write_u8(position as u8);
-        hasher.write_u64(value.len() as u64);
-        hasher.write(value);
+        hasher.part(position, value.as_ref());
     }
-    hasher.finish().max(1)
+    hasher.finish()
 }
 
 /// The key's hash, or `None` when a part has no value.
@@ -202,14 +199,31 @@ pub fn hash_key<S: RequestSource + ?Sized>(
     request: &mut Attributes<S>,
     secret: &HashSecret,
 ) -> Option<u64> {
-    let mut complete = true;
-    let values = parts.iter().map_while(|part| {
-        let value = part.resolve(request);
-        complete &= value.is_some();
-        value
-    });
-    let hash = hash_parts(values, secret);
-    complete.then_some(hash)
+    let mut hasher = KeyHasher::new(secret);
+    for part in parts {
+        let (position, value) = part.resolve(request)?;
+        hasher.part(position, &value);
+    }
+    Some(hasher.finish())
+}
+
+/// `hash_parts`, one part at a time.
+struct KeyHasher(SipHasher13);
+
+impl KeyHasher {
+    fn new(secret: &HashSecret) -> Self {
+        KeyHasher(SipHasher13::new_with_keys(secret.k0, secret.k1))
+    }
+
+    fn part(&mut self, position: usize, value: &[u8]) {
+        self.0.write_u8(position as u8);
+        self.0.write_u64(value.len() as u64);
+        self.0.write(value);
+    }
+
+    fn finish(self) -> u64 {
+        self.0.finish().max(1)
+    }
 }
 
 /// The hash of a key given as one value per part, each from the part's first alternative: how

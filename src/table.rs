@@ -52,8 +52,9 @@ pub struct Slot {
     pub state: Words,
     /// When the slot was last written.
     pub last_used: u64,
-    /// Set when the key takes the slot from another key (or from nobody).
-    pub takeover: Option<Takeover>,
+    /// Set when the key takes the slot from another key (or from nobody). Boxed: a key finding
+    /// its own slot, every request but its first, carries no more than a pointer.
+    pub takeover: Option<Box<Takeover>>,
 }
 
 /// What taking a slot does to its previous owner.
@@ -133,7 +134,7 @@ impl Read {
             owner,
             state: smallvec![0; width],
             last_used: 0,
-            takeover: Some(takeover),
+            takeover: Some(Box::new(takeover)),
         }
     }
 
