@@ -4,7 +4,7 @@
 
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
-use crate::duration::{ceil_secs, NANOS_PER_SEC};
+use crate::duration::NANOS_PER_SEC;
 use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
@@ -18,6 +18,9 @@ use crate::text::push_decimal;
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
+
+/// The spacing of the log lines that would otherwise repeat with every request.
+const MINUTE: u64 = 60 * NANOS_PER_SEC;
 
 /// What the filter needs from the proxy.
 pub trait Host: RequestSource + Store {
@@ -75,6 +78,8 @@ pub struct Filter {
     latest: Cell<u64>,
     /// When a degraded decision was last logged: at most one line a second.
     last_degraded_log: Cell<u64>,
+    /// When ignored route metadata was last logged: at most one line a minute.
+    last_route_metadata_log: Cell<u64>,
     /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
     /// expiry has been.
     bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
@@ -120,6 +125,7 @@ impl Filter {
             ledger: RefCell::default(),
             latest: Cell::new(0),
             last_degraded_log: Cell::new(0),
+            last_route_metadata_log: Cell::new(0),
         })
     }
 
@@ -219,6 +225,7 @@ impl Filter {
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
+        self.log_route_metadata(outcome, now);
         match self.denial(outcome) {
             Some(denial) => {
                 self.deny(host, &denial, now);
@@ -269,10 +276,24 @@ impl Filter {
         }
     }
 
+    /// A route whose `filter_metadata.sluice` sluice could not use (every policy applied to it):
+    /// at most one warning a minute per worker.
+    fn log_route_metadata(&self, outcome: &Outcome, now: u64) {
+        let Some(why) = outcome.ignored_route_metadata else {
+            return;
+        };
+        let last = self.last_route_metadata_log.get();
+        if last == 0 || now >= last.saturating_add(MINUTE) {
+            self.last_route_metadata_log.set(now);
+            log::warn!(
+                "route metadata filter_metadata.sluice ignored, every policy applies: {why} (logged at most once a minute)"
+            );
+        }
+    }
+
     /// The audit trail of bypasses: each entry's use at most once a minute (per worker), and
     /// its expiry once.
     fn log_bypass(&self, outcome: &Outcome, now: u64) {
-        const MINUTE: u64 = 60 * NANOS_PER_SEC;
         for &i in &outcome.bypassed {
             let (Some(b), Some((last, _))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
             else {
@@ -392,13 +413,15 @@ impl Filter {
 
     fn quota(&self, applied: &Applied) -> Option<Quota<'_>> {
         let policy = self.plan.policies.get(applied.policy)?;
+        let decision = &applied.decision;
         Some(Quota {
             policy: &policy.name,
             limit: applied.tier.algorithm.capacity(),
             requests: applied.tier.requests,
-            window_secs: ceil_secs(applied.tier.per_nanos),
-            remaining: applied.decision.remaining,
-            reset_after: applied.decision.reset_after,
+            per_nanos: applied.tier.per_nanos,
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            retry_after: (!decision.allowed).then_some(decision.retry_after),
         })
     }
 }
@@ -450,10 +473,11 @@ fn own_secret(
 mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::exact::ExactStore;
+    use crate::protocol::{CheckRequest, CheckResponse};
     use crate::testing::{FakeHost, FakeRequest, MemoryStore};
     use serde_json::{json, Value};
     use std::cell::RefCell;
-    use std::collections::HashMap;
     use std::sync::Arc;
 
     const T0: u64 = 1_800_000_000 * SEC;
@@ -830,42 +854,19 @@ mod tests {
         assert!(err.to_string().starts_with("policies[0]"), "{err}");
     }
 
-    /// The rate-limit service as the filter sees it: GCRA buckets by check key, taking up to
-    /// `take` tokens, answering in the wire format.
+    /// The rate-limit service, answering in its wire format as the exact store decides.
     #[derive(Default)]
-    struct FakeService {
-        tats: RefCell<HashMap<String, u64>>,
-    }
+    struct FakeService(RefCell<ExactStore>);
 
     impl FakeService {
         fn answer(&self, body: &[u8], now: u64) -> Vec<u8> {
-            let request: Value = serde_json::from_slice(body).unwrap();
-            let results: Vec<Value> = request["checks"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| {
-                    let n = |f: &str| c[f].as_u64().unwrap();
-                    let rate = crate::algorithm::Rate::new(n("requests"), n("per_ms") * 1_000_000, n("burst")).unwrap();
-                    let key = c["key"].as_str().unwrap().to_string();
-                    let tat = self.tats.borrow().get(&key).copied().unwrap_or(0);
-                    let check = |cost: u64| {
-                        let mut after = tat;
-                        (crate::algorithm::token_bucket::admit(&rate, &mut after, now, cost), after)
-                    };
-                    let (first, _) = check(n("cost"));
-                    if !first.allowed {
-                        return json!({"allowed": false, "granted": 0, "remaining": first.remaining,
-                            "reset_ms": first.reset_after / 1_000_000, "retry_after_ms": first.retry_after.div_ceil(1_000_000)});
-                    }
-                    let granted = (n("cost")..=n("take")).rev().find(|&t| check(t).0.allowed).unwrap();
-                    let (taken, after) = check(granted);
-                    self.tats.borrow_mut().insert(key, after);
-                    json!({"allowed": true, "granted": granted, "remaining": taken.remaining,
-                        "reset_ms": taken.reset_after / 1_000_000, "retry_after_ms": 0})
-                })
-                .collect();
-            serde_json::to_vec(&json!({ "results": results })).unwrap()
+            let request: CheckRequest = serde_json::from_slice(body).unwrap();
+            let mut store = self.0.borrow_mut();
+            let results = request.checks.iter().map(|c| store.check(c, now).unwrap());
+            let response = CheckResponse {
+                results: results.collect(),
+            };
+            serde_json::to_vec(&response).unwrap()
         }
     }
 
@@ -969,14 +970,15 @@ mod tests {
             (json!("fixed_window"), Value::Null, json!(10));
         p["lease"] = json!(5);
         let (filter, host) = setup(global(p));
-        // The fake service answers as a bucket of 10 a second: taking 5 resets in 500 ms, which
-        // stands here for the window's end.
         let service = FakeService::default();
+        // Half-way through a one-second window: it ends 500 ms later, before the lease's 1 s.
+        let ms = 1_000_000;
+        host.now.set(T0 + 500 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
-        host.now.set(T0 + 400 * 1_000_000);
+        host.now.set(T0 + 900 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         assert_eq!(host.calls.get(), 1, "spent from the lease");
-        host.now.set(T0 + 600 * 1_000_000);
+        host.now.set(T0 + 1_100 * ms);
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
         assert_eq!(host.calls.get(), 2, "the lease ended with the window");
     }

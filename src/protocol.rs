@@ -1,33 +1,86 @@
 //! The wire format between the filter and `sluice-service` (`POST /v1/check`): one request
 //! carries every global check of one HTTP request, one answer per check comes back in order.
 
+use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
 use serde::{Deserialize, Serialize};
 
 const NANOS_PER_MS: u64 = 1_000_000;
 
+/// The body of `POST /v1/check`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckRequest {
+    pub checks: Vec<Check>,
+}
+
 /// One global policy's question about one key.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Check {
     /// `<policy>/<key hash>`: the service never sees the raw key either.
     pub key: String,
-    pub algorithm: &'static str,
+    #[serde(default)]
+    pub algorithm: Kind,
     pub requests: u64,
     pub per_ms: u64,
     pub burst: u64,
     pub cost: u64,
-    /// Tokens to take if at least `cost` are there: more than `cost` leases the rest.
-    pub take: u64,
+    /// Tokens to take if at least `cost` are there: more than `cost` grants the rest to the
+    /// asking Envoy. Absent: the cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub take: Option<u64>,
     /// Leaky bucket only: the longest the service may schedule a request ahead.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay_ms: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct CheckRequest<'a> {
-    checks: &'a [Check],
+impl Check {
+    /// Tokens to take at most.
+    pub fn take(&self) -> u64 {
+        self.take.unwrap_or(self.cost)
+    }
+
+    /// The limit the check describes, in nanoseconds; `None` when its numbers (its cost among
+    /// them) make none.
+    pub fn limit(&self) -> Option<Algorithm> {
+        let per = self.per_ms.checked_mul(NANOS_PER_MS)?;
+        let (requests, burst) = (self.requests, self.burst);
+        let limit = match self.algorithm {
+            Kind::TokenBucket => Rate::new(requests, per, burst).map(Algorithm::TokenBucket),
+            Kind::FixedWindow => Window::new(requests, per).map(Algorithm::FixedWindow),
+            Kind::SlidingWindow => Window::new(requests, per).map(Algorithm::SlidingWindow),
+            Kind::SlidingLog => Window::new(requests, per).map(Algorithm::SlidingLog),
+            Kind::LeakyBucket => {
+                let max_delay = self.max_delay_ms?.checked_mul(NANOS_PER_MS)?;
+                Drain::new(requests, per, max_delay).map(Algorithm::LeakyBucket)
+            }
+        }
+        .ok()?;
+        limit.check_cost(self.cost).ok()?;
+        Some(limit)
+    }
 }
 
-/// The service's answer to one check, durations in nanoseconds.
+/// The body of the service's 200 answer: one result per check, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResponse {
+    pub results: Vec<CheckResult>,
+}
+
+/// The answer to one check, durations in whole milliseconds rounded up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckResult {
+    pub allowed: bool,
+    pub granted: u64,
+    pub remaining: u64,
+    pub reset_ms: u64,
+    pub retry_after_ms: u64,
+    /// Leaky bucket only (absent otherwise): how long the filter holds the admitted request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+/// The service's answer to one check, as the filter uses it: durations in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Answer {
     pub allowed: bool,
@@ -39,20 +92,18 @@ pub struct Answer {
     pub delay: u64,
 }
 
-#[derive(Deserialize)]
-struct RawAnswer {
-    allowed: bool,
-    granted: u64,
-    remaining: u64,
-    reset_ms: u64,
-    retry_after_ms: u64,
-    #[serde(default)]
-    delay_ms: u64,
-}
-
-#[derive(Deserialize)]
-struct CheckResponse {
-    results: Vec<RawAnswer>,
+impl From<CheckResult> for Answer {
+    fn from(result: CheckResult) -> Answer {
+        let nanos = |ms: u64| ms.saturating_mul(NANOS_PER_MS);
+        Answer {
+            allowed: result.allowed,
+            granted: result.granted,
+            remaining: result.remaining,
+            reset_after: nanos(result.reset_ms),
+            retry_after: nanos(result.retry_after_ms),
+            delay: nanos(result.delay_ms.unwrap_or(0)),
+        }
+    }
 }
 
 /// Whole milliseconds, rounded up, at least 1: the wire's unit for durations.
@@ -61,36 +112,29 @@ pub fn per_ms(per_nanos: u64) -> u64 {
 }
 
 pub fn encode(checks: &[Check]) -> Vec<u8> {
-    serde_json::to_vec(&CheckRequest { checks }).unwrap_or_default()
+    #[derive(Serialize)]
+    struct Body<'a> {
+        checks: &'a [Check],
+    }
+    serde_json::to_vec(&Body { checks }).unwrap_or_default()
 }
 
-/// The answers, if the body is a well-formed answer to exactly `expected` checks whose grants
-/// make sense; `None` otherwise (the caller treats it as a failed call).
+/// The answers, if the body is a well-formed answer to exactly `checks` whose grants make
+/// sense; `None` otherwise (the caller treats it as a failed call).
 pub fn decode(body: &[u8], checks: &[Check]) -> Option<Vec<Answer>> {
     let response: CheckResponse = serde_json::from_slice(body).ok()?;
     if response.results.len() != checks.len() {
         return None;
     }
-    response
-        .results
-        .into_iter()
-        .zip(checks)
-        .map(|(raw, check)| {
-            let sane = if raw.allowed {
-                (check.cost..=check.take).contains(&raw.granted)
-            } else {
-                raw.granted == 0
-            };
-            sane.then_some(Answer {
-                allowed: raw.allowed,
-                granted: raw.granted,
-                remaining: raw.remaining,
-                reset_after: raw.reset_ms.saturating_mul(NANOS_PER_MS),
-                retry_after: raw.retry_after_ms.saturating_mul(NANOS_PER_MS),
-                delay: raw.delay_ms.saturating_mul(NANOS_PER_MS),
-            })
-        })
-        .collect()
+    let sane = |(result, check): (CheckResult, &Check)| {
+        let granted = if result.allowed {
+            (check.cost..=check.take()).contains(&result.granted)
+        } else {
+            result.granted == 0
+        };
+        granted.then(|| result.into())
+    };
+    response.results.into_iter().zip(checks).map(sane).collect()
 }
 
 #[cfg(test)]
@@ -100,12 +144,12 @@ mod tests {
     fn check(take: u64) -> Check {
         Check {
             key: "per-user/00000000000000ff".into(),
-            algorithm: "token_bucket",
+            algorithm: Kind::TokenBucket,
             requests: 100,
             per_ms: 60_000,
             burst: 20,
             cost: 1,
-            take,
+            take: Some(take),
             max_delay_ms: None,
         }
     }

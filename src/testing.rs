@@ -72,6 +72,38 @@ impl FakeRequest {
             .insert(path.into(), value.as_bytes().to_vec());
         self
     }
+
+    /// The selected route's `filter_metadata.sluice`, these entries serialized as Envoy does.
+    pub fn with_route_metadata(mut self, entries: &[(&str, &[u8])]) -> Self {
+        let entries: Vec<(&[u8], &[u8])> =
+            entries.iter().map(|(k, v)| (k.as_bytes(), *v)).collect();
+        let path = "xds.route_metadata.filter_metadata.sluice";
+        self.properties.insert(path.into(), envoy_map(&entries));
+        self
+    }
+}
+
+/// A map as Envoy 1.40 hands it to proxy-wasm: the count, each entry's key and value lengths,
+/// then each key and value followed by a NUL (numbers as little-endian u32).
+pub fn envoy_map(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let mut out = (entries.len() as u32).to_le_bytes().to_vec();
+    for (key, value) in entries {
+        out.extend((key.len() as u32).to_le_bytes());
+        out.extend((value.len() as u32).to_le_bytes());
+    }
+    for (key, value) in entries {
+        out.extend(*key);
+        out.push(0);
+        out.extend(*value);
+        out.push(0);
+    }
+    out
+}
+
+/// A list of strings as Envoy hands it over: a map with the strings as keys.
+pub fn envoy_list(names: &[&str]) -> Vec<u8> {
+    let entries: Vec<(&[u8], &[u8])> = names.iter().map(|n| (n.as_bytes(), &b""[..])).collect();
+    envoy_map(&entries)
 }
 
 impl RequestSource for FakeRequest {

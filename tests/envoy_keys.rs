@@ -29,7 +29,7 @@ fn config(extra: Value) -> String {
 }
 
 fn with_secret(config: &str) -> EnvoyOptions {
-    Envoy::options(config).host_env(VARIABLE, SECRET)
+    Envoy::options(config).vm_env(VARIABLE, SECRET)
 }
 
 fn get(envoy: &Envoy, user: &str) -> u16 {
@@ -60,11 +60,13 @@ fn a_secret_variable_that_is_missing_or_short_is_refused_naming_the_field() {
     let config = config(json!({"hash_secret_env": VARIABLE}));
     let missing = Envoy::try_start(&config).err().unwrap();
     assert!(
-        missing.contains("invalid configuration: hash_secret_env: SLUICE_HASH_SECRET is not set"),
+        missing.contains(
+            r#"invalid configuration: hash_secret_env: environment variable "SLUICE_HASH_SECRET" is not set"#
+        ),
         "{missing}"
     );
     let short = Envoy::options(&config)
-        .host_env(VARIABLE, "too-short")
+        .vm_env(VARIABLE, "too-short")
         .try_start();
     let log = short.err().unwrap();
     assert!(log.contains("SLUICE_HASH_SECRET holds 9 bytes"), "{log}");
@@ -110,7 +112,7 @@ fn envoys_given_the_same_secret_agree_on_global_keys_and_one_without_uses_the_pu
         config["policies"][0]["burst"] = json!(3);
         let options = Envoy::options(&config.to_string()).service(&[service.addr]);
         match secret {
-            Some(secret) => options.host_env(VARIABLE, secret).start(),
+            Some(secret) => options.vm_env(VARIABLE, secret).start(),
             None => options.start(),
         }
     };

@@ -1,6 +1,7 @@
 //! The JSON Schema of the plugin configuration (`schema/sluice-config.schema.json`) accepts every
-//! shipped configuration (`schema/examples/*.json` and the plugin JSON inside `envoy/*.yaml`) and
-//! rejects the classic mistakes. Needs no Envoy and no wasm build.
+//! shipped configuration (`schema/examples/*.json` and the plugin JSON inside `envoy/*.yaml` and
+//! the manifests under `deploy/`) and rejects the classic mistakes. Needs no Envoy and no wasm
+//! build.
 #![cfg(not(target_arch = "wasm32"))]
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
@@ -68,7 +69,8 @@ fn read_json(path: &Path) -> Value {
 }
 
 /// The sluice configurations in one YAML document: the `configuration` StringValue of every Envoy
-/// wasm HTTP filter, and the `pluginConfig` of an Istio `WasmPlugin`.
+/// wasm HTTP filter, the `pluginConfig` of an Istio `WasmPlugin`, and the `config` of each wasm
+/// extension of an Envoy Gateway `EnvoyExtensionPolicy`.
 fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) {
     match doc {
         serde_yaml::Value::Mapping(map) => {
@@ -91,6 +93,16 @@ fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) {
                 assert!(!config.is_null(), "WasmPlugin without spec.pluginConfig");
                 found.push(serde_json::to_value(config).unwrap());
             }
+            if map.get("kind").and_then(|k| k.as_str()) == Some("EnvoyExtensionPolicy") {
+                let extensions = doc["spec"]["wasm"].as_sequence();
+                for extension in extensions.expect("EnvoyExtensionPolicy without spec.wasm") {
+                    assert!(
+                        !extension["config"].is_null(),
+                        "wasm extension without config"
+                    );
+                    found.push(serde_json::to_value(&extension["config"]).unwrap());
+                }
+            }
             for (_, value) in map {
                 plugin_configs(value, found);
             }
@@ -105,12 +117,31 @@ fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) {
     }
 }
 
-/// (file, configurations) for every YAML file under envoy/ that mentions a wasm filter.
+/// The YAML files under `dir` and its subdirectories.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = files_with_extension(dir, &["yaml", "yml"]);
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        }
+    }
+    files
+}
+
+/// (file, configurations) for every YAML file under envoy/ and deploy/ that mentions a wasm
+/// filter.
 fn envoy_plugin_configs() -> Vec<(PathBuf, Vec<Value>)> {
     let mut out = Vec::new();
-    for path in files_with_extension(&repo().join("envoy"), &["yaml", "yml"]) {
+    let files = [repo().join("envoy"), repo().join("deploy")].map(|dir| yaml_files(&dir));
+    for path in files.into_iter().flatten() {
         let text = fs::read_to_string(&path).unwrap();
-        if !text.contains(WASM_FILTER_TYPE) && !text.contains("WasmPlugin") {
+        let kinds = [
+            WASM_FILTER_TYPE,
+            "kind: WasmPlugin",
+            "kind: EnvoyExtensionPolicy",
+        ];
+        if !kinds.iter().any(|kind| text.contains(kind)) {
             continue;
         }
         let mut configs = Vec::new();
@@ -139,10 +170,11 @@ fn schema_is_a_valid_draft_2020_12_schema() {
     }
 }
 
-/// The filter's own parser, in a VM whose environment has a hash secret for `hash_secret_env`.
-fn parse(config: &Value) -> Result<sluice::config::Plan, sluice::config::ConfigError> {
-    let secret = |_: &str| Some("an example secret of 32 bytes or more".to_string());
-    sluice::config::parse_with_env(config.to_string().as_bytes(), &secret)
+/// The filter's parser, in a VM whose environment has every variable a configuration names (as
+/// the operator's deployment gives it).
+fn filter_accepts(config: &Value) -> Result<(), sluice::config::ConfigError> {
+    let env = |_: &str| Some("a-secret-from-the-deployment, 32 bytes or more".to_string());
+    sluice::config::parse_with_env(config.to_string().as_bytes(), &env).map(|_| ())
 }
 
 /// Valid for the schema and accepted by the filter's own parser, the real gate.
@@ -154,7 +186,7 @@ fn every_shipped_configuration_is_valid() {
 
     for path in example_files() {
         let config = read_json(&path);
-        if let Err(e) = parse(&config) {
+        if let Err(e) = filter_accepts(&config) {
             failures.push(format!("{}: the filter refuses it: {e}", path.display()));
         }
         let errors = violations(&validator, &config);
@@ -165,7 +197,7 @@ fn every_shipped_configuration_is_valid() {
     }
     for (path, configs) in envoy_plugin_configs() {
         for (i, config) in configs.iter().enumerate() {
-            if let Err(e) = parse(config) {
+            if let Err(e) = filter_accepts(config) {
                 failures.push(format!(
                     "{} (#{i}): the filter refuses it: {e}",
                     path.display()

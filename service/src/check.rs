@@ -42,10 +42,11 @@ struct RawCheck {
     max_delay_ms: Option<u64>,
 }
 
-/// The algorithms on the wire; other names are refused by serde as unknown variants.
-#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+/// The algorithms by name, on the wire and in the RLS configuration; other names are refused by
+/// serde as unknown variants.
+#[derive(Deserialize, Default, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
-enum AlgorithmName {
+pub enum AlgorithmName {
     #[default]
     TokenBucket,
     FixedWindow,
@@ -55,7 +56,7 @@ enum AlgorithmName {
 }
 
 impl AlgorithmName {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             AlgorithmName::TokenBucket => "token_bucket",
             AlgorithmName::FixedWindow => "fixed_window",
@@ -134,47 +135,86 @@ fn validate(raw: RawCheck, at: &str) -> Result<Check, BadRequest> {
     let field = |name: &str| format!("{at}.{name}");
     let name = raw.algorithm;
     validate_key(&raw.key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
-    let max_delay_ms = max_delay_ms(name, raw.max_delay_ms, &field("max_delay_ms"))?;
-    let requests = within(&field("requests"), raw.requests, 1, name.max_requests(), "")?;
-    let per_ms = within(&field("per_ms"), raw.per_ms, 1, MAX_PER_MS, "")?;
-    let window_us = per_ms * 1000;
-    let burst = burst(name, raw.burst, requests, &field("burst"))?;
-    let capacity = burst.min(MAX_BURST);
-    let cost = within(&field("cost"), raw.cost, 1, capacity, name.capacity_note())?;
-    let take = take(name, raw.take.unwrap_or(cost), cost, burst, &field("take"))?;
-    let algorithm = match name {
-        AlgorithmName::TokenBucket => {
-            let interval_us = interval_us(requests, per_ms);
-            check_capacity(&field("burst"), interval_us, burst)?;
-            Algorithm::TokenBucket { interval_us, burst }
-        }
-        AlgorithmName::FixedWindow => Algorithm::FixedWindow {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::SlidingWindow => Algorithm::SlidingWindow {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::SlidingLog => Algorithm::SlidingLog {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::LeakyBucket => {
-            let interval_us = interval_us(requests, per_ms);
-            check_drain(&field("cost"), interval_us, cost)?;
-            Algorithm::LeakyBucket {
-                interval_us,
-                max_delay_us: max_delay_ms * 1000,
-            }
-        }
+    let shape = Shape {
+        name,
+        requests: raw.requests,
+        per_ms: raw.per_ms,
+        burst: raw.burst,
+        max_delay_ms: raw.max_delay_ms,
     };
+    let algorithm = shape.algorithm(&field)?;
+    let capacity = raw.burst.min(MAX_BURST);
+    let cost = within(&field("cost"), raw.cost, 1, capacity, name.capacity_note())?;
+    let take = take(
+        name,
+        raw.take.unwrap_or(cost),
+        cost,
+        raw.burst,
+        &field("take"),
+    )?;
+    if let Algorithm::LeakyBucket { interval_us, .. } = algorithm {
+        check_drain(&field("cost"), interval_us, cost)?;
+    }
     Ok(Check {
         key: raw.key,
         algorithm,
         cost,
         take,
     })
+}
+
+/// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
+/// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
+/// `requests`), or for the leaky bucket informational (max_delay / interval + 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub name: AlgorithmName,
+    pub requests: u64,
+    pub per_ms: u64,
+    pub burst: u64,
+    pub max_delay_ms: Option<u64>,
+}
+
+impl Shape {
+    /// The store's algorithm, if every number is within its bounds; `field` turns a field's
+    /// name (`requests`, `per_ms`, `burst`, `max_delay_ms`) into the one the caller reports.
+    pub fn algorithm(&self, field: &dyn Fn(&str) -> String) -> Result<Algorithm, BadRequest> {
+        let name = self.name;
+        let max_delay_ms = max_delay_ms(name, self.max_delay_ms, &field("max_delay_ms"))?;
+        let requests = within(
+            &field("requests"),
+            self.requests,
+            1,
+            name.max_requests(),
+            "",
+        )?;
+        let per_ms = within(&field("per_ms"), self.per_ms, 1, MAX_PER_MS, "")?;
+        let window_us = per_ms * 1000;
+        let burst = burst(name, self.burst, requests, &field("burst"))?;
+        Ok(match name {
+            AlgorithmName::TokenBucket => {
+                let interval_us = interval_us(requests, per_ms);
+                check_capacity(&field("burst"), interval_us, burst)?;
+                Algorithm::TokenBucket { interval_us, burst }
+            }
+            AlgorithmName::FixedWindow => Algorithm::FixedWindow {
+                limit: requests,
+                window_us,
+            },
+            AlgorithmName::SlidingWindow => Algorithm::SlidingWindow {
+                limit: requests,
+                window_us,
+            },
+            AlgorithmName::SlidingLog => Algorithm::SlidingLog {
+                limit: requests,
+                window_us,
+            },
+            AlgorithmName::LeakyBucket => Algorithm::LeakyBucket {
+                interval_us: interval_us(requests, per_ms),
+                max_delay_us: max_delay_ms * 1000,
+            },
+        })
+    }
 }
 
 /// Required for the leaky bucket (0..=a year), refused for the others.
@@ -232,7 +272,7 @@ fn take(
 }
 
 /// µs per token, at least 1: rates above one token per µs are capped there (the contract).
-fn interval_us(requests: u64, per_ms: u64) -> u64 {
+pub fn interval_us(requests: u64, per_ms: u64) -> u64 {
     (per_ms * 1000 / requests).max(1)
 }
 

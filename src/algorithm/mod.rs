@@ -302,6 +302,33 @@ impl Algorithm {
         }
     }
 
+    /// Admits as many tokens between `cost` and `take` as the state allows, the most first: how
+    /// the service grants tokens beyond a request's cost (a global policy's `lease`). Returns the
+    /// decision for the tokens taken and how many; when even `cost` does not fit, its denial and 0.
+    /// Every algorithm admits `n` tokens whenever it admits more, so the most is found by halving.
+    pub fn grant(&self, state: &mut [u64], now: u64, cost: u64, take: u64) -> (Decision, u64) {
+        let attempt = |tokens: u64| {
+            let mut after = state.to_vec();
+            (self.admit(&mut after, now, tokens), after)
+        };
+        let (mut best, mut after) = attempt(cost);
+        if !best.allowed {
+            return (best, 0);
+        }
+        let (mut granted, mut over) = (cost, take.max(cost).saturating_add(1));
+        while over - granted > 1 {
+            let mid = granted + (over - granted) / 2;
+            match attempt(mid) {
+                (decision, words) if decision.allowed => {
+                    (granted, best, after) = (mid, decision, words)
+                }
+                _ => over = mid,
+            }
+        }
+        state.copy_from_slice(&after);
+        (best, granted)
+    }
+
     /// What the key whose state this is owes at `now`: what forgetting the state forgives.
     pub fn debt(&self, state: &[u64], now: u64) -> Debt {
         match self {
@@ -325,6 +352,47 @@ impl Algorithm {
             Algorithm::FixedWindow(window) => fixed_window::debt(window, state, now),
             Algorithm::SlidingWindow(window) => sliding_window::debt(window, state, now),
             Algorithm::SlidingLog(window) => sliding_log::debt(window, state, now),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::duration::NANOS_PER_SEC as SEC;
+    use proptest::prelude::*;
+
+    fn algorithms(limit: u64) -> [Algorithm; 4] {
+        let window = Window::new(limit, SEC).unwrap();
+        [
+            Algorithm::TokenBucket(Rate::new(limit, SEC, limit).unwrap()),
+            Algorithm::FixedWindow(window),
+            Algorithm::SlidingWindow(window),
+            Algorithm::SlidingLog(window),
+        ]
+    }
+
+    proptest! {
+        /// `grant` takes what trying every count from `take` down to `cost` would take.
+        #[test]
+        fn grant_takes_the_most_that_fits(
+            limit in 1u64..30,
+            steps in prop::collection::vec((0u64..SEC / 4, 1u64..4, 0u64..10), 1..60),
+        ) {
+            for algorithm in algorithms(limit) {
+                let mut state = vec![0; algorithm.columns()];
+                let mut now = 100 * SEC;
+                for &(gap, cost, extra) in &steps {
+                    now += gap;
+                    let (cost, take) = (cost.min(limit), (cost + extra).min(limit));
+                    let linear = (cost..=take).rev().find(|&n| {
+                        algorithm.admit(&mut state.clone(), now, n).allowed
+                    });
+                    let (decision, granted) = algorithm.grant(&mut state, now, cost, take);
+                    prop_assert_eq!(decision.allowed, linear.is_some());
+                    prop_assert_eq!(granted, linear.unwrap_or(0));
+                }
+            }
         }
     }
 }

@@ -92,6 +92,8 @@ pub struct Outcome {
     pub bypassed: Vec<usize>,
     /// ...and those that would have, had they not expired.
     pub expired_bypass: Vec<usize>,
+    /// Why the selected route's sluice metadata was ignored (every policy applied), if it was.
+    pub ignored_route_metadata: Option<&'static str>,
 }
 
 impl Outcome {
@@ -361,7 +363,7 @@ mod tests {
             panic!("needs the service");
         };
         assert_eq!(pending.checks().len(), 1);
-        assert_eq!(pending.checks()[0].take, 4);
+        assert_eq!(pending.checks()[0].take(), 4);
         let mut limiter = Limiter {
             plan: &plan,
             keying: &keying(),

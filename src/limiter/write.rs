@@ -229,10 +229,10 @@ mod tests {
     #[test]
     fn a_global_policys_over_limit_mark_counts_as_limited_but_forgives_nothing() {
         let global = plan_of(json!([per_user("g", 10, json!({"scope": "global"}))]));
-        let marked = [0, 0, T0 + SEC, 0];
+        let marked = [0, 0, T0 + SEC, 0, 0, 0];
         let owed = debt(&global.policies[0], &marked, T0);
         assert_eq!((owed.tokens, owed.share), (0, crate::algorithm::FULL_SHARE));
-        let granted = [5, T0 + SEC, 0, 0];
+        let granted = [5, T0 + SEC, 0, 0, 0, 0];
         let owed = debt(&global.policies[0], &granted, T0);
         assert_eq!(
             (owed.tokens, owed.share),
