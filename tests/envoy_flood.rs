@@ -7,6 +7,8 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+use sluice::limiter::PolicyOutcome::{Allowed, Denied};
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::http::Connection;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -123,11 +125,11 @@ fn a_flood_of_200000_new_keys_locks_out_no_newcomer_frees_no_drained_key_and_gro
     let allowed = (FLOOD + (20 + 5) * BURST) as u64;
     let denied = (5 + 20 * 3 + 5 + 5) as u64;
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.allowed", allowed),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), allowed),
         allowed
     );
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.denied", denied),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Denied), denied),
         denied
     );
     // Only flood keys were forgotten, each owing the one request it made.

@@ -9,6 +9,8 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+use sluice::limiter::PolicyOutcome::{Allowed, Denied};
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::Envoy;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,8 +93,14 @@ fn keys_racing_for_one_slot_from_two_workers_never_share_a_budget() {
     let admitted = all.iter().flatten().filter(|&&s| s == 200).count() as u64;
     let denied = 8 * 50 - admitted;
     let counter = |name: &str, value: u64| envoy.wait_for_wasm_counter(name, value);
-    assert_eq!(counter("sluice.per-user.allowed", admitted), admitted);
-    assert_eq!(counter("sluice.per-user.denied", denied), denied);
+    assert_eq!(
+        counter(&requests_counter("per-user", Allowed), admitted),
+        admitted
+    );
+    assert_eq!(
+        counter(&requests_counter("per-user", Denied), denied),
+        denied
+    );
     let forgiven = envoy.wasm_counter("sluice.forgiven").unwrap_or(0);
     assert!(admitted <= 8 * 5 + forgiven, "{admitted} > 40 + {forgiven}");
 }

@@ -2,6 +2,7 @@
 part (b), each rewritten only by a run of its part (--skip-mixed, --skip-flood leave the other's
 figures in place)."""
 
+from .envoy_config import policy_counter
 from .facts import facts_lines
 from .markdown import table, write_section
 from .paths import RELIABILITY_MD
@@ -66,7 +67,10 @@ def flood_table(a):
     load, c, s = a["load"], a["counters"], a["load"]["script"]
 
     def both(x, y):
-        return f"{c.get(f'sluice.{x}', 0):,} / {c.get(f'sluice.{y}', 0):,}"
+        return f"{c.get(x, 0):,} / {c.get(y, 0):,}"
+
+    def outcomes(p):
+        return both(policy_counter(p, "allowed"), policy_counter(p, "denied"))
 
     return table(["Flood", "Value"], [
         ["requests sent (each a new key)", f"{s.get('flood_sent', load['requests']):,}"],
@@ -74,11 +78,11 @@ def flood_table(a):
         ["200 / 429 / other", f"{s.get('flood_200', 0):,} / {s.get('flood_429', 0):,} / {s.get('flood_other', 0):,}"],
         ["socket errors", f"{load['socket_errors']:,}"],
         ["Envoy 5xx (`downstream_rq_5xx`)", f"{a['http']['5xx']:,}"],
-        ["`sluice.evictions` / `sluice.forgiven` (tokens)", both("evictions", "forgiven")],
-        ["`per-user` allowed / denied", both("per-user.allowed", "per-user.denied")],
-        ["`per-api-key` allowed / denied", both("per-api-key.allowed", "per-api-key.denied")],
-        ["`per-client` allowed / denied", both("per-client.allowed", "per-client.denied")],
-        ["`cas_retries` / `cas_exhausted`", both("cas_retries", "cas_exhausted")],
+        ["`sluice.evictions` / `sluice.forgiven` (tokens)", both("sluice.evictions", "sluice.forgiven")],
+        ["`per-user` allowed / denied", outcomes("per-user")],
+        ["`per-api-key` allowed / denied", outcomes("per-api-key")],
+        ["`per-client` allowed / denied", outcomes("per-client")],
+        ["`cas_retries` / `cas_exhausted`", both("sluice.cas_retries", "sluice.cas_exhausted")],
     ])
 
 
@@ -170,7 +174,7 @@ def mixed_table(b):
     ]
     rows += [
         [f"`{p}` allowed / denied / degraded",
-         " / ".join(f"{c.get(f'sluice.{p}.{what}', 0):,}" for what in ("allowed", "denied", "degraded"))]
+         " / ".join(f"{c.get(policy_counter(p, what), 0):,}" for what in ("allowed", "denied", "degraded"))]
         for p in policies
     ]
     return table(["Mixed", "Value"], rows)

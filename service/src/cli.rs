@@ -26,7 +26,7 @@ pub struct Args {
     pub listen: Option<SocketAddr>,
 
     #[command(flatten)]
-    pub redis: RedisArgs,
+    pub store: StoreArgs,
 
     #[command(flatten)]
     pub rls: RlsArgs,
@@ -93,10 +93,10 @@ fn seconds(text: &str) -> Result<Duration, String> {
     }
 }
 
-/// Exactly one of the two.
+/// Where limits are kept: exactly one of the three.
 #[derive(ClapArgs, Debug)]
 #[group(required = true, multiple = false)]
-pub struct RedisArgs {
+pub struct StoreArgs {
     /// A single Redis node, e.g. redis://127.0.0.1:6379 (redis://:password@host:port/db)
     #[arg(long, env = "SLUICE_REDIS", value_name = "URL")]
     pub redis: Option<String>,
@@ -109,14 +109,27 @@ pub struct RedisArgs {
         value_delimiter = ','
     )]
     pub redis_cluster: Option<Vec<String>>,
+
+    /// No Redis: limits kept in this process, for trying sluice out and for tests (one replica
+    /// only; the state goes with the process)
+    #[arg(long, env = "SLUICE_MEMORY")]
+    pub memory: bool,
 }
 
-impl RedisArgs {
-    pub fn target(&self) -> RedisTarget {
+/// The store chosen on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    Redis(RedisTarget),
+    Memory,
+}
+
+impl StoreArgs {
+    pub fn backend(&self) -> Backend {
         match (&self.redis, &self.redis_cluster) {
-            (_, Some(nodes)) => RedisTarget::Cluster(nodes.clone()),
-            // clap requires one of the two, so this is `--redis`.
-            (url, None) => RedisTarget::Single(url.clone().unwrap_or_default()),
+            _ if self.memory => Backend::Memory,
+            (_, Some(nodes)) => Backend::Redis(RedisTarget::Cluster(nodes.clone())),
+            // clap requires one of the three, so this is `--redis`.
+            (url, None) => Backend::Redis(RedisTarget::Single(url.clone().unwrap_or_default())),
         }
     }
 }
@@ -133,7 +146,10 @@ mod tests {
     fn redis_cluster_takes_comma_separated_nodes() {
         let args = parse(&["--redis-cluster", "redis://h1:1,redis://h2:2"]).unwrap();
         let nodes = vec!["redis://h1:1".to_string(), "redis://h2:2".to_string()];
-        assert_eq!(args.redis.target(), RedisTarget::Cluster(nodes));
+        assert_eq!(
+            args.store.backend(),
+            Backend::Redis(RedisTarget::Cluster(nodes))
+        );
         assert_eq!(args.http_listen(), Some("127.0.0.1:8080".parse().unwrap()));
         assert_eq!(args.token_file, None);
         assert_eq!(args.log, "info");
@@ -159,13 +175,18 @@ mod tests {
     }
 
     #[test]
-    fn exactly_one_redis_is_required() {
+    fn exactly_one_store_is_required() {
         assert!(parse(&["--listen", "127.0.0.1:1"]).is_err());
         assert!(parse(&["--redis", "redis://a", "--redis-cluster", "redis://b"]).is_err());
+        assert!(parse(&["--redis", "redis://a", "--memory"]).is_err());
         let single = parse(&["--redis", "redis://127.0.0.1:6379"]).unwrap();
         assert_eq!(
-            single.redis.target(),
-            RedisTarget::Single("redis://127.0.0.1:6379".into())
+            single.store.backend(),
+            Backend::Redis(RedisTarget::Single("redis://127.0.0.1:6379".into()))
+        );
+        assert_eq!(
+            parse(&["--memory"]).unwrap().store.backend(),
+            Backend::Memory
         );
     }
 

@@ -1,18 +1,21 @@
 //! `sluice-service`: serve at once (HTTP, the RLS or both), reach Redis in the background, stop
 //! gracefully on SIGTERM or Ctrl-C.
 
+use std::fmt::Display;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
 use futures_util::FutureExt;
 use sluice_service::auth::{self, TokenFile};
-use sluice_service::cli::Args;
+use sluice_service::cli::{Args, Backend};
 use sluice_service::health::{self, Readiness};
 use sluice_service::http::{serve, App};
+use sluice_service::memory_store::MemoryStore;
 use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
 use sluice_service::rls::Rls;
+use sluice_service::store::Store;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -36,12 +39,25 @@ fn main() -> ExitCode {
     }
 }
 
+/// The store the command line chose.
+async fn run(args: Args) -> Result<(), String> {
+    match args.store.backend() {
+        Backend::Redis(target) => {
+            let store =
+                RedisStore::new(&target).map_err(|failure| format!("{target}: {failure}"))?;
+            serve_with(Arc::new(store), &target, args).await
+        }
+        Backend::Memory => serve_with(Arc::new(MemoryStore::default()), &"memory", args).await,
+    }
+}
+
 /// Everything that can be wrong with the command line or the token file fails here, before the
 /// service listens; Redis being down does not.
-async fn run(args: Args) -> Result<(), String> {
-    let target = args.redis.target();
-    let store = RedisStore::new(&target).map_err(|failure| format!("{target}: {failure}"))?;
-    let store = Arc::new(store);
+async fn serve_with<S: Store>(
+    store: Arc<S>,
+    target: &dyn Display,
+    args: Args,
+) -> Result<(), String> {
     let tokens = args
         .token_file
         .as_deref()
@@ -68,10 +84,10 @@ async fn run(args: Args) -> Result<(), String> {
         let address = listener
             .local_addr()
             .map_err(|failure| failure.to_string())?;
-        info!(address = %address, redis = %target, token = tokens.is_some(), "listening");
+        info!(address = %address, store = %target, token = tokens.is_some(), "listening");
     }
     if let Some(rls) = &rls {
-        rls.announce(&target);
+        rls.announce(target);
     }
 
     let (delay, drain) = (args.shutdown_delay, args.shutdown_timeout);

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
+use sluice::algorithm::Kind;
 
 /// One validated check (see `check::parse`), in the units the store computes in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,15 +52,19 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Algorithm::TokenBucket { .. } => Kind::TokenBucket,
+            Algorithm::FixedWindow { .. } => Kind::FixedWindow,
+            Algorithm::SlidingWindow { .. } => Kind::SlidingWindow,
+            Algorithm::SlidingLog { .. } => Kind::SlidingLog,
+            Algorithm::LeakyBucket { .. } => Kind::LeakyBucket,
+        }
+    }
+
     /// The name on the wire.
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "token_bucket",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::SlidingLog { .. } => "sliding_log",
-            Algorithm::LeakyBucket { .. } => "leaky_bucket",
-        }
+        self.kind().name()
     }
 }
 

@@ -44,7 +44,7 @@ fn help_documents_every_option_and_its_environment_variable() {
 }
 
 #[test]
-fn the_listening_event_is_a_json_line_naming_the_address_and_redis() {
+fn the_listening_event_is_a_json_line_naming_the_address_and_the_store() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
     let listening = &service.listening;
@@ -54,7 +54,7 @@ fn the_listening_event_is_a_json_line_naming_the_address_and_redis() {
         service.addr.to_string(),
         "{listening}"
     );
-    assert_eq!(listening["redis"], redis.url(), "{listening}");
+    assert_eq!(listening["store"], redis.url(), "{listening}");
     assert_eq!(listening["token"], false, "{listening}");
     assert!(listening["timestamp"].is_string(), "{listening}");
     assert_eq!(get(service.addr, "/healthz").status, 200);

@@ -60,7 +60,7 @@ fn round_of(
 fn cluster_checks_are_exact_for_keys_in_different_slots() {
     let cluster = RedisCluster::start();
     let service = Service::start_cluster(&cluster.urls());
-    let redis = &service.listening["redis"];
+    let redis = &service.listening["store"];
     assert_eq!(*redis, format!("cluster {}", cluster.urls()));
     assert_eq!(get(service.addr, "/healthz").status, 200);
     let keys = keys(20);

@@ -8,7 +8,7 @@
 
 use super::global::Service;
 use super::work::{Member, Work};
-use super::Outcome;
+use super::{Outcome, Step};
 use crate::config::{Plan, Policy};
 use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
@@ -113,10 +113,11 @@ impl Gathered<'_> {
     }
 }
 
-/// The policy's key hashed for its slot and, where it is needed (the table's key is named by
-/// other Envoys or operators, or debug logs may show it), as it is known beyond this Envoy: see
-/// `Work`. `MISSING_KEY` for both when a part of it is missing. Under one secret the one hash
-/// serves both; otherwise the shared one costs a second hash only where it is needed.
+/// The policy's key hashed for its slot and, where other Envoys or operators name the table's
+/// keys (a global or bypassed policy), as it is known beyond this Envoy: see `Work`.
+/// `MISSING_KEY` for both when a part of it is missing. Under one secret the one hash serves
+/// both; otherwise the shared one costs a second hash only where it is needed (and `name_keys`
+/// adds it where a request turns out to need it).
 fn hashes_of<R: RequestSource + ?Sized>(
     plan: &Plan,
     keying: &Keying,
@@ -131,12 +132,47 @@ fn hashes_of<R: RequestSource + ?Sized>(
     };
     let key = if keying.is_one() {
         Some(hash)
-    } else if table.shares_key || log::log_enabled!(log::Level::Debug) {
+    } else if table.shares_key {
         hash_key(&table.key, request, &keying.shared)
     } else {
         None
     };
     (hash, key)
+}
+
+/// Names by their shared hash the keys a request ended up needing it for, which `hashes_of` left
+/// unnamed: those of policies that refused it (or would have, in shadow mode; every one when a
+/// contended slot refused it), which the access log and the logs show; and, for a request that
+/// waits for the service, every one, since the request will not be at hand when it resumes.
+pub(super) fn name_keys<R: RequestSource + ?Sized>(
+    plan: &Plan,
+    keying: &Keying,
+    step: Step,
+    request: &mut Attributes<R>,
+) -> Step {
+    if keying.is_one() {
+        return step;
+    }
+    let mut shared = |table: Option<usize>| {
+        let spec = plan.tables.get(table?)?;
+        hash_key(&spec.key, request, &keying.shared)
+    };
+    match step {
+        Step::Done(mut outcome) => {
+            let exhausted = outcome.exhausted;
+            let applied = outcome.applied.iter_mut().chain(outcome.denied_by.as_mut());
+            for a in applied.filter(|a| a.key.is_none() && (exhausted || !a.decision.allowed)) {
+                a.key = shared(plan.policies.get(a.policy).map(|p| p.table));
+            }
+            Step::Done(outcome)
+        }
+        Step::Callout(mut pending) => {
+            for work in pending.works.iter_mut().filter(|w| w.key.is_none()) {
+                work.key = shared(Some(work.table));
+            }
+            Step::Callout(pending)
+        }
+    }
 }
 
 /// Whether a bypass entry exempts the key from the policy at `now`; the entry is recorded,

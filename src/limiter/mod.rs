@@ -64,9 +64,10 @@ pub enum Basis {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     pub policy: usize,
-    /// The key's hash as logs, bypass entries and the service know it (see `Work::key`): under
-    /// the operator's secret, else the public key. `None` when nothing here needed it (a local
-    /// policy without bypass entries, with debug logs off, under no operator's secret).
+    /// The key's hash as logs, the access log, bypass entries and the service know it (see
+    /// `Work::key`): under the operator's secret, else the public key. `None` only for a policy
+    /// that let the request through without needing it (a local policy without bypass entries,
+    /// under no operator's secret): refusals are always named.
     pub key: Option<u64>,
     /// The limit that decided (a global policy's emergency budget when it decided).
     pub tier: Tier,
@@ -99,6 +100,62 @@ pub struct Outcome {
 impl Outcome {
     pub fn is_denied(&self) -> bool {
         self.denied_by.is_some() || self.exhausted
+    }
+
+    /// Each policy's part in the request: the policy, the key's hash (see `Applied::key`), what
+    /// it did. A policy that allowed a request another one denied has none.
+    pub fn by_policy<'a>(
+        &'a self,
+        plan: &'a Plan,
+    ) -> impl Iterator<Item = (usize, Option<u64>, PolicyOutcome)> + 'a {
+        let denied = self.is_denied();
+        let applied = self.applied.iter().filter_map(move |a| {
+            let shadow = plan.policies.get(a.policy).is_some_and(|p| p.shadow);
+            let what = match (a.decision.allowed, shadow) {
+                (false, true) => PolicyOutcome::ShadowDenied,
+                (false, false) => PolicyOutcome::Denied,
+                (true, _) if !denied => PolicyOutcome::Allowed,
+                (true, _) => return None,
+            };
+            Some((a.policy, a.key, what))
+        });
+        let bypassed = self.bypassed.iter().filter_map(|&i| plan.bypass.get(i));
+        applied.chain(bypassed.map(|b| (b.policy, Some(b.key), PolicyOutcome::Bypassed)))
+    }
+}
+
+/// What a policy did with a request, as the counters (`sluice_outcome`) and the access log
+/// (`outcome`) name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyOutcome {
+    Allowed,
+    Denied,
+    /// A shadow policy would have denied it.
+    ShadowDenied,
+    /// A bypass entry exempted its key from the policy.
+    Bypassed,
+}
+
+impl PolicyOutcome {
+    pub const ALL: [PolicyOutcome; 4] = [
+        PolicyOutcome::Allowed,
+        PolicyOutcome::Denied,
+        PolicyOutcome::ShadowDenied,
+        PolicyOutcome::Bypassed,
+    ];
+
+    /// Its position in `ALL`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyOutcome::Allowed => "allowed",
+            PolicyOutcome::Denied => "denied",
+            PolicyOutcome::ShadowDenied => "shadow_denied",
+            PolicyOutcome::Bypassed => "bypassed",
+        }
     }
 }
 
@@ -172,7 +229,8 @@ impl<S: Store> Limiter<'_, S> {
                 self.read(work, now);
             }
         }
-        self.advance(pending)
+        let step = self.advance(pending);
+        gather::name_keys(self.plan, self.keying, step, request)
     }
 
     /// Continues a request with the service's answers (`None`: the call failed).
@@ -351,6 +409,18 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_named_by_the_shared_hash_though_an_admission_under_no_secret_is_not() {
+        let plan = plan_of(json!([per_user("per-user", 1, json!({"per": "1h"}))]));
+        let store = store(&plan);
+        let admitted = decide(&plan, &store, ALICE, T0);
+        assert_eq!(admitted.applied[0].key, None, "one hash: the slot's");
+        let denied = decide(&plan, &store, ALICE, T0);
+        let public = crate::key::hash_values(&["alice".into()], &crate::key::HashSecret::PUBLIC);
+        assert_eq!(denied.applied[0].key, Some(public));
+        assert_eq!(denied.denied_by.and_then(|a| a.key), Some(public));
+    }
+
+    #[test]
     fn a_global_member_waits_for_the_service_then_is_written() {
         let plan = plan_of(json!([per_user(
             "global",
@@ -381,6 +451,13 @@ mod tests {
             Basis::Grant,
             "three granted tokens are left here"
         );
+    }
+
+    #[test]
+    fn policy_outcomes_sit_at_their_index_in_all() {
+        for (i, outcome) in PolicyOutcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.index(), i, "{outcome:?}");
+        }
     }
 
     #[test]

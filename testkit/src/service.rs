@@ -59,6 +59,11 @@ impl Service {
         Service::start_with(&["--redis", redis_url], &[])
     }
 
+    /// `sluice-service --memory`: limits in the service's own memory, no Redis.
+    pub fn start_memory() -> Service {
+        Service::start_with(&["--memory"], &[])
+    }
+
     pub fn start_cluster(urls: &str) -> Service {
         Service::start_with(&["--redis-cluster", urls], &[])
     }

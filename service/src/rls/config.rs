@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sluice::duration::parse_nanos;
 
-use crate::check::{interval_us, AlgorithmName, Shape, MAX_CAPACITY_US};
+use crate::check::{interval_us, Shape, MAX_CAPACITY_US};
 use crate::store::Algorithm;
+use sluice::algorithm::Kind;
 
 /// Every domain of every file, ready for matching.
 #[derive(Debug, Default)]
@@ -461,24 +462,24 @@ fn unlimited(raw: &RawRateLimit) -> Result<Rule, String> {
 
 fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
     let (unit, window_ms) = window(raw)?;
-    let name = raw.algorithm.unwrap_or(AlgorithmName::FixedWindow);
+    let name = raw.algorithm.unwrap_or(Kind::FixedWindow);
     let requests = raw.requests_per_unit.unwrap_or(0);
-    if raw.burst.is_some() && name != AlgorithmName::TokenBucket {
+    if raw.burst.is_some() && name != Kind::TokenBucket {
         return Err(format!(
             "rate_limit.burst: only for token_bucket, not {}",
-            name.as_str()
+            name.name()
         ));
     }
     let max_delay_ms = match (&raw.max_delay, name) {
-        (Some(text), AlgorithmName::LeakyBucket) => Some(whole_ms(text, "max_delay", true)?),
-        (None, AlgorithmName::LeakyBucket) => return Err(
+        (Some(text), Kind::LeakyBucket) => Some(whole_ms(text, "max_delay", true)?),
+        (None, Kind::LeakyBucket) => return Err(
             "rate_limit.max_delay: required for leaky_bucket: the longest a request may be held"
                 .into(),
         ),
         (Some(_), _) => {
             return Err(format!(
                 "rate_limit.max_delay: only for leaky_bucket, not {}",
-                name.as_str()
+                name.name()
             ))
         }
         (None, _) => None,
@@ -501,8 +502,8 @@ fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
     }
     let requests_u64 = u64::from(requests);
     let burst = match (name, max_delay_ms) {
-        (AlgorithmName::TokenBucket, _) => raw.burst.unwrap_or(requests_u64),
-        (AlgorithmName::LeakyBucket, Some(max_delay)) => {
+        (Kind::TokenBucket, _) => raw.burst.unwrap_or(requests_u64),
+        (Kind::LeakyBucket, Some(max_delay)) => {
             max_delay * 1000 / interval_us(requests_u64, window_ms) + 1
         }
         _ => requests_u64,
@@ -648,7 +649,7 @@ struct RawRateLimit {
     unlimited: bool,
     name: Option<String>,
     replaces: Option<Vec<RawReplaces>>,
-    algorithm: Option<AlgorithmName>,
+    algorithm: Option<Kind>,
     burst: Option<u64>,
     per: Option<String>,
     max_delay: Option<String>,

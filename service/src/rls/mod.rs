@@ -114,10 +114,10 @@ impl<S: Store> Rls<S> {
 
     /// Logs where it listens (the port chosen, for port 0) and what it loaded: the readiness
     /// event `rls listening`.
-    pub fn announce(&self, redis: &dyn std::fmt::Display) {
+    pub fn announce(&self, store: &dyn std::fmt::Display) {
         let (address, config) = (self.address, self.config_path.display());
         let domains = self.domains;
-        tracing::info!(address = %address, config = %config, domains, redis = %redis, "rls listening");
+        tracing::info!(address = %address, config = %config, domains, store = %store, "rls listening");
     }
 
     /// Serves gRPC, reloading the configuration meanwhile, until `stopping` completes; then stops
