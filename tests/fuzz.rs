@@ -38,6 +38,8 @@ fn number() -> impl Strategy<Value = u64> {
         999_999_999,
         1_000_000_000,
         1_000_000_001,
+        1_000_000_000_000_000,
+        1_000_000_000_000_001,
         1 << 31,
         1 << 32,
         1 << 53,
@@ -61,9 +63,18 @@ fn duration() -> impl Strategy<Value = String> {
     ]
 }
 
-/// Mostly counts a configuration may hold, up to its largest (1,000,000,000), sometimes any.
+/// Mostly counts a configuration may hold, up to its largest (10^15), sometimes any.
 fn count() -> impl Strategy<Value = u64> {
-    let valid = vec![1, 2, 3, 10, 100, 1_000, 999_999_999, 1_000_000_000];
+    let valid = vec![
+        1,
+        2,
+        3,
+        10,
+        100,
+        1_000,
+        1_000_000_000,
+        1_000_000_000_000_000,
+    ];
     prop_oneof![9 => select(valid), 1 => number()]
 }
 

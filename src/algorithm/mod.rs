@@ -30,8 +30,10 @@ use crate::duration::NANOS_PER_SEC;
 pub use leaky_bucket::Drain;
 pub use token_bucket::Rate;
 
-/// The most requests per `per`, tokens of `burst`, or `cost`: what sluice-service accepts too.
-pub const MAX_COUNT: u64 = 1_000_000_000;
+/// The most requests per `per`, tokens of `burst`, or `cost`: a million a second for 30 days is
+/// 2.6 × 10^12; sums of two stay far inside u64. (sluice-service takes up to 10^9 for a global
+/// policy.)
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
 /// The longest `per` or `max_delay`: 365 days, as sluice-service accepts.
 pub const MAX_PERIOD: u64 = 365 * 86_400 * NANOS_PER_SEC;
 /// The most nanoseconds a bucket holds (`burst` × interval), or one request queues a leaky bucket

@@ -158,9 +158,17 @@ fn rejects_numbers_beyond_what_the_arithmetic_holds() {
         config
     };
     let huge = json!({"requests": u64::MAX, "cost": 1u64 << 63, "per": "1s"});
-    assert_refused(fixed(huge), "policies[0].requests", "at most 1000000000");
-    let costly = json!({"requests": 10, "cost": 1_000_000_001u64});
-    assert_refused(fixed(costly), "policies[0].cost", "at most 1000000000");
+    assert_refused(
+        fixed(huge),
+        "policies[0].requests",
+        "at most 1000000000000000",
+    );
+    let costly = json!({"requests": 10, "cost": 1_000_000_000_000_001u64});
+    assert_refused(
+        fixed(costly),
+        "policies[0].cost",
+        "at most 1000000000000000",
+    );
     for (algorithm, per) in [("sliding_window", "106752d"), ("sliding_log", "200000d")] {
         let config = burstless(json!({"algorithm": algorithm, "requests": 10, "per": per}));
         assert_refused(config, "policies[0].per", "at most 365d");
@@ -170,8 +178,8 @@ fn rejects_numbers_beyond_what_the_arithmetic_holds() {
         "policies[0].per",
         "at most 365d",
     );
-    let burst = json!({"burst": 1_000_000_001u64});
-    assert_refused(with(burst), "policies[0].burst", "at most 1000000000");
+    let burst = json!({"burst": 1_000_000_000_000_001u64});
+    assert_refused(with(burst), "policies[0].burst", "at most 1000000000000000");
     let leaky = |max_delay: &str, cost: u64| {
         burstless(
             json!({"algorithm": "leaky_bucket", "requests": 1, "per": "365d",
