@@ -209,7 +209,8 @@ pub fn find(
 }
 
 /// The candidate a new key takes: the cheapest to forget, unless both hold keys being limited and
-/// one of those can move somewhere cheaper.
+/// one of those can move somewhere cheaper. Out of line: a key's first request only.
+#[inline(never)]
 fn take(
     store: &impl Store,
     prefix: &str,

@@ -9,7 +9,7 @@
 use super::global::Service;
 use super::work::{Member, Work};
 use super::{Outcome, Step};
-use crate::config::{Plan, Policy};
+use crate::config::{Plan, Policy, TableSpec};
 use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
 use crate::route::{self, RouteScope};
@@ -133,11 +133,22 @@ fn hashes_of<R: RequestSource + ?Sized>(
     let key = if keying.is_one() {
         Some(hash)
     } else if table.shares_key {
-        hash_key(&table.key, request, &keying.shared)
+        shared_hash(table, request, keying)
     } else {
         None
     };
     (hash, key)
+}
+
+/// The key's hash as it is known beyond this Envoy, where that is another hash than its slot's.
+/// Out of line: most requests need none.
+#[inline(never)]
+fn shared_hash<R: RequestSource + ?Sized>(
+    table: &TableSpec,
+    request: &mut Attributes<R>,
+    keying: &Keying,
+) -> Option<u64> {
+    hash_key(&table.key, request, &keying.shared)
 }
 
 /// Names by their shared hash the keys a request ended up needing it for, which `hashes_of` left
@@ -147,30 +158,25 @@ fn hashes_of<R: RequestSource + ?Sized>(
 pub(super) fn name_keys<R: RequestSource + ?Sized>(
     plan: &Plan,
     keying: &Keying,
-    step: Step,
+    step: &mut Step,
     request: &mut Attributes<R>,
-) -> Step {
+) {
     if keying.is_one() {
-        return step;
+        return;
     }
-    let mut shared = |table: Option<usize>| {
-        let spec = plan.tables.get(table?)?;
-        hash_key(&spec.key, request, &keying.shared)
-    };
+    let mut shared = |table: Option<usize>| shared_hash(plan.tables.get(table?)?, request, keying);
     match step {
-        Step::Done(mut outcome) => {
+        Step::Done(outcome) => {
             let exhausted = outcome.exhausted;
             let applied = outcome.applied.iter_mut().chain(outcome.denied_by.as_mut());
             for a in applied.filter(|a| a.key.is_none() && (exhausted || !a.decision.allowed)) {
                 a.key = shared(plan.policies.get(a.policy).map(|p| p.table));
             }
-            Step::Done(outcome)
         }
-        Step::Callout(mut pending) => {
+        Step::Callout(pending) => {
             for work in pending.works.iter_mut().filter(|w| w.key.is_none()) {
                 work.key = shared(Some(work.table));
             }
-            Step::Callout(pending)
         }
     }
 }

@@ -229,8 +229,9 @@ impl<S: Store> Limiter<'_, S> {
                 self.read(work, now);
             }
         }
-        let step = self.advance(pending);
-        gather::name_keys(self.plan, self.keying, step, request)
+        let mut step = self.advance(pending);
+        gather::name_keys(self.plan, self.keying, &mut step, request);
+        step
     }
 
     /// Continues a request with the service's answers (`None`: the call failed).
