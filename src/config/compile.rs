@@ -133,26 +133,7 @@ impl Compiler {
             .concat();
         let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
-        // A table whose key other Envoys or operators name: a global or bypassed policy's.
-        let shares_key = |table: usize| {
-            let named = |(i, p): (usize, &Policy)| {
-                matches!(p.scope, Scope::Global(_)) || bypass.iter().any(|b| b.policy == i)
-            };
-            policies
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.table == table)
-                .any(named)
-        };
-        let tables = (self.tables.into_iter().enumerate())
-            .map(|(i, t)| TableSpec {
-                layout_id: layout_id(&t.key, &t.members, &attrs),
-                width: t.members.iter().map(|(_, columns)| columns).sum(),
-                key: t.key,
-                capacity: t.capacity,
-                shares_key: shares_key(i),
-            })
-            .collect();
+        let tables = table_specs(self.tables, &attrs, &policies, &bypass);
         Ok(Plan {
             version: raw.version.unwrap_or_else(|| "unversioned".into()),
             headers: raw.headers,
@@ -435,6 +416,35 @@ impl Shape {
             }
         })
     }
+}
+
+/// The tables as requests read them. A table's keys are known beyond this Envoy
+/// (`TableSpec::shares_key`) when a global or bypassed policy is among its members.
+fn table_specs(
+    drafts: Vec<TableDraft>,
+    attrs: &[Attr],
+    policies: &[Policy],
+    bypass: &[Bypass],
+) -> Vec<TableSpec> {
+    let named = |(i, p): (usize, &Policy)| {
+        matches!(p.scope, Scope::Global(_)) || bypass.iter().any(|b| b.policy == i)
+    };
+    let shares_key = |table: usize| {
+        let mut members = policies
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.table == table);
+        members.any(named)
+    };
+    (drafts.into_iter().enumerate())
+        .map(|(i, t)| TableSpec {
+            layout_id: layout_id(&t.key, &t.members, attrs),
+            width: t.members.iter().map(|(_, columns)| columns).sum(),
+            key: t.key,
+            capacity: t.capacity,
+            shares_key: shares_key(i),
+        })
+        .collect()
 }
 
 fn not_for(field: &str, kind: Kind) -> ConfigError {
