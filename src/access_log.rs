@@ -30,7 +30,7 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
             let shadow = shadow.map(|a| (a.policy, a.key, PolicyOutcome::ShadowDenied));
             let bypass = || {
                 let b = outcome.bypassed.first().and_then(|&i| plan.bypass.get(i))?;
-                Some((b.policy, b.key, PolicyOutcome::Bypassed))
+                Some((b.policy, Some(b.key), PolicyOutcome::Bypassed))
             };
             shadow.or_else(bypass)?
         }
@@ -42,12 +42,15 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
         ("outcome=", what.as_str()),
         (" policy=", &policy.name),
         (" mode=", mode),
-        (" key=", ""),
     ] {
         text.push_str(name);
         text.push_str(value);
     }
-    push_hex16(&mut text, key);
+    // Always known for a record (the limiter names the keys of refusals), but never made up.
+    if let Some(key) = key {
+        text.push_str(" key=");
+        push_hex16(&mut text, key);
+    }
     Some(text)
 }
 
@@ -70,7 +73,7 @@ mod tests {
     fn applied(plan: &Plan, policy: usize, allowed: bool) -> Applied {
         Applied {
             policy,
-            key: 0x3f5b_0c8e_21d4_7a96,
+            key: Some(0x3f5b_0c8e_21d4_7a96),
             tier: plan.policies[policy].tier,
             decision: Decision {
                 allowed,

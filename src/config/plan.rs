@@ -3,7 +3,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::headers::HeaderStyle;
-use crate::key::KeyPart;
+use crate::key::{HashSecret, KeyPart};
 use crate::matcher::Matcher;
 use crate::reply::Denial;
 use crate::request::{Attr, Attributes, RequestSource};
@@ -20,6 +20,8 @@ pub struct Plan {
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
+    /// The operator's secret for key hashes (`hash_secret_env`), if any.
+    pub hash_secret: Option<HashSecret>,
     /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
     pub route_metadata: Option<usize>,
 }
@@ -189,6 +191,9 @@ pub struct TableSpec {
     pub width: usize,
     /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
     pub layout_id: u64,
+    /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
+    /// needed, not only their slot hashes.
+    pub shares_key: bool,
 }
 
 /// One policy's exemption of one key, from a `bypass` entry.
