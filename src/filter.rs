@@ -386,7 +386,8 @@ mod tests {
     use crate::duration::NANOS_PER_SEC as SEC;
     use crate::exact::ExactStore;
     use crate::protocol::{CheckRequest, CheckResponse};
-    use crate::testing::{FakeHost, FakeRequest, MemoryStore};
+    use crate::store::MemoryStore;
+    use crate::testing::{FakeHost, FakeRequest};
     use serde_json::{json, Value};
     use std::cell::RefCell;
     use std::sync::Arc;

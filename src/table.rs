@@ -207,7 +207,7 @@ pub fn value_size(width: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemoryStore;
+    use crate::store::MemoryStore;
 
     /// Idle when the latest of its words (token-bucket TATs here) has passed.
     fn max(state: &[u64]) -> u64 {

@@ -217,7 +217,7 @@ fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Appl
 mod testing {
     use super::*;
     use crate::testing::FakeRequest;
-    use crate::testing::MemoryStore;
+    use crate::store::MemoryStore;
     use serde_json::{json, Value};
 
     pub const SEC: u64 = crate::duration::NANOS_PER_SEC;

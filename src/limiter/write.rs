@@ -97,7 +97,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::config::Plan;
-    use crate::testing::MemoryStore;
+    use crate::store::MemoryStore;
     use serde_json::json;
     use std::cell::Cell;
 
