@@ -85,36 +85,18 @@ impl Counters {
 
     /// Counts a finished request: each policy's verdict, and the store's contention.
     pub fn count(&self, plan: &Plan, outcome: &Outcome) {
-        let denied = outcome.is_denied();
-        for applied in &outcome.applied {
-            let (Some(counters), Some(policy)) = (
-                self.policies.get(applied.policy),
-                plan.policies.get(applied.policy),
-            ) else {
-                continue;
+        each_count(plan, outcome, |policy, count| {
+            let Some(counters) = self.policies.get(policy) else {
+                return;
             };
-            if matches!(applied.basis, Basis::Emergency | Basis::Unavailable) {
-                counters.degraded.add(1);
+            match count {
+                Count::Allowed => counters.allowed.add(1),
+                Count::Denied => counters.denied.add(1),
+                Count::ShadowDenied => counters.shadow_denied.add(1),
+                Count::Degraded => counters.degraded.add(1),
+                Count::Bypassed => counters.bypassed.add(1),
             }
-            match (applied.decision.allowed, policy.shadow) {
-                (false, true) => {
-                    log::debug!(
-                        "shadow policy {} would deny, version {}",
-                        policy.name,
-                        plan.version
-                    );
-                    counters.shadow_denied.add(1);
-                }
-                (false, false) => counters.denied.add(1),
-                (true, _) if !denied => counters.allowed.add(1),
-                (true, _) => {}
-            }
-        }
-        for bypass in outcome.bypassed.iter().filter_map(|&i| plan.bypass.get(i)) {
-            if let Some(counters) = self.policies.get(bypass.policy) {
-                counters.bypassed.add(1);
-            }
-        }
+        });
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
         self.overflowed.add(u64::from(outcome.overflowed));
@@ -143,6 +125,51 @@ impl Counters {
                 &self.callout_failures,
             ])
             .for_each(|c| c.flush(metrics));
+    }
+}
+
+/// What a finished request counts for one policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    /// The policy applied and the request went through.
+    Allowed,
+    Denied,
+    /// A shadow policy would have denied.
+    ShadowDenied,
+    /// Decided without the service because it could not answer (besides the verdict's count).
+    Degraded,
+    /// A bypass entry exempted the request from the policy.
+    Bypassed,
+}
+
+/// Calls `count` with every (policy, count) a finished request makes: the one definition of what
+/// the filter's counters, and `sluice-replay`'s report, count. A policy that allowed a request
+/// another one denied counts nothing for it.
+pub fn each_count(plan: &Plan, outcome: &Outcome, mut count: impl FnMut(usize, Count)) {
+    let denied = outcome.is_denied();
+    for applied in &outcome.applied {
+        let Some(policy) = plan.policies.get(applied.policy) else {
+            continue;
+        };
+        if matches!(applied.basis, Basis::Emergency | Basis::Unavailable) {
+            count(applied.policy, Count::Degraded);
+        }
+        match (applied.decision.allowed, policy.shadow) {
+            (false, true) => {
+                log::debug!(
+                    "shadow policy {} would deny, version {}",
+                    policy.name,
+                    plan.version
+                );
+                count(applied.policy, Count::ShadowDenied);
+            }
+            (false, false) => count(applied.policy, Count::Denied),
+            (true, _) if !denied => count(applied.policy, Count::Allowed),
+            (true, _) => {}
+        }
+    }
+    for bypass in outcome.bypassed.iter().filter_map(|&i| plan.bypass.get(i)) {
+        count(bypass.policy, Count::Bypassed);
     }
 }
 
