@@ -14,6 +14,7 @@ use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
 use crate::table;
 use crate::text::push_decimal;
+use crate::time::WorkerClock;
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
@@ -61,8 +62,7 @@ pub struct Filter {
     breaker: Breaker,
     /// This worker's leases on local buckets.
     ledger: RefCell<Ledger>,
-    /// The latest time seen: the wall clock may step back, this worker's time does not.
-    latest: Cell<u64>,
+    clock: WorkerClock,
     /// When a degraded decision was last logged: at most one line a second.
     last_degraded_log: Cell<u64>,
     /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
@@ -96,7 +96,7 @@ impl Filter {
             counters,
             breaker: Breaker::default(),
             ledger: RefCell::default(),
-            latest: Cell::new(0),
+            clock: WorkerClock::default(),
             last_degraded_log: Cell::new(0),
         })
     }
@@ -161,9 +161,7 @@ impl Filter {
     }
 
     fn now(&self, host: &impl Host) -> u64 {
-        let now = self.latest.get().max(host.now());
-        self.latest.set(now);
-        now
+        self.clock.now(host.now())
     }
 
     /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
