@@ -39,7 +39,9 @@ impl MemoryStore {
 
     /// A panic elsewhere while holding the lock leaves whole entries behind: keep using them.
     fn lock(&self) -> MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.entries
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -100,6 +100,38 @@ pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{text:?} is after 2554-07-21T23:34:33Z, the latest supported"))
 }
 
+/// An instant (Unix nanoseconds) in RFC 3339, UTC: `2026-12-01T00:00:00Z`, with microseconds
+/// when it has a fraction of a second (`2026-12-01T00:00:00.250000Z`), as access logs write it.
+pub fn format_rfc3339(nanos: u64) -> String {
+    let (secs, fraction) = (nanos / NANOS_PER_SEC, nanos % NANOS_PER_SEC);
+    let (days, of_day) = ((secs / 86_400) as i64, secs % 86_400);
+    let (year, month, day) = civil_from_days(days);
+    let time = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}",
+        of_day / 3600,
+        of_day / 60 % 60,
+        of_day % 60
+    );
+    match fraction / 1_000 {
+        0 => format!("{time}Z"),
+        micros => format!("{time}.{micros:06}Z"),
+    }
+}
+
+/// The date of a day count since 1970-01-01: the inverse of `days_from_civil`.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let mp = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
+}
+
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
 fn days_from_civil(year: u64, month: u64, day: u64) -> i64 {
     let y = year as i64 - i64::from(month <= 2);
@@ -178,7 +210,22 @@ mod tests {
         );
     }
 
+    #[test]
+    fn formats_as_access_logs_write_it() {
+        assert_eq!(format_rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            format_rfc3339(1_709_213_400 * NANOS_PER_SEC + 250_000_999),
+            "2024-02-29T13:30:00.250000Z"
+        );
+    }
+
     proptest! {
+        #[test]
+        fn formatting_then_parsing_gives_the_microsecond(nanos in 0..u64::MAX) {
+            let micros = nanos - nanos % 1_000;
+            prop_assert_eq!(parse_rfc3339(&format_rfc3339(nanos)), Ok(micros));
+        }
+
         #[test]
         fn never_panics(text in ".{0,40}") {
             let _ = parse_rfc3339(&text);

@@ -216,8 +216,8 @@ fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Appl
 #[cfg(test)]
 mod testing {
     use super::*;
-    use crate::testing::FakeRequest;
     use crate::store::MemoryStore;
+    use crate::testing::FakeRequest;
     use serde_json::{json, Value};
 
     pub const SEC: u64 = crate::duration::NANOS_PER_SEC;

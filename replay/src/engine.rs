@@ -1,0 +1,138 @@
+//! One Envoy worker's decisions, replayed: the filter's `Limiter` over shared data held in
+//! memory (`MemoryStore`, Envoy's semantics, its slots created up front as `Filter::configure`
+//! does), this worker's ledger, and the worker's clock, which never goes back. Global policies
+//! are decided as if by one exact global store (`ExactStore`, the service's algorithms), asked
+//! whenever the limiter calls out.
+//!
+//! Memory: the table slots (`max_keys` per table), the ledger (16 loans), and the global store's
+//! keys that are not idle, which it forgets every `FORGET_EVERY` of log time.
+
+use crate::log::Record;
+use sluice::config::{ConfigError, Plan};
+use sluice::duration::NANOS_PER_SEC;
+use sluice::exact::ExactStore;
+use sluice::ledger::Ledger;
+use sluice::limiter::{Limiter, Outcome, Step};
+use sluice::protocol::Answer;
+use sluice::request::Attributes;
+use sluice::store::MemoryStore;
+use sluice::table;
+use sluice::time::WorkerClock;
+
+/// Namespaces the slots, as the plugin name does in Envoy.
+const PREFIX: &str = "sluice/replay/";
+/// How often (in log time) the global store drops keys that are as good as new.
+const FORGET_EVERY: u64 = 10 * NANOS_PER_SEC;
+
+/// A replay of one configuration.
+pub struct Engine {
+    pub plan: Plan,
+    store: MemoryStore,
+    global: ExactStore,
+    ledger: Ledger,
+    clock: WorkerClock,
+    next_forget: u64,
+}
+
+/// A request's outcome, and the worker's time it was decided at.
+#[derive(Debug)]
+pub struct Decided {
+    pub outcome: Outcome,
+    pub now: u64,
+}
+
+impl Engine {
+    /// Compiles the configuration and creates its tables' slots.
+    pub fn new(json: &[u8]) -> Result<Engine, ConfigError> {
+        let plan = sluice::config::parse(json)?;
+        let store = MemoryStore::default();
+        for spec in &plan.tables {
+            table::create_slots(&store, PREFIX, spec).map_err(|e| ConfigError {
+                field: "max_keys".into(),
+                reason: format!("could not create the slots: {e:?}"),
+            })?;
+        }
+        Ok(Engine {
+            plan,
+            store,
+            global: ExactStore::default(),
+            ledger: Ledger::default(),
+            clock: WorkerClock::default(),
+            next_forget: 0,
+        })
+    }
+
+    /// Decides the request of `record` at its start time (or the worker's, if later).
+    pub fn decide(&mut self, record: &Record) -> Decided {
+        let now = self.clock.now(record.time);
+        if now >= self.next_forget {
+            self.global.forget_idle(now);
+            self.next_forget = now.saturating_add(FORGET_EVERY);
+        }
+        let mut request = Attributes::new(record, &self.plan.attrs);
+        let mut limiter = Limiter {
+            plan: &self.plan,
+            prefix: PREFIX,
+            store: &self.store,
+            ledger: &mut self.ledger,
+        };
+        let mut step = limiter.evaluate(&mut request, now, true);
+        loop {
+            match step {
+                Step::Done(outcome) => return Decided { outcome, now },
+                Step::Callout(pending) => {
+                    let global = &mut self.global;
+                    let answers = pending
+                        .checks()
+                        .iter()
+                        .map(|check| global.check(check, now).map(Answer::from))
+                        .collect();
+                    step = limiter.resume(pending, answers);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SEC: u64 = NANOS_PER_SEC;
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    fn alice_at(time: u64) -> Record {
+        let mut record = Record::default();
+        let line = json!({"start_time": "2027-01-15T08:00:00Z", "headers": {"x-user-id": "alice"}});
+        record.parse(1, line.to_string().as_bytes()).unwrap();
+        record.time = time;
+        record
+    }
+
+    fn denied(engine: &mut Engine, times: &[u64]) -> Vec<bool> {
+        let decide = |t: &u64| engine.decide(&alice_at(*t)).outcome.is_denied();
+        times.iter().map(decide).collect()
+    }
+
+    #[test]
+    fn a_global_policy_is_decided_by_the_exact_store_and_its_leases_spent_here() {
+        let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [
+            {"name": "g", "key": ["header:x-user-id"], "requests": 1, "per": "1h", "burst": 3,
+             "scope": "global", "lease": 2}]});
+        let mut engine = Engine::new(config.to_string().as_bytes()).unwrap();
+        assert_eq!(denied(&mut engine, &[T0; 4]), [false, false, false, true]);
+    }
+
+    #[test]
+    fn the_clock_never_goes_back() {
+        let config = json!({"policies": [{"name": "p", "key": ["header:x-user-id"],
+            "requests": 1, "per": "1s", "burst": 1}]});
+        let mut engine = Engine::new(config.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            denied(&mut engine, &[T0, T0 + 2 * SEC, T0 + SEC]),
+            [false, false, true]
+        );
+        assert_eq!(engine.decide(&alice_at(T0)).now, T0 + 2 * SEC);
+    }
+}
