@@ -24,12 +24,14 @@ impl WorkerClock {
 pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
     let bad = || format!("{text:?} is not an RFC 3339 date-time such as 2026-12-01T00:00:00Z");
     let bytes = text.as_bytes();
+    // Digit by digit, never more than four: no overflow, and fast enough for a replay's
+    // million access-log lines a second.
     let number = |range: std::ops::Range<usize>| -> Result<u64, String> {
-        let digits = text.get(range).ok_or_else(bad)?;
-        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-            return Err(bad());
-        }
-        digits.parse().map_err(|_| bad())
+        let digits = bytes.get(range).filter(|d| !d.is_empty()).ok_or_else(bad)?;
+        digits.iter().try_fold(0, |n, &b| match b {
+            b'0'..=b'9' => Ok(n * 10 + u64::from(b - b'0')),
+            _ => Err(bad()),
+        })
     };
     let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
     if bytes.len() < 20

@@ -105,7 +105,10 @@ mod tests {
     fn alice_at(time: u64) -> Record {
         let mut record = Record::default();
         let line = json!({"start_time": "2027-01-15T08:00:00Z", "headers": {"x-user-id": "alice"}});
-        record.parse(1, line.to_string().as_bytes()).unwrap();
+        record
+            .buffer()
+            .extend_from_slice(line.to_string().as_bytes());
+        record.parse(1).unwrap();
         record.time = time;
         record
     }

@@ -19,6 +19,7 @@ pub mod log_format;
 pub mod order;
 pub mod report;
 pub mod run;
+pub mod scan;
 pub mod svg;
 pub mod text;
 pub mod timeline;

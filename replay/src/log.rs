@@ -7,16 +7,13 @@
 //! (dynamic metadata namespaces to objects), `response_code`. Unknown fields are ignored; `null`
 //! is an absent value, as Envoy writes one.
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use crate::scan::{unescape, Key, ScanError, Scanner, Text};
 use serde_json::Value;
 use sluice::request::RequestSource;
 use smallvec::SmallVec;
-use std::borrow::Cow;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
-use std::marker::PhantomData;
+use std::mem::take;
 use std::ops::Range;
 
 /// A gzip stream starts with these two bytes.
@@ -55,8 +52,8 @@ impl fmt::Display for LineError {
     }
 }
 
-/// One request of the log. Its text lives in one buffer, reused from record to record: a replay
-/// allocates nothing per line once it runs.
+/// One request of the log. Its line is read into its own buffer and its values are found there,
+/// not copied: a replay allocates nothing per line once it runs, and records are reused.
 #[derive(Debug, Default, Clone)]
 pub struct Record {
     /// The line's number in the log, from 1.
@@ -64,90 +61,181 @@ pub struct Record {
     /// `start_time`, Unix nanoseconds.
     pub time: u64,
     pub response_code: Option<u32>,
+    /// The line as read, then the values that had escapes, unescaped (and header names that
+    /// had upper case, lower-cased).
     text: Vec<u8>,
-    method: Option<Range<usize>>,
-    path: Option<Range<usize>>,
-    authority: Option<Range<usize>>,
-    remote_address: Option<Range<usize>>,
-    route_name: Option<Range<usize>>,
+    fields: Fields,
+}
+
+/// The line's text fields, as indices of `Fields::texts`.
+const START_TIME: usize = 0;
+const METHOD: usize = 1;
+const PATH: usize = 2;
+const AUTHORITY: usize = 3;
+const REMOTE_ADDRESS: usize = 4;
+const ROUTE_NAME: usize = 5;
+const TEXTS: usize = 6;
+
+/// The index of the text field named `name`.
+fn text_field(name: &[u8]) -> Option<usize> {
+    Some(match name {
+        b"start_time" => START_TIME,
+        b"method" => METHOD,
+        b"path" => PATH,
+        b"authority" => AUTHORITY,
+        b"remote_address" => REMOTE_ADDRESS,
+        b"route_name" => ROUTE_NAME,
+        _ => return None,
+    })
+}
+
+/// Where a line's values are in the record's text.
+#[derive(Debug, Default, Clone)]
+struct Fields {
+    /// The text fields, by `Text` index.
+    texts: [Option<Range<usize>>; TEXTS],
     /// Header names, lower-cased, and values.
     headers: SmallVec<[(Range<usize>, Range<usize>); 6]>,
     /// The `metadata` object's JSON, read when a policy asks for a value in it.
     metadata: Option<Range<usize>>,
-}
-
-/// A line as JSON: borrowed wherever no escape forces a copy.
-#[derive(Deserialize)]
-struct Line<'a> {
-    #[serde(borrow)]
-    start_time: Option<Text<'a>>,
-    #[serde(borrow)]
-    method: Option<Text<'a>>,
-    #[serde(borrow)]
-    path: Option<Text<'a>>,
-    #[serde(borrow)]
-    authority: Option<Text<'a>>,
-    #[serde(borrow)]
-    remote_address: Option<Text<'a>>,
-    #[serde(borrow)]
-    route_name: Option<Text<'a>>,
-    #[serde(borrow)]
-    headers: Option<Headers<'a>>,
-    #[serde(borrow)]
-    metadata: Option<&'a RawValue>,
-    #[serde(default, deserialize_with = "status")]
     response_code: Option<u32>,
+    /// Values that could not be borrowed from the line, to go after it...
+    copied: Vec<u8>,
+    /// ...which is this long.
+    line_len: usize,
 }
 
 impl Record {
-    /// Parses `line` (number `number`) into this record, replacing what it held.
-    pub fn parse(&mut self, number: u64, line: &[u8]) -> Result<(), LineError> {
-        let parsed: Line =
-            serde_json::from_slice(line).map_err(|e| LineError::NotJson(e.to_string()))?;
-        let start = parsed.start_time.as_deref().ok_or(LineError::NoStartTime)?;
-        self.time = sluice::time::parse_rfc3339(start).map_err(LineError::BadStartTime)?;
-        self.line = number;
-        self.response_code = parsed.response_code;
+    /// The buffer to read the next line into, emptied.
+    pub fn buffer(&mut self) -> &mut Vec<u8> {
         self.text.clear();
-        self.headers.clear();
-        self.method = self.keep(parsed.method.as_deref());
-        self.path = self.keep(parsed.path.as_deref());
-        self.authority = self.keep(parsed.authority.as_deref());
-        self.remote_address = self.keep(parsed.remote_address.as_deref());
-        self.route_name = self.keep(parsed.route_name.as_deref());
-        for (name, value) in parsed.headers.iter().flat_map(|h| &h.0) {
-            let start = self.text.len();
-            self.text
-                .extend(name.bytes().map(|b| b.to_ascii_lowercase()));
-            let name = start..self.text.len();
-            if let Some(value) = self.keep(Some(&**value)) {
-                self.headers.push((name, value));
-            }
-        }
-        self.metadata = self.keep(parsed.metadata.map(RawValue::get));
-        Ok(())
+        &mut self.text
     }
 
-    /// Copies a value into the record's text; where it is.
-    fn keep(&mut self, value: Option<&str>) -> Option<Range<usize>> {
-        let start = self.text.len();
-        self.text.extend_from_slice(value?.as_bytes());
-        Some(start..self.text.len())
+    /// Whether the line in the buffer is blank.
+    pub fn is_blank(&self) -> bool {
+        self.text.trim_ascii().is_empty()
+    }
+
+    /// Parses the line in the buffer, number `number`.
+    pub fn parse(&mut self, number: u64) -> Result<(), LineError> {
+        self.line = number;
+        self.fields.clear();
+        let scanned = self.fields.fill(&self.text);
+        self.text.extend_from_slice(&self.fields.copied);
+        scanned.map_err(|e| LineError::NotJson(e.to_string()))?;
+        let start = self.text(START_TIME).ok_or(LineError::NoStartTime)?;
+        let start = std::str::from_utf8(start).map_err(|e| LineError::BadStartTime(e.to_string()));
+        self.time = sluice::time::parse_rfc3339(start?).map_err(LineError::BadStartTime)?;
+        self.response_code = self.fields.response_code;
+        Ok(())
     }
 
     fn bytes(&self, range: &Option<Range<usize>>) -> Option<&[u8]> {
         range.as_ref().and_then(|r| self.text.get(r.clone()))
     }
 
+    /// A text field's value.
+    fn text(&self, field: usize) -> Option<&[u8]> {
+        self.bytes(self.fields.texts.get(field)?)
+    }
+
     /// A value in the dynamic metadata: `namespace` then a path of keys into its object.
     fn metadata_value(&self, namespace: &str, path: &[&str]) -> Option<Vec<u8>> {
-        let text = std::str::from_utf8(self.bytes(&self.metadata)?).ok()?;
+        let text = std::str::from_utf8(self.bytes(&self.fields.metadata)?).ok()?;
         let namespaces: Value = serde_json::from_str(text).ok()?;
         let mut value = namespaces.get(namespace)?;
         for key in path {
             value = value.get(key)?;
         }
         property_bytes(value)
+    }
+}
+
+impl Fields {
+    fn clear(&mut self) {
+        let (mut headers, mut copied) = (take(&mut self.headers), take(&mut self.copied));
+        headers.clear();
+        copied.clear();
+        *self = Fields {
+            headers,
+            copied,
+            ..Fields::default()
+        };
+    }
+
+    /// Finds the values of the JSON object `line`.
+    fn fill(&mut self, line: &[u8]) -> Result<(), ScanError> {
+        self.line_len = line.len();
+        let mut scanner = Scanner::new(line);
+        let mut key_scratch = Vec::new();
+        scanner.object(&mut key_scratch, |s, key| match key.text {
+            b"headers" => self.headers(line, s),
+            b"metadata" => {
+                self.metadata = Some(s.raw_value()?);
+                Ok(())
+            }
+            b"response_code" => {
+                let code = s.code()?.and_then(|c| u32::try_from(c).ok());
+                self.response_code = code.filter(|&c| c > 0);
+                Ok(())
+            }
+            name => {
+                let Some(field) = text_field(name) else {
+                    return s.skip();
+                };
+                let text = s.string_or_null()?;
+                let range = text.map(|t| self.place(line, t)).transpose()?;
+                if let Some(slot) = self.texts.get_mut(field) {
+                    *slot = range;
+                }
+                Ok(())
+            }
+        })?;
+        scanner.end()
+    }
+
+    /// The `headers` object: names lower-cased, `null` values left out.
+    fn headers(&mut self, line: &[u8], s: &mut Scanner) -> Result<(), ScanError> {
+        if s.null()? {
+            return Ok(());
+        }
+        let mut name_scratch = Vec::new();
+        s.object(&mut name_scratch, |s, name| {
+            if let Some(value) = s.string_or_null()? {
+                let name = self.place_name(name);
+                let value = self.place(line, value)?;
+                self.headers.push((name, value));
+            }
+            Ok(())
+        })
+    }
+
+    /// Where a string's text is: in the line when it has no escapes, else unescaped after it.
+    fn place(&mut self, line: &[u8], text: Text) -> Result<Range<usize>, ScanError> {
+        if !text.escaped {
+            return Ok(text.raw);
+        }
+        let start = self.line_len + self.copied.len();
+        let raw = line.get(text.raw.clone()).unwrap_or_default();
+        unescape(raw, &mut self.copied).map_err(|at| ScanError {
+            at: text.raw.start + at,
+            expected: "a valid escape",
+        })?;
+        Ok(start..self.line_len + self.copied.len())
+    }
+
+    /// Where a header name is, lower-cased: in the line when it already is, else after it.
+    fn place_name(&mut self, name: Key) -> Range<usize> {
+        match name.in_line {
+            Some(range) if !name.text.iter().any(u8::is_ascii_uppercase) => range,
+            _ => {
+                let start = self.line_len + self.copied.len();
+                self.copied
+                    .extend(name.text.iter().map(u8::to_ascii_lowercase));
+                start..self.line_len + self.copied.len()
+            }
+        }
     }
 }
 
@@ -167,10 +255,10 @@ fn property_bytes(value: &Value) -> Option<Vec<u8>> {
 impl RequestSource for Record {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
         let value = match name {
-            ":method" => self.bytes(&self.method),
-            ":path" => self.bytes(&self.path),
-            ":authority" => self.bytes(&self.authority),
-            _ => self.headers.iter().find_map(|(n, v)| {
+            ":method" => self.text(METHOD),
+            ":path" => self.text(PATH),
+            ":authority" => self.text(AUTHORITY),
+            _ => self.fields.headers.iter().find_map(|(n, v)| {
                 let found = self.text.get(n.clone()) == Some(name.as_bytes());
                 found.then(|| self.text.get(v.clone())).flatten()
             }),
@@ -180,87 +268,14 @@ impl RequestSource for Record {
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
         match path {
-            ["source", "address"] => self.bytes(&self.remote_address).map(<[u8]>::to_vec),
-            ["xds", "route_name"] => self.bytes(&self.route_name).map(<[u8]>::to_vec),
+            ["source", "address"] => self.text(REMOTE_ADDRESS).map(<[u8]>::to_vec),
+            ["xds", "route_name"] => self.text(ROUTE_NAME).map(<[u8]>::to_vec),
             ["metadata", "filter_metadata", namespace, keys @ ..] => {
                 self.metadata_value(namespace, keys)
             }
             _ => None,
         }
     }
-}
-
-/// A JSON string, borrowed from the line unless it has escapes. (serde's own `Cow<str>` always
-/// copies outside a derived struct's direct fields.)
-struct Text<'a>(Cow<'a, str>);
-
-impl std::ops::Deref for Text<'_> {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct TextVisitor<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for TextVisitor<'a> {
-            type Value = Text<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, text: &'de str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Borrowed(text)))
-            }
-            fn visit_str<E>(self, text: &str) -> Result<Text<'a>, E> {
-                Ok(Text(Cow::Owned(text.to_string())))
-            }
-        }
-        deserializer.deserialize_str(TextVisitor(PhantomData))
-    }
-}
-
-/// The `headers` object: names to values, `null` values left out.
-struct Headers<'a>(SmallVec<[(Text<'a>, Text<'a>); 6]>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Headers<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct HeadersVisitor<'a>(PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for HeadersVisitor<'a> {
-            type Value = Headers<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object of header names to values")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Headers<'a>, M::Error> {
-                let mut headers = SmallVec::new();
-                while let Some((name, value)) = map.next_entry::<Text, Option<Text>>()? {
-                    if let Some(value) = value {
-                        headers.push((name, value));
-                    }
-                }
-                Ok(Headers(headers))
-            }
-        }
-        deserializer.deserialize_map(HeadersVisitor(PhantomData))
-    }
-}
-
-/// `response_code`: a number as Envoy's typed JSON writes it, or a string of one; anything else
-/// (`null`, `0` for no response) is no code.
-fn status<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u32>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Code<'a> {
-        Number(u32),
-        Text(&'a str),
-        Other(IgnoredAny),
-    }
-    Ok(match Code::deserialize(deserializer)? {
-        Code::Number(n) => Some(n),
-        Code::Text(t) => t.parse().ok(),
-        Code::Other(_) => None,
-    }
-    .filter(|&code| code > 0))
 }
 
 #[cfg(test)]
@@ -270,7 +285,8 @@ mod tests {
 
     fn record(line: &str) -> Result<Record, LineError> {
         let mut record = Record::default();
-        record.parse(7, line.as_bytes()).map(|()| record)
+        record.buffer().extend_from_slice(line.as_bytes());
+        record.parse(7).map(|()| record)
     }
 
     fn text(value: Option<Vec<u8>>) -> Option<String> {
@@ -348,8 +364,9 @@ mod tests {
     #[test]
     fn a_reused_record_forgets_the_previous_line() {
         let mut r = record(LINE).unwrap();
-        r.parse(8, br#"{"start_time":"2026-11-30T17:44:58Z"}"#)
-            .unwrap();
+        r.buffer()
+            .extend_from_slice(br#"{"start_time":"2026-11-30T17:44:58Z"}"#);
+        r.parse(8).unwrap();
         assert_eq!(
             (r.line, r.header("x-user-id"), r.response_code),
             (8, None, None)

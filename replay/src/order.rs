@@ -17,15 +17,17 @@ pub const MAX_HELD: usize = 100_000;
 #[derive(Debug)]
 pub struct Reorder {
     window: u64,
-    held: VecDeque<Record>,
+    /// Boxed: a record moves in and out several times, its box costs one pointer each time.
+    held: VecDeque<Box<Record>>,
     /// The latest start time seen.
     newest: u64,
     /// The start time of the last record released.
     released: u64,
     /// Records released before their turn: their start time was before one released already.
     pub late: u64,
-    /// Spent records, for their buffers to be reused.
-    pool: Vec<Record>,
+    /// Spent records, for their buffers to be reused (boxed as they travel).
+    #[allow(clippy::vec_box)]
+    pool: Vec<Box<Record>>,
 }
 
 impl Reorder {
@@ -41,17 +43,17 @@ impl Reorder {
     }
 
     /// A record to parse the next line into.
-    pub fn blank(&mut self) -> Record {
+    pub fn blank(&mut self) -> Box<Record> {
         self.pool.pop().unwrap_or_default()
     }
 
     /// Gives back a record that is done with, or was never filled.
-    pub fn recycle(&mut self, record: Record) {
+    pub fn recycle(&mut self, record: Box<Record>) {
         self.pool.push(record);
     }
 
     /// Holds a record until its turn.
-    pub fn push(&mut self, record: Record) {
+    pub fn push(&mut self, record: Box<Record>) {
         self.newest = self.newest.max(record.time);
         // In a log in order this is the end, found in one comparison.
         let at = match self.held.back() {
@@ -64,7 +66,7 @@ impl Reorder {
     }
 
     /// The next record whose window has passed (or that no longer fits).
-    pub fn ready(&mut self) -> Option<Record> {
+    pub fn ready(&mut self) -> Option<Box<Record>> {
         let front = self.held.front()?;
         let due = front.time.saturating_add(self.window) <= self.newest;
         if due || self.held.len() > MAX_HELD {
@@ -75,7 +77,7 @@ impl Reorder {
     }
 
     /// The next record, its window passed or not: at the end of the log.
-    pub fn release(&mut self) -> Option<Record> {
+    pub fn release(&mut self) -> Option<Box<Record>> {
         let record = self.held.pop_front()?;
         if record.time < self.released {
             self.late += 1;
@@ -89,8 +91,8 @@ impl Reorder {
 mod tests {
     use super::*;
 
-    fn record(line: u64, time: u64) -> Record {
-        let mut record = Record::default();
+    fn record(line: u64, time: u64) -> Box<Record> {
+        let mut record = Box::<Record>::default();
         record.line = line;
         record.time = time;
         record

@@ -96,22 +96,20 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
         other,
     };
     let mut order = Reorder::new(options.window);
-    let mut line = Vec::with_capacity(1024);
     let mut number = 0;
     loop {
-        line.clear();
-        match input.read_until(b'\n', &mut line) {
+        let mut record = order.blank();
+        match input.read_until(b'\n', record.buffer()) {
             Ok(0) => break,
             Ok(_) => number += 1,
             Err(e) => return Err(RunError::Read(number, e)),
         }
-        let text = line.trim_ascii();
-        if text.is_empty() {
+        if record.is_blank() {
+            order.recycle(record);
             continue;
         }
         pass.replay.report.lines += 1;
-        let mut record = order.blank();
-        match record.parse(number, text) {
+        match record.parse(number) {
             Ok(()) => order.push(record),
             Err(e) => {
                 pass.replay.report.skip(number, e.to_string());

@@ -18,7 +18,9 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     now: u64,
     outcome: &mut Outcome,
 ) -> Vec<Work> {
-    let mut works: Vec<Work> = Vec::new();
+    // One work per table at most: sized for that, not for the four a growing Vec starts with
+    // (four works are past the allocator's fast path).
+    let mut works: Vec<Work> = Vec::with_capacity(plan.tables.len());
     for (index, policy) in matching(plan, request) {
         let existing = works.iter().position(|w| w.table == policy.table);
         let hash = match existing.and_then(|i| works.get(i)) {
