@@ -1,0 +1,211 @@
+//! `sluice-replay --check` agrees with a real Envoy on every request: a one-worker Envoy with the
+//! built filter writes its access log in the format `--print-log-format` prints, through a mix of
+//! keys, policies (token bucket, a fixed window, a layered pair, a shadow policy, a tier) and
+//! bursts; the replay of that log gives the same answer to every request, and the same counts
+//! per policy as Envoy's own counters.
+//!
+//! The filter decides with Envoy's clock when it runs, a little after the `%START_TIME%` the log
+//! records. So the traffic keeps every decision far from a boundary of its limit: each token
+//! bucket refills one token a second and is drained by every burst (so its refill times stay at
+//! whole seconds after the key's first request), bursts come at half seconds after the first
+//! one, and the fixed window's seconds (aligned to the Unix epoch) are met in their middle. A
+//! burst takes a few milliseconds; the margins are hundreds.
+#![cfg(not(target_arch = "wasm32"))]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use serde_json::{json, Value};
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::TempDir;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A phase of traffic must end within this of its start to keep to the margins above.
+const PHASE_LIMIT: Duration = Duration::from_millis(150);
+
+fn config() -> Value {
+    json!({"policies": [
+        {"name": "per-user", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"],
+         "requests": 1, "per": "1s", "burst": 3,
+         "tiers": {"by": "header:x-plan", "values": {"gold": {"requests": 1, "per": "1s", "burst": 6}}}},
+        {"name": "per-user-hour", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"],
+         "requests": 8, "per": "1h"},
+        {"name": "per-tenant-window", "match": {"path_prefix": "/win/"}, "key": ["header:x-tenant"],
+         "algorithm": "fixed_window", "requests": 4, "per": "1s"},
+        {"name": "per-ip-shadow", "key": ["ip"], "requests": 20, "per": "1h", "mode": "shadow"}
+    ]})
+}
+
+fn replay_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sluice-replay")
+}
+
+/// `sluice-replay ARGS`, which must exit with `code`; its standard output.
+fn replay(args: &[&str], code: i32) -> String {
+    let out = Command::new(replay_bin()).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{args:?}\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+/// The `access_log` that `--print-log-format` prints, writing to `path`, as JSON (which Envoy
+/// reads as YAML).
+fn printed_access_log(config: &Path, path: &Path) -> String {
+    let printed = replay(
+        &["--config", config.to_str().unwrap(), "--print-log-format"],
+        0,
+    );
+    let mut field: Value = serde_yaml::from_str(&printed).unwrap();
+    field["access_log"][0]["typed_config"]["path"] = json!(path.to_str().unwrap());
+    field["access_log"].to_string()
+}
+
+/// Sleeps until the wall clock is `fraction` into a second.
+fn wait_for_fraction(fraction: f64) {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let into = f64::from(now.subsec_nanos()) / 1e9;
+    let wait = (fraction - into).rem_euclid(1.0);
+    std::thread::sleep(Duration::from_secs_f64(wait));
+}
+
+/// One request of a burst: (path, user or tenant header, plan).
+type Send = (&'static str, &'static str, &'static str);
+
+/// Bursts of traffic at `start`, `start + 1.5 s`, `+ 2.5 s`, `+ 3.5 s`: returns the statuses.
+fn drive(envoy: &Envoy) -> Vec<u16> {
+    let phases: [&[(Send, usize)]; 4] = [
+        &[
+            (("/api/a", "alice", ""), 5),
+            (("/api/b", "bob", "gold"), 8),
+            (("/api/c", "carol", "silver"), 2),
+            (("/win/x", "tenant-x", ""), 6),
+            (("/win/y", "tenant-y", ""), 3),
+            (("/other", "", ""), 2),
+        ],
+        &[
+            (("/api/a", "alice", ""), 3),
+            (("/api/b", "bob", "gold"), 3),
+            (("/win/x", "tenant-x", ""), 5),
+        ],
+        &[
+            (("/api/a", "alice", ""), 2),
+            (("/api/c", "carol", "silver"), 4),
+            (("/win/y", "tenant-y", ""), 6),
+        ],
+        &[
+            (("/api/a", "alice", ""), 3),
+            (("/api/b", "bob", "gold"), 4),
+            (("/win/x", "tenant-x", ""), 2),
+        ],
+    ];
+    let offsets = [0.0, 1.5, 2.5, 3.5];
+    wait_for_fraction(0.3);
+    let start = Instant::now();
+    let mut statuses = Vec::new();
+    for (phase, offset) in phases.iter().zip(offsets) {
+        let at = start + Duration::from_secs_f64(offset);
+        std::thread::sleep(at.saturating_duration_since(Instant::now()));
+        let began = Instant::now();
+        for ((path, who, plan), count) in phase.iter() {
+            for _ in 0..*count {
+                let header = if path.starts_with("/win/") {
+                    "x-tenant"
+                } else {
+                    "x-user-id"
+                };
+                let mut headers: Vec<(&str, &[u8])> = Vec::new();
+                if !who.is_empty() {
+                    headers.push((header, who.as_bytes()));
+                }
+                if !plan.is_empty() {
+                    headers.push(("x-plan", plan.as_bytes()));
+                }
+                statuses.push(envoy.get(path, &headers).status);
+            }
+        }
+        let took = began.elapsed();
+        assert!(
+            took < PHASE_LIMIT,
+            "a burst took {took:?}: too long to keep decisions away from their limits' boundaries \
+             (is the machine overloaded?)"
+        );
+    }
+    statuses
+}
+
+#[test]
+fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_count() {
+    let dir = TempDir::new("replay-agreement");
+    let config_path = dir.path().join("config.json");
+    std::fs::write(&config_path, config().to_string()).unwrap();
+    let log_path = dir.path().join("access.json");
+    let envoy = Envoy::options(&config().to_string())
+        .concurrency(1)
+        .hcm_option("access_log", &printed_access_log(&config_path, &log_path))
+        .start();
+
+    let statuses = drive(&envoy);
+    let denied = statuses.iter().filter(|&&s| s == 429).count();
+    assert!(denied >= 10 && denied < statuses.len() - 10, "{statuses:?}");
+
+    // The filter hands its counts to Envoy once a second; Envoy writes its access log to the
+    // file at least every 10 s, and when it stops.
+    std::thread::sleep(Duration::from_millis(2500));
+    let counters = envoy.admin_stats("^wasmcustom\\.sluice\\.");
+    drop(envoy);
+
+    let out = replay(
+        &[
+            "--config",
+            config_path.to_str().unwrap(),
+            "--log",
+            log_path.to_str().unwrap(),
+            "--check",
+            "--format",
+            "json",
+        ],
+        0,
+    );
+    let report: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        report["check"]["compared"],
+        json!(statuses.len()),
+        "{report:#}"
+    );
+    assert_eq!(
+        report["check"]["agreed"],
+        json!(statuses.len()),
+        "{report:#}"
+    );
+    assert_eq!(report["skipped"], json!(0));
+    assert_eq!(report["denied"], json!(denied));
+    for (policy, counts) in report["policies"].as_object().unwrap() {
+        for outcome in ["allowed", "denied", "shadow_denied"] {
+            let name = format!("wasmcustom.sluice.{policy}.{outcome}");
+            let envoys = counters.get(&name).copied().unwrap_or(0);
+            assert_eq!(
+                counts[outcome],
+                json!(envoys),
+                "{name}: the replay's count against Envoy's"
+            );
+        }
+    }
+    let tiers = &report["policies"]["per-user"]["tiers"];
+    assert_eq!(tiers["gold"]["matched"], json!(15), "{tiers:#}");
+    assert!(
+        report["policies"]["per-ip-shadow"]["shadow_denied"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+}
