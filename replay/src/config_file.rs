@@ -6,7 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
 
-const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+/// The `@type` of Envoy's wasm HTTP filter.
+pub const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const STRING_VALUE_TYPE: &str = "type.googleapis.com/google.protobuf.StringValue";
 
 /// The configuration in the file at `path`, as JSON text for `sluice::config::parse`.
