@@ -3,6 +3,8 @@
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make run-rls  redis-server, sluice-service --rls and Envoy's own ratelimit filter (envoy/rls.yaml)
+#   make image   OCI images of the filter and of sluice-service under target/oci/ (docs/istio.md)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                the integration tests that drive real Envoys, Redis and the service, and
 #                make run and make run-global as the README shows them
@@ -17,16 +19,20 @@
 # command to run; Rust targets and components through rustup).
 #
 # The serving targets take their ports from make variables: make run LISTEN_PORT=10001
-# ADMIN_PORT=9902; make run-global also REDIS_PORT=6380 SERVICE_PORT=8081.
+# ADMIN_PORT=9902; make run-global also REDIS_PORT=6380 SERVICE_PORT=8081; make run-rls also
+# RLS_PORT and BACKEND_PORT.
 
 # Recipes run from the repo root, wherever make was started from: the demo
 # config names the wasm by a path relative to it.
 ROOT := $(patsubst %/,%,$(dir $(abspath $(lastword $(MAKEFILE_LIST)))))
 WASM_TARGET := wasm32-wasip1
 WASM := target/$(WASM_TARGET)/release/sluice.wasm
+# sluice-service for an image from scratch: a static binary.
+MUSL_TARGET := x86_64-unknown-linux-musl
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(ROOT)/Cargo.toml | head -n 1)
 
 .DEFAULT_GOAL := build
-.PHONY: build service run run-global test lint deps clean
+.PHONY: build service run run-global run-rls image test lint deps clean
 
 # The ports written in envoy/demo.yaml and envoy/global.yaml; scripts/run-envoy gives Envoy
 # others when these are set to others.
@@ -34,7 +40,11 @@ LISTEN_PORT := 10000
 ADMIN_PORT := 9901
 REDIS_PORT := 6379
 SERVICE_PORT := 8080
-PORTS = LISTEN_PORT=$(LISTEN_PORT) ADMIN_PORT=$(ADMIN_PORT) REDIS_PORT=$(REDIS_PORT) SERVICE_PORT=$(SERVICE_PORT)
+# make run-rls: the RLS's gRPC port, and the demo upstream's (envoy/rls.yaml).
+RLS_PORT := 8081
+BACKEND_PORT := 10001
+PORTS = LISTEN_PORT=$(LISTEN_PORT) ADMIN_PORT=$(ADMIN_PORT) REDIS_PORT=$(REDIS_PORT) SERVICE_PORT=$(SERVICE_PORT) \
+	RLS_PORT=$(RLS_PORT) BACKEND_PORT=$(BACKEND_PORT)
 
 # NEEDS_<target>, beside each target: what it needs beyond Rust, Python and make, by the names
 # scripts/ensure-deps knows. `deps` installs what the goals on the command line need, all at
@@ -51,9 +61,29 @@ build: deps
 service: deps
 	cd $(ROOT) && cargo build -p sluice-service
 
+# Three OCI image layouts, written without a container daemon (scripts/oci-image), each also as
+# a .tar that skopeo pushes (crane and docker load read it as a docker-archive): sluice-wasm
+# (Istio's compat form, plugin.wasm in one layer), sluice-wasm-artifact (the Wasm OCI artifact
+# form) and sluice-service (the static binary alone, run as user 65532). File times are the last
+# commit's, so the same binaries give the same digests. Not part of make test (tests/images.rs
+# checks the layouts): the static build takes minutes the first time.
+NEEDS_image = $(NEEDS_build) $(MUSL_TARGET)
+image: build
+	cd $(ROOT) && cargo build --release -p sluice-service --target $(MUSL_TARGET)
+	cd $(ROOT) && export SOURCE_DATE_EPOCH="$$(git log -1 --format=%ct 2>/dev/null || echo 0)" && \
+	scripts/oci-image wasm $(WASM) target/oci/sluice-wasm --tag $(IMAGE_TAG) && \
+	scripts/oci-image wasm-artifact $(WASM) target/oci/sluice-wasm-artifact --tag $(IMAGE_TAG) && \
+	scripts/oci-image service target/$(MUSL_TARGET)/release/sluice-service \
+	  target/oci/sluice-service --tag $(IMAGE_TAG)
+
 NEEDS_run-global = $(NEEDS_run) redis-server redis-cli
 run-global: build service
 	@cd $(ROOT) && $(PORTS) exec scripts/run-global
+
+# No wasm here: Envoy's own ratelimit filter asks sluice-service --rls over gRPC.
+NEEDS_run-rls = python-venv redis-server redis-cli
+run-rls: service
+	@cd $(ROOT) && $(PORTS) exec scripts/run-global rls
 
 # Envoy comes from scripts/find-envoy, which makes a Python venv for it.
 NEEDS_run = $(NEEDS_build) python-venv

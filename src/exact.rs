@@ -3,7 +3,7 @@
 //! the same in Redis (its tests check them against these algorithms); this stands in for it in
 //! the filter's tests and in `sluice-replay`, where one exact global store is wanted.
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, Decision};
 use crate::protocol::{Check, CheckResult};
 use std::collections::HashMap;
 
@@ -26,15 +26,7 @@ impl ExactStore {
     /// last decided by another algorithm starts afresh, as in the service.
     pub fn check(&mut self, check: &Check, now: u64) -> Option<CheckResult> {
         let limit = check.limit()?;
-        let state = self.keys.entry(check.key.clone()).or_insert(State {
-            limit,
-            words: Vec::new(),
-        });
-        if state.limit.kind() != limit.kind() || state.words.len() != limit.columns() {
-            state.words = vec![0; limit.columns()];
-        }
-        state.limit = limit;
-        let (decision, granted) = limit.grant(&mut state.words, now, check.cost, check.take());
+        let (decision, granted) = self.decide(&check.key, limit, now, check.cost, check.take());
         let ms = |nanos: u64| nanos.div_ceil(1_000_000);
         Some(CheckResult {
             allowed: decision.allowed,
@@ -44,6 +36,30 @@ impl ExactStore {
             retry_after_ms: ms(decision.retry_after),
             delay_ms: matches!(limit, Algorithm::LeakyBucket(_)).then(|| ms(decision.delay)),
         })
+    }
+
+    /// Grants `key` between `cost` and `take` tokens of `limit` at `now`, in whatever unit the
+    /// limit and `now` share.
+    pub fn decide(
+        &mut self,
+        key: &str,
+        limit: Algorithm,
+        now: u64,
+        cost: u64,
+        take: u64,
+    ) -> (Decision, u64) {
+        let state = match self.keys.get_mut(key) {
+            Some(state) => state,
+            None => self.keys.entry(key.to_string()).or_insert(State {
+                limit,
+                words: Vec::new(),
+            }),
+        };
+        if state.limit.kind() != limit.kind() || state.words.len() != limit.columns() {
+            state.words = vec![0; limit.columns()];
+        }
+        state.limit = limit;
+        limit.grant(&mut state.words, now, cost, take)
     }
 
     /// Forgets the keys whose state is as good as empty at `now`: nothing is lost, and memory

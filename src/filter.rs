@@ -4,7 +4,7 @@
 
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
-use crate::duration::{ceil_secs, NANOS_PER_SEC};
+use crate::duration::NANOS_PER_SEC;
 use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
 use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
@@ -18,6 +18,9 @@ use crate::time::WorkerClock;
 use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 use std::ops::Range;
+
+/// The spacing of the log lines that would otherwise repeat with every request.
+const MINUTE: u64 = 60 * NANOS_PER_SEC;
 
 /// What the filter needs from the proxy.
 pub trait Host: RequestSource + Store {
@@ -65,6 +68,8 @@ pub struct Filter {
     clock: WorkerClock,
     /// When a degraded decision was last logged: at most one line a second.
     last_degraded_log: Cell<u64>,
+    /// When ignored route metadata was last logged: at most one line a minute.
+    last_route_metadata_log: Cell<u64>,
     /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
     /// expiry has been.
     bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
@@ -98,6 +103,7 @@ impl Filter {
             ledger: RefCell::default(),
             clock: WorkerClock::default(),
             last_degraded_log: Cell::new(0),
+            last_route_metadata_log: Cell::new(0),
         })
     }
 
@@ -194,6 +200,7 @@ impl Filter {
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
+        self.log_route_metadata(outcome, now);
         match self.denial(outcome) {
             Some(denial) => {
                 self.deny(host, &denial, now);
@@ -244,10 +251,24 @@ impl Filter {
         }
     }
 
+    /// A route whose `filter_metadata.sluice` sluice could not use (every policy applied to it):
+    /// at most one warning a minute per worker.
+    fn log_route_metadata(&self, outcome: &Outcome, now: u64) {
+        let Some(why) = outcome.ignored_route_metadata else {
+            return;
+        };
+        let last = self.last_route_metadata_log.get();
+        if last == 0 || now >= last.saturating_add(MINUTE) {
+            self.last_route_metadata_log.set(now);
+            log::warn!(
+                "route metadata filter_metadata.sluice ignored, every policy applies: {why} (logged at most once a minute)"
+            );
+        }
+    }
+
     /// The audit trail of bypasses: each entry's use at most once a minute (per worker), and
     /// its expiry once.
     fn log_bypass(&self, outcome: &Outcome, now: u64) {
-        const MINUTE: u64 = 60 * NANOS_PER_SEC;
         for &i in &outcome.bypassed {
             let (Some(b), Some((last, _))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
             else {
@@ -367,13 +388,15 @@ impl Filter {
 
     fn quota(&self, applied: &Applied) -> Option<Quota<'_>> {
         let policy = self.plan.policies.get(applied.policy)?;
+        let decision = &applied.decision;
         Some(Quota {
             policy: &policy.name,
             limit: applied.tier.algorithm.capacity(),
             requests: applied.tier.requests,
-            window_secs: ceil_secs(applied.tier.per_nanos),
-            remaining: applied.decision.remaining,
-            reset_after: applied.decision.reset_after,
+            per_nanos: applied.tier.per_nanos,
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            retry_after: (!decision.allowed).then_some(decision.retry_after),
         })
     }
 }

@@ -1,6 +1,10 @@
 //! What clients see: the rate-limit response headers and the 429 body.
+//!
+//! The draft fields follow draft-ietf-httpapi-ratelimit-headers-11 (May 2026): one Structured
+//! Fields list item per field, the policy name as a String, `q`uota and `w`indow in the policy,
+//! `r`emaining quota and effective window `t` in seconds in the service limit.
 
-use crate::duration::ceil_secs;
+use crate::duration::{ceil_secs, NANOS_PER_SEC};
 use crate::text::push_decimal;
 use serde::Deserialize;
 
@@ -11,7 +15,7 @@ pub enum HeaderStyle {
     /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix epoch seconds).
     #[default]
     Legacy,
-    /// IETF httpapi-ratelimit-headers draft 10: `RateLimit-Policy` and `RateLimit`.
+    /// IETF httpapi-ratelimit-headers draft 11: `RateLimit-Policy` and `RateLimit`.
     Draft,
     Both,
     None,
@@ -21,14 +25,68 @@ pub enum HeaderStyle {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Quota<'a> {
     pub policy: &'a str,
-    /// Bucket capacity (`burst`).
+    /// The most requests a key can make at once (a token bucket's `burst`).
     pub limit: u64,
-    /// `requests` per `window_secs`: the sustained rate.
+    /// `requests` per `per_nanos`: the sustained rate.
     pub requests: u64,
-    pub window_secs: u64,
+    pub per_nanos: u64,
     pub remaining: u64,
     /// Nanoseconds until the bucket is full again.
     pub reset_after: u64,
+    /// A denial's wait: nanoseconds until a request of the same cost can pass.
+    pub retry_after: Option<u64>,
+}
+
+impl Quota<'_> {
+    /// What is left, never more than the most the key can have: tokens a worker or an Envoy
+    /// still holds can come on top of a bucket that refilled meanwhile.
+    fn left(&self) -> u64 {
+        self.remaining.min(self.limit)
+    }
+
+    /// The draft's effective window: on a denial the wait `retry-after` gives, else the time
+    /// until the bucket is full again, whole seconds rounded up.
+    fn window_secs(&self) -> u64 {
+        match self.retry_after {
+            Some(wait) => retry_after_secs(wait),
+            None => ceil_secs(self.reset_after),
+        }
+    }
+}
+
+/// The draft's quota and window (whole seconds) for a policy that allows `limit` requests at
+/// once and `requests` per `per_nanos` over time. The quota over the window is exactly that
+/// rate: `limit` over the time a full refill takes when that is whole seconds, else the smallest
+/// whole-second window over which the rate gives a whole number of requests, at least `limit`.
+pub fn quota_and_window(limit: u64, requests: u64, per_nanos: u64) -> (u64, u64) {
+    let per_second = u128::from(requests.max(1)) * u128::from(NANOS_PER_SEC);
+    let per = u128::from(per_nanos.max(1));
+    let common = gcd(per_second, per);
+    // The rate in lowest terms: `quota` requests every `window` seconds.
+    let (quota, window) = (per_second / common, per / common);
+    let times = u128::from(limit).div_ceil(quota).max(1);
+    let saturate = |n: u128| u64::try_from(n).unwrap_or(u64::MAX);
+    (
+        saturate(quota.saturating_mul(times)),
+        saturate(window.saturating_mul(times)),
+    )
+}
+
+/// Binary GCD: no division, which u128 makes costly on wasm32.
+fn gcd(mut a: u128, mut b: u128) -> u128 {
+    if a == 0 || b == 0 {
+        return a | b;
+    }
+    let shift = (a | b).trailing_zeros();
+    a >>= a.trailing_zeros();
+    while b != 0 {
+        b >>= b.trailing_zeros();
+        if a > b {
+            std::mem::swap(&mut a, &mut b);
+        }
+        b -= a;
+    }
+    a << shift
 }
 
 /// Calls `emit` with each rate-limit header for `quota` at `now` (Unix nanoseconds). The values
@@ -45,7 +103,7 @@ pub fn each_rate_limit_header(
         let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
         for (name, n) in [
             ("x-ratelimit-limit", quota.limit),
-            ("x-ratelimit-remaining", quota.remaining),
+            ("x-ratelimit-remaining", quota.left()),
             ("x-ratelimit-reset", reset_epoch),
         ] {
             value.clear();
@@ -54,18 +112,11 @@ pub fn each_rate_limit_header(
         }
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
+        let (q, w) = quota_and_window(quota.limit, quota.requests, quota.per_nanos);
         // Both are structured-field lists of one item: "<policy>";<a>=<x>;<b>=<y>.
         for (name, (a, x), (b, y)) in [
-            (
-                "ratelimit-policy",
-                ("q", quota.requests),
-                ("w", quota.window_secs),
-            ),
-            (
-                "ratelimit",
-                ("r", quota.remaining),
-                ("t", ceil_secs(quota.reset_after)),
-            ),
+            ("ratelimit-policy", ("q", q), ("w", w)),
+            ("ratelimit", ("r", quota.left()), ("t", quota.window_secs())),
         ] {
             value.clear();
             value.push('"');
@@ -111,13 +162,15 @@ mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC;
 
+    /// 100 a minute with a burst of 20: a full refill takes 12 s.
     const QUOTA: Quota = Quota {
         policy: "per-user",
         limit: 20,
         requests: 100,
-        window_secs: 60,
+        per_nanos: 60 * NANOS_PER_SEC,
         remaining: 7,
         reset_after: 2_500_000_000,
+        retry_after: None,
     };
     const NOW: u64 = 1_700_000_000_250_000_000;
 
@@ -147,15 +200,66 @@ mod tests {
     }
 
     #[test]
-    fn draft_headers_are_structured_field_lists() {
+    fn draft_headers_give_the_burst_over_a_full_refill_and_the_seconds_to_full() {
         let headers = rate_limit_headers(HeaderStyle::Draft, &QUOTA, NOW);
         assert_eq!(
             headers,
             [
-                ("ratelimit-policy", r#""per-user";q=100;w=60"#.to_string()),
+                ("ratelimit-policy", r#""per-user";q=20;w=12"#.to_string()),
                 ("ratelimit", r#""per-user";r=7;t=3"#.to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn a_denial_gives_its_wait_as_the_effective_window() {
+        let denied = Quota {
+            remaining: 0,
+            retry_after: Some(600_000_000),
+            ..QUOTA
+        };
+        let headers = rate_limit_headers(HeaderStyle::Draft, &denied, NOW);
+        assert_eq!(headers[1].1, r#""per-user";r=0;t=1"#);
+    }
+
+    #[test]
+    fn remaining_never_exceeds_the_limit() {
+        let over = Quota {
+            remaining: 25,
+            ..QUOTA
+        };
+        let headers = rate_limit_headers(HeaderStyle::Both, &over, NOW);
+        assert_eq!(headers[1].1, "20");
+        assert_eq!(headers[4].1, r#""per-user";r=20;t=3"#);
+    }
+
+    #[test]
+    fn the_quota_over_its_window_is_the_rate_in_whole_seconds() {
+        let sec = NANOS_PER_SEC;
+        assert_eq!(quota_and_window(5, 1, sec), (5, 5), "burst 5 at 1/s");
+        assert_eq!(quota_and_window(3, 10, 60 * sec), (3, 18));
+        assert_eq!(quota_and_window(100, 100, 60 * sec), (100, 60));
+        assert_eq!(quota_and_window(5, 3, sec), (6, 2), "5/3 s is not whole");
+        assert_eq!(quota_and_window(10, 10, sec / 2), (20, 1), "10 per 500 ms");
+        assert_eq!(quota_and_window(1, 1, 86_400 * sec), (1, 86_400));
+    }
+
+    proptest::proptest! {
+        /// q / w is the rate exactly, q covers the limit, and no smaller window would do.
+        #[test]
+        fn quota_and_window_are_the_rate_exactly(
+            limit in 1u64..1_000_000,
+            requests in 1u64..1_000_000,
+            per_ms in 1u64..100_000_000,
+        ) {
+            let per_nanos = per_ms * 1_000_000;
+            let (q, w) = quota_and_window(limit, requests, per_nanos);
+            proptest::prop_assert!(q >= limit && w >= 1);
+            proptest::prop_assert_eq!(
+                u128::from(q) * u128::from(per_nanos),
+                u128::from(w) * u128::from(requests) * u128::from(NANOS_PER_SEC)
+            );
+        }
     }
 
     #[test]
@@ -184,7 +288,7 @@ mod tests {
             reset_after in proptest::arbitrary::any::<u64>(),
             now in proptest::arbitrary::any::<u64>(),
         ) {
-            let quota = Quota { limit, remaining, reset_after, requests: limit, ..QUOTA };
+            let quota = Quota { limit, remaining, reset_after, requests: limit.max(1), ..QUOTA };
             for (_, value) in rate_limit_headers(HeaderStyle::Both, &quota, now) {
                 let rest = value.replace("\"per-user\"", "");
                 proptest::prop_assert!(rest.bytes().all(|b| b.is_ascii_digit() || b"qwrt=;".contains(&b)), "{value}");

@@ -1,7 +1,8 @@
 //! sluice: a rate limiter for Envoy, as a proxy-wasm HTTP filter.
 //!
 //! The request flows one way: `config` (the JSON `input`, `compile`d once into a `plan`) →
-//! `limiter` (which policies apply through `matcher`, whose bucket through `key`, the decision by
+//! `limiter` (which policies apply through `matcher` and the selected `route`'s say, whose bucket
+//! through `key`, the decision by
 //! an `algorithm` on a `table` slot in a `store`, or by the service over `protocol`; the clock is
 //! passed in) → `headers` (what the client sees). `filter` drives that for one HTTP request
 //! through the `Host` seam; `wasm` is the only code that talks to proxy-wasm, and `testing` fakes
@@ -22,6 +23,7 @@ pub mod matcher;
 pub mod metrics;
 pub mod protocol;
 pub mod request;
+pub mod route;
 pub mod store;
 pub mod table;
 #[cfg(any(test, feature = "testing"))]

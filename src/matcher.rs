@@ -21,6 +21,8 @@ pub struct Matcher {
     pub path: Option<(usize, PathRule)>,
     pub methods: Option<(usize, Vec<String>)>,
     pub headers: Vec<(usize, HeaderRule)>,
+    /// Names of the routes (as Envoy selected them) the policy applies on.
+    pub routes: Option<(usize, Vec<String>)>,
 }
 
 impl Matcher {
@@ -35,9 +37,9 @@ impl Matcher {
                 return false;
             }
         }
-        if let Some((attr, methods)) = &self.methods {
-            let method = request.get(*attr).unwrap_or_default();
-            if !methods.iter().any(|m| m.as_bytes() == method) {
+        for (attr, names) in [&self.methods, &self.routes].into_iter().flatten() {
+            let value = request.get(*attr).unwrap_or_default();
+            if !names.iter().any(|name| name.as_bytes() == value) {
                 return false;
             }
         }
@@ -57,7 +59,7 @@ mod tests {
     use crate::request::Attr;
     use crate::testing::FakeRequest;
 
-    const ATTRS: [Attr; 3] = [Attr::Path, Attr::Method, Attr::Authority];
+    const ATTRS: [Attr; 4] = [Attr::Path, Attr::Method, Attr::Authority, Attr::Route];
 
     fn check(matcher: &Matcher, headers: &[(&str, &str)]) -> bool {
         matcher.matches(&mut Attributes::new(&FakeRequest::new(headers), &ATTRS))
@@ -104,6 +106,21 @@ mod tests {
         assert!(!check(&m, &[(":method", "get")]));
     }
 
+    #[test]
+    fn routes_must_be_listed_by_the_name_envoy_selected() {
+        let m = Matcher {
+            routes: Some((3, vec!["checkout".into(), "search".into()])),
+            ..Matcher::default()
+        };
+        let on = |route: &str| {
+            let request = FakeRequest::default().with_property("xds.route_name", route);
+            m.matches(&mut Attributes::new(&request, &ATTRS))
+        };
+        assert!(on("search"));
+        assert!(!on("api"));
+        assert!(!on(""), "a route without a name");
+    }
+
     proptest::proptest! {
         /// Any bytes a client can put in a path, method or header: an answer, never a panic.
         #[test]
@@ -119,6 +136,7 @@ mod tests {
                 path: Some((0, PathRule::Prefix("/api/".into()))),
                 methods: Some((1, vec!["GET".into()])),
                 headers: vec![(2, HeaderRule::Equals(b"x".to_vec()))],
+                routes: Some((3, vec!["api".into()])),
             };
             let _ = m.matches(&mut Attributes::new(&request, &ATTRS));
         }

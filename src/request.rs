@@ -15,6 +15,8 @@ pub enum Attr {
     Authority,
     /// Envoy's route name.
     Route,
+    /// The `sluice` entry of the selected route's `metadata.filter_metadata` (see `route`).
+    RouteMetadata,
     /// A value an earlier filter put in the request's dynamic metadata (e.g. the `sub` claim
     /// from `jwt_authn`): trusted, unlike what the client sends.
     Metadata {
@@ -64,6 +66,9 @@ fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> 
         Attr::Method => source.header(":method"),
         Attr::Authority => source.header(":authority"),
         Attr::Route => source.property(&["xds", "route_name"]),
+        Attr::RouteMetadata => {
+            source.property(&["xds", "route_metadata", "filter_metadata", "sluice"])
+        }
         Attr::Metadata { namespace, path } => {
             let mut full = vec!["metadata", "filter_metadata", namespace.as_str()];
             full.extend(path.iter().map(String::as_str));

@@ -7,6 +7,7 @@ use crate::config::GlobalService;
 use crate::filter::Host;
 use crate::metrics::Metrics;
 use crate::request::RequestSource;
+use crate::route::envoy_map;
 use crate::store::{MemoryStore, Store, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -35,6 +36,15 @@ impl FakeRequest {
     pub fn with_property(mut self, path: &str, value: &str) -> Self {
         self.properties
             .insert(path.into(), value.as_bytes().to_vec());
+        self
+    }
+
+    /// The selected route's `filter_metadata.sluice`, these entries serialized as Envoy does.
+    pub fn with_route_metadata(mut self, entries: &[(&str, &[u8])]) -> Self {
+        let entries: Vec<(&[u8], &[u8])> =
+            entries.iter().map(|(k, v)| (k.as_bytes(), *v)).collect();
+        let path = "xds.route_metadata.filter_metadata.sluice";
+        self.properties.insert(path.into(), envoy_map(&entries));
         self
     }
 }

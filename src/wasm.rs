@@ -72,12 +72,15 @@ impl Host for Envoy {
     }
 
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool {
-        let headers = vec![
+        let mut headers = vec![
             (":method", "POST"),
             (":path", service.path.as_str()),
             (":authority", service.authority.as_str()),
             ("content-type", "application/json"),
         ];
+        if let Some(authorization) = &service.authorization {
+            headers.push(("authorization", authorization.expose()));
+        }
         let timeout = Duration::from_millis(service.timeout_ms);
         hostcalls::dispatch_http_call(&service.cluster, headers, Some(body), vec![], timeout)
             .is_ok()

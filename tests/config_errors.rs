@@ -41,7 +41,7 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use serde_json::{Number, Value};
-use sluice::config::{parse, ConfigError};
+use sluice::config::{parse_with_env, ConfigError, Plan};
 
 /// Cases per run (`PROPTEST_CASES` overrides it): about 5 s in a debug build.
 const CASES: u32 = 10_000;
@@ -77,6 +77,12 @@ fn key(k: &str) -> Seg {
 
 fn join(path: &[Seg], more: &[Seg]) -> Vec<Seg> {
     path.iter().chain(more).cloned().collect()
+}
+
+/// The filter's parser in a VM whose environment has every variable a configuration names, as
+/// the operator's deployment gives it (`global.token_env`).
+fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
+    parse_with_env(json, &|_| Some("a-secret-from-the-deployment".to_string()))
 }
 
 /// The shipped configurations, by file name.
@@ -188,6 +194,7 @@ const KNOWN_MEMBERS: &[&str] = &[
     "default",
     "global",
     "bypass",
+    "route_metadata",
     "key",
     "key_hash",
     "owner",
@@ -216,6 +223,7 @@ const KNOWN_MEMBERS: &[&str] = &[
     "path_prefix",
     "path_exact",
     "methods",
+    "routes",
     "present",
     "equals",
     "by",

@@ -38,7 +38,7 @@ fn degraded_responses_carry_the_emergency_limit_that_decided_them() {
             )
         })
         .collect();
-    let emergency = r#""global-user";q=1;w=3600"#;
+    let emergency = r#""global-user";q=3;w=10800"#;
     assert_eq!(
         seen,
         [

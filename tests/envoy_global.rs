@@ -14,9 +14,14 @@ use std::time::{Duration, Instant};
 
 const ALICE: &[(&str, &[u8])] = &[("x-user-id", b"alice")];
 
+/// How long a request waits for the service. Generous: on a loaded test machine a call that
+/// times out falls to the policy's failure mode, which is not what most tests here look at.
+const TIMEOUT_MS: u64 = 500;
+
 fn config(policies: Value) -> String {
     json!({
-        "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "100ms"},
+        "global": {"cluster": "sluice_service", "authority": "sluice-service",
+                   "timeout": format!("{TIMEOUT_MS}ms")},
         "policies": policies,
     })
     .to_string()
@@ -64,7 +69,8 @@ fn three_envoys_share_one_strict_global_limit_exactly() {
 fn leases_never_let_more_than_the_global_limit_through() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
-    let lease = json!({"lease": 4});
+    // Closed: a call that times out answers 503 rather than an emergency budget's 200.
+    let lease = json!({"lease": 4, "failure_mode": "closed"});
     let envoys: Vec<Envoy> = (0..3)
         .map(|_| envoy(&[service.addr], json!([per_user(20, lease.clone())])))
         .collect();
@@ -77,6 +83,46 @@ fn leases_never_let_more_than_the_global_limit_through() {
         (20 - 3 * 3..=20).contains(&admitted),
         "admitted {admitted}: {all:?}"
     );
+}
+
+/// With leases of 2 from a burst of 5, a request paid from this Envoy's grant reports what alice
+/// can still do (the global remaining plus the granted tokens still here), counting down one per
+/// request as a local bucket would, with the service's time to full; never "0 left" while the
+/// global bucket has tokens.
+#[test]
+fn requests_paid_from_a_grant_report_what_the_client_can_still_do() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let mut config: Value =
+        serde_json::from_str(&config(json!([per_user(5, json!({"lease": 2}))]))).unwrap();
+    config["headers"] = json!("both");
+    let envoy = Envoy::options(&config.to_string())
+        .service(&[service.addr])
+        .start();
+    let seen: Vec<(u16, String, String)> = (0..6)
+        .map(|_| {
+            let r = envoy.get("/api/x", ALICE);
+            let header = |name: &str| r.header(name).unwrap_or("-").to_string();
+            (
+                r.status,
+                header("x-ratelimit-remaining"),
+                header("ratelimit"),
+            )
+        })
+        .collect();
+    let expected = [
+        (200, "4", "r=4;t=7200"),
+        (200, "3", "r=3;t=7200"),
+        (200, "2", "r=2;t=14400"),
+        (200, "1", "r=1;t=14400"),
+        (200, "0", "r=0;t=18000"),
+        (429, "0", "r=0;t=3600"),
+    ];
+    let expected: Vec<(u16, String, String)> = expected
+        .iter()
+        .map(|(s, left, fields)| (*s, left.to_string(), format!("\"global-user\";{fields}")))
+        .collect();
+    assert_eq!(seen, expected);
 }
 
 /// Calls per 1,000 requests of one hot key: strict, with the over-limit cache doing its work
@@ -209,7 +255,7 @@ fn no_endpoint_or_a_silent_service_never_hangs_a_request() {
             let took = started.elapsed();
             assert_eq!(r.status, 503, "{endpoints:?}: {}", r.text());
             assert!(
-                took < Duration::from_millis(100 + 400),
+                took < Duration::from_millis(TIMEOUT_MS + 400),
                 "{endpoints:?}: took {took:?}"
             );
         }
@@ -294,4 +340,45 @@ fn every_algorithm_holds_one_budget_across_envoys() {
         (Duration::from_millis(190)..Duration::from_millis(400)).contains(&took),
         "{took:?}"
     );
+}
+
+#[test]
+fn the_filter_sends_the_services_token_from_its_vm_environment() {
+    let redis = RedisServer::start();
+    let dir = sluice_testkit::TempDir::new("token");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let token_file = token_file.to_string_lossy().into_owned();
+    let service = Service::start_with(&["--redis", &redis.url(), "--token-file", &token_file], &[]);
+    let mut with_token = config(json!([per_user(2, json!({"failure_mode": "closed"}))]));
+    with_token = with_token.replace(
+        r#""timeout":"500ms""#,
+        r#""timeout":"500ms","token_env":"SLUICE_SERVICE_TOKEN""#,
+    );
+    let options = Envoy::options(&with_token).service(&[service.addr]);
+    let envoy = options
+        .clone()
+        .vm_env("SLUICE_SERVICE_TOKEN", "s3cret-token")
+        .start();
+    assert_eq!(
+        statuses(&envoy, 3, ALICE),
+        [200, 200, 429],
+        "decided by the service"
+    );
+    let wrong = options
+        .clone()
+        .vm_env("SLUICE_SERVICE_TOKEN", "guess")
+        .start();
+    let bob: &[(&str, &[u8])] = &[("x-user-id", b"bob")];
+    assert_eq!(
+        statuses(&wrong, 1, bob),
+        [503],
+        "refused by the service: fails closed"
+    );
+    let log = options
+        .try_start()
+        .err()
+        .expect("refused without the variable");
+    assert!(log.contains("global.token_env"), "{log}");
+    assert!(!log.contains("s3cret"), "the token never reaches a log");
 }

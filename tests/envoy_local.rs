@@ -365,13 +365,13 @@ fn legacy_headers_give_limit_remaining_and_reset_epoch_seconds() {
 }
 
 #[test]
-fn draft_headers_give_policy_quota_window_remaining_and_seconds_to_full() {
+fn draft_headers_give_the_burst_over_a_full_refill_remaining_and_seconds_to_full_or_to_retry() {
     let (first, denied, _, _) = three_allowed_then_denied("draft");
 
     assert_eq!(
         rate_limit_headers(&first),
         pairs(&[
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
             ("ratelimit", r#""per-user";r=2;t=6"#),
         ])
     );
@@ -379,8 +379,8 @@ fn draft_headers_give_policy_quota_window_remaining_and_seconds_to_full() {
     assert_eq!(
         rate_limit_headers(&denied),
         pairs(&[
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
-            ("ratelimit", r#""per-user";r=0;t=18"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
+            ("ratelimit", r#""per-user";r=0;t=6"#),
         ])
     );
 }
@@ -400,7 +400,7 @@ fn both_gives_the_legacy_and_the_draft_headers() {
             ("x-ratelimit-limit", "3"),
             ("x-ratelimit-remaining", "2"),
             ("x-ratelimit-reset", &reset),
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
             ("ratelimit", r#""per-user";r=2;t=6"#),
         ])
     );
@@ -416,8 +416,8 @@ fn both_gives_the_legacy_and_the_draft_headers() {
             ("x-ratelimit-limit", "3"),
             ("x-ratelimit-remaining", "0"),
             ("x-ratelimit-reset", &reset),
-            ("ratelimit-policy", r#""per-user";q=10;w=60"#),
-            ("ratelimit", r#""per-user";r=0;t=18"#),
+            ("ratelimit-policy", r#""per-user";q=3;w=18"#),
+            ("ratelimit", r#""per-user";r=0;t=6"#),
         ])
     );
 }
@@ -542,6 +542,23 @@ fn the_default_policy_applies_only_to_requests_no_policy_matched() {
     assert_eq!(denying_policy(&other[3]), "baseline");
     assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.allowed", 3), 3);
     assert_eq!(envoy.wait_for_wasm_counter("sluice.api.allowed", 2), 2);
+}
+
+#[test]
+fn requests_a_policy_skips_for_want_of_its_key_fall_to_the_default() {
+    let envoy = Envoy::start(API_WITH_DEFAULT);
+
+    // /api/ matches `api`, but without x-user-id `api` skips them: the baseline catches them,
+    // on the same per-ip bucket as every other unlimited request.
+    let anonymous: Vec<Response> = (0..2).map(|_| envoy.get("/api/x", &[])).collect();
+    let elsewhere = statuses(&envoy, "/static/x", &[], 1);
+    let denied = envoy.get("/api/x", &[("x-user-id", b"")]);
+
+    assert_eq!(anonymous[0].status, 200);
+    assert_eq!(anonymous[0].header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(elsewhere, [200]);
+    assert_eq!(denying_policy(&denied), "baseline");
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.denied", 1), 1);
 }
 
 // --- Both workers share every bucket.

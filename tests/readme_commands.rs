@@ -1,4 +1,4 @@
-//! The README's commands as a user runs them: `make run` and `make run-global`, each serving on
+//! The README's commands as a user runs them: `make run`, `make run-global` and `make run-rls`, each serving on
 //! free ports for a few seconds, get the README's curl commands (its ports replaced by theirs)
 //! and must give the answers the README promises. `make test` has built the wasm and the
 //! service before the tests run, so the targets' build steps are no-ops here.
@@ -22,11 +22,13 @@ use sluice_testkit::{free_port, repo_root, send_signal, wait_for, TempDir, SIGKI
 const README: &str = include_str!("../README.md");
 
 /// The make variables that set the ports, with the ports the README shows.
-const PORTS: [(&str, u16); 4] = [
+const PORTS: [(&str, u16); 6] = [
     ("LISTEN_PORT", 10000),
     ("ADMIN_PORT", 9901),
     ("SERVICE_PORT", 8080),
     ("REDIS_PORT", 6379),
+    ("RLS_PORT", 8081),
+    ("BACKEND_PORT", 10001),
 ];
 
 const ALICE_EIGHT: &str = r"for i in $(seq 8); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user-id: alice' localhost:10000/api/hello; done";
@@ -75,7 +77,7 @@ fn make_run_global_gives_alice_five_200s_then_429s_decided_by_the_service() {
 
     assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
     let stats = stats.unwrap_or_else(|| panic!("{}", run.last_stats()));
-    let checks = metric(&metrics, "sluice_checks_total");
+    let checks = metric(&metrics, "sluice_service_checks_total");
     assert!(checks >= 1, "the service decided nothing:\n{metrics}");
     // With every call answered in time, the leases of 2 make the checks fewer than the
     // requests; a call that timed out on a busy machine is asked again.
@@ -85,6 +87,29 @@ fn make_run_global_gives_alice_five_200s_then_429s_decided_by_the_service() {
     {
         assert!(checks < 7, "{checks} checks for 7 requests:\n{metrics}");
     }
+    run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
+}
+
+#[test]
+fn make_run_rls_gives_alice_five_200s_then_429s_decided_by_the_rls() {
+    let run = Serving::start(
+        "run-rls",
+        &[
+            "LISTEN_PORT",
+            "ADMIN_PORT",
+            "SERVICE_PORT",
+            "REDIS_PORT",
+            "RLS_PORT",
+            "BACKEND_PORT",
+        ],
+    );
+
+    let alice = run.sh(ALICE_SEVEN);
+    let metrics = run.sh(METRICS);
+
+    assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
+    let user = r#"sluice_service_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
+    assert_eq!(metric(&metrics, user), 7, "{metrics}");
     run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
 }
 
@@ -234,12 +259,22 @@ impl Drop for Serving {
     }
 }
 
-/// The value of a Prometheus sample line `NAME VALUE` in `metrics`.
+/// The sum of the samples `NAME VALUE` and `NAME{labels} VALUE` in `metrics`: a series over
+/// all its labels.
 fn metric(metrics: &str, name: &str) -> u64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    let samples: Vec<u64> = (metrics.lines())
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            let labels_end = if rest.starts_with('{') {
+                rest.find("} ")? + 1
+            } else {
+                0
+            };
+            rest.get(labels_end..)?.strip_prefix(' ')?.parse().ok()
+        })
+        .collect();
+    assert!(!samples.is_empty(), "no {name} in:\n{metrics}");
+    samples.iter().sum()
 }
 
 fn tail(text: &str, lines: usize) -> String {

@@ -1,6 +1,7 @@
 //! The JSON Schema of the plugin configuration (`schema/sluice-config.schema.json`) accepts every
-//! shipped configuration (`schema/examples/*.json` and the plugin JSON inside `envoy/*.yaml`) and
-//! rejects the classic mistakes. Needs no Envoy and no wasm build.
+//! shipped configuration (`schema/examples/*.json` and the plugin JSON inside `envoy/*.yaml` and
+//! the manifests under `deploy/`) and rejects the classic mistakes. Needs no Envoy and no wasm
+//! build.
 #![cfg(not(target_arch = "wasm32"))]
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use jsonschema::Validator;
 use serde_json::{json, Value};
-// The extraction sluice-replay reads an Envoy or Istio file's configuration with.
+// The extraction sluice-replay reads an Envoy, Istio or Envoy Gateway file's configuration with.
 use sluice_replay::config_file::{configs_in_yaml, WASM_FILTER_TYPE};
 
 fn repo() -> &'static Path {
@@ -65,12 +66,31 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
-/// (file, configurations) for every YAML file under envoy/ that mentions a wasm filter.
+/// The YAML files under `dir` and its subdirectories.
+fn yaml_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = files_with_extension(dir, &["yaml", "yml"]);
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(yaml_files(&path));
+        }
+    }
+    files
+}
+
+/// (file, configurations) for every YAML file under envoy/ and deploy/ that mentions a wasm
+/// filter.
 fn envoy_plugin_configs() -> Vec<(PathBuf, Vec<Value>)> {
     let mut out = Vec::new();
-    for path in files_with_extension(&repo().join("envoy"), &["yaml", "yml"]) {
+    let files = [repo().join("envoy"), repo().join("deploy")].map(|dir| yaml_files(&dir));
+    for path in files.into_iter().flatten() {
         let text = fs::read_to_string(&path).unwrap();
-        if !text.contains(WASM_FILTER_TYPE) && !text.contains("WasmPlugin") {
+        let kinds = [
+            WASM_FILTER_TYPE,
+            "kind: WasmPlugin",
+            "kind: EnvoyExtensionPolicy",
+        ];
+        if !kinds.iter().any(|kind| text.contains(kind)) {
             continue;
         }
         let configs = configs_in_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -94,6 +114,13 @@ fn schema_is_a_valid_draft_2020_12_schema() {
     }
 }
 
+/// The filter's parser, in a VM whose environment has every variable a configuration names (as
+/// the operator's deployment gives it).
+fn filter_accepts(config: &Value) -> Result<(), sluice::config::ConfigError> {
+    let env = |_: &str| Some("a-secret-from-the-deployment".to_string());
+    sluice::config::parse_with_env(config.to_string().as_bytes(), &env).map(|_| ())
+}
+
 /// Valid for the schema and accepted by the filter's own parser, the real gate.
 #[test]
 fn every_shipped_configuration_is_valid() {
@@ -103,7 +130,7 @@ fn every_shipped_configuration_is_valid() {
 
     for path in example_files() {
         let config = read_json(&path);
-        if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+        if let Err(e) = filter_accepts(&config) {
             failures.push(format!("{}: the filter refuses it: {e}", path.display()));
         }
         let errors = violations(&validator, &config);
@@ -114,7 +141,7 @@ fn every_shipped_configuration_is_valid() {
     }
     for (path, configs) in envoy_plugin_configs() {
         for (i, config) in configs.iter().enumerate() {
-            if let Err(e) = sluice::config::parse(config.to_string().as_bytes()) {
+            if let Err(e) = filter_accepts(config) {
                 failures.push(format!(
                     "{} (#{i}): the filter refuses it: {e}",
                     path.display()

@@ -1,6 +1,7 @@
-//! The configuration to replay, from a file: a sluice JSON configuration, or an Envoy or Istio
-//! YAML file holding one (the wasm filter's `configuration` StringValue, a `WasmPlugin`'s
-//! `pluginConfig`). `tests/schema.rs` finds the shipped configurations the same way.
+//! The configuration to replay, from a file: a sluice JSON configuration, or an Envoy, Istio or
+//! Envoy Gateway YAML file holding one (the wasm filter's `configuration` StringValue, a
+//! `WasmPlugin`'s `pluginConfig`, an `EnvoyExtensionPolicy`'s wasm `config`). `tests/schema.rs`
+//! finds the shipped configurations the same way.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -26,7 +27,8 @@ pub fn configuration(text: &str) -> Result<String, String> {
         [one] => Ok(one.to_string()),
         [] => Err(
             "neither JSON nor YAML with a sluice configuration in it (looked for the wasm \
-                   filter's configuration and an Istio WasmPlugin's pluginConfig)"
+                   filter's configuration, an Istio WasmPlugin's pluginConfig and an Envoy Gateway \
+                   EnvoyExtensionPolicy's wasm config)"
                 .into(),
         ),
         many => Err(format!(
@@ -47,7 +49,8 @@ pub fn configs_in_yaml(text: &str) -> Result<Vec<Value>, String> {
 }
 
 /// The sluice configurations in one YAML document: the `configuration` StringValue of every Envoy
-/// wasm HTTP filter, and the `pluginConfig` of an Istio `WasmPlugin`.
+/// wasm HTTP filter, the `pluginConfig` of an Istio `WasmPlugin`, and the `config` of each wasm
+/// extension of an Envoy Gateway `EnvoyExtensionPolicy`.
 pub fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) -> Result<(), String> {
     match doc {
         serde_yaml::Value::Mapping(map) => {
@@ -60,6 +63,16 @@ pub fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) -> Result
                     .and_then(|spec| spec.get("pluginConfig"))
                     .ok_or("a WasmPlugin without spec.pluginConfig")?;
                 found.push(serde_json::to_value(config).map_err(|e| e.to_string())?);
+            }
+            if map.get("kind").and_then(|k| k.as_str()) == Some("EnvoyExtensionPolicy") {
+                let extensions = doc.get("spec").and_then(|spec| spec.get("wasm"));
+                let extensions = extensions.and_then(|w| w.as_sequence());
+                for extension in extensions.ok_or("an EnvoyExtensionPolicy without spec.wasm")? {
+                    let config = extension
+                        .get("config")
+                        .ok_or("a wasm extension without config")?;
+                    found.push(serde_json::to_value(config).map_err(|e| e.to_string())?);
+                }
             }
             for (_, value) in map {
                 plugin_configs(value, found)?;

@@ -4,12 +4,14 @@
 //!
 //! A line's fields: `start_time` (RFC 3339; required), `method`, `path`, `authority`,
 //! `remote_address` (no port), `route_name`, `headers` (names in any case), `metadata`
-//! (dynamic metadata namespaces to objects), `response_code`. Unknown fields are ignored; `null`
+//! (dynamic metadata namespaces to objects), `route_metadata` (the selected route's metadata
+//! namespaces to objects), `response_code`. Unknown fields are ignored; `null`
 //! is an absent value, as Envoy writes one.
 
 use crate::scan::{unescape, Key, ScanError, Scanner, Text};
 use serde_json::Value;
 use sluice::request::RequestSource;
+use sluice::route::{envoy_list, envoy_map};
 use smallvec::SmallVec;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
@@ -96,8 +98,10 @@ struct Fields {
     texts: [Option<Range<usize>>; TEXTS],
     /// Header names, lower-cased, and values.
     headers: SmallVec<[(Range<usize>, Range<usize>); 6]>,
-    /// The `metadata` object's JSON, read when a policy asks for a value in it.
+    /// The `metadata` and `route_metadata` objects' JSON, read when a policy asks for a value
+    /// in them.
     metadata: Option<Range<usize>>,
+    route_metadata: Option<Range<usize>>,
     response_code: Option<u32>,
     /// Values that could not be borrowed from the line, to go after it...
     copied: Vec<u8>,
@@ -140,9 +144,15 @@ impl Record {
         self.bytes(self.fields.texts.get(field)?)
     }
 
-    /// A value in the dynamic metadata: `namespace` then a path of keys into its object.
-    fn metadata_value(&self, namespace: &str, path: &[&str]) -> Option<Vec<u8>> {
-        let text = std::str::from_utf8(self.bytes(&self.fields.metadata)?).ok()?;
+    /// A value in metadata (the request's dynamic metadata, or the route's): `namespace` then a
+    /// path of keys into its object.
+    fn metadata_value(
+        &self,
+        metadata: &Option<Range<usize>>,
+        namespace: &str,
+        path: &[&str],
+    ) -> Option<Vec<u8>> {
+        let text = std::str::from_utf8(self.bytes(metadata)?).ok()?;
         let namespaces: Value = serde_json::from_str(text).ok()?;
         let mut value = namespaces.get(namespace)?;
         for key in path {
@@ -173,6 +183,10 @@ impl Fields {
             b"headers" => self.headers(line, s),
             b"metadata" => {
                 self.metadata = Some(s.raw_value()?);
+                Ok(())
+            }
+            b"route_metadata" => {
+                self.route_metadata = Some(s.raw_value()?);
                 Ok(())
             }
             b"response_code" => {
@@ -240,16 +254,30 @@ impl Fields {
 }
 
 /// A metadata value as Envoy hands it to the filter: a string as its bytes, a number (a protobuf
-/// `Value` holds doubles) as 8 little-endian bytes, a bool as one byte; objects and lists as their
-/// JSON text, where Envoy would give a serialized protobuf.
+/// `Value` holds doubles) as 8 little-endian bytes, a bool as one byte, an object as Envoy's
+/// serialized map of its entries, a list as that of its items as keys (`sluice::route`).
 fn property_bytes(value: &Value) -> Option<Vec<u8>> {
-    match value {
-        Value::Null => None,
-        Value::String(s) => Some(s.as_bytes().to_vec()),
-        Value::Number(n) => Some(n.as_f64()?.to_le_bytes().to_vec()),
-        Value::Bool(b) => Some(vec![u8::from(*b)]),
-        other => Some(other.to_string().into_bytes()),
-    }
+    Some(match value {
+        Value::Null => return None,
+        Value::String(s) => s.as_bytes().to_vec(),
+        Value::Number(n) => n.as_f64()?.to_le_bytes().to_vec(),
+        Value::Bool(b) => vec![u8::from(*b)],
+        Value::Object(entries) => {
+            let entries: Vec<(&[u8], Vec<u8>)> = entries
+                .iter()
+                .map(|(k, v)| (k.as_bytes(), property_bytes(v).unwrap_or_default()))
+                .collect();
+            let entries: Vec<(&[u8], &[u8])> = entries.iter().map(|(k, v)| (*k, &v[..])).collect();
+            envoy_map(&entries)
+        }
+        Value::Array(items) => {
+            let items: Vec<Vec<u8>> = items
+                .iter()
+                .map(|i| property_bytes(i).unwrap_or_default())
+                .collect();
+            envoy_list(&items)
+        }
+    })
 }
 
 impl RequestSource for Record {
@@ -271,7 +299,10 @@ impl RequestSource for Record {
             ["source", "address"] => self.text(REMOTE_ADDRESS).map(<[u8]>::to_vec),
             ["xds", "route_name"] => self.text(ROUTE_NAME).map(<[u8]>::to_vec),
             ["metadata", "filter_metadata", namespace, keys @ ..] => {
-                self.metadata_value(namespace, keys)
+                self.metadata_value(&self.fields.metadata, namespace, keys)
+            }
+            ["xds", "route_metadata", "filter_metadata", namespace, keys @ ..] => {
+                self.metadata_value(&self.fields.route_metadata, namespace, keys)
             }
             _ => None,
         }
@@ -324,6 +355,15 @@ mod tests {
             r.property(&["metadata", "filter_metadata", "other", "sub"]),
             None
         );
+    }
+
+    #[test]
+    fn route_metadata_reads_as_envoy_serializes_it() {
+        let r = record(r#"{"start_time":"2026-11-30T17:44:57Z","route_metadata":{"sluice":{"policies":["a","b"],"disabled":true}}}"#).unwrap();
+        let sluice = r.property(&["xds", "route_metadata", "filter_metadata", "sluice"]);
+        let list = envoy_list(&["a", "b"]);
+        let expected = envoy_map(&[(b"disabled", &[1]), (b"policies", &list)]);
+        assert_eq!(sluice, Some(expected));
     }
 
     #[test]

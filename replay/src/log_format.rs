@@ -1,6 +1,7 @@
 //! The Envoy access log that writes what `log` reads (`--print-log-format`): a file access log
 //! whose `json_format` has the fixed fields and, for the configuration at hand, every request
-//! header and dynamic-metadata namespace its key parts, tiers and matches read.
+//! header and dynamic-metadata namespace its key parts, tiers and matches read, and the route's
+//! `sluice` metadata when it reads that (`route_metadata`).
 
 use serde_yaml::{Mapping, Value};
 use sluice::config::Plan;
@@ -45,6 +46,10 @@ pub fn json_format(plan: &Plan) -> Mapping {
     }
     format.insert("headers".into(), Value::Mapping(headers));
     format.insert("metadata".into(), Value::Mapping(metadata));
+    if plan.route_metadata.is_some() {
+        let sluice = mapping([("sluice", "%METADATA(ROUTE:sluice)%".into())]);
+        format.insert("route_metadata".into(), sluice);
+    }
     format
 }
 

@@ -66,7 +66,7 @@ fn main() -> ExitCode {
 fn replay(cli: &Cli) -> Result<ExitCode, String> {
     let config = config_file::load(&cli.config)?;
     if cli.print_log_format {
-        let plan = sluice::config::parse(config.as_bytes())
+        let plan = sluice_replay::engine::plan(config.as_bytes())
             .map_err(|e| format!("--config: invalid configuration: {e}"))?;
         print!("{}", log_format::print(&plan));
         return Ok(ExitCode::SUCCESS);

@@ -1,15 +1,17 @@
 //! `sluice-replay --check` agrees with a real Envoy on every request: a one-worker Envoy with the
 //! built filter writes its access log in the format `--print-log-format` prints, through a mix of
-//! keys, policies (token bucket, a fixed window, a layered pair, a shadow policy, a tier) and
-//! bursts; the replay of that log gives the same answer to every request, and the same counts
-//! per policy as Envoy's own counters.
+//! keys, policies (token bucket, a fixed window, a layered pair, a shadow policy, a tier, a
+//! route's own policy and the route metadata that scopes it) and bursts; the replay of that log
+//! gives the same answer to every request, and the same counts per policy as Envoy's own
+//! counters.
 //!
 //! The filter decides with Envoy's clock when it runs, a little after the `%START_TIME%` the log
 //! records. So the traffic keeps every decision far from a boundary of its limit: each token
-//! bucket refills one token a second and is drained by every burst (so its refill times stay at
-//! whole seconds after the key's first request), bursts come at half seconds after the first
-//! one, and the fixed window's seconds (aligned to the Unix epoch) are met in their middle. A
-//! burst takes a few milliseconds; the margins are hundreds.
+//! bucket refills one token a second and each burst either drains it or finds it full again, so
+//! its refill times fall at whole seconds after some burst's first request; bursts come half a
+//! second off those (at 0, 1.5, 2.5 and 3.5 s); the hourly limits do not refill during the test;
+//! and the fixed window's seconds (aligned to the Unix epoch) are met from 0.2 s in, for at most
+//! `PHASE_LIMIT`. A burst takes a few milliseconds; the margins are hundreds.
 #![cfg(not(target_arch = "wasm32"))]
 #![allow(
     clippy::unwrap_used,
@@ -29,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 const PHASE_LIMIT: Duration = Duration::from_millis(150);
 
 fn config() -> Value {
-    json!({"policies": [
+    json!({"route_metadata": true, "policies": [
         {"name": "per-user", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"],
          "requests": 1, "per": "1s", "burst": 3,
          "tiers": {"by": "header:x-plan", "values": {"gold": {"requests": 1, "per": "1s", "burst": 6}}}},
@@ -37,8 +39,19 @@ fn config() -> Value {
          "requests": 8, "per": "1h"},
         {"name": "per-tenant-window", "match": {"path_prefix": "/win/"}, "key": ["header:x-tenant"],
          "algorithm": "fixed_window", "requests": 4, "per": "1s"},
-        {"name": "per-ip-shadow", "key": ["ip"], "requests": 20, "per": "1h", "mode": "shadow"}
+        {"name": "per-ip-shadow", "key": ["ip"], "requests": 20, "per": "1h", "mode": "shadow"},
+        {"name": "checkout-route", "match": {"routes": ["checkout"]}, "key": ["route"],
+         "requests": 1, "per": "1s", "burst": 2}
     ]})
+}
+
+/// The route `checkout` keeps only its own policy, through its metadata.
+fn checkout_route() -> (&'static str, &'static str, [&'static str; 1]) {
+    (
+        "checkout",
+        "/checkout/",
+        ["metadata: { filter_metadata: { sluice: { policies: [checkout-route] } } }"],
+    )
 }
 
 fn replay_bin() -> &'static str {
@@ -91,6 +104,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
             (("/win/x", "tenant-x", ""), 6),
             (("/win/y", "tenant-y", ""), 3),
             (("/other", "", ""), 2),
+            (("/checkout/a", "", ""), 4),
         ],
         &[
             (("/api/a", "alice", ""), 3),
@@ -101,6 +115,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
             (("/api/a", "alice", ""), 2),
             (("/api/c", "carol", "silver"), 4),
             (("/win/y", "tenant-y", ""), 6),
+            (("/checkout/b", "", ""), 2),
         ],
         &[
             (("/api/a", "alice", ""), 3),
@@ -109,7 +124,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
         ],
     ];
     let offsets = [0.0, 1.5, 2.5, 3.5];
-    wait_for_fraction(0.3);
+    wait_for_fraction(0.2);
     let start = Instant::now();
     let mut statuses = Vec::new();
     for (phase, offset) in phases.iter().zip(offsets) {
@@ -149,8 +164,10 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     let config_path = dir.path().join("config.json");
     std::fs::write(&config_path, config().to_string()).unwrap();
     let log_path = dir.path().join("access.json");
+    let (route, prefix, fields) = checkout_route();
     let envoy = Envoy::options(&config().to_string())
         .concurrency(1)
+        .route(route, prefix, &fields)
         .hcm_option("access_log", &printed_access_log(&config_path, &log_path))
         .start();
 
@@ -200,12 +217,23 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
             );
         }
     }
-    let tiers = &report["policies"]["per-user"]["tiers"];
-    assert_eq!(tiers["gold"]["matched"], json!(15), "{tiers:#}");
-    assert!(
-        report["policies"]["per-ip-shadow"]["shadow_denied"]
-            .as_u64()
-            .unwrap()
-            > 0
+    let policy = |name: &str, field: &str| report["policies"][name][field].as_u64().unwrap();
+    assert_eq!(
+        report["policies"]["per-user"]["tiers"]["gold"]["matched"],
+        json!(15)
+    );
+    assert!(policy("per-ip-shadow", "shadow_denied") > 0);
+    assert_eq!(
+        (
+            policy("checkout-route", "allowed"),
+            policy("checkout-route", "denied")
+        ),
+        (4, 2),
+        "burst 2, then a bucket full again 2.5 s later"
+    );
+    assert_eq!(
+        policy("per-ip-shadow", "matched"),
+        statuses.len() as u64 - 6,
+        "the checkout route's metadata leaves the shadow policy out"
     );
 }

@@ -1,7 +1,12 @@
 //! The body of `POST /v1/check`: strict parsing and validation into `Check`s, and the response.
 //! Everything here happens before any storage is touched; a rejection names the field at fault.
 
-use serde::{Deserialize, Serialize};
+pub use sluice::config::MAX_SLIDING_LOG;
+/// The wire format, defined once with the filter (`sluice::protocol`).
+pub use sluice::protocol::{CheckResponse, CheckResult};
+
+use sluice::algorithm::Kind;
+use sluice::protocol::{Check as WireCheck, CheckRequest};
 
 use crate::store::{Algorithm, Check, Decision};
 
@@ -13,8 +18,6 @@ const MAX_BURST: u64 = 1_000_000_000;
 const MAX_PER_MS: u64 = 31_536_000_000;
 /// One year: the longest a leaky bucket may hold a request.
 const MAX_DELAY_MS: u64 = 31_536_000_000;
-/// A sliding log keeps one entry per token of its limit: the filter's own cap.
-pub const MAX_SLIDING_LOG: u64 = 1_000;
 /// Largest bucket (burst × interval), and the longest a leaky bucket's queue may grow by one
 /// request (cost × interval). The Lua scripts compute in doubles, exact only below 2^53; with
 /// this bound, `now + capacity` (+ a year of leaky-bucket delay) stays below 2^53 µs until past
@@ -22,62 +25,18 @@ pub const MAX_SLIDING_LOG: u64 = 1_000;
 /// accepted here.
 pub const MAX_CAPACITY_US: u64 = (1 << 62) / 1000;
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawRequest {
-    checks: Vec<RawCheck>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCheck {
-    key: String,
-    #[serde(default)]
-    algorithm: AlgorithmName,
-    requests: u64,
-    per_ms: u64,
-    burst: u64,
-    cost: u64,
-    take: Option<u64>,
-    max_delay_ms: Option<u64>,
-}
-
-/// The algorithms on the wire; other names are refused by serde as unknown variants.
-#[derive(Deserialize, Default, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum AlgorithmName {
-    #[default]
-    TokenBucket,
-    FixedWindow,
-    SlidingWindow,
-    SlidingLog,
-    LeakyBucket,
-}
-
-impl AlgorithmName {
-    fn as_str(self) -> &'static str {
-        match self {
-            AlgorithmName::TokenBucket => "token_bucket",
-            AlgorithmName::FixedWindow => "fixed_window",
-            AlgorithmName::SlidingWindow => "sliding_window",
-            AlgorithmName::SlidingLog => "sliding_log",
-            AlgorithmName::LeakyBucket => "leaky_bucket",
-        }
+/// What bounds a check's `cost`, for error messages.
+fn capacity_note(kind: Kind) -> &'static str {
+    match kind {
+        Kind::TokenBucket | Kind::LeakyBucket => " (burst)",
+        _ => " (requests)",
     }
+}
 
-    fn max_requests(self) -> u64 {
-        match self {
-            AlgorithmName::SlidingLog => MAX_SLIDING_LOG,
-            _ => MAX_REQUESTS,
-        }
-    }
-
-    /// Where the bound of `cost` comes from, for error messages.
-    fn capacity_note(self) -> &'static str {
-        match self {
-            AlgorithmName::TokenBucket | AlgorithmName::LeakyBucket => " (burst)",
-            _ => " (requests)",
-        }
+fn max_requests(kind: Kind) -> u64 {
+    match kind {
+        Kind::SlidingLog => MAX_SLIDING_LOG,
+        _ => MAX_REQUESTS,
     }
 }
 
@@ -112,10 +71,10 @@ pub fn parse(body: &[u8]) -> Result<Vec<Check>, BadRequest> {
         .collect()
 }
 
-/// JSON to `RawRequest`; a serde error is reported at the path where it happened.
-fn deserialize(body: &[u8]) -> Result<RawRequest, BadRequest> {
+/// The JSON body; a serde error is reported at the path where it happened.
+fn deserialize(body: &[u8]) -> Result<CheckRequest, BadRequest> {
     let mut json = serde_json::Deserializer::from_slice(body);
-    let raw: RawRequest = serde_path_to_error::deserialize(&mut json).map_err(|error| {
+    let raw: CheckRequest = serde_path_to_error::deserialize(&mut json).map_err(|error| {
         let path = error.path().to_string();
         // Broken JSON is reported for the body (its message has line and column); wrong
         // content at the field's path, "." being the body itself.
@@ -130,45 +89,30 @@ fn deserialize(body: &[u8]) -> Result<RawRequest, BadRequest> {
     Ok(raw)
 }
 
-fn validate(raw: RawCheck, at: &str) -> Result<Check, BadRequest> {
+fn validate(raw: WireCheck, at: &str) -> Result<Check, BadRequest> {
     let field = |name: &str| format!("{at}.{name}");
     let name = raw.algorithm;
     validate_key(&raw.key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
-    let max_delay_ms = max_delay_ms(name, raw.max_delay_ms, &field("max_delay_ms"))?;
-    let requests = within(&field("requests"), raw.requests, 1, name.max_requests(), "")?;
-    let per_ms = within(&field("per_ms"), raw.per_ms, 1, MAX_PER_MS, "")?;
-    let window_us = per_ms * 1000;
-    let burst = burst(name, raw.burst, requests, &field("burst"))?;
-    let capacity = burst.min(MAX_BURST);
-    let cost = within(&field("cost"), raw.cost, 1, capacity, name.capacity_note())?;
-    let take = take(name, raw.take.unwrap_or(cost), cost, burst, &field("take"))?;
-    let algorithm = match name {
-        AlgorithmName::TokenBucket => {
-            let interval_us = interval_us(requests, per_ms);
-            check_capacity(&field("burst"), interval_us, burst)?;
-            Algorithm::TokenBucket { interval_us, burst }
-        }
-        AlgorithmName::FixedWindow => Algorithm::FixedWindow {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::SlidingWindow => Algorithm::SlidingWindow {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::SlidingLog => Algorithm::SlidingLog {
-            limit: requests,
-            window_us,
-        },
-        AlgorithmName::LeakyBucket => {
-            let interval_us = interval_us(requests, per_ms);
-            check_drain(&field("cost"), interval_us, cost)?;
-            Algorithm::LeakyBucket {
-                interval_us,
-                max_delay_us: max_delay_ms * 1000,
-            }
-        }
+    let shape = Shape {
+        name,
+        requests: raw.requests,
+        per_ms: raw.per_ms,
+        burst: raw.burst,
+        max_delay_ms: raw.max_delay_ms,
     };
+    let algorithm = shape.algorithm(&field)?;
+    let capacity = raw.burst.min(MAX_BURST);
+    let cost = within(&field("cost"), raw.cost, 1, capacity, capacity_note(name))?;
+    let take = take(
+        name,
+        raw.take.unwrap_or(cost),
+        cost,
+        raw.burst,
+        &field("take"),
+    )?;
+    if let Algorithm::LeakyBucket { interval_us, .. } = algorithm {
+        check_drain(&field("cost"), interval_us, cost)?;
+    }
     Ok(Check {
         key: raw.key,
         algorithm,
@@ -177,17 +121,65 @@ fn validate(raw: RawCheck, at: &str) -> Result<Check, BadRequest> {
     })
 }
 
+/// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
+/// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
+/// `requests`), or for the leaky bucket informational (max_delay / interval + 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub name: Kind,
+    pub requests: u64,
+    pub per_ms: u64,
+    pub burst: u64,
+    pub max_delay_ms: Option<u64>,
+}
+
+impl Shape {
+    /// The store's algorithm, if every number is within its bounds; `field` turns a field's
+    /// name (`requests`, `per_ms`, `burst`, `max_delay_ms`) into the one the caller reports.
+    pub fn algorithm(&self, field: &dyn Fn(&str) -> String) -> Result<Algorithm, BadRequest> {
+        let name = self.name;
+        let max_delay_ms = max_delay_ms(name, self.max_delay_ms, &field("max_delay_ms"))?;
+        let requests = within(&field("requests"), self.requests, 1, max_requests(name), "")?;
+        let per_ms = within(&field("per_ms"), self.per_ms, 1, MAX_PER_MS, "")?;
+        let window_us = per_ms * 1000;
+        let burst = burst(name, self.burst, requests, &field("burst"))?;
+        Ok(match name {
+            Kind::TokenBucket => {
+                let interval_us = interval_us(requests, per_ms);
+                check_capacity(&field("burst"), interval_us, burst)?;
+                Algorithm::TokenBucket { interval_us, burst }
+            }
+            Kind::FixedWindow => Algorithm::FixedWindow {
+                limit: requests,
+                window_us,
+            },
+            Kind::SlidingWindow => Algorithm::SlidingWindow {
+                limit: requests,
+                window_us,
+            },
+            Kind::SlidingLog => Algorithm::SlidingLog {
+                limit: requests,
+                window_us,
+            },
+            Kind::LeakyBucket => Algorithm::LeakyBucket {
+                interval_us: interval_us(requests, per_ms),
+                max_delay_us: max_delay_ms * 1000,
+            },
+        })
+    }
+}
+
 /// Required for the leaky bucket (0..=a year), refused for the others.
-fn max_delay_ms(name: AlgorithmName, value: Option<u64>, field: &str) -> Result<u64, BadRequest> {
+fn max_delay_ms(name: Kind, value: Option<u64>, field: &str) -> Result<u64, BadRequest> {
     match (value, name) {
-        (Some(ms), AlgorithmName::LeakyBucket) => within(field, ms, 0, MAX_DELAY_MS, ""),
-        (None, AlgorithmName::LeakyBucket) => Err(BadRequest::new(
+        (Some(ms), Kind::LeakyBucket) => within(field, ms, 0, MAX_DELAY_MS, ""),
+        (None, Kind::LeakyBucket) => Err(BadRequest::new(
             field,
             "required for leaky_bucket: the longest a request may be held",
         )),
         (Some(_), _) => Err(BadRequest::new(
             field,
-            format!("only for leaky_bucket, not {}", name.as_str()),
+            format!("only for leaky_bucket, not {}", name.name()),
         )),
         (None, _) => Ok(0),
     }
@@ -195,30 +187,24 @@ fn max_delay_ms(name: AlgorithmName, value: Option<u64>, field: &str) -> Result<
 
 /// The token bucket's capacity; a window's limit (so it must equal `requests`); for the leaky
 /// bucket informational (max_delay / interval + 1 in the filter's units), bounding only `cost`.
-fn burst(name: AlgorithmName, value: u64, requests: u64, field: &str) -> Result<u64, BadRequest> {
+fn burst(name: Kind, value: u64, requests: u64, field: &str) -> Result<u64, BadRequest> {
     match name {
-        AlgorithmName::TokenBucket => within(field, value, 1, MAX_BURST, ""),
-        AlgorithmName::LeakyBucket => within(field, value, 1, u64::MAX, ""),
+        Kind::TokenBucket => within(field, value, 1, MAX_BURST, ""),
+        Kind::LeakyBucket => within(field, value, 1, u64::MAX, ""),
         _ if value == requests => Ok(value),
         _ => Err(BadRequest::new(
             field,
             format!(
                 "must equal requests ({requests}) for {}, got {value}",
-                name.as_str()
+                name.name()
             ),
         )),
     }
 }
 
 /// `cost..=burst`; exactly `cost` for the leaky bucket, which has no leases.
-fn take(
-    name: AlgorithmName,
-    value: u64,
-    cost: u64,
-    burst: u64,
-    field: &str,
-) -> Result<u64, BadRequest> {
-    if name != AlgorithmName::LeakyBucket {
+fn take(name: Kind, value: u64, cost: u64, burst: u64, field: &str) -> Result<u64, BadRequest> {
+    if name != Kind::LeakyBucket {
         return within(field, value, cost, burst, " (cost..=burst)");
     }
     if value == cost {
@@ -232,7 +218,7 @@ fn take(
 }
 
 /// µs per token, at least 1: rates above one token per µs are capped there (the contract).
-fn interval_us(requests: u64, per_ms: u64) -> u64 {
+pub fn interval_us(requests: u64, per_ms: u64) -> u64 {
     (per_ms * 1000 / requests).max(1)
 }
 
@@ -300,24 +286,6 @@ fn validate_key(key: &str) -> Result<(), String> {
 
 fn is_key_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | ':' | '/' | '-')
-}
-
-/// The 200 body: one result per check, in request order.
-#[derive(Serialize, Debug)]
-pub struct CheckResponse {
-    pub results: Vec<CheckResult>,
-}
-
-#[derive(Serialize, Debug, PartialEq, Eq)]
-pub struct CheckResult {
-    pub allowed: bool,
-    pub granted: u64,
-    pub remaining: u64,
-    pub reset_ms: u64,
-    pub retry_after_ms: u64,
-    /// Leaky bucket only (absent otherwise): how long the filter holds the admitted request.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub delay_ms: Option<u64>,
 }
 
 impl From<Decision> for CheckResult {

@@ -1,4 +1,5 @@
-//! The HTTP side: routes, the body limit, JSON responses, and the accept loop.
+//! The HTTP side: routes, the bearer token, the body limit, JSON responses, and the accept loop
+//! with its graceful shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -8,14 +9,21 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::header::{
+    HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use serde::Serialize;
 use tokio::net::TcpListener;
+use tracing::{debug, warn};
 
+use crate::auth::TokenFile;
 use crate::check::{self, BadRequest, CheckResponse, CheckResult};
-use crate::metrics::Metrics;
+use crate::health::{NotReady, Readiness};
+use crate::logging::Throttle;
+use crate::metrics::{self, Metrics};
 use crate::store::{Check, Store, StoreError};
 
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -26,72 +34,139 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a client may take to send a body once the headers are in.
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most one warning per this long about failed checks, and one about refused tokens.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// The paths served; any other counts as `other` in the metrics.
+const PATHS: [&str; 4] = ["/v1/check", "/healthz", "/readyz", "/metrics"];
 
 type Reply = Response<Full<Bytes>>;
 
 pub struct App<S> {
-    store: S,
-    metrics: Metrics,
+    store: Arc<S>,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+    /// `None`: no token required.
+    tokens: Option<Arc<TokenFile>>,
+    redis_warnings: Throttle,
+    token_warnings: Throttle,
 }
 
 impl<S: Store> App<S> {
-    pub fn new(store: S) -> Self {
+    pub fn new(
+        store: Arc<S>,
+        metrics: Arc<Metrics>,
+        readiness: Arc<Readiness>,
+        tokens: Option<Arc<TokenFile>>,
+    ) -> Self {
         App {
             store,
-            metrics: Metrics::default(),
+            metrics,
+            readiness,
+            tokens,
+            redis_warnings: Throttle::new(WARN_EVERY),
+            token_warnings: Throttle::new(WARN_EVERY),
         }
     }
 
+    /// Routes a request, then counts and (at debug level) logs it.
     pub async fn handle(&self, request: Request<Incoming>) -> Reply {
-        match (request.method(), request.uri().path()) {
-            (&Method::POST, "/v1/check") => self.check(request).await,
-            (&Method::GET, "/healthz") => self.healthz().await,
-            (&Method::GET, "/metrics") => text(StatusCode::OK, self.metrics.render()),
-            (_, "/v1/check" | "/healthz" | "/metrics") => error(
+        let started = Instant::now();
+        let method = request.method().clone();
+        let path = PATHS.into_iter().find(|&p| p == request.uri().path());
+        let reply = match (&method, path) {
+            (&Method::POST, Some("/v1/check")) => self.check(request).await,
+            (&Method::GET, Some("/healthz")) => json(StatusCode::OK, &Status { status: "ok" }),
+            (&Method::GET, Some("/readyz")) => self.readyz(),
+            (&Method::GET, Some("/metrics")) => reply(
+                StatusCode::OK,
+                metrics::CONTENT_TYPE,
+                self.metrics.render().into(),
+            ),
+            (_, Some(_)) => error(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "method_not_allowed",
-                request.method().as_str(),
+                method.as_str(),
             ),
-            (_, path) => error(StatusCode::NOT_FOUND, "not_found", path),
-        }
+            (_, None) => error(StatusCode::NOT_FOUND, "not_found", request.uri().path()),
+        };
+        let path = path.unwrap_or("other");
+        let status = reply.status().as_u16();
+        self.metrics.record_http(path, status);
+        let micros = started.elapsed().as_micros();
+        debug!(method = method.as_str(), path, status, micros, "request");
+        reply
     }
 
-    /// Validation first: a bad request never reaches the store.
+    /// The token first, then validation: neither an unauthorized nor a bad request reaches the
+    /// store.
     async fn check(&self, request: Request<Incoming>) -> Reply {
+        if !self.authorized(request.headers()) {
+            return unauthorized();
+        }
         let checks = match read_checks(request).await {
             Ok(checks) => checks,
-            Err(bad) => {
-                self.metrics.record_bad_request();
-                return error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail);
-            }
+            Err(bad) => return error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail),
         };
         let started = Instant::now();
         let decided = self.store.check(&checks).await;
-        self.metrics.record_latency(started.elapsed());
+        self.metrics.observe_check_duration(started.elapsed());
         match decided {
             Ok(decisions) => {
-                self.metrics.record_decisions(&decisions);
+                self.metrics.record_decisions(&checks, &decisions);
                 let results = decisions.into_iter().map(CheckResult::from).collect();
                 json(StatusCode::OK, &CheckResponse { results })
             }
-            Err(failure) => self.redis_unavailable(&failure),
+            Err(failure) => self.redis_unavailable(&checks, &failure),
         }
     }
 
-    async fn healthz(&self) -> Reply {
-        match self.store.ping().await {
-            Ok(()) => json(StatusCode::OK, &Status { status: "ok" }),
-            Err(failure) => self.redis_unavailable(&failure),
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(tokens) = &self.tokens else {
+            return true;
+        };
+        let authorization = headers.get(AUTHORIZATION);
+        let accepted = tokens.accept(authorization.map(HeaderValue::as_bytes));
+        if let (false, Some(others)) = (accepted, self.token_warnings.pass()) {
+            let reason = if authorization.is_some() {
+                "a wrong token"
+            } else {
+                "no token"
+            };
+            warn!(
+                reason,
+                others, "refused a check without a valid bearer token (401)"
+            );
+        }
+        accepted
+    }
+
+    fn readyz(&self) -> Reply {
+        match self.readiness.check() {
+            Ok(()) => json(StatusCode::OK, &Status { status: "ready" }),
+            Err(NotReady::Redis(detail)) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                &detail,
+            ),
+            Err(NotReady::ShuttingDown) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                "the service is stopping",
+            ),
         }
     }
 
     /// 503: the filter applies the policy's failure mode.
-    fn redis_unavailable(&self, failure: &StoreError) -> Reply {
-        self.metrics.record_redis_error();
+    fn redis_unavailable(&self, checks: &[Check], failure: &StoreError) -> Reply {
+        self.metrics.record_failure(checks, failure.kind);
+        if let Some(others) = self.redis_warnings.pass() {
+            let (kind, error) = (failure.kind.name(), failure.detail.as_str());
+            warn!(kind, error, others, "checks failed on Redis (503)");
+        }
         error(
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_unavailable",
-            &failure.0,
+            &failure.detail,
         )
     }
 }
@@ -162,8 +237,12 @@ fn json(status: StatusCode, body: &impl Serialize) -> Reply {
     }
 }
 
-fn text(status: StatusCode, body: String) -> Reply {
-    reply(status, "text/plain; version=0.0.4", body.into())
+/// 401, with the challenge RFC 6750 asks for.
+fn unauthorized() -> Reply {
+    let detail = "a valid bearer token is required";
+    let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
+    (response.headers_mut()).insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
@@ -175,42 +254,49 @@ fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
     response
 }
 
-/// Serves HTTP/1.1 on `listener` until `shutdown` completes; each connection is its own task.
+/// Serves HTTP/1.1 on `listener` until `shutdown` completes, each connection in its own task;
+/// then stops accepting and lets the requests in flight finish within `drain`. Idle keep-alive
+/// connections are closed at once, busy ones after their current response. True if every
+/// connection was done within `drain`.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     app: Arc<App<S>>,
     shutdown: impl Future<Output = ()>,
-) {
+    drain: Duration,
+) -> bool {
+    let connections = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            () = &mut shutdown => return,
+            () = &mut shutdown => break,
         };
         match accepted {
             Ok((stream, _)) => {
-                tokio::spawn(serve_connection(TokioIo::new(stream), Arc::clone(&app)));
+                let app = Arc::clone(&app);
+                let service = hyper::service::service_fn(move |request| {
+                    let app = Arc::clone(&app);
+                    async move { Ok::<_, Infallible>(app.handle(request).await) }
+                });
+                let connection = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(stream), service);
+                // Errors here are clients going away mid-request; nothing to do about them.
+                let watched = connections.watch(connection);
+                tokio::spawn(async move { drop(watched.await) });
             }
             // Usually out of file descriptors: pause instead of spinning.
             Err(failure) => {
-                eprintln!("sluice-service: accept failed: {failure}");
+                warn!(error = %failure, "accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
-}
-
-async fn serve_connection<S: Store>(io: TokioIo<tokio::net::TcpStream>, app: Arc<App<S>>) {
-    let service = hyper::service::service_fn(move |request| {
-        let app = Arc::clone(&app);
-        async move { Ok::<_, Infallible>(app.handle(request).await) }
-    });
-    // Errors here are clients going away mid-request; nothing to do about them.
-    let _ = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(io, service)
-        .await;
+    drop(listener);
+    tokio::time::timeout(drain, connections.shutdown())
+        .await
+        .is_ok()
 }
 
 #[cfg(test)]

@@ -1,13 +1,23 @@
 //! sluice-service decides sluice's global limits, kept in Redis: token bucket, fixed window,
 //! sliding window, sliding log and leaky bucket, with the filter's local semantics.
 //!
-//! A request flows one way: `http` (routes, body limit) → `check` (strict parsing and
-//! validation into `store::Check`s) → a `store::Store` (`redis_store`: one atomic Lua call per
-//! check, one script per algorithm) → `check::CheckResponse`. `cli` reads the command line; `metrics` counts.
+//! A request flows one way: `http` (routes, the bearer token of `auth`, the body limit) →
+//! `check` (strict parsing and validation into `store::Check`s) → a `store::Store`
+//! (`redis_store`: one atomic Lua call per check, one script per algorithm; or `memory_store`,
+//! the filter's own algorithms in this process) →
+//! `check::CheckResponse`. Around it: `health` probes Redis for readiness, `metrics` holds every
+//! series in one registry, `logging` writes JSON lines, `signals` and `cli` are the process's
+//! inputs. `rls` serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
 
+pub mod auth;
 pub mod check;
 pub mod cli;
+pub mod health;
 pub mod http;
+pub mod logging;
+pub mod memory_store;
 pub mod metrics;
 pub mod redis_store;
+pub mod rls;
+pub mod signals;
 pub mod store;

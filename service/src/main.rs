@@ -1,74 +1,138 @@
-//! `sluice-service`: connect to Redis, then serve until SIGTERM or Ctrl-C.
+//! `sluice-service`: serve at once (HTTP, the RLS or both), reach Redis in the background, stop
+//! gracefully on SIGTERM or Ctrl-C.
 
+use std::fmt::Display;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use sluice_service::cli::Args;
+use futures_util::FutureExt;
+use sluice_service::auth::{self, TokenFile};
+use sluice_service::cli::{Args, Backend};
+use sluice_service::health::{self, Readiness};
 use sluice_service::http::{serve, App};
+use sluice_service::memory_store::MemoryStore;
+use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
+use sluice_service::rls::Rls;
+use sluice_service::store::Store;
+use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
+use tracing::{error, info, warn};
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    if let Err(message) = logging::init(&args.log) {
+        eprintln!("sluice-service: {message}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-    {
-        Ok(runtime) => runtime,
-        Err(failure) => return fail(&format!("cannot start the async runtime: {failure}")),
-    };
-    match runtime.block_on(run(args)) {
+        .map_err(|failure| format!("cannot start the async runtime: {failure}"));
+    match runtime.and_then(|runtime| runtime.block_on(run(args))) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => fail(&message),
+        Err(message) => {
+            error!(error = message, "sluice-service cannot start");
+            ExitCode::FAILURE
+        }
     }
 }
 
-fn fail(message: &str) -> ExitCode {
-    eprintln!("sluice-service: {message}");
-    ExitCode::FAILURE
+/// The store the command line chose.
+async fn run(args: Args) -> Result<(), String> {
+    match args.store.backend() {
+        Backend::Redis(target) => {
+            let store =
+                RedisStore::new(&target).map_err(|failure| format!("{target}: {failure}"))?;
+            serve_with(Arc::new(store), &target, args).await
+        }
+        Backend::Memory => serve_with(Arc::new(MemoryStore::default()), &"memory", args).await,
+    }
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let target = args.redis.target();
-    let store = RedisStore::connect(&target)
-        .await
-        .map_err(|failure| format!("cannot reach Redis at {target}: {failure}"))?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .map_err(|failure| format!("cannot listen on {}: {failure}", args.listen))?;
-    let address = listener
-        .local_addr()
-        .map_err(|failure| failure.to_string())?;
-    let shutdown = shutdown_signal()?;
-    eprintln!("sluice-service listening on {address}, redis {target}");
-    serve(listener, Arc::new(App::new(store)), shutdown).await;
-    eprintln!("sluice-service: stopped");
+/// Everything that can be wrong with the command line or the token file fails here, before the
+/// service listens; Redis being down does not.
+async fn serve_with<S: Store>(
+    store: Arc<S>,
+    target: &dyn Display,
+    args: Args,
+) -> Result<(), String> {
+    let tokens = args
+        .token_file
+        .as_deref()
+        .map(TokenFile::load)
+        .transpose()?;
+    let tokens = tokens.map(Arc::new);
+    let mut metrics = Metrics::new();
+    let rls = Rls::prepare(&args.rls, Arc::clone(&store), metrics.registry_mut()).await?;
+    let listener = http_listener(&args).await?;
+    let signals = signals::install()?;
+
+    let metrics = Arc::new(metrics);
+    let readiness = Arc::new(Readiness::new());
+    let probe = health::probe_redis(
+        Arc::clone(&store),
+        Arc::clone(&readiness),
+        Arc::clone(&metrics),
+    );
+    tokio::spawn(probe);
+    if let Some(tokens) = &tokens {
+        tokio::spawn(auth::keep_current(Arc::clone(tokens), signals.hangup));
+    }
+    if let Some(listener) = &listener {
+        let address = listener
+            .local_addr()
+            .map_err(|failure| failure.to_string())?;
+        info!(address = %address, store = %target, token = tokens.is_some(), "listening");
+    }
+    if let Some(rls) = &rls {
+        rls.announce(target);
+    }
+
+    let (delay, drain) = (args.shutdown_delay, args.shutdown_timeout);
+    let stopping = async {
+        signals.stop.await;
+        readiness.start_shutdown();
+        info!(
+            delay_s = delay.as_secs(),
+            drain_s = drain.as_secs(),
+            "shutting down"
+        );
+        tokio::time::sleep(delay).await;
+    }
+    .shared();
+    let http = async {
+        let Some(listener) = listener else {
+            return true;
+        };
+        let app = App::new(store, metrics, Arc::clone(&readiness), tokens.clone());
+        serve(listener, Arc::new(app), stopping.clone(), drain).await
+    };
+    let rls = async {
+        match rls {
+            Some(rls) => rls.serve(stopping.clone(), drain).await,
+            None => Ok(true),
+        }
+    };
+    let (http_drained, rls_drained) = tokio::join!(http, rls);
+    if http_drained && rls_drained? {
+        info!("stopped");
+    } else {
+        warn!(
+            drain_s = drain.as_secs(),
+            "stopped with requests still in flight"
+        );
+    }
     Ok(())
 }
 
-/// SIGTERM (how orchestrators stop us) or Ctrl-C (SIGINT). The handlers are installed when this
-/// is called, before the readiness line: a signal sent as soon as the service is ready must stop
-/// it cleanly, not kill it with the default action (as it did when they were installed on the
-/// first poll, inside `serve`).
-#[cfg(unix)]
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let install =
-        |kind| signal(kind).map_err(|failure| format!("cannot handle signals: {failure}"));
-    let mut terminate = install(SignalKind::terminate())?;
-    let mut interrupt = install(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = terminate.recv() => {},
-            _ = interrupt.recv() => {},
-        }
-    })
-}
-
-#[cfg(not(unix))]
-fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
-    Ok(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
+/// The HTTP listener, unless only the RLS is served.
+async fn http_listener(args: &Args) -> Result<Option<TcpListener>, String> {
+    let Some(listen) = args.http_listen() else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(listen).await;
+    let listener = listener.map_err(|failure| format!("cannot listen on {listen}: {failure}"))?;
+    Ok(Some(listener))
 }

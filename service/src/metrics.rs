@@ -1,11 +1,23 @@
-//! Counters and a latency histogram, rendered in the Prometheus text format by hand
-//! (five series do not need a metrics crate).
+//! Every series the service exports, in one Prometheus registry that `GET /metrics` renders in
+//! the OpenMetrics text format. Another front end adds its own series to `registry_mut` before
+//! the service starts serving. The series are listed in docs/service-api.md.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::collections::HashSet;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::store::Decision;
+use prometheus_client::encoding::{text, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::store::{Check, Decision, FailureKind};
+
+/// The content type of `render`'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// Upper bounds of the latency buckets, in seconds; Redis answers in well under a millisecond,
 /// and the command timeout is 1 s.
@@ -13,120 +25,200 @@ const LATENCY_BOUNDS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-#[derive(Default)]
+/// Distinct policies that get a `policy` label of their own; later ones count under `OTHER`.
+pub const MAX_POLICIES: usize = 100;
+/// The `policy` label of checks past `MAX_POLICIES`, or whose key is not `<policy>/...` with a
+/// policy name the filter accepts. Parentheses keep it apart from every real policy name.
+pub const OTHER: &str = "(other)";
+/// The filter's bound on policy names (`^[A-Za-z0-9_.-]{1,64}$`).
+const MAX_POLICY_NAME: usize = 64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    policy: String,
+    algorithm: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RedisErrorLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HttpLabels {
+    path: &'static str,
+    status: u16,
+}
+
 pub struct Metrics {
-    checks: AtomicU64,
-    denials: AtomicU64,
-    redis_errors: AtomicU64,
-    bad_requests: AtomicU64,
-    latency: Histogram,
+    registry: Registry,
+    checks: Family<CheckLabels, Counter>,
+    check_duration: Histogram,
+    redis_errors: Family<RedisErrorLabels, Counter>,
+    redis_up: Gauge,
+    http_requests: Family<HttpLabels, Counter>,
+    policies: PolicyNames,
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
 }
 
 impl Metrics {
-    pub fn record_decisions(&self, decisions: &[Decision]) {
-        let denied = decisions.iter().filter(|d| !d.allowed).count();
-        self.checks.fetch_add(count(decisions.len()), Relaxed);
-        self.denials.fetch_add(count(denied), Relaxed);
+    pub fn new() -> Metrics {
+        let mut metrics = Metrics {
+            registry: Registry::with_prefix("sluice_service"),
+            checks: Family::default(),
+            check_duration: Histogram::new(LATENCY_BOUNDS),
+            redis_errors: Family::default(),
+            redis_up: Gauge::default(),
+            http_requests: Family::default(),
+            policies: PolicyNames::default(),
+        };
+        metrics.register();
+        metrics
     }
 
-    pub fn record_redis_error(&self) {
-        self.redis_errors.fetch_add(1, Relaxed);
+    fn register(&mut self) {
+        let registry = &mut self.registry;
+        registry.register(
+            "checks",
+            "Checks decided or failed, by policy (the key's part before '/'), algorithm and \
+             result (allowed, denied, error)",
+            self.checks.clone(),
+        );
+        registry.register_with_unit(
+            "check_duration",
+            "Time to decide one valid request's checks, Redis included",
+            prometheus_client::registry::Unit::Seconds,
+            self.check_duration.clone(),
+        );
+        registry.register(
+            "redis_errors",
+            "Requests whose checks failed because of Redis, by kind",
+            self.redis_errors.clone(),
+        );
+        registry.register(
+            "redis_up",
+            "1 while Redis answers the readiness probe, else 0",
+            self.redis_up.clone(),
+        );
+        registry.register(
+            "http_requests",
+            "HTTP requests answered, by path and status",
+            self.http_requests.clone(),
+        );
+        let version = [("version", env!("CARGO_PKG_VERSION"))];
+        registry.register("build", "The service's version", Info::new(version));
     }
 
-    pub fn record_bad_request(&self) {
-        self.bad_requests.fetch_add(1, Relaxed);
+    /// Where another front end registers its series (before serving).
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
     }
 
-    pub fn record_latency(&self, elapsed: Duration) {
-        self.latency.observe(elapsed);
+    /// One count per check, labelled with its policy, algorithm and what was decided.
+    pub fn record_decisions(&self, checks: &[Check], decisions: &[Decision]) {
+        for (check, decision) in checks.iter().zip(decisions) {
+            let result = if decision.allowed {
+                "allowed"
+            } else {
+                "denied"
+            };
+            self.count_check(check, result);
+        }
+    }
+
+    /// A request whose checks all failed: each counts as an error, the request once by kind.
+    pub fn record_failure(&self, checks: &[Check], kind: FailureKind) {
+        for check in checks {
+            self.count_check(check, "error");
+        }
+        let labels = RedisErrorLabels { kind: kind.name() };
+        self.redis_errors.get_or_create(&labels).inc();
+    }
+
+    fn count_check(&self, check: &Check, result: &'static str) {
+        let labels = CheckLabels {
+            policy: self.policies.label(&check.key),
+            algorithm: check.algorithm.name(),
+            result,
+        };
+        self.checks.get_or_create(&labels).inc();
+    }
+
+    pub fn observe_check_duration(&self, elapsed: Duration) {
+        self.check_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn set_redis_up(&self, up: bool) {
+        self.redis_up.set(i64::from(up));
+    }
+
+    pub fn record_http(&self, path: &'static str, status: u16) {
+        let labels = HttpLabels { path, status };
+        self.http_requests.get_or_create(&labels).inc();
     }
 
     pub fn render(&self) -> String {
-        let mut text = String::new();
-        counter(
-            &mut text,
-            "sluice_checks_total",
-            "Checks decided (one per entry of a request).",
-            &self.checks,
-        );
-        counter(
-            &mut text,
-            "sluice_denials_total",
-            "Checks denied.",
-            &self.denials,
-        );
-        counter(
-            &mut text,
-            "sluice_redis_errors_total",
-            "Requests that failed because Redis failed or timed out.",
-            &self.redis_errors,
-        );
-        counter(
-            &mut text,
-            "sluice_bad_requests_total",
-            "Requests refused with 400.",
-            &self.bad_requests,
-        );
-        self.latency.render(
-            &mut text,
-            "sluice_check_duration_seconds",
-            "Time to answer a valid /v1/check request, Redis included.",
-        );
-        text
+        let mut body = String::new();
+        // Writing to a String cannot fail.
+        let _ = text::encode(&mut body, &self.registry);
+        body
     }
 }
 
-fn count(n: usize) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-fn counter(text: &mut String, name: &str, help: &str, value: &AtomicU64) {
-    let _ = write!(
-        text,
-        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}\n",
-        value.load(Relaxed)
-    );
-}
-
-/// Per-bucket counts (not cumulative; `render` accumulates) and the sum in microseconds.
+/// The policy names seen so far, at most `MAX_POLICIES`: a caller sending made-up keys cannot
+/// grow the number of series without bound.
 #[derive(Default)]
-struct Histogram {
-    buckets: [AtomicU64; LATENCY_BOUNDS.len()],
-    count: AtomicU64,
-    sum_us: AtomicU64,
+struct PolicyNames {
+    seen: Mutex<HashSet<String>>,
 }
 
-impl Histogram {
-    fn observe(&self, elapsed: Duration) {
-        let seconds = elapsed.as_secs_f64();
-        let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-        let slot = LATENCY_BOUNDS.iter().position(|&bound| seconds <= bound);
-        if let Some(bucket) = slot.and_then(|i| self.buckets.get(i)) {
-            bucket.fetch_add(1, Relaxed);
+impl PolicyNames {
+    /// The `policy` label of a check key `<policy>/<hash>`.
+    fn label(&self, key: &str) -> String {
+        let Some(name) = key.split_once('/').map(|(name, _)| name) else {
+            return OTHER.to_string();
+        };
+        if !is_policy_name(name) {
+            return OTHER.to_string();
         }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(micros, Relaxed);
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.contains(name) || seen.len() < MAX_POLICIES && seen.insert(name.to_string()) {
+            name.to_string()
+        } else {
+            OTHER.to_string()
+        }
     }
+}
 
-    fn render(&self, text: &mut String, name: &str, help: &str) {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, bucket) in LATENCY_BOUNDS.iter().zip(&self.buckets) {
-            cumulative += bucket.load(Relaxed);
-            let _ = writeln!(text, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = self.count.load(Relaxed);
-        let sum = self.sum_us.load(Relaxed) as f64 / 1e6;
-        let _ = write!(
-            text,
-            "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}\n"
-        );
-    }
+fn is_policy_name(name: &str) -> bool {
+    (1..=MAX_POLICY_NAME).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Algorithm;
+
+    fn check(key: &str) -> Check {
+        Check {
+            key: key.to_string(),
+            algorithm: Algorithm::FixedWindow {
+                limit: 5,
+                window_us: 1_000_000,
+            },
+            cost: 1,
+            take: 1,
+        }
+    }
 
     fn decision(allowed: bool) -> Decision {
         Decision {
@@ -139,32 +231,65 @@ mod tests {
         }
     }
 
-    #[test]
-    fn counters_and_a_cumulative_histogram_are_rendered() {
-        let metrics = Metrics::default();
-        metrics.record_decisions(&[decision(true), decision(false), decision(false)]);
-        metrics.record_bad_request();
-        metrics.record_redis_error();
-        metrics.record_latency(Duration::from_micros(700));
-        metrics.record_latency(Duration::from_secs(9));
-        let text = metrics.render();
-        for line in [
-            "sluice_checks_total 3",
-            "sluice_denials_total 2",
-            "sluice_redis_errors_total 1",
-            "sluice_bad_requests_total 1",
-            "# TYPE sluice_check_duration_seconds histogram",
-            "sluice_check_duration_seconds_bucket{le=\"0.0005\"} 0",
-            "sluice_check_duration_seconds_bucket{le=\"0.001\"} 1",
-            "sluice_check_duration_seconds_bucket{le=\"2.5\"} 1",
-            "sluice_check_duration_seconds_bucket{le=\"+Inf\"} 2",
-            "sluice_check_duration_seconds_sum 9.0007",
-            "sluice_check_duration_seconds_count 2",
-        ] {
+    fn assert_lines(text: &str, lines: &[&str]) {
+        for line in lines {
             assert!(
-                text.lines().any(|l| l == line),
+                text.lines().any(|l| l == *line),
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn checks_count_by_policy_algorithm_and_result_and_failures_by_kind() {
+        let metrics = Metrics::new();
+        let checks = [
+            check("per-user/00ff"),
+            check("per-user/0a0a"),
+            check("tenant/1"),
+        ];
+        let decisions = [decision(true), decision(false), decision(false)];
+        metrics.record_decisions(&checks, &decisions);
+        metrics.record_failure(&checks[2..], FailureKind::Timeout);
+        metrics.observe_check_duration(Duration::from_micros(700));
+        metrics.set_redis_up(true);
+        metrics.record_http("/v1/check", 401);
+        assert_lines(
+            &metrics.render(),
+            &[
+                r#"sluice_service_checks_total{policy="per-user",algorithm="fixed_window",result="allowed"} 1"#,
+                r#"sluice_service_checks_total{policy="per-user",algorithm="fixed_window",result="denied"} 1"#,
+                r#"sluice_service_checks_total{policy="tenant",algorithm="fixed_window",result="denied"} 1"#,
+                r#"sluice_service_checks_total{policy="tenant",algorithm="fixed_window",result="error"} 1"#,
+                r#"sluice_service_redis_errors_total{kind="timeout"} 1"#,
+                r#"sluice_service_check_duration_seconds_bucket{le="0.0005"} 0"#,
+                r#"sluice_service_check_duration_seconds_bucket{le="0.001"} 1"#,
+                "sluice_service_check_duration_seconds_count 1",
+                "sluice_service_redis_up 1",
+                r#"sluice_service_http_requests_total{path="/v1/check",status="401"} 1"#,
+                concat!(
+                    r#"sluice_service_build_info{version=""#,
+                    env!("CARGO_PKG_VERSION"),
+                    r#""} 1"#
+                ),
+                "# EOF",
+            ],
+        );
+    }
+
+    #[test]
+    fn policies_past_the_bound_or_not_named_as_the_filter_names_them_count_as_other() {
+        let names = PolicyNames::default();
+        for n in 0..MAX_POLICIES {
+            assert_eq!(names.label(&format!("p{n}/1")), format!("p{n}"));
+        }
+        assert_eq!(names.label("one-too-many/1"), OTHER);
+        assert_eq!(names.label("p0/2"), "p0", "a known policy keeps its label");
+        let fresh = PolicyNames::default();
+        let long = format!("{}/1", "a".repeat(65));
+        for key in ["no-slash", "/1", "a:b/1", long.as_str()] {
+            assert_eq!(fresh.label(key), OTHER, "{key}");
+        }
+        assert_eq!(fresh.label(&format!("{}/1", "a".repeat(64))).len(), 64);
     }
 }

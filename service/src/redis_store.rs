@@ -1,16 +1,21 @@
 //! The `Store` over Redis (one node or a Cluster): one atomic Lua call per check (one script per
-//! algorithm), Redis TIME as the only clock, every call bounded by `COMMAND_TIMEOUT`.
+//! algorithm), Redis TIME as the only clock, every call bounded by `COMMAND_TIMEOUT`. Connections
+//! are made and remade in the background: the store starts whether or not Redis answers, and a
+//! check while it does not fails within its bound instead of waiting for it.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::cluster::ClusterClientBuilder;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value};
 
-use crate::store::{Algorithm, Check, Decision, Store, StoreError};
+use tokio::sync::OnceCell;
+
+use crate::store::{Algorithm, Check, Decision, FailureKind, Store, StoreError};
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
 // state in KEYS[1] = `sluice:{<key>}`, writes only when it admits, and sets a TTL on every write,
@@ -209,10 +214,10 @@ return {1, granted, room - granted, 2 * window - elapsed, 0}
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// An entry is live while time > now - window. Admits if live + cost <= limit, adding
-/// granted = min(take, limit - live) entries at now after trimming the expired ones. A denial
-/// writes nothing; its retry_after is when the (live + cost - limit)-th oldest entry leaves,
-/// its reset when the newest does; an admission's reset is the window. TTL: the window plus
-/// 1 s (the newest entry is now).
+/// granted = min(take, limit - live) entries at now after trimming the expired ones (none for a
+/// cost of 0, which only asks). A denial writes nothing; its retry_after is when the
+/// (live + cost - limit)-th oldest entry leaves, its reset when the newest does; an admission's
+/// reset is the window. TTL: the window plus 1 s (the newest entry is now).
 pub const SLIDING_LOG_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -249,7 +254,9 @@ for n = first, first + granted - 1 do
   entries[#entries + 1] = at
   entries[#entries + 1] = at .. '-' .. string.format('%d', n)
 end
-redis.call('ZADD', KEYS[1], unpack(entries))
+if granted > 0 then
+  redis.call('ZADD', KEYS[1], unpack(entries))
+end
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
 return {1, granted, limit - count - granted, window, 0}
 ";
@@ -286,7 +293,9 @@ return {1, cost, math.max(math.floor((max_delay - delay) / interval) + 1 - cost,
 
 /// Bound on every Redis operation, retries and reconnects included.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
-/// Bound on connecting (and loading the script) at start.
+/// Bound on a `PING`: short, so that readiness follows Redis within a second (`health`).
+pub const PING_TIMEOUT: Duration = Duration::from_millis(500);
+/// Bound on opening a Cluster connection (every seed node may be tried).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Which Redis to use, as given on the command line.
@@ -328,6 +337,74 @@ fn redact(url: &str) -> String {
 /// one Cluster slot (algorithms with several keys use `sluice:{<key>}:<suffix>`).
 pub fn redis_key(key: &str) -> String {
     format!("sluice:{{{key}}}")
+}
+
+/// How the store reaches Redis. Neither kind waits for Redis to exist: a single node's manager
+/// connects on first use and reconnects by itself after every loss; a Cluster connection is
+/// opened by the first `ping` that reaches a seed node (the readiness probe calls it every
+/// 250 ms), and then reconnects to each node by itself.
+enum Link {
+    Single(ConnectionManager),
+    Cluster {
+        // Boxed: a client is large, and there is one per process.
+        client: Box<ClusterClient>,
+        connection: OnceCell<ClusterConnection>,
+    },
+}
+
+impl Link {
+    /// Only checks the configuration (URLs): no I/O.
+    fn new(target: &RedisTarget) -> RedisResult<Link> {
+        match target {
+            RedisTarget::Single(url) => {
+                let client = redis::Client::open(url.as_str())?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(COMMAND_TIMEOUT))
+                    .set_response_timeout(Some(COMMAND_TIMEOUT))
+                    // One connection attempt per (re)connection, no back-off: a check that meets
+                    // a dead or refused connection starts a reconnection and waits for it
+                    // (`Retry`), so while Redis is down each check fails after one refused
+                    // attempt instead of waiting out a back-off between two.
+                    .set_number_of_retries(0);
+                let manager = ConnectionManager::new_lazy_with_config(client, config)?;
+                Ok(Link::Single(manager))
+            }
+            RedisTarget::Cluster(urls) => {
+                let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
+                    .connection_timeout(COMMAND_TIMEOUT)
+                    .response_timeout(COMMAND_TIMEOUT)
+                    .retries(2)
+                    .build()?;
+                let connection = OnceCell::new();
+                let client = Box::new(client);
+                Ok(Link::Cluster { client, connection })
+            }
+        }
+    }
+
+    /// The connection as it is; never waits for a Cluster to be reached.
+    fn connection(&self) -> RedisResult<Connection> {
+        match self {
+            Link::Single(manager) => Ok(Connection::Single(manager.clone())),
+            Link::Cluster { connection, .. } => match connection.get() {
+                Some(cluster) => Ok(Connection::Cluster(cluster.clone())),
+                None => Err(RedisError::from((
+                    ErrorKind::ClusterConnectionNotFound,
+                    "not connected to the Redis Cluster yet",
+                ))),
+            },
+        }
+    }
+
+    /// The connection, opening the Cluster's first if it has none.
+    async fn connect(&self) -> RedisResult<Connection> {
+        if let Link::Cluster { client, connection } = self {
+            connection
+                .get_or_try_init(|| client.get_async_connection())
+                .await?;
+        }
+        self.connection()
+    }
 }
 
 #[derive(Clone)]
@@ -378,28 +455,30 @@ impl Scripts {
 }
 
 pub struct RedisStore {
-    connection: Connection,
+    link: Link,
     scripts: Scripts,
+    /// Whether the last ping was answered. The first answer after none (at start, or once
+    /// Redis is back) loads the scripts, so that checks do not meet NOSCRIPT first.
+    answered: AtomicBool,
 }
 
 impl RedisStore {
-    /// Connects, checks that Redis answers and loads the scripts, all within `CONNECT_TIMEOUT`.
-    pub async fn connect(target: &RedisTarget) -> Result<RedisStore, StoreError> {
-        bounded(CONNECT_TIMEOUT, async {
-            let store = RedisStore {
-                connection: open(target).await?,
-                scripts: Scripts::new(),
-            };
-            store.load_scripts().await?;
-            Ok(store)
+    /// A store for `target`, which it reaches only when used: only a malformed URL fails here.
+    pub fn new(target: &RedisTarget) -> Result<RedisStore, StoreError> {
+        let link = Link::new(target).map_err(|error| failure(&error))?;
+        let scripts = Scripts::new();
+        let answered = AtomicBool::new(false);
+        Ok(RedisStore {
+            link,
+            scripts,
+            answered,
         })
-        .await
     }
 
     /// SCRIPT LOAD of every script; in a Cluster the client sends each to every node.
     async fn load_scripts(&self) -> RedisResult<()> {
         for script in self.scripts.all() {
-            match self.connection.clone() {
+            match self.link.connection()? {
                 Connection::Single(mut con) => script.load_async(&mut con).await?,
                 Connection::Cluster(mut con) => script.load_async(&mut con).await?,
             };
@@ -408,7 +487,7 @@ impl RedisStore {
     }
 
     async fn decide(&self, checks: &[Check]) -> RedisResult<Vec<Decision>> {
-        let replies = match self.connection.clone() {
+        let replies = match self.link.connection()? {
             Connection::Single(con) => self.eval_pipelined(&con, checks).await?,
             Connection::Cluster(con) => self.eval_concurrently(&con, checks).await?,
         };
@@ -482,10 +561,19 @@ impl RedisStore {
         pipe
     }
 
-    async fn ping(&self) -> RedisResult<()> {
+    /// On a single node, a ping that meets the failure of the last reconnection (Redis was down)
+    /// is sent again on the new one (`Retry`): readiness comes back at the first probe after
+    /// Redis does, not the second.
+    async fn ping(connection: Connection) -> RedisResult<()> {
         let ping = redis::cmd("PING");
-        match self.connection.clone() {
-            Connection::Single(mut con) => ping.exec_async(&mut con).await,
+        match connection {
+            Connection::Single(con) => {
+                let attempt = || {
+                    let (mut con, ping) = (con.clone(), &ping);
+                    async move { ping.exec_async(&mut con).await }
+                };
+                Retry::once().run(attempt).await
+            }
             Connection::Cluster(mut con) => ping.exec_async(&mut con).await,
         }
     }
@@ -496,8 +584,20 @@ impl Store for RedisStore {
         bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
     }
 
+    /// Opening a Cluster connection has a bound of its own: a ping's would cut it short every
+    /// time, and the Cluster would never be reached over a slow network.
     async fn ping(&self) -> Result<(), StoreError> {
-        bounded(COMMAND_TIMEOUT, async { RedisStore::ping(self).await }).await
+        let answer = async {
+            let connection = bounded(CONNECT_TIMEOUT, self.link.connect()).await?;
+            bounded(PING_TIMEOUT, RedisStore::ping(connection)).await?;
+            if !self.answered.load(Relaxed) {
+                bounded(COMMAND_TIMEOUT, self.load_scripts()).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.answered.store(answer.is_ok(), Relaxed);
+        answer
     }
 }
 
@@ -558,32 +658,6 @@ async fn query(
             async move { pipe.query_async::<Vec<Value>>(&mut con).await }
         })
         .await
-}
-
-async fn open(target: &RedisTarget) -> RedisResult<Connection> {
-    match target {
-        RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str())?;
-            let config = ConnectionManagerConfig::new()
-                .set_connection_timeout(Some(COMMAND_TIMEOUT))
-                .set_response_timeout(Some(COMMAND_TIMEOUT))
-                // One connection attempt per (re)connection, no back-off: at start, fail fast;
-                // later a check that meets a dead or refused connection starts a reconnection
-                // and waits for it (`Retry`), so while Redis is down each check fails after one
-                // refused attempt instead of waiting out a back-off between two.
-                .set_number_of_retries(0);
-            let manager = ConnectionManager::new_with_config(client, config).await?;
-            Ok(Connection::Single(manager))
-        }
-        RedisTarget::Cluster(urls) => {
-            let client = ClusterClientBuilder::new(urls.iter().map(String::as_str))
-                .connection_timeout(COMMAND_TIMEOUT)
-                .response_timeout(COMMAND_TIMEOUT)
-                .retries(2)
-                .build()?;
-            Ok(Connection::Cluster(client.get_async_connection().await?))
-        }
-    }
 }
 
 /// ARGV of the check's script (see each script's documentation).
@@ -647,8 +721,34 @@ async fn bounded<T>(
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(limit, operation).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(StoreError(error.to_string())),
-        Err(_) => Err(StoreError(format!("no answer from Redis within {limit:?}"))),
+        Ok(Err(error)) => Err(failure(&error)),
+        Err(_) => Err(StoreError {
+            kind: FailureKind::Timeout,
+            detail: format!("no answer from Redis within {limit:?}"),
+        }),
+    }
+}
+
+fn failure(error: &RedisError) -> StoreError {
+    StoreError {
+        kind: failure_kind(error),
+        detail: error.to_string(),
+    }
+}
+
+/// The few kinds an operator tells apart (`FailureKind`), from redis-rs's many.
+fn failure_kind(error: &RedisError) -> FailureKind {
+    if error.is_timeout() {
+        FailureKind::Timeout
+    } else if error.is_io_error()
+        || error.is_connection_dropped()
+        || error.kind() == ErrorKind::ClusterConnectionNotFound
+    {
+        FailureKind::Connection
+    } else if matches!(error.kind(), ErrorKind::Server(_) | ErrorKind::Extension) {
+        FailureKind::Server
+    } else {
+        FailureKind::Other
     }
 }
 

@@ -2,6 +2,10 @@
 //! and the trait a store implements (Redis in production, anything in tests).
 
 use std::future::Future;
+use std::hash::Hasher;
+
+use siphasher::sip128::{Hasher128, SipHasher13};
+use sluice::algorithm::Kind;
 
 /// One validated check (see `check::parse`), in the units the store computes in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -9,11 +13,25 @@ pub struct Check {
     /// The caller's key, `[A-Za-z0-9_.:/-]{1,200}`; the store derives its own key from it.
     pub key: String,
     pub algorithm: Algorithm,
-    /// Tokens (requests) the request needs.
+    /// Tokens (requests) the request needs: at least 1 on `/v1/check`; 0 from the RLS protocol
+    /// (`hits_addend` 0) asks whether the key is over its limit without charging it.
     pub cost: u64,
     /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity.
     /// Always `cost` for the leaky bucket.
     pub take: u64,
+}
+
+/// A caller key for a limit named by arbitrary bytes (an RLS descriptor's values, which may hold
+/// any character): `<namespace>/<32 hex digits>`, the 128-bit SipHash-1-3 of the parts. Each
+/// part is hashed with its length, so two different lists of parts never share a key by
+/// concatenation, and the hash keeps the raw values (user ids, addresses) out of Redis.
+pub fn hashed_key(namespace: &str, parts: &[&[u8]]) -> String {
+    let mut hasher = SipHasher13::new();
+    for part in parts {
+        hasher.write_u64(part.len() as u64);
+        hasher.write(part);
+    }
+    format!("{namespace}/{:032x}", hasher.finish128().as_u128())
 }
 
 /// An algorithm with its numbers; durations in microseconds. Windows are aligned to the Unix
@@ -34,15 +52,19 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Algorithm::TokenBucket { .. } => Kind::TokenBucket,
+            Algorithm::FixedWindow { .. } => Kind::FixedWindow,
+            Algorithm::SlidingWindow { .. } => Kind::SlidingWindow,
+            Algorithm::SlidingLog { .. } => Kind::SlidingLog,
+            Algorithm::LeakyBucket { .. } => Kind::LeakyBucket,
+        }
+    }
+
     /// The name on the wire.
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "token_bucket",
-            Algorithm::FixedWindow { .. } => "fixed_window",
-            Algorithm::SlidingWindow { .. } => "sliding_window",
-            Algorithm::SlidingLog { .. } => "sliding_log",
-            Algorithm::LeakyBucket { .. } => "leaky_bucket",
-        }
+        self.kind().name()
     }
 }
 
@@ -62,13 +84,42 @@ pub struct Decision {
     pub delay_us: Option<u64>,
 }
 
-/// Storage failed or did not answer in time; the detail goes into the 503 body.
+/// Storage failed or did not answer in time; the detail goes into the 503 body and the logs,
+/// the kind into the metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreError(pub String);
+pub struct StoreError {
+    pub kind: FailureKind,
+    pub detail: String,
+}
+
+/// Why storage failed, in as few kinds as an operator acts on differently.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FailureKind {
+    /// No answer in time (a paused or overloaded Redis, a network that drops packets).
+    Timeout,
+    /// No connection: refused, reset, dropped, or not made yet.
+    Connection,
+    /// Redis answered with an error (OOM, BUSY, READONLY, CLUSTERDOWN, a script error).
+    Server,
+    /// Anything else, such as an unexpected reply.
+    Other,
+}
+
+impl FailureKind {
+    /// The name in metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::Timeout => "timeout",
+            FailureKind::Connection => "connection",
+            FailureKind::Server => "server",
+            FailureKind::Other => "other",
+        }
+    }
+}
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.detail)
     }
 }
 
@@ -80,6 +131,48 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// Whether the store answers at all.
+    /// Whether the store answers at all; the readiness probe (`health`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// One store shared by the HTTP API and the RLS.
+impl<S: Store> Store for std::sync::Arc<S> {
+    fn check(
+        &self,
+        checks: &[Check],
+    ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
+        S::check(self, checks)
+    }
+
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
+        S::ping(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashed_keys_are_valid_caller_keys_that_tell_every_list_of_parts_apart() {
+        let key = hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.1"]);
+        assert_eq!(key.len(), "rls/".len() + 32);
+        assert!(key.starts_with("rls/"));
+        assert!(key.bytes().skip(4).all(|b| b.is_ascii_hexdigit()));
+        // Stable across runs and processes: the counters of one limit must be found again.
+        assert_eq!(
+            key,
+            hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.1"])
+        );
+        let others = [
+            hashed_key("rls", &[b"domain", b"remote_address10.0.0.1"]),
+            hashed_key("rls", &[b"domainremote_address", b"10.0.0.1"]),
+            hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.2"]),
+            hashed_key("rls", &[b"domain", b"remote_address", b"\xff{}"]),
+            hashed_key("other", &[b"domain", b"remote_address", b"10.0.0.1"]),
+        ];
+        for other in others {
+            assert_ne!(key, other);
+        }
+    }
 }

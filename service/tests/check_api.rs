@@ -1,4 +1,6 @@
-//! POST /v1/check through the real binary and a real redis-server.
+//! POST /v1/check through the real binary: the API's behaviour on both stores (a real
+//! redis-server running the Lua scripts, and `--memory`, the filter's own algorithms in the
+//! service), then what only Redis has.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -23,6 +25,14 @@ use sluice_testkit::wait_for;
 
 const MINUTE_MS: u64 = 60_000;
 
+/// Runs a test body against a service on a real Redis and one on `--memory`: one contract, two
+/// stores.
+fn on_each_store(body: impl Fn(&Service)) {
+    let redis = RedisServer::start();
+    body(&Service::start(&redis.url()));
+    body(&Service::start_memory());
+}
+
 /// One request with one check; its result.
 fn check_one(service: &Service, one: &Value) -> Value {
     service.check(std::slice::from_ref(one)).remove(0)
@@ -37,87 +47,87 @@ fn allowed(results: &[Value]) -> Vec<bool> {
 
 #[test]
 fn eight_rapid_requests_with_burst_five_give_five_allowed_then_three_denied() {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let per_user = bucket("per-user/7af12e58ae350d9a", 1, 1000, 5, 1, 1);
-    let results: Vec<Value> = (0..8).map(|_| check_one(&service, &per_user)).collect();
-    assert_eq!(
-        allowed(&results),
-        [true, true, true, true, true, false, false, false]
-    );
-    let remaining: Vec<u64> = results
-        .iter()
-        .map(|r| r["remaining"].as_u64().unwrap())
-        .collect();
-    assert_eq!(remaining, [4, 3, 2, 1, 0, 0, 0, 0]);
-    assert_eq!(
-        results[0],
-        json!({"allowed": true, "granted": 1, "remaining": 4, "reset_ms": 1000, "retry_after_ms": 0})
-    );
-    for denied in &results[5..] {
-        assert_eq!(denied["granted"], 0);
-        let retry = denied["retry_after_ms"].as_u64().unwrap();
-        assert!((800..=1000).contains(&retry), "retry_after_ms {retry}");
-        let reset = denied["reset_ms"].as_u64().unwrap();
-        assert!((4800..=5000).contains(&reset), "reset_ms {reset}");
-    }
+    on_each_store(|service| {
+        let per_user = bucket("per-user/7af12e58ae350d9a", 1, 1000, 5, 1, 1);
+        let results: Vec<Value> = (0..8).map(|_| check_one(service, &per_user)).collect();
+        assert_eq!(
+            allowed(&results),
+            [true, true, true, true, true, false, false, false]
+        );
+        let remaining: Vec<u64> = results
+            .iter()
+            .map(|r| r["remaining"].as_u64().unwrap())
+            .collect();
+        assert_eq!(remaining, [4, 3, 2, 1, 0, 0, 0, 0]);
+        assert_eq!(
+            results[0],
+            json!({"allowed": true, "granted": 1, "remaining": 4, "reset_ms": 1000, "retry_after_ms": 0})
+        );
+        for denied in &results[5..] {
+            assert_eq!(denied["granted"], 0);
+            let retry = denied["retry_after_ms"].as_u64().unwrap();
+            assert!((800..=1000).contains(&retry), "retry_after_ms {retry}");
+            let reset = denied["reset_ms"].as_u64().unwrap();
+            assert!((4800..=5000).contains(&reset), "reset_ms {reset}");
+        }
+    });
 }
 
 #[test]
 fn a_lease_grants_the_smaller_of_take_and_what_is_available() {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let lease = bucket("lease/1", 1, MINUTE_MS, 30, 1, 20);
-    let granted: Vec<u64> = (0..3)
-        .map(|_| check_one(&service, &lease)["granted"].as_u64().unwrap())
-        .collect();
-    assert_eq!(granted, [20, 10, 0]);
+    on_each_store(|service| {
+        let lease = bucket("lease/1", 1, MINUTE_MS, 30, 1, 20);
+        let granted: Vec<u64> = (0..3)
+            .map(|_| check_one(service, &lease)["granted"].as_u64().unwrap())
+            .collect();
+        assert_eq!(granted, [20, 10, 0]);
+    });
 }
 
 #[test]
 fn tokens_come_back_with_time_up_to_the_burst() {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let two_per_second = bucket("refill/1", 2, 1000, 2, 1, 1);
-    let drain: Vec<bool> = (0..3)
-        .map(|_| check_one(&service, &two_per_second)["allowed"] == true)
-        .collect();
-    assert_eq!(drain, [true, true, false]);
-    // 1.6 s refill 3.2 tokens, but the bucket holds 2.
-    std::thread::sleep(Duration::from_millis(1600));
-    let again: Vec<bool> = (0..3)
-        .map(|_| check_one(&service, &two_per_second)["allowed"] == true)
-        .collect();
-    assert_eq!(again, [true, true, false]);
+    on_each_store(|service| {
+        let two_per_second = bucket("refill/1", 2, 1000, 2, 1, 1);
+        let drain: Vec<bool> = (0..3)
+            .map(|_| check_one(service, &two_per_second)["allowed"] == true)
+            .collect();
+        assert_eq!(drain, [true, true, false]);
+        // 1.6 s refill 3.2 tokens, but the bucket holds 2.
+        std::thread::sleep(Duration::from_millis(1600));
+        let again: Vec<bool> = (0..3)
+            .map(|_| check_one(service, &two_per_second)["allowed"] == true)
+            .collect();
+        assert_eq!(again, [true, true, false]);
+    });
 }
 
 #[test]
 fn each_check_of_a_request_is_decided_on_its_own_in_order() {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let tight = bucket("layer/tight", 1, MINUTE_MS, 1, 1, 1);
-    check_one(&service, &tight);
-    let loose = bucket("layer/loose", 1, MINUTE_MS, 10, 1, 1);
-    let results = service.check(&[
-        tight,
-        loose.clone(),
-        bucket("layer/other", 1, MINUTE_MS, 3, 2, 2),
-    ]);
-    assert_eq!(allowed(&results), [false, true, true]);
-    // The filter denies this request, yet the other checks were charged (documented semantics).
-    assert_eq!(results[1]["remaining"], 9);
-    assert_eq!(results[2]["remaining"], 1);
+    on_each_store(|service| {
+        let tight = bucket("layer/tight", 1, MINUTE_MS, 1, 1, 1);
+        check_one(service, &tight);
+        let loose = bucket("layer/loose", 1, MINUTE_MS, 10, 1, 1);
+        let results = service.check(&[
+            tight,
+            loose.clone(),
+            bucket("layer/other", 1, MINUTE_MS, 3, 2, 2),
+        ]);
+        assert_eq!(allowed(&results), [false, true, true]);
+        // The filter denies this request, yet the other checks were charged (documented semantics).
+        assert_eq!(results[1]["remaining"], 9);
+        assert_eq!(results[2]["remaining"], 1);
+    });
 }
 
 #[test]
 fn the_same_key_twice_in_one_request_is_charged_twice_in_order() {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let once = bucket("twice/1", 1, MINUTE_MS, 1, 1, 1);
-    assert_eq!(
-        allowed(&service.check(&[once.clone(), once])),
-        [true, false]
-    );
+    on_each_store(|service| {
+        let once = bucket("twice/1", 1, MINUTE_MS, 1, 1, 1);
+        assert_eq!(
+            allowed(&service.check(&[once.clone(), once])),
+            [true, false]
+        );
+    });
 }
 
 #[test]

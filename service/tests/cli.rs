@@ -1,5 +1,4 @@
-//! The binary itself: --help, the readiness line, environment variables, start-up failures
-//! and a clean stop on SIGTERM.
+//! The binary itself: --help, the JSON log lines, environment variables and start-up failures.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -10,8 +9,7 @@
 
 mod common;
 
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_testkit::free_port;
 use sluice_testkit::http::get;
@@ -30,21 +28,35 @@ fn help_documents_every_option_and_its_environment_variable() {
         "SLUICE_REDIS=",
         "SLUICE_REDIS_CLUSTER",
         "comma-separated",
+        "--token-file <PATH>",
+        "SLUICE_TOKEN_FILE",
+        "--log <FILTER>",
+        "SLUICE_LOG",
+        "[default: info]",
+        "--shutdown-delay <SECONDS>",
+        "SLUICE_SHUTDOWN_DELAY",
+        "--shutdown-timeout <SECONDS>",
+        "SLUICE_SHUTDOWN_TIMEOUT",
+        "[default: 5]",
     ] {
         assert!(stdout.contains(text), "--help lacks {text:?}:\n{stdout}");
     }
 }
 
 #[test]
-fn the_readiness_line_names_the_address_and_redis() {
+fn the_listening_event_is_a_json_line_naming_the_address_and_the_store() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
-    let expected = format!(
-        "sluice-service listening on {}, redis {}",
-        service.addr,
-        redis.url()
+    let listening = &service.listening;
+    assert_eq!(listening["level"], "INFO", "{listening}");
+    assert_eq!(
+        listening["address"],
+        service.addr.to_string(),
+        "{listening}"
     );
-    assert_eq!(service.ready_line, expected);
+    assert_eq!(listening["store"], redis.url(), "{listening}");
+    assert_eq!(listening["token"], false, "{listening}");
+    assert!(listening["timestamp"].is_string(), "{listening}");
     assert_eq!(get(service.addr, "/healthz").status, 200);
 }
 
@@ -61,39 +73,26 @@ fn environment_variables_configure_listen_and_redis() {
 }
 
 #[test]
-fn an_unreachable_redis_at_start_exits_non_zero_with_a_clear_message() {
-    let nobody = format!("redis://127.0.0.1:{}", free_port());
-    let started = Instant::now();
+fn a_malformed_redis_url_stops_the_start_with_a_clear_message() {
     let (status, _, stderr) = run_to_exit(
-        &["--listen", "127.0.0.1:0", "--redis", &nobody],
+        &["--listen", "127.0.0.1:0", "--redis", "htp://127.0.0.1:6379"],
         &[],
         Duration::from_secs(10),
     );
     assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains(&format!("sluice-service: cannot reach Redis at {nobody}")),
-        "{stderr}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
+    let event: serde_json::Value = serde_json::from_str(&stderr).unwrap();
+    assert_eq!(event["level"], "ERROR", "{stderr}");
+    assert_eq!(event["message"], "sluice-service cannot start", "{stderr}");
+    let error = event["error"].as_str().unwrap();
+    assert!(error.starts_with("htp://127.0.0.1:6379: "), "{error}");
 }
 
 #[test]
-fn an_unreachable_cluster_at_start_exits_non_zero() {
-    let nobody = format!("redis://127.0.0.1:{}", free_port());
-    let (status, _, stderr) = run_to_exit(
-        &["--listen", "127.0.0.1:0", "--redis-cluster", &nobody],
-        &[],
-        Duration::from_secs(10),
-    );
-    assert_eq!(status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("cannot reach Redis at cluster "),
-        "{stderr}"
-    );
+fn a_log_filter_that_does_not_parse_is_a_usage_error() {
+    let args = ["--redis", "redis://127.0.0.1:1", "--log", "info,[bad"];
+    let (status, _, stderr) = run_to_exit(&args, &[], Duration::from_secs(10));
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--log <FILTER>"), "{stderr}");
 }
 
 #[test]
@@ -111,23 +110,4 @@ fn redis_is_required_and_only_one_kind() {
     let (status, _, stderr) = run_to_exit(&both, &[], Duration::from_secs(10));
     assert_eq!(status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("cannot be used with"), "{stderr}");
-}
-
-#[test]
-fn sigterm_stops_the_service_cleanly() {
-    let redis = RedisServer::start();
-    let mut service = Service::start(&redis.url());
-    let term = Command::new("kill")
-        .args(["-TERM", &service.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let status = service
-        .wait_exit(Duration::from_secs(5))
-        .expect("still running 5 s after SIGTERM");
-    assert!(status.success(), "{status:?}");
-    assert_eq!(
-        service.next_line(Duration::from_secs(1)).as_deref(),
-        Some("sluice-service: stopped")
-    );
 }

@@ -11,6 +11,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use common::clock::{redis_time_us, window_around};
 use common::post_check;
@@ -59,13 +60,8 @@ fn round_of(
 fn cluster_checks_are_exact_for_keys_in_different_slots() {
     let cluster = RedisCluster::start();
     let service = Service::start_cluster(&cluster.urls());
-    assert!(
-        service
-            .ready_line
-            .contains(&format!("redis cluster {}", cluster.urls())),
-        "{}",
-        service.ready_line
-    );
+    let redis = &service.listening["store"];
+    assert_eq!(*redis, format!("cluster {}", cluster.urls()));
     assert_eq!(get(service.addr, "/healthz").status, 200);
     let keys = keys(20);
     let mut allowed = BTreeMap::new();
@@ -154,4 +150,33 @@ fn cluster_checks_of_every_algorithm_are_exact_for_keys_in_different_slots() {
         logs += found.len();
     }
     assert_eq!(logs, 8, "one sorted set per sliding-log key");
+}
+
+#[test]
+fn a_service_started_while_the_cluster_is_frozen_becomes_ready_once_it_answers() {
+    let cluster = RedisCluster::start();
+    for node in &cluster.nodes {
+        node.freeze();
+    }
+    let service = Service::spawn(&["--redis-cluster", &cluster.urls()], &[]);
+    assert_eq!(get(service.addr, "/healthz").status, 200);
+    assert_eq!(get(service.addr, "/readyz").status, 503);
+    let one = checks_body(&[bucket("frozen/1", 1, MINUTE_MS, 3, 1, 1)]);
+    let started = Instant::now();
+    assert_eq!(post_check(service.addr, &one).status, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        started.elapsed()
+    );
+    for node in &cluster.nodes {
+        node.thaw();
+    }
+    let ready = sluice_testkit::wait_for(Duration::from_secs(5), || {
+        (get(service.addr, "/readyz").status == 200).then_some(())
+    });
+    assert!(ready.is_some(), "not ready 5 s after the cluster answered");
+    let response = post_check(service.addr, &one);
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["results"][0]["remaining"], 2);
 }

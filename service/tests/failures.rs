@@ -1,4 +1,4 @@
-//! When Redis fails: a quick 503 (never a hang), an unhealthy /healthz, and the metrics.
+//! When Redis fails: a quick 503 (never a hang), /healthz still 200, and the metrics.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -29,18 +29,23 @@ fn assert_redis_unavailable(response: &Response) {
 }
 
 #[test]
-fn healthz_is_ok_while_redis_answers() {
+fn healthz_and_readyz_are_ok_while_redis_answers() {
     let redis = RedisServer::start();
     let service = Service::start(&redis.url());
-    let response = get(service.addr, "/healthz");
+    let health = get(service.addr, "/healthz");
     assert_eq!(
-        (response.status, response.json()),
+        (health.status, health.json()),
         (200, serde_json::json!({"status": "ok"}))
+    );
+    let ready = get(service.addr, "/readyz");
+    assert_eq!(
+        (ready.status, ready.json()),
+        (200, serde_json::json!({"status": "ready"}))
     );
 }
 
 #[test]
-fn with_redis_down_checks_and_healthz_answer_503_quickly() {
+fn with_redis_down_checks_answer_503_quickly_and_healthz_stays_200() {
     let mut redis = RedisServer::start();
     let service = Service::start(&redis.url());
     redis.stop();
@@ -53,13 +58,7 @@ fn with_redis_down_checks_and_healthz_answer_503_quickly() {
             started.elapsed()
         );
     }
-    let started = Instant::now();
-    assert_redis_unavailable(&get(service.addr, "/healthz"));
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert_eq!(get(service.addr, "/healthz").status, 200);
 }
 
 #[test]
@@ -103,7 +102,7 @@ fn with_redis_down_checks_do_not_wait_for_reconnection_back_offs() {
 }
 
 #[test]
-fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
+fn metrics_count_checks_by_policy_and_result_requests_by_status_redis_errors_and_latency() {
     let mut redis = RedisServer::start();
     let service = Service::start(&redis.url());
     let burst_two = checks_body(&[bucket("metrics/1", 1, 60_000, 2, 1, 1)]);
@@ -117,16 +116,22 @@ fn metrics_count_checks_denials_bad_requests_redis_errors_and_latency() {
     assert_eq!(metrics.status, 200);
     assert_eq!(
         metrics.header("content-type"),
-        Some("text/plain; version=0.0.4")
+        Some("application/openmetrics-text; version=1.0.0; charset=utf-8")
     );
+    let checks = r#"sluice_service_checks_total{policy="metrics",algorithm="token_bucket","#;
+    let requests = r#"sluice_service_http_requests_total{path="/v1/check","#;
     for line in [
-        "sluice_checks_total 3",
-        "sluice_denials_total 1",
-        "sluice_bad_requests_total 1",
-        "sluice_redis_errors_total 1",
-        "# TYPE sluice_check_duration_seconds histogram",
-        "sluice_check_duration_seconds_bucket{le=\"+Inf\"} 4",
-        "sluice_check_duration_seconds_count 4",
+        format!(r#"{checks}result="allowed"}} 2"#),
+        format!(r#"{checks}result="denied"}} 1"#),
+        format!(r#"{checks}result="error"}} 1"#),
+        format!(r#"{requests}status="200"}} 3"#),
+        format!(r#"{requests}status="400"}} 1"#),
+        format!(r#"{requests}status="503"}} 1"#),
+        r#"sluice_service_redis_errors_total{kind="connection"} 1"#.to_string(),
+        "# TYPE sluice_service_check_duration_seconds histogram".to_string(),
+        r#"sluice_service_check_duration_seconds_bucket{le="+Inf"} 4"#.to_string(),
+        "sluice_service_check_duration_seconds_count 4".to_string(),
+        "# EOF".to_string(),
     ] {
         assert!(
             metrics.text().lines().any(|l| l == line),

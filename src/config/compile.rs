@@ -6,8 +6,10 @@ use super::input::{
     RawBypass, RawConfig, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode, RawPolicy,
     RawScope, RawTiers,
 };
-use super::plan::{Bypass, GlobalService, OnFailure, Plan, Policy, Scope, TableSpec, Tier, Tiers};
-use super::{error, ConfigError};
+use super::plan::{
+    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, Secret, TableSpec, Tier, Tiers,
+};
+use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
 use crate::duration::parse_nanos;
 use crate::key::{parse_part, KeyPart, Source};
@@ -22,9 +24,9 @@ pub const MAX_MAX_KEYS: u32 = 1_000_000;
 /// A sliding log keeps one timestamp per request of its limit, in every key's slot.
 pub const MAX_SLIDING_LOG: u64 = 1_000;
 
-/// Validates and compiles a configuration.
-pub(super) fn compile(raw: RawConfig) -> Result<Plan, ConfigError> {
-    Compiler::default().compile(raw)
+/// Validates and compiles a configuration; `env` reads the environment variables it names.
+pub(super) fn compile(raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
+    Compiler::default().compile(raw, env)
 }
 
 #[derive(Default)]
@@ -42,14 +44,14 @@ struct TableDraft {
 }
 
 impl Compiler {
-    fn compile(mut self, raw: RawConfig) -> Result<Plan, ConfigError> {
+    fn compile(mut self, raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
         if raw.policies.is_empty() && raw.default.is_none() {
             return Err(error(
                 "policies",
                 "at least one policy (or a default) is required",
             ));
         }
-        let global = raw.global.as_ref().map(service).transpose()?;
+        let global = raw.global.as_ref().map(|g| service(g, env)).transpose()?;
         let mut policies = Vec::with_capacity(raw.policies.len() + 1);
         for (i, policy) in raw.policies.iter().enumerate() {
             let at = format!("policies[{i}]");
@@ -85,6 +87,7 @@ impl Compiler {
             .map(|(i, entry)| bypass(&format!("bypass[{i}]"), entry, &policies, &self.tables))
             .collect::<Result<Vec<_>, _>>()?
             .concat();
+        let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
         let tables = self
             .tables
@@ -104,6 +107,7 @@ impl Compiler {
             tables,
             global,
             bypass,
+            route_metadata,
         })
     }
 
@@ -258,6 +262,10 @@ impl Compiler {
             }
             None => None,
         };
+        let routes = match &raw.routes {
+            Some(routes) => Some((self.intern(Attr::Route), route_names(at, routes)?)),
+            None => None,
+        };
         let mut headers = Vec::with_capacity(raw.headers.len());
         for (i, condition) in raw.headers.iter().enumerate() {
             let field = format!("{at}.headers[{i}]");
@@ -281,6 +289,7 @@ impl Compiler {
             path,
             methods,
             headers,
+            routes,
         })
     }
 }
@@ -394,7 +403,7 @@ fn not_for(field: &str, kind: Kind) -> ConfigError {
     )
 }
 
-fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
+fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
     if raw.cluster.is_empty() {
         return Err(error("global.cluster", "must name an Envoy cluster"));
     }
@@ -407,7 +416,29 @@ fn service(raw: &RawGlobal) -> Result<GlobalService, ConfigError> {
         authority: raw.authority.clone(),
         path: path("global.path", &raw.path)?,
         timeout_ms: timeout.div_ceil(1_000_000),
+        authorization: raw
+            .token_env
+            .as_deref()
+            .map(|name| secret("global.token_env", name, env))
+            .transpose()?
+            .map(|token| Secret::new(format!("Bearer {}", token.expose()))),
     })
+}
+
+/// The value of the environment variable `name`, which must be set and not blank. Envoy gives
+/// its VM only the variables its `vm_config.environment_variables` lists.
+fn secret(field: &str, name: &str, env: Env) -> Result<Secret, ConfigError> {
+    let value = env(name).map(|v| v.trim().to_string()).unwrap_or_default();
+    if value.is_empty() {
+        return Err(error(
+            field,
+            format!(
+                "environment variable {name:?} is not set or empty in the wasm VM (list it in \
+                 vm_config.environment_variables.host_env_keys, or a WasmPlugin's vmConfig.env)"
+            ),
+        ));
+    }
+    Ok(Secret::new(value))
 }
 
 /// Tokens a policy takes at a time: `lease`, or just the cost. A lease lies between the cost
@@ -551,6 +582,23 @@ fn bypass(
             })
         })
         .collect()
+}
+
+/// The route names of a `match`: some, none empty.
+fn route_names(at: &str, routes: &[String]) -> Result<Vec<String>, ConfigError> {
+    if routes.is_empty() {
+        return Err(error(
+            format!("{at}.routes"),
+            "must not be empty (leave it out to match any route)",
+        ));
+    }
+    if let Some(i) = routes.iter().position(String::is_empty) {
+        return Err(error(
+            format!("{at}.routes[{i}]"),
+            "must name a route (Envoy's route `name`)",
+        ));
+    }
+    Ok(routes.to_vec())
 }
 
 fn path(at: &str, path: &str) -> Result<String, ConfigError> {

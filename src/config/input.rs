@@ -22,6 +22,9 @@ pub(super) struct RawConfig {
     pub(super) global: Option<RawGlobal>,
     #[serde(default)]
     pub(super) bypass: Vec<RawBypass>,
+    /// Whether the selected route's `filter_metadata.sluice` narrows or switches off the policies.
+    #[serde(default)]
+    pub(super) route_metadata: bool,
 }
 
 /// An audited exemption: who asked, why, and until when.
@@ -47,6 +50,8 @@ pub(super) struct RawGlobal {
     pub(super) path: String,
     #[serde(default = "default_timeout")]
     pub(super) timeout: String,
+    /// The environment variable that holds the service's bearer token.
+    pub(super) token_env: Option<String>,
 }
 
 fn default_check_path() -> String {
@@ -133,6 +138,7 @@ pub(super) struct RawMatch {
     pub(super) methods: Option<Vec<String>>,
     #[serde(default)]
     pub(super) headers: Vec<RawHeaderCondition>,
+    pub(super) routes: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]

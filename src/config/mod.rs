@@ -11,14 +11,24 @@ mod tests;
 pub use compile::{MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, TableSpec, Tier, Tiers, GLOBAL_COLUMNS,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, Secret, TableSpec, Tier, Tiers,
+    GLOBAL_COLUMNS,
 };
 
 use std::fmt;
 
-/// Parses and validates the plugin configuration.
+/// How the configuration reads the environment variables it names (secrets are never inline).
+pub type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Parses and validates the plugin configuration, reading the process's (the wasm VM's)
+/// environment.
 pub fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
-    compile::compile(input::read(json)?)
+    parse_with_env(json, &|name| std::env::var(name).ok())
+}
+
+/// `parse` with another environment.
+pub fn parse_with_env(json: &[u8], env: Env) -> Result<Plan, ConfigError> {
+    compile::compile(input::read(json)?, env)
 }
 
 /// A refused configuration: which field, and why.

@@ -19,9 +19,16 @@ pub struct Plan {
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
+    /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
+    pub route_metadata: Option<usize>,
 }
 
 impl Plan {
+    /// The policy named `name`.
+    pub fn policy_index(&self, name: &[u8]) -> Option<usize> {
+        self.policies.iter().position(|p| p.name.as_bytes() == name)
+    }
+
     /// The exemption of `key` from `policy`, expired or not.
     pub fn bypass_of(&self, policy: usize, key: u64) -> Option<(usize, &Bypass)> {
         self.bypass
@@ -53,8 +60,9 @@ pub struct Policy {
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service
-/// granted this Envoy, when they lapse, and until when the key is over its limit.
-pub const GLOBAL_COLUMNS: usize = 3;
+/// granted this Envoy, when they lapse, until when the key is over its limit, and the remaining
+/// and time to full the service last reported (what a request paid from the grant reports).
+pub const GLOBAL_COLUMNS: usize = 5;
 
 impl Policy {
     /// The limit run while the service cannot answer, if the policy fails open to one of its own
@@ -144,6 +152,28 @@ pub struct GlobalService {
     pub authority: String,
     pub path: String,
     pub timeout_ms: u64,
+    /// The `authorization` header's value (`Bearer <token>`), when the service requires a token.
+    pub authorization: Option<Secret>,
+}
+
+/// A value that must never reach a log: its `Debug` shows only that it is there.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Secret {
+        Secret(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
 }
 
 /// A shared-data table: one bounded set of slots for all policies with the same key. Each slot

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::algorithm::{Algorithm, Drain, Rate, Window};
+use crate::request::Attr;
 use serde_json::{json, Value};
 
 fn policy() -> Value {
@@ -219,6 +220,16 @@ fn rejects_bad_matches() {
         "upper-case",
     );
     assert_refused(
+        with(json!({"match": {"routes": []}})),
+        "policies[0].match.routes",
+        "not be empty",
+    );
+    assert_refused(
+        with(json!({"match": {"routes": ["checkout", ""]}})),
+        "policies[0].match.routes[1]",
+        "name a route",
+    );
+    assert_refused(
         with(json!({"match": {"headers": [{"name": "x"}]}})),
         "policies[0].match.headers[0]",
         "exactly one",
@@ -329,7 +340,7 @@ fn a_global_policy_compiles_with_its_defaults() {
         Scope::Global(OnFailure::Open { emergency: None })
     );
     assert_eq!(plan.policies[0].take, 1);
-    assert_eq!(plan.tables[0].width, 4);
+    assert_eq!(plan.tables[0].width, 1 + GLOBAL_COLUMNS);
 }
 
 #[test]
@@ -425,6 +436,21 @@ fn rejects_bad_service_settings() {
         "global",
         "missing field `authority`",
     );
+}
+
+#[test]
+fn the_services_token_comes_from_the_environment_and_never_shows_in_debug_output() {
+    let config = json!({"global": {"cluster": "c", "authority": "a", "token_env": "TOKEN"},
+        "policies": [policy()]});
+    let env = |name: &str| (name == "TOKEN").then(|| " s3cret\n".to_string());
+    let plan = parse_with_env(config.to_string().as_bytes(), &env).unwrap();
+    let service = plan.global.as_ref().unwrap();
+    let authorization = service.authorization.as_ref().map(Secret::expose);
+    assert_eq!(authorization, Some("Bearer s3cret"));
+    assert!(!format!("{plan:?}").contains("s3cret"));
+    let unset = parse_with_env(config.to_string().as_bytes(), &|_| None).unwrap_err();
+    assert_eq!(unset.field, "global.token_env");
+    assert!(unset.reason.contains("host_env_keys"), "{unset}");
 }
 
 #[test]
@@ -603,4 +629,22 @@ proptest::proptest! {
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..200)) {
         let _ = parse(&bytes);
     }
+}
+
+#[test]
+fn route_scope_reads_the_route_only_when_asked_to() {
+    let routes = with(json!({"match": {"routes": ["checkout"]}}));
+    let plan = parse(routes.to_string().as_bytes()).unwrap();
+    assert!(plan.attrs.contains(&Attr::Route));
+    assert_eq!(plan.route_metadata, None);
+    let mut asked = with(json!({}));
+    asked["route_metadata"] = json!(true);
+    let plan = parse(asked.to_string().as_bytes()).unwrap();
+    let attr = plan.route_metadata.map(|i| &plan.attrs[i]);
+    assert_eq!(attr, Some(&Attr::RouteMetadata));
+    let plain = parse(with(json!({})).to_string().as_bytes()).unwrap();
+    assert!(!plain
+        .attrs
+        .iter()
+        .any(|a| matches!(a, Attr::Route | Attr::RouteMetadata)));
 }

@@ -1,7 +1,10 @@
 //! The first step of a request: the policies that apply to it, grouped into works by the table
-//! their key shares, with the key's hash and the tier each member runs at. Policies whose key is
+//! their key shares, with the key's hash and the tier each member runs at. With `route_metadata`
+//! the selected route says first which policies may apply there (`route`). Policies whose key is
 //! missing drop out, unless they share one bucket for all such requests; so do policies the key
-//! has a bypass for (recorded in the outcome).
+//! has a bypass for (recorded in the outcome). The `default` policy applies to every request that
+//! no enforcing policy applied to: none matched, each that did lacked its key or exempted it, or
+//! only shadow policies did.
 
 use super::global::Service;
 use super::work::{Member, Work};
@@ -9,7 +12,7 @@ use super::Outcome;
 use crate::config::{Plan, Policy};
 use crate::key::{hash_key, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
-use smallvec::SmallVec;
+use crate::route::{self, RouteScope};
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,
@@ -18,54 +21,93 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     now: u64,
     outcome: &mut Outcome,
 ) -> Vec<Work> {
-    // One work per table at most: sized for that, not for the four a growing Vec starts with
-    // (four works are past the allocator's fast path).
-    let mut works: Vec<Work> = Vec::with_capacity(plan.tables.len());
-    for (index, policy) in matching(plan, request) {
-        let existing = works.iter().position(|w| w.table == policy.table);
-        let hash = match existing.and_then(|i| works.get(i)) {
+    let mut gathered = Gathered {
+        // One work per table at most: sized for that, not for the four a growing Vec starts
+        // with (four works are past the allocator's fast path).
+        works: Vec::with_capacity(plan.tables.len()),
+        service: if service_up {
+            Service::Ask
+        } else {
+            Service::Failed
+        },
+        now,
+    };
+    let scope = route_scope(plan, request, outcome);
+    let in_scope = || {
+        let policies = plan.policies.iter().enumerate();
+        policies.filter(|(i, _)| scope.includes(*i))
+    };
+    let mut enforced = false;
+    for (index, policy) in in_scope() {
+        if !policy.fallback && policy.matcher.matches(request) {
+            let applied = gathered.join(plan, index, policy, request, outcome);
+            enforced |= applied && !policy.shadow;
+        }
+    }
+    if !enforced {
+        for (index, policy) in in_scope().filter(|(_, p)| p.fallback) {
+            gathered.join(plan, index, policy, request, outcome);
+        }
+    }
+    gathered.works
+}
+
+/// The policies the selected route lets apply: all of them unless `route_metadata` is on.
+fn route_scope<R: RequestSource + ?Sized>(
+    plan: &Plan,
+    request: &mut Attributes<R>,
+    outcome: &mut Outcome,
+) -> RouteScope {
+    let Some(attr) = plan.route_metadata else {
+        return RouteScope::All;
+    };
+    let (scope, ignored) = route::scope(request.get(attr), |name| plan.policy_index(name));
+    outcome.ignored_route_metadata = ignored;
+    scope
+}
+
+/// The works of a request so far.
+struct Gathered {
+    works: Vec<Work>,
+    service: Service,
+    now: u64,
+}
+
+impl Gathered {
+    /// Adds the policy to the work of its table, unless its key is missing (and not shared) or
+    /// exempt. Returns whether it applies.
+    fn join<R: RequestSource + ?Sized>(
+        &mut self,
+        plan: &Plan,
+        index: usize,
+        policy: &Policy,
+        request: &mut Attributes<R>,
+        outcome: &mut Outcome,
+    ) -> bool {
+        let existing = self.works.iter().position(|w| w.table == policy.table);
+        let hash = match existing.and_then(|i| self.works.get(i)) {
             Some(work) => work.hash,
             None => key_of(plan, policy, request),
         };
         if hash == MISSING_KEY && !policy.share_missing_key {
-            continue;
+            return false;
         }
-        if exempt(plan, index, hash, now, outcome) {
-            continue;
+        if exempt(plan, index, hash, self.now, outcome) {
+            return false;
         }
         let tier = policy.tier_of(request);
         let member = Member {
             policy: index,
             tier,
             emergency: policy.emergency().unwrap_or(tier),
-            service: if service_up {
-                Service::Ask
-            } else {
-                Service::Failed
-            },
+            service: self.service,
         };
-        match existing.and_then(|i| works.get_mut(i)) {
+        match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => work.members.push(member),
-            None => works.push(Work::new(policy.table, hash, member)),
+            None => self.works.push(Work::new(policy.table, hash, member)),
         }
+        true
     }
-    works
-}
-
-/// The policies whose match fits, or the `default` policy when none does.
-fn matching<'p, R: RequestSource + ?Sized>(
-    plan: &'p Plan,
-    request: &mut Attributes<R>,
-) -> SmallVec<[(usize, &'p Policy); 8]> {
-    let policies = plan.policies.iter().enumerate();
-    let matched: SmallVec<[(usize, &Policy); 8]> = policies
-        .filter(|(_, p)| !p.fallback && p.matcher.matches(request))
-        .collect();
-    if !matched.is_empty() {
-        return matched;
-    }
-    let policies = plan.policies.iter().enumerate();
-    policies.filter(|(_, p)| p.fallback).collect()
 }
 
 /// The hash of the policy's key, or `MISSING_KEY` when a part of it is missing.
@@ -98,12 +140,17 @@ fn exempt(plan: &Plan, policy: usize, key: u64, now: u64, outcome: &mut Outcome)
 mod tests {
     use super::super::testing::*;
     use super::*;
+    use crate::route::envoy_list;
+    use crate::testing::FakeRequest;
     use serde_json::json;
 
     fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Vec<Work>, Outcome) {
-        let source = request(headers);
+        gather_from(plan, &request(headers), now)
+    }
+
+    fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Vec<Work>, Outcome) {
         let mut outcome = Outcome::default();
-        let mut attributes = Attributes::new(&source, &plan.attrs);
+        let mut attributes = Attributes::new(source, &plan.attrs);
         let works = works(plan, &mut attributes, true, now, &mut outcome);
         (works, outcome)
     }
@@ -125,14 +172,89 @@ mod tests {
     }
 
     #[test]
-    fn the_default_applies_only_when_no_policy_matches() {
-        let config = json!({"policies": [per_user("api", 1, json!({"match": {"path_prefix": "/api/"}}))],
-            "default": {"name": "baseline", "key": ["ip"], "requests": 1, "per": "1s"}});
+    fn the_default_applies_to_every_request_no_enforcing_policy_applied_to() {
+        let bypass = json!([{"key": ["bob"], "policies": ["api"], "owner": "oncall",
+            "reason": "INC-1", "expires": "2030-01-01T00:00:00Z"}]);
+        let trial = json!({"match": {"path_prefix": "/trial/"}, "mode": "shadow"});
+        let config = json!({"policies": [
+                per_user("api", 1, json!({"match": {"path_prefix": "/api/"}})),
+                per_user("trial", 1, trial),
+            ],
+            "default": {"name": "baseline", "key": ["ip"], "requests": 1, "per": "1s"},
+            "bypass": bypass});
         let plan = plan(config);
-        let (api, _) = gather(&plan, &[(":path", "/api/x"), ("x-user-id", "a")], T0);
-        assert_eq!(members(&api), [vec![0]]);
-        let (other, _) = gather(&plan, &[(":path", "/static/x")], T0);
-        assert_eq!(members(&other), [vec![1]]);
+        let gathered = |headers: &[(&str, &str)]| members(&gather(&plan, headers, T0).0);
+        let alice = ("x-user-id", "alice");
+        assert_eq!(gathered(&[(":path", "/api/x"), alice]), [vec![0]]);
+        assert_eq!(
+            gathered(&[(":path", "/static/x")]),
+            [vec![2]],
+            "none matched"
+        );
+        assert_eq!(
+            gathered(&[(":path", "/api/x")]),
+            [vec![2]],
+            "api matched but skipped the request without its key"
+        );
+        assert_eq!(
+            gathered(&[(":path", "/api/x"), ("x-user-id", "bob")]),
+            [vec![2]],
+            "bob is exempt from api, not from the default"
+        );
+        assert_eq!(
+            gathered(&[(":path", "/trial/x"), alice]),
+            [vec![1], vec![2]],
+            "a shadow policy limits nothing"
+        );
+    }
+
+    #[test]
+    fn the_selected_route_narrows_the_policies_or_turns_them_off_when_asked_to() {
+        let config = |route_metadata: bool| {
+            plan(json!({"route_metadata": route_metadata, "policies": [
+                per_user("per-user", 1, json!({})),
+                {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1s"}],
+                "default": {"name": "baseline", "key": ["global"], "requests": 1, "per": "1s"}}))
+        };
+        let (on, off) = (config(true), config(false));
+        let on_route = |plan: &Plan, headers, metadata: &[(&str, &[u8])]| {
+            let source = request(headers).with_route_metadata(metadata);
+            let (works, outcome) = gather_from(plan, &source, T0);
+            (
+                members(&works),
+                outcome.ignored_route_metadata,
+                source.reads.get(),
+            )
+        };
+        let per_ip = envoy_list(&["per-ip"]);
+        let listed: &[(&str, &[u8])] = &[("policies", &per_ip)];
+        assert_eq!(on_route(&on, ALICE, listed).0, [vec![1]]);
+        assert_eq!(
+            on_route(&on, ALICE, &[("disabled", &[1])]).0,
+            Vec::<Vec<usize>>::new()
+        );
+        assert_eq!(on_route(&on, ALICE, &[]).0, [vec![0], vec![1]]);
+        let with_baseline = envoy_list(&["per-user", "baseline"]);
+        let anonymous = on_route(&on, &[], &[("policies", &with_baseline)]);
+        assert_eq!(
+            anonymous.0,
+            [vec![2]],
+            "the listed default catches what per-user skips"
+        );
+        let typo = envoy_list(&["per-usr"]);
+        let ignored = on_route(&on, ALICE, &[("policies", &typo)]);
+        assert_eq!(ignored.0, [vec![0], vec![1]]);
+        assert_eq!(
+            ignored.1,
+            Some("policies names a policy that does not exist")
+        );
+        let unasked = on_route(&off, ALICE, &[("disabled", &[1])]);
+        assert_eq!(unasked.0, [vec![0], vec![1]]);
+        assert_eq!(
+            unasked.2,
+            on_route(&on, ALICE, &[]).2 - 1,
+            "the route was not read"
+        );
     }
 
     #[test]

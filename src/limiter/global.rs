@@ -4,8 +4,13 @@
 //! are spent here until `GRANT_TTL` passes. When the service cannot answer, the policy's failure
 //! mode decides: a local emergency budget, or a 503.
 //!
+//! A request paid from a grant reports what the client can still do as this Envoy knows it: the
+//! remaining the service last reported plus the granted tokens still here, and the time to full
+//! the service gave, counted down.
+//!
 //! A global policy's words in a key's slot: the granted tokens left, when they lapse, until when
-//! the key is over its limit (`GLOBAL_COLUMNS` in all), then its emergency algorithm's state.
+//! the key is over its limit, the remaining the service last reported and when it said the key
+//! would be full again (`GLOBAL_COLUMNS` in all), then its emergency algorithm's state.
 
 use super::work::{Member, Verdict, Work};
 use super::{local, Basis, Pending};
@@ -33,13 +38,17 @@ struct Marks<'a> {
     granted: &'a mut u64,
     expiry: &'a mut u64,
     blocked: &'a mut u64,
+    /// The service's last word on an admitted request: tokens left beyond what it granted, and
+    /// when the key's bucket is full again.
+    remaining: &'a mut u64,
+    reset_at: &'a mut u64,
 }
 
 impl<'a> Marks<'a> {
     /// The marks and the emergency state, from the policy's words.
     fn split(state: &'a mut [u64]) -> Option<(Marks<'a>, &'a mut [u64])> {
         let (marks, emergency) = state.split_at_mut_checked(GLOBAL_COLUMNS)?;
-        let [granted, expiry, blocked] = marks else {
+        let [granted, expiry, blocked, remaining, reset_at] = marks else {
             return None;
         };
         Some((
@@ -47,6 +56,8 @@ impl<'a> Marks<'a> {
                 granted,
                 expiry,
                 blocked,
+                remaining,
+                reset_at,
             },
             emergency,
         ))
@@ -99,9 +110,14 @@ fn judge_marks(
                 _ => GRANT_TTL,
             };
             *marks.expiry = now + ttl;
+            *marks.remaining = answer.remaining;
+            *marks.reset_at = now.saturating_add(answer.reset_after);
             let decision = Decision {
                 delay: answer.delay,
-                ..allowed(answer.remaining, answer.reset_after)
+                ..allowed(
+                    answer.remaining.saturating_add(*marks.granted),
+                    answer.reset_after,
+                )
             };
             Some((decision, Basis::Service))
         }
@@ -116,7 +132,9 @@ fn judge_marks(
         }
         _ if spendable >= cost => {
             *marks.granted = spendable - cost;
-            Some((allowed(*marks.granted, 0), Basis::Grant))
+            let reset_after = marks.reset_at.saturating_sub(now);
+            let decision = allowed(marks.remaining.saturating_add(*marks.granted), reset_after);
+            Some((decision, Basis::Grant))
         }
         Service::Ask => None,
         Service::Failed => match on_failure {
@@ -142,7 +160,7 @@ pub(super) fn keep_unspent(member: &Member, policy: &Policy, next: &mut [u64], s
 /// From when a global policy's marks say nothing: its grant lapsed, its over-limit mark passed.
 pub(super) fn idle_at(marks: &[u64]) -> u64 {
     match marks {
-        [granted, expiry, blocked] => {
+        [granted, expiry, blocked, ..] => {
             let grant_idle = if *granted > 0 { *expiry } else { 0 };
             grant_idle.max(*blocked)
         }
@@ -278,7 +296,7 @@ mod tests {
     #[test]
     fn an_answer_leaves_the_rest_of_its_grant_here_for_a_second() {
         let plan = global(json!({}));
-        let mut state = [0; 4];
+        let mut state = [0; 6];
         let verdict = judged(&plan, answered(true, 5, 0), &mut state, false, T0);
         assert_eq!(basis(verdict), Some((true, Basis::Service)));
         assert_eq!(state[..2], [4, T0 + GRANT_TTL]);
@@ -289,9 +307,25 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_reports_the_services_remaining_plus_the_tokens_still_here() {
+        let plan = global(json!({}));
+        let mut state = [0; 6];
+        let reported = |verdict: Verdict| verdict.map(|(d, _)| (d.remaining, d.reset_after));
+        let first = judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        assert_eq!(reported(first), Some((4 + 4, 500 * 1_000_000)));
+        let ms = 1_000_000;
+        let later = judged(&plan, Service::Ask, &mut state, false, T0 + 100 * ms);
+        assert_eq!(
+            reported(later),
+            Some((4 + 3, 400 * ms)),
+            "one fewer, 100 ms later"
+        );
+    }
+
+    #[test]
     fn a_fixed_windows_grant_ends_with_its_window() {
         let plan = global(json!({"algorithm": "fixed_window"}));
-        let mut state = [0; 5];
+        let mut state = [0; 7];
         judged(&plan, answered(true, 5, 0), &mut state, false, T0);
         assert_eq!(state[1], T0 + 500 * 1_000_000);
     }
@@ -299,7 +333,7 @@ mod tests {
     #[test]
     fn a_denial_marks_the_key_over_its_limit_until_it_may_retry() {
         let plan = global(json!({}));
-        let mut state = [0; 4];
+        let mut state = [0; 6];
         judged(&plan, answered(false, 0, SEC), &mut state, false, T0);
         let cached = judged(&plan, Service::Ask, &mut state, false, T0 + SEC - 1);
         assert_eq!(basis(cached), Some((false, Basis::OverLimit)));
@@ -312,29 +346,29 @@ mod tests {
     #[test]
     fn without_the_service_a_policy_fails_open_to_its_emergency_budget_or_closed() {
         let open = global(json!({"emergency": {"requests": 1, "per": "1h", "burst": 1}}));
-        let mut state = [0; 4];
+        let mut state = [0; 6];
         let first = judged(&open, Service::Failed, &mut state, false, T0);
         assert_eq!(basis(first), Some((true, Basis::Emergency)));
         let second = judged(&open, Service::Failed, &mut state, false, T0);
         assert_eq!(basis(second), Some((false, Basis::Emergency)));
         let closed = global(json!({"failure_mode": "closed"}));
-        let verdict = judged(&closed, Service::Failed, &mut [0; 4], false, T0);
+        let verdict = judged(&closed, Service::Failed, &mut [0; 6], false, T0);
         assert_eq!(basis(verdict), Some((false, Basis::Unavailable)));
     }
 
     #[test]
     fn the_overflow_slot_keeps_no_grant_and_no_mark() {
         let plan = global(json!({}));
-        let mut state = [0; 4];
+        let mut state = [0; 6];
         judged(&plan, answered(true, 5, 0), &mut state, true, T0);
         judged(&plan, answered(false, 0, SEC), &mut state, true, T0);
-        assert_eq!(state[..GLOBAL_COLUMNS], [0, 0, 0]);
+        assert_eq!(state[..GLOBAL_COLUMNS], [0; GLOBAL_COLUMNS]);
     }
 
     #[test]
     fn a_request_denied_by_another_policy_keeps_the_cost_it_was_granted() {
         let plan = global(json!({}));
-        let mut next = [3, T0 + GRANT_TTL, 0, 0];
+        let mut next = [3, T0 + GRANT_TTL, 0, 0, 0, 0];
         let granted = member(&plan, answered(true, 5, 0));
         keep_unspent(&granted, &plan.policies[0], &mut next, false);
         assert_eq!(

@@ -88,6 +88,8 @@ pub struct Outcome {
     pub bypassed: Vec<usize>,
     /// ...and those that would have, had they not expired.
     pub expired_bypass: Vec<usize>,
+    /// Why the selected route's sluice metadata was ignored (every policy applied), if it was.
+    pub ignored_route_metadata: Option<&'static str>,
 }
 
 impl Outcome {

@@ -212,7 +212,7 @@ mod tests {
         let policy = &plan.policies[0];
         assert_eq!(idle_at(policy, &[T0 + 7]), T0 + 7);
         let global = plan_of(json!([per_user("g", 1, json!({"scope": "global"}))]));
-        let marks_then_bucket = [2, T0 + 9, T0 + 3, T0 + 5];
+        let marks_then_bucket = [2, T0 + 9, T0 + 3, 4, T0 + 20, T0 + 5];
         assert_eq!(idle_at(&global.policies[0], &marks_then_bucket), T0 + 9);
     }
 }

@@ -36,6 +36,11 @@ const START_ATTEMPTS: u32 = 3;
 const LDS_DIR: &str = "lds";
 const LDS_FILE: &str = "listener.yaml";
 const LDS_UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Where `ecds_from_file` keeps the filter's configuration: the watched directory and its file.
+const ECDS_DIR: &str = "ecds";
+const ECDS_FILE: &str = "sluice.yaml";
+/// The filter's name in the listener and in its ECDS resource (Istio names it after the plugin).
+pub const ECDS_FILTER: &str = "sluice";
 
 /// How to start Envoy. `Envoy::start(json)` is `EnvoyOptions::new(json).start()`.
 #[derive(Clone, Debug)]
@@ -60,6 +65,23 @@ pub struct EnvoyOptions {
     /// The listener from a file-based LDS resource (a watched directory) instead of the static
     /// bootstrap, so that `Envoy::update_plugin` can change it while Envoy runs.
     pub lds_from_file: bool,
+    /// A whole bootstrap instead of the generated one (`EnvoyOptions::bootstrap`).
+    pub bootstrap: Option<String>,
+    /// Routes before `api` and `default`: `(name, path prefix, fields)`, each field a route
+    /// field in YAML flow style (`metadata: {...}`, `typed_per_filter_config: {...}`).
+    pub routes: Vec<(String, String, Vec<String>)>,
+    /// The sluice filter from a file-based extension config discovery (ECDS) resource, as Istio
+    /// delivers wasm filters, instead of inline: `Envoy::update_plugin` changes it while Envoy
+    /// runs, `Envoy::update_extension` replaces it with any HTTP filter config.
+    pub ecds_from_file: bool,
+    /// The ECDS `default_config`, a typed config in YAML flow style: what the filter runs until
+    /// a configuration is accepted. Without one the filter has no configuration until then.
+    pub ecds_default: Option<String>,
+    /// The wasm plugin's `failure_policy` (`FAIL_OPEN`, ...; Istio's `failStrategy` sets it).
+    pub wasm_failure_policy: Option<String>,
+    /// Environment variables set for the Envoy process and handed to the wasm VM
+    /// (`vm_config.environment_variables.host_env_keys`), as an operator passes secrets.
+    pub vm_env: Vec<(String, String)>,
 }
 
 impl EnvoyOptions {
@@ -73,6 +95,23 @@ impl EnvoyOptions {
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
             lds_from_file: false,
+            bootstrap: None,
+            routes: Vec::new(),
+            ecds_from_file: false,
+            ecds_default: None,
+            wasm_failure_policy: None,
+            vm_env: Vec::new(),
+        }
+    }
+
+    /// Envoy from a whole bootstrap YAML, for configurations the generated one does not cover
+    /// (Envoy's native filters). The harness replaces `{port}` (the listener `Envoy::port`
+    /// names), `{admin_port}` and `{backend_port}` (a third free port, e.g. for a listener that
+    /// serves as the upstream) with free ports of its choosing.
+    pub fn bootstrap(template: &str) -> Self {
+        EnvoyOptions {
+            bootstrap: Some(template.to_string()),
+            ..EnvoyOptions::without_filter()
         }
     }
 
@@ -82,6 +121,12 @@ impl EnvoyOptions {
             plugin_json: None,
             ..EnvoyOptions::new("")
         }
+    }
+
+    /// Sets `name` in Envoy's environment and lets the wasm VM read it. Each call adds one.
+    pub fn vm_env(mut self, name: &str, value: &str) -> Self {
+        self.vm_env.push((name.into(), value.into()));
+        self
     }
 
     pub fn use_remote_address(mut self, on: bool) -> Self {
@@ -114,9 +159,38 @@ impl EnvoyOptions {
         self
     }
 
+    /// Adds a route named `name` for paths under `prefix`, answering 200 "ok" like the others,
+    /// with extra route fields in YAML flow style:
+    /// `.route("checkout", "/checkout/", &["metadata: { filter_metadata: { sluice: { disabled: true } } }"])`.
+    /// Routes are matched in the order added, before `api` and `default`.
+    pub fn route(mut self, name: &str, prefix: &str, fields: &[&str]) -> Self {
+        let fields = fields.iter().map(|f| f.to_string()).collect();
+        self.routes.push((name.into(), prefix.into(), fields));
+        self
+    }
+
     /// Serves the listener from a file-based dynamic resource (LDS): see `Envoy::update_plugin`.
     pub fn lds_from_file(mut self) -> Self {
         self.lds_from_file = true;
+        self
+    }
+
+    /// Serves the sluice filter's configuration from a file-based ECDS resource: see
+    /// `Envoy::update_plugin` and `Envoy::update_extension`.
+    pub fn ecds_from_file(mut self) -> Self {
+        self.ecds_from_file = true;
+        self
+    }
+
+    /// The ECDS `default_config` (YAML flow style, with its `"@type"`).
+    pub fn ecds_default(mut self, typed_config: &str) -> Self {
+        self.ecds_default = Some(typed_config.into());
+        self
+    }
+
+    /// The wasm plugin's `failure_policy`: `FAIL_CLOSED` (Envoy's default), `FAIL_OPEN`, ...
+    pub fn wasm_failure_policy(mut self, policy: &str) -> Self {
+        self.wasm_failure_policy = Some(policy.into());
         self
     }
 
@@ -184,14 +258,24 @@ impl Envoy {
         let admin_port = free_port();
         let bootstrap = dir.path().join("bootstrap.yaml");
         let log_path = dir.path().join("envoy.log");
-        std::fs::write(
-            &bootstrap,
-            bootstrap_yaml(opts, dir.path(), port, admin_port),
-        )
-        .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
+        let yaml = match &opts.bootstrap {
+            Some(template) => template
+                .replace("{port}", &port.to_string())
+                .replace("{admin_port}", &admin_port.to_string())
+                .replace("{backend_port}", &free_port().to_string()),
+            None => bootstrap_yaml(opts, dir.path(), port, admin_port),
+        };
+        std::fs::write(&bootstrap, yaml)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", bootstrap.display()));
         if opts.lds_from_file {
             std::fs::create_dir_all(dir.path().join(LDS_DIR)).expect("creating the LDS directory");
-            write_lds(dir.path(), &lds_yaml(opts, port));
+            write_lds(dir.path(), &lds_yaml(opts, dir.path(), port));
+        }
+        if opts.ecds_from_file {
+            std::fs::create_dir_all(dir.path().join(ECDS_DIR))
+                .expect("creating the ECDS directory");
+            let typed_config = wasm_typed_config(opts).expect("ecds_from_file needs a plugin");
+            write_watched(dir.path(), ECDS_DIR, ECDS_FILE, &ecds_yaml(&typed_config));
         }
         let log_file = std::fs::File::create(&log_path)
             .unwrap_or_else(|e| panic!("creating {}: {e}", log_path.display()));
@@ -205,6 +289,7 @@ impl Envoy {
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
             .args(["-l", "info"])
+            .envs(opts.vm_env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
             .stdout(log_file)
             .stderr(log_file2)
@@ -315,38 +400,61 @@ impl Envoy {
         }
     }
 
-    /// Replaces the plugin configuration of a listener served by file-based LDS
-    /// (`EnvoyOptions::lds_from_file`) while Envoy runs, as Envoy wants such files changed: a new
-    /// file renamed over the old one. Returns once Envoy has taken the update
-    /// (`listener_manager.lds.update_success` went up), or `Err` with Envoy's log tail when it
-    /// rejected it (`update_rejected`) or did neither within 10 s.
+    /// Replaces the plugin configuration while Envoy runs, in the file-based xDS resource that
+    /// carries it (`EnvoyOptions::ecds_from_file`, else `lds_from_file`), as Envoy wants such
+    /// files changed: a new file renamed over the old one. Returns once Envoy has taken the
+    /// update (its `update_success` went up), or `Err` with Envoy's log tail when it rejected it
+    /// (`update_rejected`) or did neither within 10 s.
     pub fn update_plugin(&mut self, plugin_json: &str) -> Result<(), String> {
+        self.opts.plugin_json = Some(plugin_json.to_string());
+        if self.opts.ecds_from_file {
+            let typed_config = wasm_typed_config(&self.opts).unwrap_or_default();
+            return self.update_extension(&typed_config);
+        }
         assert!(
             self.opts.lds_from_file,
-            "update_plugin needs lds_from_file()"
+            "update_plugin needs lds_from_file() or ecds_from_file()"
         );
-        let counter = |envoy: &Envoy, name: &str| {
-            let full = format!("listener_manager.lds.{name}");
-            let stats = envoy.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
+        let yaml = lds_yaml(&self.opts, self.dir.path(), self.port);
+        self.apply_update("listener_manager.lds", || {
+            write_lds(self.dir.path(), &yaml);
+        })
+    }
+
+    /// Replaces the ECDS resource of the sluice filter with any HTTP filter's typed config (YAML
+    /// flow style), as Istio's agent does when it cannot fetch a module; see `update_plugin`.
+    pub fn update_extension(&mut self, typed_config: &str) -> Result<(), String> {
+        assert!(
+            self.opts.ecds_from_file,
+            "update_extension needs ecds_from_file()"
+        );
+        let yaml = ecds_yaml(typed_config);
+        let stats = format!("extension_config_discovery.http_filter.{ECDS_FILTER}");
+        self.apply_update(&stats, || {
+            write_watched(self.dir.path(), ECDS_DIR, ECDS_FILE, &yaml);
+        })
+    }
+
+    /// Counters `<prefix>.update_success` and `.update_rejected` around `write`.
+    fn apply_update(&self, prefix: &str, write: impl FnOnce()) -> Result<(), String> {
+        let counter = |name: &str| {
+            let full = format!("{prefix}.{name}");
+            let stats = self.admin_stats(&format!("^{}$", full.replace('.', "\\.")));
             stats.get(&full).copied().unwrap_or(0)
         };
-        let (success, rejected) = (
-            counter(self, "update_success"),
-            counter(self, "update_rejected"),
-        );
-        self.opts.plugin_json = Some(plugin_json.to_string());
-        write_lds(self.dir.path(), &lds_yaml(&self.opts, self.port));
+        let (success, rejected) = (counter("update_success"), counter("update_rejected"));
+        write();
         let deadline = Instant::now() + LDS_UPDATE_TIMEOUT;
         loop {
-            if counter(self, "update_success") > success {
+            if counter("update_success") > success {
                 return Ok(());
             }
-            if counter(self, "update_rejected") > rejected {
-                return Err(format!("LDS update rejected:\n{}", self.log_tail(20)));
+            if counter("update_rejected") > rejected {
+                return Err(format!("{prefix}: update rejected:\n{}", self.log_tail(20)));
             }
             if Instant::now() > deadline {
                 return Err(format!(
-                    "LDS update not taken within {LDS_UPDATE_TIMEOUT:?}:\n{}",
+                    "{prefix}: update not taken within {LDS_UPDATE_TIMEOUT:?}:\n{}",
                     self.log_tail(20)
                 ));
             }
@@ -514,11 +622,13 @@ fn yaml_quote(s: &str) -> String {
 }
 
 /// The bootstrap: the same shape as envoy/demo.yaml, with the given ports, an absolute wasm
-/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok". The listener is
+/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok", after the test's
+/// own (`EnvoyOptions::route`). The listener is
 /// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
 fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
+    // xDS subscriptions, file-based ones included, need a node id and cluster.
     let admin = format!(
-        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
+        "node: {{ id: sluice-test, cluster: sluice-test }}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
     );
     let clusters = opts
         .service
@@ -528,7 +638,7 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
     if !opts.lds_from_file {
         return format!(
             "{admin}static_resources:\n  listeners:\n{}{clusters}",
-            listener_yaml(opts, port, "  - ")
+            listener_yaml(opts, dir, port, "  - ")
         );
     }
     let lds = dir.join(LDS_DIR);
@@ -538,8 +648,7 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
         format!("static_resources:\n{clusters}")
     };
     format!(
-        r#"node: {{ id: sluice-test, cluster: sluice-test }}
-{admin}dynamic_resources:
+        r#"{admin}dynamic_resources:
   lds_config:
     resource_api_version: V3
     path_config_source:
@@ -552,74 +661,101 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
 }
 
 /// The LDS resource file: a discovery response with the one listener.
-fn lds_yaml(opts: &EnvoyOptions, port: u16) -> String {
+fn lds_yaml(opts: &EnvoyOptions, dir: &Path, port: u16) -> String {
     let item = "  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    ";
-    format!("resources:\n{}", listener_yaml(opts, port, item))
+    format!("resources:\n{}", listener_yaml(opts, dir, port, item))
 }
 
-/// Writes the LDS file as Envoy wants it changed: a new file moved over the old one.
 fn write_lds(dir: &Path, yaml: &str) {
-    let staged = dir.join(format!("{LDS_FILE}.next"));
+    write_watched(dir, LDS_DIR, LDS_FILE, yaml);
+}
+
+/// The ECDS resource file: a discovery response with the sluice filter's one typed config.
+fn ecds_yaml(typed_config: &str) -> String {
+    format!(
+        "resources:\n- \"@type\": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig\n  name: {ECDS_FILTER}\n  typed_config: {typed_config}\n"
+    )
+}
+
+/// Writes `<dir>/<sub>/<file>` as Envoy wants a watched file changed: a new file moved over it.
+fn write_watched(dir: &Path, sub: &str, file: &str, yaml: &str) {
+    let staged = dir.join(format!("{file}.next"));
     std::fs::write(&staged, yaml).unwrap_or_else(|e| panic!("writing {}: {e}", staged.display()));
-    let path = dir.join(LDS_DIR).join(LDS_FILE);
+    let path = dir.join(sub).join(file);
     std::fs::rename(&staged, &path)
         .unwrap_or_else(|e| panic!("renaming to {}: {e}", path.display()));
 }
 
-/// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
-/// or the LDS resource's type line and what follows it).
-fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
-    let metadata_rules: String = opts
-        .header_to_metadata
-        .iter()
-        .map(|(header, namespace, key)| {
-            format!(
-                r#"
-              - header: {header}
-                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
-                remove: true"#
-            )
-        })
-        .collect();
-    let metadata_filter = if metadata_rules.is_empty() {
+/// The wasm filter's typed config in YAML flow style, `None` without a plugin configuration.
+fn wasm_typed_config(opts: &EnvoyOptions) -> Option<String> {
+    let failure_policy = opts
+        .wasm_failure_policy
+        .as_deref()
+        .map(|policy| format!(" failure_policy: {policy},"))
+        .unwrap_or_default();
+    let names: Vec<&str> = opts.vm_env.iter().map(|(name, _)| name.as_str()).collect();
+    let environment = if names.is_empty() {
         String::new()
     } else {
         format!(
-            r#"
-          - name: envoy.filters.http.header_to_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
-              request_rules:{metadata_rules}"#
+            " environment_variables: {{ host_env_keys: [{}] }},",
+            names.join(", ")
         )
     };
+    opts.plugin_json.as_deref().map(|json| {
+        format!(
+            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8,{environment} code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
+            wasm = yaml_quote(&wasm_path().to_string_lossy()),
+            json = yaml_quote(json),
+        )
+    })
+}
+
+/// The sluice filter in the HCM's list: its typed config inline, or discovered through ECDS from
+/// `<dir>/ecds/sluice.yaml`. Empty without a plugin configuration.
+fn sluice_filter_yaml(opts: &EnvoyOptions, dir: &Path) -> String {
+    let Some(typed_config) = wasm_typed_config(opts) else {
+        return String::new();
+    };
+    if !opts.ecds_from_file {
+        return format!(
+            "\n          - name: envoy.filters.http.wasm\n            typed_config: {typed_config}"
+        );
+    }
+    let ecds = dir.join(ECDS_DIR);
+    let default_config = opts
+        .ecds_default
+        .as_deref()
+        .map(|config| format!("\n              default_config: {config}"))
+        .unwrap_or_default();
+    format!(
+        r#"
+          - name: {ECDS_FILTER}
+            config_discovery:
+              config_source:
+                resource_api_version: V3
+                path_config_source:
+                  path: {path}
+                  watched_directory: {{ path: {watched} }}{default_config}
+              type_urls:
+              - type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              - type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"#,
+        path = yaml_quote(&ecds.join(ECDS_FILE).to_string_lossy()),
+        watched = yaml_quote(&ecds.to_string_lossy()),
+    )
+}
+
+/// The listener `test` as an item of a YAML list at indentation 2; `item` starts it (`"  - "`,
+/// or the LDS resource's type line and what follows it).
+fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> String {
+    let metadata_filter = header_to_metadata_filter(opts);
     let hcm_options: String = opts
         .hcm_options
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
         .collect();
-    let wasm_filter = match &opts.plugin_json {
-        None => String::new(),
-        Some(json) => format!(
-            r#"
-          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: sluice
-                root_id: sluice
-                vm_config:
-                  vm_id: sluice
-                  runtime: envoy.wasm.runtime.v8
-                  code:
-                    local:
-                      filename: {wasm}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: {json}"#,
-            wasm = yaml_quote(&wasm_path().to_string_lossy()),
-            json = yaml_quote(json),
-        ),
-    };
+    let routes = extra_routes(opts);
+    let wasm_filter = sluice_filter_yaml(opts, dir);
     format!(
         r#"{item}name: test
     address:
@@ -637,7 +773,7 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
             virtual_hosts:
             - name: test
               domains: ["*"]
-              routes:
+              routes:{routes}
               - name: api
                 match: {{ prefix: /api/ }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
@@ -652,6 +788,52 @@ fn listener_yaml(opts: &EnvoyOptions, port: u16, item: &str) -> String {
         use_remote_address = opts.use_remote_address,
         xff_num_trusted_hops = opts.xff_num_trusted_hops,
     )
+}
+
+/// The header_to_metadata filter of `EnvoyOptions::header_to_metadata`, if it has rules.
+fn header_to_metadata_filter(opts: &EnvoyOptions) -> String {
+    let metadata_rules: String = opts
+        .header_to_metadata
+        .iter()
+        .map(|(header, namespace, key)| {
+            format!(
+                r#"
+              - header: {header}
+                on_header_present: {{ metadata_namespace: {namespace}, key: {key}, type: STRING }}
+                remove: true"#
+            )
+        })
+        .collect();
+    if metadata_rules.is_empty() {
+        String::new()
+    } else {
+        format!(
+            r#"
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+              request_rules:{metadata_rules}"#
+        )
+    }
+}
+
+/// The test's own routes (`EnvoyOptions::route`), as items of the virtual host's route list.
+fn extra_routes(opts: &EnvoyOptions) -> String {
+    opts.routes
+        .iter()
+        .map(|(name, prefix, fields)| {
+            let fields: String = fields
+                .iter()
+                .map(|f| format!("\n                {f}"))
+                .collect();
+            format!(
+                r#"
+              - name: {name}
+                match: {{ prefix: {prefix} }}
+                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}{fields}"#
+            )
+        })
+        .collect()
 }
 
 /// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.

@@ -3,7 +3,8 @@
 //! - `envoy`: an Envoy with the built sluice filter, on free loopback ports;
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
-//! - `http`: an HTTP/1.1 client for all of them.
+//! - `http`: an HTTP/1.1 client for all of them;
+//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
 //! every wait has a deadline. Test support code panics with a clear message when the set-up is
@@ -18,6 +19,7 @@
 pub mod envoy;
 pub mod http;
 pub mod redis;
+pub mod reload;
 pub mod resp;
 pub mod service;
 
@@ -46,8 +48,13 @@ pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Opt
     None
 }
 
-pub const SIGTERM: i32 = 15;
+// Linux's numbers.
+pub const SIGHUP: i32 = 1;
+pub const SIGINT: i32 = 2;
 pub const SIGKILL: i32 = 9;
+pub const SIGTERM: i32 = 15;
+pub const SIGCONT: i32 = 18;
+pub const SIGSTOP: i32 = 19;
 
 /// kill(2) to `pid`, or with a minus sign to the process group it leads. Only for our own
 /// child not yet reaped (or its group), so that the number cannot belong to another process.

@@ -103,17 +103,16 @@ impl RedisServer {
 
     /// SIGSTOP: the port still accepts connections but nothing answers.
     pub fn freeze(&self) {
-        self.signal("-STOP");
+        self.signal(crate::SIGSTOP);
     }
 
     pub fn thaw(&self) {
-        self.signal("-CONT");
+        self.signal(crate::SIGCONT);
     }
 
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().unwrap().id().to_string();
-        let status = Command::new("kill").args([signal, &pid]).status().unwrap();
-        assert!(status.success());
+    fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().unwrap().id();
+        crate::send_signal(i32::try_from(pid).unwrap(), signal);
     }
 }
 

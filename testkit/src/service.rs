@@ -19,11 +19,29 @@ pub fn binary() -> std::path::PathBuf {
 }
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
+/// The environment variables the binary reads, none inherited from the test's own environment.
+const SETTINGS: [&str; 10] = [
+    "SLUICE_LISTEN",
+    "SLUICE_REDIS",
+    "SLUICE_REDIS_CLUSTER",
+    "SLUICE_TOKEN_FILE",
+    "SLUICE_LOG",
+    "SLUICE_SHUTDOWN_DELAY",
+    "SLUICE_SHUTDOWN_TIMEOUT",
+    "SLUICE_RLS",
+    "SLUICE_RLS_CONFIG",
+    "SLUICE_RLS_HEADERS",
+];
+
 /// A running service, killed on drop.
 pub struct Service {
     child: Child,
+    /// The HTTP address (`0.0.0.0:0` when it serves only the RLS).
     pub addr: SocketAddr,
-    pub ready_line: String,
+    /// The `listening` log event, which names the address and Redis.
+    pub listening: serde_json::Value,
+    /// The RLS's gRPC address, when started with `start_rls`.
+    pub rls: Option<SocketAddr>,
     stderr: Receiver<String>,
 }
 
@@ -36,51 +54,125 @@ impl Service {
         response.json()["results"].as_array().unwrap().clone()
     }
 
-    /// `sluice-service --listen 127.0.0.1:0 --redis <url>`.
+    /// `sluice-service --listen 127.0.0.1:0 --redis <url>`, ready.
     pub fn start(redis_url: &str) -> Service {
         Service::start_with(&["--redis", redis_url], &[])
+    }
+
+    /// `sluice-service --memory`: limits in the service's own memory, no Redis.
+    pub fn start_memory() -> Service {
+        Service::start_with(&["--memory"], &[])
     }
 
     pub fn start_cluster(urls: &str) -> Service {
         Service::start_with(&["--redis-cluster", urls], &[])
     }
 
-    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
-    /// waits for the readiness line, which names the address it listens on.
+    /// `spawn`, then waits until /readyz answers 200 (Redis reached).
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let service = Service::spawn(args, env);
+        let ready = super::wait_for(READY_WITHIN, || {
+            (super::http::get(service.addr, "/readyz").status == 200).then_some(())
+        });
+        assert!(ready.is_some(), "/readyz not 200 within {READY_WITHIN:?}");
+        service
+    }
+
+    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
+    /// waits for the `listening` log event, which names the address; Redis may be down.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Service {
         let listen: &[&str] = if env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
             &[]
         } else {
             &["--listen", "127.0.0.1:0"]
         };
-        let mut child = command(&[listen, args].concat(), env)
+        let mut service = Service::launch(&[listen, args].concat(), env);
+        let listening = service.event("listening", READY_WITHIN);
+        let listening = listening.unwrap_or_else(|| panic!("no listening event"));
+        let addr = listening["address"].as_str().and_then(|a| a.parse().ok());
+        service.addr = addr.unwrap_or_else(|| panic!("no address in {listening}"));
+        service.listening = listening;
+        service
+    }
+
+    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
+    /// given) and waits until the RLS listens (its address goes to `rls`), HTTP too if
+    /// `--listen` is in `args`, and Redis is up: ready for calls.
+    pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut service = Service::launch(args, env);
+        let mut waiting = vec!["rls listening", "redis is up"];
+        if args.contains(&"--listen") {
+            waiting.push("listening");
+        }
+        let deadline = Instant::now() + READY_WITHIN;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let event = service.next_event(left);
+            let event = event.unwrap_or_else(|| panic!("still waiting for {waiting:?}"));
+            let message = event["message"].as_str().unwrap_or_default();
+            let address = event["address"].as_str().and_then(|a| a.parse().ok());
+            match message {
+                "rls listening" => service.rls = address,
+                "listening" => {
+                    service.addr = address.unwrap();
+                    service.listening = event.clone();
+                }
+                _ => {}
+            }
+            waiting.retain(|&waited| waited != message);
+        }
+        service
+    }
+
+    fn launch(args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = command(args, env)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         let stderr = lines_of(child.stderr.take().unwrap());
-        let mut service = Service {
+        Service {
             child,
-            addr: "127.0.0.1:0".parse().unwrap(),
-            ready_line: String::new(),
+            addr: "0.0.0.0:0".parse().unwrap(),
+            listening: serde_json::Value::Null,
+            rls: None,
             stderr,
-        };
-        let ready = service.next_line(READY_WITHIN).unwrap_or_default();
-        let addr = ready
-            .strip_prefix("sluice-service listening on ")
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|addr| addr.parse().ok());
-        service.addr = addr.unwrap_or_else(|| panic!("no readiness line, got {ready:?}"));
-        service.ready_line = ready;
-        service
+        }
     }
 
-    pub fn next_line(&self, within: Duration) -> Option<String> {
-        self.stderr.recv_timeout(within).ok()
+    /// The next log event (each line must be one JSON object), if one comes `within`.
+    pub fn next_event(&self, within: Duration) -> Option<serde_json::Value> {
+        let line = self.stderr.recv_timeout(within).ok()?;
+        let event = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("a log line that is not JSON ({e}): {line}"));
+        Some(event)
+    }
+
+    /// The next log event with this message, skipping the lines before it (each must be one
+    /// JSON object).
+    pub fn event(&self, message: &str, within: Duration) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            let event = self.next_event(left)?;
+            if event["message"] == message {
+                return Some(event);
+            }
+        }
+    }
+
+    /// Every log line from here until none comes for `quiet`.
+    pub fn lines(&self, quiet: Duration) -> Vec<String> {
+        std::iter::from_fn(|| self.stderr.recv_timeout(quiet).ok()).collect()
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Sends `signal` (`crate::SIGTERM`, ...) to the service.
+    pub fn signal(&self, signal: i32) {
+        crate::send_signal(i32::try_from(self.pid()).unwrap(), signal);
     }
 
     /// Waits for the process to exit on its own.
@@ -113,13 +205,11 @@ pub fn lines_of(output: impl std::io::Read + Send + 'static) -> Receiver<String>
 /// test's own environment), no stdin.
 fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(binary());
-    command
-        .args(args)
-        .env_remove("SLUICE_LISTEN")
-        .env_remove("SLUICE_REDIS")
-        .env_remove("SLUICE_REDIS_CLUSTER")
-        .envs(env.iter().copied())
-        .stdin(Stdio::null());
+    command.args(args);
+    for name in SETTINGS {
+        command.env_remove(name);
+    }
+    command.envs(env.iter().copied()).stdin(Stdio::null());
     command
 }
 

@@ -1,0 +1,30 @@
+"""The library behind `make bench`, `make bench-instructions`, `make soak` and `make chaos`
+(the thin scripts bench/run.py, bench/soak.py and bench/chaos.py). Python 3 standard library.
+
+Running things:
+  paths          where the scripts read and write (the report files move together with --out)
+  processes      commands, children stopped by PID, /proc figures, signals, log lines, failures
+  services       redis-server and sluice-service as children
+  builds         the wasm fixtures, sluice-service's release build, the micro-benchmarks
+  envoy_config   Envoy bootstraps: the direct_response listener, filters, the service's cluster
+  envoy          one Envoy process: started on free ports, its stats, stopped by PID
+  load           the requests: wrk (plain or with a Lua script), paced keep-alive clients
+  measure        CPU time per request over a wrk run, medians, periodic samples
+  facts          the machine, the commit and the tools a report names
+  markdown       tables, "n/a" figures, verdicts, sections rewritten between markers
+
+The benchmark (BENCHMARKS.md, bench/results.*, bench/history.jsonl, bench/instructions.json):
+  setups               the Envoy configurations measured, and the ratios and targets over them
+  cpu_run              make bench: the interleaved rounds under wrk, and results.json
+  accuracy             a local policy's admitted requests against the ideal
+  instruction_run      make bench-instructions: each setup under callgrind
+  history              one line per full run, to tell a change from noise
+  benchmarks_report    BENCHMARKS.md, from results.json
+  instructions_report  its section on instructions per request, from instructions.json
+  chart                bench/results.svg
+
+Reliability (docs/reliability.md, each script its own sections):
+  reliability_run                       what soak and chaos share around their measurements
+  soak_flood, soak_mixed, soak_report   make soak
+  chaos_faults, chaos_report            make chaos
+"""

@@ -1,0 +1,83 @@
+"""The facts a report starts with: when, on which machine, at which commit, with which command,
+and the versions of Envoy, wrk (and for the reliability runs Redis and sluice-service)."""
+
+import datetime
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from .builds import service_binary
+from .paths import ROOT
+from .processes import run
+
+
+def command_line(script):
+    """How this run was started, as a report shows it."""
+    return f"python3 bench/{script}" + "".join(" " + a for a in sys.argv[1:])
+
+
+def git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def commit():
+    described = git("rev-parse", "--short=12", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        described += " (with uncommitted changes)"
+    return described
+
+
+def cpu_model():
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def wrk_version():
+    if not shutil.which("wrk"):
+        return "no wrk"
+    return subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0].strip()
+
+
+def facts(envoy, command):
+    """The facts of a run started with `command`."""
+    version = run([envoy, "--version"], timeout=30).strip()
+    match = re.search(r"version: \S+?/([\d.]+)/", version)
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "kernel": platform.release(),
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        "commit": commit(),
+        "command": command,
+        "envoy": match.group(1) if match else version,
+        "envoy_full": version.split("version: ", 1)[-1],
+        "wrk": wrk_version(),
+    }
+
+
+def reliability_facts(envoy, command):
+    """facts, with the sluice-service binary and redis-server's version."""
+    info = facts(envoy, command)
+    binary = service_binary()
+    info["service"] = str(binary.relative_to(ROOT)) if binary.is_relative_to(ROOT) else str(binary)
+    info["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
+    return info
+
+
+def facts_lines(info):
+    """The facts as the reliability sections list them."""
+    return [
+        f"- Date: {info['date']}",
+        f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
+        f"load average at the start {' '.join(info['loadavg'])}",
+        f"- Commit: {info['commit']}; command: `{info['command']}`",
+        f"- Envoy {info['envoy']}; {info['wrk']}; {info['redis'].split(' sha=')[0]}; "
+        f"sluice-service `{info['service']}`",
+    ]

@@ -1,0 +1,104 @@
+//! Limits kept in this process, decided by the filter's own algorithms (`sluice::exact`) in
+//! microseconds of the system clock: what the Redis scripts answer, for one service and without
+//! Redis. For trying sluice out and for testing the service's logic without a Redis; one replica
+//! only, and the state goes with the process.
+
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use sluice::algorithm::{self as filter, Drain, Rate, Window};
+use sluice::exact::ExactStore;
+
+use crate::store::{Algorithm, Check, Decision, FailureKind, Store, StoreError};
+
+/// Checks between two sweeps of the keys that are as good as empty.
+const SWEEP_EVERY: u64 = 4096;
+
+#[derive(Default)]
+pub struct MemoryStore {
+    keys: Mutex<ExactStore>,
+    checks: AtomicU64,
+}
+
+impl MemoryStore {
+    fn decide(&self, checks: &[Check], now_us: u64) -> Result<Vec<Decision>, StoreError> {
+        let mut keys = self
+            .keys
+            .lock()
+            .map_err(|_| failure("the store's lock is poisoned"))?;
+        if self
+            .checks
+            .fetch_add(1, Relaxed)
+            .is_multiple_of(SWEEP_EVERY)
+        {
+            keys.forget_idle(now_us);
+        }
+        checks
+            .iter()
+            .map(|check| {
+                let limit = limit(&check.algorithm).ok_or_else(|| failure("no such limit"))?;
+                let (d, granted) = keys.decide(&check.key, limit, now_us, check.cost, check.take);
+                Ok(Decision {
+                    allowed: d.allowed,
+                    granted,
+                    remaining: d.remaining,
+                    reset_us: d.reset_after,
+                    retry_after_us: d.retry_after,
+                    delay_us: matches!(check.algorithm, Algorithm::LeakyBucket { .. })
+                        .then_some(d.delay),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Store for MemoryStore {
+    async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
+        let now_us = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_err(|_| failure("the clock is before 1970"))?
+            .as_micros();
+        self.decide(checks, u64::try_from(now_us).unwrap_or(u64::MAX))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind
+/// the unit); `check::parse` has already bounded them.
+fn limit(algorithm: &Algorithm) -> Option<filter::Algorithm> {
+    Some(match *algorithm {
+        Algorithm::TokenBucket { interval_us, burst } => filter::Algorithm::TokenBucket(Rate {
+            interval: NonZeroU64::new(interval_us)?,
+            burst,
+            capacity: interval_us.checked_mul(burst)?,
+        }),
+        Algorithm::FixedWindow { limit, window_us } => {
+            filter::Algorithm::FixedWindow(Window::new(limit, window_us)?)
+        }
+        Algorithm::SlidingWindow { limit, window_us } => {
+            filter::Algorithm::SlidingWindow(Window::new(limit, window_us)?)
+        }
+        Algorithm::SlidingLog { limit, window_us } => {
+            filter::Algorithm::SlidingLog(Window::new(limit, window_us)?)
+        }
+        Algorithm::LeakyBucket {
+            interval_us,
+            max_delay_us,
+        } => filter::Algorithm::LeakyBucket(Drain {
+            interval: NonZeroU64::new(interval_us)?,
+            max_delay: max_delay_us,
+        }),
+    })
+}
+
+fn failure(detail: &str) -> StoreError {
+    StoreError {
+        kind: FailureKind::Other,
+        detail: detail.to_string(),
+    }
+}

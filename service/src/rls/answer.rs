@@ -1,0 +1,823 @@
+//! One `ShouldRateLimit` call without its I/O: `plan` validates the request, matches each
+//! descriptor and turns its limits into store checks; `answer` turns the store's decisions into
+//! the protocol's response (overall code, a status per descriptor, optional headers), what the
+//! metrics count, and how long a leaky bucket holds the answer. The clock is injected.
+
+use std::borrow::Cow;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    rate_limit, Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota};
+
+use super::config::{Config, Limit, Node, Rate, Rule, Unit};
+use super::matching::{find, Entry};
+use crate::store::{hashed_key, Algorithm, Check, Decision};
+
+/// A request the protocol refuses, with envoyproxy/ratelimit's reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+/// What a request asks of the store, and what is needed to answer it afterwards.
+#[derive(Debug)]
+pub struct Plan<'c> {
+    /// One per limit to decide, in order; empty when nothing is limited.
+    pub checks: Vec<Check>,
+    /// The domain is not in the configuration: every descriptor is answered OK.
+    pub unknown_domain: bool,
+    descriptors: Vec<Planned<'c>>,
+}
+
+#[derive(Debug)]
+enum Planned<'c> {
+    /// No configured limit applies (or every one was replaced).
+    Free,
+    Unlimited,
+    Limited {
+        hits: u64,
+        limits: Vec<Applied<'c>>,
+    },
+}
+
+#[derive(Debug)]
+struct Applied<'c> {
+    limit: Cow<'c, Limit>,
+    /// Its check's index in `Plan::checks`.
+    check: usize,
+    /// The metrics label with the request's values where the configuration asks for them.
+    label: String,
+}
+
+/// What the metrics count for one limit of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tally {
+    /// With request values when the configuration asks (`detailed_metric`, `value_to_metric`).
+    pub label: String,
+    /// The label made of the configuration alone, for when request values must not be used.
+    pub fallback: String,
+    pub hits: u64,
+    pub over_limit: bool,
+    pub shadow_mode: bool,
+    /// Hits that took the count past 80% of the limit (envoyproxy/ratelimit's `near_limit`).
+    pub near_limit: u64,
+}
+
+/// The response, and what goes with it.
+#[derive(Debug)]
+pub struct Answer {
+    pub response: RateLimitResponse,
+    /// A leaky bucket's turn: how long to wait before answering OK.
+    pub hold: Duration,
+    pub tallies: Vec<Tally>,
+}
+
+/// Validates `request` and matches each descriptor against `config`.
+pub fn plan<'c>(config: &'c Config, request: &RateLimitRequest) -> Result<Plan<'c>, Invalid> {
+    if request.domain.is_empty() {
+        return Err(Invalid("rate limit domain must not be empty".into()));
+    }
+    if request.descriptors.is_empty() {
+        return Err(Invalid(
+            "rate limit descriptor list must not be empty".into(),
+        ));
+    }
+    let Some(root) = config.domain(&request.domain) else {
+        let descriptors = request.descriptors.iter().map(|_| Planned::Free).collect();
+        return Ok(Plan {
+            checks: Vec::new(),
+            unknown_domain: true,
+            descriptors,
+        });
+    };
+    let mut matched = Vec::with_capacity(request.descriptors.len());
+    for (i, descriptor) in request.descriptors.iter().enumerate() {
+        matched.push(match_descriptor(root, descriptor, i)?);
+    }
+    let replaced: HashSet<&str> = (matched.iter().flatten())
+        .flat_map(|m| m.limits.iter().flat_map(|l| l.replaces.iter()))
+        .map(String::as_str)
+        .collect();
+    let mut checks = Vec::new();
+    let descriptors = (request.descriptors.iter().zip(&matched))
+        .map(|(descriptor, matched)| {
+            let hits = hits(request, descriptor);
+            planned(
+                &request.domain,
+                matched.as_ref(),
+                &replaced,
+                hits,
+                &mut checks,
+            )
+        })
+        .collect();
+    Ok(Plan {
+        checks,
+        unknown_domain: false,
+        descriptors,
+    })
+}
+
+/// A descriptor's limits: the configured ones it matches, or the override Envoy sent with it.
+#[derive(Debug)]
+struct Matched<'c> {
+    limits: Vec<Cow<'c, Limit>>,
+    /// Keys and values for the counters' store key (`matching::Match::counted`).
+    counted: Vec<String>,
+    /// The metrics labels with request values (`matching::Match`) and without.
+    detailed_label: String,
+    value_label: String,
+    path: String,
+}
+
+fn match_descriptor<'c>(
+    root: &'c Node,
+    descriptor: &RateLimitDescriptor,
+    index: usize,
+) -> Result<Option<Matched<'c>>, Invalid> {
+    let entries: Vec<Entry> = (descriptor.entries.iter())
+        .map(|e| Entry {
+            key: &e.key,
+            value: &e.value,
+        })
+        .collect();
+    if let Some(limit) = &descriptor.limit {
+        return override_limit(&entries, limit.requests_per_unit, limit.unit, index).map(Some);
+    }
+    Ok(find(root, &entries).map(|found| Matched {
+        limits: found.node.limits.iter().map(Cow::Borrowed).collect(),
+        counted: found.counted,
+        detailed_label: found.detailed_label,
+        value_label: found.value_label,
+        path: found.node.path.clone(),
+    }))
+}
+
+/// envoyproxy/ratelimit's answer to a descriptor that carries its own limit (Envoy's
+/// `limit` override from dynamic metadata): a fixed window of that unit, never in shadow mode,
+/// counted under the descriptor's keys.
+fn override_limit<'c>(
+    entries: &[Entry],
+    requests: u32,
+    unit: i32,
+    index: usize,
+) -> Result<Matched<'c>, Invalid> {
+    // envoy.type.v3.RateLimitUnit: 1 second .. 4 day, 5 month, 6 year.
+    let unit = match unit {
+        1 => Unit::Second,
+        2 => Unit::Minute,
+        3 => Unit::Hour,
+        4 => Unit::Day,
+        5 => Unit::Month,
+        6 => Unit::Year,
+        other => {
+            let reason = format!("descriptors[{index}].limit.unit: {other} is not a known unit");
+            return Err(Invalid(reason));
+        }
+    };
+    let window_ms = unit.window_ms().unwrap_or(1_000);
+    let limit = u64::from(requests);
+    let rate = Rate {
+        algorithm: Algorithm::FixedWindow {
+            limit,
+            window_us: window_ms * 1000,
+        },
+        requests,
+        window_ms,
+        unit,
+        max_cost: limit + 1,
+        capacity: limit,
+    };
+    let keys: Vec<&str> = entries.iter().map(|e| e.key).collect();
+    let key_values: Vec<String> = (entries.iter())
+        .map(|e| format!("{}_{}", e.key, e.value))
+        .collect();
+    let limit = Limit {
+        rule: Rule::Limited(rate),
+        name: None,
+        replaces: Vec::new(),
+        shadow_mode: false,
+        quota_mode: false,
+        detailed_metric: true,
+        label: keys.join("."),
+        policy: "override".into(),
+        identity: format!("override/{window_ms}"),
+    };
+    Ok(Matched {
+        path: limit.label.clone(),
+        limits: vec![Cow::Owned(limit)],
+        counted: entries
+            .iter()
+            .flat_map(|e| [e.key.to_string(), e.value.to_string()])
+            .collect(),
+        detailed_label: key_values.join("."),
+        value_label: keys.join("."),
+    })
+}
+
+/// The descriptor's own `hits_addend` (0 allowed: only asks), else the request's (0 means 1).
+/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back.
+fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
+    if descriptor.is_negative_hits {
+        return 0;
+    }
+    match &descriptor.hits_addend {
+        Some(own) => own.value,
+        None => u64::from(request.hits_addend.max(1)),
+    }
+}
+
+fn planned<'c>(
+    domain: &str,
+    matched: Option<&Matched<'c>>,
+    replaced: &HashSet<&str>,
+    hits: u64,
+    checks: &mut Vec<Check>,
+) -> Planned<'c> {
+    let Some(matched) = matched else {
+        return Planned::Free;
+    };
+    if matched.limits.iter().any(|l| l.rule == Rule::Unlimited) {
+        return Planned::Unlimited;
+    }
+    let kept = (matched.limits.iter())
+        .filter(|l| !l.name.as_deref().is_some_and(|n| replaced.contains(n)));
+    let mut limits = Vec::new();
+    for limit in kept {
+        let Rule::Limited(rate) = &limit.rule else {
+            continue;
+        };
+        let mut parts: Vec<&[u8]> = vec![domain.as_bytes(), limit.identity.as_bytes()];
+        parts.extend(matched.counted.iter().map(String::as_bytes));
+        let cost = hits.min(rate.max_cost);
+        checks.push(Check {
+            key: hashed_key("rls", &parts),
+            algorithm: rate.algorithm,
+            cost,
+            take: cost,
+        });
+        limits.push(Applied {
+            label: label(matched, limit),
+            limit: limit.clone(),
+            check: checks.len() - 1,
+        });
+    }
+    if limits.is_empty() {
+        Planned::Free
+    } else {
+        Planned::Limited { hits, limits }
+    }
+}
+
+/// The limit's metrics label: its own (the node's path, and `#n` after a node's first limit)
+/// with the request's values where `detailed_metric` or `value_to_metric` asks.
+fn label(matched: &Matched, limit: &Limit) -> String {
+    let suffix = limit.label.strip_prefix(&matched.path).unwrap_or("");
+    let base = if limit.detailed_metric {
+        &matched.detailed_label
+    } else {
+        &matched.value_label
+    };
+    format!("{base}{suffix}")
+}
+
+/// How a decided limit came out.
+struct Outcome<'a, 'c> {
+    applied: &'a Applied<'c>,
+    rate: &'a Rate,
+    decision: Decision,
+}
+
+impl Outcome<'_, '_> {
+    /// Denied and not in shadow mode: this limit refuses the request.
+    fn refuses(&self) -> bool {
+        !self.decision.allowed && !self.applied.limit.shadow_mode
+    }
+
+    /// For a denial, until the request would pass; else until the limit is back to its best.
+    fn until_reset_us(&self) -> u64 {
+        if self.decision.allowed {
+            self.decision.reset_us
+        } else {
+            self.decision.retry_after_us
+        }
+    }
+}
+
+/// Builds the response from the store's `decisions` (one per `plan.checks`, in order).
+/// `now_ns` is Unix time in nanoseconds, for the legacy reset header.
+pub fn answer(plan: &Plan, decisions: &[Decision], style: HeaderStyle, now_ns: u64) -> Answer {
+    let mut statuses = Vec::with_capacity(plan.descriptors.len());
+    let mut outcomes = Vec::new();
+    let mut tallies = Vec::new();
+    for planned in &plan.descriptors {
+        let status = match planned {
+            Planned::Free => DescriptorStatus {
+                code: Code::Ok.into(),
+                ..Default::default()
+            },
+            Planned::Unlimited => DescriptorStatus {
+                code: Code::Ok.into(),
+                limit_remaining: u32::MAX,
+                ..Default::default()
+            },
+            Planned::Limited { hits, limits } => {
+                let decided = decide(limits, decisions);
+                tallies.extend(decided.iter().map(|o| tally(o, *hits)));
+                let status = descriptor_status(&decided);
+                outcomes.extend(decided);
+                status
+            }
+        };
+        statuses.push(status);
+    }
+    let over = overall_over(&outcomes);
+    let response = RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok }.into(),
+        statuses,
+        response_headers_to_add: headers(&outcomes, over, style, now_ns),
+        ..Default::default()
+    };
+    let hold = if over {
+        Duration::ZERO
+    } else {
+        hold(&outcomes)
+    };
+    Answer {
+        response,
+        hold,
+        tallies,
+    }
+}
+
+fn decide<'a, 'c>(limits: &'a [Applied<'c>], decisions: &[Decision]) -> Vec<Outcome<'a, 'c>> {
+    limits
+        .iter()
+        .filter_map(|applied| {
+            let Rule::Limited(rate) = &applied.limit.rule else {
+                return None;
+            };
+            let decision = *decisions.get(applied.check)?;
+            Some(Outcome {
+                applied,
+                rate,
+                decision,
+            })
+        })
+        .collect()
+}
+
+/// The descriptor is over its limit if one of its limits refuses; it reports that limit, else
+/// the one with the fewest requests remaining.
+fn descriptor_status(outcomes: &[Outcome]) -> DescriptorStatus {
+    let reported = (outcomes.iter().find(|o| o.refuses()))
+        .or_else(|| outcomes.iter().min_by_key(|o| o.decision.remaining));
+    let Some(outcome) = reported else {
+        return DescriptorStatus {
+            code: Code::Ok.into(),
+            ..Default::default()
+        };
+    };
+    let limit = &outcome.applied.limit;
+    DescriptorStatus {
+        code: if outcome.refuses() {
+            Code::OverLimit
+        } else {
+            Code::Ok
+        }
+        .into(),
+        current_limit: Some(RateLimit {
+            name: limit.name.clone().unwrap_or_default(),
+            requests_per_unit: outcome.rate.requests,
+            unit: proto_unit(outcome.rate.unit).into(),
+        }),
+        limit_remaining: u32::try_from(outcome.decision.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(proto_duration(outcome.until_reset_us())),
+        quota: None,
+    }
+}
+
+/// OVER_LIMIT if a limit refuses, except that limits in quota mode refuse only all together.
+fn overall_over(outcomes: &[Outcome]) -> bool {
+    let (quota, enforced): (Vec<&Outcome>, Vec<&Outcome>) =
+        outcomes.iter().partition(|o| o.applied.limit.quota_mode);
+    enforced.iter().any(|o| o.refuses()) || (!quota.is_empty() && quota.iter().all(|o| o.refuses()))
+}
+
+/// The rate-limit headers of the limit that refused, else of the one with the fewest requests
+/// remaining (limits in shadow mode never add headers), and `retry-after` on a refusal.
+fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) -> Vec<HeaderValue> {
+    let mut headers = Vec::new();
+    if style == HeaderStyle::None {
+        return headers;
+    }
+    let reported = if over {
+        outcomes.iter().find(|o| o.refuses())
+    } else {
+        (outcomes.iter().filter(|o| !o.applied.limit.shadow_mode))
+            .min_by_key(|o| o.decision.remaining)
+    };
+    let Some(outcome) = reported else {
+        return headers;
+    };
+    let decision = &outcome.decision;
+    let retry_after = decision.retry_after_us.saturating_mul(1000);
+    let quota = Quota {
+        policy: &outcome.applied.limit.policy,
+        limit: outcome.rate.capacity,
+        requests: u64::from(outcome.rate.requests),
+        per_nanos: outcome.rate.window_ms.saturating_mul(1_000_000),
+        remaining: decision.remaining,
+        reset_after: decision.reset_us.saturating_mul(1000),
+        retry_after: (!decision.allowed).then_some(retry_after),
+    };
+    let mut add = |key: &str, value: &str| {
+        headers.push(HeaderValue {
+            key: key.into(),
+            value: value.into(),
+            ..Default::default()
+        });
+    };
+    each_rate_limit_header(style, &quota, now_ns, &mut add);
+    if over {
+        add("retry-after", &retry_after_secs(retry_after).to_string());
+    }
+    headers
+}
+
+/// The longest turn among the admitting leaky buckets that enforce.
+fn hold(outcomes: &[Outcome]) -> Duration {
+    (outcomes.iter())
+        .filter(|o| !o.applied.limit.shadow_mode)
+        .filter_map(|o| o.decision.delay_us)
+        .max()
+        .map_or(Duration::ZERO, Duration::from_micros)
+}
+
+fn tally(outcome: &Outcome, hits: u64) -> Tally {
+    let (decision, rate) = (&outcome.decision, outcome.rate);
+    let used = rate.capacity.saturating_sub(decision.remaining);
+    let threshold = rate.capacity * 4 / 5;
+    let near_limit = if decision.allowed && used > threshold {
+        hits.min(used - threshold)
+    } else {
+        0
+    };
+    Tally {
+        label: outcome.applied.label.clone(),
+        fallback: outcome.applied.limit.label.clone(),
+        hits,
+        over_limit: !decision.allowed,
+        shadow_mode: !decision.allowed && outcome.applied.limit.shadow_mode,
+        near_limit,
+    }
+}
+
+fn proto_unit(unit: Unit) -> rate_limit::Unit {
+    match unit {
+        Unit::Unknown => rate_limit::Unit::Unknown,
+        Unit::Second => rate_limit::Unit::Second,
+        Unit::Minute => rate_limit::Unit::Minute,
+        Unit::Hour => rate_limit::Unit::Hour,
+        Unit::Day => rate_limit::Unit::Day,
+        Unit::Week => rate_limit::Unit::Week,
+        Unit::Month => rate_limit::Unit::Month,
+        Unit::Year => rate_limit::Unit::Year,
+    }
+}
+
+/// Rounded up to whole milliseconds, as the store's durations are everywhere else.
+fn proto_duration(us: u64) -> ProtoDuration {
+    let ms = us.div_ceil(1000);
+    ProtoDuration {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(ms % 1000 * 1_000_000).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+        Entry as ProtoEntry, RateLimitOverride,
+    };
+    use envoy_types::pb::google::protobuf::UInt64Value;
+    use std::path::PathBuf;
+
+    const CONFIG: &str = "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10, name: per_user}
+  - key: user
+    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 2, burst: 4}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 100, replaces: [{name: per_user}]}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: internal
+    rate_limit: {unlimited: true}
+  - key: quota_a
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: quota_b
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: shaped
+    rate_limit: {algorithm: leaky_bucket, unit: second, requests_per_unit: 10, max_delay: 500ms}
+";
+
+    fn config() -> Config {
+        Config::from_files(&[(PathBuf::from("d.yaml"), CONFIG.to_string())]).unwrap()
+    }
+
+    fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: (entries.iter())
+                .map(|&(key, value)| ProtoEntry {
+                    key: key.into(),
+                    value: value.into(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest {
+            domain: "d".into(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn allowed(remaining: u64) -> Decision {
+        Decision {
+            allowed: true,
+            granted: 1,
+            remaining,
+            reset_us: 1_500_000,
+            retry_after_us: 0,
+            delay_us: None,
+        }
+    }
+
+    fn denied() -> Decision {
+        Decision {
+            allowed: false,
+            granted: 0,
+            remaining: 0,
+            retry_after_us: 2_000_001,
+            ..allowed(0)
+        }
+    }
+
+    fn codes(answer: &Answer) -> Vec<Code> {
+        let statuses = &answer.response.statuses;
+        statuses
+            .iter()
+            .map(|s| Code::try_from(s.code).unwrap())
+            .collect()
+    }
+
+    fn overall(answer: &Answer) -> Code {
+        Code::try_from(answer.response.overall_code).unwrap()
+    }
+
+    #[test]
+    fn empty_domains_and_descriptor_lists_are_refused_as_envoyproxy_ratelimit_does() {
+        let config = config();
+        let no_domain = RateLimitRequest {
+            domain: String::new(),
+            ..request(vec![descriptor(&[("user", "a")])])
+        };
+        assert_eq!(
+            plan(&config, &no_domain).unwrap_err().0,
+            "rate limit domain must not be empty"
+        );
+        let none = request(Vec::new());
+        assert_eq!(
+            plan(&config, &none).unwrap_err().0,
+            "rate limit descriptor list must not be empty"
+        );
+    }
+
+    #[test]
+    fn an_unknown_domain_or_descriptor_is_answered_ok_without_asking_the_store() {
+        let config = config();
+        let unknown = RateLimitRequest {
+            domain: "other".into(),
+            ..request(vec![descriptor(&[("user", "a")])])
+        };
+        let plan_unknown = plan(&config, &unknown).unwrap();
+        assert!(plan_unknown.unknown_domain && plan_unknown.checks.is_empty());
+        let unmatched = plan(&config, &request(vec![descriptor(&[("nobody", "a")])])).unwrap();
+        assert!(unmatched.checks.is_empty());
+        let answer = answer(&unmatched, &[], HeaderStyle::Both, 0);
+        assert_eq!(
+            (overall(&answer), codes(&answer)),
+            (Code::Ok, vec![Code::Ok])
+        );
+        assert_eq!(answer.response.statuses[0].current_limit, None);
+        assert!(answer.response.response_headers_to_add.is_empty());
+    }
+
+    #[test]
+    fn a_descriptor_over_any_of_its_limits_makes_the_answer_over_limit() {
+        let config = config();
+        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        assert_eq!(plan.checks.len(), 2);
+        assert_ne!(plan.checks[0].key, plan.checks[1].key);
+        let answer = answer(&plan, &[allowed(7), denied()], HeaderStyle::None, 0);
+        assert_eq!(
+            (overall(&answer), codes(&answer)),
+            (Code::OverLimit, vec![Code::OverLimit])
+        );
+        let status = &answer.response.statuses[0];
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (2, rate_limit::Unit::Second.into())
+        );
+        let until = status.duration_until_reset.unwrap();
+        assert_eq!((until.seconds, until.nanos), (2, 1_000_000));
+    }
+
+    #[test]
+    fn an_allowed_descriptor_reports_its_limit_with_the_fewest_remaining() {
+        let config = config();
+        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        let answer = answer(&plan, &[allowed(7), allowed(3)], HeaderStyle::None, 0);
+        let status = &answer.response.statuses[0];
+        assert_eq!((overall(&answer), status.limit_remaining), (Code::Ok, 3));
+        let until = status.duration_until_reset.unwrap();
+        assert_eq!((until.seconds, until.nanos), (1, 500_000_000));
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limit_from_the_request() {
+        let config = config();
+        let both = request(vec![
+            descriptor(&[("user", "a")]),
+            descriptor(&[("vip", "a")]),
+        ]);
+        let plan = plan(&config, &both).unwrap();
+        // The user's per_user limit is replaced; its token bucket and the vip limit stay.
+        assert_eq!(plan.checks.len(), 2);
+        let per_user = Algorithm::FixedWindow {
+            limit: 10,
+            window_us: 60_000_000,
+        };
+        assert!(plan.checks.iter().all(|c| c.algorithm != per_user));
+    }
+
+    #[test]
+    fn shadow_mode_counts_but_answers_ok_and_unlimited_answers_the_most_remaining() {
+        let config = config();
+        let both = request(vec![
+            descriptor(&[("trial", "a")]),
+            descriptor(&[("internal", "a")]),
+        ]);
+        let plan = plan(&config, &both).unwrap();
+        assert_eq!(plan.checks.len(), 1);
+        let answer = answer(&plan, &[denied()], HeaderStyle::Both, 0);
+        assert_eq!(
+            (overall(&answer), codes(&answer)),
+            (Code::Ok, vec![Code::Ok, Code::Ok])
+        );
+        assert_eq!(answer.response.statuses[1].limit_remaining, u32::MAX);
+        assert!(answer.response.response_headers_to_add.is_empty());
+        let tally = &answer.tallies[0];
+        assert!(tally.over_limit && tally.shadow_mode);
+    }
+
+    #[test]
+    fn quota_mode_limits_refuse_only_when_all_of_them_are_over() {
+        let config = config();
+        let quotas = request(vec![
+            descriptor(&[("quota_a", "x")]),
+            descriptor(&[("quota_b", "x")]),
+        ]);
+        let plan = plan(&config, &quotas).unwrap();
+        let one = answer(&plan, &[denied(), allowed(1)], HeaderStyle::None, 0);
+        assert_eq!(
+            (overall(&one), codes(&one)),
+            (Code::Ok, vec![Code::OverLimit, Code::Ok])
+        );
+        let both = answer(&plan, &[denied(), denied()], HeaderStyle::None, 0);
+        assert_eq!(overall(&both), Code::OverLimit);
+    }
+
+    #[test]
+    fn hits_addend_charges_that_many_up_to_just_over_the_limit() {
+        let config = config();
+        let mut heavy = request(vec![descriptor(&[("user", "a")])]);
+        heavy.hits_addend = 5;
+        assert_eq!(plan(&config, &heavy).unwrap().checks[0].cost, 5);
+        heavy.hits_addend = 1_000_000;
+        let clamped: Vec<u64> = plan(&config, &heavy)
+            .unwrap()
+            .checks
+            .iter()
+            .map(|c| c.cost)
+            .collect();
+        assert_eq!(clamped, [11, 5]);
+        let mut asking = descriptor(&[("user", "a")]);
+        asking.hits_addend = Some(UInt64Value { value: 0 });
+        assert_eq!(
+            plan(&config, &request(vec![asking])).unwrap().checks[0].cost,
+            0
+        );
+        let mut refund = descriptor(&[("user", "a")]);
+        refund.hits_addend = Some(UInt64Value { value: 4 });
+        refund.is_negative_hits = true;
+        let refunding = plan(&config, &request(vec![refund])).unwrap();
+        assert_eq!(refunding.checks[0].cost, 0, "tokens are never given back");
+    }
+
+    #[test]
+    fn the_headers_are_the_refusing_limits_with_retry_after() {
+        let config = config();
+        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        let now = 1_700_000_000 * 1_000_000_000;
+        // The token bucket refuses: 2 a second with a burst of 4 is a quota of 4 in 2 s; `t` is
+        // the wait, as retry-after.
+        let answer = answer(&plan, &[allowed(7), denied()], HeaderStyle::Both, now);
+        let headers: Vec<(&str, &str)> = (answer.response.response_headers_to_add.iter())
+            .map(|h| (h.key.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("x-ratelimit-limit", "4"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "1700000002"),
+                ("ratelimit-policy", "\"user_2\";q=4;w=2"),
+                ("ratelimit", "\"user_2\";r=0;t=3"),
+                ("retry-after", "3"),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_leaky_bucket_holds_an_allowed_answer_for_its_turn() {
+        let config = config();
+        let plan = plan(&config, &request(vec![descriptor(&[("shaped", "a")])])).unwrap();
+        let turn = Decision {
+            delay_us: Some(200_000),
+            ..allowed(3)
+        };
+        assert_eq!(
+            answer(&plan, &[turn], HeaderStyle::None, 0).hold,
+            Duration::from_millis(200)
+        );
+    }
+
+    #[test]
+    fn a_limit_sent_with_the_descriptor_overrides_the_configuration() {
+        let config = config();
+        let mut overridden = descriptor(&[("user", "a")]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 42,
+            unit: 2,
+        });
+        let plan = plan(&config, &request(vec![overridden])).unwrap();
+        let expected = Algorithm::FixedWindow {
+            limit: 42,
+            window_us: 60_000_000,
+        };
+        assert_eq!(
+            plan.checks.iter().map(|c| c.algorithm).collect::<Vec<_>>(),
+            [expected]
+        );
+        let mut unknown_unit = descriptor(&[("user", "a")]);
+        unknown_unit.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 0,
+        });
+        let refused = super::plan(&config, &request(vec![unknown_unit])).unwrap_err();
+        assert_eq!(
+            refused.0,
+            "descriptors[0].limit.unit: 0 is not a known unit"
+        );
+    }
+
+    #[test]
+    fn near_limit_counts_the_hits_past_eighty_percent() {
+        let config = config();
+        let mut heavy = request(vec![descriptor(&[("user", "a")])]);
+        heavy.hits_addend = 3;
+        let plan = plan(&config, &heavy).unwrap();
+        // 10 per minute: 9 used after this call, 8 is the threshold.
+        let answer = answer(&plan, &[allowed(1), allowed(4)], HeaderStyle::None, 0);
+        assert_eq!(answer.tallies[0].near_limit, 1);
+        assert_eq!(answer.tallies[0].hits, 3);
+        assert_eq!(answer.tallies[0].label, "user");
+        assert_eq!(answer.tallies[1].label, "user#2");
+    }
+}

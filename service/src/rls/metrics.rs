@@ -1,0 +1,268 @@
+//! The RLS's Prometheus series, per domain and descriptor as envoyproxy/ratelimit's users graph
+//! them (`total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`), registered in
+//! the service's one registry.
+//!
+//! Cardinality stays bounded: a descriptor's label comes from the configuration (its path of
+//! keys and configured values), so there are as many series as configured limits. Only limits
+//! with `detailed_metric` (or `value_to_metric` on the way) put the request's values in the label,
+//! and at most `MAX_VALUE_SERIES` such labels are ever created; later ones count under the
+//! configured label.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use super::answer::Tally;
+
+/// How many labels made of request values are created at most, over all domains.
+pub const MAX_VALUE_SERIES: usize = 10_000;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DescriptorLabels {
+    domain: String,
+    descriptor: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+type PerDescriptor = Family<DescriptorLabels, Counter>;
+
+/// Why a call was answered with an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Redis failed or did not answer in time: `UNAVAILABLE`.
+    Redis,
+    /// The request was refused (empty domain, no descriptors, a bad override).
+    Request,
+}
+
+pub struct RlsMetrics {
+    total_hits: PerDescriptor,
+    over_limit: PerDescriptor,
+    near_limit: PerDescriptor,
+    within_limit: PerDescriptor,
+    shadow_mode: PerDescriptor,
+    errors: Family<KindLabels, Counter>,
+    unknown_domain: Counter,
+    config_loads: Family<ResultLabels, Counter>,
+    domains: Gauge,
+    /// The labels made of request values created so far.
+    value_labels: Mutex<HashSet<DescriptorLabels>>,
+}
+
+impl RlsMetrics {
+    /// Creates the series and registers them in `registry`, under the prefix `rls`.
+    pub fn register(registry: &mut Registry) -> RlsMetrics {
+        let registry = registry.sub_registry_with_prefix("rls");
+        let metrics = RlsMetrics {
+            total_hits: Family::default(),
+            over_limit: Family::default(),
+            near_limit: Family::default(),
+            within_limit: Family::default(),
+            shadow_mode: Family::default(),
+            errors: Family::default(),
+            unknown_domain: Counter::default(),
+            config_loads: Family::default(),
+            domains: Gauge::default(),
+            value_labels: Mutex::new(HashSet::new()),
+        };
+        // prometheus-client ends each help text with a full stop itself.
+        for (name, help, family) in [
+            (
+                "total_hits",
+                "Hits (hits_addend) checked against a limit",
+                &metrics.total_hits,
+            ),
+            (
+                "over_limit",
+                "Hits refused by a limit (in shadow mode too)",
+                &metrics.over_limit,
+            ),
+            (
+                "near_limit",
+                "Allowed hits above 80% of a limit",
+                &metrics.near_limit,
+            ),
+            (
+                "within_limit",
+                "Hits a limit allowed",
+                &metrics.within_limit,
+            ),
+            (
+                "shadow_mode",
+                "Hits a limit in shadow mode would have refused",
+                &metrics.shadow_mode,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+        registry.register(
+            "errors",
+            "ShouldRateLimit calls answered with an error, by kind (redis, request)",
+            metrics.errors.clone(),
+        );
+        registry.register(
+            "unknown_domain",
+            "ShouldRateLimit calls for a domain the configuration does not have",
+            metrics.unknown_domain.clone(),
+        );
+        registry.register(
+            "config_loads",
+            "Configuration loads, by result (success, error)",
+            metrics.config_loads.clone(),
+        );
+        registry.register(
+            "config_domains",
+            "Domains in the configuration in force",
+            metrics.domains.clone(),
+        );
+        metrics
+    }
+
+    /// Counts one call's limits in `domain`.
+    pub fn record(&self, domain: &str, tallies: &[Tally]) {
+        for tally in tallies {
+            let labels = self.labels(domain, tally);
+            self.total_hits.get_or_create(&labels).inc_by(tally.hits);
+            if tally.over_limit {
+                self.over_limit.get_or_create(&labels).inc_by(tally.hits);
+            } else {
+                self.within_limit.get_or_create(&labels).inc_by(tally.hits);
+            }
+            if tally.near_limit > 0 {
+                self.near_limit
+                    .get_or_create(&labels)
+                    .inc_by(tally.near_limit);
+            }
+            if tally.shadow_mode {
+                self.shadow_mode.get_or_create(&labels).inc_by(tally.hits);
+            }
+        }
+    }
+
+    /// The tally's label with request values while fewer than `MAX_VALUE_SERIES` exist.
+    fn labels(&self, domain: &str, tally: &Tally) -> DescriptorLabels {
+        let labels = DescriptorLabels {
+            domain: domain.to_string(),
+            descriptor: tally.label.clone(),
+        };
+        if tally.label == tally.fallback {
+            return labels;
+        }
+        let mut seen = self
+            .value_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(&labels) || seen.len() < MAX_VALUE_SERIES && seen.insert(labels.clone()) {
+            return labels;
+        }
+        DescriptorLabels {
+            domain: domain.to_string(),
+            descriptor: tally.fallback.clone(),
+        }
+    }
+
+    pub fn record_failure(&self, failure: Failure) {
+        let kind = match failure {
+            Failure::Redis => "redis",
+            Failure::Request => "request",
+        };
+        self.errors.get_or_create(&KindLabels { kind }).inc();
+    }
+
+    pub fn record_unknown_domain(&self) {
+        self.unknown_domain.inc();
+    }
+
+    /// A configuration load: `Some(domains)` when it took effect, `None` when it was refused.
+    pub fn record_config_load(&self, domains: Option<usize>) {
+        let result = if domains.is_some() {
+            "success"
+        } else {
+            "error"
+        };
+        self.config_loads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        if let Some(domains) = domains {
+            self.domains.set(i64::try_from(domains).unwrap_or(i64::MAX));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    fn tally(label: &str, fallback: &str, hits: u64, over_limit: bool) -> Tally {
+        Tally {
+            label: label.into(),
+            fallback: fallback.into(),
+            hits,
+            over_limit,
+            shadow_mode: false,
+            near_limit: 0,
+        }
+    }
+
+    fn render(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn hits_are_counted_per_domain_and_descriptor() {
+        let mut registry = Registry::with_prefix("sluice_service");
+        let metrics = RlsMetrics::register(&mut registry);
+        let within = tally("to_number", "to_number", 2, false);
+        let over = tally("to_number", "to_number", 1, true);
+        metrics.record("messaging", &[within, over]);
+        let text = render(&registry);
+        for line in [
+            r#"sluice_service_rls_total_hits_total{domain="messaging",descriptor="to_number"} 3"#,
+            r#"sluice_service_rls_within_limit_total{domain="messaging",descriptor="to_number"} 2"#,
+            r#"sluice_service_rls_over_limit_total{domain="messaging",descriptor="to_number"} 1"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_values_make_at_most_a_bounded_number_of_series() {
+        let mut registry = Registry::with_prefix("sluice_service");
+        let metrics = RlsMetrics::register(&mut registry);
+        for n in 0..MAX_VALUE_SERIES + 5 {
+            let label = format!("user_{n}");
+            metrics.record("d", &[tally(&label, "user", 1, false)]);
+        }
+        metrics.record("d", &[tally("user_0", "user", 1, false)]);
+        let text = render(&registry);
+        let series = (text.lines())
+            .filter(|l| l.starts_with("sluice_service_rls_total_hits_total{"))
+            .count();
+        assert_eq!(series, MAX_VALUE_SERIES + 1);
+        assert!(
+            text.contains(r#"sluice_service_rls_total_hits_total{domain="d",descriptor="user"} 5"#)
+        );
+        assert!(text
+            .contains(r#"sluice_service_rls_total_hits_total{domain="d",descriptor="user_0"} 2"#));
+    }
+}

@@ -1,0 +1,423 @@
+//! deploy/ is valid and fits together, checked offline:
+//!
+//! - The kustomization (with and without its token component) renders with `kubectl kustomize`,
+//!   and every resource it yields, and every manifest applied on its own (deploy/istio/,
+//!   deploy/envoy-gateway/), is valid: Kubernetes' own kinds with `kubernetes-validate --strict`
+//!   for the oldest and newest Kubernetes this targets, Istio's and Envoy Gateway's kinds with
+//!   the hand-written schemas in tests/crd-schemas.yaml (what they cover is said there).
+//! - The pieces agree: probes, selectors, ports, the image's user, and the Envoy cluster name
+//!   and authority the global WasmPlugin calls against the Service deploy/ defines.
+//!
+//! The plugin configurations inside are checked by tests/schema.rs, with every other shipped
+//! configuration. `scripts/find-k8s-tools` provides kubectl and kubernetes-validate (PyPI, in
+//! .venv).
+#![cfg(not(target_arch = "wasm32"))]
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sluice_testkit::TempDir;
+
+/// The oldest and the newest Kubernetes the manifests are checked against.
+const KUBERNETES_VERSIONS: [&str; 2] = ["1.31.0", "1.37.0"];
+/// The user scripts/oci-image gives the service image.
+const IMAGE_USER: u64 = 65532;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory with kubectl and kubernetes-validate (installed on first use).
+fn tools() -> &'static Path {
+    static TOOLS: OnceLock<PathBuf> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let out = Command::new(repo().join("scripts/find-k8s-tools"))
+            .output()
+            .expect("running scripts/find-k8s-tools");
+        assert!(
+            out.status.success(),
+            "scripts/find-k8s-tools: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+fn yaml_docs(text: &str, what: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| Value::deserialize(doc).unwrap_or_else(|e| panic!("{what}: not YAML: {e}")))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// `kubectl kustomize` of a directory.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new(tools().join("kubectl"))
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("running kubectl kustomize");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {stderr}",
+        dir.display()
+    );
+    yaml_docs(&String::from_utf8(out.stdout).unwrap(), "kubectl kustomize")
+}
+
+/// deploy/ with the token component: a kustomization in a temp dir naming both by relative path
+/// (kustomize refuses absolute ones).
+fn kustomize_with_token() -> Vec<Value> {
+    let temp = TempDir::new("deploy-token");
+    let dir = temp.path();
+    let up = "../".repeat(dir.components().count() - 1);
+    let deploy = format!(
+        "{up}{}",
+        repo()
+            .join("deploy")
+            .display()
+            .to_string()
+            .trim_start_matches('/')
+    );
+    let kustomization = format!("resources: [{deploy}]\ncomponents: [{deploy}/token]\n");
+    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
+    kustomize(dir)
+}
+
+/// Every YAML file under deploy/ applied on its own (not part of the kustomization).
+fn standalone_manifests() -> Vec<(PathBuf, Vec<Value>)> {
+    ["deploy/istio", "deploy/envoy-gateway"]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(repo().join(dir)).unwrap())
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .map(|path| {
+            let docs = yaml_docs(
+                &std::fs::read_to_string(&path).unwrap(),
+                &path.display().to_string(),
+            );
+            (path, docs)
+        })
+        .collect()
+}
+
+/// Kubernetes' own API groups: the core group ("v1"), dotless ones and *.k8s.io.
+fn is_builtin(doc: &Value) -> bool {
+    let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+    match api_version.split_once('/') {
+        None => true,
+        Some((group, _)) => !group.contains('.') || group.ends_with(".k8s.io"),
+    }
+}
+
+fn describe(doc: &Value) -> String {
+    format!(
+        "{} {}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+/// Kubernetes' own kinds through `kubernetes-validate --strict`, for each version.
+fn kubernetes_validate(docs: &[&Value], what: &str) {
+    let temp = TempDir::new("deploy-validate");
+    let file = temp.path().join("resources.yaml");
+    // As JSON documents: YAML 1.1 readers take an unquoted `no` for false.
+    let text: Vec<String> = docs.iter().map(|d| d.to_string()).collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    for version in KUBERNETES_VERSIONS {
+        let out = Command::new(tools().join("kubernetes-validate"))
+            .args(["--strict", "--no-warn", "-k", version])
+            .arg(&file)
+            .output()
+            .expect("running kubernetes-validate");
+        let report = String::from_utf8_lossy(&out.stdout);
+        let passed = report.matches(" passed for resource ").count();
+        assert!(
+            out.status.success() && passed == docs.len(),
+            "{what} against Kubernetes {version}: {passed} of {} passed\n{report}{}",
+            docs.len(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Istio's and Envoy Gateway's kinds against tests/crd-schemas.yaml; errors, one per line.
+fn crd_violations(doc: &Value) -> Vec<String> {
+    static SCHEMAS: OnceLock<Value> = OnceLock::new();
+    let schemas = SCHEMAS.get_or_init(|| {
+        let text = std::fs::read_to_string(repo().join("tests/crd-schemas.yaml")).unwrap();
+        yaml_docs(&text, "tests/crd-schemas.yaml").remove(0)
+    });
+    let kind = doc["kind"].as_str().unwrap_or_default();
+    if schemas["$defs"].get(kind).is_none() {
+        return vec![format!("{}: no schema for kind {kind:?}", describe(doc))];
+    }
+    let mut schema = schemas.clone();
+    schema["$ref"] = json!(format!("#/$defs/{kind}"));
+    let validator = jsonschema::draft202012::new(&schema).unwrap();
+    validator
+        .iter_errors(doc)
+        .map(|e| format!("{} at {}: {e}", describe(doc), e.instance_path()))
+        .collect()
+}
+
+/// Every document valid for its kind; Kubernetes' own kinds in one kubernetes-validate run.
+fn assert_valid(docs: &[Value], what: &str) {
+    let (builtin, custom): (Vec<&Value>, Vec<&Value>) = docs.iter().partition(|d| is_builtin(d));
+    let errors: Vec<String> = custom.iter().flat_map(|d| crd_violations(d)).collect();
+    assert!(errors.is_empty(), "{what}:\n{}", errors.join("\n"));
+    if !builtin.is_empty() {
+        kubernetes_validate(&builtin, what);
+    }
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// `selector` (a label map) picks the pods labelled `labels`.
+fn selects(selector: &Value, labels: &Value) -> bool {
+    let selector = selector.as_object().expect("a selector");
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[test]
+fn the_kustomization_renders_and_every_resource_in_it_is_valid() {
+    let docs = kustomize(&repo().join("deploy"));
+    assert_valid(&docs, "kubectl kustomize deploy/");
+    for doc in &docs {
+        let namespace = doc["metadata"]["namespace"].as_str();
+        if doc["kind"] != "Namespace" {
+            assert_eq!(namespace, Some("sluice"), "{}", describe(doc));
+        }
+    }
+}
+
+#[test]
+fn the_token_component_mounts_the_secret_and_passes_the_token_file() {
+    let docs = kustomize_with_token();
+    assert_valid(&docs, "deploy/ with components: [token]");
+    let pod = &find(&docs, "Deployment", "sluice-service")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let path = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--token-file="))
+        .expect("no --token-file");
+    let mount = &container["volumeMounts"][0];
+    assert_eq!(mount["name"], "token");
+    assert!(
+        path.starts_with(mount["mountPath"].as_str().unwrap()),
+        "{path} is not in the mount"
+    );
+    let volume = &pod["volumes"][0];
+    assert_eq!(volume["secret"]["secretName"], "sluice-service-token");
+    assert_eq!(
+        pod["securityContext"]["fsGroup"], IMAGE_USER,
+        "the user could not read it"
+    );
+}
+
+#[test]
+fn every_manifest_applied_on_its_own_is_valid() {
+    let manifests = standalone_manifests();
+    let kinds: Vec<String> = manifests
+        .iter()
+        .flat_map(|(_, docs)| docs.iter().map(describe))
+        .collect();
+    for (path, docs) in &manifests {
+        assert_valid(docs, &path.display().to_string());
+    }
+    for expected in [
+        "WasmPlugin sluice-local",
+        "WasmPlugin sluice-global",
+        "EnvoyExtensionPolicy sluice",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == expected),
+            "no {expected} in {kinds:?}"
+        );
+    }
+}
+
+#[test]
+fn the_service_deployment_its_service_and_its_budget_fit_together() {
+    let docs = kustomize(&repo().join("deploy"));
+    let deployment = find(&docs, "Deployment", "sluice-service");
+    let pod = &deployment["spec"]["template"];
+    let labels = &pod["metadata"]["labels"];
+    let container = &pod["spec"]["containers"][0];
+
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    assert!(selects(
+        &deployment["spec"]["selector"]["matchLabels"],
+        labels
+    ));
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert!(container["resources"]["requests"]["cpu"].is_string());
+    assert!(container["resources"]["requests"]["memory"].is_string());
+    let image = container["image"].as_str().unwrap();
+    assert!(
+        image.ends_with("/sluice-service:0.1.0"),
+        "the images transformer missed it: {image}"
+    );
+    let security = &pod["spec"]["securityContext"];
+    assert_eq!(
+        (
+            security["runAsNonRoot"].as_bool(),
+            security["runAsUser"].as_u64()
+        ),
+        (Some(true), Some(IMAGE_USER))
+    );
+
+    let port_names: Vec<&Value> = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| &p["name"])
+        .collect();
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert!(
+            port_names.contains(&&container[probe]["httpGet"]["port"]),
+            "{probe} port"
+        );
+    }
+    // SIGTERM, then --shutdown-delay of serving, then up to the service's 5 s shutdown timeout.
+    let args: Vec<&str> = container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let delay: u64 = args
+        .windows(2)
+        .find(|pair| pair[0] == "--shutdown-delay")
+        .map(|pair| pair[1].parse().unwrap())
+        .expect("no --shutdown-delay");
+    let grace = pod["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap();
+    assert!(grace > delay + 5, "killed before it drained: {grace} s");
+
+    let service = find(&docs, "Service", "sluice-service");
+    assert!(
+        selects(&service["spec"]["selector"], labels),
+        "the Service selects no replica"
+    );
+    assert!(
+        port_names.contains(&&service["spec"]["ports"][0]["targetPort"]),
+        "targetPort"
+    );
+    let budget = find(&docs, "PodDisruptionBudget", "sluice-service");
+    assert!(
+        selects(&budget["spec"]["selector"]["matchLabels"], labels),
+        "the budget covers no replica"
+    );
+    assert_eq!(budget["spec"]["minAvailable"], 1);
+}
+
+#[test]
+fn the_global_plugin_calls_the_service_deploy_defines_by_its_istio_cluster_name() {
+    let docs = kustomize(&repo().join("deploy"));
+    let service = find(&docs, "Service", "sluice-service");
+    let host = format!(
+        "sluice-service.{}.svc.cluster.local",
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
+
+    let (_, global_docs) = standalone_manifests()
+        .into_iter()
+        .find(|(path, _)| path.ends_with("wasmplugin-global.yaml"))
+        .expect("deploy/istio/wasmplugin-global.yaml");
+    let global = &global_docs[0]["spec"]["pluginConfig"]["global"];
+    assert_eq!(global["cluster"], format!("outbound|{port}||{host}"));
+    assert_eq!(global["authority"], host.as_str());
+    assert_eq!(
+        find(&docs, "DestinationRule", "sluice-service")["spec"]["host"],
+        host.as_str()
+    );
+
+    // The AuthorizationPolicy lets the check through, and nothing else.
+    let policy = &find(&docs, "AuthorizationPolicy", "sluice-service")["spec"];
+    assert_eq!(policy["action"], "ALLOW");
+    let operation = &policy["rules"][0]["to"][0]["operation"];
+    assert_eq!(operation["methods"], json!(["POST"]));
+    assert_eq!(
+        operation["paths"],
+        json!([global
+            .get("path")
+            .and_then(Value::as_str)
+            .unwrap_or("/v1/check")])
+    );
+    assert_eq!(operation["ports"], json!([port.to_string()]));
+    let namespace = global_docs[0]["metadata"]["namespace"].as_str().unwrap();
+    let principals = policy["rules"][0]["from"][0]["source"]["principals"]
+        .as_array()
+        .unwrap();
+    assert!(
+        principals.iter().any(|p| p.as_str().unwrap().starts_with(&format!("cluster.local/ns/{namespace}/sa/"))),
+        "no identity of namespace {namespace}, where the global WasmPlugin runs, may call the service"
+    );
+}
+
+/// The hand-written schemas are not vacuous: the classic mistakes in each kind are refused.
+#[test]
+fn the_crd_schemas_refuse_misspelt_fields_and_values() {
+    let manifests = standalone_manifests();
+    let docs: Vec<&Value> = manifests.iter().flat_map(|(_, docs)| docs).collect();
+    let plugin = docs.iter().find(|d| d["kind"] == "WasmPlugin").unwrap();
+    let policy = docs
+        .iter()
+        .find(|d| d["kind"] == "EnvoyExtensionPolicy")
+        .unwrap();
+    type Edit = fn(&mut Value);
+    let cases: [(&Value, &str, Edit); 5] = [
+        (plugin, "Envoy's spelling of FAIL_CLOSE", |d| {
+            d["spec"]["failStrategy"] = json!("FAIL_CLOSED")
+        }),
+        (plugin, "pluginConfig in lower case", |d| {
+            let config = d["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("pluginConfig")
+                .unwrap();
+            d["spec"]["pluginconfig"] = config;
+        }),
+        (plugin, "a mode that does not exist", |d| {
+            d["spec"]["match"][0]["mode"] = json!("INBOUND")
+        }),
+        (plugin, "no url", |d| {
+            d["spec"].as_object_mut().unwrap().remove("url");
+        }),
+        (policy, "a code type that does not exist", |d| {
+            d["spec"]["wasm"][0]["code"]["type"] = json!("OCI");
+        }),
+    ];
+    for (doc, what, edit) in cases {
+        let mut broken = doc.clone();
+        edit(&mut broken);
+        assert!(!crd_violations(&broken).is_empty(), "{what} was accepted");
+    }
+    assert!(crd_violations(plugin).is_empty());
+}
