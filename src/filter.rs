@@ -220,10 +220,7 @@ impl Filter {
 
     /// The longest wait an enforcing policy put on an admitted request.
     fn delay(&self, outcome: &Outcome) -> u64 {
-        let enforcing = outcome
-            .applied
-            .iter()
-            .filter(|a| self.is_enforcing(a.policy));
+        let enforcing = outcome.applied.iter().filter(|a| a.enforced);
         enforcing.map(|a| a.decision.delay).max().unwrap_or(0)
     }
 
@@ -308,7 +305,7 @@ impl Filter {
     /// could not be written, the first enforcing policy with a one-second wait.
     fn denial(&self, outcome: &Outcome) -> Option<Applied> {
         outcome.denied_by.or_else(|| {
-            let first_enforcing = outcome.applied.iter().find(|a| self.is_enforcing(a.policy));
+            let first_enforcing = outcome.applied.iter().find(|a| a.enforced);
             first_enforcing
                 .filter(|_| outcome.exhausted)
                 .map(|a| Applied {
@@ -365,7 +362,7 @@ impl Filter {
         outcome
             .applied
             .iter()
-            .filter(|a| self.is_enforcing(a.policy))
+            .filter(|a| a.enforced)
             .min_by_key(|a| {
                 (
                     a.decision.remaining,
@@ -373,10 +370,6 @@ impl Filter {
                 )
             })
             .copied()
-    }
-
-    fn is_enforcing(&self, policy: usize) -> bool {
-        self.plan.policies.get(policy).is_some_and(|p| !p.shadow)
     }
 
     fn policy_name(&self, policy: usize) -> &str {
@@ -573,6 +566,43 @@ mod tests {
         assert_eq!(host.counter("sluice.per-user.shadow_denied"), 2);
         assert_eq!(host.counter("sluice.per-user.allowed"), 1);
         assert_eq!(host.replies.get(), 0);
+    }
+
+    /// The first user ids whose keys a rollout of `percent` enforces for, and does not.
+    fn canary_and_rest(percent: u32) -> (String, String) {
+        let inside = |id: &String| {
+            let key = crate::key::hash_values(std::slice::from_ref(id));
+            crate::key::rollout_position(key) < percent * 10_000
+        };
+        let ids = || (0..).map(|i| format!("user-{i}"));
+        (
+            ids().find(inside).unwrap(),
+            ids().find(|id| !inside(id)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_rollout_enforces_for_its_keys_and_runs_in_shadow_for_the_rest_which_the_default_limits() {
+        let mut canary_policy = per_user(1);
+        canary_policy["rollout"] = json!({"enforce_percent": 30});
+        let baseline = json!({"name": "baseline", "key": ["header:x-user-id"], "requests": 1,
+            "per": "1s", "burst": 3});
+        let (filter, host) = setup(json!({"policies": [canary_policy], "default": baseline}));
+        let (canary, rest) = canary_and_rest(30);
+        assert_eq!(
+            statuses(&filter, &host, 3, &[("x-user-id", &canary)]),
+            [200, 429, 429]
+        );
+        assert_eq!(
+            statuses(&filter, &host, 4, &[("x-user-id", &rest)]),
+            [200, 200, 200, 429],
+            "outside the canary the new limit is shadow, and the default still limits"
+        );
+        filter.flush_counters(&host);
+        assert_eq!(host.counter("sluice.per-user.denied"), 2);
+        assert_eq!(host.counter("sluice.per-user.canary_shadow_denied"), 3);
+        assert_eq!(host.counter("sluice.per-user.shadow_denied"), 0);
+        assert_eq!(host.counter("sluice.baseline.denied"), 1);
     }
 
     #[test]

@@ -41,6 +41,9 @@ struct PolicyCounters {
     allowed: Counter,
     denied: Counter,
     shadow_denied: Counter,
+    /// Would-be denials of keys outside a rollout's enforced share (defined for policies with
+    /// a rollout only).
+    canary_shadow_denied: Counter,
     /// Decisions taken without the service because it could not answer.
     degraded: Counter,
     /// Requests a bypass entry exempted.
@@ -68,6 +71,10 @@ impl Counters {
                 allowed: counter(format!("sluice.{}.allowed", p.name)),
                 denied: counter(format!("sluice.{}.denied", p.name)),
                 shadow_denied: counter(format!("sluice.{}.shadow_denied", p.name)),
+                canary_shadow_denied: match p.rollout {
+                    Some(_) => counter(format!("sluice.{}.canary_shadow_denied", p.name)),
+                    None => Counter::default(),
+                },
                 degraded: counter(format!("sluice.{}.degraded", p.name)),
                 bypassed: counter(format!("sluice.{}.bypassed", p.name)),
             })
@@ -93,6 +100,7 @@ impl Counters {
                 Count::Allowed => counters.allowed.add(1),
                 Count::Denied => counters.denied.add(1),
                 Count::ShadowDenied => counters.shadow_denied.add(1),
+                Count::CanaryShadowDenied => counters.canary_shadow_denied.add(1),
                 Count::Degraded => counters.degraded.add(1),
                 Count::Bypassed => counters.bypassed.add(1),
             }
@@ -112,6 +120,7 @@ impl Counters {
                     &p.allowed,
                     &p.denied,
                     &p.shadow_denied,
+                    &p.canary_shadow_denied,
                     &p.degraded,
                     &p.bypassed,
                 ]
@@ -136,6 +145,8 @@ pub enum Count {
     Denied,
     /// A shadow policy would have denied.
     ShadowDenied,
+    /// A policy with a rollout would have denied a key outside its enforced share.
+    CanaryShadowDenied,
     /// Decided without the service because it could not answer (besides the verdict's count).
     Degraded,
     /// A bypass entry exempted the request from the policy.
@@ -154,18 +165,25 @@ pub fn each_count(plan: &Plan, outcome: &Outcome, mut count: impl FnMut(usize, C
         if matches!(applied.basis, Basis::Emergency | Basis::Unavailable) {
             count(applied.policy, Count::Degraded);
         }
-        match (applied.decision.allowed, policy.shadow) {
-            (false, true) => {
-                log::debug!(
-                    "shadow policy {} would deny, version {}",
-                    policy.name,
-                    plan.version
-                );
-                count(applied.policy, Count::ShadowDenied);
+        if applied.decision.allowed {
+            if !denied {
+                count(applied.policy, Count::Allowed);
             }
-            (false, false) => count(applied.policy, Count::Denied),
-            (true, _) if !denied => count(applied.policy, Count::Allowed),
-            (true, _) => {}
+        } else if applied.enforced {
+            count(applied.policy, Count::Denied);
+        } else {
+            log::debug!(
+                "shadow policy {} would deny key {:016x}, version {}",
+                policy.name,
+                applied.key,
+                plan.version
+            );
+            let shadow = if policy.shadow {
+                Count::ShadowDenied
+            } else {
+                Count::CanaryShadowDenied
+            };
+            count(applied.policy, shadow);
         }
     }
     for bypass in outcome.bypassed.iter().filter_map(|&i| plan.bypass.get(i)) {

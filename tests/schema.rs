@@ -374,6 +374,17 @@ fn classic_mistakes_are_rejected_where_they_are() {
             c["default"] = json!({"name": "d", "match": {"path_prefix": "/"},
                                   "key": ["ip"], "requests": 1, "per": "1s"});
         }),
+        (
+            "rollout over 100 percent",
+            "/policies/0/rollout/enforce_percent",
+            |c| {
+                c["policies"][0]["rollout"] = json!({"enforce_percent": 120});
+            },
+        ),
+        ("rollout on a shadow policy", "/policies/0", |c| {
+            c["policies"][0]["rollout"] = json!({"enforce_percent": 5});
+            c["policies"][0]["mode"] = json!("shadow");
+        }),
     ];
 
     let validator = validator();

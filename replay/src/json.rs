@@ -3,15 +3,20 @@
 //! ```json
 //! {"policies": {"NAME": {"matched": N, "allowed": N, "denied": N, "shadow_denied": N,
 //!    "bypassed": N, "denied_share": F, "busiest_second": {"start": T, "requests": N},
-//!    "top_keys": [{"key": HASH, "denied": N}], "tiers": {"VALUE": {...}}}},
+//!    "top_keys": [{"key": HASH, "denied": N}], "tiers": {"VALUE": {...}},
+//!    "rollout": {"enforce_percent": P, "enforced": {"matched": N, "allowed": N, "denied": N},
+//!                "shadowed": {"matched": N, "allowed": N, "would_deny": N}}}},
 //!  "lines": N, "skipped": N, "skipped_lines": [{"line": N, "reason": S}], "late": N,
 //!  "requests": N, "denied": N,
 //!  "check": {"compared": N, "agreed": N, "disagreements": [...]},
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
 //! ```
 //! A top key's `denied` counts denials and shadow denials; `error` (when not 0) says by how much
-//! it may be over (see `top`), and `value` is the key's value with `--show-keys`. `check` is there
-//! with `--check`, `compare` with `--compare`.
+//! it may be over (see `top`), and `value` is the key's value with `--show-keys`. `tiers` is there
+//! for a policy with tiers, `rollout` for one with a rollout (its `shadowed.would_deny` is what
+//! the filter counts as `canary_shadow_denied`), `check` with `--check`, `compare` with
+//! `--compare`. `denied_share` counts would-be denials too: the share denied were the policy
+//! enforced for every key.
 
 use crate::check::Check;
 use crate::compare::{Changes, Comparison, Example};
@@ -51,6 +56,13 @@ fn report(report: &Report) -> Map<String, Value> {
             if !p.tiers.is_empty() {
                 let tiers = p.tiers.iter().map(|(name, s)| (name.clone(), stats(s)));
                 policy.insert("tiers".into(), Value::Object(tiers.collect()));
+            }
+            if let Some(r) = &p.rollout {
+                let (e, s) = (&r.enforced, &r.shadowed);
+                let rollout = json!({"enforce_percent": r.enforce_percent,
+                    "enforced": {"matched": e.matched, "allowed": e.allowed, "denied": e.denied},
+                    "shadowed": {"matched": s.matched, "allowed": s.allowed, "would_deny": s.denied}});
+                policy.insert("rollout".into(), rollout);
             }
             (p.name.clone(), Value::Object(policy))
         })

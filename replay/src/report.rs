@@ -1,7 +1,7 @@
 //! What a replay found, per policy and per tier: requests matched, allowed, denied, shadow-denied
 //! and bypassed, counted from the limiter's outcome exactly as the filter's counters count them
-//! (`sluice::metrics::each_count`); the busiest second; the keys denied most; requests and
-//! denials over time. Memory does not grow with the log: counters, one `TopKeys` and one
+//! (`sluice::metrics::each_count`); for a policy with a rollout, the same for the keys it enforces
+//! for and the rest; the busiest second; the keys denied most; requests and denials over time. Memory does not grow with the log: counters, one `TopKeys` and one
 //! `Timeline` per policy and tier.
 
 use crate::engine::Decided;
@@ -45,6 +45,8 @@ pub struct PolicyReport {
     pub all: Stats,
     /// For a policy with tiers: each tier's value (sorted), then `OWN_LIMIT`.
     pub tiers: Vec<(String, Stats)>,
+    /// For a policy with a rollout.
+    pub rollout: Option<RolloutReport>,
     pub timeline: Option<Timeline>,
 }
 
@@ -64,16 +66,68 @@ pub struct Tally {
     pub allowed: u64,
     pub denied: u64,
     pub shadow_denied: u64,
+    /// Would-be denials of keys outside a rollout's enforced share.
+    pub canary_shadow_denied: u64,
     pub bypassed: u64,
 }
 
 impl Tally {
-    /// The share of matched requests denied, or that a shadow policy would have denied.
+    fn add(&mut self, count: Count) {
+        match count {
+            Count::Allowed => self.allowed += 1,
+            Count::Denied => self.denied += 1,
+            Count::ShadowDenied => self.shadow_denied += 1,
+            Count::CanaryShadowDenied => self.canary_shadow_denied += 1,
+            Count::Bypassed => self.bypassed += 1,
+            Count::Degraded => {}
+        }
+    }
+
+    /// The share of matched requests denied, or that would have been were the policy enforced
+    /// for every key (a shadow policy, a key outside a rollout).
     pub fn denied_share(&self) -> f64 {
+        let denied = self.denied + self.shadow_denied + self.canary_shadow_denied;
         if self.matched == 0 {
             0.0
         } else {
-            (self.denied + self.shadow_denied) as f64 / self.matched as f64
+            denied as f64 / self.matched as f64
+        }
+    }
+}
+
+/// A rollout's two groups of requests: those whose key it enforces for, and the rest, for which
+/// it runs in shadow.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct RolloutReport {
+    pub enforce_percent: f64,
+    pub enforced: Group,
+    pub shadowed: Group,
+}
+
+/// One group's requests: matched, let through, and denied (for the shadowed group: that would
+/// have been).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Group {
+    pub matched: u64,
+    pub allowed: u64,
+    pub denied: u64,
+}
+
+impl RolloutReport {
+    fn group(&mut self, enforced: bool) -> &mut Group {
+        if enforced {
+            &mut self.enforced
+        } else {
+            &mut self.shadowed
+        }
+    }
+
+    fn add(&mut self, enforced: bool, count: Count) {
+        let group = self.group(enforced);
+        match count {
+            Count::Allowed => group.allowed += 1,
+            Count::Denied | Count::CanaryShadowDenied => group.denied += 1,
+            _ => {}
         }
     }
 }
@@ -125,14 +179,21 @@ impl Report {
 
     /// Counts one replayed request.
     pub fn add(&mut self, plan: &Plan, record: &Record, decided: &Decided) {
-        let outcome = &decided.outcome;
         self.requests += 1;
-        self.denied += u64::from(outcome.is_denied());
+        self.denied += u64::from(decided.outcome.is_denied());
+        let tiers = self.add_matched(plan, record, decided);
+        self.add_counts(plan, record, decided, &tiers);
+    }
+
+    /// Counts the request for each policy it matched (applied, or a bypass exempted it from):
+    /// returns the tier it ran at, per policy.
+    fn add_matched(&mut self, plan: &Plan, record: &Record, decided: &Decided) -> RequestTiers {
+        let outcome = &decided.outcome;
         let mut attributes = Attributes::new(record, &plan.attrs);
-        let mut tiers: SmallVec<[(usize, Option<usize>); 4]> = SmallVec::new();
+        let mut tiers = RequestTiers::new();
         let bypassed = outcome.bypassed.iter().filter_map(|&b| plan.bypass.get(b));
-        let matched = outcome.applied.iter().map(|a| a.policy);
-        for policy in matched.chain(bypassed.map(|b| b.policy)) {
+        let applied = outcome.applied.iter().map(|a| (a.policy, Some(a.enforced)));
+        for (policy, enforced) in applied.chain(bypassed.map(|b| (b.policy, None))) {
             let (Some(p), Some(report)) =
                 (plan.policies.get(policy), self.policies.get_mut(policy))
             else {
@@ -144,57 +205,74 @@ impl Report {
                 stats.tally.matched += 1;
                 stats.busiest.add(decided.now);
             });
+            if let (Some(rollout), Some(enforced)) = (&mut report.rollout, enforced) {
+                rollout.group(enforced).matched += 1;
+            }
             let timeline = report
                 .timeline
                 .get_or_insert_with(|| Timeline::new(decided.now));
-            timeline.add(
-                decided.now,
-                Counts {
-                    requests: 1,
-                    ..Counts::default()
-                },
-            );
+            let request = Counts {
+                requests: 1,
+                ..Counts::default()
+            };
+            timeline.add(decided.now, request);
         }
+        tiers
+    }
+
+    /// Counts what each policy did with the request, as the filter's counters count it.
+    fn add_counts(
+        &mut self,
+        plan: &Plan,
+        record: &Record,
+        decided: &Decided,
+        tiers: &RequestTiers,
+    ) {
+        let outcome = &decided.outcome;
         let show_keys = self.show_keys;
         each_count(plan, outcome, |policy, count| {
             let tier = tiers
                 .iter()
                 .find(|(p, _)| *p == policy)
                 .and_then(|(_, t)| *t);
-            let key = outcome
-                .applied
-                .iter()
-                .find(|a| a.policy == policy)
-                .map(|a| a.key);
+            let applied = outcome.applied.iter().find(|a| a.policy == policy);
             let Some(report) = self.policies.get_mut(policy) else {
                 return;
             };
-            let mut denial = Counts::default();
+            let denial = matches!(
+                count,
+                Count::Denied | Count::ShadowDenied | Count::CanaryShadowDenied
+            );
             report.each_stats(tier, |stats| {
-                let tally = &mut stats.tally;
-                match count {
-                    Count::Allowed => tally.allowed += 1,
-                    Count::Denied => tally.denied += 1,
-                    Count::ShadowDenied => tally.shadow_denied += 1,
-                    Count::Bypassed => tally.bypassed += 1,
-                    Count::Degraded => {}
-                }
-                if let (Count::Denied | Count::ShadowDenied, Some(key)) = (count, key) {
-                    let value = || show_keys.then(|| key_value(plan, policy, key, record));
-                    stats.top.add(key, value);
+                stats.tally.add(count);
+                if let (true, Some(a)) = (denial, applied) {
+                    let value = || show_keys.then(|| key_value(plan, policy, a.key, record));
+                    stats.top.add(a.key, value);
                 }
             });
-            match count {
-                Count::Denied => denial.denied = 1,
-                Count::ShadowDenied => denial.shadow_denied = 1,
-                _ => return,
+            if let (Some(rollout), Some(a)) = (&mut report.rollout, applied) {
+                rollout.add(a.enforced, count);
             }
+            let counts = match count {
+                Count::Denied => Counts {
+                    denied: 1,
+                    ..Counts::default()
+                },
+                Count::ShadowDenied | Count::CanaryShadowDenied => Counts {
+                    shadow_denied: 1,
+                    ..Counts::default()
+                },
+                _ => return,
+            };
             if let Some(timeline) = &mut report.timeline {
-                timeline.add(decided.now, denial);
+                timeline.add(decided.now, counts);
             }
         });
     }
 }
+
+/// The tier each policy a request matched ran it at (`None`: the policy has no tiers).
+type RequestTiers = SmallVec<[(usize, Option<usize>); 4]>;
 
 impl PolicyReport {
     /// Runs `update` on the policy's overall stats and those of the request's tier.
@@ -222,10 +300,15 @@ fn policy_report(policy: &Policy) -> PolicyReport {
     if !tiers.is_empty() {
         tiers.push((OWN_LIMIT.into(), Stats::default()));
     }
+    let rollout = policy.rollout.map(|r| RolloutReport {
+        enforce_percent: f64::from(r.enforce_per_million) / 10_000.0,
+        ..RolloutReport::default()
+    });
     PolicyReport {
         name: policy.name.clone(),
         all: Stats::default(),
         tiers,
+        rollout,
         timeline: None,
     }
 }

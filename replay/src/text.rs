@@ -1,10 +1,11 @@
 //! `--format text` (the default): the replay as an operator reads it, a table of policies (and
-//! their tiers), then each one's most denied keys, then what `--check` and `--compare` found.
+//! their tiers), the groups of each rollout, each policy's most denied keys, then what `--check`
+//! and `--compare` found.
 
 use crate::check::Check;
 use crate::compare::Comparison;
 use crate::json::TOP_KEYS;
-use crate::report::{Report, Stats};
+use crate::report::{Report, RolloutReport, Stats};
 use crate::run::Replay;
 use sluice::duration::NANOS_PER_SEC;
 use sluice::time::format_rfc3339;
@@ -50,6 +51,11 @@ fn report(out: &mut String, r: &Report) {
         }
     }
     for policy in &r.policies {
+        if let Some(rollout) = &policy.rollout {
+            rollout_line(out, &policy.name, rollout);
+        }
+    }
+    for policy in &r.policies {
         top_keys(out, &policy.name, &policy.all);
     }
 }
@@ -71,6 +77,16 @@ fn row(out: &mut String, name: &str, stats: &Stats) {
         t.shadow_denied,
         t.bypassed,
         100.0 * t.denied_share()
+    );
+}
+
+fn rollout_line(out: &mut String, name: &str, r: &RolloutReport) {
+    let (e, s) = (&r.enforced, &r.shadowed);
+    let _ = writeln!(
+        out,
+        "\n{name}: rollout to {}% of keys: enforced for {} requests ({} denied), shadow for {} \
+         ({} would have been denied)",
+        r.enforce_percent, e.matched, e.denied, s.matched, s.denied
     );
 }
 

@@ -7,7 +7,7 @@ use super::input::{
     RawScope, RawTiers,
 };
 use super::plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, Secret, TableSpec, Tier, Tiers,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, TableSpec, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
@@ -160,6 +160,7 @@ impl Compiler {
             matcher,
             fallback,
             shadow: raw.mode == RawMode::Shadow,
+            rollout: rollout(at, raw)?,
             share_missing_key: raw.missing_key == RawMissingKey::Shared,
             cost: raw.cost,
             take: 0,
@@ -464,6 +465,30 @@ fn take(at: &str, raw: &RawPolicy, policy: &Policy) -> Result<u64, ConfigError> 
         ));
     }
     Ok(take)
+}
+
+/// Canary enforcement, for an enforcing policy: the share of its keys it enforces for, in
+/// millionths.
+fn rollout(at: &str, raw: &RawPolicy) -> Result<Option<Rollout>, ConfigError> {
+    let Some(rollout) = &raw.rollout else {
+        return Ok(None);
+    };
+    if raw.mode == RawMode::Shadow {
+        return Err(error(
+            format!("{at}.rollout"),
+            "a shadow policy enforces for no key: a rollout needs \"mode\": \"enforce\"",
+        ));
+    }
+    let percent = rollout.enforce_percent;
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(error(
+            format!("{at}.rollout.enforce_percent"),
+            "must be between 0 and 100",
+        ));
+    }
+    Ok(Some(Rollout {
+        enforce_per_million: (percent * 10_000.0).round() as u32,
+    }))
 }
 
 /// Where the policy is decided; the fields that only make sense for a global policy are

@@ -40,8 +40,8 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     let mut enforced = false;
     for (index, policy) in in_scope() {
         if !policy.fallback && policy.matcher.matches(request) {
-            let applied = gathered.join(plan, index, policy, request, outcome);
-            enforced |= applied && !policy.shadow;
+            let joined = gathered.join(plan, index, policy, request, outcome);
+            enforced |= joined == Some(true);
         }
     }
     if !enforced {
@@ -75,7 +75,7 @@ struct Gathered {
 
 impl Gathered {
     /// Adds the policy to the work of its table, unless its key is missing (and not shared) or
-    /// exempt. Returns whether it applies.
+    /// exempt. Returns whether it enforces for the key, if it applies.
     fn join<R: RequestSource + ?Sized>(
         &mut self,
         plan: &Plan,
@@ -83,30 +83,32 @@ impl Gathered {
         policy: &Policy,
         request: &mut Attributes<R>,
         outcome: &mut Outcome,
-    ) -> bool {
+    ) -> Option<bool> {
         let existing = self.works.iter().position(|w| w.table == policy.table);
         let hash = match existing.and_then(|i| self.works.get(i)) {
             Some(work) => work.hash,
             None => key_of(plan, policy, request),
         };
         if hash == MISSING_KEY && !policy.share_missing_key {
-            return false;
+            return None;
         }
         if exempt(plan, index, hash, self.now, outcome) {
-            return false;
+            return None;
         }
         let tier = policy.tier_of(request);
+        let enforced = policy.enforces(hash);
         let member = Member {
             policy: index,
             tier,
             emergency: policy.emergency().unwrap_or(tier),
             service: self.service,
+            enforced,
         };
         match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => work.members.push(member),
             None => self.works.push(Work::new(policy.table, hash, member)),
         }
-        true
+        Some(enforced)
     }
 }
 

@@ -267,6 +267,7 @@ mod tests {
             tier: policy.tier,
             emergency: policy.emergency().unwrap_or(policy.tier),
             service,
+            enforced: true,
         }
     }
 

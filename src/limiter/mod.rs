@@ -69,6 +69,9 @@ pub struct Applied {
     pub tier: Tier,
     pub decision: Decision,
     pub basis: Basis,
+    /// Whether the policy enforces for this key: not a shadow policy, the key within its
+    /// rollout. A verdict that does not is counted and logged, never answered.
+    pub enforced: bool,
 }
 
 /// Everything the glue needs to answer, count and log.
@@ -175,7 +178,7 @@ impl<S: Store> Limiter<'_, S> {
     fn advance(&mut self, mut pending: Pending) -> Step {
         loop {
             let asks = pending.works.iter().any(Work::asks);
-            if asks && strictest_denial(self.plan, &pending.works).is_none() {
+            if asks && strictest_denial(&pending.works).is_none() {
                 if pending.round < MAX_CALLOUTS {
                     global::ask(self.plan, &mut pending);
                     return Step::Callout(pending);
@@ -192,7 +195,7 @@ impl<S: Store> Limiter<'_, S> {
     fn finish(&mut self, pending: Pending) -> Outcome {
         let mut outcome = pending.outcome;
         outcome.applied = pending.works.iter().flat_map(Work::applied).collect();
-        outcome.denied_by = strictest(self.plan, outcome.applied.iter().copied());
+        outcome.denied_by = strictest(outcome.applied.iter().copied());
         if outcome.is_denied() {
             local::refund_loans(&pending.works, self.plan, self.ledger);
         }
@@ -202,15 +205,15 @@ impl<S: Store> Limiter<'_, S> {
     }
 }
 
-fn strictest_denial(plan: &Plan, works: &[Work]) -> Option<Applied> {
-    strictest(plan, works.iter().flat_map(Work::applied))
+fn strictest_denial(works: &[Work]) -> Option<Applied> {
+    strictest(works.iter().flat_map(Work::applied))
 }
 
 /// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
-fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Applied> {
+fn strictest(applied: impl Iterator<Item = Applied>) -> Option<Applied> {
     applied
         .filter(|a| !a.decision.allowed)
-        .filter(|a| plan.policies.get(a.policy).is_some_and(|p| !p.shadow))
+        .filter(|a| a.enforced)
         .max_by_key(|a| a.decision.retry_after)
 }
 
