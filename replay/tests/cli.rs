@@ -470,3 +470,47 @@ fn a_refused_configuration_or_an_unreadable_log_exits_1_naming_the_cause() {
         missing.stderr
     );
 }
+
+#[test]
+fn the_replay_honours_a_rollout_none_and_all_exactly_and_counts_its_two_groups() {
+    let dir = TempDir::new("replay-cli");
+    let users: String = (0..200)
+        .flat_map(|u| (0..7).map(move |i| line(&format!("user-{u}"), 0, i, 200) + "\n"))
+        .collect();
+    let rollout = |percent: u32| {
+        let config = SEEDS.replace(
+            "\"burst\": 5",
+            &format!("\"burst\": 5, \"rollout\": {{\"enforce_percent\": {percent}}}"),
+        );
+        let path = write(&dir, &format!("rollout-{percent}.json"), config);
+        let report = json_of(&replay(
+            &["--config", arg(&path), "--log", "-", "--format", "json"],
+            users.as_bytes(),
+        ));
+        report["policies"]["per-user"].clone()
+    };
+    let none = rollout(0);
+    assert_eq!(none["denied"], json!(0));
+    assert_eq!(
+        none["rollout"]["shadowed"],
+        json!({"matched": 1400, "allowed": 1000, "would_deny": 400})
+    );
+    let all = rollout(100);
+    assert_eq!(all["denied"], json!(400));
+    assert_eq!(
+        all["rollout"]["enforced"],
+        json!({"matched": 1400, "allowed": 1000, "denied": 400})
+    );
+    let half = rollout(50);
+    let enforced = half["rollout"]["enforced"]["matched"].as_u64().unwrap();
+    assert!((500..=900).contains(&enforced), "{half:#}");
+    assert_eq!(
+        half["denied"].as_u64().unwrap() * 7,
+        enforced * 2,
+        "two of each canary user's seven"
+    );
+    assert_eq!(
+        half["denied_share"], none["denied_share"],
+        "the share denied were it enforced for all"
+    );
+}

@@ -1,7 +1,7 @@
 //! `sluice-replay --check` agrees with a real Envoy on every request: a one-worker Envoy with the
 //! built filter writes its access log in the format `--print-log-format` prints, through a mix of
-//! keys, policies (token bucket, a fixed window, a layered pair, a shadow policy, a tier, a
-//! route's own policy and the route metadata that scopes it) and bursts; the replay of that log
+//! keys, policies (token bucket, a fixed window rolled out to half its keys, a layered pair, a
+//! shadow policy, a tier, a route's own policy and the route metadata that scopes it) and bursts; the replay of that log
 //! gives the same answer to every request, and the same counts per policy as Envoy's own
 //! counters.
 //!
@@ -38,7 +38,8 @@ fn config() -> Value {
         {"name": "per-user-hour", "match": {"path_prefix": "/api/"}, "key": ["header:x-user-id"],
          "requests": 8, "per": "1h"},
         {"name": "per-tenant-window", "match": {"path_prefix": "/win/"}, "key": ["header:x-tenant"],
-         "algorithm": "fixed_window", "requests": 4, "per": "1s"},
+         "algorithm": "fixed_window", "requests": 4, "per": "1s",
+         "rollout": {"enforce_percent": 50}},
         {"name": "per-ip-shadow", "key": ["ip"], "requests": 20, "per": "1h", "mode": "shadow"},
         {"name": "checkout-route", "match": {"routes": ["checkout"]}, "key": ["route"],
          "requests": 1, "per": "1s", "burst": 2}
@@ -102,7 +103,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
             (("/api/b", "bob", "gold"), 8),
             (("/api/c", "carol", "silver"), 2),
             (("/win/x", "tenant-x", ""), 6),
-            (("/win/y", "tenant-y", ""), 3),
+            (("/win/y", "tenant-c", ""), 3),
             (("/other", "", ""), 2),
             (("/checkout/a", "", ""), 4),
         ],
@@ -114,7 +115,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
         &[
             (("/api/a", "alice", ""), 2),
             (("/api/c", "carol", "silver"), 4),
-            (("/win/y", "tenant-y", ""), 6),
+            (("/win/y", "tenant-c", ""), 6),
             (("/checkout/b", "", ""), 2),
         ],
         &[
@@ -207,12 +208,16 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     assert_eq!(report["skipped"], json!(0));
     assert_eq!(report["denied"], json!(denied));
     for (policy, counts) in report["policies"].as_object().unwrap() {
-        for outcome in ["allowed", "denied", "shadow_denied"] {
+        for outcome in ["allowed", "denied", "shadow_denied", "canary_shadow_denied"] {
             let name = format!("wasmcustom.sluice.{policy}.{outcome}");
             let envoys = counters.get(&name).copied().unwrap_or(0);
+            let replayed = match outcome {
+                "canary_shadow_denied" => &counts["rollout"]["shadowed"]["would_deny"],
+                _ => &counts[outcome],
+            };
             assert_eq!(
-                counts[outcome],
-                json!(envoys),
+                replayed.as_u64().unwrap_or(0),
+                envoys,
                 "{name}: the replay's count against Envoy's"
             );
         }
@@ -231,6 +236,17 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
         (4, 2),
         "burst 2, then a bucket full again 2.5 s later"
     );
+    // Of a rollout to half the keys, tenant-c is in and tenant-x out (src/key.rs pins where a
+    // key falls).
+    let rollout = &report["policies"]["per-tenant-window"]["rollout"];
+    assert_eq!(
+        (
+            rollout["enforced"]["matched"].clone(),
+            rollout["shadowed"]["matched"].clone()
+        ),
+        (json!(9), json!(13))
+    );
+    assert_eq!(rollout["shadowed"]["would_deny"], json!(3), "{rollout:#}");
     assert_eq!(
         policy("per-ip-shadow", "matched"),
         statuses.len() as u64 - 6,
