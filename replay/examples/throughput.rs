@@ -136,7 +136,15 @@ fn main() {
     if wanted("memory") {
         memory();
     }
-    speed(&wanted);
+    if ["parse", "simple", "layered"]
+        .iter()
+        .any(|case| wanted(case))
+    {
+        speed(&wanted);
+    }
+    if filter.as_deref() == Some("once") {
+        once();
+    }
 }
 
 fn memory() {
@@ -151,16 +159,39 @@ fn memory() {
         assert_eq!(replay.report.requests, lines);
         peak_rss_kib()
     };
-    let base = peak_rss_kib();
-    let short = memory(1_000_000);
-    let long = memory(5_000_000);
-    println!(
-        "peak RSS: {base} KiB before; {short} KiB after 1,000,000 lines; {long} KiB after 5,000,000 more (layered configuration)"
-    );
+    println!("peak RSS before: {} KiB", peak_rss_kib());
+    for lines in [1_000_000, 4_000_000, 16_000_000] {
+        println!(
+            "peak RSS after a log of {lines} lines (layered configuration): {} KiB",
+            memory(lines)
+        );
+    }
 }
 
 /// Lines of the log that the speed cases replay, held in memory.
 const LINES: u64 = 1_000_000;
+
+/// `once`: the simple case replayed once over `SLUICE_BENCH_LINES` lines (default `LINES`),
+/// timing nothing: for counting instructions under callgrind, which a shared machine's load
+/// does not move.
+fn once() {
+    let lines = std::env::var("SLUICE_BENCH_LINES")
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let lines = lines.unwrap_or(LINES);
+    let mut log = Vec::new();
+    for i in 0..lines {
+        line(i, &mut log);
+    }
+    let replay = replay_log(SIMPLE, &log);
+    assert_eq!(replay.report.requests, lines);
+}
+
+/// The whole replay of `log` under `config`: what the speed cases time.
+#[inline(never)]
+fn replay_log(config: &str, log: &[u8]) -> sluice_replay::run::Replay {
+    run(&options(config), log).unwrap_or_else(|e| panic!("{e}"))
+}
 
 fn speed(wanted: &dyn Fn(&str) -> bool) {
     let mut log = Vec::with_capacity(LINES as usize * 340);
@@ -198,8 +229,7 @@ fn speed(wanted: &dyn Fn(&str) -> bool) {
         let mut runs: Vec<(f64, f64)> = (0..5)
             .map(|_| {
                 let (cpu, wall) = (thread_cpu_nanos(), Instant::now());
-                let replay =
-                    run(&options(config), log.as_slice()).unwrap_or_else(|e| panic!("{e}"));
+                let replay = replay_log(config, &log);
                 assert_eq!(replay.report.requests, LINES);
                 let cpu = (thread_cpu_nanos() - cpu) as f64 / 1e9;
                 (

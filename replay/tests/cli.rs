@@ -514,3 +514,42 @@ fn the_replay_honours_a_rollout_none_and_all_exactly_and_counts_its_two_groups()
         "the share denied were it enforced for all"
     );
 }
+
+/// The workspace root, where the README's commands run.
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn the_readmes_commands_print_the_demos_log_format_and_replay_its_sample_log() {
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice-replay"))
+            .args(args)
+            .current_dir(repo())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let format = run(&["--config", "envoy/demo.yaml", "--print-log-format"]);
+    assert!(format.contains("x-user-id: '%REQ(X-USER-ID)%'"), "{format}");
+    let replayed = run(&[
+        "--config",
+        "envoy/demo.yaml",
+        "--log",
+        "replay/testdata/demo-access.json",
+        "--check",
+    ]);
+    assert!(
+        replayed.contains("check: 12 of 12 requests with a response code agree"),
+        "{replayed}"
+    );
+    assert!(
+        replayed.contains("12 lines: 12 requests replayed, 4 denied"),
+        "{replayed}"
+    );
+}
