@@ -43,6 +43,13 @@ fn replay(args: &[&str], stdin: &[u8]) -> Run {
     }
 }
 
+/// `sluice-replay --config CONFIG --log - EXTRA`, reading `log`.
+fn replay_log(config: &Path, log: impl AsRef<[u8]>, extra: &[&str]) -> Run {
+    let mut args = vec!["--config", arg(config), "--log", "-"];
+    args.extend(extra);
+    replay(&args, log.as_ref())
+}
+
 fn json_of(run: &Run) -> Value {
     serde_json::from_str(&run.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}{}", run.stdout, run.stderr))
@@ -86,18 +93,7 @@ fn arg(path: &Path) -> &str {
 fn the_seeds_replayed_give_five_allowed_three_denied_then_two_allowed_one_denied() {
     let dir = TempDir::new("replay-cli");
     let config = write(&dir, "seeds.json", SEEDS);
-    let run = replay(
-        &[
-            "--config",
-            arg(&config),
-            "--log",
-            "-",
-            "--check",
-            "--format",
-            "json",
-        ],
-        seeds_log().as_bytes(),
-    );
+    let run = replay_log(&config, seeds_log(), &["--check", "--format", "json"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let report = json_of(&run);
     assert_eq!(
@@ -116,10 +112,7 @@ fn check_names_each_request_the_replay_answers_otherwise_and_exits_3() {
     let dir = TempDir::new("replay-cli");
     let config = write(&dir, "seeds.json", SEEDS);
     let log = seeds_log().replacen("\"response_code\":429", "\"response_code\":200", 1);
-    let run = replay(
-        &["--config", arg(&config), "--log", "-", "--check"],
-        log.as_bytes(),
-    );
+    let run = replay_log(&config, log, &["--check"]);
     assert_eq!(run.code, 3, "{}", run.stdout);
     assert!(
         run.stdout.contains("check: 10 of 11 requests"),
@@ -138,10 +131,7 @@ fn check_names_each_request_the_replay_answers_otherwise_and_exits_3() {
 fn the_json_report_has_the_documented_shape() {
     let dir = TempDir::new("replay-cli");
     let config = write(&dir, "seeds.json", SEEDS);
-    let report = json_of(&replay(
-        &["--config", arg(&config), "--log", "-", "--format", "json"],
-        seeds_log().as_bytes(),
-    ));
+    let report = json_of(&replay_log(&config, seeds_log(), &["--format", "json"]));
     let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
     assert_eq!(
         keys(&report),
@@ -190,17 +180,10 @@ fn the_json_report_has_the_documented_shape() {
         !run_text(&config).contains("alice"),
         "no raw key without --show-keys"
     );
-    let shown = json_of(&replay(
-        &[
-            "--config",
-            arg(&config),
-            "--log",
-            "-",
-            "--format",
-            "json",
-            "--show-keys",
-        ],
-        seeds_log().as_bytes(),
+    let shown = json_of(&replay_log(
+        &config,
+        seeds_log(),
+        &["--format", "json", "--show-keys"],
     ));
     assert_eq!(
         shown["policies"]["per-user"]["top_keys"][0]["value"],
@@ -209,11 +192,7 @@ fn the_json_report_has_the_documented_shape() {
 }
 
 fn run_text(config: &Path) -> String {
-    replay(
-        &["--config", arg(config), "--log", "-"],
-        seeds_log().as_bytes(),
-    )
-    .stdout
+    replay_log(config, seeds_log(), &[]).stdout
 }
 
 #[test]
@@ -225,10 +204,7 @@ fn bad_lines_are_counted_listed_by_number_and_skipped() {
         line("alice", 0, 0, 200),
         line("alice", 0, 1, 200)
     );
-    let run = replay(
-        &["--config", arg(&config), "--log", "-", "--format", "json"],
-        log.as_bytes(),
-    );
+    let run = replay_log(&config, log, &["--format", "json"]);
     assert_eq!(run.code, 0);
     let report = json_of(&run);
     assert_eq!(
@@ -283,10 +259,7 @@ fn a_gzipped_log_file_reads_as_the_plain_log_on_standard_input() {
         ],
         b"",
     );
-    let from_stdin = replay(
-        &["--config", arg(&config), "--log", "-", "--format", "json"],
-        seeds_log().as_bytes(),
-    );
+    let from_stdin = replay_log(&config, seeds_log(), &["--format", "json"]);
     assert_eq!(json_of(&from_file), json_of(&from_stdin));
 }
 
@@ -298,38 +271,18 @@ fn lines_out_of_order_within_the_window_are_replayed_in_start_order() {
     lines.swap(8, 10);
     lines.swap(0, 7);
     let log = lines.join("\n");
-    let report = json_of(&replay(
-        &[
-            "--config",
-            arg(&config),
-            "--log",
-            "-",
-            "--check",
-            "--format",
-            "json",
-        ],
-        log.as_bytes(),
-    ));
+    let report = json_of(&replay_log(&config, log, &["--check", "--format", "json"]));
     assert_eq!(report["check"]["agreed"], json!(11), "{report:#}");
     assert_eq!(report["late"], json!(0));
-    let late = json_of(&replay(
-        &[
-            "--config",
-            arg(&config),
-            "--log",
-            "-",
-            "--format",
-            "json",
-            "--reorder-window",
-            "1ms",
-        ],
+    let late = json_of(&replay_log(
+        &config,
         [
             line("bob", 5, 0, 200),
             line("bob", 6, 0, 200),
             line("bob", 1, 0, 200),
         ]
-        .join("\n")
-        .as_bytes(),
+        .join("\n"),
+        &["--format", "json", "--reorder-window", "1ms"],
     ));
     assert_eq!(
         late["late"],
@@ -349,18 +302,10 @@ fn compare_counts_the_requests_that_change_outcome_per_policy_with_examples() {
             .replace("\"burst\": 5", "\"burst\": 3")
             .replace("per-user", "per-user-3"),
     );
-    let run = replay(
-        &[
-            "--config",
-            arg(&config),
-            "--log",
-            "-",
-            "--compare",
-            arg(&tighter),
-            "--format",
-            "json",
-        ],
-        seeds_log().as_bytes(),
+    let run = replay_log(
+        &config,
+        seeds_log(),
+        &["--compare", arg(&tighter), "--format", "json"],
     );
     let compare = &json_of(&run)["compare"];
     assert_eq!(
@@ -381,17 +326,7 @@ fn compare_counts_the_requests_that_change_outcome_per_policy_with_examples() {
         (json!(4), json!(true))
     );
     assert_eq!(example["path"], json!("/api/x"));
-    let back = replay(
-        &[
-            "--config",
-            arg(&tighter),
-            "--log",
-            "-",
-            "--compare",
-            arg(&config),
-        ],
-        seeds_log().as_bytes(),
-    );
+    let back = replay_log(&tighter, seeds_log(), &["--compare", arg(&config)]);
     assert!(
         back.stdout
             .contains("per-user-3: 0 newly denied, 2 no longer denied"),
@@ -405,10 +340,7 @@ fn an_envoy_yaml_file_is_read_for_its_configuration_and_a_chart_is_written() {
     let dir = TempDir::new("replay-cli");
     let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy/demo.yaml");
     let svg = dir.path().join("chart.svg");
-    let run = replay(
-        &["--config", arg(&demo), "--log", "-", "--svg", arg(&svg)],
-        seeds_log().as_bytes(),
-    );
+    let run = replay_log(&demo, seeds_log(), &["--svg", arg(&svg)]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let chart = std::fs::read_to_string(&svg).unwrap();
     assert!(
@@ -450,7 +382,7 @@ fn a_refused_configuration_or_an_unreadable_log_exits_1_naming_the_cause() {
         "bad.json",
         SEEDS.replace("\"burst\": 5", "\"burst\": 0"),
     );
-    let run = replay(&["--config", arg(&bad), "--log", "-"], b"");
+    let run = replay_log(&bad, b"", &[]);
     assert_eq!(run.code, 1);
     assert!(run.stderr.contains("policies[0].burst"), "{}", run.stderr);
     let config = write(&dir, "seeds.json", SEEDS);
@@ -483,10 +415,7 @@ fn the_replay_honours_a_rollout_none_and_all_exactly_and_counts_its_two_groups()
             &format!("\"burst\": 5, \"rollout\": {{\"enforce_percent\": {percent}}}"),
         );
         let path = write(&dir, &format!("rollout-{percent}.json"), config);
-        let report = json_of(&replay(
-            &["--config", arg(&path), "--log", "-", "--format", "json"],
-            users.as_bytes(),
-        ));
+        let report = json_of(&replay_log(&path, &users, &["--format", "json"]));
         report["policies"]["per-user"].clone()
     };
     let none = rollout(0);

@@ -23,6 +23,7 @@
 use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::TempDir;
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -182,31 +183,30 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     let counters = envoy.admin_stats("^wasmcustom\\.sluice\\.");
     drop(envoy);
 
-    let out = replay(
-        &[
-            "--config",
-            config_path.to_str().unwrap(),
-            "--log",
-            log_path.to_str().unwrap(),
-            "--check",
-            "--format",
-            "json",
-        ],
-        0,
-    );
+    let args = [
+        "--config",
+        config_path.to_str().unwrap(),
+        "--log",
+        log_path.to_str().unwrap(),
+    ];
+    let out = replay(&[&args[..], &["--check", "--format", "json"]].concat(), 0);
     let report: Value = serde_json::from_str(&out).unwrap();
+    let all = json!(statuses.len());
     assert_eq!(
-        report["check"]["compared"],
-        json!(statuses.len()),
+        (&report["check"]["compared"], &report["check"]["agreed"]),
+        (&all, &all),
         "{report:#}"
     );
     assert_eq!(
-        report["check"]["agreed"],
-        json!(statuses.len()),
-        "{report:#}"
+        (report["skipped"].clone(), report["denied"].clone()),
+        (json!(0), json!(denied))
     );
-    assert_eq!(report["skipped"], json!(0));
-    assert_eq!(report["denied"], json!(denied));
+    assert_counts_match(&report, &counters);
+    assert_the_scenario(&report, statuses.len() as u64);
+}
+
+/// Each policy's counts in the report equal Envoy's counters.
+fn assert_counts_match(report: &Value, counters: &HashMap<String, u64>) {
     for (policy, counts) in report["policies"].as_object().unwrap() {
         for outcome in ["allowed", "denied", "shadow_denied", "canary_shadow_denied"] {
             let name = format!("wasmcustom.sluice.{policy}.{outcome}");
@@ -215,13 +215,18 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
                 "canary_shadow_denied" => &counts["rollout"]["shadowed"]["would_deny"],
                 _ => &counts[outcome],
             };
+            let replayed = replayed.as_u64().unwrap_or(0);
             assert_eq!(
-                replayed.as_u64().unwrap_or(0),
-                envoys,
+                replayed, envoys,
                 "{name}: the replay's count against Envoy's"
             );
         }
     }
+}
+
+/// The traffic exercised what it was meant to: a tier, the shadow policy, the route's policy and
+/// its metadata, both groups of the rollout.
+fn assert_the_scenario(report: &Value, requests: u64) {
     let policy = |name: &str, field: &str| report["policies"][name][field].as_u64().unwrap();
     assert_eq!(
         report["policies"]["per-user"]["tiers"]["gold"]["matched"],
@@ -249,7 +254,7 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     assert_eq!(rollout["shadowed"]["would_deny"], json!(3), "{rollout:#}");
     assert_eq!(
         policy("per-ip-shadow", "matched"),
-        statuses.len() as u64 - 6,
+        requests - 6,
         "the checkout route's metadata leaves the shadow policy out"
     );
 }
