@@ -92,7 +92,7 @@ run: build
 	  "Listener http://127.0.0.1:$(LISTEN_PORT), admin http://127.0.0.1:$(ADMIN_PORT). Try, in another shell:" \
 	  "  for i in \$$(seq 8); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-user-id: alice' localhost:$(LISTEN_PORT)/api/hello; done" \
 	  "  curl -si -H 'x-user-id: bob' localhost:$(LISTEN_PORT)/api/hello" \
-	  "  curl -s 'localhost:$(ADMIN_PORT)/stats?filter=sluice'   # counters reach Envoy's stats up to 2 s after the requests" \
+	  "  curl -s localhost:$(ADMIN_PORT)/stats/prometheus | grep sluice_requests_total   # counters reach Envoy's stats up to 2 s after the requests" \
 	  "Ctrl-C stops Envoy."
 	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/demo.yaml
 
@@ -104,8 +104,9 @@ lint: deps
 
 # Lint first so that cargo test's summary is the last thing printed. The core's unit tests
 # also run compiled for wasm32, under Node's WASI (.cargo/config.toml); tests/readme_commands.rs
-# runs make run and make run-global and sends them the README's curl commands.
-NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl
+# runs make run and make run-global and sends them the README's curl commands; the gRPC tests
+# (tests/envoy_native.rs) use grpcio from .venv.
+NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio
 test: lint build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \

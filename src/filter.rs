@@ -2,22 +2,21 @@
 //! natively in tests; `wasm` implements `Host` over proxy-wasm and only maps the verdict to
 //! Envoy's actions (continue, pause, resume).
 
+use crate::access_log;
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::NANOS_PER_SEC;
-use crate::headers::{denial_body, each_rate_limit_header, retry_after_secs, Quota};
+use crate::headers::{each_rate_limit_header, retry_after_secs, Quota};
 use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
+use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
 use crate::table;
-use crate::text::push_decimal;
 use crate::time::WorkerClock;
-use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
-use std::ops::Range;
 
 /// The spacing of the log lines that would otherwise repeat with every request.
 const MINUTE: u64 = 60 * NANOS_PER_SEC;
@@ -27,7 +26,9 @@ pub trait Host: RequestSource + Store {
     /// Wall-clock time, Unix nanoseconds.
     fn now(&self) -> u64;
     /// Sends a local reply instead of forwarding the request.
-    fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]);
+    fn send_response(&self, reply: &LocalReply);
+    /// Puts the request's record where the access log reads it (`access_log::PROPERTY`).
+    fn record(&self, record: &str);
     /// Starts a call to the rate-limit service; false if it could not be started. The answer
     /// comes back through `Filter::on_service_response`.
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
@@ -201,7 +202,11 @@ impl Filter {
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
         self.log_route_metadata(outcome, now);
-        match self.denial(outcome) {
+        let denial = outcome.refused_by();
+        if let Some(record) = access_log::record(&self.plan, outcome, denial.as_ref()) {
+            host.record(&record);
+        }
+        match denial {
             Some(denial) => {
                 self.deny(host, &denial, now);
                 Verdict::Denied
@@ -301,60 +306,40 @@ impl Filter {
         }
     }
 
-    /// The denial to answer with: the strictest enforcing denial or, when a contended slot
-    /// could not be written, the first enforcing policy with a one-second wait.
-    fn denial(&self, outcome: &Outcome) -> Option<Applied> {
-        outcome.denied_by.or_else(|| {
-            let first_enforcing = outcome.applied.iter().find(|a| a.enforced);
-            first_enforcing
-                .filter(|_| outcome.exhausted)
-                .map(|a| Applied {
-                    decision: crate::algorithm::Decision {
-                        allowed: false,
-                        retry_after: NANOS_PER_SEC,
-                        ..a.decision
-                    },
-                    ..*a
-                })
-        })
-    }
-
+    /// Refuses the request as the client's protocol expects (gRPC or plain HTTP): a policy's
+    /// `denial` with the rate-limit headers, or a 503 when a policy that fails closed could not
+    /// ask the service.
     fn deny(&self, host: &impl Host, denial: &Applied, now: u64) {
-        let name = self.policy_name(denial.policy);
+        let policy = self.plan.policies.get(denial.policy);
+        let name = policy.map_or("", |p| p.name.as_str());
         log::debug!(
             "denied by policy {name}, version {}, key {:016x}",
             self.plan.version,
             denial.key
         );
-        let retry_secs = retry_after_secs(denial.decision.retry_after);
-        // Every header value goes into one buffer: under a flood of denials this is the hot path.
-        let mut values = String::with_capacity(128);
-        let mut spans: SmallVec<[(&str, Range<usize>); 8]> = SmallVec::new();
-        let mut add = |name, value: &str| {
-            let start = values.len();
-            values.push_str(value);
-            spans.push((name, start..values.len()));
+        let refusal = Refusal::of(denial);
+        let grpc = host
+            .header("content-type")
+            .is_some_and(|value| reply::is_grpc(&value));
+        // The policy is the plan's own; the default stands in for it all the same.
+        let default;
+        let answer = match policy {
+            Some(p) => &p.denial,
+            None => {
+                default = Denial::default();
+                &default
+            }
         };
-        add("content-type", "application/json");
-        let mut retry = String::with_capacity(20);
-        push_decimal(&mut retry, retry_secs);
-        add("retry-after", &retry);
-        let (status, error) = if denial.basis == Basis::Unavailable {
-            (503, "rate_limit_unavailable")
-        } else {
+        let retry_secs = retry_after_secs(denial.decision.retry_after);
+        let mut reply = LocalReply::refusal(refusal, answer, name, retry_secs, grpc);
+        if refusal == Refusal::RateLimited {
             let reported = Reported {
                 applied: *denial,
                 now,
             };
-            self.each_response_header(&reported, &mut add);
-            (429, "too_many_requests")
-        };
-        let pairs: SmallVec<[(&str, &str); 8]> = spans
-            .iter()
-            .map(|(name, span)| (*name, values.get(span.clone()).unwrap_or_default()))
-            .collect();
-        let body = denial_body(error, name, retry_secs);
-        host.send_response(status, &pairs, body.as_bytes());
+            self.each_response_header(&reported, |name, value| reply.add_header(name, value));
+        }
+        host.send_response(&reply);
     }
 
     /// The enforcing policy with the fewest tokens left: the limit the client meets first.
@@ -399,6 +384,10 @@ mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC as SEC;
     use crate::exact::ExactStore;
+    use crate::limiter::PolicyOutcome::{
+        Allowed, Bypassed, CanaryShadowDenied, Denied, ShadowDenied,
+    };
+    use crate::metrics::{degraded_counter, requests_counter};
     use crate::protocol::{CheckRequest, CheckResponse};
     use crate::store::MemoryStore;
     use crate::testing::{FakeHost, FakeRequest};
@@ -468,22 +457,85 @@ mod tests {
         statuses(&filter, &host, 2, ALICE);
         assert_eq!(host.replies.get(), 1);
         let reply = host.reply.borrow();
-        let (status, headers, body) = reply.as_ref().unwrap();
-        assert_eq!(*status, 429);
+        let reply = reply.as_ref().unwrap();
+        assert_eq!((reply.status, reply.details), (429, "sluice_rate_limited"));
         assert_eq!(
-            body,
+            reply.body,
             r#"{"error":"too_many_requests","policy":"per-user","retry_after":1}"#
         );
-        let header = |name: &str| {
-            headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        };
+        let header = |name: &str| reply.header(name);
         assert_eq!(header("content-type"), Some("application/json"));
         assert_eq!(header("retry-after"), Some("1"));
         assert_eq!(header("x-ratelimit-remaining"), Some("0"));
         assert_eq!(header("ratelimit"), Some(r#""per-user";r=0;t=1"#));
+    }
+
+    #[test]
+    fn a_grpc_denial_is_resource_exhausted_with_the_rate_limit_headers_and_no_content_type() {
+        let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
+        let grpc = &[("x-user-id", "alice"), ("content-type", "application/grpc")];
+        assert_eq!(statuses(&filter, &host, 2, grpc), [200, 429]);
+        let reply = host.reply.borrow().clone().unwrap();
+        assert_eq!(reply.grpc_status.code(), 8);
+        assert_eq!(
+            reply.body,
+            "too_many_requests: policy per-user, retry after 1s"
+        );
+        assert_eq!(reply.header("content-type"), None);
+        assert_eq!(reply.header("retry-after"), Some("1"));
+        assert_eq!(reply.header("ratelimit"), Some(r#""per-user";r=0;t=1"#));
+    }
+
+    #[test]
+    fn a_policys_denial_overrides_the_top_level_one_field_by_field() {
+        let mut own = per_user(1);
+        own["denial"] = json!({"status": 503, "grpc_status": "unavailable"});
+        let mut other = per_user(1);
+        other["name"] = json!("other");
+        other["key"] = json!(["header:x-other"]);
+        let config = json!({"denial": {"status": 420, "body": "calm down", "content_type": "text/plain"},
+            "policies": [own, other]});
+        let (filter, host) = setup(config);
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+        let reply = host.reply.borrow().clone().unwrap();
+        assert_eq!((reply.status, reply.body.as_str()), (503, "calm down"));
+        assert_eq!(reply.header("content-type"), Some("text/plain"));
+        assert_eq!(reply.grpc_status.code(), 14);
+        let other_user = &[("x-other", "o")];
+        assert_eq!(statuses(&filter, &host, 2, other_user), [200, 429]);
+        let reply = host.reply.borrow().clone().unwrap();
+        assert_eq!((reply.status, reply.grpc_status.code()), (420, 8));
+    }
+
+    #[test]
+    fn denials_shadow_denials_and_bypasses_are_recorded_for_the_access_log_and_nothing_else() {
+        let mut shadow = per_user(1);
+        (shadow["name"], shadow["mode"]) = (json!("trial"), json!("shadow"));
+        let config = json!({"policies": [per_user(2), shadow], "bypass": [{"key": ["carol"],
+            "policies": ["per-user"], "owner": "o", "reason": "r", "expires": "2030-01-01T00:00:00Z"}]});
+        let (filter, host) = setup(config);
+        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+        statuses(&filter, &host, 1, &[("x-user-id", "carol")]);
+        let records = host.records.borrow().clone();
+        let fields = |r: &str| r.rsplit_once(" key=").unwrap().0.to_string();
+        let fields: Vec<String> = records.iter().map(|r| fields(r)).collect();
+        assert_eq!(
+            fields,
+            [
+                "outcome=shadow_denied policy=trial mode=shadow",
+                "outcome=denied policy=per-user mode=enforce",
+                "outcome=bypassed policy=per-user mode=enforce",
+            ],
+            "the first request had nothing to record"
+        );
+    }
+
+    #[test]
+    fn an_allowed_request_reads_no_content_type_and_records_nothing() {
+        let (filter, host) = setup(json!({"policies": [per_user(5)]}));
+        send(&filter, &host, ALICE);
+        assert_eq!(host.request.borrow().reads.get(), 1, "x-user-id only");
+        assert!(host.records.borrow().is_empty());
     }
 
     #[test]
@@ -541,7 +593,7 @@ mod tests {
             "per-minute has one left"
         );
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-ip.allowed"), 3);
+        assert_eq!(host.counter(&requests_counter("per-ip", Allowed)), 3);
         let Verdict::Continue(Some(r)) = send(&filter, &host, &[("x-user-id", "bob")]) else {
             panic!()
         };
@@ -550,7 +602,7 @@ mod tests {
             remaining_ip[1].1, "1",
             "bob's per-second bucket is the tightest"
         );
-        assert_eq!(host.counter("sluice.per-minute.denied"), 1);
+        assert_eq!(host.counter(&requests_counter("per-minute", Denied)), 1);
     }
 
     #[test]
@@ -563,8 +615,8 @@ mod tests {
             .iter()
             .all(|v| matches!(v, Verdict::Continue(None))));
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-user.shadow_denied"), 2);
-        assert_eq!(host.counter("sluice.per-user.allowed"), 1);
+        assert_eq!(host.counter(&requests_counter("per-user", ShadowDenied)), 2);
+        assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
         assert_eq!(host.replies.get(), 0);
     }
 
@@ -599,10 +651,27 @@ mod tests {
             "outside the canary the new limit is shadow, and the default still limits"
         );
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-user.denied"), 2);
-        assert_eq!(host.counter("sluice.per-user.canary_shadow_denied"), 3);
-        assert_eq!(host.counter("sluice.per-user.shadow_denied"), 0);
-        assert_eq!(host.counter("sluice.baseline.denied"), 1);
+        let count = |policy, outcome| host.counter(&requests_counter(policy, outcome));
+        assert_eq!(count("per-user", Denied), 2);
+        assert_eq!(count("per-user", CanaryShadowDenied), 3);
+        assert_eq!(count("per-user", ShadowDenied), 0);
+        assert_eq!(count("baseline", Denied), 1);
+        let records = host.records.borrow();
+        let modes: Vec<&str> = records
+            .iter()
+            .map(|r| r.split(' ').nth(2).unwrap())
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                "mode=canary",
+                "mode=canary",
+                "mode=canary_shadow",
+                "mode=canary_shadow",
+                "mode=enforce"
+            ],
+            "the access log tells the canary from the rest"
+        );
     }
 
     #[test]
@@ -666,10 +735,10 @@ mod tests {
     fn counters_reach_the_host_only_when_flushed() {
         let (filter, host) = setup(json!({"policies": [per_user(1)]}));
         statuses(&filter, &host, 3, ALICE);
-        assert_eq!(host.counter("sluice.per-user.denied"), 0);
+        assert_eq!(host.counter(&requests_counter("per-user", Denied)), 0);
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-user.denied"), 2);
-        assert_eq!(host.counter("sluice.per-user.allowed"), 1);
+        assert_eq!(host.counter(&requests_counter("per-user", Denied)), 2);
+        assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
     }
 
     /// `workers` filters on their own threads and one store, each sending `each` requests for
@@ -813,7 +882,7 @@ mod tests {
         loop {
             match verdict {
                 Verdict::Continue(_) | Verdict::Hold { .. } => return 200,
-                Verdict::Denied => return host.reply.borrow().as_ref().unwrap().0 as u16,
+                Verdict::Denied => return host.reply.borrow().as_ref().unwrap().status as u16,
                 Verdict::Waiting(pending) => {
                     let body = host.call.borrow().clone().unwrap();
                     let reply = service.map(|s| (200, s.answer(&body, host.now.get())));
@@ -923,7 +992,7 @@ mod tests {
         let statuses: Vec<u16> = (0..3).map(|_| serve(&filter, &host, None, ALICE)).collect();
         assert_eq!(statuses, [200, 200, 429]);
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-user.degraded"), 3);
+        assert_eq!(host.counter(&degraded_counter("per-user")), 3);
         assert_eq!(host.counter("sluice.callout_failures"), 3);
     }
 
@@ -933,12 +1002,13 @@ mod tests {
         p["failure_mode"] = json!("closed");
         let (filter, host) = setup(global(p));
         assert_eq!(serve(&filter, &host, None, ALICE), 503);
-        let (_, headers, body) = host.reply.borrow().clone().unwrap();
+        let reply = host.reply.borrow().clone().unwrap();
         assert_eq!(
-            body,
+            reply.body,
             r#"{"error":"rate_limit_unavailable","policy":"per-user","retry_after":1}"#
         );
-        assert!(headers.contains(&("retry-after".into(), "1".into())));
+        assert_eq!(reply.details, "sluice_unavailable");
+        assert_eq!(reply.header("retry-after"), Some("1"));
     }
 
     #[test]
@@ -1026,7 +1096,7 @@ mod tests {
             [200, 429]
         );
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.per-user.bypassed"), 3);
+        assert_eq!(host.counter(&requests_counter("per-user", Bypassed)), 3);
         let (filter, host) = setup(bypassed_alice("2020-01-01T00:00:00Z"));
         assert_eq!(
             statuses(&filter, &host, 2, ALICE),

@@ -4,10 +4,12 @@
 //! `limiter` (which policies apply through `matcher` and the selected `route`'s say, whose bucket
 //! through `key`, the decision by
 //! an `algorithm` on a `table` slot in a `store`, or by the service over `protocol`; the clock is
-//! passed in) → `headers` (what the client sees). `filter` drives that for one HTTP request
-//! through the `Host` seam; `wasm` is the only code that talks to proxy-wasm, and `testing` fakes
-//! what it provides.
+//! passed in) → `headers` and `reply` (what the client sees: rate-limit headers, the denial in
+//! the client's protocol), `access_log` and `metrics` (what the operator sees). `filter` drives
+//! that for one HTTP request through the `Host` seam; `wasm` is the only code that talks to
+//! proxy-wasm, and `testing` fakes what it provides.
 
+pub mod access_log;
 pub mod algorithm;
 pub mod breaker;
 pub mod config;
@@ -22,6 +24,7 @@ pub mod limiter;
 pub mod matcher;
 pub mod metrics;
 pub mod protocol;
+pub mod reply;
 pub mod request;
 pub mod route;
 pub mod store;

@@ -1,9 +1,57 @@
 //! The filter's counters. They are counted in VM memory and handed to the host in batches: a
 //! hostcall per request per counter would cost more than the rate-limit decision itself.
+//!
+//! Per-policy counters carry their labels in their names, as `<label>=.=<value>;.;` (the form
+//! Istio's `extraStatTags` reads): `sluice.sluice_policy=.=per-user;.;sluice_outcome=.=denied;.;requests_total`.
+//! A bootstrap's `stats_config.stats_tags` with `tag_regex` of each label in `LABELS` takes them
+//! out of the name, so Prometheus shows `sluice_requests_total{sluice_policy="per-user",
+//! sluice_outcome="denied"}`. Policy names never hold `;` or `=`, so a value always ends at the
+//! first `;.;`: no two policies share a series, whatever their dots, dashes and underscores.
+//! Another label is one more pair in the names and one more entry in `LABELS`.
 
 use crate::config::Plan;
-use crate::limiter::{Basis, Outcome};
+use crate::limiter::{Basis, Outcome, PolicyOutcome};
 use std::cell::Cell;
+
+/// The label naming a counter's policy.
+pub const POLICY_LABEL: &str = "sluice_policy";
+/// The label naming what the policy did with the requests a counter counts.
+pub const OUTCOME_LABEL: &str = "sluice_outcome";
+/// Every label of sluice's counters: each needs a `stats_tags` entry in the bootstrap.
+pub const LABELS: [&str; 2] = [POLICY_LABEL, OUTCOME_LABEL];
+
+/// The `stats_tags` regex that takes `label` out of a counter's name into a tag: what Istio
+/// generates for a name listed in `extraStatTags`.
+pub fn tag_regex(label: &str) -> String {
+    format!(r"({label}=\.=(.*?);\.;)")
+}
+
+/// A counter's name: `sluice.`, each label as `<label>=.=<value>;.;`, then `base`.
+pub fn labelled_name(labels: &[(&str, &str)], base: &str) -> String {
+    let mut name = String::from("sluice.");
+    for (label, value) in labels {
+        for part in [label, "=.=", value, ";.;"] {
+            name.push_str(part);
+        }
+    }
+    name.push_str(base);
+    name
+}
+
+/// The name of the counter of `policy`'s requests with `outcome`
+/// (`sluice_requests_total{sluice_policy, sluice_outcome}`).
+pub fn requests_counter(policy: &str, outcome: PolicyOutcome) -> String {
+    labelled_name(
+        &[(POLICY_LABEL, policy), (OUTCOME_LABEL, outcome.as_str())],
+        "requests_total",
+    )
+}
+
+/// The name of the counter of `policy`'s decisions taken without the rate-limit service
+/// (`sluice_degraded_total{sluice_policy}`): they also count in `requests_counter`.
+pub fn degraded_counter(policy: &str) -> String {
+    labelled_name(&[(POLICY_LABEL, policy)], "degraded_total")
+}
 
 /// Counter registration and updates (proxy-wasm metrics, shown in Envoy's stats).
 pub trait Metrics {
@@ -38,16 +86,11 @@ impl Counter {
 
 #[derive(Debug, Default)]
 struct PolicyCounters {
-    allowed: Counter,
-    denied: Counter,
-    shadow_denied: Counter,
-    /// Would-be denials of keys outside a rollout's enforced share (defined for policies with
-    /// a rollout only).
-    canary_shadow_denied: Counter,
+    /// By `PolicyOutcome`, in the order of `PolicyOutcome::ALL` (`canary_shadow_denied` defined
+    /// only for a policy with a rollout).
+    requests: [Counter; PolicyOutcome::ALL.len()],
     /// Decisions taken without the service because it could not answer.
     degraded: Counter,
-    /// Requests a bypass entry exempted.
-    bypassed: Counter,
 }
 
 #[derive(Debug, Default)]
@@ -68,15 +111,11 @@ impl Counters {
             .policies
             .iter()
             .map(|p| PolicyCounters {
-                allowed: counter(format!("sluice.{}.allowed", p.name)),
-                denied: counter(format!("sluice.{}.denied", p.name)),
-                shadow_denied: counter(format!("sluice.{}.shadow_denied", p.name)),
-                canary_shadow_denied: match p.rollout {
-                    Some(_) => counter(format!("sluice.{}.canary_shadow_denied", p.name)),
-                    None => Counter::default(),
-                },
-                degraded: counter(format!("sluice.{}.degraded", p.name)),
-                bypassed: counter(format!("sluice.{}.bypassed", p.name)),
+                requests: PolicyOutcome::ALL.map(|o| match (o, p.rollout) {
+                    (PolicyOutcome::CanaryShadowDenied, None) => Counter::default(),
+                    _ => counter(requests_counter(&p.name, o)),
+                }),
+                degraded: counter(degraded_counter(&p.name)),
             })
             .collect();
         Counters {
@@ -90,21 +129,33 @@ impl Counters {
         }
     }
 
-    /// Counts a finished request: each policy's verdict, and the store's contention.
+    /// Counts a finished request: each policy's part in it, and the store's contention.
     pub fn count(&self, plan: &Plan, outcome: &Outcome) {
-        each_count(plan, outcome, |policy, count| {
-            let Some(counters) = self.policies.get(policy) else {
-                return;
-            };
-            match count {
-                Count::Allowed => counters.allowed.add(1),
-                Count::Denied => counters.denied.add(1),
-                Count::ShadowDenied => counters.shadow_denied.add(1),
-                Count::CanaryShadowDenied => counters.canary_shadow_denied.add(1),
-                Count::Degraded => counters.degraded.add(1),
-                Count::Bypassed => counters.bypassed.add(1),
+        for (policy, _, what) in outcome.by_policy(plan) {
+            let counter = self.policies.get(policy);
+            if let Some(counter) = counter.and_then(|p| p.requests.get(what.index())) {
+                counter.add(1);
             }
-        });
+            if matches!(
+                what,
+                PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied
+            ) {
+                log::debug!(
+                    "policy {} would deny in shadow, version {}",
+                    plan.policies.get(policy).map_or("", |p| p.name.as_str()),
+                    plan.version
+                );
+            }
+        }
+        let degraded = outcome
+            .applied
+            .iter()
+            .filter(|a| matches!(a.basis, Basis::Emergency | Basis::Unavailable));
+        for applied in degraded {
+            if let Some(counters) = self.policies.get(applied.policy) {
+                counters.degraded.add(1);
+            }
+        }
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
         self.overflowed.add(u64::from(outcome.overflowed));
@@ -115,16 +166,7 @@ impl Counters {
     pub fn flush(&self, metrics: &impl Metrics) {
         self.policies
             .iter()
-            .flat_map(|p| {
-                [
-                    &p.allowed,
-                    &p.denied,
-                    &p.shadow_denied,
-                    &p.canary_shadow_denied,
-                    &p.degraded,
-                    &p.bypassed,
-                ]
-            })
+            .flat_map(|p| p.requests.iter().chain([&p.degraded]))
             .chain([
                 &self.cas_retries,
                 &self.cas_exhausted,
@@ -137,63 +179,59 @@ impl Counters {
     }
 }
 
-/// What a finished request counts for one policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Count {
-    /// The policy applied and the request went through.
-    Allowed,
-    Denied,
-    /// A shadow policy would have denied.
-    ShadowDenied,
-    /// A policy with a rollout would have denied a key outside its enforced share.
-    CanaryShadowDenied,
-    /// Decided without the service because it could not answer (besides the verdict's count).
-    Degraded,
-    /// A bypass entry exempted the request from the policy.
-    Bypassed,
-}
-
-/// Calls `count` with every (policy, count) a finished request makes: the one definition of what
-/// the filter's counters, and `sluice-replay`'s report, count. A policy that allowed a request
-/// another one denied counts nothing for it.
-pub fn each_count(plan: &Plan, outcome: &Outcome, mut count: impl FnMut(usize, Count)) {
-    let denied = outcome.is_denied();
-    for applied in &outcome.applied {
-        let Some(policy) = plan.policies.get(applied.policy) else {
-            continue;
-        };
-        if matches!(applied.basis, Basis::Emergency | Basis::Unavailable) {
-            count(applied.policy, Count::Degraded);
-        }
-        if applied.decision.allowed {
-            if !denied {
-                count(applied.policy, Count::Allowed);
-            }
-        } else if applied.enforced {
-            count(applied.policy, Count::Denied);
-        } else {
-            log::debug!(
-                "shadow policy {} would deny key {:016x}, version {}",
-                policy.name,
-                applied.key,
-                plan.version
-            );
-            let shadow = if policy.shadow {
-                Count::ShadowDenied
-            } else {
-                Count::CanaryShadowDenied
-            };
-            count(applied.policy, shadow);
-        }
-    }
-    for bypass in outcome.bypassed.iter().filter_map(|&i| plan.bypass.get(i)) {
-        count(bypass.policy, Count::Bypassed);
-    }
-}
-
 /// Counts a refused configuration, for operators who watch stats rather than logs.
 pub fn count_config_error(metrics: &impl Metrics) {
     if let Some(id) = metrics.define_counter("sluice.config_errors") {
         metrics.increment(id, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_counter_name_carries_its_labels_between_sluice_and_its_base() {
+        assert_eq!(
+            requests_counter("per-user", PolicyOutcome::ShadowDenied),
+            "sluice.sluice_policy=.=per-user;.;sluice_outcome=.=shadow_denied;.;requests_total"
+        );
+        assert_eq!(
+            degraded_counter("global.user"),
+            "sluice.sluice_policy=.=global.user;.;degraded_total"
+        );
+    }
+
+    /// What Envoy's tag extraction with `tag_regex(label)` makes of `name`: the first
+    /// `label=.=` up to the first `;.;` after it is the tag's value and leaves the name.
+    fn extract(name: &str, label: &str) -> (String, String) {
+        let start = name.find(&format!("{label}=.=")).unwrap();
+        let value_start = start + label.len() + 3;
+        let value_len = name[value_start..].find(";.;").unwrap();
+        let rest = format!("{}{}", &name[..start], &name[value_start + value_len + 3..]);
+        (name[value_start..value_start + value_len].to_string(), rest)
+    }
+
+    proptest::proptest! {
+        /// Any policy name (`[A-Za-z0-9_.-]`, which Prometheus would flatten to `_`) comes out of
+        /// its counters' names whole, and leaves the same name for every policy.
+        #[test]
+        fn every_policy_name_comes_back_whole_as_its_label(policy in "[A-Za-z0-9_.-]{1,64}") {
+            for outcome in PolicyOutcome::ALL {
+                let (value, rest) = extract(&requests_counter(&policy, outcome), POLICY_LABEL);
+                proptest::prop_assert_eq!(&value, &policy);
+                let (value, rest) = extract(&rest, OUTCOME_LABEL);
+                proptest::prop_assert_eq!(value, outcome.as_str());
+                proptest::prop_assert_eq!(rest, "sluice.requests_total");
+            }
+            let (value, rest) = extract(&degraded_counter(&policy), POLICY_LABEL);
+            proptest::prop_assert_eq!(&value, &policy);
+            proptest::prop_assert_eq!(rest, "sluice.degraded_total");
+        }
+    }
+
+    #[test]
+    fn tag_regexes_are_those_istio_generates_for_extra_stat_tags() {
+        assert_eq!(tag_regex("sluice_policy"), r"(sluice_policy=\.=(.*?);\.;)");
     }
 }

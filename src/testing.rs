@@ -6,6 +6,7 @@
 use crate::config::GlobalService;
 use crate::filter::Host;
 use crate::metrics::Metrics;
+use crate::reply::LocalReply;
 use crate::request::RequestSource;
 use crate::route::envoy_map;
 use crate::store::{MemoryStore, Store, StoreError};
@@ -61,9 +62,6 @@ impl RequestSource for FakeRequest {
     }
 }
 
-/// A local reply: status, headers, body.
-pub type Reply = (u32, Vec<(String, String)>, String);
-
 /// One Envoy worker: its current request, clock, counters and replies; the store may be shared
 /// with other workers.
 pub struct FakeHost {
@@ -71,8 +69,10 @@ pub struct FakeHost {
     pub request: RefCell<FakeRequest>,
     pub now: Cell<u64>,
     /// The last local reply, and how many were sent.
-    pub reply: RefCell<Option<Reply>>,
+    pub reply: RefCell<Option<LocalReply>>,
     pub replies: Cell<usize>,
+    /// The access-log records set, one per request that had one.
+    pub records: RefCell<Vec<String>>,
     pub counters: RefCell<Vec<(String, u64)>>,
     /// The last body sent to the rate-limit service, and how many were.
     pub call: RefCell<Option<Vec<u8>>>,
@@ -90,6 +90,7 @@ impl FakeHost {
             now: Cell::new(now),
             reply: RefCell::default(),
             replies: Cell::new(0),
+            records: RefCell::default(),
             counters: RefCell::default(),
             call: RefCell::default(),
             calls: Cell::new(0),
@@ -135,14 +136,13 @@ impl Host for FakeHost {
         self.now.get()
     }
 
-    fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
-        let headers = headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect();
-        let body = String::from_utf8_lossy(body).into();
-        *self.reply.borrow_mut() = Some((status, headers, body));
+    fn send_response(&self, reply: &LocalReply) {
+        *self.reply.borrow_mut() = Some(reply.clone());
         self.replies.set(self.replies.get() + 1);
+    }
+
+    fn record(&self, record: &str) {
+        self.records.borrow_mut().push(record.to_string());
     }
 
     fn dispatch(&self, _service: &GlobalService, body: &[u8]) -> bool {

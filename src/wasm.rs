@@ -1,11 +1,13 @@
 //! The proxy-wasm glue: the only module that talks to Envoy. It implements `Host` and
 //! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
 
+use crate::access_log;
 use crate::config::GlobalService;
 use crate::filter::{Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
+use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::RequestSource;
 use crate::store::{Store, StoreError};
 use proxy_wasm::hostcalls;
@@ -24,6 +26,28 @@ proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| Box::new(Root::default()));
 }}
+
+// Two ABI calls the SDK wraps without their arguments we need (the response code details, the
+// gRPC status) or with a panic on any status but Ok; a panic would kill the VM.
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_send_local_response(
+        status_code: u32,
+        details_data: *const u8,
+        details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+    fn proxy_set_property(
+        path_data: *const u8,
+        path_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+}
 
 /// Envoy, as the filter sees it. Failed hostcalls read as absent values or failed writes.
 struct Envoy;
@@ -65,9 +89,34 @@ impl Host for Envoy {
             .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn send_response(&self, status: u32, headers: &[(&str, &str)], body: &[u8]) {
-        if let Err(status) = hostcalls::send_http_response(status, headers.to_vec(), Some(body)) {
-            log::error!("could not send the local reply: {status:?}");
+    fn send_response(&self, reply: &LocalReply) {
+        let headers = reply.encoded_headers();
+        // SAFETY: every pointer is to a live buffer of the size passed with it; the host copies
+        // them before returning.
+        let status = unsafe {
+            proxy_send_local_response(
+                reply.status,
+                reply.details.as_ptr(),
+                reply.details.len(),
+                reply.body.as_ptr(),
+                reply.body.len(),
+                headers.as_ptr(),
+                headers.len(),
+                reply.grpc_status.code(),
+            )
+        };
+        if status != 0 {
+            log::error!("could not send the local reply: status {status}");
+        }
+    }
+
+    fn record(&self, record: &str) {
+        let path = access_log::PROPERTY;
+        // SAFETY: as above.
+        let status =
+            unsafe { proxy_set_property(path.as_ptr(), path.len(), record.as_ptr(), record.len()) };
+        if status != 0 {
+            log::debug!("could not set the access-log record: status {status}");
         }
     }
 
@@ -240,11 +289,11 @@ impl HttpContext for Exchange {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(filter) = self.filter.clone() else {
             // Unreachable while Envoy honours a refused configuration; fail closed regardless.
-            Envoy.send_response(
-                503,
-                &[("content-type", "application/json")],
-                br#"{"error":"rate_limiter_not_configured"}"#,
-            );
+            let body = r#"{"error":"rate_limiter_not_configured"}"#.into();
+            let mut reply =
+                LocalReply::new(503, reply::NOT_CONFIGURED, GrpcStatus::Unavailable, body);
+            reply.add_header("content-type", "application/json");
+            Envoy.send_response(&reply);
             return Action::Pause;
         };
         let verdict = filter.on_request_headers(&Envoy);

@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
+use sluice::limiter::PolicyOutcome::{Allowed, Denied};
+use sluice::metrics::{degraded_counter, requests_counter};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::redis::{RedisCluster, RedisServer};
 use sluice_testkit::service::Service;
@@ -139,12 +141,12 @@ fn the_cache_and_leases_spare_the_service_calls() {
         assert_eq!(allowed + denied, 1000);
         // Each worker flushes all its counters at once: once both totals are in, so are the calls.
         assert_eq!(
-            envoy.wait_for_wasm_counter(&format!("sluice.{name}.allowed"), allowed),
+            envoy.wait_for_wasm_counter(&requests_counter(&name, Allowed), allowed),
             allowed
         );
         if denied > 0 {
             assert_eq!(
-                envoy.wait_for_wasm_counter(&format!("sluice.{name}.denied"), denied),
+                envoy.wait_for_wasm_counter(&requests_counter(&name, Denied), denied),
                 denied
             );
         }
@@ -237,7 +239,7 @@ fn redis_down_applies_the_failure_modes_and_recovery_resumes_global_decisions() 
         assert!(Instant::now() < deadline, "global decisions did not resume");
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(envoy.wait_for_wasm_counter("sluice.global-user.degraded", 10) >= 10);
+    assert!(envoy.wait_for_wasm_counter(&degraded_counter("global-user"), 10) >= 10);
 }
 
 /// A cluster with no endpoints, and a service that never answers: the request completes within

@@ -14,6 +14,8 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
+use sluice::limiter::PolicyOutcome::{Allowed, Denied};
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::http::Response;
 use std::cell::RefCell;
@@ -84,7 +86,7 @@ impl Odd {
         let ok = self.count("200");
         assert_eq!(
             self.envoy
-                .wait_for_wasm_counter("sluice.per-ip.allowed", ok),
+                .wait_for_wasm_counter(&requests_counter("per-ip", Allowed), ok),
             ok,
             "per-ip.allowed is not the number of 200s: a request Envoy refused reached the filter?"
         );
@@ -92,7 +94,7 @@ impl Odd {
             .iter()
             .map(|p| {
                 self.envoy
-                    .wasm_counter(&format!("sluice.{p}.denied"))
+                    .wasm_counter(&requests_counter(p, Denied))
                     .unwrap_or(0)
             })
             .sum();

@@ -9,6 +9,8 @@
 // assertions, they report an unexpected response by panicking.
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
+use sluice::limiter::PolicyOutcome::{Allowed, Denied, ShadowDenied};
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::{envoy_binary, Envoy};
 use sluice_testkit::http::{Connection, Response};
 use std::path::{Path, PathBuf};
@@ -170,15 +172,15 @@ fn a_denial_by_one_layered_policy_charges_none_of_the_others_and_names_the_denie
         Some(r#""per-ip";q=4;w=3600"#)
     );
 
-    for (counter, expected) in [
-        ("per-second.allowed", 4),
-        ("per-second.denied", 2),
-        ("per-minute.allowed", 4),
-        ("per-minute.denied", 1),
-        ("per-ip.allowed", 4),
-        ("per-ip.denied", 1),
+    for (policy, outcome, expected) in [
+        ("per-second", Allowed, 4),
+        ("per-second", Denied, 2),
+        ("per-minute", Allowed, 4),
+        ("per-minute", Denied, 1),
+        ("per-ip", Allowed, 4),
+        ("per-ip", Denied, 1),
     ] {
-        let name = format!("sluice.{counter}");
+        let name = requests_counter(policy, outcome);
         assert_eq!(
             envoy.wait_for_wasm_counter(&name, expected),
             expected,
@@ -221,11 +223,17 @@ fn a_shadow_policy_never_denies_adds_no_headers_and_counts_would_be_denials() {
 
     // bob would have been denied 4 times, alice twice.
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.trial.shadow_denied", 6),
+        envoy.wait_for_wasm_counter(&requests_counter("trial", ShadowDenied), 6),
         6
     );
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.trial.allowed", 2), 2);
-    assert_eq!(envoy.wasm_counter("sluice.trial.denied"), Some(0));
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("trial", Allowed), 2),
+        2
+    );
+    assert_eq!(
+        envoy.wasm_counter(&requests_counter("trial", Denied)),
+        Some(0)
+    );
 }
 
 // --- Tiers.
@@ -540,8 +548,14 @@ fn the_default_policy_applies_only_to_requests_no_policy_matched() {
     assert_eq!(codes(&other), [200, 200, 200, 429]);
     assert_eq!(other[0].header("x-ratelimit-limit"), Some("3"));
     assert_eq!(denying_policy(&other[3]), "baseline");
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.allowed", 3), 3);
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.api.allowed", 2), 2);
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("baseline", Allowed), 3),
+        3
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("api", Allowed), 2),
+        2
+    );
 }
 
 #[test]
@@ -558,7 +572,10 @@ fn requests_a_policy_skips_for_want_of_its_key_fall_to_the_default() {
     assert_eq!(anonymous[0].header("x-ratelimit-limit"), Some("3"));
     assert_eq!(elsewhere, [200]);
     assert_eq!(denying_policy(&denied), "baseline");
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.baseline.denied", 1), 1);
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("baseline", Denied), 1),
+        1
+    );
 }
 
 // --- Both workers share every bucket.
@@ -607,11 +624,11 @@ fn eight_parallel_clients_on_both_workers_get_exactly_the_burst_through() {
         "both workers served: {workers:?}"
     );
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 20),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), 20),
         20
     );
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.denied", 180),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Denied), 180),
         180
     );
     // Both workers have flushed everything they counted; the races they lost are in here.
@@ -673,11 +690,11 @@ fn a_fresh_key_hit_by_two_clients_at_once_admits_exactly_one() {
     assert_eq!(over_or_under, [] as [&Vec<u16>; 0], "not one 200 per key");
     assert!(split_pairs > 0, "no pair reached both workers");
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 30),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), 30),
         30
     );
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.denied", 30),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Denied), 30),
         30
     );
     let retries = envoy.wasm_counter("sluice.cas_retries");
@@ -868,11 +885,11 @@ fn leases_keep_a_saturated_key_within_burst_plus_rate_through_both_workers() {
     );
     let (admitted, denied) = (admitted as u64, denied as u64);
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.allowed", admitted),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), admitted),
         admitted
     );
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.denied", denied),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Denied), denied),
         denied
     );
 }
@@ -908,7 +925,7 @@ fn with_a_lease_the_remaining_header_counts_down_by_one_on_one_connection() {
         .collect();
     assert_eq!(remaining, expected);
     assert_eq!(
-        envoy.wait_for_wasm_counter("sluice.per-user.allowed", 50),
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), 50),
         50
     );
 }

@@ -5,6 +5,8 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)]
 
+use sluice::limiter::PolicyOutcome::Allowed;
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::http::Response;
 
@@ -153,5 +155,8 @@ fn envoys_typed_per_filter_config_switches_the_filter_off_on_a_route() {
         api,
         strings(&["200 per-user", "200 per-user", "429 per-user"])
     );
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.per-user.allowed", 2), 2);
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), 2),
+        2
+    );
 }

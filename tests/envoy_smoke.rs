@@ -1,5 +1,7 @@
 //! The filter in a real Envoy: the reference behaviour, end to end.
 
+use sluice::limiter::PolicyOutcome::{Allowed, Denied};
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 
 const ONE_PER_SECOND_BURST_5: &str = r#"{
@@ -27,8 +29,14 @@ fn allowed_and_denied_requests_are_counted_per_policy() {
         envoy.get("/api/hello", &[("x-user-id", b"alice")]);
     }
 
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.per-user.allowed", 5), 5);
-    assert_eq!(envoy.wait_for_wasm_counter("sluice.per-user.denied", 3), 3);
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Allowed), 5),
+        5
+    );
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&requests_counter("per-user", Denied), 3),
+        3
+    );
 }
 
 #[test]

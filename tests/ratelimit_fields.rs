@@ -150,14 +150,9 @@ fn send(filter: &Filter, host: &FakeHost, now: u64) -> (bool, Fields, Option<i64
             (true, fields(header), None)
         }
         Verdict::Denied => {
-            let (status, headers, _) = host.reply.borrow().clone().unwrap();
-            assert_eq!(status, 429);
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|(n, _)| n == name)
-                    .map(|(_, v)| v.clone())
-            };
+            let reply = host.reply.borrow().clone().unwrap();
+            assert_eq!(reply.status, 429);
+            let header = |name: &str| reply.header(name).map(String::from);
             let retry = header("retry-after").unwrap().parse().unwrap();
             (false, fields(header), Some(retry))
         }

@@ -370,6 +370,23 @@ fn classic_mistakes_are_rejected_where_they_are() {
         ("missing policies", "", |c| {
             c.as_object_mut().unwrap().remove("policies");
         }),
+        (
+            "a denial status that is not an error",
+            "/policies/0/denial/status",
+            |c| {
+                c["policies"][0]["denial"] = json!({"status": 200});
+            },
+        ),
+        ("an unknown gRPC status", "/denial/grpc_status", |c| {
+            c["denial"] = json!({"grpc_status": "rate_limited"});
+        }),
+        (
+            "a content type that would split a header",
+            "/denial/content_type",
+            |c| {
+                c["denial"] = json!({"content_type": "text/plain\r\nx: y"});
+            },
+        ),
         ("default with a match", "/default/match", |c| {
             c["default"] = json!({"name": "d", "match": {"path_prefix": "/"},
                                   "key": ["ip"], "requests": 1, "per": "1s"});

@@ -5,7 +5,7 @@ the admitted requests can be held against the ideal burst + rate × (last − fi
 import time
 
 from .envoy import Envoy
-from .envoy_config import policy, sluice
+from .envoy_config import policy, policy_counter, sluice
 from .load import wrk
 from .processes import Failure, log
 
@@ -42,7 +42,7 @@ def accuracy(envoy_bin, workdir, duration, rate=100, burst=50):
         "rps": load["rps"],
         "cas_retries": stats.get("wasmcustom.sluice.cas_retries", 0),
         "cas_exhausted": stats.get("wasmcustom.sluice.cas_exhausted", 0),
-        "counter_allowed": stats.get("wasmcustom.sluice.accuracy.allowed"),
+        "counter_allowed": stats.get("wasmcustom." + policy_counter("accuracy", "allowed")),
     }
 
 

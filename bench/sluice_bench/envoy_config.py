@@ -62,6 +62,14 @@ def policy(name, key, requests, per, burst=None):
     return p
 
 
+def policy_counter(policy, outcome):
+    """A policy's counter as the filter names it (src/metrics.rs), without Envoy's `wasmcustom.`:
+    `outcome` is allowed, denied, shadow_denied or bypassed, or degraded."""
+    if outcome == "degraded":
+        return f"sluice.sluice_policy=.={policy};.;degraded_total"
+    return f"sluice.sluice_policy=.={policy};.;sluice_outcome=.={outcome};.;requests_total"
+
+
 def service_settings(timeout):
     """sluice's top-level `global`: where the service is, and how long a call may take."""
     return {"cluster": SERVICE_CLUSTER, "authority": "sluice-service", "timeout": timeout}

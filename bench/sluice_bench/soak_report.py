@@ -2,6 +2,7 @@
 part (b), each rewritten only by a run of its part (--skip-mixed, --skip-flood leave the other's
 figures in place)."""
 
+from .envoy_config import policy_counter
 from .facts import facts_lines
 from .markdown import table, write_section
 from .paths import RELIABILITY_MD
@@ -60,7 +61,10 @@ def flood_table(a):
     load, c, s = a["load"], a["counters"], a["load"]["script"]
 
     def both(x, y):
-        return f"{c.get(f'sluice.{x}', 0):,} / {c.get(f'sluice.{y}', 0):,}"
+        return f"{c.get(x, 0):,} / {c.get(y, 0):,}"
+
+    def outcomes(p):
+        return both(policy_counter(p, "allowed"), policy_counter(p, "denied"))
 
     return table(["Flood", "Value"], [
         ["requests sent (each a new key)", f"{s.get('flood_sent', load['requests']):,}"],
@@ -69,9 +73,9 @@ def flood_table(a):
         ["socket errors", f"{load['socket_errors']:,}"],
         ["Envoy 5xx (`downstream_rq_5xx`)", f"{a['http']['5xx']:,}"],
         ["`sluice.evictions`", f"{c.get('sluice.evictions', 0):,}"],
-        ["`per-user` allowed / denied", both("per-user.allowed", "per-user.denied")],
-        ["`per-api-key` allowed / denied", both("per-api-key.allowed", "per-api-key.denied")],
-        ["`cas_retries` / `cas_exhausted`", both("cas_retries", "cas_exhausted")],
+        ["`per-user` allowed / denied", outcomes("per-user")],
+        ["`per-api-key` allowed / denied", outcomes("per-api-key")],
+        ["`cas_retries` / `cas_exhausted`", both("sluice.cas_retries", "sluice.cas_exhausted")],
     ])
 
 
@@ -150,7 +154,7 @@ def mixed_table(b):
     ]
     rows += [
         [f"`{p}` allowed / denied / degraded",
-         " / ".join(f"{c.get(f'sluice.{p}.{what}', 0):,}" for what in ("allowed", "denied", "degraded"))]
+         " / ".join(f"{c.get(policy_counter(p, what), 0):,}" for what in ("allowed", "denied", "degraded"))]
         for p in policies
     ]
     return table(["Mixed", "Value"], rows)

@@ -8,7 +8,8 @@
 //!                "shadowed": {"matched": N, "allowed": N, "would_deny": N}}}},
 //!  "lines": N, "skipped": N, "skipped_lines": [{"line": N, "reason": S}], "late": N,
 //!  "requests": N, "denied": N,
-//!  "check": {"compared": N, "agreed": N, "disagreements": [...]},
+//!  "check": {"compared": N, "agreed": N, "disagreements": [{"line": N,
+//!    "replayed_status": N or null, "response_code": N, "response_code_details": S}]},
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
 //! ```
 //! A top key's `denied` counts denials and shadow denials; `error` (when not 0) says by how much
@@ -121,8 +122,8 @@ fn check(check: &Check) -> Value {
         .disagreements
         .iter()
         .map(|d| {
-            json!({"line": d.line, "replayed_denied": d.replayed_denied,
-                   "response_code": d.response_code})
+            json!({"line": d.line, "replayed_status": d.replayed,
+                   "response_code": d.response_code, "response_code_details": d.details})
         })
         .collect();
     json!({"compared": check.compared, "agreed": check.agreed, "disagreements": disagreements})

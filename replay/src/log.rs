@@ -5,7 +5,7 @@
 //! A line's fields: `start_time` (RFC 3339; required), `method`, `path`, `authority`,
 //! `remote_address` (no port), `route_name`, `headers` (names in any case), `metadata`
 //! (dynamic metadata namespaces to objects), `route_metadata` (the selected route's metadata
-//! namespaces to objects), `response_code`. Unknown fields are ignored; `null`
+//! namespaces to objects), `response_code`, `response_code_details`. Unknown fields are ignored; `null`
 //! is an absent value, as Envoy writes one.
 
 use crate::scan::{unescape, Key, ScanError, Scanner, Text};
@@ -76,7 +76,8 @@ const PATH: usize = 2;
 const AUTHORITY: usize = 3;
 const REMOTE_ADDRESS: usize = 4;
 const ROUTE_NAME: usize = 5;
-const TEXTS: usize = 6;
+const RESPONSE_CODE_DETAILS: usize = 6;
+const TEXTS: usize = 7;
 
 /// The index of the text field named `name`.
 fn text_field(name: &[u8]) -> Option<usize> {
@@ -87,6 +88,7 @@ fn text_field(name: &[u8]) -> Option<usize> {
         b"authority" => AUTHORITY,
         b"remote_address" => REMOTE_ADDRESS,
         b"route_name" => ROUTE_NAME,
+        b"response_code_details" => RESPONSE_CODE_DETAILS,
         _ => return None,
     })
 }
@@ -137,6 +139,11 @@ impl Record {
 
     fn bytes(&self, range: &Option<Range<usize>>) -> Option<&[u8]> {
         range.as_ref().and_then(|r| self.text.get(r.clone()))
+    }
+
+    /// `response_code_details`: why Envoy answered as it did (`sluice_rate_limited`, ...).
+    pub fn response_code_details(&self) -> Option<&[u8]> {
+        self.text(RESPONSE_CODE_DETAILS)
     }
 
     /// A text field's value.

@@ -25,6 +25,8 @@ pub fn json_format(plan: &Plan) -> Mapping {
         ("remote_address", "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
         ("route_name", "%ROUTE_NAME%"),
         ("response_code", "%RESPONSE_CODE%"),
+        // What tells a refusal of sluice's from an upstream's answer of the same status.
+        ("response_code_details", "%RESPONSE_CODE_DETAILS%"),
     ];
     for (name, operator) in fields {
         format.insert(name.into(), operator.into());

@@ -1,6 +1,6 @@
 //! What a replay found, per policy and per tier: requests matched, allowed, denied, shadow-denied
 //! and bypassed, counted from the limiter's outcome exactly as the filter's counters count them
-//! (`sluice::metrics::each_count`); for a policy with a rollout, the same for the keys it enforces
+//! (`Outcome::by_policy`); for a policy with a rollout, the same for the keys it enforces
 //! for and the rest; the busiest second; the keys denied most; requests and denials over time. Memory does not grow with the log: counters, one `TopKeys` and one
 //! `Timeline` per policy and tier.
 
@@ -11,7 +11,7 @@ use crate::top::TopKeys;
 use sluice::config::{Plan, Policy};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::key::MISSING_KEY;
-use sluice::metrics::{each_count, Count};
+use sluice::limiter::PolicyOutcome;
 use sluice::request::Attributes;
 use smallvec::SmallVec;
 
@@ -72,15 +72,14 @@ pub struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, count: Count) {
-        match count {
-            Count::Allowed => self.allowed += 1,
-            Count::Denied => self.denied += 1,
-            Count::ShadowDenied => self.shadow_denied += 1,
-            Count::CanaryShadowDenied => self.canary_shadow_denied += 1,
-            Count::Bypassed => self.bypassed += 1,
-            Count::Degraded => {}
-        }
+    fn add(&mut self, what: PolicyOutcome) {
+        *match what {
+            PolicyOutcome::Allowed => &mut self.allowed,
+            PolicyOutcome::Denied => &mut self.denied,
+            PolicyOutcome::ShadowDenied => &mut self.shadow_denied,
+            PolicyOutcome::CanaryShadowDenied => &mut self.canary_shadow_denied,
+            PolicyOutcome::Bypassed => &mut self.bypassed,
+        } += 1;
     }
 
     /// The share of matched requests denied, or that would have been were the policy enforced
@@ -122,11 +121,11 @@ impl RolloutReport {
         }
     }
 
-    fn add(&mut self, enforced: bool, count: Count) {
+    fn add(&mut self, enforced: bool, what: PolicyOutcome) {
         let group = self.group(enforced);
-        match count {
-            Count::Allowed => group.allowed += 1,
-            Count::Denied | Count::CanaryShadowDenied => group.denied += 1,
+        match what {
+            PolicyOutcome::Allowed => group.allowed += 1,
+            PolicyOutcome::Denied | PolicyOutcome::CanaryShadowDenied => group.denied += 1,
             _ => {}
         }
     }
@@ -230,44 +229,46 @@ impl Report {
     ) {
         let outcome = &decided.outcome;
         let show_keys = self.show_keys;
-        each_count(plan, outcome, |policy, count| {
+        for (policy, key, what) in outcome.by_policy(plan) {
             let tier = tiers
                 .iter()
                 .find(|(p, _)| *p == policy)
                 .and_then(|(_, t)| *t);
-            let applied = outcome.applied.iter().find(|a| a.policy == policy);
             let Some(report) = self.policies.get_mut(policy) else {
-                return;
+                continue;
             };
             let denial = matches!(
-                count,
-                Count::Denied | Count::ShadowDenied | Count::CanaryShadowDenied
+                what,
+                PolicyOutcome::Denied
+                    | PolicyOutcome::ShadowDenied
+                    | PolicyOutcome::CanaryShadowDenied
             );
             report.each_stats(tier, |stats| {
-                stats.tally.add(count);
-                if let (true, Some(a)) = (denial, applied) {
-                    let value = || show_keys.then(|| key_value(plan, policy, a.key, record));
-                    stats.top.add(a.key, value);
+                stats.tally.add(what);
+                if denial {
+                    let value = || show_keys.then(|| key_value(plan, policy, key, record));
+                    stats.top.add(key, value);
                 }
             });
+            let applied = outcome.applied.iter().find(|a| a.policy == policy);
             if let (Some(rollout), Some(a)) = (&mut report.rollout, applied) {
-                rollout.add(a.enforced, count);
+                rollout.add(a.enforced, what);
             }
-            let counts = match count {
-                Count::Denied => Counts {
+            let counts = match what {
+                PolicyOutcome::Denied => Counts {
                     denied: 1,
                     ..Counts::default()
                 },
-                Count::ShadowDenied | Count::CanaryShadowDenied => Counts {
+                PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied => Counts {
                     shadow_denied: 1,
                     ..Counts::default()
                 },
-                _ => return,
+                _ => continue,
             };
             if let Some(timeline) = &mut report.timeline {
                 timeline.add(decided.now, counts);
             }
-        });
+        }
     }
 }
 

@@ -64,7 +64,7 @@ impl Pass {
         let plan = &self.engine.plan;
         self.replay.report.add(plan, record, &decided);
         if let Some(check) = &mut self.replay.check {
-            check.add(record, &decided);
+            check.add(plan, record, &decided);
         }
         if let (Some(other), Some(comparison)) = (&mut self.other, &mut self.replay.comparison) {
             let after = other.decide(record);
@@ -89,7 +89,7 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
     let mut pass = Pass {
         replay: Replay {
             report,
-            check: options.check.then(Check::default),
+            check: options.check.then(|| Check::new(&engine.plan)),
             comparison: other.as_ref().map(|_| Comparison::default()),
         },
         engine,

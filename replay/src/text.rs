@@ -123,15 +123,15 @@ fn check(out: &mut String, check: &Check) {
         check.agreed, check.compared
     );
     for d in &check.disagreements {
-        let replayed = if d.replayed_denied {
-            "denied"
-        } else {
-            "not denied"
-        };
+        let replayed = d
+            .replayed
+            .map_or("passed".into(), |s| format!("refused with {s}"));
+        let code = d.response_code.map_or("-".into(), |c| c.to_string());
+        let details = d.details.as_deref().unwrap_or("-");
         let _ = writeln!(
             out,
-            "  line {}: replayed {replayed}, Envoy answered {}",
-            d.line, d.response_code
+            "  line {}: replayed {replayed}; Envoy answered {code} ({details})",
+            d.line
         );
     }
 }

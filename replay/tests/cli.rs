@@ -121,9 +121,58 @@ fn check_names_each_request_the_replay_answers_otherwise_and_exits_3() {
     );
     assert!(
         run.stdout
-            .contains("line 6: replayed denied, Envoy answered 200"),
+            .contains("line 6: replayed refused with 429; Envoy answered 200 (-)"),
         "{}",
         run.stdout
+    );
+}
+
+#[test]
+fn check_tells_sluices_refusals_by_their_details_and_a_policys_own_denial_status() {
+    let dir = TempDir::new("replay-cli");
+    let config = SEEDS.replace(
+        "\"burst\": 5",
+        "\"burst\": 5, \"denial\": {\"status\": 503}",
+    );
+    let config = write(&dir, "seeds-503.json", config);
+    let with_details = |details: &[&str]| -> String {
+        let codes = [200, 200, 200, 200, 200, 503, 503, 503];
+        let lines = codes.iter().zip(details.iter().cycle()).enumerate();
+        let lines = lines.map(|(i, (code, details))| {
+            let mut line: Value = serde_json::from_str(&line("alice", 0, i as u64, *code)).unwrap();
+            if !details.is_empty() {
+                line["response_code_details"] = json!(details);
+            }
+            line.to_string() + "\n"
+        });
+        lines.collect()
+    };
+    let agreed = |log: String| {
+        json_of(&replay_log(&config, log, &["--check", "--format", "json"]))["check"]["agreed"]
+            .clone()
+    };
+    assert_eq!(
+        agreed(with_details(&[""])),
+        json!(8),
+        "by status: the policy's 503"
+    );
+    let details = [
+        "via_upstream",
+        "via_upstream",
+        "via_upstream",
+        "via_upstream",
+        "via_upstream",
+        "sluice_rate_limited",
+        "sluice_rate_limited",
+        "sluice_rate_limited",
+    ];
+    assert_eq!(agreed(with_details(&details)), json!(8), "by details");
+    let mut upstream = details;
+    upstream[0] = "sluice_rate_limited";
+    assert_eq!(
+        agreed(with_details(&upstream)),
+        json!(7),
+        "a refusal the replay does not make"
     );
 }
 

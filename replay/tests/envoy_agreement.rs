@@ -21,9 +21,10 @@
 )]
 
 use serde_json::{json, Value};
+use sluice::limiter::PolicyOutcome;
+use sluice::metrics::requests_counter;
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::TempDir;
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -73,16 +74,15 @@ fn replay(args: &[&str], code: i32) -> String {
     stdout
 }
 
-/// The `access_log` that `--print-log-format` prints, writing to `path`, as JSON (which Envoy
+/// The `log_format` of the access log that `--print-log-format` prints, as JSON (which Envoy
 /// reads as YAML).
-fn printed_access_log(config: &Path, path: &Path) -> String {
+fn printed_log_format(config: &Path) -> String {
     let printed = replay(
         &["--config", config.to_str().unwrap(), "--print-log-format"],
         0,
     );
-    let mut field: Value = serde_yaml::from_str(&printed).unwrap();
-    field["access_log"][0]["typed_config"]["path"] = json!(path.to_str().unwrap());
-    field["access_log"].to_string()
+    let field: Value = serde_yaml::from_str(&printed).unwrap();
+    field["access_log"][0]["typed_config"]["log_format"].to_string()
 }
 
 /// Sleeps until the wall clock is `fraction` into a second.
@@ -165,23 +165,19 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     let dir = TempDir::new("replay-agreement");
     let config_path = dir.path().join("config.json");
     std::fs::write(&config_path, config().to_string()).unwrap();
-    let log_path = dir.path().join("access.json");
     let (route, prefix, fields) = checkout_route();
     let envoy = Envoy::options(&config().to_string())
         .concurrency(1)
         .route(route, prefix, &fields)
-        .hcm_option("access_log", &printed_access_log(&config_path, &log_path))
+        .access_log(&printed_log_format(&config_path))
         .start();
 
     let statuses = drive(&envoy);
     let denied = statuses.iter().filter(|&&s| s == 429).count();
     assert!(denied >= 10 && denied < statuses.len() - 10, "{statuses:?}");
-
-    // The filter hands its counts to Envoy once a second; Envoy writes its access log to the
-    // file at least every 10 s, and when it stops.
-    std::thread::sleep(Duration::from_millis(2500));
-    let counters = envoy.admin_stats("^wasmcustom\\.sluice\\.");
-    drop(envoy);
+    let log = envoy.access_log(statuses.len()).join("\n");
+    let log_path = dir.path().join("access.json");
+    std::fs::write(&log_path, log).unwrap();
 
     let args = [
         "--config",
@@ -201,21 +197,22 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
         (report["skipped"].clone(), report["denied"].clone()),
         (json!(0), json!(denied))
     );
-    assert_counts_match(&report, &counters);
+    assert_counts_match(&report, &envoy);
     assert_the_scenario(&report, statuses.len() as u64);
 }
 
-/// Each policy's counts in the report equal Envoy's counters.
-fn assert_counts_match(report: &Value, counters: &HashMap<String, u64>) {
+/// Each policy's counts in the report equal Envoy's counters (which the filter hands over once
+/// a second: waited for).
+fn assert_counts_match(report: &Value, envoy: &Envoy) {
     for (policy, counts) in report["policies"].as_object().unwrap() {
-        for outcome in ["allowed", "denied", "shadow_denied", "canary_shadow_denied"] {
-            let name = format!("wasmcustom.sluice.{policy}.{outcome}");
-            let envoys = counters.get(&name).copied().unwrap_or(0);
+        for outcome in PolicyOutcome::ALL {
             let replayed = match outcome {
-                "canary_shadow_denied" => &counts["rollout"]["shadowed"]["would_deny"],
-                _ => &counts[outcome],
+                PolicyOutcome::CanaryShadowDenied => &counts["rollout"]["shadowed"]["would_deny"],
+                _ => &counts[outcome.as_str()],
             };
             let replayed = replayed.as_u64().unwrap_or(0);
+            let name = requests_counter(policy, outcome);
+            let envoys = envoy.wait_for_wasm_counter(&name, replayed);
             assert_eq!(
                 replayed, envoys,
                 "{name}: the replay's count against Envoy's"

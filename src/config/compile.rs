@@ -3,8 +3,8 @@
 //! table.
 
 use super::input::{
-    RawBypass, RawConfig, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode, RawPolicy,
-    RawScope, RawTiers,
+    RawBypass, RawConfig, RawDenial, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode,
+    RawPolicy, RawScope, RawTiers,
 };
 use super::plan::{
     Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, TableSpec, Tier, Tiers,
@@ -14,6 +14,7 @@ use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
 use crate::duration::parse_nanos;
 use crate::key::{parse_part, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
+use crate::reply::Denial;
 use crate::request::Attr;
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
@@ -33,6 +34,8 @@ pub(super) fn compile(raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
 struct Compiler {
     attrs: Vec<Attr>,
     tables: Vec<TableDraft>,
+    /// The top-level `denial`: what a policy's own falls back to.
+    denial: Denial,
 }
 
 /// A table while policies are still being placed in it.
@@ -52,6 +55,7 @@ impl Compiler {
             ));
         }
         let global = raw.global.as_ref().map(|g| service(g, env)).transpose()?;
+        self.denial = denial("denial", raw.denial.as_ref(), &self.denial)?;
         let mut policies = Vec::with_capacity(raw.policies.len() + 1);
         for (i, policy) in raw.policies.iter().enumerate() {
             let at = format!("policies[{i}]");
@@ -155,6 +159,7 @@ impl Compiler {
             ));
         }
         let scope = scope(at, raw, &shape, has_service)?;
+        let denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
         let mut policy = Policy {
             name: raw.name.clone(),
             matcher,
@@ -167,6 +172,7 @@ impl Compiler {
             tier,
             tiers,
             scope,
+            denial,
             table: 0,
             column: 0,
         };
@@ -423,6 +429,36 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
             .map(|name| secret("global.token_env", name, env))
             .transpose()?
             .map(|token| Secret::new(format!("Bearer {}", token.expose()))),
+    })
+}
+
+/// The answer to denied requests: the fields `raw` gives, the others from `fallback`.
+fn denial(at: &str, raw: Option<&RawDenial>, fallback: &Denial) -> Result<Denial, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(fallback.clone());
+    };
+    let status = raw.status.unwrap_or(fallback.status);
+    if !(400..=599).contains(&status) {
+        return Err(error(
+            format!("{at}.status"),
+            "must be an HTTP error status, between 400 and 599",
+        ));
+    }
+    let content_type = match &raw.content_type {
+        Some(value) if value.is_empty() || !value.bytes().all(|b| (b' '..=b'~').contains(&b)) => {
+            return Err(error(
+                format!("{at}.content_type"),
+                "must be a header value: printable ASCII, not empty",
+            ))
+        }
+        Some(value) => value.clone(),
+        None => fallback.content_type.clone(),
+    };
+    Ok(Denial {
+        status,
+        body: raw.body.clone().or_else(|| fallback.body.clone()),
+        content_type,
+        grpc_status: raw.grpc_status.unwrap_or(fallback.grpc_status),
     })
 }
 

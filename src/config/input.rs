@@ -4,6 +4,7 @@
 use super::{error, ConfigError};
 use crate::algorithm::Kind;
 use crate::headers::HeaderStyle;
+use crate::reply::GrpcStatus;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -25,6 +26,19 @@ pub(super) struct RawConfig {
     /// Whether the selected route's `filter_metadata.sluice` narrows or switches off the policies.
     #[serde(default)]
     pub(super) route_metadata: bool,
+    /// How policies answer the requests they deny, unless they say otherwise.
+    pub(super) denial: Option<RawDenial>,
+}
+
+/// The answer to a denied request, each field falling back to the top-level `denial`, then to
+/// the default (429, the JSON body, `RESOURCE_EXHAUSTED`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDenial {
+    pub(super) status: Option<u32>,
+    pub(super) body: Option<String>,
+    pub(super) content_type: Option<String>,
+    pub(super) grpc_status: Option<GrpcStatus>,
 }
 
 /// An audited exemption: who asked, why, and until when.
@@ -89,6 +103,7 @@ pub(super) struct RawPolicy {
     pub(super) failure_mode: Option<RawFailureMode>,
     pub(super) lease: Option<u64>,
     pub(super) emergency: Option<RawRate>,
+    pub(super) denial: Option<RawDenial>,
     pub(super) rollout: Option<RawRollout>,
 }
 

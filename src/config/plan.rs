@@ -5,6 +5,7 @@ use crate::algorithm::Algorithm;
 use crate::headers::HeaderStyle;
 use crate::key::KeyPart;
 use crate::matcher::Matcher;
+use crate::reply::Denial;
 use crate::request::{Attr, Attributes, RequestSource};
 use std::collections::HashMap;
 
@@ -57,6 +58,8 @@ pub struct Policy {
     pub tier: Tier,
     pub tiers: Option<Tiers>,
     pub scope: Scope,
+    /// How the policy answers the requests it denies.
+    pub denial: Denial,
     pub table: usize,
     pub column: usize,
 }

@@ -624,6 +624,54 @@ fn a_bypass_without_its_audit_trail_is_refused() {
     );
 }
 
+#[test]
+fn a_denial_falls_back_field_by_field_to_the_top_level_then_to_429_json_resource_exhausted() {
+    use crate::reply::{Denial, GrpcStatus};
+    let mut config = with(json!({"denial": {"status": 503}}));
+    config["denial"] = json!({"body": "slow down", "content_type": "text/plain"});
+    config["default"] = json!({"name": "d", "key": ["ip"], "requests": 1, "per": "1s"});
+    let plan = parse(config.to_string().as_bytes()).unwrap();
+    let own = &plan.policies[0].denial;
+    assert_eq!((own.status, own.body.as_deref()), (503, Some("slow down")));
+    assert_eq!(own.content_type, "text/plain");
+    assert_eq!(own.grpc_status, GrpcStatus::ResourceExhausted);
+    assert_eq!(
+        plan.policies[1].denial.status, 429,
+        "the default policy: the top level's"
+    );
+    let plain = parse(with(json!({})).to_string().as_bytes()).unwrap();
+    assert_eq!(plain.policies[0].denial, Denial::default());
+}
+
+#[test]
+fn rejects_bad_denials_naming_the_field() {
+    for status in [200, 399, 600] {
+        assert_refused(
+            with(json!({"denial": {"status": status}})),
+            "policies[0].denial.status",
+            "between 400 and 599",
+        );
+    }
+    let mut top = with(json!({}));
+    top["denial"] = json!({"content_type": "text/plain\r\nx-evil: 1"});
+    assert_refused(top, "denial.content_type", "printable ASCII");
+    assert_refused(
+        with(json!({"denial": {"content_type": ""}})),
+        "policies[0].denial.content_type",
+        "not empty",
+    );
+    assert_refused(
+        with(json!({"denial": {"grpc_status": "ok"}})),
+        "policies[0].denial.grpc_status",
+        "unknown variant",
+    );
+    assert_refused(
+        with(json!({"denial": {"code": 429}})),
+        "policies[0].denial.code",
+        "unknown field",
+    );
+}
+
 proptest::proptest! {
     #[test]
     fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::arbitrary::any::<u8>(), 0..200)) {

@@ -99,6 +99,83 @@ impl Outcome {
     pub fn is_denied(&self) -> bool {
         self.denied_by.is_some() || self.exhausted
     }
+
+    /// The denial a refused request is answered with: the strictest enforcing denial or, when a
+    /// contended slot could not be written, the first enforcing policy with a one-second wait.
+    pub fn refused_by(&self) -> Option<Applied> {
+        self.denied_by.or_else(|| {
+            let first_enforcing = self.applied.iter().find(|a| a.enforced);
+            first_enforcing.filter(|_| self.exhausted).map(|a| Applied {
+                decision: Decision {
+                    allowed: false,
+                    retry_after: crate::duration::NANOS_PER_SEC,
+                    ..a.decision
+                },
+                ..*a
+            })
+        })
+    }
+
+    /// Each policy's part in the request: the policy, the key's hash, what it did. A policy
+    /// that allowed a request another one denied has none.
+    pub fn by_policy<'a>(
+        &'a self,
+        plan: &'a Plan,
+    ) -> impl Iterator<Item = (usize, u64, PolicyOutcome)> + 'a {
+        let denied = self.is_denied();
+        let applied = self.applied.iter().filter_map(move |a| {
+            let shadow = plan.policies.get(a.policy).is_some_and(|p| p.shadow);
+            let what = match (a.decision.allowed, a.enforced, shadow) {
+                (false, true, _) => PolicyOutcome::Denied,
+                (false, false, true) => PolicyOutcome::ShadowDenied,
+                (false, false, false) => PolicyOutcome::CanaryShadowDenied,
+                (true, ..) if !denied => PolicyOutcome::Allowed,
+                (true, ..) => return None,
+            };
+            Some((a.policy, a.key, what))
+        });
+        let bypassed = self.bypassed.iter().filter_map(|&i| plan.bypass.get(i));
+        applied.chain(bypassed.map(|b| (b.policy, b.key, PolicyOutcome::Bypassed)))
+    }
+}
+
+/// What a policy did with a request, as the counters (`sluice_outcome`) and the access log
+/// (`outcome`) name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyOutcome {
+    Allowed,
+    Denied,
+    /// A shadow policy would have denied it.
+    ShadowDenied,
+    /// A bypass entry exempted its key from the policy.
+    Bypassed,
+    /// A policy with a rollout would have denied a key outside its enforced share.
+    CanaryShadowDenied,
+}
+
+impl PolicyOutcome {
+    pub const ALL: [PolicyOutcome; 5] = [
+        PolicyOutcome::Allowed,
+        PolicyOutcome::Denied,
+        PolicyOutcome::ShadowDenied,
+        PolicyOutcome::Bypassed,
+        PolicyOutcome::CanaryShadowDenied,
+    ];
+
+    /// Its position in `ALL`.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyOutcome::Allowed => "allowed",
+            PolicyOutcome::Denied => "denied",
+            PolicyOutcome::ShadowDenied => "shadow_denied",
+            PolicyOutcome::Bypassed => "bypassed",
+            PolicyOutcome::CanaryShadowDenied => "canary_shadow_denied",
+        }
+    }
 }
 
 /// A request on its way: its works, and the checks sent to the service for it.
@@ -362,6 +439,13 @@ mod tests {
             Basis::Grant,
             "three granted tokens are left here"
         );
+    }
+
+    #[test]
+    fn policy_outcomes_sit_at_their_index_in_all() {
+        for (i, outcome) in PolicyOutcome::ALL.iter().enumerate() {
+            assert_eq!(outcome.index(), i, "{outcome:?}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Envoy puts the counters a wasm module defines under this prefix: the filter's
-/// `sluice.per-user.allowed` is `wasmcustom.sluice.per-user.allowed` in /stats.
+/// `sluice.cas_retries` is `wasmcustom.sluice.cas_retries` in /stats.
 pub const WASM_STAT_PREFIX: &str = "wasmcustom.";
 
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -36,6 +36,8 @@ const START_ATTEMPTS: u32 = 3;
 const LDS_DIR: &str = "lds";
 const LDS_FILE: &str = "listener.yaml";
 const LDS_UPDATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The file access log, under the Envoy's temp dir.
+const ACCESS_LOG: &str = "access.log";
 /// Where `ecds_from_file` keeps the filter's configuration: the watched directory and its file.
 const ECDS_DIR: &str = "ecds";
 const ECDS_FILE: &str = "sluice.yaml";
@@ -82,6 +84,12 @@ pub struct EnvoyOptions {
     /// Environment variables set for the Envoy process and handed to the wasm VM
     /// (`vm_config.environment_variables.host_env_keys`), as an operator passes secrets.
     pub vm_env: Vec<(String, String)>,
+    /// The bootstrap's `stats_config`, in YAML flow style (JSON will do).
+    pub stats_config: Option<String>,
+    /// The `log_format` (YAML flow style) of a file access log, `Envoy::access_log` reads it.
+    pub access_log_format: Option<String>,
+    /// A gRPC server (plaintext HTTP/2) that gRPC requests are routed to, by the route `grpc`.
+    pub grpc_upstream: Option<SocketAddr>,
 }
 
 impl EnvoyOptions {
@@ -101,6 +109,9 @@ impl EnvoyOptions {
             ecds_default: None,
             wasm_failure_policy: None,
             vm_env: Vec::new(),
+            stats_config: None,
+            access_log_format: None,
+            grpc_upstream: None,
         }
     }
 
@@ -191,6 +202,26 @@ impl EnvoyOptions {
     /// The wasm plugin's `failure_policy`: `FAIL_CLOSED` (Envoy's default), `FAIL_OPEN`, ...
     pub fn wasm_failure_policy(mut self, policy: &str) -> Self {
         self.wasm_failure_policy = Some(policy.into());
+        self
+    }
+
+    /// Sets the bootstrap's `stats_config` (YAML flow style, e.g. JSON): its `stats_tags` make
+    /// the labels of `/stats/prometheus`.
+    pub fn stats_config(mut self, yaml: &str) -> Self {
+        self.stats_config = Some(yaml.into());
+        self
+    }
+
+    /// Logs each request to a file with this `log_format` (YAML flow style, e.g.
+    /// `{ text_format_source: { inline_string: "%RESPONSE_CODE%\n" } }`): see `Envoy::access_log`.
+    pub fn access_log(mut self, log_format: &str) -> Self {
+        self.access_log_format = Some(log_format.into());
+        self
+    }
+
+    /// Routes gRPC requests (route `grpc`, before the others) to this server, over HTTP/2.
+    pub fn grpc_upstream(mut self, server: SocketAddr) -> Self {
+        self.grpc_upstream = Some(server);
         self
     }
 
@@ -288,6 +319,8 @@ impl Envoy {
             // No shared memory or sockets of hot restart: nothing is left over
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])
+            // Access log lines reach their file within 100 ms, not Envoy's default 10 s.
+            .args(["--file-flush-interval-msec", "100"])
             .args(["-l", "info"])
             .envs(opts.vm_env.iter().map(|(name, value)| (name, value)))
             .stdin(Stdio::null())
@@ -378,8 +411,8 @@ impl Envoy {
             .collect()
     }
 
-    /// A counter the filter defines, by the name the filter gives it
-    /// (`sluice.per-user.allowed`); `None` if Envoy does not have it.
+    /// A counter the filter defines, by the name the filter gives it (`sluice.cas_retries`,
+    /// `sluice::metrics::requests_counter(..)`); `None` if Envoy does not have it.
     pub fn wasm_counter(&self, name: &str) -> Option<u64> {
         let full = format!("{WASM_STAT_PREFIX}{name}");
         let regex = format!("^{}$", full.replace('.', "\\."));
@@ -459,6 +492,32 @@ impl Envoy {
                 ));
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// `/stats/prometheus`, as a scraper reads it.
+    pub fn prometheus(&self) -> String {
+        let r = self.admin_get("/stats/prometheus");
+        assert_eq!(r.status, 200, "/stats/prometheus: {}", r.text());
+        r.text()
+    }
+
+    /// The lines of the file access log (`EnvoyOptions::access_log`) once it has `n` (Envoy
+    /// writes them from a buffer, flushed every 100 ms here), or all it has after 5 s.
+    pub fn access_log(&self, n: usize) -> Vec<String> {
+        assert!(
+            self.opts.access_log_format.is_some(),
+            "access_log needs EnvoyOptions::access_log"
+        );
+        let deadline = Instant::now() + COUNTER_TIMEOUT;
+        loop {
+            let path = self.dir.path().join(ACCESS_LOG);
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let lines: Vec<String> = text.lines().map(String::from).collect();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -630,11 +689,21 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
     let admin = format!(
         "node: {{ id: sluice-test, cluster: sluice-test }}\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin_port} }}\n"
     );
-    let clusters = opts
+    let admin = match &opts.stats_config {
+        Some(stats) => format!("{admin}stats_config: {stats}\n"),
+        None => admin,
+    };
+    let mut clusters = opts
         .service
         .as_deref()
         .map(service_cluster)
         .unwrap_or_default();
+    if let Some(server) = opts.grpc_upstream {
+        if clusters.is_empty() {
+            clusters.push_str("  clusters:\n");
+        }
+        clusters.push_str(&grpc_cluster(server));
+    }
     if !opts.lds_from_file {
         return format!(
             "{admin}static_resources:\n  listeners:\n{}{clusters}",
@@ -753,6 +822,7 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
         .hcm_options
         .iter()
         .map(|(name, value)| format!("\n          {name}: {value}"))
+        .chain(access_log_yaml(opts, dir))
         .collect();
     let routes = extra_routes(opts);
     let wasm_filter = sluice_filter_yaml(opts, dir);
@@ -817,23 +887,60 @@ fn header_to_metadata_filter(opts: &EnvoyOptions) -> String {
     }
 }
 
-/// The test's own routes (`EnvoyOptions::route`), as items of the virtual host's route list.
+/// The HCM's `access_log`, a file in `dir`, when `EnvoyOptions::access_log` asked for one.
+fn access_log_yaml(opts: &EnvoyOptions, dir: &Path) -> Option<String> {
+    let log_format = opts.access_log_format.as_deref()?;
+    Some(format!(
+        r#"
+          access_log:
+          - name: envoy.access_loggers.file
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
+              path: {path}
+              log_format: {log_format}"#,
+        path = yaml_quote(&dir.join(ACCESS_LOG).to_string_lossy()),
+    ))
+}
+
+/// The cluster `grpc_upstream`: plaintext HTTP/2 to one gRPC server.
+fn grpc_cluster(server: SocketAddr) -> String {
+    let (ip, port) = (server.ip(), server.port());
+    format!(
+        r#"  - name: grpc_upstream
+    type: STATIC
+    connect_timeout: 0.25s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http2_protocol_options: {{}} }}
+    load_assignment:
+      cluster_name: grpc_upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}
+"#
+    )
+}
+
+/// The gRPC route (`EnvoyOptions::grpc_upstream`) and the test's own routes
+/// (`EnvoyOptions::route`), as items of the virtual host's route list.
 fn extra_routes(opts: &EnvoyOptions) -> String {
-    opts.routes
-        .iter()
-        .map(|(name, prefix, fields)| {
-            let fields: String = fields
-                .iter()
-                .map(|f| format!("\n                {f}"))
-                .collect();
-            format!(
-                r#"
+    let grpc = opts.grpc_upstream.map(|_| {
+        "\n              - name: grpc\n                match: { prefix: /, grpc: {} }\n                route: { cluster: grpc_upstream }".to_string()
+    });
+    let own = opts.routes.iter().map(|(name, prefix, fields)| {
+        let fields: String = fields
+            .iter()
+            .map(|f| format!("\n                {f}"))
+            .collect();
+        format!(
+            r#"
               - name: {name}
                 match: {{ prefix: {prefix} }}
                 direct_response: {{ status: 200, body: {{ inline_string: ok }} }}{fields}"#
-            )
-        })
-        .collect()
+        )
+    });
+    grpc.into_iter().chain(own).collect()
 }
 
 /// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.

@@ -3,6 +3,7 @@
 //! - `envoy`: an Envoy with the built sluice filter, on free loopback ports;
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
+//! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them;
 //! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
 //!
@@ -17,6 +18,7 @@
 )]
 
 pub mod envoy;
+pub mod grpc;
 pub mod http;
 pub mod redis;
 pub mod reload;

@@ -1,0 +1,145 @@
+//! What Envoy's access log can show of a decision. A request that a policy denied, that a
+//! shadow policy would have denied, or whose key a bypass exempted gets one record in its filter
+//! state, `wasm.sluice`, which `%FILTER_STATE(wasm.sluice:PLAIN)%` prints:
+//!
+//! ```text
+//! outcome=denied policy=per-user mode=enforce key=3f5b0c8e21d47a96
+//! ```
+//!
+//! `name=value` pairs separated by spaces (logfmt), in this order; a value never holds a space
+//! or a quote. `outcome` is the `sluice_outcome` of the counters, `mode` the policy's (for a
+//! policy with a rollout, `canary` or `canary_shadow` as it enforces for the key or not), `key`
+//! the hash of its key as the logs and `bypass.key_hash` write it. Other requests get no record, and
+//! cost no hostcall for it. A later field is appended after these.
+
+use crate::config::{Plan, Policy};
+use crate::limiter::{Applied, Outcome, PolicyOutcome};
+use crate::text::push_hex16;
+
+/// The name under which the record is set (Envoy keeps it as filter state `wasm.sluice`).
+pub const PROPERTY: &str = "sluice";
+
+/// The record of `outcome`, whose answer was `denial` (if it was refused), or `None` when there
+/// is nothing to show: a refusal names the deciding policy; a request that passed names the
+/// first shadow policy that would have denied it, else the first policy bypassed.
+pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Option<String> {
+    let (policy, key, what) = match denial {
+        Some(denial) => (denial.policy, denial.key, PolicyOutcome::Denied),
+        None => {
+            // The request passed: a policy that said no can only have been in shadow for it.
+            let in_shadow = |(_, _, what): &(usize, u64, PolicyOutcome)| {
+                matches!(
+                    what,
+                    PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied
+                )
+            };
+            let bypassed =
+                |(_, _, what): &(usize, u64, PolicyOutcome)| *what == PolicyOutcome::Bypassed;
+            let mut parts = outcome.by_policy(plan);
+            parts
+                .find(in_shadow)
+                .or_else(|| outcome.by_policy(plan).find(bypassed))?
+        }
+    };
+    let policy = plan.policies.get(policy)?;
+    let mut text = String::with_capacity(policy.name.len() + 64);
+    for (name, value) in [
+        ("outcome=", what.as_str()),
+        (" policy=", &policy.name),
+        (" mode=", mode(policy, key)),
+        (" key=", ""),
+    ] {
+        text.push_str(name);
+        text.push_str(value);
+    }
+    push_hex16(&mut text, key);
+    Some(text)
+}
+
+/// The policy's mode for `key`: `enforce` or `shadow`, and for a policy with a rollout,
+/// `canary` (it enforces for the key) or `canary_shadow` (it does not).
+fn mode(policy: &Policy, key: u64) -> &'static str {
+    match (policy.shadow, policy.rollout, policy.enforces(key)) {
+        (true, ..) => "shadow",
+        (false, None, _) => "enforce",
+        (false, Some(_), true) => "canary",
+        (false, Some(_), false) => "canary_shadow",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Decision;
+    use crate::limiter::Basis;
+    use serde_json::json;
+
+    fn plan() -> Plan {
+        let config = json!({"policies": [
+            {"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1s"},
+            {"name": "trial.v2", "key": ["ip"], "requests": 1, "per": "1s", "mode": "shadow"},
+        ], "bypass": [{"key": ["acme"], "policies": ["per-user"], "owner": "o", "reason": "r",
+            "expires": "2030-01-01T00:00:00Z"}]});
+        crate::config::parse(config.to_string().as_bytes()).unwrap()
+    }
+
+    fn applied(plan: &Plan, policy: usize, allowed: bool) -> Applied {
+        Applied {
+            policy,
+            key: 0x3f5b_0c8e_21d4_7a96,
+            tier: plan.policies[policy].tier,
+            decision: Decision {
+                allowed,
+                ..Decision::default()
+            },
+            basis: Basis::Bucket,
+            enforced: !plan.policies[policy].shadow,
+        }
+    }
+
+    #[test]
+    fn a_denial_names_the_deciding_policy_its_mode_and_key() {
+        let plan = plan();
+        let denial = applied(&plan, 0, false);
+        let outcome = Outcome {
+            applied: vec![denial, applied(&plan, 1, false)],
+            denied_by: Some(denial),
+            ..Outcome::default()
+        };
+        assert_eq!(
+            record(&plan, &outcome, Some(&denial)).as_deref(),
+            Some("outcome=denied policy=per-user mode=enforce key=3f5b0c8e21d47a96")
+        );
+    }
+
+    #[test]
+    fn a_passing_request_shows_a_shadow_denial_else_a_bypass_else_nothing() {
+        let plan = plan();
+        let shadow_denied = Outcome {
+            applied: vec![applied(&plan, 1, false)],
+            bypassed: vec![0],
+            ..Outcome::default()
+        };
+        assert_eq!(
+            record(&plan, &shadow_denied, None).as_deref(),
+            Some("outcome=shadow_denied policy=trial.v2 mode=shadow key=3f5b0c8e21d47a96")
+        );
+        let bypassed = Outcome {
+            applied: vec![applied(&plan, 1, true)],
+            bypassed: vec![0],
+            ..Outcome::default()
+        };
+        let bypass_key = plan.bypass[0].key;
+        assert_eq!(
+            record(&plan, &bypassed, None),
+            Some(format!(
+                "outcome=bypassed policy=per-user mode=enforce key={bypass_key:016x}"
+            ))
+        );
+        let plain = Outcome {
+            applied: vec![applied(&plan, 0, true), applied(&plan, 1, true)],
+            ..Outcome::default()
+        };
+        assert_eq!(record(&plan, &plain, None), None);
+    }
+}

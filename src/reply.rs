@@ -1,0 +1,360 @@
+//! The local reply to a request sluice refuses, in the client's protocol: over plain HTTP a
+//! status and body (a JSON 429 unless the policy's `denial` says otherwise), to a gRPC client
+//! a trailers-only answer whose `grpc-status` is `RESOURCE_EXHAUSTED` (or the policy's own) and
+//! whose `grpc-message` names the policy. Also the response code details that Envoy's access
+//! log shows for each kind of refusal.
+
+use crate::headers::denial_body;
+use crate::limiter::{Applied, Basis};
+use crate::text::push_decimal;
+use serde::Deserialize;
+use smallvec::SmallVec;
+use std::ops::Range;
+
+/// `%RESPONSE_CODE_DETAILS%` of a request a policy denied.
+pub const RATE_LIMITED: &str = "sluice_rate_limited";
+/// `%RESPONSE_CODE_DETAILS%` of a request refused because a policy that fails closed could not
+/// ask the rate-limit service.
+pub const UNAVAILABLE: &str = "sluice_unavailable";
+/// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
+pub const NOT_CONFIGURED: &str = "sluice_not_configured";
+
+/// The gRPC status codes a refusal can carry (every one but OK), by their names in the
+/// configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrpcStatus {
+    Cancelled = 1,
+    Unknown = 2,
+    InvalidArgument = 3,
+    DeadlineExceeded = 4,
+    NotFound = 5,
+    AlreadyExists = 6,
+    PermissionDenied = 7,
+    ResourceExhausted = 8,
+    FailedPrecondition = 9,
+    Aborted = 10,
+    OutOfRange = 11,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+    DataLoss = 15,
+    Unauthenticated = 16,
+}
+
+impl GrpcStatus {
+    /// The numeric code, as `grpc-status` carries it.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+}
+
+/// How a policy answers the requests it denies: its `denial` settings over the top-level ones
+/// over these defaults (429, the JSON body, `RESOURCE_EXHAUSTED`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    /// 400-599.
+    pub status: u32,
+    /// `None`: the JSON body naming the policy and the wait.
+    pub body: Option<String>,
+    pub content_type: String,
+    pub grpc_status: GrpcStatus,
+}
+
+impl Default for Denial {
+    fn default() -> Self {
+        Denial {
+            status: 429,
+            body: None,
+            content_type: "application/json".into(),
+            grpc_status: GrpcStatus::ResourceExhausted,
+        }
+    }
+}
+
+/// Why a request is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// A policy's limit (or its slot stayed contended): the policy's `denial`.
+    RateLimited,
+    /// A policy that fails closed could not ask the service: 503, `UNAVAILABLE`.
+    Unavailable,
+}
+
+impl Refusal {
+    /// Why `denial` refuses its request.
+    pub fn of(denial: &Applied) -> Refusal {
+        match denial.basis {
+            Basis::Unavailable => Refusal::Unavailable,
+            _ => Refusal::RateLimited,
+        }
+    }
+
+    /// The HTTP status of the refusal, the policy's `denial` being `denial`.
+    pub fn status(self, denial: &Denial) -> u32 {
+        match self {
+            Refusal::RateLimited => denial.status,
+            Refusal::Unavailable => 503,
+        }
+    }
+
+    /// What `%RESPONSE_CODE_DETAILS%` shows of it.
+    pub fn details(self) -> &'static str {
+        match self {
+            Refusal::RateLimited => RATE_LIMITED,
+            Refusal::Unavailable => UNAVAILABLE,
+        }
+    }
+}
+
+/// Whether a request's `content-type` makes it a gRPC request, as Envoy decides it:
+/// `application/grpc`, alone or followed by `+` (`application/grpc+proto`). gRPC-Web is not.
+pub fn is_grpc(content_type: &[u8]) -> bool {
+    content_type
+        .strip_prefix(b"application/grpc")
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(b"+"))
+}
+
+/// A local reply, as `proxy_send_local_response` takes it. To a gRPC request Envoy answers
+/// with `:status` 200, `grpc-status` and the body as `grpc-message`, the headers added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u32,
+    pub details: &'static str,
+    pub grpc_status: GrpcStatus,
+    pub body: String,
+    /// Every header value, one after the other: one buffer whatever the number of headers
+    /// (a flood of denials makes this a hot path)...
+    values: String,
+    /// ...and each header's name and the span of its value.
+    headers: SmallVec<[(&'static str, Range<usize>); 8]>,
+}
+
+impl LocalReply {
+    pub fn new(status: u32, details: &'static str, grpc_status: GrpcStatus, body: String) -> Self {
+        LocalReply {
+            status,
+            details,
+            grpc_status,
+            body,
+            values: String::with_capacity(128),
+            headers: SmallVec::new(),
+        }
+    }
+
+    /// The refusal of a request by `policy`, telling the client to wait `retry_secs`. The
+    /// caller adds the rate-limit headers.
+    pub fn refusal(
+        refusal: Refusal,
+        denial: &Denial,
+        policy: &str,
+        retry_secs: u64,
+        grpc: bool,
+    ) -> Self {
+        let (status, details) = (refusal.status(denial), refusal.details());
+        let (grpc_status, error, content_type) = match refusal {
+            Refusal::RateLimited => (
+                denial.grpc_status,
+                "too_many_requests",
+                denial.content_type.as_str(),
+            ),
+            Refusal::Unavailable => (
+                GrpcStatus::Unavailable,
+                "rate_limit_unavailable",
+                "application/json",
+            ),
+        };
+        let body = match (grpc, refusal, &denial.body) {
+            (true, _, _) => grpc_message(error, policy, retry_secs),
+            (false, Refusal::RateLimited, Some(body)) => body.clone(),
+            (false, _, _) => denial_body(error, policy, retry_secs),
+        };
+        let mut reply = LocalReply::new(status, details, grpc_status, body);
+        // A gRPC reply has Envoy's `application/grpc`: a second content-type would break it.
+        if !grpc {
+            reply.add_header("content-type", content_type);
+        }
+        let mut retry = String::with_capacity(20);
+        push_decimal(&mut retry, retry_secs);
+        reply.add_header("retry-after", &retry);
+        reply
+    }
+
+    pub fn add_header(&mut self, name: &'static str, value: &str) {
+        let start = self.values.len();
+        self.values.push_str(value);
+        self.headers.push((name, start..self.values.len()));
+    }
+
+    pub fn headers(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.headers
+            .iter()
+            .map(|(name, span)| (*name, self.values.get(span.clone()).unwrap_or_default()))
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers().find(|(n, _)| *n == name).map(|(_, v)| v)
+    }
+
+    /// The headers in the layout of a proxy-wasm header map: their count, each name's and
+    /// value's length (32-bit little-endian), then each name and value followed by a NUL.
+    pub fn encoded_headers(&self) -> Vec<u8> {
+        let count = self.headers.len();
+        let mut out = Vec::with_capacity(4 + count * 10 + self.values.len() + 64);
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+        out.extend_from_slice(&len(count));
+        for (name, value) in self.headers() {
+            out.extend_from_slice(&len(name.len()));
+            out.extend_from_slice(&len(value.len()));
+        }
+        for (name, value) in self.headers() {
+            for part in [name, value] {
+                out.extend_from_slice(part.as_bytes());
+                out.push(0);
+            }
+        }
+        out
+    }
+}
+
+/// What a gRPC client reads in `grpc-message`: the error, the policy and the wait.
+fn grpc_message(error: &str, policy: &str, retry_secs: u64) -> String {
+    let mut message = String::with_capacity(error.len() + policy.len() + 32);
+    for part in [error, ": policy ", policy, ", retry after "] {
+        message.push_str(part);
+    }
+    push_decimal(&mut message, retry_secs);
+    message.push('s');
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(reply: &LocalReply) -> Vec<(&str, &str)> {
+        reply.headers().collect()
+    }
+
+    #[test]
+    fn a_plain_http_denial_is_the_documented_json_429() {
+        let reply = LocalReply::refusal(
+            Refusal::RateLimited,
+            &Denial::default(),
+            "per-user",
+            3,
+            false,
+        );
+        assert_eq!((reply.status, reply.details), (429, RATE_LIMITED));
+        assert_eq!(
+            reply.body,
+            r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#
+        );
+        assert_eq!(
+            headers(&reply),
+            [("content-type", "application/json"), ("retry-after", "3")]
+        );
+    }
+
+    #[test]
+    fn a_grpc_denial_is_resource_exhausted_naming_the_policy_without_a_content_type() {
+        let reply = LocalReply::refusal(
+            Refusal::RateLimited,
+            &Denial::default(),
+            "per-user",
+            2,
+            true,
+        );
+        assert_eq!(reply.grpc_status.code(), 8);
+        assert_eq!(
+            reply.body,
+            "too_many_requests: policy per-user, retry after 2s"
+        );
+        assert_eq!(headers(&reply), [("retry-after", "2")]);
+    }
+
+    #[test]
+    fn a_policy_that_fails_closed_answers_503_and_unavailable_whatever_its_denial() {
+        let denial = Denial {
+            status: 418,
+            body: Some("teapot".into()),
+            content_type: "text/plain".into(),
+            grpc_status: GrpcStatus::Aborted,
+        };
+        let http = LocalReply::refusal(Refusal::Unavailable, &denial, "global", 1, false);
+        assert_eq!((http.status, http.details), (503, UNAVAILABLE));
+        assert_eq!(
+            http.body,
+            r#"{"error":"rate_limit_unavailable","policy":"global","retry_after":1}"#
+        );
+        assert_eq!(http.header("content-type"), Some("application/json"));
+        let grpc = LocalReply::refusal(Refusal::Unavailable, &denial, "global", 1, true);
+        assert_eq!(grpc.grpc_status, GrpcStatus::Unavailable);
+        assert_eq!(
+            grpc.body,
+            "rate_limit_unavailable: policy global, retry after 1s"
+        );
+    }
+
+    #[test]
+    fn a_configured_denial_sets_status_body_content_type_and_grpc_status() {
+        let denial = Denial {
+            status: 503,
+            body: Some("slow down".into()),
+            content_type: "text/plain; charset=utf-8".into(),
+            grpc_status: GrpcStatus::Unavailable,
+        };
+        let http = LocalReply::refusal(Refusal::RateLimited, &denial, "p", 1, false);
+        assert_eq!((http.status, http.body.as_str()), (503, "slow down"));
+        assert_eq!(
+            http.header("content-type"),
+            Some("text/plain; charset=utf-8")
+        );
+        let grpc = LocalReply::refusal(Refusal::RateLimited, &denial, "p", 1, true);
+        assert_eq!(grpc.grpc_status.code(), 14);
+        assert_eq!(grpc.body, "too_many_requests: policy p, retry after 1s");
+    }
+
+    #[test]
+    fn grpc_is_told_by_the_content_type_as_envoy_tells_it() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc+json",
+        ] {
+            assert!(is_grpc(grpc.as_bytes()), "{grpc}");
+        }
+        for other in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/json",
+            "Application/gRPC",
+            "",
+        ] {
+            assert!(!is_grpc(other.as_bytes()), "{other}");
+        }
+    }
+
+    #[test]
+    fn headers_are_encoded_as_a_proxy_wasm_map() {
+        let mut reply = LocalReply::new(429, RATE_LIMITED, GrpcStatus::Unavailable, String::new());
+        reply.add_header("a", "xy");
+        reply.add_header("bc", "");
+        let mut expected = Vec::new();
+        for n in [2u32, 1, 2, 2, 0] {
+            expected.extend_from_slice(&n.to_le_bytes());
+        }
+        expected.extend_from_slice(b"a\0xy\0bc\0\0");
+        assert_eq!(reply.encoded_headers(), expected);
+    }
+
+    #[test]
+    fn grpc_status_names_are_the_snake_case_of_grpcs_own() {
+        let status: GrpcStatus = serde_json::from_str(r#""resource_exhausted""#).unwrap();
+        assert_eq!(status, GrpcStatus::ResourceExhausted);
+        let last: GrpcStatus = serde_json::from_str(r#""unauthenticated""#).unwrap();
+        assert_eq!(last.code(), 16);
+        assert!(serde_json::from_str::<GrpcStatus>(r#""ok""#).is_err());
+    }
+}

@@ -1,0 +1,133 @@
+//! A real gRPC server and client: grpcio's, in `python/grpc_peer.py`, run by the Python of the
+//! repo's `.venv` (`scripts/ensure-deps grpcio` installs it there; `make test` does).
+//!
+//! ```ignore
+//! let server = GrpcServer::start();
+//! let envoy = Envoy::options(json).grpc_upstream(server.addr()).start();
+//! let calls = grpc_calls(envoy.addr(), 3, &[("x-user-id", "alice")]);
+//! assert_eq!(calls[2].code, "RESOURCE_EXHAUSTED");
+//! ```
+
+use crate::{repo_root, send_signal, SIGKILL};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The Python with grpcio, and the script.
+fn python_and_peer() -> (PathBuf, PathBuf) {
+    let root = repo_root();
+    let python = root.join(".venv/bin/python");
+    let has_grpc = Command::new(&python)
+        .args(["-c", "import grpc"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_grpc,
+        "{} cannot import grpc: run `scripts/ensure-deps grpcio` (make test does)",
+        python.display()
+    );
+    (python, root.join("testkit/python/grpc_peer.py"))
+}
+
+/// One call's result as the client saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcCall {
+    /// The status name: `OK`, `RESOURCE_EXHAUSTED`, `UNAVAILABLE`...
+    pub code: String,
+    /// The status message (`grpc-message`).
+    pub details: String,
+    /// The initial and trailing metadata received (a trailers-only answer has only the latter).
+    pub metadata: HashMap<String, String>,
+}
+
+/// A gRPC server echoing `/sluice.test.Echo/Echo` on 127.0.0.1, stopped when dropped.
+pub struct GrpcServer {
+    child: Child,
+    port: u16,
+}
+
+impl GrpcServer {
+    pub fn start() -> GrpcServer {
+        let (python, peer) = python_and_peer();
+        let mut child = Command::new(python)
+            .arg(peer)
+            .arg("serve")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the gRPC server");
+        let stdout = child.stdout.take().expect("the server's stdout");
+        // The first line is the port; read it on a thread so a hung server cannot hang the test.
+        let (sent, port) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = sent.send(line.trim().parse::<u16>().ok());
+        });
+        let mut server = GrpcServer { child, port: 0 };
+        match port.recv_timeout(START_TIMEOUT) {
+            Ok(Some(port)) => server.port = port,
+            _ => panic!("the gRPC server did not say its port within {START_TIMEOUT:?}"),
+        }
+        server
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+}
+
+impl Drop for GrpcServer {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            send_signal(pid, SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// `n` unary calls to `/sluice.test.Echo/Echo` at `target`, one after the other on one channel,
+/// each with `metadata`. Every call has a 5 s deadline.
+pub fn grpc_calls(target: SocketAddr, n: usize, metadata: &[(&str, &str)]) -> Vec<GrpcCall> {
+    let (python, peer) = python_and_peer();
+    let out = Command::new(python)
+        .arg(peer)
+        .args(["call", &target.to_string(), &n.to_string()])
+        .args(metadata.iter().map(|(k, v)| format!("{k}={v}")))
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the gRPC client");
+    assert!(
+        out.status.success(),
+        "the gRPC client failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls: Vec<GrpcCall> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("the gRPC client printed {line:?}: {e}"));
+            let text = |field: &str| v[field].as_str().unwrap_or_default().to_string();
+            let metadata = v["metadata"].as_object().map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            });
+            GrpcCall {
+                code: text("code"),
+                details: text("details"),
+                metadata: metadata.unwrap_or_default(),
+            }
+        })
+        .collect();
+    assert_eq!(calls.len(), n, "calls made");
+    calls
+}
