@@ -12,7 +12,7 @@ use sluice::algorithm::{Algorithm, Drain, Window};
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::filter::{Filter, Verdict};
-use sluice::key::hash_key;
+use sluice::key::{hash_key, HashSecret, Keying};
 use sluice::ledger::Ledger;
 use sluice::limiter::{Limiter, Step};
 use sluice::request::Attributes;
@@ -48,7 +48,7 @@ fn typical_request() -> FakeRequest {
 fn bench_filter(name: &str, json: &str) -> Measured {
     let host = FakeHost::new(Arc::default(), T0);
     *host.request.borrow_mut() = typical_request();
-    let filter = match Filter::configure(json.as_bytes(), PLUGIN, &host, &host) {
+    let filter = match Filter::configure(json.as_bytes(), PLUGIN, &host, &host, &host) {
         Ok(filter) => filter,
         Err(e) => {
             eprintln!("bench config refused: {e}");
@@ -149,11 +149,17 @@ fn bench_evaluate(name: &str, json: &str, request: &FakeRequest, denies: bool) -
     let plan = plan(json);
     let prefix = format!("sluice/{PLUGIN}/");
     let store = store_for(&plan, &prefix);
+    // As an Envoy without an operator's secret: its own for slots, the public one shared.
+    let keying = Keying {
+        slots: HashSecret::from_bytes([7; 16]),
+        shared: HashSecret::PUBLIC,
+    };
     let decide = |now: u64| {
         let mut attrs = Attributes::new(black_box(request), &plan.attrs);
         let mut ledger = Ledger::default();
         let mut limiter = Limiter {
             plan: &plan,
+            keying: &keying,
             prefix: &prefix,
             store: &store,
             ledger: &mut ledger,
@@ -198,7 +204,7 @@ fn main() {
     println!("{:<52} {:>13}", "case", "median");
 
     if wanted("token_bucket") {
-        let rate = Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|| std::process::exit(1));
+        let rate = Rate::new(100, NANOS_PER_SEC, 50).unwrap_or_else(|_| std::process::exit(1));
         let (mut tat, mut now) = (0u64, T0);
         results.push(measure(TOKEN_BUCKET, || {
             now += 3_000_000;
@@ -214,13 +220,21 @@ fn main() {
     // Every algorithm through `Algorithm::admit`, on a key at its limit (100 per second, a
     // request every 10 ms): what one decision costs, its state read and written in place.
     let valid = |algorithm: Option<Algorithm>| algorithm.unwrap_or_else(|| std::process::exit(1));
-    let window = Window::new(100, NANOS_PER_SEC);
+    let window = Window::new(100, NANOS_PER_SEC).ok();
     for algorithm in [
-        valid(Rate::new(100, NANOS_PER_SEC, 50).map(Algorithm::TokenBucket)),
+        valid(
+            Rate::new(100, NANOS_PER_SEC, 50)
+                .ok()
+                .map(Algorithm::TokenBucket),
+        ),
         valid(window.map(Algorithm::FixedWindow)),
         valid(window.map(Algorithm::SlidingWindow)),
         valid(window.map(Algorithm::SlidingLog)),
-        valid(Drain::new(100, NANOS_PER_SEC, NANOS_PER_SEC).map(Algorithm::LeakyBucket)),
+        valid(
+            Drain::new(100, NANOS_PER_SEC, NANOS_PER_SEC)
+                .ok()
+                .map(Algorithm::LeakyBucket),
+        ),
     ] {
         let name = format!("Algorithm::admit [{}]", algorithm.name());
         if wanted(&name) {
@@ -246,7 +260,7 @@ fn main() {
             let parts = plan.tables.first().map_or(&[][..], |t| &t.key[..]);
             results.push(measure(&format!("key::hash_key [{label}]"), || {
                 let mut attrs = Attributes::new(black_box(&request), &plan.attrs);
-                black_box(hash_key(parts, &mut attrs));
+                black_box(hash_key(parts, &mut attrs, &HashSecret::PUBLIC));
             }));
         }
     }
@@ -359,6 +373,7 @@ fn main() {
             capacity: config::DEFAULT_MAX_KEYS,
             width: n,
             layout_id: u64::MAX,
+            shares_key: false,
         };
         let name = table::slot_name(&prefix, &spec, config::DEFAULT_MAX_KEYS - 1).len();
         let value = table::value_size(n);

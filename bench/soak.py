@@ -2,12 +2,15 @@
 """`make soak`: does sluice hold its memory bound and its limits over time? Two parts, each
 through a real Envoy with 2 workers; writes the "soak" sections of docs/reliability.md.
 
-(a) Flood: wrk sends at least 1,000,000 requests, each with a new x-user-id and x-api-key, to
-    two tables of max_keys 10,000 each (per-user: fast refill; per-api-key: slow refill, so its
-    slots stay busy and get evicted). Meanwhile two legitimate clients, each on its own
-    connection, send at a fixed rate: `steady` under its limits (every request should pass),
-    `greedy` at twice per-user's rate (it should get exactly burst + rate x time). Envoy's RSS is
-    sampled every second; the filter's counters tell evictions and denials.
+(a) Flood: wrk sends at least 1,000,000 requests, each with a new x-user-id, x-api-key and
+    x-client-id, to three tables of max_keys 10,000 each (per-user: fast refill; per-api-key:
+    slow refill, so its slots still owe when new keys take them; per-client: barely any refill).
+    Meanwhile two legitimate clients, each on its own connection, send at a fixed rate: `steady`
+    under its limits (every request should pass), `greedy` at twice per-user's rate (it should
+    get exactly burst + rate x time); 20 newcomers, at points spread over the flood, each send
+    per-client's burst + 3 requests (they should get exactly the burst); 5 x-client-ids drained
+    before the flood ask again half-way and after it (they should stay drained). Envoy's RSS is
+    sampled every second; the filter's counters tell evictions, what they forgave, and denials.
 (b) Mixed: redis-server, sluice-service and Envoy with local and global policies (one of them
     failure_mode closed), wrk pacing requests over several keys (allowed and denied) for
     SOAK_MINUTES (default 10). RSS of Envoy, the service and Redis every 10 s; every 5xx counted.

@@ -460,9 +460,9 @@ fn svg(runs: &[Run], requests: &[Request]) -> Result<String, std::fmt::Error> {
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let rate = Rate::new(LIMIT, WINDOW, LIMIT).ok_or("the token bucket's rate is invalid")?;
-    let window = Window::new(LIMIT, WINDOW).ok_or("the window is invalid")?;
-    let drain = Drain::new(LIMIT, WINDOW, MAX_DELAY).ok_or("the leaky bucket is invalid")?;
+    let rate = Rate::new(LIMIT, WINDOW, LIMIT).map_err(|e| format!("token bucket: {e}"))?;
+    let window = Window::new(LIMIT, WINDOW).map_err(|e| format!("window: {e}"))?;
+    let drain = Drain::new(LIMIT, WINDOW, MAX_DELAY).map_err(|e| format!("leaky bucket: {e}"))?;
     let algorithms = [
         (Algorithm::TokenBucket(rate), "#0072B2"),
         (Algorithm::FixedWindow(window), "#D55E00"),

@@ -27,14 +27,15 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
         Some(denial) => (denial.policy, denial.key, PolicyOutcome::Denied),
         None => {
             // The request passed: a policy that said no can only have been in shadow for it.
-            let in_shadow = |(_, _, what): &(usize, u64, PolicyOutcome)| {
+            let in_shadow = |(_, _, what): &(usize, Option<u64>, PolicyOutcome)| {
                 matches!(
                     what,
                     PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied
                 )
             };
-            let bypassed =
-                |(_, _, what): &(usize, u64, PolicyOutcome)| *what == PolicyOutcome::Bypassed;
+            let bypassed = |(_, _, what): &(usize, Option<u64>, PolicyOutcome)| {
+                *what == PolicyOutcome::Bypassed
+            };
             let mut parts = outcome.by_policy(plan);
             parts
                 .find(in_shadow)
@@ -47,18 +48,21 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
         ("outcome=", what.as_str()),
         (" policy=", &policy.name),
         (" mode=", mode(policy, key)),
-        (" key=", ""),
     ] {
         text.push_str(name);
         text.push_str(value);
     }
-    push_hex16(&mut text, key);
+    // Always known for a record (the limiter names the keys of refusals), but never made up.
+    if let Some(key) = key {
+        text.push_str(" key=");
+        push_hex16(&mut text, key);
+    }
     Some(text)
 }
 
 /// The policy's mode for `key`: `enforce` or `shadow`, and for a policy with a rollout,
 /// `canary` (it enforces for the key) or `canary_shadow` (it does not).
-fn mode(policy: &Policy, key: u64) -> &'static str {
+fn mode(policy: &Policy, key: Option<u64>) -> &'static str {
     match (policy.shadow, policy.rollout, policy.enforces(key)) {
         (true, ..) => "shadow",
         (false, None, _) => "enforce",
@@ -86,7 +90,7 @@ mod tests {
     fn applied(plan: &Plan, policy: usize, allowed: bool) -> Applied {
         Applied {
             policy,
-            key: 0x3f5b_0c8e_21d4_7a96,
+            key: Some(0x3f5b_0c8e_21d4_7a96),
             tier: plan.policies[policy].tier,
             decision: Decision {
                 allowed,

@@ -3,7 +3,7 @@
 //! the same in Redis (its tests check them against these algorithms); this stands in for it in
 //! the filter's tests and in `sluice-replay`, where one exact global store is wanted.
 
-use crate::algorithm::{Algorithm, Decision};
+use crate::algorithm::{Algorithm, Debt, Decision};
 use crate::protocol::{Check, CheckResult};
 use std::collections::HashMap;
 
@@ -62,11 +62,11 @@ impl ExactStore {
         limit.grant(&mut state.words, now, cost, take)
     }
 
-    /// Forgets the keys whose state is as good as empty at `now`: nothing is lost, and memory
-    /// holds only keys still being limited.
+    /// Forgets the keys whose state owes nothing at `now`: nothing is lost, and memory holds
+    /// only keys still being limited.
     pub fn forget_idle(&mut self, now: u64) {
         self.keys
-            .retain(|_, state| state.limit.idle_at(&state.words) > now);
+            .retain(|_, state| state.limit.debt(&state.words, now) != Debt::default());
     }
 
     /// Keys held.

@@ -7,6 +7,7 @@ use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan};
 use crate::duration::NANOS_PER_SEC;
 use crate::headers::{each_rate_limit_header, retry_after_secs, Quota};
+use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
 use crate::metrics::{Counters, Metrics};
@@ -32,6 +33,14 @@ pub trait Host: RequestSource + Store {
     /// Starts a call to the rate-limit service; false if it could not be started. The answer
     /// comes back through `Filter::on_service_response`.
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
+}
+
+/// What the filter reads from the proxy once, when it is configured.
+pub trait Environment {
+    /// A variable of the VM's environment (Envoy: `vm_config.environment_variables`).
+    fn var(&self, name: &str) -> Option<String>;
+    /// Random bytes from the host: for a hash secret of this Envoy's own.
+    fn random(&self) -> Option<[u8; 16]>;
 }
 
 /// What to do with a request.
@@ -61,6 +70,7 @@ pub struct Reported {
 #[derive(Debug)]
 pub struct Filter {
     plan: Plan,
+    keying: Keying,
     prefix: String,
     counters: Counters,
     breaker: Breaker,
@@ -84,9 +94,20 @@ impl Filter {
         plugin: &str,
         store: &impl Store,
         metrics: &impl Metrics,
+        env: &impl Environment,
     ) -> Result<Filter, ConfigError> {
-        let plan = config::parse(json)?;
+        let plan = config::parse_with_env(json, &|name| env.var(name))?;
         let prefix = format!("sluice/{plugin}/");
+        let keying = match plan.hash_secret {
+            Some(secret) => Keying {
+                slots: secret,
+                shared: secret,
+            },
+            None => Keying {
+                slots: own_secret(store, env, &prefix)?,
+                shared: HashSecret::PUBLIC,
+            },
+        };
         for spec in &plan.tables {
             table::create_slots(store, &prefix, spec).map_err(|e| ConfigError {
                 field: "max_keys".into(),
@@ -98,6 +119,7 @@ impl Filter {
         Ok(Filter {
             bypass_logged,
             plan,
+            keying,
             prefix,
             counters,
             breaker: Breaker::default(),
@@ -155,6 +177,7 @@ impl Filter {
         let run = |ledger: &mut Ledger| {
             step(&mut Limiter {
                 plan: &self.plan,
+                keying: &self.keying,
                 prefix: &self.prefix,
                 store: host,
                 ledger,
@@ -315,7 +338,7 @@ impl Filter {
         log::debug!(
             "denied by policy {name}, version {}, key {:016x}",
             self.plan.version,
-            denial.key
+            denial.key.unwrap_or_default()
         );
         let refusal = Refusal::of(denial);
         let grpc = host
@@ -379,6 +402,49 @@ impl Filter {
     }
 }
 
+/// This Envoy's own secret for slot hashes, when the operator gives none: random, made by the
+/// first VM configured and kept in shared data, where every worker's VM finds it. (A write that
+/// creates an entry ignores CAS, so two VMs configured at the same instant could each keep their
+/// own; Envoy configures its main thread's VM before it starts the workers.) It outlives
+/// configuration changes, as the slots do.
+fn own_secret(
+    store: &impl Store,
+    env: &impl Environment,
+    prefix: &str,
+) -> Result<HashSecret, ConfigError> {
+    let name = format!("{prefix}hash-secret");
+    let stored = || {
+        let (bytes, cas) = store.get(&name)?;
+        Some((
+            <[u8; 16]>::try_from(bytes.as_slice())
+                .ok()
+                .map(HashSecret::from_bytes),
+            cas,
+        ))
+    };
+    let cas = match stored() {
+        Some((Some(secret), _)) => return Ok(secret),
+        Some((None, cas)) => cas,
+        None => 0,
+    };
+    let fresh = env
+        .random()
+        .map(HashSecret::from_bytes)
+        .ok_or_else(|| ConfigError {
+            field: "hash_secret_env".into(),
+            reason: "not given, and the host gave no random bytes for a secret of this Envoy's own"
+                .into(),
+        })?;
+    let _ = store.set(&name, &fresh.to_bytes(), cas);
+    let secret = stored().and_then(|(secret, _)| secret).unwrap_or(fresh);
+    if secret == fresh {
+        log::warn!(
+            "no hash_secret_env: slots are keyed with a random secret of this Envoy's own, but global keys, bypass key_hash entries and log lines use the public key, under which anyone can hash keys (see the README, Key hashing)"
+        );
+    }
+    Ok(secret)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,7 +479,7 @@ mod tests {
     }
 
     fn configure(config: &Value, host: &FakeHost) -> Filter {
-        Filter::configure(config.to_string().as_bytes(), "test", host, host).unwrap()
+        Filter::configure(config.to_string().as_bytes(), "test", host, host, host).unwrap()
     }
 
     fn send(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> Verdict {
@@ -623,7 +689,8 @@ mod tests {
     /// The first user ids whose keys a rollout of `percent` enforces for, and does not.
     fn canary_and_rest(percent: u32) -> (String, String) {
         let inside = |id: &String| {
-            let key = crate::key::hash_values(std::slice::from_ref(id));
+            let key =
+                crate::key::hash_values(std::slice::from_ref(id), &crate::key::HashSecret::PUBLIC);
             crate::key::rollout_position(key) < percent * 10_000
         };
         let ids = || (0..).map(|i| format!("user-{i}"));
@@ -799,58 +866,90 @@ mod tests {
     }
 
     #[test]
-    fn a_flood_of_new_keys_neither_grows_the_table_nor_evicts_a_key_in_use() {
+    fn a_flood_of_new_keys_frees_no_drained_key_and_gives_every_newcomer_its_burst() {
         let (filter, host) = setup(small_table());
-        assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 200]);
-        let mut flood_admitted = 0;
+        assert_eq!(
+            statuses(&filter, &host, 6, ALICE),
+            [200, 200, 200, 200, 200, 429]
+        );
         for i in 0..5_000u64 {
             host.now.set(T0 + i * 100_000);
-            let id = format!("attacker-{i}");
-            flood_admitted +=
-                usize::from(statuses(&filter, &host, 1, &[("x-user-id", &id)])[0] == 200);
+            statuses(
+                &filter,
+                &host,
+                1,
+                &[("x-user-id", &format!("attacker-{i}"))],
+            );
+            if i % 1_000 == 500 {
+                let newcomer = format!("newcomer-{i}");
+                let got = statuses(&filter, &host, 8, &[("x-user-id", &newcomer)]);
+                assert_eq!(
+                    got,
+                    [200, 200, 200, 200, 200, 429, 429, 429],
+                    "newcomer {i}"
+                );
+            }
         }
+        let entries = host.store.entry_count();
         assert_eq!(
-            host.store.entry_count(),
-            65,
-            "64 slots and the overflow slot"
+            entries,
+            64 + 1,
+            "64 slots whatever the number of keys, and the hash secret"
         );
         assert_eq!(
-            statuses(&filter, &host, 3, ALICE),
-            [200, 200, 429],
-            "alice keeps her exact limit"
+            statuses(&filter, &host, 1, ALICE),
+            [429],
+            "alice stays drained"
         );
         filter.flush_counters(&host);
-        assert_eq!(host.counter("sluice.evictions"), 0);
-        assert!(
-            host.counter("sluice.overflowed") > 0,
-            "the overflow is visible"
-        );
-        assert!(
-            flood_admitted < 64 + 10,
-            "the flood shares the overflow budget: {flood_admitted}"
+        let evictions = host.counter("sluice.evictions");
+        assert!(evictions > 4_000, "{evictions}");
+        assert_eq!(
+            host.counter("sluice.forgiven"),
+            evictions,
+            "only attackers were forgotten, each owing its one request"
         );
     }
 
     #[test]
-    fn keys_not_used_for_a_while_make_room_for_new_ones() {
-        let (filter, host) = setup(small_table());
-        for i in 0..40 {
-            statuses(&filter, &host, 1, &[("x-user-id", &format!("early-{i}"))]);
-        }
-        host.now.set(T0 + 2 * crate::table::RECENT);
-        let late: Vec<u16> = (0..40)
-            .map(|i| statuses(&filter, &host, 1, &[("x-user-id", &format!("late-{i}"))])[0])
-            .collect();
-        assert!(late.iter().all(|&s| s == 200));
+    fn a_slot_whose_bucket_is_full_again_is_reused_without_counting_an_eviction() {
+        let mut one_slot = per_user(1);
+        one_slot["max_keys"] = json!(1);
+        let (filter, host) = setup(json!({ "policies": [one_slot] }));
+        assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+        host.now.set(T0 + SEC);
+        assert_eq!(
+            statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+            [200, 429]
+        );
         filter.flush_counters(&host);
-        assert!(host.counter("sluice.evictions") > 0);
+        assert_eq!(host.counter("sluice.evictions"), 0, "alice owed nothing");
+        assert_eq!(
+            statuses(&filter, &host, 1, ALICE),
+            [200],
+            "bob's slot was the only one"
+        );
+        filter.flush_counters(&host);
+        assert_eq!(
+            (
+                host.counter("sluice.evictions"),
+                host.counter("sluice.forgiven")
+            ),
+            (1, 1)
+        );
     }
 
     #[test]
     fn configure_refuses_bad_json() {
         let host = FakeHost::new(Arc::default(), T0);
-        let err =
-            Filter::configure(br#"{"policies": [{"name": "x"}]}"#, "t", &host, &host).unwrap_err();
+        let err = Filter::configure(
+            br#"{"policies": [{"name": "x"}]}"#,
+            "t",
+            &host,
+            &host,
+            &host,
+        )
+        .unwrap_err();
         assert!(err.to_string().starts_with("policies[0]"), "{err}");
     }
 
@@ -1106,24 +1205,29 @@ mod tests {
     }
 
     #[test]
-    fn a_key_in_the_overflow_slot_never_spends_another_keys_lease() {
+    fn a_key_that_takes_another_keys_slot_never_spends_its_grant() {
         let mut p = global_per_user(20);
-        p["lease"] = json!(5);
-        p["max_keys"] = json!(1);
+        (p["lease"], p["max_keys"]) = (json!(5), json!(1));
         let (filter, host) = setup(global(p));
         let service = FakeService::default();
         assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+        assert_eq!(host.calls.get(), 1, "alice holds four granted tokens");
         let bob = &[("x-user-id", "bob")];
-        for _ in 0..3 {
-            assert_eq!(serve(&filter, &host, Some(&service), bob), 200);
-        }
+        assert_eq!(serve(&filter, &host, Some(&service), bob), 200);
         assert_eq!(
             host.calls.get(),
-            4,
-            "bob, in the overflow slot, asks every time"
+            2,
+            "bob took the slot, but not alice's tokens"
         );
-        let last: Value = serde_json::from_slice(&host.call.borrow().clone().unwrap()).unwrap();
-        assert_eq!(last["checks"][0]["take"], 1, "and takes no lease");
+        filter.flush_counters(&host);
+        assert_eq!(
+            (
+                host.counter("sluice.evictions"),
+                host.counter("sluice.forgiven")
+            ),
+            (1, 0),
+            "forgetting a grant forgives nothing: the service decides"
+        );
     }
 
     /// `per_user(burst)` refilling one token an hour, leasing `lease` tokens to a worker.

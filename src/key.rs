@@ -1,9 +1,86 @@
 //! Rate-limit keys: which request attributes identify a client, and the hash that stands for
 //! them everywhere (shared data and logs never see a raw user id or API key).
+//!
+//! The hash is SipHash-1-3 keyed with a secret (`HashSecret`), so that a client cannot compute
+//! which slots its keys land in (and aim a flood of keys at another client's), nor anyone holding
+//! a log line reverse a hashed IP address by trying all 2^32. `hash_parts` is the one definition:
+//! tools that recompute hashes offline (from the operator's secret, or `HashSecret::PUBLIC`)
+//! call it, or `hash_values`, with the same secret.
 
 use crate::request::{Attr, Attributes, RequestSource};
 use siphasher::sip::SipHasher13;
+use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
 use std::hash::Hasher;
+
+/// The key of the key hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashSecret {
+    k0: u64,
+    k1: u64,
+}
+
+impl HashSecret {
+    /// Written in this source, so anyone can hash under it: what Envoys agree on when the
+    /// operator gives no secret.
+    pub const PUBLIC: HashSecret = HashSecret {
+        k0: 0x736c_7569_6365_6b31,
+        k1: 0x6b65_7968_6173_6831,
+    };
+
+    /// The fewest bytes an operator's secret may have: 128 bits as hex.
+    pub const MIN_TEXT_BYTES: usize = 32;
+
+    /// The secret an operator gives as text (at least `MIN_TEXT_BYTES`, e.g. `openssl rand -hex
+    /// 32`): its 128-bit SipHash under the public key, so any length and alphabet will do.
+    pub fn from_text(text: &[u8]) -> HashSecret {
+        let mut hasher = SipHasher13x128::new_with_keys(Self::PUBLIC.k0, Self::PUBLIC.k1);
+        hasher.write(b"sluice hash secret\0");
+        hasher.write(text);
+        let hash = hasher.finish128();
+        HashSecret {
+            k0: hash.h1,
+            k1: hash.h2,
+        }
+    }
+
+    /// As stored in shared data: 16 bytes, little-endian.
+    pub fn from_bytes(bytes: [u8; 16]) -> HashSecret {
+        let word = |range: std::ops::Range<usize>| {
+            let mut word = [0; 8];
+            word.copy_from_slice(bytes.get(range).unwrap_or(&[0; 8]));
+            u64::from_le_bytes(word)
+        };
+        HashSecret {
+            k0: word(0..8),
+            k1: word(8..16),
+        }
+    }
+
+    pub fn to_bytes(self) -> [u8; 16] {
+        let mut bytes = [0; 16];
+        for (chunk, word) in bytes.chunks_exact_mut(8).zip([self.k0, self.k1]) {
+            chunk.copy_from_slice(&word.to_le_bytes());
+        }
+        bytes
+    }
+}
+
+/// The secrets of one filter: `slots` keys this Envoy's shared-data slots, `shared` what must
+/// agree across Envoys (global keys sent to the service, bypass entries, log lines). One
+/// operator's secret serves both; without one, `slots` is a random secret of this Envoy and
+/// `shared` the public key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keying {
+    pub slots: HashSecret,
+    pub shared: HashSecret,
+}
+
+impl Keying {
+    /// The same hash serves both.
+    pub fn is_one(&self) -> bool {
+        self.slots == self.shared
+    }
+}
 
 /// One source of a key part's value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -102,14 +179,27 @@ impl KeyPart {
     }
 }
 
-/// The key's hash, or `None` when a part has no value. Which alternative supplied a value is
-/// hashed too, so user "1.2.3.4" and the address 1.2.3.4 never share a bucket. Never 0: that
-/// marks an empty slot.
+/// The hash of a key given as its parts' values, each with the position of the alternative that
+/// supplied it (0 for a part's first). Which alternative it was is hashed too, so user "1.2.3.4"
+/// and the address 1.2.3.4 never share a bucket. Never 0: that marks an empty slot.
+pub fn hash_parts<V: AsRef<[u8]>>(
+    parts: impl IntoIterator<Item = (usize, V)>,
+    secret: &HashSecret,
+) -> u64 {
+    let mut hasher = KeyHasher::new(secret);
+    for (position, value) in parts {
+        hasher.part(position, value.as_ref());
+    }
+    hasher.finish()
+}
+
+/// The key's hash, or `None` when a part has no value.
 pub fn hash_key<S: RequestSource + ?Sized>(
     parts: &[KeyPart],
     request: &mut Attributes<S>,
+    secret: &HashSecret,
 ) -> Option<u64> {
-    let mut hasher = KeyHasher::new();
+    let mut hasher = KeyHasher::new(secret);
     for part in parts {
         let (position, value) = part.resolve(request)?;
         hasher.part(position, &value);
@@ -117,34 +207,12 @@ pub fn hash_key<S: RequestSource + ?Sized>(
     Some(hasher.finish())
 }
 
-/// The hash of a key given as one value per part, each from the part's first alternative: how
-/// an operator names a key in the configuration (a bypass entry).
-pub fn hash_values(values: &[String]) -> u64 {
-    let mut hasher = KeyHasher::new();
-    for value in values {
-        hasher.part(0, value.as_bytes());
-    }
-    hasher.finish()
-}
-
-/// Where a key (its hash) falls among all keys, in millionths: a rollout enforces for the keys
-/// under its share. The hash is the one every Envoy computes alike (it names global keys and
-/// bypass entries), so a key stays in or out of a rollout across restarts and Envoys; a larger
-/// share keeps every key a smaller one had. Mixed again so that it owes nothing to the slot a
-/// key takes.
-pub fn rollout_position(key: u64) -> u32 {
-    let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
-    ((mixed * 1_000_000) >> 32) as u32
-}
-
+/// `hash_parts`, one part at a time.
 struct KeyHasher(SipHasher13);
 
 impl KeyHasher {
-    fn new() -> Self {
-        KeyHasher(SipHasher13::new_with_keys(
-            0x736c_7569_6365_6b31,
-            0x6b65_7968_6173_6831,
-        ))
+    fn new(secret: &HashSecret) -> Self {
+        KeyHasher(SipHasher13::new_with_keys(secret.k0, secret.k1))
     }
 
     fn part(&mut self, position: usize, value: &[u8]) {
@@ -156,6 +224,21 @@ impl KeyHasher {
     fn finish(self) -> u64 {
         self.0.finish().max(1)
     }
+}
+
+/// The hash of a key given as one value per part, each from the part's first alternative: how
+/// an operator names a key in the configuration (a bypass entry).
+pub fn hash_values(values: &[String], secret: &HashSecret) -> u64 {
+    hash_parts(values.iter().map(|value| (0, value.as_bytes())), secret)
+}
+
+/// Where a key (its hash) falls among all keys, in millionths: a rollout enforces for the keys
+/// under its share. The hash is the shared one every Envoy computes alike (`Keying::shared`), so
+/// a key stays in or out of a rollout across restarts and Envoys; a larger share keeps every key
+/// a smaller one had. Mixed again so that it owes nothing to the slot a key takes.
+pub fn rollout_position(key: u64) -> u32 {
+    let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    ((mixed * 1_000_000) >> 32) as u32
 }
 
 #[cfg(test)]
@@ -182,7 +265,37 @@ mod tests {
 
     fn hash(parts: &[&str], request: &FakeRequest) -> Option<u64> {
         let (parts, attrs) = parse(parts);
-        hash_key(&parts, &mut Attributes::new(request, &attrs))
+        hash_key(
+            &parts,
+            &mut Attributes::new(request, &attrs),
+            &HashSecret::PUBLIC,
+        )
+    }
+
+    #[test]
+    fn the_public_hash_is_the_one_every_earlier_release_computed() {
+        // Log lines and bypass entries written before secrets existed keep matching.
+        let alice = FakeRequest::new(&[("x-user-id", "alice")]);
+        assert_eq!(
+            hash(&["header:x-user-id"], &alice),
+            Some(0x7af1_2e58_ae35_0d9a)
+        );
+        assert_eq!(
+            hash_values(&["alice".into()], &HashSecret::PUBLIC),
+            0x7af1_2e58_ae35_0d9a
+        );
+    }
+
+    #[test]
+    fn a_secret_changes_every_hash_and_the_same_secret_gives_the_same() {
+        let secret = HashSecret::from_text(b"an operator's secret of at least 32 bytes");
+        let again = HashSecret::from_text(b"an operator's secret of at least 32 bytes");
+        let other = HashSecret::from_text(b"an operator's secret of at least 32 bytez");
+        let alice = |s: &HashSecret| hash_values(&["alice".into()], s);
+        assert_eq!(alice(&secret), alice(&again));
+        assert_ne!(alice(&secret), alice(&HashSecret::PUBLIC));
+        assert_ne!(alice(&secret), alice(&other));
+        assert_eq!(HashSecret::from_bytes(secret.to_bytes()), secret);
     }
 
     #[test]
@@ -298,7 +411,7 @@ mod tests {
 
     /// The rollout positions of `n` distinct keys.
     fn positions(n: u64) -> impl Iterator<Item = u32> {
-        (0..n).map(|i| rollout_position(hash_values(&[format!("user-{i}")])))
+        (0..n).map(|i| rollout_position(hash_values(&[format!("user-{i}")], &HashSecret::PUBLIC)))
     }
 
     #[test]
@@ -317,13 +430,13 @@ mod tests {
         let share = |percent: u32| Rollout {
             enforce_per_million: percent * 10_000,
         };
-        let keys = (0..100_000).map(|i| hash_values(&[format!("user-{i}")]));
+        let keys = (0..100_000).map(|i| hash_values(&[format!("user-{i}")], &HashSecret::PUBLIC));
         for key in keys.chain([0, 1, u64::MAX, MISSING_KEY]) {
             assert!(!share(0).covers(key) && share(100).covers(key), "{key:x}");
             assert!(!share(10).covers(key) || share(20).covers(key), "{key:x}");
         }
         // Pinned: a key's place must not move between versions, or a rollout's canary would.
-        let alice = rollout_position(hash_values(&["alice".into()]));
+        let alice = rollout_position(hash_values(&["alice".into()], &HashSecret::PUBLIC));
         assert_eq!(
             alice, 234_940,
             "alice is in a 24% rollout, not in a 23% one"

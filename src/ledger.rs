@@ -19,7 +19,7 @@ use smallvec::SmallVec;
 use std::num::NonZeroU64;
 
 /// How long a worker spends borrowed tokens; afterwards it hands them back on its next visit.
-/// Well under `table::RECENT`, so the slot of a key served from loans stays in active use.
+/// Meanwhile the key's slot still owes the lent tokens: it is not given to another key for free.
 pub const LOAN_TTL: u64 = NANOS_PER_SEC / 4;
 /// Loans one worker holds at most: its hottest keys.
 pub const CAPACITY: usize = 16;

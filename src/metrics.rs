@@ -74,7 +74,7 @@ impl Counter {
     }
 
     pub fn add(&self, by: u64) {
-        self.pending.set(self.pending.get() + by);
+        self.pending.set(self.pending.get().saturating_add(by));
     }
 
     fn flush(&self, metrics: &impl Metrics) {
@@ -99,7 +99,7 @@ pub struct Counters {
     cas_retries: Counter,
     cas_exhausted: Counter,
     evictions: Counter,
-    overflowed: Counter,
+    forgiven: Counter,
     pub callouts: Counter,
     pub callout_failures: Counter,
 }
@@ -123,7 +123,7 @@ impl Counters {
             cas_retries: counter("sluice.cas_retries".into()),
             cas_exhausted: counter("sluice.cas_exhausted".into()),
             evictions: counter("sluice.evictions".into()),
-            overflowed: counter("sluice.overflowed".into()),
+            forgiven: counter("sluice.forgiven".into()),
             callouts: counter("sluice.callouts".into()),
             callout_failures: counter("sluice.callout_failures".into()),
         }
@@ -158,7 +158,7 @@ impl Counters {
         }
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
-        self.overflowed.add(u64::from(outcome.overflowed));
+        self.forgiven.add(outcome.forgiven);
         self.cas_exhausted.add(u64::from(outcome.exhausted));
     }
 
@@ -171,7 +171,7 @@ impl Counters {
                 &self.cas_retries,
                 &self.cas_exhausted,
                 &self.evictions,
-                &self.overflowed,
+                &self.forgiven,
                 &self.callouts,
                 &self.callout_failures,
             ])

@@ -40,19 +40,24 @@ impl Check {
         self.take.unwrap_or(self.cost)
     }
 
-    /// The limit the check describes, in nanoseconds; `None` when its numbers make none.
+    /// The limit the check describes, in nanoseconds; `None` when its numbers (its cost among
+    /// them) make none.
     pub fn limit(&self) -> Option<Algorithm> {
         let per = self.per_ms.checked_mul(NANOS_PER_MS)?;
-        Some(match self.algorithm {
-            Kind::TokenBucket => Algorithm::TokenBucket(Rate::new(self.requests, per, self.burst)?),
-            Kind::FixedWindow => Algorithm::FixedWindow(Window::new(self.requests, per)?),
-            Kind::SlidingWindow => Algorithm::SlidingWindow(Window::new(self.requests, per)?),
-            Kind::SlidingLog => Algorithm::SlidingLog(Window::new(self.requests, per)?),
+        let (requests, burst) = (self.requests, self.burst);
+        let limit = match self.algorithm {
+            Kind::TokenBucket => Rate::new(requests, per, burst).map(Algorithm::TokenBucket),
+            Kind::FixedWindow => Window::new(requests, per).map(Algorithm::FixedWindow),
+            Kind::SlidingWindow => Window::new(requests, per).map(Algorithm::SlidingWindow),
+            Kind::SlidingLog => Window::new(requests, per).map(Algorithm::SlidingLog),
             Kind::LeakyBucket => {
                 let max_delay = self.max_delay_ms?.checked_mul(NANOS_PER_MS)?;
-                Algorithm::LeakyBucket(Drain::new(self.requests, per, max_delay)?)
+                Drain::new(requests, per, max_delay).map(Algorithm::LeakyBucket)
             }
-        })
+        }
+        .ok()?;
+        limit.check_cost(self.cost).ok()?;
+        Some(limit)
     }
 }
 

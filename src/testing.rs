@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use crate::config::GlobalService;
-use crate::filter::Host;
+use crate::filter::{Environment, Host};
 use crate::metrics::Metrics;
 use crate::reply::LocalReply;
 use crate::request::RequestSource;
@@ -80,6 +80,10 @@ pub struct FakeHost {
     pub service_reachable: Cell<bool>,
     /// Shared-data reads and writes.
     pub store_calls: Cell<u32>,
+    /// The VM's environment variables.
+    pub env: RefCell<HashMap<String, String>>,
+    /// Random bytes handed out so far.
+    randoms: Cell<u64>,
 }
 
 impl FakeHost {
@@ -96,7 +100,15 @@ impl FakeHost {
             calls: Cell::new(0),
             service_reachable: Cell::new(true),
             store_calls: Cell::new(0),
+            env: RefCell::default(),
+            randoms: Cell::new(0),
         }
+    }
+
+    /// With the environment variable `name` set to `value`.
+    pub fn with_env(self, name: &str, value: &str) -> Self {
+        self.env.borrow_mut().insert(name.into(), value.into());
+        self
     }
 
     /// The counter's value as flushed so far (0 when not defined).
@@ -149,6 +161,24 @@ impl Host for FakeHost {
         *self.call.borrow_mut() = Some(body.to_vec());
         self.calls.set(self.calls.get() + 1);
         self.service_reachable.get()
+    }
+}
+
+impl Environment for FakeHost {
+    fn var(&self, name: &str) -> Option<String> {
+        self.env.borrow().get(name).cloned()
+    }
+
+    /// Different bytes every time (not random: the tests stay reproducible).
+    fn random(&self) -> Option<[u8; 16]> {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        let n = self.randoms.get() + 1;
+        self.randoms.set(n);
+        let word = |salt: u64| BuildHasherDefault::<DefaultHasher>::default().hash_one((n, salt));
+        let mut bytes = [0; 16];
+        bytes[..8].copy_from_slice(&word(1).to_le_bytes());
+        bytes[8..].copy_from_slice(&word(2).to_le_bytes());
+        Some(bytes)
     }
 }
 

@@ -3,7 +3,7 @@
 
 use crate::access_log;
 use crate::config::GlobalService;
-use crate::filter::{Filter, Host, Reported, Verdict};
+use crate::filter::{Environment, Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
@@ -136,6 +136,18 @@ impl Host for Envoy {
     }
 }
 
+impl Environment for Envoy {
+    fn var(&self, name: &str) -> Option<String> {
+        std::env::var(name).ok()
+    }
+
+    fn random(&self) -> Option<[u8; 16]> {
+        let mut bytes = [0; 16];
+        getrandom::fill(&mut bytes).ok()?;
+        Some(bytes)
+    }
+}
+
 impl Metrics for Envoy {
     fn define_counter(&self, name: &str) -> Option<u32> {
         hostcalls::define_metric(MetricType::Counter, name).ok()
@@ -168,7 +180,7 @@ impl RootContext for Root {
             .property(&["plugin_name"])
             .and_then(|name| String::from_utf8(name).ok())
             .unwrap_or_else(|| "sluice".into());
-        match Filter::configure(&json, &plugin, &Envoy, &Envoy) {
+        match Filter::configure(&json, &plugin, &Envoy, &Envoy, &Envoy) {
             Ok(filter) => {
                 log::info!(
                     "plugin {plugin} configured, version {}, {} policies",
@@ -203,7 +215,7 @@ impl RootContext for Root {
         if let Some(filter) = self
             .filter
             .as_ref()
-            .filter(|_| now >= self.last_flush + flush_period)
+            .filter(|_| now >= self.last_flush.saturating_add(flush_period))
         {
             filter.flush_counters(&Envoy);
             self.last_flush = now;

@@ -82,7 +82,9 @@ fn join(path: &[Seg], more: &[Seg]) -> Vec<Seg> {
 /// The filter's parser in a VM whose environment has every variable a configuration names, as
 /// the operator's deployment gives it (`global.token_env`).
 fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
-    parse_with_env(json, &|_| Some("a-secret-from-the-deployment".to_string()))
+    parse_with_env(json, &|_| {
+        Some("a-secret-from-the-deployment, 32 bytes or more".to_string())
+    })
 }
 
 /// The shipped configurations, by file name.
@@ -730,11 +732,23 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
             continue;
         };
         let rate_field = |name: &str| matches!(within, [Seg::Key(k)] if k == name);
-        if rate_field("burst") || rate_field("per") {
+        if rate_field("per") {
             a.add(
                 &join(r, &[key("requests")]),
-                "rate out of range",
-                "a rate out of range (interval × burst) is reported on its `requests`",
+                "more than one request per nanosecond",
+                "a shorter `per` can make the rate faster than 1/ns, reported on `requests`",
+            );
+        }
+        if rate_field("per") || rate_field("requests") {
+            a.add(
+                &join(r, &[key("burst")]),
+                "over a century",
+                "burst × per / requests must fit 2^62 ns, reported on `burst`",
+            );
+            a.add(
+                &field("cost"),
+                "over a century",
+                "a leaky bucket's cost × per / requests must fit 2^62 ns, reported on `cost`",
             );
         }
         if rate_field("requests") {

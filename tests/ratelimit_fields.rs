@@ -124,7 +124,7 @@ fn policy(
 fn worker(config: &Value, store: &Arc<MemoryStore>) -> (Filter, FakeHost) {
     let host = FakeHost::new(store.clone(), T0);
     let json = config.to_string();
-    let filter = Filter::configure(json.as_bytes(), "fields", &host, &host).unwrap();
+    let filter = Filter::configure(json.as_bytes(), "fields", &host, &host, &host).unwrap();
     (filter, host)
 }
 

@@ -1,27 +1,33 @@
-"""`make soak`, part (a) (bench/soak.py tells the design): requests with new keys flooding two
-tables of max_keys 10,000 through one Envoy while two legitimate clients send at fixed rates;
-Envoy's RSS every second, the clients' answers and the filter's counters."""
+"""`make soak`, part (a) (bench/soak.py tells the design): requests with new keys flooding three
+tables of max_keys 10,000 through one Envoy while two legitimate clients send at fixed rates,
+newcomers arrive and drained keys ask again; Envoy's RSS every second, the clients' answers and
+the filter's counters."""
 
 import threading
 import time
 
 from .envoy import sluice_envoy
-from .load import PacedClients, Pacer, wrk_script
+from .load import Client, PacedClients, Pacer, wrk_script
 from .measure import Sampler
 from .processes import log
 
 MAX_KEYS = 10_000
 # per-user: 10/s, burst 10 (a token back every 100 ms: a one-request key is idle again soon).
 USER_RATE, USER_BURST = 10, 10
-# per-api-key: 2000/h, burst 2000 (a token back every 1.8 s: flood slots stay busy, so new keys
-# evict or overflow).
+# per-api-key: 2000/h, burst 2000 (a token back every 1.8 s: flood slots still owe their token
+# when new keys take them).
 KEY_RATE_PER_H, KEY_BURST = 2000, 2000
+# per-client: 10/h, burst 10 (a token back every 6 minutes, longer than the flood): newcomers
+# get exactly their burst, and a drained key stays drained unless it is forgotten.
+CLIENT_RATE_PER_H, CLIENT_BURST = 10, 10
+NEWCOMERS, DRAINED = 20, 5
 STEADY_RATE, GREEDY_RATE = 5, 20
 LEGIT_LEAD = 2.0  # seconds the legitimate clients run before and after the flood
 FLOOD_THREADS = 2
 
 FLOOD_LUA = r"""
--- Each request a new x-user-id and x-api-key; each thread stops after FLOOD_PER_THREAD.
+-- Each request a new x-user-id, x-api-key and x-client-id; each thread stops after
+-- FLOOD_PER_THREAD.
 -- Globals, so that done() can read them from every thread.
 flood_sent, flood_200, flood_429, flood_other = 0, 0, 0, 0
 local limit = tonumber(os.getenv("FLOOD_PER_THREAD"))
@@ -29,7 +35,8 @@ local limit = tonumber(os.getenv("FLOOD_PER_THREAD"))
 function request()
   flood_sent = flood_sent + 1
   local key = id .. "-" .. flood_sent
-  return wrk.format("GET", "/api/items", {["x-user-id"] = "fu" .. key, ["x-api-key"] = "fk" .. key})
+  return wrk.format("GET", "/api/items", {["x-user-id"] = "fu" .. key, ["x-api-key"] = "fk" .. key,
+                                          ["x-client-id"] = "fc" .. key})
 end
 
 function response(status, headers, body)
@@ -54,6 +61,8 @@ def flood_config(max_keys):
              "requests": USER_RATE, "per": "1s", "burst": USER_BURST, "max_keys": max_keys},
             {"name": "per-api-key", "match": {"path_prefix": "/api/"}, "key": ["header:x-api-key"],
              "requests": KEY_RATE_PER_H, "per": "1h", "burst": KEY_BURST, "max_keys": max_keys},
+            {"name": "per-client", "match": {"path_prefix": "/api/"}, "key": ["header:x-client-id"],
+             "requests": CLIENT_RATE_PER_H, "per": "1h", "burst": CLIENT_BURST, "max_keys": max_keys},
         ],
     }
 
@@ -94,6 +103,45 @@ class Legit:
         return results
 
 
+def client_statuses(port, client_id, n):
+    """`n` requests of one x-client-id on one keep-alive connection: their statuses."""
+    client = Client(port)
+    try:
+        return [client.get("/api/items", {"x-client-id": client_id})[0] for _ in range(n)]
+    finally:
+        client.close()
+
+
+class Newcomers(threading.Thread):
+    """Keys never seen before, during the flood: newcomer i sends per-client's burst + 3 requests
+    once the flood is (i + 1) / (NEWCOMERS + 2) through (`follow` says how far it is), and the
+    keys drained before the flood ask once half-way."""
+
+    def __init__(self, port, deadline):
+        super().__init__(daemon=True)
+        self.port, self.deadline = port, deadline
+        self.progress, self.total = (lambda: 0), 1
+        self.newcomers, self.drained = {}, {}
+
+    def follow(self, progress, total):
+        self.progress, self.total = progress, total
+        self.start()
+
+    def run(self):
+        for i in range(NEWCOMERS):
+            while self.progress() < self.total * (i + 1) // (NEWCOMERS + 2):
+                if time.monotonic() > self.deadline:
+                    return
+                time.sleep(0.2)
+            self.newcomers[f"newcomer-{i}"] = client_statuses(self.port, f"newcomer-{i}", CLIENT_BURST + 3)
+            if i == NEWCOMERS // 2:
+                self.drained = {k: client_statuses(self.port, k, 1) for k in drained_keys()}
+
+
+def drained_keys():
+    return [f"drained-{k}" for k in range(DRAINED)]
+
+
 def client_summary(rows):
     statuses = [r[1] for r in rows]
     denied_by = {}
@@ -121,7 +169,7 @@ def greedy_ideal(results):
 
 def control_rss(envoy_bin, workdir):
     """The RSS of the same filter with max_keys 1: against the real one's, the cost of the
-    2 x 10,000 slots created up front."""
+    3 x 10,000 slots created up front."""
     with sluice_envoy(envoy_bin, "flood-control", flood_config(1), workdir) as control:
         control.start()
         time.sleep(2)
@@ -134,17 +182,21 @@ def flood(envoy_bin, workdir, args):
     with sluice_envoy(envoy_bin, "flood", config, workdir) as envoy:
         envoy.start()
         time.sleep(2)
+        drained_before = {k: client_statuses(envoy.port, k, CLIENT_BURST + 1) for k in drained_keys()}
         rss_before, counters_before = envoy.rss_mib(), envoy.wasm_counters()
-        log(f"Envoy up: RSS {rss_before:.1f} MiB with 2 x {MAX_KEYS:,} slots ({control:.1f} MiB with max_keys 1)")
+        log(f"Envoy up: RSS {rss_before:.1f} MiB with 3 x {MAX_KEYS:,} slots ({control:.1f} MiB with max_keys 1)")
         bound = time.monotonic() + args.flood_max_seconds + 120
         legit = Legit(envoy.port, bound)
+        newcomers = Newcomers(envoy.port, bound)
         with Sampler(lambda: {"rss": envoy.rss_mib()}, 1.0, bound) as sampler:
             with legit.clients:
                 time.sleep(LEGIT_LEAD)
                 started = time.monotonic()
-                load = send_flood(envoy, workdir, args, legit)
+                load = send_flood(envoy, workdir, args, legit, newcomers)
                 flood_seconds = time.monotonic() - started
                 rss_end = envoy.rss_mib()
+                newcomers.join(timeout=30)
+                drained_after = {k: client_statuses(envoy.port, k, 1) for k in drained_keys()}
                 time.sleep(LEGIT_LEAD)
             time.sleep(1.5)  # the filter flushes its counters once a second
             counters, http, rss_after = envoy.wasm_counters(), envoy.downstream_counts(), envoy.rss_mib()
@@ -158,14 +210,16 @@ def flood(envoy_bin, workdir, args):
         "counters": {k: counters.get(k, 0) - counters_before.get(k, 0) for k in counters},
         "http": http,
         "legit": legit.summary(),
-        "slot_bytes": (rss_before - control) * 2**20 / (2 * MAX_KEYS),
+        "newcomers": newcomers.newcomers,
+        "drained": {"before": drained_before, "during": newcomers.drained, "after": drained_after},
+        "slot_bytes": (rss_before - control) * 2**20 / (3 * MAX_KEYS),
     }
 
 
-def send_flood(envoy, workdir, args, legit):
+def send_flood(envoy, workdir, args, legit, newcomers):
     """wrk's flood: each Lua thread stops sending after its share, but wrk runs its whole -d; it
     is stopped once Envoy has answered the flood (what it completed, less the legitimate
-    clients' requests)."""
+    clients' and the newcomers' requests, which `newcomers` paces by it)."""
     per_thread = -(-args.flood_keys // FLOOD_THREADS)
     log(f"flood: {per_thread * FLOOD_THREADS:,} requests with new keys (wrk -t{FLOOD_THREADS} "
         f"-c{args.connections}, at most {args.flood_max_seconds}s); legitimate: steady {STEADY_RATE}/s, "
@@ -173,8 +227,11 @@ def send_flood(envoy, workdir, args, legit):
     completed_before, legit_before = envoy.downstream_counts()["completed"], legit.sent()
 
     def answered():
-        return envoy.downstream_counts()["completed"] - completed_before - (legit.sent() - legit_before)
+        newcomer_requests = sum(map(len, newcomers.newcomers.values())) + len(newcomers.drained)
+        others = legit.sent() - legit_before + newcomer_requests
+        return envoy.downstream_counts()["completed"] - completed_before - others
 
+    newcomers.follow(answered, per_thread * FLOOD_THREADS)
     return wrk_script(envoy.port, args.flood_max_seconds, args.connections, FLOOD_THREADS, FLOOD_LUA, workdir,
                       env={"FLOOD_PER_THREAD": str(per_thread)},
                       until=all_answered(answered, per_thread * FLOOD_THREADS, args.connections))

@@ -6,8 +6,8 @@ from .envoy_config import policy_counter
 from .facts import facts_lines
 from .markdown import table, write_section
 from .paths import RELIABILITY_MD
-from .soak_flood import (GREEDY_RATE, KEY_BURST, KEY_RATE_PER_H, LEGIT_LEAD, MAX_KEYS, STEADY_RATE, USER_BURST,
-                         USER_RATE)
+from .soak_flood import (CLIENT_BURST, CLIENT_RATE_PER_H, DRAINED, GREEDY_RATE, KEY_BURST, KEY_RATE_PER_H,
+                         LEGIT_LEAD, MAX_KEYS, NEWCOMERS, STEADY_RATE, USER_BURST, USER_RATE)
 
 
 def report(info, args, a, b):
@@ -31,18 +31,22 @@ def flood_section(facts, args, a):
         *facts,
         "",
         f"One Envoy, 2 workers (`--concurrency 2`, not pinned), `GET /api/items`. Policies: `per-user` "
-        f"(`x-user-id`, {USER_RATE}/s, burst {USER_BURST}: a token back every 100 ms) and `per-api-key` "
-        f"(`x-api-key`, {KEY_RATE_PER_H}/h, burst {KEY_BURST}: a token back every 1.8 s), each `max_keys` "
-        f"{MAX_KEYS:,}: two tables of {MAX_KEYS + 1:,} slots (with the overflow slot). wrk "
-        f"(`-t2 -c{args.connections}`, a Lua script) sent every request with a new `x-user-id` and "
-        f"`x-api-key`, stopping after {args.flood_keys:,}; two legitimate clients on their own "
-        f"keep-alive connections ran from {LEGIT_LEAD:.0f} s before to {LEGIT_LEAD:.0f} s after it.",
+        f"(`x-user-id`, {USER_RATE}/s, burst {USER_BURST}: a token back every 100 ms), `per-api-key` "
+        f"(`x-api-key`, {KEY_RATE_PER_H}/h, burst {KEY_BURST}: a token back every 1.8 s) and `per-client` "
+        f"(`x-client-id`, {CLIENT_RATE_PER_H}/h, burst {CLIENT_BURST}: a token back every 6 minutes), each "
+        f"`max_keys` {MAX_KEYS:,}: three tables of {MAX_KEYS:,} slots. wrk (`-t2 -c{args.connections}`, a "
+        f"Lua script) sent every request with a new `x-user-id`, `x-api-key` and `x-client-id`, stopping "
+        f"after {args.flood_keys:,}; two legitimate clients on their own keep-alive connections ran from "
+        f"{LEGIT_LEAD:.0f} s before to {LEGIT_LEAD:.0f} s after it; {NEWCOMERS} newcomers sent "
+        f"{CLIENT_BURST + 3} requests each (`x-client-id` only, a connection each) at points spread over "
+        f"the flood; {DRAINED} `x-client-id`s drained before it ({CLIENT_BURST + 1} requests each) asked "
+        f"again half-way through and after it.",
         "",
         *flood_table(a),
         "",
         *table(["Envoy RSS", "MiB"], [
             ["same filter with max_keys 1 (control)", f"{a['rss']['control']:.1f}"],
-            ["before the flood (2 x 10,001 slots created)", f"{a['rss']['before']:.1f}"],
+            ["before the flood (3 x 10,000 slots created)", f"{a['rss']['before']:.1f}"],
             ["largest sample during the flood (every 1 s)", f"{a['rss']['max_during']:.1f}"],
             ["at the end of the flood", f"{a['rss']['end_of_flood']:.1f}"],
             [f"{LEGIT_LEAD + 1.5:.1f} s later", f"{a['rss']['after']:.1f}"],
@@ -52,6 +56,8 @@ def flood_section(facts, args, a):
         + " ".join(f"{x:.1f}" for x in a["rss"]["samples"]) + ".",
         "",
         *legit_table(a["legit"]),
+        "",
+        *newcomer_table(a["newcomers"], a["drained"]),
         "",
         slot_bound(a["slot_bytes"]),
     ]
@@ -72,9 +78,10 @@ def flood_table(a):
         ["200 / 429 / other", f"{s.get('flood_200', 0):,} / {s.get('flood_429', 0):,} / {s.get('flood_other', 0):,}"],
         ["socket errors", f"{load['socket_errors']:,}"],
         ["Envoy 5xx (`downstream_rq_5xx`)", f"{a['http']['5xx']:,}"],
-        ["`sluice.evictions`", f"{c.get('sluice.evictions', 0):,}"],
+        ["`sluice.evictions` / `sluice.forgiven` (tokens)", both("sluice.evictions", "sluice.forgiven")],
         ["`per-user` allowed / denied", outcomes("per-user")],
         ["`per-api-key` allowed / denied", outcomes("per-api-key")],
+        ["`per-client` allowed / denied", outcomes("per-client")],
         ["`cas_retries` / `cas_exhausted`", both("sluice.cas_retries", "sluice.cas_exhausted")],
     ])
 
@@ -94,6 +101,19 @@ def legit_table(legit):
     )
 
 
+def newcomer_table(newcomers, drained):
+    """Whether each newcomer got exactly its burst, and each drained key stayed drained."""
+    exact = [200] * CLIENT_BURST + [429] * 3
+    odd = "".join(f"; {k}: {v}" for k, v in newcomers.items() if v != exact)
+    stayed = [k for k in drained["before"] if drained["during"].get(k) == [429] and drained["after"].get(k) == [429]]
+    return table(["Keys of `per-client`", "Expected", "Got"], [
+        [f"{NEWCOMERS} newcomers during the flood", f"each {CLIENT_BURST} x 200, then 3 x 429",
+         f"{sum(1 for v in newcomers.values() if v == exact)} of {len(newcomers)} exactly{odd}"],
+        [f"{DRAINED} keys drained before the flood", "429 half-way through and after it",
+         f"{len(stayed)} of {len(drained['before'])} stayed drained"],
+    ])
+
+
 def outcome(client):
     """What a legitimate client got: requests, 200s, 429s (by policy), errors / other statuses."""
     return [client["requests"], client["200"], f"{client['429']} {client['denied_by'] or ''}".strip(),
@@ -102,14 +122,14 @@ def outcome(client):
 
 def slot_bound(slot_bytes):
     width = 1  # each table holds one token bucket: 1 state word
-    name_bytes = len("sluice/bench/") + 16 + 1 + len(str(MAX_KEYS))
+    name_bytes = len("sluice/bench/") + 16 + 1 + len(str(MAX_KEYS - 1))
     value_bytes = 8 * (2 + width)
-    per_table_mib = (MAX_KEYS + 1) * slot_bytes / 2**20
+    per_table_mib = MAX_KEYS * slot_bytes / 2**20
     return (
-        f"**The bound per policy.** A table holds `max_keys` + 1 slots, whatever the number of keys: "
-        f"here {MAX_KEYS + 1:,} per key layout. Each slot is a {name_bytes}-byte name and a "
+        f"**The bound per policy.** A table holds `max_keys` slots, whatever the number of keys: "
+        f"here {MAX_KEYS:,} per key layout. Each slot is a {name_bytes}-byte name and a "
         f"{value_bytes}-byte value (8 x (2 + state words); one token bucket = 1 word), plus Envoy's "
-        f"per-entry overhead: measured here as (RSS before − control RSS) / {2 * MAX_KEYS:,} slots = "
+        f"per-entry overhead: measured here as (RSS before − control RSS) / {3 * MAX_KEYS:,} slots = "
         f"**{slot_bytes:.0f} bytes per slot**, so about {per_table_mib:.1f} MiB per table of "
         f"{MAX_KEYS:,} keys, allocated when the filter is configured."
     )

@@ -86,10 +86,14 @@ fn denial<'p>((plan, decided): (&'p Plan, &Decided)) -> Option<(&'p Plan, Option
 }
 
 fn key_text(plan: &Plan, applied: &Applied, record: &Record, show_keys: bool) -> String {
+    // Always named: the engine hashes under one secret.
+    let Some(key) = applied.key else {
+        return String::new();
+    };
     if show_keys {
-        key_value(plan, applied.policy, applied.key, record)
+        key_value(plan, applied.policy, key, record)
     } else {
-        format!("{:016x}", applied.key)
+        format!("{key:016x}")
     }
 }
 

@@ -11,6 +11,7 @@ use crate::log::Record;
 use sluice::config::{ConfigError, Plan};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::exact::ExactStore;
+use sluice::key::{HashSecret, Keying};
 use sluice::ledger::Ledger;
 use sluice::limiter::{Limiter, Outcome, Step};
 use sluice::protocol::Answer;
@@ -28,6 +29,9 @@ const FORGET_EVERY: u64 = 10 * NANOS_PER_SEC;
 pub struct Engine {
     pub plan: Plan,
     store: MemoryStore,
+    /// One secret for slots and names, so every policy's key is named by the hash Envoy's access
+    /// log and logs show: the operator's (`hash_secret_env`), else the public key.
+    keying: Keying,
     global: ExactStore,
     ledger: Ledger,
     clock: WorkerClock,
@@ -52,7 +56,12 @@ impl Engine {
                 reason: format!("could not create the slots: {e:?}"),
             })?;
         }
+        let secret = plan.hash_secret.unwrap_or(HashSecret::PUBLIC);
         Ok(Engine {
+            keying: Keying {
+                slots: secret,
+                shared: secret,
+            },
             plan,
             store,
             global: ExactStore::default(),
@@ -72,6 +81,7 @@ impl Engine {
         let mut request = Attributes::new(record, &self.plan.attrs);
         let mut limiter = Limiter {
             plan: &self.plan,
+            keying: &self.keying,
             prefix: PREFIX,
             store: &self.store,
             ledger: &mut self.ledger,

@@ -245,7 +245,8 @@ impl Report {
             );
             report.each_stats(tier, |stats| {
                 stats.tally.add(what);
-                if denial {
+                // Always named: the engine hashes under one secret.
+                if let (true, Some(key)) = (denial, key) {
                     let value = || show_keys.then(|| key_value(plan, policy, key, record));
                     stats.top.add(key, value);
                 }

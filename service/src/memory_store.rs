@@ -3,7 +3,6 @@
 //! Redis. For trying sluice out and for testing the service's logic without a Redis; one replica
 //! only, and the state goes with the process.
 
-use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -69,31 +68,27 @@ impl Store for MemoryStore {
 }
 
 /// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind
-/// the unit); `check::parse` has already bounded them.
+/// the unit), through its validating constructors; `check::parse` has already bounded them.
 fn limit(algorithm: &Algorithm) -> Option<filter::Algorithm> {
-    Some(match *algorithm {
-        Algorithm::TokenBucket { interval_us, burst } => filter::Algorithm::TokenBucket(Rate {
-            interval: NonZeroU64::new(interval_us)?,
-            burst,
-            capacity: interval_us.checked_mul(burst)?,
-        }),
+    match *algorithm {
+        Algorithm::TokenBucket { interval_us, burst } => {
+            Rate::new(1, interval_us, burst).map(filter::Algorithm::TokenBucket)
+        }
         Algorithm::FixedWindow { limit, window_us } => {
-            filter::Algorithm::FixedWindow(Window::new(limit, window_us)?)
+            Window::new(limit, window_us).map(filter::Algorithm::FixedWindow)
         }
         Algorithm::SlidingWindow { limit, window_us } => {
-            filter::Algorithm::SlidingWindow(Window::new(limit, window_us)?)
+            Window::new(limit, window_us).map(filter::Algorithm::SlidingWindow)
         }
         Algorithm::SlidingLog { limit, window_us } => {
-            filter::Algorithm::SlidingLog(Window::new(limit, window_us)?)
+            Window::new(limit, window_us).map(filter::Algorithm::SlidingLog)
         }
         Algorithm::LeakyBucket {
             interval_us,
             max_delay_us,
-        } => filter::Algorithm::LeakyBucket(Drain {
-            interval: NonZeroU64::new(interval_us)?,
-            max_delay: max_delay_us,
-        }),
-    })
+        } => Drain::new(1, interval_us, max_delay_us).map(filter::Algorithm::LeakyBucket),
+    }
+    .ok()
 }
 
 fn failure(detail: &str) -> StoreError {

@@ -2,7 +2,7 @@
 //! (window index = floor(now / window)) so every Envoy and Redis agree on the boundaries. Cheap
 //! and exact within a window, but a client can pass up to 2 × limit across a boundary.
 
-use super::{Decision, Window};
+use super::{Debt, Decision, Window};
 
 /// State: the window index and the count in it.
 pub const COLUMNS: usize = 2;
@@ -10,12 +10,9 @@ pub const COLUMNS: usize = 2;
 pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
     let (limit, length) = (window.limit, window.length.get());
     let index = now / window.length;
-    let count = match state {
-        [stored, count] if *stored == index => *count,
-        _ => 0,
-    };
-    let reset_after = (index + 1) * length - now;
-    if count + cost > limit {
+    let count = count_in(state, index);
+    let reset_after = (index + 1).saturating_mul(length).saturating_sub(now);
+    if count.saturating_add(cost) > limit {
         return Decision {
             allowed: false,
             remaining: limit.saturating_sub(count),
@@ -35,12 +32,18 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
-/// A window's count means nothing once the window is over.
-pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
+/// The count of window `index`: the stored one if it is that window's.
+fn count_in(state: &[u64], index: u64) -> u64 {
     match state {
-        [index, count] if *count > 0 => (index + 1).saturating_mul(window.length.get()),
+        [stored, count] if *stored == index => *count,
         _ => 0,
     }
+}
+
+/// What the current window has counted; a window's count means nothing once it is over.
+pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
+    let count = count_in(state, now / window.length);
+    Debt::of(count.into(), window.limit.into(), 1)
 }
 
 #[cfg(test)]
@@ -83,11 +86,18 @@ mod tests {
     }
 
     #[test]
-    fn idle_once_the_window_is_over() {
+    fn owes_its_count_until_the_window_is_over() {
         let mut state = [0; COLUMNS];
-        admit(&per(3, SEC), &mut state, 5 * SEC + 1, 1);
-        assert_eq!(idle_at(&per(1, SEC), &state), 6 * SEC);
-        assert_eq!(idle_at(&per(1, SEC), &[0, 0]), 0);
+        admit(&per(4, SEC), &mut state, 5 * SEC + 1, 1);
+        let owed = debt(&per(4, SEC), &state, 6 * SEC - 1);
+        assert_eq!((owed.tokens, owed.share), (1, super::super::FULL_SHARE / 4));
+        assert_eq!(debt(&per(4, SEC), &state, 6 * SEC), Debt::default());
+    }
+
+    #[test]
+    fn a_corrupt_count_or_a_clock_at_its_end_denies_without_overflow() {
+        let mut state = [u64::MAX / SEC, u64::MAX];
+        assert!(!admit(&per(3, SEC), &mut state, u64::MAX, u64::MAX).allowed);
     }
 
     proptest! {

@@ -5,7 +5,7 @@
 
 use std::num::NonZeroU64;
 
-use super::Decision;
+use super::{interval, period, Decision, Invalid, Param};
 
 /// Requests leave one per `interval`; none waits longer than `max_delay` for its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,12 +15,11 @@ pub struct Drain {
 }
 
 impl Drain {
-    /// `requests` per `per_nanos`; `None` for a zero rate or more than one per nanosecond.
-    pub fn new(requests: u64, per_nanos: u64, max_delay: u64) -> Option<Drain> {
-        let interval = NonZeroU64::new(per_nanos.checked_div(requests)?)?;
-        Some(Drain {
-            interval,
-            max_delay,
+    /// `requests` per `per_nanos`, none held longer than `max_delay` (at most 365 days).
+    pub fn new(requests: u64, per_nanos: u64, max_delay: u64) -> Result<Drain, Invalid> {
+        Ok(Drain {
+            interval: interval(requests, per_nanos)?,
+            max_delay: period(Param::MaxDelay, max_delay)?,
         })
     }
 

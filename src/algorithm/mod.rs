@@ -2,6 +2,10 @@
 //! few u64 words per key ("columns") that the caller keeps in shared data and updates with CAS;
 //! an algorithm changes the state only when it admits the request. None reads a clock.
 //!
+//! Parameters are validated when they are built (`Rate::new`, `Window::new`, `Drain::new`,
+//! `Algorithm::check_cost`): within the bounds below, no arithmetic on them can overflow, whatever
+//! the clock says (up to the year 2500) and whatever a corrupt state word holds.
+//!
 //! | algorithm      | state per key              | bursts                                  |
 //! |----------------|----------------------------|-----------------------------------------|
 //! | token_bucket   | 1 word (GCRA TAT)          | up to `burst`, then the sustained rate  |
@@ -16,12 +20,137 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+use std::fmt;
 use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration::NANOS_PER_SEC;
+
 pub use leaky_bucket::Drain;
 pub use token_bucket::Rate;
+
+/// The most requests per `per`, tokens of `burst`, or `cost`: a million a second for 30 days is
+/// 2.6 × 10^12; sums of two stay far inside u64. (sluice-service takes up to 10^9 for a global
+/// policy.)
+pub const MAX_COUNT: u64 = 1_000_000_000_000_000;
+/// The longest `per` or `max_delay`: 365 days, as sluice-service accepts.
+pub const MAX_PERIOD: u64 = 365 * 86_400 * NANOS_PER_SEC;
+/// The most nanoseconds a bucket holds (`burst` × interval), or one request queues a leaky bucket
+/// for (`cost` × interval): about 146 years.
+pub const MAX_CAPACITY: u64 = 1 << 62;
+/// `Debt::share` of a state that owes its whole capacity.
+pub const FULL_SHARE: u64 = 1 << 32;
+
+/// A parameter of a limit, as the configuration names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Param {
+    Requests,
+    Per,
+    Burst,
+    Cost,
+    MaxDelay,
+}
+
+impl Param {
+    /// The configuration field.
+    pub fn field(self) -> &'static str {
+        match self {
+            Param::Requests => "requests",
+            Param::Per => "per",
+            Param::Burst => "burst",
+            Param::Cost => "cost",
+            Param::MaxDelay => "max_delay",
+        }
+    }
+}
+
+/// Numbers that make no limit: which parameter, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub param: Param,
+    pub reason: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "{}: {}", self.param.field(), self.reason)
+    }
+}
+
+fn invalid(param: Param, reason: impl Into<String>) -> Invalid {
+    Invalid {
+        param,
+        reason: reason.into(),
+    }
+}
+
+/// `value` of `param` if it lies in `1..=max`.
+fn within(param: Param, value: u64, max: u64) -> Result<u64, Invalid> {
+    match value {
+        0 => Err(invalid(param, "must be at least 1")),
+        v if v > max => Err(invalid(param, format!("must be at most {max}"))),
+        v => Ok(v),
+    }
+}
+
+/// A period (`per`, `max_delay`) of at most `MAX_PERIOD`.
+fn period(param: Param, nanos: u64) -> Result<u64, Invalid> {
+    if nanos > MAX_PERIOD {
+        return Err(invalid(param, "must be at most 365d"));
+    }
+    Ok(nanos)
+}
+
+/// Nanoseconds per request at `requests` per `per_nanos`, rounded up so the rate is never above
+/// the one configured (exact to one nanosecond per request: 0.1% at a million a second).
+fn interval(requests: u64, per_nanos: u64) -> Result<NonZeroU64, Invalid> {
+    let requests = within(Param::Requests, requests, MAX_COUNT)?;
+    let per = period(Param::Per, per_nanos)?;
+    if requests > per {
+        return Err(invalid(
+            Param::Requests,
+            "more than one request per nanosecond",
+        ));
+    }
+    NonZeroU64::new(per.div_ceil(requests)).ok_or_else(|| invalid(Param::Per, "must not be 0"))
+}
+
+/// What a key owes its limit: the tokens it spent and has not earned back yet. Forgetting its
+/// state forgives exactly that: the key, coming back, can get at most `tokens` more than its
+/// limit allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, PartialOrd, Ord)]
+pub struct Debt {
+    /// The debt as a share of the capacity, out of `FULL_SHARE` (rounded up: any debt counts).
+    pub share: u64,
+    /// Whole tokens (rounded up).
+    pub tokens: u64,
+}
+
+impl Debt {
+    /// `owed` out of `capacity`, both in the same unit, `unit` of them to a token. A state owes
+    /// its capacity at most, whatever its words say.
+    fn of(owed: u128, capacity: u128, unit: u128) -> Debt {
+        if owed == 0 {
+            return Debt::default();
+        }
+        let (capacity, unit) = (capacity.max(1), unit.max(1));
+        let owed = owed.min(capacity);
+        let share = (owed * u128::from(FULL_SHARE)).div_ceil(capacity);
+        Debt {
+            share: u64::try_from(share).unwrap_or(FULL_SHARE),
+            tokens: u64::try_from(owed.div_ceil(unit)).unwrap_or(u64::MAX),
+        }
+    }
+
+    /// The debts of several policies of one key, as one: the largest share, every token.
+    pub fn and(self, other: Debt) -> Debt {
+        Debt {
+            share: self.share.max(other.share),
+            tokens: self.tokens.saturating_add(other.tokens),
+        }
+    }
+}
 
 /// What one check found. Durations are nanoseconds from `now`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -69,12 +198,12 @@ pub struct Window {
 }
 
 impl Window {
-    /// `None` for a zero limit or a zero length.
-    pub fn new(limit: u64, length: u64) -> Option<Window> {
-        Some(Window {
-            limit: (limit > 0).then_some(limit)?,
-            length: NonZeroU64::new(length)?,
-        })
+    /// `limit` (`requests`) per window of `length` (`per`) nanoseconds.
+    pub fn new(limit: u64, length: u64) -> Result<Window, Invalid> {
+        let limit = within(Param::Requests, limit, MAX_COUNT)?;
+        let length = NonZeroU64::new(period(Param::Per, length)?)
+            .ok_or_else(|| invalid(Param::Per, "must not be 0"))?;
+        Ok(Window { limit, length })
     }
 }
 
@@ -133,6 +262,32 @@ impl Algorithm {
         }
     }
 
+    /// Whether a request may take `cost`: at most the capacity (a token bucket's `burst`, a
+    /// window's `requests`), and for a leaky bucket at most `MAX_CAPACITY` of queue.
+    pub fn check_cost(&self, cost: u64) -> Result<(), Invalid> {
+        within(Param::Cost, cost, MAX_COUNT)?;
+        let at_least_cost = |param| invalid(param, format!("must be >= cost ({cost})"));
+        match self {
+            Algorithm::TokenBucket(rate) if rate.burst < cost => Err(at_least_cost(Param::Burst)),
+            Algorithm::FixedWindow(window)
+            | Algorithm::SlidingWindow(window)
+            | Algorithm::SlidingLog(window)
+                if window.limit < cost =>
+            {
+                Err(at_least_cost(Param::Requests))
+            }
+            Algorithm::LeakyBucket(drain)
+                if drain.interval.get().saturating_mul(cost) > MAX_CAPACITY =>
+            {
+                Err(invalid(
+                    Param::Cost,
+                    "one request would hold the queue for over a century",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Admits `cost` at `now` if the state allows, updating it; leaves it alone otherwise.
     pub fn admit(&self, state: &mut [u64], now: u64, cost: u64) -> Decision {
         match (self, state) {
@@ -162,7 +317,7 @@ impl Algorithm {
         if !best.allowed {
             return (best, 0);
         }
-        let (mut granted, mut over) = (cost, take.max(cost) + 1);
+        let (mut granted, mut over) = (cost, take.max(cost).saturating_add(1));
         while over - granted > 1 {
             let mid = granted + (over - granted) / 2;
             match attempt(mid) {
@@ -176,16 +331,29 @@ impl Algorithm {
         (best, granted)
     }
 
-    /// From when the state is as good as empty: a slot idle since then may be reused without
-    /// losing anything.
-    pub fn idle_at(&self, state: &[u64]) -> u64 {
+    /// What the key whose state this is owes at `now`: what forgetting the state forgives.
+    pub fn debt(&self, state: &[u64], now: u64) -> Debt {
         match self {
-            Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_) => {
-                state.first().copied().unwrap_or(0)
+            Algorithm::TokenBucket(rate) => {
+                let owed = state.first().map_or(0, |tat| tat.saturating_sub(now));
+                Debt::of(
+                    owed.into(),
+                    rate.capacity.into(),
+                    rate.interval.get().into(),
+                )
             }
-            Algorithm::FixedWindow(window) => fixed_window::idle_at(window, state),
-            Algorithm::SlidingWindow(window) => sliding_window::idle_at(window, state),
-            Algorithm::SlidingLog(window) => sliding_log::idle_at(window, state),
+            Algorithm::LeakyBucket(drain) => {
+                let owed = state.first().map_or(0, |tat| tat.saturating_sub(now));
+                let interval = u128::from(drain.interval.get());
+                Debt::of(
+                    owed.into(),
+                    u128::from(drain.capacity()) * interval,
+                    interval,
+                )
+            }
+            Algorithm::FixedWindow(window) => fixed_window::debt(window, state, now),
+            Algorithm::SlidingWindow(window) => sliding_window::debt(window, state, now),
+            Algorithm::SlidingLog(window) => sliding_log::debt(window, state, now),
         }
     }
 }

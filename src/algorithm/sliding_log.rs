@@ -2,7 +2,7 @@
 //! any span of `window`. State per key is one word per token of the limit (8 × limit bytes),
 //! which is why the configuration caps `requests` for this algorithm.
 
-use super::{Decision, Window};
+use super::{Debt, Decision, Window};
 
 /// A time is live while it is within the last `window`; 0 marks an unused entry.
 fn live(time: u64, now: u64, window: u64) -> bool {
@@ -20,13 +20,17 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
         .collect();
     times.sort_unstable();
     let count = times.len() as u64;
-    let reset_after = times.last().map_or(0, |newest| newest + window - now);
-    if count + cost > limit || cost as usize > state.len() - times.len() {
+    // Live times are within the last window: `t + window > now`, so `t + window - now` >= 1.
+    let until_gone = |t: &u64| t.saturating_add(window) - now;
+    let reset_after = times.last().map_or(0, until_gone);
+    let free = (state.len() - times.len()) as u64;
+    if count.saturating_add(cost) > limit || cost > free {
         // The oldest `count + cost - limit` entries must expire first.
-        let must_expire = (count + cost).saturating_sub(limit).max(1) as usize;
-        let retry_after = times
-            .get(must_expire - 1)
-            .map_or(window, |t| t + window - now);
+        let must_expire = count.saturating_add(cost).saturating_sub(limit).max(1);
+        let oldest = usize::try_from(must_expire - 1)
+            .ok()
+            .and_then(|i| times.get(i));
+        let retry_after = oldest.map_or(window, until_gone);
         return Decision {
             allowed: false,
             remaining: limit.saturating_sub(count),
@@ -50,13 +54,11 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
-/// Idle once the newest entry has left the window.
-pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
-    state
-        .iter()
-        .max()
-        .filter(|&&newest| newest > 0)
-        .map_or(0, |newest| newest.saturating_add(window.length.get()))
+/// The entries still in the window.
+pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
+    let length = window.length.get();
+    let live = state.iter().filter(|&&t| live(t, now, length)).count() as u64;
+    Debt::of(live.into(), window.limit.into(), 1)
 }
 
 #[cfg(test)]
@@ -104,9 +106,17 @@ mod tests {
     }
 
     #[test]
-    fn idle_when_the_newest_entry_has_left() {
-        assert_eq!(idle_at(&per(1, SEC), &[0, 0]), 0);
-        assert_eq!(idle_at(&per(1, SEC), &[5 * SEC, 7 * SEC]), 8 * SEC);
+    fn owes_the_entries_still_in_the_window() {
+        assert_eq!(debt(&per(2, SEC), &[0, 0], 9 * SEC), Debt::default());
+        let log = [5 * SEC, 7 * SEC];
+        assert_eq!(debt(&per(2, SEC), &log, 7 * SEC).tokens, 1);
+        assert_eq!(debt(&per(2, SEC), &log, 8 * SEC), Debt::default());
+    }
+
+    #[test]
+    fn a_corrupt_far_future_entry_denies_without_overflow() {
+        let d = admit(&per(1, SEC), &mut [u64::MAX], 5 * SEC, 1);
+        assert!(!d.allowed);
     }
 
     proptest! {

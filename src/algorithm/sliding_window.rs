@@ -3,7 +3,7 @@
 //! 2 × limit burst at a boundary; the estimate assumes the previous window's requests were
 //! spread evenly.
 
-use super::{Decision, Window};
+use super::{Debt, Decision, Window};
 
 /// State: the current window index, its count, and the previous window's count.
 pub const COLUMNS: usize = 3;
@@ -13,18 +13,14 @@ pub const COLUMNS: usize = 3;
 pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
     let (limit, length) = (window.limit, window.length.get());
     let index = now / window.length;
-    let (current, previous) = match state {
-        [stored, current, previous] if *stored == index => (*current, *previous),
-        [stored, current, _] if *stored + 1 == index => (0, *current),
-        _ => (0, 0),
-    };
+    let (current, previous) = counts(state, index);
     let elapsed = now - index * length;
     let (w, limit_w) = (u128::from(length), u128::from(limit) * u128::from(length));
-    let used_w = u128::from(previous) * u128::from(length - elapsed) + u128::from(current) * w;
+    let used_w = weight(current, previous, length, elapsed);
     let need_w = u128::from(cost) * w;
     // Until both counts have faded: the window after the current one if it holds a count.
     let (to_next, to_after_next) = (length - elapsed, 2 * length - elapsed);
-    if used_w + need_w > limit_w {
+    if used_w.saturating_add(need_w) > limit_w {
         return Decision {
             allowed: false,
             remaining: to_u64(limit_w.saturating_sub(used_w) / w),
@@ -58,7 +54,7 @@ fn retry_after(
     // Time into a window (with `fading` as the previous count and `fresh` current) at which
     // fading × (window - t) / window + fresh + cost <= limit, if any.
     let fits_at = |fading: u64, fresh: u64| -> Option<u64> {
-        let room = limit.checked_sub(fresh + cost)?;
+        let room = limit.checked_sub(fresh.checked_add(cost)?)?;
         if fading <= room {
             return Some(0);
         }
@@ -78,14 +74,34 @@ fn to_u64(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
-/// Both counts have faded once the window after the current one is over.
-pub fn idle_at(window: &Window, state: &[u64]) -> u64 {
+/// The counts (current, previous) of window `index` and the one before, from the stored ones.
+fn counts(state: &[u64], index: u64) -> (u64, u64) {
     match state {
-        [index, current, previous] if *current > 0 || *previous > 0 => {
-            (index + 2).saturating_mul(window.length.get())
-        }
-        _ => 0,
+        [stored, current, previous] if *stored == index => (*current, *previous),
+        [stored, current, _] if stored.checked_add(1) == Some(index) => (0, *current),
+        _ => (0, 0),
     }
+}
+
+/// The estimate of the last window's count, times the window's length: the previous window's
+/// count weighted by how much of it the last `length` still covers, and the current one's.
+fn weight(current: u64, previous: u64, length: u64, elapsed: u64) -> u128 {
+    let fading = u128::from(previous) * u128::from(length - elapsed);
+    fading.saturating_add(u128::from(current) * u128::from(length))
+}
+
+/// What the estimate still counts: it fades with the previous window's count, and is gone once
+/// the window after the current one is over.
+pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
+    let length = window.length.get();
+    let index = now / length;
+    let (current, previous) = counts(state, index);
+    let used_w = weight(current, previous, length, now - index * length);
+    Debt::of(
+        used_w,
+        u128::from(window.limit) * u128::from(length),
+        length.into(),
+    )
 }
 
 #[cfg(test)]
@@ -129,14 +145,37 @@ mod tests {
         let now = 5 * SEC + 300_000_000;
         let d = admit(&per(3, SEC), &mut state, now, 1);
         assert_eq!(d.reset_after, 1_700_000_000);
-        assert_eq!(idle_at(&per(1, SEC), &state), now + d.reset_after);
+        assert_eq!(
+            debt(&per(3, SEC), &state, now + d.reset_after),
+            Debt::default()
+        );
+        assert_ne!(
+            debt(&per(3, SEC), &state, now + d.reset_after - 1),
+            Debt::default()
+        );
     }
 
     #[test]
-    fn idle_two_windows_after_its_last_count() {
+    fn owes_what_the_estimate_still_counts() {
         let mut state = [0; COLUMNS];
-        admit(&per(3, SEC), &mut state, 5 * SEC, 1);
-        assert_eq!(idle_at(&per(1, SEC), &state), 7 * SEC);
+        (0..4).for_each(|_| assert!(admit(&per(4, SEC), &mut state, 5 * SEC, 1).allowed));
+        let full = debt(&per(4, SEC), &state, 5 * SEC + SEC / 2);
+        assert_eq!((full.tokens, full.share), (4, super::super::FULL_SHARE));
+        let half = debt(&per(4, SEC), &state, 6 * SEC + SEC / 2);
+        assert_eq!((half.tokens, half.share), (2, super::super::FULL_SHARE / 2));
+        assert_eq!(debt(&per(4, SEC), &state, 7 * SEC), Debt::default());
+    }
+
+    #[test]
+    fn a_corrupt_window_index_or_count_denies_without_overflow() {
+        let mut state = [u64::MAX, u64::MAX, u64::MAX];
+        let now = u64::MAX / SEC * SEC;
+        assert!(
+            admit(&per(3, SEC), &mut state, now, 1).allowed,
+            "no window's counts"
+        );
+        let mut state = [7, u64::MAX, u64::MAX];
+        assert!(!admit(&per(3, SEC), &mut state, 7 * SEC + 1, 1).allowed);
     }
 
     /// Reference: the same estimate in exact rational arithmetic from the full request history.

@@ -6,10 +6,10 @@
 
 use std::num::NonZeroU64;
 
-use super::Decision;
+use super::{interval, invalid, within, Decision, Invalid, Param, MAX_CAPACITY, MAX_COUNT};
 
 /// A validated rate: `interval` nanoseconds per token, `burst` tokens of capacity.
-/// `capacity` (= burst × interval) is checked at config time to fit comfortably in a u64.
+/// `capacity` (= burst × interval) is at most `MAX_CAPACITY`, so `now + capacity` fits a u64.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rate {
     pub interval: NonZeroU64,
@@ -18,16 +18,22 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// `requests` per `per_nanos`, `burst` capacity; `None` when the numbers make no bucket
-    /// (zero rate, more than one token per nanosecond, or a bucket that takes centuries to fill).
-    pub fn new(requests: u64, per_nanos: u64, burst: u64) -> Option<Rate> {
-        const MAX_CAPACITY: u64 = 1 << 62;
-        let interval = NonZeroU64::new(per_nanos.checked_div(requests)?)?;
+    /// `requests` per `per_nanos`, `burst` capacity; refused when the numbers make no bucket
+    /// (a zero, more than one token per nanosecond, or a bucket that takes a century to fill).
+    pub fn new(requests: u64, per_nanos: u64, burst: u64) -> Result<Rate, Invalid> {
+        let interval = interval(requests, per_nanos)?;
+        let burst = within(Param::Burst, burst, MAX_COUNT)?;
         let capacity = interval
             .get()
             .checked_mul(burst)
-            .filter(|&c| c > 0 && c <= MAX_CAPACITY)?;
-        Some(Rate {
+            .filter(|&c| c <= MAX_CAPACITY)
+            .ok_or_else(|| {
+                invalid(
+                    Param::Burst,
+                    "the bucket would take over a century to fill (burst × per / requests)",
+                )
+            })?;
+        Ok(Rate {
             interval,
             burst,
             capacity,
@@ -136,11 +142,44 @@ mod tests {
     }
 
     #[test]
-    fn rates_that_make_no_bucket_are_refused() {
-        assert_eq!(Rate::new(0, SEC, 1), None);
-        assert_eq!(Rate::new(2_000_000_000, SEC, 1), None, "faster than 1/ns");
-        assert_eq!(Rate::new(1, 86_400 * SEC, u64::MAX), None, "overflows");
-        assert_eq!(Rate::new(1, SEC, 0), None);
+    fn rates_that_make_no_bucket_are_refused_naming_the_number() {
+        let refused = |requests, per, burst| Rate::new(requests, per, burst).unwrap_err().param;
+        assert_eq!(refused(0, SEC, 1), Param::Requests);
+        assert_eq!(
+            refused(2_000_000_000, SEC, 1),
+            Param::Requests,
+            "faster than 1/ns"
+        );
+        assert_eq!(
+            refused(1, 86_400 * SEC, u64::MAX),
+            Param::Burst,
+            "overflows"
+        );
+        assert_eq!(
+            refused(1, 365 * 86_400 * SEC, 200),
+            Param::Burst,
+            "takes centuries"
+        );
+        assert_eq!(refused(1, SEC, 0), Param::Burst);
+        assert_eq!(refused(1, 366 * 86_400 * SEC, 1), Param::Per);
+        assert_eq!(
+            refused(super::super::MAX_COUNT + 1, 366 * SEC, 1),
+            Param::Requests
+        );
+    }
+
+    #[test]
+    fn the_interval_is_rounded_up_so_the_rate_is_never_exceeded() {
+        // 0.6 requests per nanosecond: rounded down, 1 ns per token would admit 1.67 times that.
+        let rate = Rate::new(600_000_000, SEC, 1).unwrap();
+        assert_eq!(rate.interval.get(), 2);
+        let exact = Rate::new(3, SEC, 1).unwrap();
+        assert_eq!(exact.interval.get(), 333_333_334);
+        let admitted = run(&rate, &(0..1_000).map(|i| 1_000 + i).collect::<Vec<_>>());
+        assert!(
+            admitted.iter().filter(|&&a| a).count() <= 1 + 600,
+            "0.6 per ns"
+        );
     }
 
     #[test]

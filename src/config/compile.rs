@@ -10,9 +10,9 @@ use super::plan::{
     Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, TableSpec, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
-use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
+use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Window};
 use crate::duration::parse_nanos;
-use crate::key::{parse_part, KeyPart, Source};
+use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
 use crate::reply::Denial;
 use crate::request::Attr;
@@ -28,6 +28,36 @@ pub const MAX_SLIDING_LOG: u64 = 1_000;
 /// Validates and compiles a configuration; `env` reads the environment variables it names.
 pub(super) fn compile(raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
     Compiler::default().compile(raw, env)
+}
+
+/// The operator's hash secret, from the environment variable `hash_secret_env` names, at least
+/// `HashSecret::MIN_TEXT_BYTES` long. Its value is never shown: errors give its length.
+fn hash_secret(name: Option<&str>, env: Env) -> Result<Option<HashSecret>, ConfigError> {
+    const FIELD: &str = "hash_secret_env";
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let first_ok = |b: &u8| b.is_ascii_alphabetic() || *b == b'_';
+    let valid = name.as_bytes().first().is_some_and(first_ok)
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !valid {
+        return Err(error(
+            FIELD,
+            "must name an environment variable (letters, digits and '_', not starting with a digit)",
+        ));
+    }
+    let text = secret(FIELD, name, env)?;
+    let length = text.expose().len();
+    if length < HashSecret::MIN_TEXT_BYTES {
+        return Err(error(
+            FIELD,
+            format!(
+                "{name} holds {length} bytes: a secret needs at least {} (e.g. `openssl rand -hex 32`)",
+                HashSecret::MIN_TEXT_BYTES
+            ),
+        ));
+    }
+    Ok(Some(HashSecret::from_text(text.expose().as_bytes())))
 }
 
 #[derive(Default)]
@@ -48,6 +78,7 @@ struct TableDraft {
 
 impl Compiler {
     fn compile(mut self, raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
+        let hash_secret = hash_secret(raw.hash_secret_env.as_deref(), env)?;
         if raw.policies.is_empty() && raw.default.is_none() {
             return Err(error(
                 "policies",
@@ -84,25 +115,25 @@ impl Compiler {
                 ));
             }
         }
+        let shared = hash_secret.unwrap_or(HashSecret::PUBLIC);
         let bypass = raw
             .bypass
             .iter()
             .enumerate()
-            .map(|(i, entry)| bypass(&format!("bypass[{i}]"), entry, &policies, &self.tables))
+            .map(|(i, entry)| {
+                bypass(
+                    &format!("bypass[{i}]"),
+                    entry,
+                    &policies,
+                    &self.tables,
+                    &shared,
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?
             .concat();
         let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
-        let tables = self
-            .tables
-            .into_iter()
-            .map(|t| TableSpec {
-                layout_id: layout_id(&t.key, &t.members, &attrs),
-                width: t.members.iter().map(|(_, columns)| columns).sum(),
-                key: t.key,
-                capacity: t.capacity,
-            })
-            .collect();
+        let tables = table_specs(self.tables, &attrs, &policies, &bypass);
         Ok(Plan {
             version: raw.version.unwrap_or_else(|| "unversioned".into()),
             headers: raw.headers,
@@ -111,6 +142,7 @@ impl Compiler {
             tables,
             global,
             bypass,
+            hash_secret,
             route_metadata,
         })
     }
@@ -137,9 +169,6 @@ impl Compiler {
                 format!("{at}.name"),
                 "must be 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'",
             ));
-        }
-        if raw.cost == 0 {
-            return Err(error(format!("{at}.cost"), "must be at least 1"));
         }
         let shape = Shape::of(at, raw)?;
         let tier = shape.tier(at, raw.requests, &raw.per, raw.burst)?;
@@ -302,8 +331,10 @@ impl Compiler {
 }
 
 /// What a policy's limits are made of, whatever the tier: the algorithm, the cost of a
-/// request, and (leaky bucket) the longest a request may be held.
+/// request, and (leaky bucket) the longest a request may be held. `at` is the policy's path:
+/// where an error in `cost` or `max_delay` is reported.
 struct Shape {
+    at: String,
     kind: Kind,
     cost: u64,
     max_delay: Option<u64>,
@@ -325,13 +356,16 @@ impl Shape {
             (None, _) => None,
         };
         Ok(Shape {
+            at: at.to_string(),
             kind: raw.algorithm,
             cost: raw.cost,
             max_delay,
         })
     }
 
-    /// `requests` per `per` (and `burst` where the algorithm has one) as a validated limit.
+    /// `requests` per `per` (and `burst` where the algorithm has one) as a validated limit. A
+    /// number out of bounds is reported on its field: under `at` (the policy, a tier or the
+    /// emergency budget), or the policy's own `cost` and `max_delay`.
     fn tier(
         &self,
         at: &str,
@@ -339,68 +373,82 @@ impl Shape {
         per: &str,
         burst: Option<u64>,
     ) -> Result<Tier, ConfigError> {
-        if requests == 0 {
-            return Err(error(format!("{at}.requests"), "must be at least 1"));
-        }
         let per_nanos = parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?;
         if burst.is_some() && self.kind != Kind::TokenBucket {
             return Err(not_for(&format!("{at}.burst"), self.kind));
         }
-        let cost = self.cost;
-        let out_of_range = || {
-            error(
-                format!("{at}.requests"),
-                "rate out of range: more than one request per nanosecond, or a bucket that takes over a century to fill",
-            )
+        let refused = |invalid: Invalid| {
+            let owner = match invalid.param {
+                Param::Cost | Param::MaxDelay => &self.at,
+                _ => at,
+            };
+            error(format!("{owner}.{}", invalid.param.field()), invalid.reason)
         };
-        let at_least_cost = |field: &str, value: u64| {
-            if value < cost {
-                Err(error(
-                    format!("{at}.{field}"),
-                    format!("must be >= cost ({cost})"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        let window = || Window::new(requests, per_nanos).ok_or_else(out_of_range);
-        let algorithm = match self.kind {
-            Kind::TokenBucket => {
-                let burst = burst.unwrap_or(requests);
-                at_least_cost("burst", burst)?;
-                Algorithm::TokenBucket(
-                    Rate::new(requests, per_nanos, burst).ok_or_else(out_of_range)?,
-                )
-            }
-            Kind::FixedWindow | Kind::SlidingWindow | Kind::SlidingLog => {
-                at_least_cost("requests", requests)?;
-                match self.kind {
-                    Kind::FixedWindow => Algorithm::FixedWindow(window()?),
-                    Kind::SlidingWindow => Algorithm::SlidingWindow(window()?),
-                    _ if requests > MAX_SLIDING_LOG => {
-                        return Err(error(
-                            format!("{at}.requests"),
-                            format!(
-                            "sliding_log keeps a timestamp per request: at most {MAX_SLIDING_LOG}"
-                        ),
-                        ))
-                    }
-                    _ => Algorithm::SlidingLog(window()?),
-                }
-            }
-            Kind::LeakyBucket => {
-                let max_delay = self.max_delay.unwrap_or(0);
-                Algorithm::LeakyBucket(
-                    Drain::new(requests, per_nanos, max_delay).ok_or_else(out_of_range)?,
-                )
-            }
-        };
+        let algorithm = self
+            .algorithm(requests, per_nanos, burst)
+            .map_err(refused)?;
+        algorithm.check_cost(self.cost).map_err(refused)?;
         Ok(Tier {
             algorithm,
             requests,
             per_nanos,
         })
     }
+
+    fn algorithm(&self, requests: u64, per: u64, burst: Option<u64>) -> Result<Algorithm, Invalid> {
+        Ok(match self.kind {
+            Kind::TokenBucket => {
+                Algorithm::TokenBucket(Rate::new(requests, per, burst.unwrap_or(requests))?)
+            }
+            Kind::FixedWindow => Algorithm::FixedWindow(Window::new(requests, per)?),
+            Kind::SlidingWindow => Algorithm::SlidingWindow(Window::new(requests, per)?),
+            Kind::SlidingLog if requests > MAX_SLIDING_LOG => {
+                return Err(Invalid {
+                    param: Param::Requests,
+                    reason: format!(
+                        "sliding_log keeps a timestamp per request: at most {MAX_SLIDING_LOG}"
+                    ),
+                })
+            }
+            Kind::SlidingLog => Algorithm::SlidingLog(Window::new(requests, per)?),
+            Kind::LeakyBucket => {
+                let max_delay = self.max_delay.unwrap_or(0);
+                Algorithm::LeakyBucket(Drain::new(requests, per, max_delay)?)
+            }
+        })
+    }
+}
+
+/// The tables as requests read them. A table's keys are known beyond this Envoy
+/// (`TableSpec::shares_key`) when a global, bypassed or rolled-out policy is among its members:
+/// every Envoy must agree on which keys a rollout enforces for.
+fn table_specs(
+    drafts: Vec<TableDraft>,
+    attrs: &[Attr],
+    policies: &[Policy],
+    bypass: &[Bypass],
+) -> Vec<TableSpec> {
+    let named = |(i, p): (usize, &Policy)| {
+        matches!(p.scope, Scope::Global(_))
+            || p.rollout.is_some()
+            || bypass.iter().any(|b| b.policy == i)
+    };
+    let shares_key = |table: usize| {
+        let mut members = policies
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.table == table);
+        members.any(named)
+    };
+    (drafts.into_iter().enumerate())
+        .map(|(i, t)| TableSpec {
+            layout_id: layout_id(&t.key, &t.members, attrs),
+            width: t.members.iter().map(|(_, columns)| columns).sum(),
+            key: t.key,
+            capacity: t.capacity,
+            shares_key: shares_key(i),
+        })
+        .collect()
 }
 
 fn not_for(field: &str, kind: Kind) -> ConfigError {
@@ -583,6 +631,7 @@ fn bypass(
     raw: &RawBypass,
     policies: &[Policy],
     tables: &[TableDraft],
+    secret: &HashSecret,
 ) -> Result<Vec<Bypass>, ConfigError> {
     for (field, value) in [("owner", &raw.owner), ("reason", &raw.reason)] {
         if value.trim().is_empty() {
@@ -616,7 +665,7 @@ fn bypass(
                 })?;
             let parts = tables.get(policy.table).map_or(0, |t| t.key.len());
             let key = match (&raw.key, &raw.key_hash) {
-                (Some(values), None) if values.len() == parts => crate::key::hash_values(values),
+                (Some(values), None) if values.len() == parts => hash_values(values, secret),
                 (Some(_), None) => {
                     return Err(error(
                         format!("{at}.key"),

@@ -23,6 +23,8 @@ pub(super) struct RawConfig {
     pub(super) global: Option<RawGlobal>,
     #[serde(default)]
     pub(super) bypass: Vec<RawBypass>,
+    /// The environment variable that holds the operator's hash secret.
+    pub(super) hash_secret_env: Option<String>,
     /// Whether the selected route's `filter_metadata.sluice` narrows or switches off the policies.
     #[serde(default)]
     pub(super) route_metadata: bool,

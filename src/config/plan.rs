@@ -3,7 +3,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::headers::HeaderStyle;
-use crate::key::KeyPart;
+use crate::key::{HashSecret, KeyPart};
 use crate::matcher::Matcher;
 use crate::reply::Denial;
 use crate::request::{Attr, Attributes, RequestSource};
@@ -20,6 +20,8 @@ pub struct Plan {
     pub tables: Vec<TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
+    /// The operator's secret for key hashes (`hash_secret_env`), if any.
+    pub hash_secret: Option<HashSecret>,
     /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
     pub route_metadata: Option<usize>,
 }
@@ -111,10 +113,14 @@ impl Policy {
 }
 
 impl Policy {
-    /// Whether the policy enforces for `key` (its hash): not a shadow policy, and the key within
-    /// its rollout's share, if it has one. Otherwise it runs in shadow for the key.
-    pub fn enforces(&self, key: u64) -> bool {
-        !self.shadow && self.rollout.is_none_or(|r| r.covers(key))
+    /// Whether the policy enforces for the key (its shared hash, which a table with a rollout
+    /// always has: see `TableSpec::shares_key`): not a shadow policy, and the key within its
+    /// rollout's share, if it has one. Otherwise it runs in shadow for the key.
+    pub fn enforces(&self, key: Option<u64>) -> bool {
+        !self.shadow
+            && self
+                .rollout
+                .is_none_or(|r| key.is_some_and(|key| r.covers(key)))
     }
 }
 
@@ -212,6 +218,9 @@ pub struct TableSpec {
     pub width: usize,
     /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
     pub layout_id: u64,
+    /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
+    /// needed, not only their slot hashes.
+    pub shares_key: bool,
 }
 
 /// One policy's exemption of one key, from a `bypass` entry.

@@ -120,11 +120,7 @@ fn rejects_zero_and_negative_rates() {
         "policies[0].requests",
         "invalid value",
     );
-    assert_refused(
-        with(json!({"burst": 0})),
-        "policies[0].burst",
-        "must be >= cost",
-    );
+    assert_refused(with(json!({"burst": 0})), "policies[0].burst", "at least 1");
     assert_refused(with(json!({"cost": 0})), "policies[0].cost", "at least 1");
 }
 
@@ -133,12 +129,80 @@ fn rejects_rates_out_of_range() {
     assert_refused(
         with(json!({"requests": 2_000_000, "per": "1ms"})),
         "policies[0].requests",
-        "out of range",
+        "more than one request per nanosecond",
     );
     assert_refused(
         with(json!({"requests": 1, "per": "365d", "burst": 1_000_000})),
+        "policies[0].burst",
+        "over a century",
+    );
+}
+
+/// `with(fields)` without a burst: for the algorithms that have none.
+fn burstless(fields: Value) -> Value {
+    let mut config = with(fields);
+    config["policies"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("burst");
+    config
+}
+
+/// Every number that could overflow the arithmetic is bounded, and refused naming its field:
+/// the configurations a fuzzer found overflowing among them.
+#[test]
+fn rejects_numbers_beyond_what_the_arithmetic_holds() {
+    let fixed = |fields: Value| {
+        let mut config = burstless(fields);
+        config["policies"][0]["algorithm"] = json!("fixed_window");
+        config
+    };
+    let huge = json!({"requests": u64::MAX, "cost": 1u64 << 63, "per": "1s"});
+    assert_refused(
+        fixed(huge),
         "policies[0].requests",
-        "out of range",
+        "at most 1000000000000000",
+    );
+    let costly = json!({"requests": 10, "cost": 1_000_000_000_000_001u64});
+    assert_refused(
+        fixed(costly),
+        "policies[0].cost",
+        "at most 1000000000000000",
+    );
+    for (algorithm, per) in [("sliding_window", "106752d"), ("sliding_log", "200000d")] {
+        let config = burstless(json!({"algorithm": algorithm, "requests": 10, "per": per}));
+        assert_refused(config, "policies[0].per", "at most 365d");
+    }
+    assert_refused(
+        with(json!({"per": "366d"})),
+        "policies[0].per",
+        "at most 365d",
+    );
+    let burst = json!({"burst": 1_000_000_000_000_001u64});
+    assert_refused(with(burst), "policies[0].burst", "at most 1000000000000000");
+    let leaky = |max_delay: &str, cost: u64| {
+        burstless(
+            json!({"algorithm": "leaky_bucket", "requests": 1, "per": "365d",
+            "max_delay": max_delay, "cost": cost}),
+        )
+    };
+    assert_refused(leaky("366d", 1), "policies[0].max_delay", "at most 365d");
+    assert_refused(leaky("1s", 200), "policies[0].cost", "over a century");
+}
+
+#[test]
+fn a_tiers_numbers_are_refused_on_the_tier_and_the_policys_cost_on_the_policy() {
+    let tiers = json!({"by": "header:x-plan", "values": {"gold": {"requests": 10, "per": "400d"}}});
+    assert_refused(
+        with(json!({ "tiers": tiers })),
+        "policies[0].tiers.values.gold.per",
+        "at most 365d",
+    );
+    let tiers = json!({"by": "header:x-plan", "values": {"gold": {"requests": 10, "per": "1s", "burst": 2}}});
+    assert_refused(
+        with(json!({"tiers": tiers, "cost": 3, "burst": 5})),
+        "policies[0].tiers.values.gold.burst",
+        "must be >= cost (3)",
     );
 }
 
@@ -575,7 +639,10 @@ fn a_bypass_names_its_key_policies_owner_reason_and_expiry() {
         (b.policy, b.owner.as_str(), b.reason.as_str()),
         (0, "oncall@example.com", "INC-42")
     );
-    assert_eq!(b.key, crate::key::hash_values(&["alice".into()]));
+    assert_eq!(
+        b.key,
+        crate::key::hash_values(&["alice".into()], &crate::key::HashSecret::PUBLIC)
+    );
     assert_eq!(b.expires, 1_796_083_200_000_000_000);
     let mut by_hash = alice_bypass();
     by_hash.as_object_mut().unwrap().remove("key");

@@ -8,20 +8,22 @@
 
 use super::global::Service;
 use super::work::{Member, Work};
-use super::Outcome;
-use crate::config::{Plan, Policy};
-use crate::key::{hash_key, MISSING_KEY};
+use super::{Outcome, Step};
+use crate::config::{Plan, Policy, TableSpec};
+use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
 use crate::route::{self, RouteScope};
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,
+    keying: &Keying,
     request: &mut Attributes<R>,
     service_up: bool,
     now: u64,
     outcome: &mut Outcome,
 ) -> Vec<Work> {
     let mut gathered = Gathered {
+        keying,
         // One work per table at most: sized for that, not for the four a growing Vec starts
         // with (four works are past the allocator's fast path).
         works: Vec::with_capacity(plan.tables.len()),
@@ -66,14 +68,15 @@ fn route_scope<R: RequestSource + ?Sized>(
     scope
 }
 
-/// The works of a request so far.
-struct Gathered {
+/// The works of a request so far, and the secrets its keys are hashed under.
+struct Gathered<'k> {
+    keying: &'k Keying,
     works: Vec<Work>,
     service: Service,
     now: u64,
 }
 
-impl Gathered {
+impl Gathered<'_> {
     /// Adds the policy to the work of its table, unless its key is missing (and not shared) or
     /// exempt. Returns whether it enforces for the key, if it applies.
     fn join<R: RequestSource + ?Sized>(
@@ -85,18 +88,18 @@ impl Gathered {
         outcome: &mut Outcome,
     ) -> Option<bool> {
         let existing = self.works.iter().position(|w| w.table == policy.table);
-        let hash = match existing.and_then(|i| self.works.get(i)) {
-            Some(work) => work.hash,
-            None => key_of(plan, policy, request),
+        let (hash, key) = match existing.and_then(|i| self.works.get(i)) {
+            Some(work) => (work.hash, work.key),
+            None => hashes_of(plan, self.keying, policy, request),
         };
         if hash == MISSING_KEY && !policy.share_missing_key {
             return None;
         }
-        if exempt(plan, index, hash, self.now, outcome) {
+        if key.is_some_and(|key| exempt(plan, index, key, self.now, outcome)) {
             return None;
         }
         let tier = policy.tier_of(request);
-        let enforced = policy.enforces(hash);
+        let enforced = policy.enforces(key);
         let member = Member {
             policy: index,
             tier,
@@ -106,21 +109,80 @@ impl Gathered {
         };
         match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => work.members.push(member),
-            None => self.works.push(Work::new(policy.table, hash, member)),
+            None => self
+                .works
+                .push(Work::new(policy.table, (hash, key), member)),
         }
         Some(enforced)
     }
 }
 
-/// The hash of the policy's key, or `MISSING_KEY` when a part of it is missing.
-fn key_of<R: RequestSource + ?Sized>(
+/// The policy's key hashed for its slot and, where other Envoys or operators name the table's
+/// keys (a global or bypassed policy), as it is known beyond this Envoy: see `Work`.
+/// `MISSING_KEY` for both when a part of it is missing. Under one secret the one hash serves
+/// both; otherwise the shared one costs a second hash only where it is needed (and `name_keys`
+/// adds it where a request turns out to need it).
+fn hashes_of<R: RequestSource + ?Sized>(
     plan: &Plan,
+    keying: &Keying,
     policy: &Policy,
     request: &mut Attributes<R>,
-) -> u64 {
-    let table = plan.tables.get(policy.table);
-    let hash = table.and_then(|t| hash_key(&t.key, request));
-    hash.unwrap_or(MISSING_KEY)
+) -> (u64, Option<u64>) {
+    let Some(table) = plan.tables.get(policy.table) else {
+        return (MISSING_KEY, Some(MISSING_KEY));
+    };
+    let Some(hash) = hash_key(&table.key, request, &keying.slots) else {
+        return (MISSING_KEY, Some(MISSING_KEY));
+    };
+    let key = if keying.is_one() {
+        Some(hash)
+    } else if table.shares_key {
+        shared_hash(table, request, keying)
+    } else {
+        None
+    };
+    (hash, key)
+}
+
+/// The key's hash as it is known beyond this Envoy, where that is another hash than its slot's.
+/// Out of line: most requests need none.
+#[inline(never)]
+fn shared_hash<R: RequestSource + ?Sized>(
+    table: &TableSpec,
+    request: &mut Attributes<R>,
+    keying: &Keying,
+) -> Option<u64> {
+    hash_key(&table.key, request, &keying.shared)
+}
+
+/// Names by their shared hash the keys a request ended up needing it for, which `hashes_of` left
+/// unnamed: those of policies that refused it (or would have, in shadow mode; every one when a
+/// contended slot refused it), which the access log and the logs show; and, for a request that
+/// waits for the service, every one, since the request will not be at hand when it resumes.
+pub(super) fn name_keys<R: RequestSource + ?Sized>(
+    plan: &Plan,
+    keying: &Keying,
+    step: &mut Step,
+    request: &mut Attributes<R>,
+) {
+    if keying.is_one() {
+        return;
+    }
+    let mut shared = |table: Option<usize>| shared_hash(plan.tables.get(table?)?, request, keying);
+    match step {
+        Step::Done(outcome) => {
+            let exhausted = outcome.exhausted;
+            let applied = outcome.applied.iter_mut().chain(outcome.denied_by.as_mut());
+            for a in applied.filter(|a| a.key.is_none() && (exhausted || !a.decision.allowed)) {
+                a.key = shared(plan.policies.get(a.policy).map(|p| p.table));
+            }
+        }
+        Step::Callout(pending) => {
+            for work in pending.works.iter_mut().filter(|w| w.key.is_none()) {
+                work.key = shared(Some(work.table));
+            }
+        }
+    }
 }
 
 /// Whether a bypass entry exempts the key from the policy at `now`; the entry is recorded,
@@ -142,6 +204,7 @@ fn exempt(plan: &Plan, policy: usize, key: u64, now: u64, outcome: &mut Outcome)
 mod tests {
     use super::super::testing::*;
     use super::*;
+    use crate::key::HashSecret;
     use crate::route::envoy_list;
     use crate::testing::FakeRequest;
     use serde_json::json;
@@ -153,7 +216,7 @@ mod tests {
     fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Vec<Work>, Outcome) {
         let mut outcome = Outcome::default();
         let mut attributes = Attributes::new(source, &plan.attrs);
-        let works = works(plan, &mut attributes, true, now, &mut outcome);
+        let works = works(plan, &keying(), &mut attributes, true, now, &mut outcome);
         (works, outcome)
     }
 
@@ -268,6 +331,28 @@ mod tests {
         let (works, _) = gather(&plan, &[], T0);
         assert_eq!(members(&works), [vec![1]]);
         assert_eq!(works[0].hash, MISSING_KEY);
+    }
+
+    #[test]
+    fn without_an_operators_secret_slots_and_shared_keys_hash_apart() {
+        let bypass = json!([{"key": ["alice"], "policies": ["bypassed"], "owner": "oncall",
+            "reason": "INC-1", "expires": "2030-01-01T00:00:00Z"}]);
+        let plan = plan(json!({"policies": [
+            per_user("bypassed", 1, json!({})),
+            {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1s"},
+        ], "bypass": bypass}));
+        let (works, _) = gather(&plan, &[("x-user-id", "bob")], T0);
+        let public = crate::key::hash_values(&["bob".into()], &HashSecret::PUBLIC);
+        assert_eq!(
+            works[0].key,
+            Some(public),
+            "named by a bypass entry: the public hash"
+        );
+        assert_ne!(works[0].hash, public, "its slot: this Envoy's secret");
+        assert_eq!(
+            works[1].key, None,
+            "a local key no one names is hashed once"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use super::work::{Member, Verdict, Work};
 use super::{local, Basis, Pending};
-use crate::algorithm::{Algorithm, Decision};
+use crate::algorithm::{Algorithm, Debt, Decision, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
 use crate::protocol::{self, Answer, Check};
@@ -73,43 +73,29 @@ impl<'a> Marks<'a> {
     }
 }
 
-/// Judges a global member on its words of the slot (`shared`: the overflow slot's, where one
-/// key's grants and marks must not stay). `None`: only the service can answer.
+/// Judges a global member on its words of the slot. `None`: only the service can answer.
 pub(super) fn judge(
     on_failure: OnFailure,
     cost: u64,
     member: &Member,
     state: &mut [u64],
-    shared: bool,
     now: u64,
 ) -> Verdict {
     let (marks, emergency) = Marks::split(state)?;
-    let verdict = judge_marks(on_failure, cost, member, marks, emergency, now);
-    if shared {
-        state.get_mut(..GLOBAL_COLUMNS)?.fill(0);
-    }
-    verdict
-}
-
-fn judge_marks(
-    on_failure: OnFailure,
-    cost: u64,
-    member: &Member,
-    marks: Marks,
-    emergency: &mut [u64],
-    now: u64,
-) -> Verdict {
     let spendable = marks.spendable(now);
     match member.service {
         Service::Answered(answer) if answer.allowed => {
-            *marks.granted = spendable + answer.granted - cost;
+            // Words from shared data and numbers from the service: saturating, whatever they say.
+            *marks.granted = spendable
+                .saturating_add(answer.granted)
+                .saturating_sub(cost);
             // A fixed window's tokens are good only until its end: spent in the next window
             // they would come on top of that window's limit.
             let ttl = match member.tier.algorithm {
                 Algorithm::FixedWindow(_) => GRANT_TTL.min(answer.reset_after),
                 _ => GRANT_TTL,
             };
-            *marks.expiry = now + ttl;
+            *marks.expiry = now.saturating_add(ttl);
             *marks.remaining = answer.remaining;
             *marks.reset_at = now.saturating_add(answer.reset_after);
             let decision = Decision {
@@ -148,23 +134,32 @@ fn judge_marks(
 }
 
 /// For a request denied by another policy: what the service said stays, and the cost it
-/// granted for this request is not spent, so it joins this Envoy's grant (outside the overflow
-/// slot, which keeps no grants).
-pub(super) fn keep_unspent(member: &Member, policy: &Policy, next: &mut [u64], shared: bool) {
+/// granted for this request is not spent, so it joins this Envoy's grant.
+pub(super) fn keep_unspent(member: &Member, policy: &Policy, next: &mut [u64]) {
     let granted_here = matches!(member.service, Service::Answered(a) if a.allowed);
-    if let (true, false, Some((marks, _))) = (granted_here, shared, Marks::split(next)) {
-        *marks.granted += policy.cost;
+    if let (true, Some((marks, _))) = (granted_here, Marks::split(next)) {
+        *marks.granted = marks.granted.saturating_add(policy.cost);
     }
 }
 
-/// From when a global policy's marks say nothing: its grant lapsed, its over-limit mark passed.
-pub(super) fn idle_at(marks: &[u64]) -> u64 {
+/// What forgetting a global policy's marks costs at `now`. A key marked over its limit is being
+/// limited (the whole share), though forgetting the mark forgives nothing: the service still
+/// decides. Granted tokens forgotten are lost to the key (under-admission), so they weigh their
+/// share of `capacity` too.
+pub(super) fn debt(marks: &[u64], capacity: u64, now: u64) -> Debt {
     match marks {
-        [granted, expiry, blocked, ..] => {
-            let grant_idle = if *granted > 0 { *expiry } else { 0 };
-            grant_idle.max(*blocked)
+        [_, _, blocked, ..] if *blocked > now => Debt {
+            share: FULL_SHARE,
+            tokens: 0,
+        },
+        [granted, expiry, ..] if *granted > 0 && *expiry > now => {
+            let share = u128::from(*granted) * u128::from(FULL_SHARE) / u128::from(capacity.max(1));
+            Debt {
+                share: u64::try_from(share).unwrap_or(u64::MAX).min(FULL_SHARE),
+                tokens: 0,
+            }
         }
-        _ => 0,
+        _ => Debt::default(),
     }
 }
 
@@ -197,22 +192,17 @@ pub(super) fn ask(plan: &Plan, pending: &mut Pending) {
     }
 }
 
-/// The question about one member's key. A key in the overflow slot takes just its cost: no
-/// grant can be kept for it.
+/// The question about one member's key, named by its shared hash: the same in every Envoy.
 fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
     let algorithm = member.tier.algorithm;
     Check {
-        key: format!("{}/{:016x}", policy.name, work.hash),
+        key: format!("{}/{:016x}", policy.name, work.key.unwrap_or(work.hash)),
         algorithm: algorithm.kind(),
         requests: member.tier.requests,
         per_ms: protocol::per_ms(member.tier.per_nanos),
         burst: algorithm.capacity(),
         cost: policy.cost,
-        take: Some(if work.slot.is_overflow() {
-            policy.cost
-        } else {
-            policy.take.min(algorithm.capacity())
-        }),
+        take: Some(policy.take.min(algorithm.capacity())),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
     }
 }
@@ -282,12 +272,12 @@ mod tests {
         })
     }
 
-    /// Judges the member on `state` at `now`, as the overflow slot's when `shared`.
-    fn judged(plan: &Plan, service: Service, state: &mut [u64], shared: bool, now: u64) -> Verdict {
+    /// Judges the member on `state` at `now`.
+    fn judged(plan: &Plan, service: Service, state: &mut [u64], now: u64) -> Verdict {
         let Scope::Global(on_failure) = plan.policies[0].scope else {
             panic!("a global policy");
         };
-        judge(on_failure, 1, &member(plan, service), state, shared, now)
+        judge(on_failure, 1, &member(plan, service), state, now)
     }
 
     fn basis(verdict: Verdict) -> Option<(bool, Basis)> {
@@ -298,12 +288,12 @@ mod tests {
     fn an_answer_leaves_the_rest_of_its_grant_here_for_a_second() {
         let plan = global(json!({}));
         let mut state = [0; 6];
-        let verdict = judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        let verdict = judged(&plan, answered(true, 5, 0), &mut state, T0);
         assert_eq!(basis(verdict), Some((true, Basis::Service)));
         assert_eq!(state[..2], [4, T0 + GRANT_TTL]);
-        let next = judged(&plan, Service::Ask, &mut state, false, T0 + 1);
+        let next = judged(&plan, Service::Ask, &mut state, T0 + 1);
         assert_eq!(basis(next), Some((true, Basis::Grant)));
-        let lapsed = judged(&plan, Service::Ask, &mut state, false, T0 + GRANT_TTL);
+        let lapsed = judged(&plan, Service::Ask, &mut state, T0 + GRANT_TTL);
         assert_eq!(lapsed, None, "only the service can answer");
     }
 
@@ -312,10 +302,10 @@ mod tests {
         let plan = global(json!({}));
         let mut state = [0; 6];
         let reported = |verdict: Verdict| verdict.map(|(d, _)| (d.remaining, d.reset_after));
-        let first = judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        let first = judged(&plan, answered(true, 5, 0), &mut state, T0);
         assert_eq!(reported(first), Some((4 + 4, 500 * 1_000_000)));
         let ms = 1_000_000;
-        let later = judged(&plan, Service::Ask, &mut state, false, T0 + 100 * ms);
+        let later = judged(&plan, Service::Ask, &mut state, T0 + 100 * ms);
         assert_eq!(
             reported(later),
             Some((4 + 3, 400 * ms)),
@@ -327,7 +317,7 @@ mod tests {
     fn a_fixed_windows_grant_ends_with_its_window() {
         let plan = global(json!({"algorithm": "fixed_window"}));
         let mut state = [0; 7];
-        judged(&plan, answered(true, 5, 0), &mut state, false, T0);
+        judged(&plan, answered(true, 5, 0), &mut state, T0);
         assert_eq!(state[1], T0 + 500 * 1_000_000);
     }
 
@@ -335,35 +325,23 @@ mod tests {
     fn a_denial_marks_the_key_over_its_limit_until_it_may_retry() {
         let plan = global(json!({}));
         let mut state = [0; 6];
-        judged(&plan, answered(false, 0, SEC), &mut state, false, T0);
-        let cached = judged(&plan, Service::Ask, &mut state, false, T0 + SEC - 1);
+        judged(&plan, answered(false, 0, SEC), &mut state, T0);
+        let cached = judged(&plan, Service::Ask, &mut state, T0 + SEC - 1);
         assert_eq!(basis(cached), Some((false, Basis::OverLimit)));
-        assert_eq!(
-            judged(&plan, Service::Ask, &mut state, false, T0 + SEC),
-            None
-        );
+        assert_eq!(judged(&plan, Service::Ask, &mut state, T0 + SEC), None);
     }
 
     #[test]
     fn without_the_service_a_policy_fails_open_to_its_emergency_budget_or_closed() {
         let open = global(json!({"emergency": {"requests": 1, "per": "1h", "burst": 1}}));
         let mut state = [0; 6];
-        let first = judged(&open, Service::Failed, &mut state, false, T0);
+        let first = judged(&open, Service::Failed, &mut state, T0);
         assert_eq!(basis(first), Some((true, Basis::Emergency)));
-        let second = judged(&open, Service::Failed, &mut state, false, T0);
+        let second = judged(&open, Service::Failed, &mut state, T0);
         assert_eq!(basis(second), Some((false, Basis::Emergency)));
         let closed = global(json!({"failure_mode": "closed"}));
-        let verdict = judged(&closed, Service::Failed, &mut [0; 6], false, T0);
+        let verdict = judged(&closed, Service::Failed, &mut [0; 6], T0);
         assert_eq!(basis(verdict), Some((false, Basis::Unavailable)));
-    }
-
-    #[test]
-    fn the_overflow_slot_keeps_no_grant_and_no_mark() {
-        let plan = global(json!({}));
-        let mut state = [0; 6];
-        judged(&plan, answered(true, 5, 0), &mut state, true, T0);
-        judged(&plan, answered(false, 0, SEC), &mut state, true, T0);
-        assert_eq!(state[..GLOBAL_COLUMNS], [0; GLOBAL_COLUMNS]);
     }
 
     #[test]
@@ -371,17 +349,15 @@ mod tests {
         let plan = global(json!({}));
         let mut next = [3, T0 + GRANT_TTL, 0, 0, 0, 0];
         let granted = member(&plan, answered(true, 5, 0));
-        keep_unspent(&granted, &plan.policies[0], &mut next, false);
+        keep_unspent(&granted, &plan.policies[0], &mut next);
         assert_eq!(
             next[0], 4,
             "the grant, not its expiry, takes the unspent token"
         );
-        keep_unspent(&granted, &plan.policies[0], &mut next, true);
-        assert_eq!(next[0], 4, "the overflow slot keeps no grant");
     }
 
     #[test]
-    fn checks_ask_for_waiting_global_members_only_and_the_overflow_takes_its_cost() {
+    fn checks_ask_for_waiting_global_members_only() {
         let plan = plan_of(json!([
             per_user("local", 10, json!({})),
             per_user("global", 10, json!({"scope": "global", "lease": 5})),
@@ -396,11 +372,5 @@ mod tests {
         assert_eq!(checks.len(), 1);
         assert!(checks[0].key.starts_with("global/"));
         assert_eq!((checks[0].cost, checks[0].take()), (1, 5));
-        let mut overflow = Work::new(0, 9, member(&plan, Service::Ask));
-        overflow.slot.owner = crate::table::OVERFLOW_KEY;
-        assert_eq!(
-            check(&plan.policies[1], &member(&plan, Service::Ask), &overflow).take(),
-            1
-        );
     }
 }

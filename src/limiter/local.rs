@@ -48,7 +48,7 @@ pub(super) fn lend(
         key,
         tokens,
         interval: rate.interval,
-        expires: now + LOAN_TTL,
+        expires: now.saturating_add(LOAN_TTL),
         remaining: decision.remaining,
         reset_at: now.saturating_add(decision.reset_after),
     };
@@ -186,7 +186,7 @@ mod tests {
     fn loans_pay_a_work_only_when_they_cover_every_member() {
         let plan = lending(5);
         let mut ledger = Ledger::default();
-        let mut work = Work::new(0, 7, member(&plan));
+        let mut work = Work::new(0, (7, None), member(&plan));
         assert!(
             !pay_from_loans(&mut work, &plan, &mut ledger, T0),
             "no loan"
@@ -197,7 +197,7 @@ mod tests {
             work.verdicts[0].map(|(d, b)| (d.allowed, b)),
             Some((true, Basis::Loan))
         );
-        let mut again = Work::new(0, 7, member(&plan));
+        let mut again = Work::new(0, (7, None), member(&plan));
         assert!(!pay_from_loans(&mut again, &plan, &mut ledger, T0), "spent");
         refund_loans(&[work], &plan, &mut ledger);
         assert!(

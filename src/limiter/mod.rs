@@ -29,6 +29,7 @@ pub use global::GRANT_TTL;
 
 use crate::algorithm::Decision;
 use crate::config::{Plan, Tier};
+use crate::key::Keying;
 use crate::ledger::Ledger;
 use crate::protocol::{Answer, Check};
 use crate::request::{Attributes, RequestSource};
@@ -63,8 +64,11 @@ pub enum Basis {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
     pub policy: usize,
-    /// The key's hash: what logs may show of the key.
-    pub key: u64,
+    /// The key's hash as logs, the access log, bypass entries and the service know it (see
+    /// `Work::key`): under the operator's secret, else the public key. `None` only for a policy
+    /// that let the request through without needing it (a local policy without bypass entries,
+    /// under no operator's secret): refusals are always named.
+    pub key: Option<u64>,
     /// The limit that decided (a global policy's emergency budget when it decided).
     pub tier: Tier,
     pub decision: Decision,
@@ -81,9 +85,10 @@ pub struct Outcome {
     /// The enforcing policy whose denial stands (the longest wait), if any.
     pub denied_by: Option<Applied>,
     pub cas_retries: u32,
+    /// Other keys' states this request's keys took slots from, forgetting what they owed...
     pub evictions: u32,
-    /// Tables whose key found no slot of its own and shared the overflow slot.
-    pub overflowed: u32,
+    /// ...and the tokens those keys owed: what forgetting forgave them.
+    pub forgiven: u64,
     /// A slot stayed contended (or the store failed) through every attempt: the request is
     /// denied rather than let through unmetered.
     pub exhausted: bool,
@@ -116,12 +121,12 @@ impl Outcome {
         })
     }
 
-    /// Each policy's part in the request: the policy, the key's hash, what it did. A policy
-    /// that allowed a request another one denied has none.
+    /// Each policy's part in the request: the policy, the key's hash (see `Applied::key`), what
+    /// it did. A policy that allowed a request another one denied has none.
     pub fn by_policy<'a>(
         &'a self,
         plan: &'a Plan,
-    ) -> impl Iterator<Item = (usize, u64, PolicyOutcome)> + 'a {
+    ) -> impl Iterator<Item = (usize, Option<u64>, PolicyOutcome)> + 'a {
         let denied = self.is_denied();
         let applied = self.applied.iter().filter_map(move |a| {
             let shadow = plan.policies.get(a.policy).is_some_and(|p| p.shadow);
@@ -135,7 +140,7 @@ impl Outcome {
             Some((a.policy, a.key, what))
         });
         let bypassed = self.bypassed.iter().filter_map(|&i| plan.bypass.get(i));
-        applied.chain(bypassed.map(|b| (b.policy, b.key, PolicyOutcome::Bypassed)))
+        applied.chain(bypassed.map(|b| (b.policy, Some(b.key), PolicyOutcome::Bypassed)))
     }
 }
 
@@ -206,9 +211,11 @@ pub enum Step {
     Callout(Pending),
 }
 
-/// What a decision works with: the plan, this plugin's shared data, and this worker's loans.
+/// What a decision works with: the plan, the secrets of its key hashes, this plugin's shared
+/// data, and this worker's loans.
 pub struct Limiter<'a, S> {
     pub plan: &'a Plan,
+    pub keying: &'a Keying,
     /// Namespaces this plugin's shared-data keys.
     pub prefix: &'a str,
     pub store: &'a S,
@@ -225,7 +232,14 @@ impl<S: Store> Limiter<'_, S> {
         service_up: bool,
     ) -> Step {
         let mut outcome = Outcome::default();
-        let works = gather::works(self.plan, request, service_up, now, &mut outcome);
+        let works = gather::works(
+            self.plan,
+            self.keying,
+            request,
+            service_up,
+            now,
+            &mut outcome,
+        );
         let mut pending = Pending {
             works,
             now,
@@ -239,7 +253,9 @@ impl<S: Store> Limiter<'_, S> {
                 self.read(work, now);
             }
         }
-        self.advance(pending)
+        let mut step = self.advance(pending);
+        gather::name_keys(self.plan, self.keying, &mut step, request);
+        step
     }
 
     /// Continues a request with the service's answers (`None`: the call failed).
@@ -276,8 +292,6 @@ impl<S: Store> Limiter<'_, S> {
         if outcome.is_denied() {
             local::refund_loans(&pending.works, self.plan, self.ledger);
         }
-        let overflowed = pending.works.iter().filter(|w| w.slot.is_overflow());
-        outcome.overflowed = overflowed.count() as u32;
         outcome
     }
 }
@@ -306,6 +320,15 @@ mod testing {
     pub const T0: u64 = 1_800_000_000 * SEC;
     pub const PREFIX: &str = "test/";
     pub const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+    /// As in an Envoy without an operator's secret: its own secret for slots, the public key
+    /// for what other Envoys see.
+    pub fn keying() -> Keying {
+        Keying {
+            slots: crate::key::HashSecret::from_bytes([7; 16]),
+            shared: crate::key::HashSecret::PUBLIC,
+        }
+    }
 
     pub fn plan(config: Value) -> Plan {
         crate::config::parse(config.to_string().as_bytes()).unwrap()
@@ -352,6 +375,7 @@ mod testing {
         let mut attributes = Attributes::new(&source, &plan.attrs);
         let mut limiter = Limiter {
             plan,
+            keying: &keying(),
             prefix: PREFIX,
             store,
             ledger,
@@ -410,6 +434,18 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_is_named_by_the_shared_hash_though_an_admission_under_no_secret_is_not() {
+        let plan = plan_of(json!([per_user("per-user", 1, json!({"per": "1h"}))]));
+        let store = store(&plan);
+        let admitted = decide(&plan, &store, ALICE, T0);
+        assert_eq!(admitted.applied[0].key, None, "one hash: the slot's");
+        let denied = decide(&plan, &store, ALICE, T0);
+        let public = crate::key::hash_values(&["alice".into()], &crate::key::HashSecret::PUBLIC);
+        assert_eq!(denied.applied[0].key, Some(public));
+        assert_eq!(denied.denied_by.and_then(|a| a.key), Some(public));
+    }
+
+    #[test]
     fn a_global_member_waits_for_the_service_then_is_written() {
         let plan = plan_of(json!([per_user(
             "global",
@@ -425,6 +461,7 @@ mod tests {
         assert_eq!(pending.checks()[0].take(), 4);
         let mut limiter = Limiter {
             plan: &plan,
+            keying: &keying(),
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
@@ -462,6 +499,7 @@ mod tests {
         };
         let mut limiter = Limiter {
             plan: &plan,
+            keying: &keying(),
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,

@@ -27,7 +27,11 @@ pub(super) type Verdict = Option<(Decision, Basis)>;
 #[derive(Debug)]
 pub(super) struct Work {
     pub table: usize,
+    /// The key's hash under this Envoy's slot secret: where its state lives.
     pub hash: u64,
+    /// The key's hash as other Envoys, the service, bypass entries and logs know it (the same
+    /// as `hash` under an operator's secret); `None` where nothing here needs it.
+    pub key: Option<u64>,
     pub members: SmallVec<[Member; 2]>,
     pub slot: Slot,
     pub next: Words,
@@ -43,10 +47,11 @@ pub(super) struct Work {
 }
 
 impl Work {
-    pub fn new(table: usize, hash: u64, member: Member) -> Work {
+    pub fn new(table: usize, (hash, key): (u64, Option<u64>), member: Member) -> Work {
         Work {
             table,
             hash,
+            key,
             members: smallvec![member],
             slot: Slot::default(),
             next: Words::new(),
@@ -69,7 +74,6 @@ impl Work {
         }
         self.next = self.slot.state.clone();
         self.lent.clear();
-        let shared = self.slot.is_overflow();
         let (next, lent, withdrawn) = (&mut self.next, &mut self.lent, &self.withdrawn);
         self.verdicts = self
             .members
@@ -78,8 +82,7 @@ impl Work {
                 let policy = plan.policies.get(member.policy)?;
                 let state = next.get_mut(policy.column..policy.column + policy.columns())?;
                 let held = withdrawn.iter().find(|l| l.policy == member.policy);
-                let (verdict, loan) =
-                    judge_member(policy, member, state, shared, held, self.hash, now);
+                let (verdict, loan) = judge_member(policy, member, state, held, self.hash, now);
                 lent.extend(loan);
                 verdict
             })
@@ -94,7 +97,7 @@ impl Work {
             .filter_map(|(m, verdict)| {
                 verdict.map(|(decision, basis)| Applied {
                     policy: m.policy,
-                    key: self.hash,
+                    key: self.key,
                     tier: if basis == Basis::Emergency {
                         m.emergency
                     } else {
@@ -110,7 +113,6 @@ impl Work {
     /// For a denied request: keeps what the service said (over-limit marks, and tokens it granted
     /// stay granted), takes back every other charge.
     pub fn undo_charges(&mut self, plan: &Plan) {
-        let shared = self.slot.is_overflow();
         for (member, verdict) in self.members.iter().zip(&self.verdicts) {
             let Some(policy) = plan.policies.get(member.policy) else {
                 continue;
@@ -123,7 +125,7 @@ impl Work {
                 continue;
             };
             match verdict {
-                Some((_, Basis::Service)) => global::keep_unspent(member, policy, next, shared),
+                Some((_, Basis::Service)) => global::keep_unspent(member, policy, next),
                 _ => next.copy_from_slice(read),
             }
         }
@@ -145,22 +147,19 @@ impl Work {
     }
 }
 
-/// Judges one member on its words of the slot. `shared`: the state is the overflow slot's,
-/// shared by keys that found no slot of their own, so a global policy keeps neither grants nor
-/// over-limit marks in it (they are one key's), and a local policy lends nothing from it.
-/// `held`: this worker's loan on the policy's bucket for `key`, handed back before judging.
-/// Also returns the loan the verdict makes to this worker.
+/// Judges one member on its words of the slot. `held`: this worker's loan on the policy's
+/// bucket for `key`, handed back before judging. Also returns the loan the verdict makes to this
+/// worker.
 fn judge_member(
     policy: &Policy,
     member: &Member,
     state: &mut [u64],
-    shared: bool,
     held: Option<&Loan>,
     key: u64,
     now: u64,
 ) -> (Verdict, Option<Loan>) {
     match policy.scope {
-        Scope::Local if policy.take > policy.cost && !shared => {
+        Scope::Local if policy.take > policy.cost => {
             let (decision, loan) = local::lend(policy, member, key, state, held, now).unzip();
             (decision.map(|d| (d, Basis::Bucket)), loan.flatten())
         }
@@ -169,7 +168,7 @@ fn judge_member(
             (decision.map(|d| (d, Basis::Bucket)), None)
         }
         Scope::Global(on_failure) => {
-            let verdict = global::judge(on_failure, policy.cost, member, state, shared, now);
+            let verdict = global::judge(on_failure, policy.cost, member, state, now);
             (verdict, None)
         }
     }

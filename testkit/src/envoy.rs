@@ -392,6 +392,15 @@ impl Envoy {
         })
     }
 
+    /// Envoy's resident memory (VmRSS), in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_else(|e| panic!("reading Envoy's /proc status: {e}"));
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+        let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+        kib.unwrap_or_else(|| panic!("no VmRSS in Envoy's /proc status"))
+    }
+
     /// GET on the admin interface.
     pub fn admin_get(&self, path: &str) -> Response {
         http_request(self.admin_addr(), "GET", path, &[])
