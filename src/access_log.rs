@@ -7,11 +7,12 @@
 //! ```
 //!
 //! `name=value` pairs separated by spaces (logfmt), in this order; a value never holds a space
-//! or a quote. `outcome` is the `sluice_outcome` of the counters, `mode` the policy's, `key` the
-//! hash of its key as the logs and `bypass.key_hash` write it. Other requests get no record, and
+//! or a quote. `outcome` is the `sluice_outcome` of the counters, `mode` the policy's (for a
+//! policy with a rollout, `canary` or `canary_shadow` as it enforces for the key or not), `key`
+//! the hash of its key as the logs and `bypass.key_hash` write it. Other requests get no record, and
 //! cost no hostcall for it. A later field is appended after these.
 
-use crate::config::Plan;
+use crate::config::{Plan, Policy};
 use crate::limiter::{Applied, Outcome, PolicyOutcome};
 use crate::text::push_hex16;
 
@@ -25,23 +26,28 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
     let (policy, key, what) = match denial {
         Some(denial) => (denial.policy, denial.key, PolicyOutcome::Denied),
         None => {
-            // The request passed: a policy that said no can only be a shadow one.
-            let shadow = outcome.applied.iter().find(|a| !a.decision.allowed);
-            let shadow = shadow.map(|a| (a.policy, a.key, PolicyOutcome::ShadowDenied));
-            let bypass = || {
-                let b = outcome.bypassed.first().and_then(|&i| plan.bypass.get(i))?;
-                Some((b.policy, Some(b.key), PolicyOutcome::Bypassed))
+            // The request passed: a policy that said no can only have been in shadow for it.
+            let in_shadow = |(_, _, what): &(usize, Option<u64>, PolicyOutcome)| {
+                matches!(
+                    what,
+                    PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied
+                )
             };
-            shadow.or_else(bypass)?
+            let bypassed = |(_, _, what): &(usize, Option<u64>, PolicyOutcome)| {
+                *what == PolicyOutcome::Bypassed
+            };
+            let mut parts = outcome.by_policy(plan);
+            parts
+                .find(in_shadow)
+                .or_else(|| outcome.by_policy(plan).find(bypassed))?
         }
     };
     let policy = plan.policies.get(policy)?;
-    let mode = if policy.shadow { "shadow" } else { "enforce" };
     let mut text = String::with_capacity(policy.name.len() + 64);
     for (name, value) in [
         ("outcome=", what.as_str()),
         (" policy=", &policy.name),
-        (" mode=", mode),
+        (" mode=", mode(policy, key)),
     ] {
         text.push_str(name);
         text.push_str(value);
@@ -52,6 +58,17 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
         push_hex16(&mut text, key);
     }
     Some(text)
+}
+
+/// The policy's mode for `key`: `enforce` or `shadow`, and for a policy with a rollout,
+/// `canary` (it enforces for the key) or `canary_shadow` (it does not).
+fn mode(policy: &Policy, key: Option<u64>) -> &'static str {
+    match (policy.shadow, policy.rollout, policy.enforces(key)) {
+        (true, ..) => "shadow",
+        (false, None, _) => "enforce",
+        (false, Some(_), true) => "canary",
+        (false, Some(_), false) => "canary_shadow",
+    }
 }
 
 #[cfg(test)]
@@ -80,6 +97,7 @@ mod tests {
                 ..Decision::default()
             },
             basis: Basis::Bucket,
+            enforced: !plan.policies[policy].shadow,
         }
     }
 

@@ -16,6 +16,7 @@ use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
 use crate::table;
+use crate::time::WorkerClock;
 use std::cell::{Cell, RefCell};
 
 /// The spacing of the log lines that would otherwise repeat with every request.
@@ -75,8 +76,7 @@ pub struct Filter {
     breaker: Breaker,
     /// This worker's leases on local buckets.
     ledger: RefCell<Ledger>,
-    /// The latest time seen: the wall clock may step back, this worker's time does not.
-    latest: Cell<u64>,
+    clock: WorkerClock,
     /// When a degraded decision was last logged: at most one line a second.
     last_degraded_log: Cell<u64>,
     /// When ignored route metadata was last logged: at most one line a minute.
@@ -124,7 +124,7 @@ impl Filter {
             counters,
             breaker: Breaker::default(),
             ledger: RefCell::default(),
-            latest: Cell::new(0),
+            clock: WorkerClock::default(),
             last_degraded_log: Cell::new(0),
             last_route_metadata_log: Cell::new(0),
         })
@@ -191,9 +191,7 @@ impl Filter {
     }
 
     fn now(&self, host: &impl Host) -> u64 {
-        let now = self.latest.get().max(host.now());
-        self.latest.set(now);
-        now
+        self.clock.now(host.now())
     }
 
     /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
@@ -227,7 +225,7 @@ impl Filter {
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
         self.log_route_metadata(outcome, now);
-        let denial = self.denial(outcome);
+        let denial = outcome.refused_by();
         if let Some(record) = access_log::record(&self.plan, outcome, denial.as_ref()) {
             host.record(&record);
         }
@@ -250,10 +248,7 @@ impl Filter {
 
     /// The longest wait an enforcing policy put on an admitted request.
     fn delay(&self, outcome: &Outcome) -> u64 {
-        let enforcing = outcome
-            .applied
-            .iter()
-            .filter(|a| self.is_enforcing(a.policy));
+        let enforcing = outcome.applied.iter().filter(|a| a.enforced);
         enforcing.map(|a| a.decision.delay).max().unwrap_or(0)
     }
 
@@ -334,24 +329,6 @@ impl Filter {
         }
     }
 
-    /// The denial to answer with: the strictest enforcing denial or, when a contended slot
-    /// could not be written, the first enforcing policy with a one-second wait.
-    fn denial(&self, outcome: &Outcome) -> Option<Applied> {
-        outcome.denied_by.or_else(|| {
-            let first_enforcing = outcome.applied.iter().find(|a| self.is_enforcing(a.policy));
-            first_enforcing
-                .filter(|_| outcome.exhausted)
-                .map(|a| Applied {
-                    decision: crate::algorithm::Decision {
-                        allowed: false,
-                        retry_after: NANOS_PER_SEC,
-                        ..a.decision
-                    },
-                    ..*a
-                })
-        })
-    }
-
     /// Refuses the request as the client's protocol expects (gRPC or plain HTTP): a policy's
     /// `denial` with the rate-limit headers, or a 503 when a policy that fails closed could not
     /// ask the service.
@@ -363,10 +340,7 @@ impl Filter {
             self.plan.version,
             denial.key.unwrap_or_default()
         );
-        let refusal = match denial.basis {
-            Basis::Unavailable => Refusal::Unavailable,
-            _ => Refusal::RateLimited,
-        };
+        let refusal = Refusal::of(denial);
         let grpc = host
             .header("content-type")
             .is_some_and(|value| reply::is_grpc(&value));
@@ -396,7 +370,7 @@ impl Filter {
         outcome
             .applied
             .iter()
-            .filter(|a| self.is_enforcing(a.policy))
+            .filter(|a| a.enforced)
             .min_by_key(|a| {
                 (
                     a.decision.remaining,
@@ -404,10 +378,6 @@ impl Filter {
                 )
             })
             .copied()
-    }
-
-    fn is_enforcing(&self, policy: usize) -> bool {
-        self.plan.policies.get(policy).is_some_and(|p| !p.shadow)
     }
 
     fn policy_name(&self, policy: usize) -> &str {
@@ -480,10 +450,13 @@ mod tests {
     use super::*;
     use crate::duration::NANOS_PER_SEC as SEC;
     use crate::exact::ExactStore;
-    use crate::limiter::PolicyOutcome::{Allowed, Bypassed, Denied, ShadowDenied};
+    use crate::limiter::PolicyOutcome::{
+        Allowed, Bypassed, CanaryShadowDenied, Denied, ShadowDenied,
+    };
     use crate::metrics::{degraded_counter, requests_counter};
     use crate::protocol::{CheckRequest, CheckResponse};
-    use crate::testing::{FakeHost, FakeRequest, MemoryStore};
+    use crate::store::MemoryStore;
+    use crate::testing::{FakeHost, FakeRequest};
     use serde_json::{json, Value};
     use std::cell::RefCell;
     use std::sync::Arc;
@@ -711,6 +684,61 @@ mod tests {
         assert_eq!(host.counter(&requests_counter("per-user", ShadowDenied)), 2);
         assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
         assert_eq!(host.replies.get(), 0);
+    }
+
+    /// The first user ids whose keys a rollout of `percent` enforces for, and does not.
+    fn canary_and_rest(percent: u32) -> (String, String) {
+        let inside = |id: &String| {
+            let key =
+                crate::key::hash_values(std::slice::from_ref(id), &crate::key::HashSecret::PUBLIC);
+            crate::key::rollout_position(key) < percent * 10_000
+        };
+        let ids = || (0..).map(|i| format!("user-{i}"));
+        (
+            ids().find(inside).unwrap(),
+            ids().find(|id| !inside(id)).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_rollout_enforces_for_its_keys_and_runs_in_shadow_for_the_rest_which_the_default_limits() {
+        let mut canary_policy = per_user(1);
+        canary_policy["rollout"] = json!({"enforce_percent": 30});
+        let baseline = json!({"name": "baseline", "key": ["header:x-user-id"], "requests": 1,
+            "per": "1s", "burst": 3});
+        let (filter, host) = setup(json!({"policies": [canary_policy], "default": baseline}));
+        let (canary, rest) = canary_and_rest(30);
+        assert_eq!(
+            statuses(&filter, &host, 3, &[("x-user-id", &canary)]),
+            [200, 429, 429]
+        );
+        assert_eq!(
+            statuses(&filter, &host, 4, &[("x-user-id", &rest)]),
+            [200, 200, 200, 429],
+            "outside the canary the new limit is shadow, and the default still limits"
+        );
+        filter.flush_counters(&host);
+        let count = |policy, outcome| host.counter(&requests_counter(policy, outcome));
+        assert_eq!(count("per-user", Denied), 2);
+        assert_eq!(count("per-user", CanaryShadowDenied), 3);
+        assert_eq!(count("per-user", ShadowDenied), 0);
+        assert_eq!(count("baseline", Denied), 1);
+        let records = host.records.borrow();
+        let modes: Vec<&str> = records
+            .iter()
+            .map(|r| r.split(' ').nth(2).unwrap())
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                "mode=canary",
+                "mode=canary",
+                "mode=canary_shadow",
+                "mode=canary_shadow",
+                "mode=enforce"
+            ],
+            "the access log tells the canary from the rest"
+        );
     }
 
     #[test]

@@ -232,6 +232,15 @@ pub fn hash_values(values: &[String], secret: &HashSecret) -> u64 {
     hash_parts(values.iter().map(|value| (0, value.as_bytes())), secret)
 }
 
+/// Where a key (its hash) falls among all keys, in millionths: a rollout enforces for the keys
+/// under its share. The hash is the shared one every Envoy computes alike (`Keying::shared`), so
+/// a key stays in or out of a rollout across restarts and Envoys; a larger share keeps every key
+/// a smaller one had. Mixed again so that it owes nothing to the slot a key takes.
+pub fn rollout_position(key: u64) -> u32 {
+    let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32;
+    ((mixed * 1_000_000) >> 32) as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -397,6 +406,40 @@ mod tests {
         assert_ne!(
             hash(&["header:a", "header:b"], &a),
             hash(&["header:a", "header:b"], &b)
+        );
+    }
+
+    /// The rollout positions of `n` distinct keys.
+    fn positions(n: u64) -> impl Iterator<Item = u32> {
+        (0..n).map(|i| rollout_position(hash_values(&[format!("user-{i}")], &HashSecret::PUBLIC)))
+    }
+
+    #[test]
+    fn a_rollout_share_takes_close_to_that_share_of_the_keys() {
+        for per_million in [10_000, 100_000, 500_000] {
+            let within = positions(100_000).filter(|&p| p < per_million).count() as f64;
+            let share = within / 100_000.0;
+            let expected = f64::from(per_million) / 1e6;
+            assert!((share - expected).abs() < 0.005, "{share} for {expected}");
+        }
+    }
+
+    #[test]
+    fn none_and_all_are_exact_a_wider_rollout_keeps_every_key_a_narrower_one_had_and_places_hold() {
+        use crate::config::Rollout;
+        let share = |percent: u32| Rollout {
+            enforce_per_million: percent * 10_000,
+        };
+        let keys = (0..100_000).map(|i| hash_values(&[format!("user-{i}")], &HashSecret::PUBLIC));
+        for key in keys.chain([0, 1, u64::MAX, MISSING_KEY]) {
+            assert!(!share(0).covers(key) && share(100).covers(key), "{key:x}");
+            assert!(!share(10).covers(key) || share(20).covers(key), "{key:x}");
+        }
+        // Pinned: a key's place must not move between versions, or a rollout's canary would.
+        let alice = rollout_position(hash_values(&["alice".into()], &HashSecret::PUBLIC));
+        assert_eq!(
+            alice, 234_940,
+            "alice is in a 24% rollout, not in a 23% one"
         );
     }
 

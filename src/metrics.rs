@@ -86,8 +86,9 @@ impl Counter {
 
 #[derive(Debug, Default)]
 struct PolicyCounters {
-    /// By `PolicyOutcome`, in the order of `PolicyOutcome::ALL`.
-    requests: [Counter; 4],
+    /// By `PolicyOutcome`, in the order of `PolicyOutcome::ALL` (`canary_shadow_denied` defined
+    /// only for a policy with a rollout).
+    requests: [Counter; PolicyOutcome::ALL.len()],
     /// Decisions taken without the service because it could not answer.
     degraded: Counter,
 }
@@ -110,7 +111,10 @@ impl Counters {
             .policies
             .iter()
             .map(|p| PolicyCounters {
-                requests: PolicyOutcome::ALL.map(|o| counter(requests_counter(&p.name, o))),
+                requests: PolicyOutcome::ALL.map(|o| match (o, p.rollout) {
+                    (PolicyOutcome::CanaryShadowDenied, None) => Counter::default(),
+                    _ => counter(requests_counter(&p.name, o)),
+                }),
                 degraded: counter(degraded_counter(&p.name)),
             })
             .collect();
@@ -132,9 +136,12 @@ impl Counters {
             if let Some(counter) = counter.and_then(|p| p.requests.get(what.index())) {
                 counter.add(1);
             }
-            if what == PolicyOutcome::ShadowDenied {
+            if matches!(
+                what,
+                PolicyOutcome::ShadowDenied | PolicyOutcome::CanaryShadowDenied
+            ) {
                 log::debug!(
-                    "shadow policy {} would deny, version {}",
+                    "policy {} would deny in shadow, version {}",
                     plan.policies.get(policy).map_or("", |p| p.name.as_str()),
                     plan.version
                 );

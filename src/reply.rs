@@ -5,6 +5,7 @@
 //! log shows for each kind of refusal.
 
 use crate::headers::denial_body;
+use crate::limiter::{Applied, Basis};
 use crate::text::push_decimal;
 use serde::Deserialize;
 use smallvec::SmallVec;
@@ -80,6 +81,32 @@ pub enum Refusal {
     Unavailable,
 }
 
+impl Refusal {
+    /// Why `denial` refuses its request.
+    pub fn of(denial: &Applied) -> Refusal {
+        match denial.basis {
+            Basis::Unavailable => Refusal::Unavailable,
+            _ => Refusal::RateLimited,
+        }
+    }
+
+    /// The HTTP status of the refusal, the policy's `denial` being `denial`.
+    pub fn status(self, denial: &Denial) -> u32 {
+        match self {
+            Refusal::RateLimited => denial.status,
+            Refusal::Unavailable => 503,
+        }
+    }
+
+    /// What `%RESPONSE_CODE_DETAILS%` shows of it.
+    pub fn details(self) -> &'static str {
+        match self {
+            Refusal::RateLimited => RATE_LIMITED,
+            Refusal::Unavailable => UNAVAILABLE,
+        }
+    }
+}
+
 /// Whether a request's `content-type` makes it a gRPC request, as Envoy decides it:
 /// `application/grpc`, alone or followed by `+` (`application/grpc+proto`). gRPC-Web is not.
 pub fn is_grpc(content_type: &[u8]) -> bool {
@@ -124,17 +151,14 @@ impl LocalReply {
         retry_secs: u64,
         grpc: bool,
     ) -> Self {
-        let (status, details, grpc_status, error, content_type) = match refusal {
+        let (status, details) = (refusal.status(denial), refusal.details());
+        let (grpc_status, error, content_type) = match refusal {
             Refusal::RateLimited => (
-                denial.status,
-                RATE_LIMITED,
                 denial.grpc_status,
                 "too_many_requests",
                 denial.content_type.as_str(),
             ),
             Refusal::Unavailable => (
-                503,
-                UNAVAILABLE,
                 GrpcStatus::Unavailable,
                 "rate_limit_unavailable",
                 "application/json",

@@ -78,6 +78,31 @@ fn read(
     })
 }
 
+/// A map as Envoy 1.40 hands it to proxy-wasm: the count, each entry's key and value lengths,
+/// then each key and value followed by a NUL (numbers as little-endian u32). For the tests, and
+/// for `sluice-replay`, which builds what Envoy would have handed over from an access log.
+pub fn envoy_map(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
+    let word = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes();
+    let mut out = word(entries.len()).to_vec();
+    for (key, value) in entries {
+        out.extend(word(key.len()));
+        out.extend(word(value.len()));
+    }
+    for (key, value) in entries {
+        out.extend(*key);
+        out.push(0);
+        out.extend(*value);
+        out.push(0);
+    }
+    out
+}
+
+/// A list of strings as Envoy hands it over: a map with the strings as keys.
+pub fn envoy_list(names: &[impl AsRef<[u8]>]) -> Vec<u8> {
+    let entries: Vec<(&[u8], &[u8])> = names.iter().map(|n| (n.as_ref(), &b""[..])).collect();
+    envoy_map(&entries)
+}
+
 /// A map's entries as Envoy serializes them: (key, value) bytes.
 type Entries<'a> = SmallVec<[(&'a [u8], &'a [u8]); 4]>;
 
@@ -110,7 +135,7 @@ fn u32_at(bytes: &[u8]) -> Option<(u32, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{envoy_list as list, envoy_map as map};
+    use super::{envoy_list as list, envoy_map as map};
 
     const POLICIES: [&str; 3] = ["per-user", "per-ip", "baseline"];
 
@@ -155,7 +180,7 @@ mod tests {
         let only = scope_of(&map(&[(b"policies", &list(&["baseline", "per-user"]))]));
         assert_eq!(only, (RouteScope::Only([2, 0].into_iter().collect()), None));
         assert!(only.0.includes(0) && !only.0.includes(1));
-        let none = scope_of(&map(&[(b"policies", &list(&[]))]));
+        let none = scope_of(&map(&[(b"policies", &list(&[] as &[&str]))]));
         assert_eq!(none.0, RouteScope::Only(SmallVec::new()));
         assert_eq!(
             scope_of(&map(&[(b"disabled", &[1])])).0,

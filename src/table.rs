@@ -348,7 +348,7 @@ pub fn value_size(width: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::MemoryStore;
+    use crate::store::MemoryStore;
 
     /// Tokens owed out of a capacity of 4: the first state word, as the tests write it.
     fn owes(state: &[u64]) -> Debt {

@@ -1,6 +1,6 @@
-//! Fakes of what the filter needs from Envoy, with Envoy's semantics: shared data, a request, and
-//! a whole host. For the unit tests and, through the `testing` feature, the micro-benchmarks and
-//! the other crates' tests. Test support: it panics on misuse.
+//! Fakes of what the filter needs from Envoy, with Envoy's semantics: a request, and a whole host
+//! (over `store::MemoryStore`). For the unit tests and, through the `testing` feature, the
+//! micro-benchmarks and the other crates' tests. Test support: it panics on misuse.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use crate::config::GlobalService;
@@ -8,45 +8,11 @@ use crate::filter::{Environment, Host};
 use crate::metrics::Metrics;
 use crate::reply::LocalReply;
 use crate::request::RequestSource;
-use crate::store::{Store, StoreError};
+use crate::route::envoy_map;
+use crate::store::{MemoryStore, Store, StoreError};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
-/// Shared data in one process, with Envoy's semantics (CAS 0 and creating writes are
-/// unconditional). Thread-safe, so tests can play several workers at once.
-#[derive(Default)]
-pub struct MemoryStore {
-    entries: Mutex<Entries>,
-}
-
-/// Entries by key with their versions, and the last version handed out.
-type Entries = (HashMap<String, (Vec<u8>, u32)>, u32);
-
-impl MemoryStore {
-    pub fn entry_count(&self) -> usize {
-        self.entries.lock().unwrap().0.len()
-    }
-}
-
-impl Store for MemoryStore {
-    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        self.entries.lock().unwrap().0.get(key).cloned()
-    }
-
-    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let mut guard = self.entries.lock().unwrap();
-        let (entries, version) = &mut *guard;
-        if let Some((_, current)) = entries.get(key) {
-            if cas != 0 && cas != *current {
-                return Err(StoreError::CasMismatch);
-            }
-        }
-        *version += 1;
-        entries.insert(key.to_string(), (value.to_vec(), *version));
-        Ok(())
-    }
-}
+use std::sync::Arc;
 
 /// A request, counting how often the host is asked. Properties are keyed by their path joined
 /// with dots (`source.address`).
@@ -82,29 +48,6 @@ impl FakeRequest {
         self.properties.insert(path.into(), envoy_map(&entries));
         self
     }
-}
-
-/// A map as Envoy 1.40 hands it to proxy-wasm: the count, each entry's key and value lengths,
-/// then each key and value followed by a NUL (numbers as little-endian u32).
-pub fn envoy_map(entries: &[(&[u8], &[u8])]) -> Vec<u8> {
-    let mut out = (entries.len() as u32).to_le_bytes().to_vec();
-    for (key, value) in entries {
-        out.extend((key.len() as u32).to_le_bytes());
-        out.extend((value.len() as u32).to_le_bytes());
-    }
-    for (key, value) in entries {
-        out.extend(*key);
-        out.push(0);
-        out.extend(*value);
-        out.push(0);
-    }
-    out
-}
-
-/// A list of strings as Envoy hands it over: a map with the strings as keys.
-pub fn envoy_list(names: &[&str]) -> Vec<u8> {
-    let entries: Vec<(&[u8], &[u8])> = names.iter().map(|n| (n.as_bytes(), &b""[..])).collect();
-    envoy_map(&entries)
 }
 
 impl RequestSource for FakeRequest {

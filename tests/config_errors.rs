@@ -222,6 +222,8 @@ const KNOWN_MEMBERS: &[&str] = &[
     "failure_mode",
     "lease",
     "emergency",
+    "rollout",
+    "enforce_percent",
     "path_prefix",
     "path_exact",
     "methods",
@@ -778,6 +780,13 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
             "a local policy leases only from a token bucket",
         );
         a.add(&lease, "must be between cost", lease_rule);
+    }
+    if is("mode") {
+        a.add(
+            &field("rollout"),
+            "a shadow policy enforces for no key",
+            "a rollout needs an enforcing policy, reported on `rollout`",
+        );
     }
     if is("failure_mode") {
         a.add(

@@ -18,9 +18,10 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Value};
 use sluice::filter::{Filter, Verdict};
+use sluice::store::MemoryStore;
 use sluice::store::Store;
 use sluice::table::slot_name;
-use sluice::testing::{FakeHost, FakeRequest, MemoryStore};
+use sluice::testing::{FakeHost, FakeRequest};
 use std::sync::Arc;
 
 /// Cases per run (`PROPTEST_CASES` overrides it): a few seconds in a debug build.

@@ -16,7 +16,8 @@
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use sluice::filter::{Filter, Verdict};
-use sluice::testing::{FakeHost, FakeRequest, MemoryStore};
+use sluice::store::MemoryStore;
+use sluice::testing::{FakeHost, FakeRequest};
 use sluice_testkit::envoy::Envoy;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

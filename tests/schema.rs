@@ -16,11 +16,9 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use jsonschema::Validator;
-use serde::Deserialize;
 use serde_json::{json, Value};
-
-const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-const STRING_VALUE_TYPE: &str = "type.googleapis.com/google.protobuf.StringValue";
+// The extraction sluice-replay reads an Envoy, Istio or Envoy Gateway file's configuration with.
+use sluice_replay::config_file::{configs_in_yaml, WASM_FILTER_TYPE};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -68,55 +66,6 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: not JSON: {e}", path.display()))
 }
 
-/// The sluice configurations in one YAML document: the `configuration` StringValue of every Envoy
-/// wasm HTTP filter, the `pluginConfig` of an Istio `WasmPlugin`, and the `config` of each wasm
-/// extension of an Envoy Gateway `EnvoyExtensionPolicy`.
-fn plugin_configs(doc: &serde_yaml::Value, found: &mut Vec<Value>) {
-    match doc {
-        serde_yaml::Value::Mapping(map) => {
-            if map.get("@type").and_then(|t| t.as_str()) == Some(WASM_FILTER_TYPE) {
-                let configuration = &doc["config"]["configuration"];
-                assert_eq!(
-                    configuration["@type"].as_str(),
-                    Some(STRING_VALUE_TYPE),
-                    "wasm filter configuration must be a google.protobuf.StringValue"
-                );
-                let text = configuration["value"]
-                    .as_str()
-                    .expect("wasm filter configuration.value must be a string");
-                let config = serde_json::from_str(text)
-                    .unwrap_or_else(|e| panic!("plugin configuration is not JSON: {e}\n{text}"));
-                found.push(config);
-            }
-            if map.get("kind").and_then(|k| k.as_str()) == Some("WasmPlugin") {
-                let config = &doc["spec"]["pluginConfig"];
-                assert!(!config.is_null(), "WasmPlugin without spec.pluginConfig");
-                found.push(serde_json::to_value(config).unwrap());
-            }
-            if map.get("kind").and_then(|k| k.as_str()) == Some("EnvoyExtensionPolicy") {
-                let extensions = doc["spec"]["wasm"].as_sequence();
-                for extension in extensions.expect("EnvoyExtensionPolicy without spec.wasm") {
-                    assert!(
-                        !extension["config"].is_null(),
-                        "wasm extension without config"
-                    );
-                    found.push(serde_json::to_value(&extension["config"]).unwrap());
-                }
-            }
-            for (_, value) in map {
-                plugin_configs(value, found);
-            }
-        }
-        serde_yaml::Value::Sequence(items) => {
-            for item in items {
-                plugin_configs(item, found);
-            }
-        }
-        serde_yaml::Value::Tagged(tagged) => plugin_configs(&tagged.value, found),
-        _ => {}
-    }
-}
-
 /// The YAML files under `dir` and its subdirectories.
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = files_with_extension(dir, &["yaml", "yml"]);
@@ -144,12 +93,7 @@ fn envoy_plugin_configs() -> Vec<(PathBuf, Vec<Value>)> {
         if !kinds.iter().any(|kind| text.contains(kind)) {
             continue;
         }
-        let mut configs = Vec::new();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let doc = serde_yaml::Value::deserialize(doc)
-                .unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()));
-            plugin_configs(&doc, &mut configs);
-        }
+        let configs = configs_in_yaml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert!(
             !configs.is_empty(),
             "{}: mentions a wasm filter but no plugin configuration was found in it",
@@ -447,6 +391,17 @@ fn classic_mistakes_are_rejected_where_they_are() {
             c["default"] = json!({"name": "d", "match": {"path_prefix": "/"},
                                   "key": ["ip"], "requests": 1, "per": "1s"});
         }),
+        (
+            "rollout over 100 percent",
+            "/policies/0/rollout/enforce_percent",
+            |c| {
+                c["policies"][0]["rollout"] = json!({"enforce_percent": 120});
+            },
+        ),
+        ("rollout on a shadow policy", "/policies/0", |c| {
+            c["policies"][0]["rollout"] = json!({"enforce_percent": 5});
+            c["policies"][0]["mode"] = json!("shadow");
+        }),
     ];
 
     let validator = validator();
@@ -572,12 +527,10 @@ spec:
       requests: 3
       per: 1h
 "#;
-    let mut found = Vec::new();
-    for text in [envoy, istio] {
-        for doc in serde_yaml::Deserializer::from_str(text) {
-            plugin_configs(&serde_yaml::Value::deserialize(doc).unwrap(), &mut found);
-        }
-    }
+    let found: Vec<Value> = [envoy, istio]
+        .iter()
+        .flat_map(|text| configs_in_yaml(text).unwrap())
+        .collect();
     let names: Vec<_> = found
         .iter()
         .map(|c| c["policies"][0]["name"].as_str().unwrap().to_owned())

@@ -9,7 +9,7 @@ from .history import RUN_TO_RUN, read_history
 from .instructions_report import instructions_section
 from .load import PATH
 from .markdown import figure, table, times, verdict
-from .paths import read_json
+from .paths import BENCH, read_json
 from .processes import ENVOY_CORE, LOAD_CORE
 from .setups import CALLOUT_BUDGET_US, DEFAULT_MAX_KEYS, RATIOS, STEPS, TARGETS, ratio, step
 
@@ -32,6 +32,7 @@ def render(saved, reports):
         instructions_section(read_json(reports.instructions_json), saved["summary"], reports),
         accuracy(saved["accuracy"]),
         micro_benchmarks(saved["micro"]),
+        replay_section(),
     ]
     reports.benchmarks_md.write_text("\n\n".join("\n".join(lines) for lines in sections if lines) + "\n")
 
@@ -253,3 +254,10 @@ def decision_target(cases):
         f"Target: a token-bucket decision ≤ 100 ns natively: {decision['median_ns']:.1f} ns, "
         f"{'pass' if decision['median_ns'] <= 100 else '**fail**'}.",
     ]
+
+
+def replay_section():
+    """sluice-replay's speed and memory: measured by hand (its own example, not make bench) and
+    kept in bench/replay.md, which this carries over as it is."""
+    path = BENCH / "replay.md"
+    return path.read_text().rstrip("\n").split("\n") if path.exists() else []

@@ -7,7 +7,7 @@ use super::input::{
     RawPolicy, RawScope, RawTiers,
 };
 use super::plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Scope, Secret, TableSpec, Tier, Tiers,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, TableSpec, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Window};
@@ -194,6 +194,7 @@ impl Compiler {
             matcher,
             fallback,
             shadow: raw.mode == RawMode::Shadow,
+            rollout: rollout(at, raw)?,
             share_missing_key: raw.missing_key == RawMissingKey::Shared,
             cost: raw.cost,
             take: 0,
@@ -419,7 +420,8 @@ impl Shape {
 }
 
 /// The tables as requests read them. A table's keys are known beyond this Envoy
-/// (`TableSpec::shares_key`) when a global or bypassed policy is among its members.
+/// (`TableSpec::shares_key`) when a global, bypassed or rolled-out policy is among its members:
+/// every Envoy must agree on which keys a rollout enforces for.
 fn table_specs(
     drafts: Vec<TableDraft>,
     attrs: &[Attr],
@@ -427,7 +429,9 @@ fn table_specs(
     bypass: &[Bypass],
 ) -> Vec<TableSpec> {
     let named = |(i, p): (usize, &Policy)| {
-        matches!(p.scope, Scope::Global(_)) || bypass.iter().any(|b| b.policy == i)
+        matches!(p.scope, Scope::Global(_))
+            || p.rollout.is_some()
+            || bypass.iter().any(|b| b.policy == i)
     };
     let shares_key = |table: usize| {
         let mut members = policies
@@ -545,6 +549,30 @@ fn take(at: &str, raw: &RawPolicy, policy: &Policy) -> Result<u64, ConfigError> 
         ));
     }
     Ok(take)
+}
+
+/// Canary enforcement, for an enforcing policy: the share of its keys it enforces for, in
+/// millionths.
+fn rollout(at: &str, raw: &RawPolicy) -> Result<Option<Rollout>, ConfigError> {
+    let Some(rollout) = &raw.rollout else {
+        return Ok(None);
+    };
+    if raw.mode == RawMode::Shadow {
+        return Err(error(
+            format!("{at}.rollout"),
+            "a shadow policy enforces for no key: a rollout needs \"mode\": \"enforce\"",
+        ));
+    }
+    let percent = rollout.enforce_percent;
+    if !(0.0..=100.0).contains(&percent) {
+        return Err(error(
+            format!("{at}.rollout.enforce_percent"),
+            "must be between 0 and 100",
+        ));
+    }
+    Ok(Some(Rollout {
+        enforce_per_million: (percent * 10_000.0).round() as u32,
+    }))
 }
 
 /// Where the policy is decided; the fields that only make sense for a global policy are

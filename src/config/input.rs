@@ -106,6 +106,14 @@ pub(super) struct RawPolicy {
     pub(super) lease: Option<u64>,
     pub(super) emergency: Option<RawRate>,
     pub(super) denial: Option<RawDenial>,
+    pub(super) rollout: Option<RawRollout>,
+}
+
+/// Canary enforcement: the policy enforces for this share of its keys, shadow for the rest.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawRollout {
+    pub(super) enforce_percent: f64,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]

@@ -49,6 +49,8 @@ pub struct Policy {
     /// The `default` policy: applies only when no other policy matched.
     pub fallback: bool,
     pub shadow: bool,
+    /// Canary enforcement: enforcing for a share of the keys only.
+    pub rollout: Option<Rollout>,
     pub share_missing_key: bool,
     pub cost: u64,
     /// Tokens taken at a time (the `lease` field, else the cost): per visit to a local bucket,
@@ -107,6 +109,31 @@ impl Policy {
             .as_ref()
             .and_then(|tiers| tiers.select(request))
             .unwrap_or(self.tier)
+    }
+}
+
+impl Policy {
+    /// Whether the policy enforces for the key (its shared hash, which a table with a rollout
+    /// always has: see `TableSpec::shares_key`): not a shadow policy, and the key within its
+    /// rollout's share, if it has one. Otherwise it runs in shadow for the key.
+    pub fn enforces(&self, key: Option<u64>) -> bool {
+        !self.shadow
+            && self
+                .rollout
+                .is_none_or(|r| key.is_some_and(|key| r.covers(key)))
+    }
+}
+
+/// A rollout: the policy enforces for the keys whose rollout position (`key::rollout_position`,
+/// stable wherever the key is hashed) falls under this many millionths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rollout {
+    pub enforce_per_million: u32,
+}
+
+impl Rollout {
+    pub fn covers(&self, key: u64) -> bool {
+        crate::key::rollout_position(key) < self.enforce_per_million
     }
 }
 

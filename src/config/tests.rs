@@ -763,3 +763,45 @@ fn route_scope_reads_the_route_only_when_asked_to() {
         .iter()
         .any(|a| matches!(a, Attr::Route | Attr::RouteMetadata)));
 }
+
+#[test]
+fn a_rollout_enforces_for_its_share_of_the_keys_in_millionths() {
+    let plan = parse(
+        with(json!({"rollout": {"enforce_percent": 12.5}}))
+            .to_string()
+            .as_bytes(),
+    );
+    let rollout = plan.unwrap().policies[0].rollout;
+    assert_eq!(
+        rollout,
+        Some(Rollout {
+            enforce_per_million: 125_000
+        })
+    );
+    for percent in [0, 100] {
+        let plan = parse(
+            with(json!({"rollout": {"enforce_percent": percent}}))
+                .to_string()
+                .as_bytes(),
+        );
+        assert!(plan.is_ok(), "{percent}");
+    }
+}
+
+#[test]
+fn rejects_a_rollout_out_of_range_or_on_a_shadow_policy() {
+    for percent in [json!(-1), json!(100.5), json!("10")] {
+        let config = with(json!({"rollout": {"enforce_percent": percent}}));
+        assert_eq!(refused(config).field, "policies[0].rollout.enforce_percent");
+    }
+    assert_refused(
+        with(json!({"rollout": {"enforce_percent": 10}, "mode": "shadow"})),
+        "policies[0].rollout",
+        "mode",
+    );
+    assert_refused(
+        with(json!({"rollout": {"percent": 10}})),
+        "policies[0].rollout.percent",
+        "unknown field",
+    );
+}

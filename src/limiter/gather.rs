@@ -24,7 +24,9 @@ pub(super) fn works<R: RequestSource + ?Sized>(
 ) -> Vec<Work> {
     let mut gathered = Gathered {
         keying,
-        works: Vec::new(),
+        // One work per table at most: sized for that, not for the four a growing Vec starts
+        // with (four works are past the allocator's fast path).
+        works: Vec::with_capacity(plan.tables.len()),
         service: if service_up {
             Service::Ask
         } else {
@@ -40,8 +42,8 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     let mut enforced = false;
     for (index, policy) in in_scope() {
         if !policy.fallback && policy.matcher.matches(request) {
-            let applied = gathered.join(plan, index, policy, request, outcome);
-            enforced |= applied && !policy.shadow;
+            let joined = gathered.join(plan, index, policy, request, outcome);
+            enforced |= joined == Some(true);
         }
     }
     if !enforced {
@@ -76,7 +78,7 @@ struct Gathered<'k> {
 
 impl Gathered<'_> {
     /// Adds the policy to the work of its table, unless its key is missing (and not shared) or
-    /// exempt. Returns whether it applies.
+    /// exempt. Returns whether it enforces for the key, if it applies.
     fn join<R: RequestSource + ?Sized>(
         &mut self,
         plan: &Plan,
@@ -84,24 +86,26 @@ impl Gathered<'_> {
         policy: &Policy,
         request: &mut Attributes<R>,
         outcome: &mut Outcome,
-    ) -> bool {
+    ) -> Option<bool> {
         let existing = self.works.iter().position(|w| w.table == policy.table);
         let (hash, key) = match existing.and_then(|i| self.works.get(i)) {
             Some(work) => (work.hash, work.key),
             None => hashes_of(plan, self.keying, policy, request),
         };
         if hash == MISSING_KEY && !policy.share_missing_key {
-            return false;
+            return None;
         }
         if key.is_some_and(|key| exempt(plan, index, key, self.now, outcome)) {
-            return false;
+            return None;
         }
         let tier = policy.tier_of(request);
+        let enforced = policy.enforces(key);
         let member = Member {
             policy: index,
             tier,
             emergency: policy.emergency().unwrap_or(tier),
             service: self.service,
+            enforced,
         };
         match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => work.members.push(member),
@@ -109,7 +113,7 @@ impl Gathered<'_> {
                 .works
                 .push(Work::new(policy.table, (hash, key), member)),
         }
-        true
+        Some(enforced)
     }
 }
 
@@ -201,7 +205,8 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::key::HashSecret;
-    use crate::testing::{envoy_list, FakeRequest};
+    use crate::route::envoy_list;
+    use crate::testing::FakeRequest;
     use serde_json::json;
 
     fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Vec<Work>, Outcome) {

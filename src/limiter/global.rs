@@ -257,6 +257,7 @@ mod tests {
             tier: policy.tier,
             emergency: policy.emergency().unwrap_or(policy.tier),
             service,
+            enforced: true,
         }
     }
 

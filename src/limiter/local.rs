@@ -118,6 +118,7 @@ mod tests {
             tier: plan.policies[0].tier,
             emergency: plan.policies[0].tier,
             service: Service::Ask,
+            enforced: true,
         }
     }
 

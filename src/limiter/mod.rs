@@ -73,6 +73,9 @@ pub struct Applied {
     pub tier: Tier,
     pub decision: Decision,
     pub basis: Basis,
+    /// Whether the policy enforces for this key: not a shadow policy, the key within its
+    /// rollout. A verdict that does not is counted and logged, never answered.
+    pub enforced: bool,
 }
 
 /// Everything the glue needs to answer, count and log.
@@ -102,6 +105,22 @@ impl Outcome {
         self.denied_by.is_some() || self.exhausted
     }
 
+    /// The denial a refused request is answered with: the strictest enforcing denial or, when a
+    /// contended slot could not be written, the first enforcing policy with a one-second wait.
+    pub fn refused_by(&self) -> Option<Applied> {
+        self.denied_by.or_else(|| {
+            let first_enforcing = self.applied.iter().find(|a| a.enforced);
+            first_enforcing.filter(|_| self.exhausted).map(|a| Applied {
+                decision: Decision {
+                    allowed: false,
+                    retry_after: crate::duration::NANOS_PER_SEC,
+                    ..a.decision
+                },
+                ..*a
+            })
+        })
+    }
+
     /// Each policy's part in the request: the policy, the key's hash (see `Applied::key`), what
     /// it did. A policy that allowed a request another one denied has none.
     pub fn by_policy<'a>(
@@ -111,11 +130,12 @@ impl Outcome {
         let denied = self.is_denied();
         let applied = self.applied.iter().filter_map(move |a| {
             let shadow = plan.policies.get(a.policy).is_some_and(|p| p.shadow);
-            let what = match (a.decision.allowed, shadow) {
-                (false, true) => PolicyOutcome::ShadowDenied,
-                (false, false) => PolicyOutcome::Denied,
-                (true, _) if !denied => PolicyOutcome::Allowed,
-                (true, _) => return None,
+            let what = match (a.decision.allowed, a.enforced, shadow) {
+                (false, true, _) => PolicyOutcome::Denied,
+                (false, false, true) => PolicyOutcome::ShadowDenied,
+                (false, false, false) => PolicyOutcome::CanaryShadowDenied,
+                (true, ..) if !denied => PolicyOutcome::Allowed,
+                (true, ..) => return None,
             };
             Some((a.policy, a.key, what))
         });
@@ -134,14 +154,17 @@ pub enum PolicyOutcome {
     ShadowDenied,
     /// A bypass entry exempted its key from the policy.
     Bypassed,
+    /// A policy with a rollout would have denied a key outside its enforced share.
+    CanaryShadowDenied,
 }
 
 impl PolicyOutcome {
-    pub const ALL: [PolicyOutcome; 4] = [
+    pub const ALL: [PolicyOutcome; 5] = [
         PolicyOutcome::Allowed,
         PolicyOutcome::Denied,
         PolicyOutcome::ShadowDenied,
         PolicyOutcome::Bypassed,
+        PolicyOutcome::CanaryShadowDenied,
     ];
 
     /// Its position in `ALL`.
@@ -155,6 +178,7 @@ impl PolicyOutcome {
             PolicyOutcome::Denied => "denied",
             PolicyOutcome::ShadowDenied => "shadow_denied",
             PolicyOutcome::Bypassed => "bypassed",
+            PolicyOutcome::CanaryShadowDenied => "canary_shadow_denied",
         }
     }
 }
@@ -247,7 +271,7 @@ impl<S: Store> Limiter<'_, S> {
     fn advance(&mut self, mut pending: Pending) -> Step {
         loop {
             let asks = pending.works.iter().any(Work::asks);
-            if asks && strictest_denial(self.plan, &pending.works).is_none() {
+            if asks && strictest_denial(&pending.works).is_none() {
                 if pending.round < MAX_CALLOUTS {
                     global::ask(self.plan, &mut pending);
                     return Step::Callout(pending);
@@ -264,7 +288,7 @@ impl<S: Store> Limiter<'_, S> {
     fn finish(&mut self, pending: Pending) -> Outcome {
         let mut outcome = pending.outcome;
         outcome.applied = pending.works.iter().flat_map(Work::applied).collect();
-        outcome.denied_by = strictest(self.plan, outcome.applied.iter().copied());
+        outcome.denied_by = strictest(outcome.applied.iter().copied());
         if outcome.is_denied() {
             local::refund_loans(&pending.works, self.plan, self.ledger);
         }
@@ -272,15 +296,15 @@ impl<S: Store> Limiter<'_, S> {
     }
 }
 
-fn strictest_denial(plan: &Plan, works: &[Work]) -> Option<Applied> {
-    strictest(plan, works.iter().flat_map(Work::applied))
+fn strictest_denial(works: &[Work]) -> Option<Applied> {
+    strictest(works.iter().flat_map(Work::applied))
 }
 
 /// Among enforcing denials, the one with the longest wait: the client must wait that long anyway.
-fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Applied> {
+fn strictest(applied: impl Iterator<Item = Applied>) -> Option<Applied> {
     applied
         .filter(|a| !a.decision.allowed)
-        .filter(|a| plan.policies.get(a.policy).is_some_and(|p| !p.shadow))
+        .filter(|a| a.enforced)
         .max_by_key(|a| a.decision.retry_after)
 }
 
@@ -288,8 +312,8 @@ fn strictest(plan: &Plan, applied: impl Iterator<Item = Applied>) -> Option<Appl
 #[cfg(test)]
 mod testing {
     use super::*;
+    use crate::store::MemoryStore;
     use crate::testing::FakeRequest;
-    use crate::testing::MemoryStore;
     use serde_json::{json, Value};
 
     pub const SEC: u64 = crate::duration::NANOS_PER_SEC;

@@ -17,6 +17,8 @@ pub(super) struct Member {
     /// The limit enforced locally while the service cannot answer (global fail-open policies).
     pub emergency: Tier,
     pub service: Service,
+    /// Whether the policy enforces for this key (else it runs in shadow for it).
+    pub enforced: bool,
 }
 
 /// A member's verdict: `None` while only the service can give it.
@@ -103,6 +105,7 @@ impl Work {
                     },
                     decision,
                     basis,
+                    enforced: m.enforced,
                 })
             })
     }

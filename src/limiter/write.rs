@@ -36,7 +36,7 @@ impl<S: Store> Limiter<'_, S> {
     /// Writes every work's slot, judging it again after each lost race. A denied request writes
     /// no charges. Returns false when a work read again needs the service.
     pub(super) fn write(&mut self, p: &mut Pending) -> bool {
-        let mut denied = strictest_denial(self.plan, &p.works).is_some();
+        let mut denied = strictest_denial(&p.works).is_some();
         for work in p.works.iter_mut().filter(|w| !w.on_loan) {
             let mut charged = false;
             for attempt in 1..=MAX_ATTEMPTS {
@@ -59,7 +59,7 @@ impl<S: Store> Limiter<'_, S> {
                         if work.asks() && !denied {
                             return false;
                         }
-                        denied |= strictest_denial(self.plan, std::slice::from_ref(work)).is_some();
+                        denied |= strictest_denial(std::slice::from_ref(work)).is_some();
                     }
                     Err(_) => {
                         p.outcome.exhausted = true;
@@ -101,7 +101,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::config::Plan;
-    use crate::testing::MemoryStore;
+    use crate::store::MemoryStore;
     use serde_json::json;
     use std::cell::Cell;
 

@@ -1,0 +1,112 @@
+//! `--compare`: the same log through two configurations, side by side. A request changes outcome
+//! when one configuration denies it (a 429) and the other does not; the change is counted under
+//! the policy that denies it (in the other configuration for a request no longer denied), with
+//! the first few requests of each policy as examples.
+
+use crate::engine::Decided;
+use crate::log::Record;
+use crate::report::key_value;
+use sluice::config::Plan;
+use sluice::limiter::Applied;
+use std::collections::BTreeMap;
+
+/// Examples kept per policy.
+pub const EXAMPLES: usize = 5;
+
+#[derive(Debug, Default)]
+pub struct Comparison {
+    pub requests: u64,
+    pub changed: u64,
+    /// By the name of the policy that denies.
+    pub policies: BTreeMap<String, Changes>,
+}
+
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Allowed by the configuration, denied by the other one.
+    pub newly_denied: u64,
+    /// Denied by the configuration, allowed by the other one.
+    pub newly_allowed: u64,
+    pub examples: Vec<Example>,
+}
+
+/// A request that changed outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    pub line: u64,
+    pub time: u64,
+    pub method: String,
+    pub path: String,
+    /// The key's hash, 16 hex digits, or its value with `--show-keys`.
+    pub key: String,
+    /// Denied by the other configuration (else: no longer denied).
+    pub now_denied: bool,
+}
+
+impl Comparison {
+    /// Compares one request's outcomes: `before` under the configuration, `after` under the other.
+    pub fn add(
+        &mut self,
+        record: &Record,
+        before: (&Plan, &Decided),
+        after: (&Plan, &Decided),
+        show_keys: bool,
+    ) {
+        self.requests += 1;
+        let (now_denied, (plan, denier)) = match (denial(before), denial(after)) {
+            (None, Some(denied)) => (true, denied),
+            (Some(denied), None) => (false, denied),
+            _ => return,
+        };
+        self.changed += 1;
+        let name = denier
+            .and_then(|a| plan.policies.get(a.policy))
+            .map_or_else(|| "(contended store)".to_string(), |p| p.name.clone());
+        let changes = self.policies.entry(name).or_default();
+        if now_denied {
+            changes.newly_denied += 1;
+        } else {
+            changes.newly_allowed += 1;
+        }
+        if changes.examples.len() < EXAMPLES {
+            let key = denier.map_or_else(String::new, |a| key_text(plan, &a, record, show_keys));
+            changes.examples.push(example(record, key, now_denied));
+        }
+    }
+}
+
+/// The plan of a denied request, and the policy that denied it (a contended store denies with
+/// none).
+fn denial<'p>((plan, decided): (&'p Plan, &Decided)) -> Option<(&'p Plan, Option<Applied>)> {
+    let outcome = &decided.outcome;
+    let denier = outcome
+        .denied_by
+        .or_else(|| outcome.applied.first().copied());
+    outcome.is_denied().then_some((plan, denier))
+}
+
+fn key_text(plan: &Plan, applied: &Applied, record: &Record, show_keys: bool) -> String {
+    // Always named: the engine hashes under one secret.
+    let Some(key) = applied.key else {
+        return String::new();
+    };
+    if show_keys {
+        key_value(plan, applied.policy, key, record)
+    } else {
+        format!("{key:016x}")
+    }
+}
+
+fn example(record: &Record, key: String, now_denied: bool) -> Example {
+    use sluice::request::RequestSource;
+    let text =
+        |name| String::from_utf8_lossy(&record.header(name).unwrap_or_default()).into_owned();
+    Example {
+        line: record.line,
+        time: record.time,
+        method: text(":method"),
+        path: text(":path"),
+        key,
+        now_denied,
+    }
+}

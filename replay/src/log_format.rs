@@ -1,0 +1,112 @@
+//! The Envoy access log that writes what `log` reads (`--print-log-format`): a file access log
+//! whose `json_format` has the fixed fields and, for the configuration at hand, every request
+//! header and dynamic-metadata namespace its key parts, tiers and matches read, and the route's
+//! `sluice` metadata when it reads that (`route_metadata`).
+
+use serde_yaml::{Mapping, Value};
+use sluice::config::Plan;
+use sluice::request::Attr;
+
+/// Where the printed access log writes: any path will do.
+pub const DEFAULT_PATH: &str = "/var/log/envoy/sluice-access.json";
+const FILE_LOGGER_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog";
+
+/// The `json_format` for `plan`.
+pub fn json_format(plan: &Plan) -> Mapping {
+    let mut format = Mapping::new();
+    let fields = [
+        // Microseconds: the filter decides a request a few microseconds after it starts.
+        ("start_time", "%START_TIME(%Y-%m-%dT%H:%M:%S.%6fZ)%"),
+        ("method", "%REQ(:METHOD)%"),
+        // The path as the filter saw it, before a route rewrote it.
+        ("path", "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%"),
+        ("authority", "%REQ(:AUTHORITY)%"),
+        ("remote_address", "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%"),
+        ("route_name", "%ROUTE_NAME%"),
+        ("response_code", "%RESPONSE_CODE%"),
+        // What tells a refusal of sluice's from an upstream's answer of the same status.
+        ("response_code_details", "%RESPONSE_CODE_DETAILS%"),
+    ];
+    for (name, operator) in fields {
+        format.insert(name.into(), operator.into());
+    }
+    let mut headers = Mapping::new();
+    let mut metadata = Mapping::new();
+    for attr in &plan.attrs {
+        match attr {
+            Attr::Header(name) => {
+                let operator = format!("%REQ({})%", name.to_ascii_uppercase());
+                headers.insert(name.as_str().into(), operator.into());
+            }
+            Attr::Metadata { namespace, .. } => {
+                let operator = format!("%DYNAMIC_METADATA({namespace})%");
+                metadata.insert(namespace.as_str().into(), operator.into());
+            }
+            _ => {}
+        }
+    }
+    format.insert("headers".into(), Value::Mapping(headers));
+    format.insert("metadata".into(), Value::Mapping(metadata));
+    if plan.route_metadata.is_some() {
+        let sluice = mapping([("sluice", "%METADATA(ROUTE:sluice)%".into())]);
+        format.insert("route_metadata".into(), sluice);
+    }
+    format
+}
+
+/// The connection manager's `access_log` list with one file logger writing to `path`.
+pub fn access_log(plan: &Plan, path: &str) -> Value {
+    let log_format = mapping([("json_format", Value::Mapping(json_format(plan)))]);
+    let config = mapping([
+        ("@type", FILE_LOGGER_TYPE.into()),
+        ("path", path.into()),
+        ("log_format", log_format),
+    ]);
+    let logger = mapping([
+        ("name", "envoy.access_loggers.file".into()),
+        ("typed_config", config),
+    ]);
+    Value::Sequence(vec![logger])
+}
+
+fn mapping<const N: usize>(entries: [(&str, Value); N]) -> Value {
+    Value::Mapping(entries.into_iter().map(|(k, v)| (k.into(), v)).collect())
+}
+
+/// What `--print-log-format` prints: the `access_log` field of the HTTP connection manager.
+pub fn print(plan: &Plan) -> String {
+    let mut field = Mapping::new();
+    field.insert("access_log".into(), access_log(plan, DEFAULT_PATH));
+    let yaml = serde_yaml::to_string(&field).unwrap_or_default();
+    format!(
+        "# The HTTP connection manager's access log for sluice-replay (any path will do):\n{yaml}"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_format_asks_for_every_header_and_namespace_the_configuration_reads() {
+        let config = r#"{"policies": [{"name": "p", "key": ["header:X-User-Id|metadata:envoy.filters.http.jwt_authn:payload.sub"],
+            "match": {"headers": [{"name": "x-env", "present": true}]}, "requests": 1, "per": "1s",
+            "tiers": {"by": "header:x-plan", "values": {"gold": {"requests": 5, "per": "1s"}}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let format = json_format(&plan);
+        let headers: Vec<_> = format["headers"].as_mapping().unwrap().iter().collect();
+        assert_eq!(headers.len(), 3);
+        assert_eq!(format["headers"]["x-user-id"], "%REQ(X-USER-ID)%");
+        assert_eq!(format["headers"]["x-env"], "%REQ(X-ENV)%");
+        assert_eq!(
+            format["metadata"]["envoy.filters.http.jwt_authn"],
+            "%DYNAMIC_METADATA(envoy.filters.http.jwt_authn)%"
+        );
+        let printed = print(&plan);
+        let parsed: Value = serde_yaml::from_str(&printed).unwrap();
+        let logged = &parsed["access_log"][0]["typed_config"];
+        assert_eq!(logged["log_format"]["json_format"], Value::Mapping(format));
+        assert_eq!(logged["path"], DEFAULT_PATH);
+    }
+}

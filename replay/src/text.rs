@@ -1,0 +1,168 @@
+//! `--format text` (the default): the replay as an operator reads it, a table of policies (and
+//! their tiers), the groups of each rollout, each policy's most denied keys, then what `--check`
+//! and `--compare` found.
+
+use crate::check::Check;
+use crate::compare::Comparison;
+use crate::json::TOP_KEYS;
+use crate::report::{Report, RolloutReport, Stats};
+use crate::run::Replay;
+use sluice::duration::NANOS_PER_SEC;
+use sluice::time::format_rfc3339;
+use std::fmt::Write;
+
+pub fn render(replay: &Replay) -> String {
+    let mut out = String::new();
+    report(&mut out, &replay.report);
+    if let Some(check) = &replay.check {
+        self::check(&mut out, check);
+    }
+    if let Some(comparison) = &replay.comparison {
+        compare(&mut out, comparison);
+    }
+    out
+}
+
+fn report(out: &mut String, r: &Report) {
+    let _ = writeln!(
+        out,
+        "{} lines: {} requests replayed, {} denied; {} lines skipped, {} late",
+        r.lines, r.requests, r.denied, r.skipped, r.late
+    );
+    for (line, reason) in &r.skipped_lines {
+        let _ = writeln!(out, "  skipped line {line}: {reason}");
+    }
+    if r.skipped > r.skipped_lines.len() as u64 {
+        let _ = writeln!(
+            out,
+            "  ... and {} more",
+            r.skipped - r.skipped_lines.len() as u64
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n{:<28} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  busiest second",
+        "policy", "matched", "allowed", "denied", "shadow", "bypassed", "denied%"
+    );
+    for policy in &r.policies {
+        row(out, &policy.name, &policy.all);
+        for (tier, stats) in &policy.tiers {
+            row(out, &format!("  tier {tier}"), stats);
+        }
+    }
+    for policy in &r.policies {
+        if let Some(rollout) = &policy.rollout {
+            rollout_line(out, &policy.name, rollout);
+        }
+    }
+    for policy in &r.policies {
+        top_keys(out, &policy.name, &policy.all);
+    }
+}
+
+fn row(out: &mut String, name: &str, stats: &Stats) {
+    let t = &stats.tally;
+    let (second, requests) = stats.busiest.best;
+    let busiest = if requests > 0 {
+        format!("{} ({requests})", format_rfc3339(second * NANOS_PER_SEC))
+    } else {
+        "-".into()
+    };
+    let _ = writeln!(
+        out,
+        "{name:<28} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7.2}%  {busiest}",
+        t.matched,
+        t.allowed,
+        t.denied,
+        t.shadow_denied,
+        t.bypassed,
+        100.0 * t.denied_share()
+    );
+}
+
+fn rollout_line(out: &mut String, name: &str, r: &RolloutReport) {
+    let (e, s) = (&r.enforced, &r.shadowed);
+    let _ = writeln!(
+        out,
+        "\n{name}: rollout to {}% of keys: enforced for {} requests ({} denied), shadow for {} \
+         ({} would have been denied)",
+        r.enforce_percent, e.matched, e.denied, s.matched, s.denied
+    );
+}
+
+fn top_keys(out: &mut String, name: &str, stats: &Stats) {
+    let top = stats.top.top(TOP_KEYS);
+    if top.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\n{name}: keys denied most (shadow denials included)");
+    for counted in top {
+        let error = if counted.error > 0 {
+            format!(" (may be up to {} over)", counted.error)
+        } else {
+            String::new()
+        };
+        let value = counted.value.map(|v| format!("  {v}")).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {:016x} {:>10}{error}{value}",
+            counted.key, counted.count
+        );
+    }
+}
+
+fn check(out: &mut String, check: &Check) {
+    let share = if check.compared == 0 {
+        100.0
+    } else {
+        100.0 * check.agreed as f64 / check.compared as f64
+    };
+    let _ = writeln!(
+        out,
+        "\ncheck: {} of {} requests with a response code agree with Envoy ({share:.3}%)",
+        check.agreed, check.compared
+    );
+    for d in &check.disagreements {
+        let replayed = d
+            .replayed
+            .map_or("passed".into(), |s| format!("refused with {s}"));
+        let code = d.response_code.map_or("-".into(), |c| c.to_string());
+        let details = d.details.as_deref().unwrap_or("-");
+        let _ = writeln!(
+            out,
+            "  line {}: replayed {replayed}; Envoy answered {code} ({details})",
+            d.line
+        );
+    }
+}
+
+fn compare(out: &mut String, comparison: &Comparison) {
+    let _ = writeln!(
+        out,
+        "\ncompare: {} of {} requests change outcome",
+        comparison.changed, comparison.requests
+    );
+    for (name, changes) in &comparison.policies {
+        let _ = writeln!(
+            out,
+            "  {name}: {} newly denied, {} no longer denied",
+            changes.newly_denied, changes.newly_allowed
+        );
+        for e in &changes.examples {
+            let now = if e.now_denied {
+                "now denied"
+            } else {
+                "no longer denied"
+            };
+            let _ = writeln!(
+                out,
+                "    line {} {} {} {} key {}: {now}",
+                e.line,
+                format_rfc3339(e.time),
+                e.method,
+                e.path,
+                e.key
+            );
+        }
+    }
+}
