@@ -76,23 +76,41 @@ fn kustomize(dir: &Path) -> Vec<Value> {
     yaml_docs(&String::from_utf8(out.stdout).unwrap(), "kubectl kustomize")
 }
 
-/// deploy/ with the token component: a kustomization in a temp dir naming both by relative path
-/// (kustomize refuses absolute ones).
-fn kustomize_with_token() -> Vec<Value> {
-    let temp = TempDir::new("deploy-token");
-    let dir = temp.path();
-    let up = "../".repeat(dir.components().count() - 1);
-    let deploy = format!(
-        "{up}{}",
-        repo()
-            .join("deploy")
-            .display()
-            .to_string()
-            .trim_start_matches('/')
-    );
-    let kustomization = format!("resources: [{deploy}]\ncomponents: [{deploy}/token]\n");
-    std::fs::write(dir.join("kustomization.yaml"), kustomization).unwrap();
-    kustomize(dir)
+/// deploy/ with these components enabled as its kustomization says to: a copy of deploy/'s own
+/// files and the components' directories, with their commented `components:` lines uncommented.
+fn kustomize_with(components: &[&str]) -> Vec<Value> {
+    let temp = TempDir::new("deploy-components");
+    let deploy = repo().join("deploy");
+    copy_files(&deploy, temp.path());
+    let path = temp.path().join("kustomization.yaml");
+    let mut kustomization = std::fs::read_to_string(&path).unwrap();
+    for line in std::iter::once("components:".to_string())
+        .chain(components.iter().map(|name| format!("  - {name}")))
+    {
+        let commented = format!("\n# {line}\n");
+        assert!(
+            kustomization.contains(&commented),
+            "deploy/kustomization.yaml has no {commented:?} to uncomment"
+        );
+        kustomization = kustomization.replacen(&commented, &format!("\n{line}\n"), 1);
+    }
+    std::fs::write(&path, kustomization).unwrap();
+    for name in components {
+        let dir = temp.path().join(name);
+        std::fs::create_dir(&dir).unwrap();
+        copy_files(&deploy.join(name), &dir);
+    }
+    kustomize(temp.path())
+}
+
+/// The files (not the directories) of `from`, into `to`.
+fn copy_files(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+        }
+    }
 }
 
 /// Every YAML file under deploy/ applied on its own (not part of the kustomization).
@@ -209,7 +227,7 @@ fn the_kustomization_renders_and_every_resource_in_it_is_valid() {
 
 #[test]
 fn the_token_component_mounts_the_secret_and_passes_the_token_file() {
-    let docs = kustomize_with_token();
+    let docs = kustomize_with(&["token"]);
     assert_valid(&docs, "deploy/ with components: [token]");
     let pod = &find(&docs, "Deployment", "sluice-service")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
