@@ -1,12 +1,13 @@
 //! deploy/ is valid and fits together, checked offline:
 //!
-//! - The kustomization (with and without its token component) renders with `kubectl kustomize`,
-//!   and every resource it yields, and every manifest applied on its own (deploy/istio/,
-//!   deploy/envoy-gateway/), is valid: Kubernetes' own kinds with `kubernetes-validate --strict`
-//!   for the oldest and newest Kubernetes this targets, Istio's and Envoy Gateway's kinds with
-//!   the hand-written schemas in tests/crd-schemas.yaml (what they cover is said there).
-//! - The pieces agree: probes, selectors, ports, the image's user, and the Envoy cluster name
-//!   and authority the global WasmPlugin calls against the Service deploy/ defines.
+//! - The kustomization (with and without its token and rls components) renders with `kubectl
+//!   kustomize`, and every resource it yields, and every manifest applied on its own
+//!   (deploy/istio/, deploy/envoy-gateway/), is valid: Kubernetes' own kinds with
+//!   `kubernetes-validate --strict` for the oldest and newest Kubernetes this targets, Istio's and
+//!   Envoy Gateway's kinds with the hand-written schemas in tests/crd-schemas.yaml (what they
+//!   cover is said there).
+//! - The pieces agree: probes, selectors, ports, flags, volumes, the image's user, and the Envoy
+//!   cluster name and authority the global WasmPlugin calls against the Service deploy/ defines.
 //!
 //! The plugin configurations inside are checked by tests/schema.rs, with every other shipped
 //! configuration. `scripts/find-k8s-tools` provides kubectl and kubernetes-validate (PyPI, in
@@ -213,6 +214,87 @@ fn selects(selector: &Value, labels: &Value) -> bool {
     !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// The manifest deploy/istio/`file`, applied on its own.
+fn standalone(file: &str) -> Vec<Value> {
+    standalone_manifests()
+        .into_iter()
+        .find(|(path, _)| path.ends_with(file))
+        .unwrap_or_else(|| panic!("no deploy/istio/{file}"))
+        .1
+}
+
+fn args(container: &Value) -> Vec<&str> {
+    container["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+/// The value of `--name=VALUE` in `args`.
+fn flag<'a>(args: &[&'a str], name: &str) -> &'a str {
+    args.iter()
+        .find_map(|a| a.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {name}=... in {args:?}"))
+}
+
+/// The item of the list `items` whose `key` is `value`.
+fn item<'a>(items: &'a Value, key: &str, value: &Value) -> &'a Value {
+    items
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|item| &item[key] == value)
+        .unwrap_or_else(|| panic!("no {key} {value} in {items}"))
+}
+
+/// The RLS followed from the Deployment's flags to the Service and the ConfigMap, each step
+/// asserted: `--rls` listens on a named container port that a gRPC port of the Service targets,
+/// and `--rls-config` is the read-only mount of a volume holding the ConfigMap. Returns the
+/// Service's port and the ConfigMap.
+fn rls_wiring(docs: &[Value]) -> (u64, &Value) {
+    let pod = &find(docs, "Deployment", "sluice-service")["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = args(container);
+    let (_, listen_port) = flag(&args, "--rls").rsplit_once(':').unwrap();
+    let listen_port: u64 = listen_port.parse().unwrap();
+    let container_port = item(&container["ports"], "containerPort", &json!(listen_port));
+    let service = find(docs, "Service", "sluice-service");
+    let service_port = item(
+        &service["spec"]["ports"],
+        "targetPort",
+        &container_port["name"],
+    );
+    // Istio speaks HTTP/2, which gRPC needs, to a port it knows as grpc.
+    assert_eq!(service_port["appProtocol"], "grpc");
+
+    let config = flag(&args, "--rls-config");
+    let mount = item(&container["volumeMounts"], "mountPath", &json!(config));
+    assert_eq!(mount["readOnly"], true);
+    let volume = item(&pod["volumes"], "name", &mount["name"]);
+    let config_map = find(
+        docs,
+        "ConfigMap",
+        volume["configMap"]["name"].as_str().unwrap(),
+    );
+    (service_port["port"].as_u64().unwrap(), config_map)
+}
+
+/// The ConfigMap's files, each parsed: (name, YAML).
+fn config_files(config_map: &Value) -> Vec<(&String, Value)> {
+    let data = config_map["data"]
+        .as_object()
+        .expect("a ConfigMap with data");
+    data.iter()
+        .map(|(name, text)| {
+            let docs = yaml_docs(text.as_str().unwrap(), name);
+            assert_eq!(docs.len(), 1, "{name}: one document");
+            (name, docs.into_iter().next().unwrap())
+        })
+        .collect()
+}
+
 #[test]
 fn the_kustomization_renders_and_every_resource_in_it_is_valid() {
     let docs = kustomize(&repo().join("deploy"));
@@ -231,16 +313,7 @@ fn the_token_component_mounts_the_secret_and_passes_the_token_file() {
     assert_valid(&docs, "deploy/ with components: [token]");
     let pod = &find(&docs, "Deployment", "sluice-service")["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let path = args
-        .iter()
-        .find_map(|a| a.strip_prefix("--token-file="))
-        .expect("no --token-file");
+    let path = flag(&args(container), "--token-file");
     let mount = &container["volumeMounts"][0];
     assert_eq!(mount["name"], "token");
     assert!(
@@ -321,13 +394,7 @@ fn the_service_deployment_its_service_and_its_budget_fit_together() {
         );
     }
     // SIGTERM, then --shutdown-delay of serving, then up to the service's 5 s shutdown timeout.
-    let args: Vec<&str> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
-    let delay: u64 = args
+    let delay: u64 = args(container)
         .windows(2)
         .find(|pair| pair[0] == "--shutdown-delay")
         .map(|pair| pair[1].parse().unwrap())
@@ -364,10 +431,7 @@ fn the_global_plugin_calls_the_service_deploy_defines_by_its_istio_cluster_name(
     );
     let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
 
-    let (_, global_docs) = standalone_manifests()
-        .into_iter()
-        .find(|(path, _)| path.ends_with("wasmplugin-global.yaml"))
-        .expect("deploy/istio/wasmplugin-global.yaml");
+    let global_docs = standalone("wasmplugin-global.yaml");
     let global = &global_docs[0]["spec"]["pluginConfig"]["global"];
     assert_eq!(global["cluster"], format!("outbound|{port}||{host}"));
     assert_eq!(global["authority"], host.as_str());
@@ -390,13 +454,60 @@ fn the_global_plugin_calls_the_service_deploy_defines_by_its_istio_cluster_name(
     );
     assert_eq!(operation["ports"], json!([port.to_string()]));
     let namespace = global_docs[0]["metadata"]["namespace"].as_str().unwrap();
-    let principals = policy["rules"][0]["from"][0]["source"]["principals"]
-        .as_array()
-        .unwrap();
     assert!(
-        principals.iter().any(|p| p.as_str().unwrap().starts_with(&format!("cluster.local/ns/{namespace}/sa/"))),
+        admits_namespace(&policy["rules"][0], namespace),
         "no identity of namespace {namespace}, where the global WasmPlugin runs, may call the service"
     );
+}
+
+/// The rule admits a service account of `namespace`.
+fn admits_namespace(rule: &Value, namespace: &str) -> bool {
+    let principals = rule["from"][0]["source"]["principals"].as_array().unwrap();
+    let prefix = format!("cluster.local/ns/{namespace}/sa/");
+    principals
+        .iter()
+        .any(|p| p.as_str().unwrap().starts_with(&prefix))
+}
+
+#[test]
+fn the_rls_component_renders_and_its_flags_port_volume_and_config_map_fit_together() {
+    let docs = kustomize_with(&["rls"]);
+    assert_valid(&docs, "deploy/ with components: [rls]");
+    let (_, config_map) = rls_wiring(&docs);
+    assert_eq!(config_map["metadata"]["namespace"], "sluice");
+    let files = config_files(config_map);
+    assert!(!files.is_empty(), "an empty ConfigMap");
+    for (name, config) in files {
+        // The service reads only these, one domain each.
+        assert!(name.ends_with(".yaml") || name.ends_with(".yml"), "{name}");
+        assert!(config["domain"].is_string(), "{name}: no domain");
+    }
+}
+
+#[test]
+fn the_rls_and_token_components_add_up_in_either_order() {
+    for order in [["rls", "token"], ["token", "rls"]] {
+        let docs = kustomize_with(&order);
+        rls_wiring(&docs);
+        let pod = &find(&docs, "Deployment", "sluice-service")["spec"]["template"]["spec"];
+        flag(&args(&pod["containers"][0]), "--token-file");
+        let mut volumes: Vec<&str> = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap())
+            .collect();
+        volumes.sort_unstable();
+        assert_eq!(volumes, ["rls-config", "token"], "{order:?}");
+        assert_eq!(
+            pod["containers"][0]["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2,
+            "{order:?}"
+        );
+    }
 }
 
 /// The hand-written schemas are not vacuous: the classic mistakes in each kind are refused.
