@@ -7,7 +7,11 @@
 //!   Envoy Gateway's kinds with the hand-written schemas in tests/crd-schemas.yaml (what they
 //!   cover is said there).
 //! - The pieces agree: probes, selectors, ports, flags, volumes, the image's user, and the Envoy
-//!   cluster name and authority the global WasmPlugin calls against the Service deploy/ defines.
+//!   cluster names and authorities the global WasmPlugin and the gateway's rate limit
+//!   EnvoyFilter call against the Service deploy/ defines.
+//! - The rls component's ConfigMap loads in the real sluice-service, started with the
+//!   Deployment's own flags, and the EnvoyFilter's filter and route actions, run in a real Envoy
+//!   against it, limit a user as the ConfigMap says.
 //!
 //! The plugin configurations inside are checked by tests/schema.rs, with every other shipped
 //! configuration. `scripts/find-k8s-tools` provides kubectl and kubernetes-validate (PyPI, in
@@ -27,6 +31,9 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
+use sluice_testkit::envoy::EnvoyOptions;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 use sluice_testkit::TempDir;
 
 /// The oldest and the newest Kubernetes the manifests are checked against.
@@ -295,6 +302,15 @@ fn config_files(config_map: &Value) -> Vec<(&String, Value)> {
         .collect()
 }
 
+/// The limits of `domain`: the ConfigMap's file for it.
+fn limits_of(config_map: &Value, domain: &Value) -> Value {
+    config_files(config_map)
+        .into_iter()
+        .map(|(_, limits)| limits)
+        .find(|limits| &limits["domain"] == domain)
+        .unwrap_or_else(|| panic!("no file of domain {domain}"))
+}
+
 #[test]
 fn the_kustomization_renders_and_every_resource_in_it_is_valid() {
     let docs = kustomize(&repo().join("deploy"));
@@ -342,6 +358,7 @@ fn every_manifest_applied_on_its_own_is_valid() {
         "WasmPlugin sluice-local",
         "WasmPlugin sluice-global",
         "EnvoyExtensionPolicy sluice",
+        "EnvoyFilter sluice-ratelimit",
     ] {
         assert!(
             kinds.iter().any(|k| k == expected),
@@ -510,6 +527,242 @@ fn the_rls_and_token_components_add_up_in_either_order() {
     }
 }
 
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+#[test]
+fn only_with_the_rls_component_may_the_gateway_call_should_rate_limit_on_the_rls_port() {
+    let policy_rules = |docs: &[Value]| {
+        let policy = find(docs, "AuthorizationPolicy", "sluice-service");
+        policy["spec"]["rules"].as_array().unwrap().clone()
+    };
+    let without = policy_rules(&kustomize(&repo().join("deploy")));
+    let docs = kustomize_with(&["rls"]);
+    let with = policy_rules(&docs);
+    assert_eq!(
+        with[..without.len()],
+        without,
+        "the rules for /v1/check changed"
+    );
+    let [rule] = &with[without.len()..] else {
+        panic!("not one rule added: {with:?}")
+    };
+    let (port, _) = rls_wiring(&docs);
+    let operation = &rule["to"][0]["operation"];
+    assert_eq!(operation["paths"], json!([SHOULD_RATE_LIMIT]));
+    assert_eq!(
+        operation["methods"],
+        json!(["POST"]),
+        "gRPC calls are POSTs"
+    );
+    assert_eq!(operation["ports"], json!([port.to_string()]));
+    let gateway = &standalone("ratelimit-envoyfilter.yaml")[0];
+    let namespace = gateway["metadata"]["namespace"].as_str().unwrap();
+    assert!(
+        admits_namespace(rule, namespace),
+        "no identity of namespace {namespace}, where the EnvoyFilter runs, may call the RLS"
+    );
+}
+
+/// The EnvoyFilter's patch value for `apply_to` (HTTP_FILTER, HTTP_ROUTE).
+fn gateway_patch(apply_to: &str) -> Value {
+    let filter = &standalone("ratelimit-envoyfilter.yaml")[0];
+    item(
+        &filter["spec"]["configPatches"],
+        "applyTo",
+        &json!(apply_to),
+    )["patch"]["value"]
+        .clone()
+}
+
+#[test]
+fn the_gateway_filter_asks_the_rls_port_by_its_istio_cluster_name_for_the_config_maps_domain() {
+    let docs = kustomize_with(&["rls"]);
+    let (port, config_map) = rls_wiring(&docs);
+    let service = find(&docs, "Service", "sluice-service");
+    let host = format!(
+        "sluice-service.{}.svc.cluster.local",
+        service["metadata"]["namespace"].as_str().unwrap()
+    );
+    let config = &gateway_patch("HTTP_FILTER")["typed_config"];
+    let grpc = &config["rate_limit_service"]["grpc_service"]["envoy_grpc"];
+    assert_eq!(grpc["cluster_name"], format!("outbound|{port}||{host}"));
+    assert_eq!(grpc["authority"], host.as_str());
+    assert_eq!(config["rate_limit_service"]["transport_api_version"], "V3");
+
+    // Every descriptor the routes send has its entry in the domain's file.
+    let limits = limits_of(config_map, &config["domain"]);
+    let keys: Vec<&Value> = limits["descriptors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| &d["key"])
+        .collect();
+    for rate_limit in gateway_patch("HTTP_ROUTE")["route"]["rate_limits"]
+        .as_array()
+        .unwrap()
+    {
+        let [action] = rate_limit["actions"].as_array().unwrap().as_slice() else {
+            panic!("one action per descriptor: {rate_limit}")
+        };
+        let key = match action.get("request_headers") {
+            Some(header) => header["descriptor_key"].clone(),
+            None => json!(action.as_object().unwrap().keys().next().unwrap()),
+        };
+        assert!(keys.contains(&&key), "no limit for {key} in {keys:?}");
+    }
+}
+
+/// The gateway as far as the EnvoyFilter reaches into it: a listener with the EnvoyFilter's
+/// filter before the router, one route with the EnvoyFilter's route patch merged in, and the
+/// RLS's cluster under Istio's name, HTTP/2 as appProtocol grpc makes it. The route's upstream
+/// is this Envoy's own admin endpoint, where GET /ready answers 200. `{filter}`, `{route}` and
+/// `{rls_cluster}` are JSON, `{rls_port}` the service's.
+const GATEWAY_BOOTSTRAP: &str = r#"
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } }
+static_resources:
+  listeners:
+  - name: gateway
+    address: { socket_address: { address: 127.0.0.1, port_value: {port} } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          use_remote_address: true
+          route_config:
+            virtual_hosts:
+            - name: gateway
+              domains: ["*"]
+              routes:
+              - match: { prefix: / }
+                route: {route}
+          http_filters:
+          - {filter}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: admin
+    load_assignment:
+      cluster_name: admin
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } } }
+  - name: {rls_cluster}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: {rls_cluster}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } }
+"#;
+
+/// An argument of the Deployment's for a run on this machine: listening addresses on loopback
+/// with a free port, the test's Redis, the test's directory for the mounted one.
+fn on_this_machine(arg: &str, redis: &str, mount: &str, dir: &Path) -> String {
+    let (name, value) = match arg.split_once('=') {
+        Some((name, value)) => (Some(name), value),
+        None => (None, arg),
+    };
+    let value = if value.starts_with("redis://") {
+        redis.to_string()
+    } else if value.starts_with("0.0.0.0:") {
+        "127.0.0.1:0".to_string()
+    } else {
+        value.replace(mount, &dir.to_string_lossy())
+    };
+    match name {
+        Some(name) => format!("{name}={value}"),
+        None => value,
+    }
+}
+
+/// The rendered Deployment's sluice-service, on this machine with a real Redis: the ConfigMap's
+/// files in a directory of their own, every flag as the Deployment gives it.
+fn start_rls_as_deployed(
+    docs: &[Value],
+    config_map: &Value,
+    redis: &RedisServer,
+    dir: &TempDir,
+) -> Service {
+    for (name, text) in config_map["data"].as_object().unwrap() {
+        std::fs::write(dir.path().join(name), text.as_str().unwrap()).unwrap();
+    }
+    let container =
+        &find(docs, "Deployment", "sluice-service")["spec"]["template"]["spec"]["containers"][0];
+    let args = args(container);
+    let mount = flag(&args, "--rls-config");
+    let local: Vec<String> = args
+        .iter()
+        .map(|arg| on_this_machine(arg, &redis.url(), mount, dir.path()))
+        .collect();
+    let local: Vec<&str> = local.iter().map(String::as_str).collect();
+    Service::start_rls(&local, &[])
+}
+
+#[test]
+fn through_the_gateway_filter_a_user_gets_the_config_maps_burst_then_429() {
+    let docs = kustomize_with(&["rls"]);
+    let (_, config_map) = rls_wiring(&docs);
+    let redis = RedisServer::start();
+    let dir = TempDir::new("deploy-rls-config");
+    let service = start_rls_as_deployed(&docs, config_map, &redis, &dir);
+    let filter = gateway_patch("HTTP_FILTER");
+    let mut route = gateway_patch("HTTP_ROUTE")["route"].clone();
+    route["cluster"] = json!("admin");
+    let cluster =
+        &filter["typed_config"]["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"];
+    let bootstrap = GATEWAY_BOOTSTRAP
+        .replace("{filter}", &filter.to_string())
+        .replace("{route}", &route.to_string())
+        .replace("{rls_cluster}", &cluster.to_string())
+        .replace("{rls_port}", &service.rls.unwrap().port().to_string());
+    let envoy = EnvoyOptions::bootstrap(&bootstrap).start();
+
+    let limits = limits_of(config_map, &filter["typed_config"]["domain"]);
+    let user_limit = &item(&limits["descriptors"], "key", &json!("user_id"))["rate_limit"];
+    // A token bucket refilled at 10 a minute: the burst's requests are done long before the
+    // next token.
+    let burst = usize::try_from(user_limit["burst"].as_u64().unwrap()).unwrap();
+    assert!(
+        burst <= 100,
+        "the test spends the whole burst: keep it small"
+    );
+    let get = |user: Option<&str>| {
+        let headers: Vec<(&str, &[u8])> = user
+            .map(|u| vec![("x-user-id", u.as_bytes())])
+            .unwrap_or_default();
+        envoy.get("/ready", &headers).status
+    };
+    let alice: Vec<u16> = (0..=burst).map(|_| get(Some("alice"))).collect();
+    let mut expected = vec![200; burst];
+    expected.push(429);
+    assert_eq!(alice, expected);
+    assert_eq!(
+        get(Some("bob")),
+        200,
+        "another user has a bucket of its own"
+    );
+    assert_eq!(get(None), 200, "no user: only the address is limited");
+
+    // Each request counted once against the address's limit, each with a user against the user's.
+    let metrics = sluice_testkit::http::get(service.addr, "/metrics").text();
+    for (descriptor, hits) in [("remote_address", burst + 3), ("user_id", burst + 2)] {
+        let line = format!(
+            r#"sluice_service_rls_total_hits_total{{domain="edge",descriptor="{descriptor}"}} {hits}"#
+        );
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+}
+
 /// The hand-written schemas are not vacuous: the classic mistakes in each kind are refused.
 #[test]
 fn the_crd_schemas_refuse_misspelt_fields_and_values() {
@@ -520,8 +773,9 @@ fn the_crd_schemas_refuse_misspelt_fields_and_values() {
         .iter()
         .find(|d| d["kind"] == "EnvoyExtensionPolicy")
         .unwrap();
+    let envoy_filter = docs.iter().find(|d| d["kind"] == "EnvoyFilter").unwrap();
     type Edit = fn(&mut Value);
-    let cases: [(&Value, &str, Edit); 5] = [
+    let cases: [(&Value, &str, Edit); 8] = [
         (plugin, "Envoy's spelling of FAIL_CLOSE", |d| {
             d["spec"]["failStrategy"] = json!("FAIL_CLOSED")
         }),
@@ -542,6 +796,23 @@ fn the_crd_schemas_refuse_misspelt_fields_and_values() {
         (policy, "a code type that does not exist", |d| {
             d["spec"]["wasm"][0]["code"]["type"] = json!("OCI");
         }),
+        (
+            envoy_filter,
+            "the other kinds' matchLabels as its selector",
+            |d| {
+                d["spec"]["workloadSelector"] = json!({"matchLabels": {"istio": "ingressgateway"}});
+            },
+        ),
+        (envoy_filter, "an applyTo that does not exist", |d| {
+            d["spec"]["configPatches"][0]["applyTo"] = json!("HTTP_FILTERS");
+        }),
+        (
+            envoy_filter,
+            "a listener and a route configuration in one match",
+            |d| {
+                d["spec"]["configPatches"][0]["match"]["routeConfiguration"] = json!({});
+            },
+        ),
     ];
     for (doc, what, edit) in cases {
         let mut broken = doc.clone();
@@ -549,4 +820,5 @@ fn the_crd_schemas_refuse_misspelt_fields_and_values() {
         assert!(!crd_violations(&broken).is_empty(), "{what} was accepted");
     }
     assert!(crd_violations(plugin).is_empty());
+    assert!(crd_violations(envoy_filter).is_empty());
 }
