@@ -208,11 +208,12 @@ fn speed(wanted: &dyn Fn(&str) -> bool) {
             .filter(|l| !l.is_empty())
             .collect();
         let mut record = sluice_replay::log::Record::default();
+        let mut times = sluice_replay::times::StartTimes::default();
         let cpu = thread_cpu_nanos();
         for (number, line) in lines.iter().enumerate() {
             record.buffer().extend_from_slice(line);
             record
-                .parse(number as u64)
+                .parse(number as u64, &mut times)
                 .unwrap_or_else(|e| panic!("{e}"));
         }
         let cpu = (thread_cpu_nanos() - cpu) as f64 / 1e9;

@@ -130,7 +130,9 @@ mod tests {
         record
             .buffer()
             .extend_from_slice(line.to_string().as_bytes());
-        record.parse(1).unwrap();
+        record
+            .parse(1, &mut crate::times::StartTimes::default())
+            .unwrap();
         record.time = time;
         record
     }

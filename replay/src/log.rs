@@ -9,6 +9,7 @@
 //! is an absent value, as Envoy writes one.
 
 use crate::scan::{unescape, Key, ScanError, Scanner, Text};
+use crate::times::StartTimes;
 use serde_json::Value;
 use sluice::request::RequestSource;
 use sluice::route::{envoy_list, envoy_map};
@@ -123,16 +124,15 @@ impl Record {
         self.text.trim_ascii().is_empty()
     }
 
-    /// Parses the line in the buffer, number `number`.
-    pub fn parse(&mut self, number: u64) -> Result<(), LineError> {
+    /// Parses the line in the buffer, number `number`, its start time through `times`.
+    pub fn parse(&mut self, number: u64, times: &mut StartTimes) -> Result<(), LineError> {
         self.line = number;
         self.fields.clear();
         let scanned = self.fields.fill(&self.text);
         self.text.extend_from_slice(&self.fields.copied);
         scanned.map_err(|e| LineError::NotJson(e.to_string()))?;
         let start = self.text(START_TIME).ok_or(LineError::NoStartTime)?;
-        let start = std::str::from_utf8(start).map_err(|e| LineError::BadStartTime(e.to_string()));
-        self.time = sluice::time::parse_rfc3339(start?).map_err(LineError::BadStartTime)?;
+        self.time = times.parse(start).map_err(LineError::BadStartTime)?;
         self.response_code = self.fields.response_code;
         Ok(())
     }
@@ -324,7 +324,7 @@ mod tests {
     fn record(line: &str) -> Result<Record, LineError> {
         let mut record = Record::default();
         record.buffer().extend_from_slice(line.as_bytes());
-        record.parse(7).map(|()| record)
+        record.parse(7, &mut StartTimes::default()).map(|()| record)
     }
 
     fn text(value: Option<Vec<u8>>) -> Option<String> {
@@ -413,7 +413,7 @@ mod tests {
         let mut r = record(LINE).unwrap();
         r.buffer()
             .extend_from_slice(br#"{"start_time":"2026-11-30T17:44:58Z"}"#);
-        r.parse(8).unwrap();
+        r.parse(8, &mut StartTimes::default()).unwrap();
         assert_eq!(
             (r.line, r.header("x-user-id"), r.response_code),
             (8, None, None)

@@ -7,6 +7,7 @@ use crate::engine::Engine;
 use crate::log::Record;
 use crate::order::Reorder;
 use crate::report::Report;
+use crate::times::StartTimes;
 use sluice::config::ConfigError;
 use std::io::BufRead;
 
@@ -96,6 +97,7 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
         other,
     };
     let mut order = Reorder::new(options.window);
+    let mut times = StartTimes::default();
     let mut number = 0;
     loop {
         let mut record = order.blank();
@@ -109,7 +111,7 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
             continue;
         }
         pass.replay.report.lines += 1;
-        match record.parse(number) {
+        match record.parse(number, &mut times) {
             Ok(()) => order.push(record),
             Err(e) => {
                 pass.replay.report.skip(number, e.to_string());
