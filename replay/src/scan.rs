@@ -180,19 +180,12 @@ impl<'a> Scanner<'a> {
 
     /// An integer value (as a status code is written), or a string of one, or `null`.
     pub fn code(&mut self) -> Scan<Option<u64>> {
-        match self.peek() {
-            Some(b'"') => {
-                let text = self.string()?;
-                let raw = self.bytes.get(text.raw).unwrap_or_default();
-                Ok(std::str::from_utf8(raw).ok().and_then(|t| t.parse().ok()))
-            }
-            Some(b'n') => self.null().map(|_| None),
-            _ => {
-                let number = self.number()?;
-                let raw = self.bytes.get(number).unwrap_or_default();
-                Ok(std::str::from_utf8(raw).ok().and_then(|t| t.parse().ok()))
-            }
-        }
+        let text = match self.peek() {
+            Some(b'"') => self.string()?.raw,
+            Some(b'n') => return self.null().map(|_| None),
+            _ => self.number()?,
+        };
+        Ok(integer(self.bytes.get(text).unwrap_or_default()))
     }
 
     /// Any value, skipped.
@@ -315,6 +308,18 @@ fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
         .iter()
         .position(|&b| b == b'"' || b == b'\\');
     tail.map(|i| offset + i)
+}
+
+/// A decimal integer as `u64::from_str` reads one (digits after an optional `+`), from bytes.
+fn integer(text: &[u8]) -> Option<u64> {
+    let digits = text.strip_prefix(b"+").unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &byte| {
+        let digit = byte.checked_sub(b'0').filter(|&d| d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
 }
 
 /// Appends the text of a string's raw bytes (between its quotes) to `out`, escapes undone;
@@ -471,6 +476,27 @@ mod tests {
                 }
             }
             assert_eq!(quote_or_backslash(&vec![0xff; length]), None);
+        }
+    }
+
+    #[test]
+    fn an_integer_is_read_as_u64_from_str_reads_it() {
+        for text in [
+            "0",
+            "429",
+            "+7",
+            "",
+            "+",
+            "-1",
+            "2.5",
+            "1e3",
+            "4x",
+            " 4",
+            "18446744073709551615",
+            "18446744073709551616",
+            "00012",
+        ] {
+            assert_eq!(integer(text.as_bytes()), text.parse().ok(), "{text:?}");
         }
     }
 
