@@ -37,6 +37,29 @@ pub fn open(path: &str) -> io::Result<Box<dyn BufRead>> {
     Ok(Box::new(reader))
 }
 
+/// Appends the next line of `input` (through its `\n`, if it has one) to `line`, and returns its
+/// length, 0 at the end: `BufRead::read_until`, with `memchr`'s vectorised search for the end.
+pub fn read_line(input: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<usize> {
+    let mut read = 0;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(available) => available,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let (used, ended) = match memchr::memchr(b'\n', available) {
+            Some(end) => (end + 1, true),
+            None => (available.len(), available.is_empty()),
+        };
+        line.extend_from_slice(available.get(..used).unwrap_or_default());
+        input.consume(used);
+        read += used;
+        if ended {
+            return Ok(read);
+        }
+    }
+}
+
 /// Why a line was skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LineError {
@@ -418,6 +441,24 @@ mod tests {
             (r.line, r.header("x-user-id"), r.response_code),
             (8, None, None)
         );
+    }
+
+    #[test]
+    fn lines_are_read_as_read_until_reads_them_across_buffer_boundaries() {
+        let text = b"{\"a\":1}\n\n{\"b\":2}\r\nlast without an end";
+        for capacity in [1, 2, 3, 7, 64] {
+            let mut ours = io::BufReader::with_capacity(capacity, &text[..]);
+            let mut std = &text[..];
+            loop {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let read = read_line(&mut ours, &mut a).unwrap();
+                assert_eq!(read, std.read_until(b'\n', &mut b).unwrap());
+                assert_eq!(a, b, "capacity {capacity}");
+                if read == 0 {
+                    break;
+                }
+            }
+        }
     }
 
     #[test]

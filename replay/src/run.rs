@@ -4,7 +4,7 @@
 use crate::check::Check;
 use crate::compare::Comparison;
 use crate::engine::Engine;
-use crate::log::Record;
+use crate::log::{read_line, Record};
 use crate::order::Reorder;
 use crate::report::Report;
 use crate::times::StartTimes;
@@ -101,7 +101,7 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
     let mut number = 0;
     loop {
         let mut record = order.blank();
-        match input.read_until(b'\n', record.buffer()) {
+        match read_line(&mut input, record.buffer()) {
             Ok(0) => break,
             Ok(_) => number += 1,
             Err(e) => return Err(RunError::Read(number, e)),
