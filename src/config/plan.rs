@@ -155,7 +155,7 @@ pub struct Tiers {
 impl Tiers {
     fn select<R: RequestSource + ?Sized>(&self, request: &mut Attributes<R>) -> Option<Tier> {
         let (_, value) = self.by.resolve(request)?;
-        self.values.get(&value).copied()
+        self.values.get(value).copied()
     }
 }
 
