@@ -313,9 +313,11 @@ fn read(store: &impl Store, prefix: &str, spec: &TableSpec, index: u32) -> Read 
 
 /// Slot value: owner key hash, last use, then the policies' state words, all u64 little-endian.
 fn encode(owner: u64, last_used: u64, state: &[u64]) -> Value {
-    let mut bytes = SmallVec::with_capacity(value_size(state.len()));
-    for word in [owner, last_used].iter().chain(state) {
-        bytes.extend_from_slice(&word.to_le_bytes());
+    let mut bytes: Value = smallvec![0; value_size(state.len())];
+    // Into eight-byte chunks: each word one store, not a call to copy eight bytes.
+    let words = [owner, last_used].into_iter().chain(state.iter().copied());
+    for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
     }
     bytes
 }
