@@ -8,6 +8,7 @@ use crate::matcher::Matcher;
 use crate::reply::Denial;
 use crate::request::{Attr, Attributes, RequestSource};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// The compiled configuration.
 #[derive(Debug, Clone)]
@@ -41,7 +42,7 @@ impl Plan {
     }
 }
 
-/// A compiled policy. `table` and `column` say where its state lives in the key's slot.
+/// A compiled policy. `table` and `words` say where its state lives in the key's slot.
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub name: String,
@@ -63,7 +64,8 @@ pub struct Policy {
     /// How the policy answers the requests it denies.
     pub denial: Denial,
     pub table: usize,
-    pub column: usize,
+    /// Its words of the slot's state (`columns()` of them), placed once for every request.
+    pub words: Range<usize>,
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service

@@ -67,7 +67,10 @@ fn policies_with_the_same_key_share_one_table() {
     ]});
     let plan = parse(config.to_string().as_bytes()).unwrap();
     assert_eq!(plan.tables.len(), 2);
-    assert_eq!((plan.policies[2].table, plan.policies[2].column), (0, 1));
+    assert_eq!(
+        (plan.policies[2].table, plan.policies[2].words.start),
+        (0, 1)
+    );
     assert_eq!((plan.tables[0].width, plan.tables[0].capacity), (2, 50000));
 }
 

@@ -77,7 +77,7 @@ impl<S: Store> Limiter<'_, S> {
 /// What a policy's words in a slot owe at `now`: the most any of its limits says they owe
 /// (whichever wrote them), and a global policy's marks.
 fn debt(policy: &Policy, slot: &[u64], now: u64) -> Debt {
-    let Some(state) = slot.get(policy.column..policy.column + policy.columns()) else {
+    let Some(state) = slot.get(policy.words.clone()) else {
         return Debt::default();
     };
     let (marks, local) = match policy.scope {
