@@ -169,15 +169,15 @@ impl KeyPart {
         &self,
         request: &'r mut Attributes<S>,
     ) -> Option<(usize, &'r [u8])> {
-        // Found, then borrowed: the borrow checker will not let a search return a value that
+        // Found, then lent: the borrow checker will not let a search return a value that
         // borrows `request` while it goes on to read the next alternative.
         let position = self.alternatives.iter().position(|source| match source {
             Source::Global => true,
-            Source::Attr(index) => request.get(*index).is_some(),
+            Source::Attr(index) => request.has(*index),
         })?;
         match self.alternatives.get(position)? {
             Source::Global => Some((position, &[])),
-            Source::Attr(index) => request.get(*index).map(|value| (position, value)),
+            Source::Attr(index) => request.read_already(*index).map(|value| (position, value)),
         }
     }
 }
