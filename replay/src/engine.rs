@@ -119,7 +119,9 @@ pub fn plan(json: &[u8]) -> Result<Plan, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::{Parser, Wanted};
     use serde_json::json;
+    use sluice::request::Attr;
 
     const SEC: u64 = NANOS_PER_SEC;
     const T0: u64 = 1_800_000_000 * SEC;
@@ -127,11 +129,10 @@ mod tests {
     fn alice_at(time: u64) -> Record {
         let mut record = Record::default();
         let line = json!({"start_time": "2027-01-15T08:00:00Z", "headers": {"x-user-id": "alice"}});
-        record
-            .buffer()
-            .extend_from_slice(line.to_string().as_bytes());
-        record
-            .parse(1, &mut crate::times::StartTimes::default())
+        let wanted = Wanted::new(&[Attr::Header("x-user-id".into())], false);
+        let mut parser = Parser::new(wanted);
+        parser
+            .parse(line.to_string().as_bytes(), 1, &mut record)
             .unwrap();
         record.time = time;
         record

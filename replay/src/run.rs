@@ -1,14 +1,15 @@
-//! One pass over a log: each line read and parsed, put back in start order, decided by the
-//! configuration (and the one compared with it), then counted. Nothing is kept per line.
+//! One pass over a log: each line read and parsed (what the pass reads of it kept), put back in
+//! start order, decided by the configuration (and the one compared with it), then counted.
+//! Nothing is kept per line once it is decided.
 
 use crate::check::Check;
 use crate::compare::Comparison;
 use crate::engine::Engine;
-use crate::log::{read_line, Record};
+use crate::log::{read_line, Parser, Record, Wanted};
 use crate::order::Reorder;
 use crate::report::Report;
-use crate::times::StartTimes;
 use sluice::config::ConfigError;
+use sluice::request::Attr;
 use std::io::BufRead;
 
 /// What to replay and how.
@@ -60,6 +61,17 @@ struct Pass {
 }
 
 impl Pass {
+    /// What the pass reads of each line: what its configurations' policies read, the method
+    /// and path `--compare`'s examples show, and what `--check` compares (`check`).
+    fn wanted(&self, check: bool) -> Wanted {
+        let mut attrs = self.engine.plan.attrs.clone();
+        if let Some(other) = &self.other {
+            attrs.extend(other.plan.attrs.iter().cloned());
+            attrs.extend([Attr::Method, Attr::Path]);
+        }
+        Wanted::new(&attrs, check)
+    }
+
     fn decide(&mut self, record: &Record) {
         let decided = self.engine.decide(record);
         let plan = &self.engine.plan;
@@ -96,22 +108,22 @@ pub fn run(options: &Options, mut input: impl BufRead) -> Result<Replay, RunErro
         engine,
         other,
     };
+    let mut parser = Parser::new(pass.wanted(options.check));
     let mut order = Reorder::new(options.window);
-    let mut times = StartTimes::default();
-    let mut number = 0;
+    let (mut line, mut number) = (Vec::new(), 0);
     loop {
-        let mut record = order.blank();
-        match read_line(&mut input, record.buffer()) {
+        line.clear();
+        match read_line(&mut input, &mut line) {
             Ok(0) => break,
             Ok(_) => number += 1,
             Err(e) => return Err(RunError::Read(number, e)),
         }
-        if record.is_blank() {
-            order.recycle(record);
+        if line.trim_ascii().is_empty() {
             continue;
         }
         pass.replay.report.lines += 1;
-        match record.parse(number, &mut times) {
+        let mut record = order.blank();
+        match parser.parse(&line, number, &mut record) {
             Ok(()) => order.push(record),
             Err(e) => {
                 pass.replay.report.skip(number, e.to_string());

@@ -44,7 +44,7 @@ pub struct Scanner<'a> {
     at: usize,
 }
 
-type Scan<T> = Result<T, ScanError>;
+pub type Scan<T> = Result<T, ScanError>;
 
 impl<'a> Scanner<'a> {
     pub fn new(bytes: &'a [u8]) -> Scanner<'a> {
@@ -324,10 +324,10 @@ fn integer(text: &[u8]) -> Option<u64> {
 
 /// Appends the text of a string's raw bytes (between its quotes) to `out`, escapes undone;
 /// `Err` with the offset of a bad escape.
-pub fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Result<(), usize> {
+pub fn unescape(raw: &[u8], out: &mut impl Extend<u8>) -> Result<(), usize> {
     let mut at = 0;
     while let Some(found) = memchr::memchr(b'\\', raw.get(at..).unwrap_or_default()) {
-        out.extend_from_slice(raw.get(at..at + found).unwrap_or_default());
+        out.extend(raw.get(at..at + found).unwrap_or_default().iter().copied());
         at += found;
         let escape = raw.get(at + 1).copied().ok_or(at)?;
         let simple = match escape {
@@ -341,16 +341,16 @@ pub fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Result<(), usize> {
             _ => return Err(at),
         };
         if let Some(byte) = simple {
-            out.push(byte);
+            out.extend([byte]);
             at += 2;
             continue;
         }
         let (c, used) = unicode_escape(raw.get(at..).unwrap_or_default()).ok_or(at)?;
         let mut utf8 = [0; 4];
-        out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+        out.extend(c.encode_utf8(&mut utf8).bytes());
         at += used;
     }
-    out.extend_from_slice(raw.get(at..).unwrap_or_default());
+    out.extend(raw.get(at..).unwrap_or_default().iter().copied());
     Ok(())
 }
 
