@@ -147,15 +147,24 @@ impl<'a> Scanner<'a> {
 
     /// A string, or `None` for `null`.
     pub fn string_or_null(&mut self) -> Scan<Option<Text>> {
-        if self.null()? {
-            return Ok(None);
+        match self.peek() {
+            Some(b'n') => self.literal(b"null").map(|()| None),
+            Some(b'"') => {
+                self.at += 1;
+                self.rest_of_string().map(Some)
+            }
+            _ => self.error("a string"),
         }
-        self.string().map(Some)
     }
 
     /// A string value.
     pub fn string(&mut self) -> Scan<Text> {
         self.eat(b'"', "a string")?;
+        self.rest_of_string()
+    }
+
+    /// The rest of a string, after its opening quote.
+    fn rest_of_string(&mut self) -> Scan<Text> {
         let start = self.at;
         let mut escaped = false;
         loop {
