@@ -86,7 +86,7 @@ impl fmt::Display for LineError {
 /// of hundred bytes, not its line.
 #[derive(Debug, Clone, Default)]
 pub struct Wanted {
-    /// The text fields kept, by index (`start_time` is read, not kept).
+    /// The text fields kept, by index.
     texts: [bool; TEXTS],
     /// The headers kept, by lower-case name.
     headers: Vec<String>,
@@ -177,26 +177,41 @@ pub struct Record {
     fields: Fields,
 }
 
-/// The line's text fields, as indices of `Fields::texts`.
-const START_TIME: usize = 0;
-const METHOD: usize = 1;
-const PATH: usize = 2;
-const AUTHORITY: usize = 3;
-const REMOTE_ADDRESS: usize = 4;
-const ROUTE_NAME: usize = 5;
-const RESPONSE_CODE_DETAILS: usize = 6;
-const TEXTS: usize = 7;
+/// A field of a line, by its name in the log format.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    StartTime,
+    /// A text field, by its index in `Fields::texts`.
+    Text(usize),
+    Headers,
+    Metadata,
+    RouteMetadata,
+    ResponseCode,
+}
 
-/// The index of the text field named `name`.
-fn text_field(name: &[u8]) -> Option<usize> {
+/// The text fields a record keeps, as indices of `Fields::texts`.
+const METHOD: usize = 0;
+const PATH: usize = 1;
+const AUTHORITY: usize = 2;
+const REMOTE_ADDRESS: usize = 3;
+const ROUTE_NAME: usize = 4;
+const RESPONSE_CODE_DETAILS: usize = 5;
+const TEXTS: usize = 6;
+
+/// The field named `name`, if the replay knows it.
+fn field(name: &[u8]) -> Option<Field> {
     Some(match name {
-        b"start_time" => START_TIME,
-        b"method" => METHOD,
-        b"path" => PATH,
-        b"authority" => AUTHORITY,
-        b"remote_address" => REMOTE_ADDRESS,
-        b"route_name" => ROUTE_NAME,
-        b"response_code_details" => RESPONSE_CODE_DETAILS,
+        b"start_time" => Field::StartTime,
+        b"method" => Field::Text(METHOD),
+        b"path" => Field::Text(PATH),
+        b"authority" => Field::Text(AUTHORITY),
+        b"remote_address" => Field::Text(REMOTE_ADDRESS),
+        b"route_name" => Field::Text(ROUTE_NAME),
+        b"response_code_details" => Field::Text(RESPONSE_CODE_DETAILS),
+        b"headers" => Field::Headers,
+        b"metadata" => Field::Metadata,
+        b"route_metadata" => Field::RouteMetadata,
+        b"response_code" => Field::ResponseCode,
         _ => return None,
     })
 }
@@ -274,9 +289,23 @@ impl Fields {
         let mut start = None;
         let mut scanner = Scanner::new(line);
         let mut key_scratch = Vec::new();
-        scanner.object(&mut key_scratch, |s, key| match key.text {
-            b"headers" => self.headers(line, s, wanted),
-            b"metadata" => {
+        scanner.object(&mut key_scratch, |s, key| match field(key.text) {
+            Some(Field::StartTime) => {
+                start = s.string_or_null()?.map(|t| text_of(line, &t)).transpose()?;
+                Ok(())
+            }
+            Some(Field::Text(index)) => {
+                let kept = match s.string_or_null()? {
+                    Some(text) => self.keep(line, text, wanted.text(index))?,
+                    None => None,
+                };
+                if let Some(slot) = self.texts.get_mut(index) {
+                    *slot = kept;
+                }
+                Ok(())
+            }
+            Some(Field::Headers) => self.headers(line, s, wanted),
+            Some(Field::Metadata) => {
                 let json = s.raw_value()?;
                 self.metadata = wanted
                     .metadata
@@ -284,7 +313,7 @@ impl Fields {
                     .transpose()?;
                 Ok(())
             }
-            b"route_metadata" => {
+            Some(Field::RouteMetadata) => {
                 let json = s.raw_value()?;
                 self.route_metadata = wanted
                     .route_metadata
@@ -292,28 +321,12 @@ impl Fields {
                     .transpose()?;
                 Ok(())
             }
-            b"response_code" => {
+            Some(Field::ResponseCode) => {
                 let code = s.code()?.and_then(|c| u32::try_from(c).ok());
                 self.response_code = code.filter(|&c| c > 0);
                 Ok(())
             }
-            name => match text_field(name) {
-                Some(START_TIME) => {
-                    start = s.string_or_null()?.map(|t| text_of(line, &t)).transpose()?;
-                    Ok(())
-                }
-                Some(field) => {
-                    let kept = match s.string_or_null()? {
-                        Some(text) => self.keep(line, text, wanted.text(field))?,
-                        None => None,
-                    };
-                    if let Some(slot) = self.texts.get_mut(field) {
-                        *slot = kept;
-                    }
-                    Ok(())
-                }
-                None => s.skip(),
-            },
+            None => s.skip(),
         })?;
         scanner.end()?;
         Ok(start)
