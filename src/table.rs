@@ -23,7 +23,7 @@ use crate::algorithm::{Debt, FULL_SHARE};
 use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
 use crate::store::{Store, StoreError};
-use crate::text::{push_decimal, push_hex16};
+use crate::text::push_decimal;
 use smallvec::{smallvec, SmallVec};
 
 /// A key's slot is rewritten at least this often while the key is being denied (which changes
@@ -162,7 +162,7 @@ impl Read {
 pub fn slot_name(prefix: &str, spec: &TableSpec, index: u32) -> String {
     let mut name = String::with_capacity(prefix.len() + 27);
     name.push_str(prefix);
-    push_hex16(&mut name, spec.layout_id);
+    name.push_str(&spec.layout_id);
     name.push('/');
     push_decimal(&mut name, index.into());
     name
@@ -366,7 +366,7 @@ mod tests {
             key: Vec::new(),
             capacity,
             width: 1,
-            layout_id: 7,
+            layout_id: "0000000000000007".into(),
             shares_key: false,
         }
     }

@@ -16,6 +16,7 @@ use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
 use crate::reply::Denial;
 use crate::request::Attr;
+use crate::text::push_hex16;
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -728,8 +729,8 @@ fn is_policy_name(name: &str) -> bool {
 }
 
 /// Hashes what the key reads (not where the plan happens to index it) and the policies'
-/// names and column counts.
-fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u64 {
+/// names and column counts, as 16 hex digits.
+fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> String {
     let mut hasher = SipHasher13::new_with_keys(0, 0);
     for part in key {
         for source in &part.alternatives {
@@ -742,5 +743,7 @@ fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u6
         hasher.write_u8(b'|');
     }
     members.hash(&mut hasher);
-    hasher.finish()
+    let mut id = String::with_capacity(16);
+    push_hex16(&mut id, hasher.finish());
+    id
 }

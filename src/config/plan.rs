@@ -218,8 +218,9 @@ pub struct TableSpec {
     pub capacity: u32,
     /// Words of state per slot: the sum of its policies' columns.
     pub width: usize,
-    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
-    pub layout_id: u64,
+    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots:
+    /// 16 hex digits, as the slots' names spell it (formatted once, not on every read).
+    pub layout_id: String,
     /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
     /// needed, not only their slot hashes.
     pub shares_key: bool,

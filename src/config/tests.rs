@@ -79,7 +79,11 @@ fn the_slot_layout_id_ignores_attribute_order() {
     let a = json!({"policies": [
         {"name": "m", "match": {"headers": [{"name": "x-a", "present": true}]}, "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
     let b = json!({"policies": [{"name": "m", "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
-    let id = |c: Value| parse(c.to_string().as_bytes()).unwrap().tables[0].layout_id;
+    let id = |c: Value| {
+        parse(c.to_string().as_bytes()).unwrap().tables[0]
+            .layout_id
+            .clone()
+    };
     assert_eq!(id(a), id(b));
 }
 
