@@ -13,7 +13,7 @@
 //! would be full again (`GLOBAL_COLUMNS` in all), then its emergency algorithm's state.
 
 use super::work::{Member, Verdict, Work};
-use super::{local, Basis, Pending};
+use super::{local, Basis, Progress};
 use crate::algorithm::{Algorithm, Debt, Decision, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
@@ -164,7 +164,7 @@ pub(super) fn debt(marks: &[u64], capacity: u64, now: u64) -> Debt {
 }
 
 /// Records the service's answers (`None`: the call failed) on the members that asked.
-pub(super) fn record(pending: &mut Pending, answers: Option<&[Answer]>) {
+pub(super) fn record(pending: &mut Progress, answers: Option<&[Answer]>) {
     let asked = std::mem::take(&mut pending.asked);
     for (i, (w, m)) in asked.into_iter().enumerate() {
         let member = pending.works.get_mut(w).and_then(|w| w.members.get_mut(m));
@@ -176,7 +176,7 @@ pub(super) fn record(pending: &mut Pending, answers: Option<&[Answer]>) {
 }
 
 /// Prepares the next call: a check for every member that waits for the service.
-pub(super) fn ask(plan: &Plan, pending: &mut Pending) {
+pub(super) fn ask(plan: &Plan, pending: &mut Progress) {
     pending.round += 1;
     pending.asked.clear();
     pending.checks.clear();
@@ -208,7 +208,7 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
 }
 
 /// After the last call: members still waiting for the service count it as failed.
-pub(super) fn give_up_asking(plan: &Plan, pending: &mut Pending) {
+pub(super) fn give_up_asking(plan: &Plan, pending: &mut Progress) {
     for work in &mut pending.works {
         for member in &mut work.members {
             if member.service == Service::Ask {
