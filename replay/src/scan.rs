@@ -32,11 +32,9 @@ pub struct Text {
     pub escaped: bool,
 }
 
-/// An object member's key: its text, escapes undone, and where it is in the line when it had
-/// none.
+/// An object member's key: its text, escapes undone.
 pub struct Key<'k> {
     pub text: &'k [u8],
-    pub in_line: Option<Range<usize>>,
 }
 
 pub struct Scanner<'a> {
@@ -109,21 +107,9 @@ impl<'a> Scanner<'a> {
                     at: key.raw.start + at,
                     expected: "a valid escape",
                 })?;
-                member(
-                    self,
-                    Key {
-                        text: scratch,
-                        in_line: None,
-                    },
-                )?;
+                member(self, Key { text: scratch })?;
             } else {
-                member(
-                    self,
-                    Key {
-                        text: raw,
-                        in_line: Some(key.raw),
-                    },
-                )?;
+                member(self, Key { text: raw })?;
             }
             match self.peek() {
                 Some(b',') => self.at += 1,
