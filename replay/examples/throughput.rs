@@ -4,10 +4,10 @@
 //! a bench so that it is built as the tool is, in one build of the filter's crate.
 //!
 //! A synthetic access log as Envoy writes it with `--print-log-format`'s format: 10,000 requests
-//! a second from 20,000 users (a few of them heavy), each line about 330 bytes. Speed is lines per
+//! a second from 5,000 users (a few of them heavy), each line about 260 bytes. Speed is lines per
 //! second of CPU time of the replaying thread, over a log held in memory (parsing, reordering,
 //! deciding and counting; no disk). Memory is the process's peak resident size while a generated
-//! log streams through, for two log lengths: it must not grow with the length.
+//! log streams through, for three log lengths: it must not grow with the length.
 
 // A measuring program: it panics with the reason when its set-up is broken.
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)]
