@@ -306,19 +306,11 @@ impl Fields {
             }
             Some(Field::Headers) => self.headers(line, s, wanted),
             Some(Field::Metadata) => {
-                let json = s.raw_value()?;
-                self.metadata = wanted
-                    .metadata
-                    .then(|| self.keep_json(line, json))
-                    .transpose()?;
+                self.metadata = self.keep_json(line, s, wanted.metadata)?;
                 Ok(())
             }
             Some(Field::RouteMetadata) => {
-                let json = s.raw_value()?;
-                self.route_metadata = wanted
-                    .route_metadata
-                    .then(|| self.keep_json(line, json))
-                    .transpose()?;
+                self.route_metadata = self.keep_json(line, s, wanted.route_metadata)?;
                 Ok(())
             }
             Some(Field::ResponseCode) => {
@@ -387,10 +379,11 @@ impl Fields {
         }
     }
 
-    /// Keeps a JSON value's text.
-    fn keep_json(&mut self, line: &[u8], json: Range<usize>) -> Scan<Span> {
-        let raw = line.get(json).unwrap_or_default();
-        self.keep_bytes(|values| values.extend_from_slice(raw))
+    /// Reads any JSON value, and keeps its text if `wanted`.
+    fn keep_json(&mut self, line: &[u8], s: &mut Scanner, wanted: bool) -> Scan<Option<Span>> {
+        let raw = line.get(s.raw_value()?).unwrap_or_default();
+        let kept = wanted.then(|| self.keep_bytes(|values| values.extend_from_slice(raw)));
+        kept.transpose()
     }
 
     /// Appends a value with `append`, and returns its place.
