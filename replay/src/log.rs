@@ -306,11 +306,12 @@ impl Fields {
             }
             Some(Field::Headers) => self.headers(line, s, wanted),
             Some(Field::Metadata) => {
-                self.metadata = self.keep_json(line, s, wanted.metadata)?;
+                self.metadata = self.keep_json(line, s.raw_value()?, wanted.metadata)?;
                 Ok(())
             }
             Some(Field::RouteMetadata) => {
-                self.route_metadata = self.keep_json(line, s, wanted.route_metadata)?;
+                self.route_metadata =
+                    self.keep_json(line, s.raw_value()?, wanted.route_metadata)?;
                 Ok(())
             }
             Some(Field::ResponseCode) => {
@@ -379,11 +380,15 @@ impl Fields {
         }
     }
 
-    /// Reads any JSON value, and keeps its text if `wanted`.
-    fn keep_json(&mut self, line: &[u8], s: &mut Scanner, wanted: bool) -> Scan<Option<Span>> {
-        let raw = line.get(s.raw_value()?).unwrap_or_default();
-        let kept = wanted.then(|| self.keep_bytes(|values| values.extend_from_slice(raw)));
-        kept.transpose()
+    /// Keeps a JSON value's text, if `wanted`.
+    #[inline]
+    fn keep_json(&mut self, line: &[u8], json: Range<usize>, wanted: bool) -> Scan<Option<Span>> {
+        if !wanted {
+            return Ok(None);
+        }
+        let raw = line.get(json).unwrap_or_default();
+        self.keep_bytes(|values| values.extend_from_slice(raw))
+            .map(Some)
     }
 
     /// Appends a value with `append`, and returns its place.
