@@ -372,7 +372,7 @@ fn main() {
             key: Vec::new(),
             capacity: config::DEFAULT_MAX_KEYS,
             width: n,
-            layout_id: u64::MAX,
+            layout_id: "f".repeat(16),
             shares_key: false,
         };
         let name = table::slot_name(&prefix, &spec, config::DEFAULT_MAX_KEYS - 1).len();

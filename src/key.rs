@@ -164,18 +164,21 @@ pub fn is_header_name(name: &str) -> bool {
 }
 
 impl KeyPart {
-    /// The first present alternative: its position and value.
-    pub fn resolve<S: RequestSource + ?Sized>(
+    /// The first present alternative: its position and value, as the request holds it.
+    pub fn resolve<'r, S: RequestSource + ?Sized>(
         &self,
-        request: &mut Attributes<S>,
-    ) -> Option<(usize, Vec<u8>)> {
-        self.alternatives
-            .iter()
-            .enumerate()
-            .find_map(|(position, source)| match source {
-                Source::Global => Some((position, Vec::new())),
-                Source::Attr(index) => request.get(*index).map(|v| (position, v.to_vec())),
-            })
+        request: &'r mut Attributes<S>,
+    ) -> Option<(usize, &'r [u8])> {
+        // Found, then lent: the borrow checker will not let a search return a value that
+        // borrows `request` while it goes on to read the next alternative.
+        let position = self.alternatives.iter().position(|source| match source {
+            Source::Global => true,
+            Source::Attr(index) => request.has(*index),
+        })?;
+        match self.alternatives.get(position)? {
+            Source::Global => Some((position, &[])),
+            Source::Attr(index) => request.read_already(*index).map(|value| (position, value)),
+        }
     }
 }
 
@@ -202,7 +205,7 @@ pub fn hash_key<S: RequestSource + ?Sized>(
     let mut hasher = KeyHasher::new(secret);
     for part in parts {
         let (position, value) = part.resolve(request)?;
-        hasher.part(position, &value);
+        hasher.part(position, value);
     }
     Some(hasher.finish())
 }

@@ -1,6 +1,6 @@
 //! The request attributes that policies read, each fetched from the host at most once.
 
-use smallvec::{smallvec, SmallVec};
+use smallvec::SmallVec;
 
 /// Where a request attribute comes from. The plan lists each distinct one once.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -35,6 +35,8 @@ pub trait RequestSource {
 pub struct Attributes<'a, S: ?Sized> {
     source: &'a S,
     attrs: &'a [Attr],
+    /// Grown to an attribute's index when it is first read: a request that reads none (or
+    /// only the first) sets up nothing for the rest.
     cache: SmallVec<[Option<Option<Vec<u8>>>; 4]>,
 }
 
@@ -43,18 +45,31 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         Attributes {
             source,
             attrs,
-            cache: smallvec![None; attrs.len()],
+            cache: SmallVec::new(),
         }
     }
 
     /// The attribute's value; absent and empty values are both `None`.
     pub fn get(&mut self, index: usize) -> Option<&[u8]> {
-        let (Some(cached), Some(attr)) = (self.cache.get_mut(index), self.attrs.get(index)) else {
-            return None;
-        };
-        cached
+        let attr = self.attrs.get(index)?;
+        if self.cache.len() <= index {
+            self.cache.resize_with(index + 1, || None);
+        }
+        self.cache
+            .get_mut(index)?
             .get_or_insert_with(|| fetch(self.source, attr).filter(|v| !v.is_empty()))
             .as_deref()
+    }
+
+    /// Whether the attribute has a value (read now if it was not yet).
+    pub fn has(&mut self, index: usize) -> bool {
+        self.get(index).is_some()
+    }
+
+    /// The value of an attribute read already (by `get` or `has`), without the `&mut` that
+    /// reading needs: what a value found among others is lent as.
+    pub fn read_already(&self, index: usize) -> Option<&[u8]> {
+        self.cache.get(index)?.as_ref()?.as_deref()
     }
 }
 

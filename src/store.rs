@@ -1,8 +1,10 @@
 //! The key-value store behind local buckets: proxy-wasm shared data, shared by every Envoy
 //! worker. The trait mirrors the host's semantics exactly, including its traps; `MemoryStore`
-//! is the same in one process, for `sluice-replay` and the tests.
+//! is the same in one process, for the tests, and `LocalStore` in one thread, for
+//! `sluice-replay`.
 
 use smallvec::SmallVec;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::{Mutex, MutexGuard};
@@ -35,20 +37,54 @@ pub struct MemoryStore {
     entries: Mutex<Entries>,
 }
 
+/// The same for one thread, as `sluice-replay`'s one worker is: no lock taken and released
+/// around every read and write.
+#[derive(Debug, Default)]
+pub struct LocalStore {
+    entries: RefCell<Entries>,
+}
+
 /// A slot name, `sluice/<plugin>/<layout id>/<index>`, fits inline.
 type Name = SmallVec<[u8; 40]>;
 /// A slot value (8 bytes a word, 2 + the policies' words) fits inline up to 6 words of state.
 type Value = SmallVec<[u8; 64]>;
 
 /// Entries by name with their versions, and the last version handed out.
-type Entries = (
-    HashMap<Name, (Value, u32), BuildHasherDefault<SlotHasher>>,
-    u32,
-);
+#[derive(Debug, Default)]
+struct Entries {
+    map: HashMap<Name, (Value, u32), BuildHasherDefault<SlotHasher>>,
+    version: u32,
+}
+
+impl Entries {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        let (value, version) = self.map.get(key.as_bytes())?;
+        Some((value.to_vec(), *version))
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        match self.map.get_mut(key.as_bytes()) {
+            Some((_, current)) if cas != 0 && cas != *current => Err(StoreError::CasMismatch),
+            Some((old, current)) => {
+                self.version += 1;
+                old.clear();
+                old.extend_from_slice(value);
+                *current = self.version;
+                Ok(())
+            }
+            None => {
+                self.version += 1;
+                let entry = (value.into(), self.version);
+                self.map.insert(key.as_bytes().into(), entry);
+                Ok(())
+            }
+        }
+    }
+}
 
 impl MemoryStore {
     pub fn entry_count(&self) -> usize {
-        self.lock().0.len()
+        self.lock().map.len()
     }
 
     /// A panic elsewhere while holding the lock leaves whole entries behind: keep using them.
@@ -61,29 +97,27 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
-        let entries = self.lock();
-        let (value, version) = entries.0.get(key.as_bytes())?;
-        Some((value.to_vec(), *version))
+        self.lock().get(key)
     }
 
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let mut guard = self.lock();
-        let (entries, version) = &mut *guard;
-        match entries.get_mut(key.as_bytes()) {
-            Some((_, current)) if cas != 0 && cas != *current => Err(StoreError::CasMismatch),
-            Some((old, current)) => {
-                *version += 1;
-                old.clear();
-                old.extend_from_slice(value);
-                *current = *version;
-                Ok(())
-            }
-            None => {
-                *version += 1;
-                entries.insert(key.as_bytes().into(), (value.into(), *version));
-                Ok(())
-            }
-        }
+        self.lock().set(key, value, cas)
+    }
+}
+
+/// Neither call borrows the entries while the other holds them; were one to, it would fail as
+/// the host fails, not panic.
+impl Store for LocalStore {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.entries.try_borrow().ok()?.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let mut entries = self
+            .entries
+            .try_borrow_mut()
+            .map_err(|_| StoreError::Failed)?;
+        entries.set(key, value, cas)
     }
 }
 
@@ -116,7 +150,11 @@ mod tests {
 
     #[test]
     fn a_write_at_a_stale_version_loses_and_a_creating_write_ignores_cas() {
-        let store = MemoryStore::default();
+        versions_as_envoy_keeps_them(&MemoryStore::default());
+        versions_as_envoy_keeps_them(&LocalStore::default());
+    }
+
+    fn versions_as_envoy_keeps_them(store: &impl Store) {
         store.set("k", b"a", 7).unwrap();
         let (_, first) = store.get("k").unwrap();
         store.set("k", b"b", first).unwrap();

@@ -23,7 +23,7 @@ use crate::algorithm::{Debt, FULL_SHARE};
 use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
 use crate::store::{Store, StoreError};
-use crate::text::{push_decimal, push_hex16};
+use crate::text::push_decimal;
 use smallvec::{smallvec, SmallVec};
 
 /// A key's slot is rewritten at least this often while the key is being denied (which changes
@@ -162,7 +162,7 @@ impl Read {
 pub fn slot_name(prefix: &str, spec: &TableSpec, index: u32) -> String {
     let mut name = String::with_capacity(prefix.len() + 27);
     name.push_str(prefix);
-    push_hex16(&mut name, spec.layout_id);
+    name.push_str(&spec.layout_id);
     name.push('/');
     push_decimal(&mut name, index.into());
     name
@@ -313,9 +313,11 @@ fn read(store: &impl Store, prefix: &str, spec: &TableSpec, index: u32) -> Read 
 
 /// Slot value: owner key hash, last use, then the policies' state words, all u64 little-endian.
 fn encode(owner: u64, last_used: u64, state: &[u64]) -> Value {
-    let mut bytes = SmallVec::with_capacity(value_size(state.len()));
-    for word in [owner, last_used].iter().chain(state) {
-        bytes.extend_from_slice(&word.to_le_bytes());
+    let mut bytes: Value = smallvec![0; value_size(state.len())];
+    // Into eight-byte chunks: each word one store, not a call to copy eight bytes.
+    let words = [owner, last_used].into_iter().chain(state.iter().copied());
+    for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&word.to_le_bytes());
     }
     bytes
 }
@@ -364,7 +366,7 @@ mod tests {
             key: Vec::new(),
             capacity,
             width: 1,
-            layout_id: 7,
+            layout_id: "0000000000000007".into(),
             shares_key: false,
         }
     }

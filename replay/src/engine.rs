@@ -1,5 +1,5 @@
 //! One Envoy worker's decisions, replayed: the filter's `Limiter` over shared data held in
-//! memory (`MemoryStore`, Envoy's semantics, its slots created up front as `Filter::configure`
+//! memory (`LocalStore`, Envoy's semantics, its slots created up front as `Filter::configure`
 //! does), this worker's ledger, and the worker's clock, which never goes back. Global policies
 //! are decided as if by one exact global store (`ExactStore`, the service's algorithms), asked
 //! whenever the limiter calls out.
@@ -16,7 +16,7 @@ use sluice::ledger::Ledger;
 use sluice::limiter::{Limiter, Outcome, Step};
 use sluice::protocol::Answer;
 use sluice::request::Attributes;
-use sluice::store::MemoryStore;
+use sluice::store::LocalStore;
 use sluice::table;
 use sluice::time::WorkerClock;
 
@@ -28,7 +28,7 @@ const FORGET_EVERY: u64 = 10 * NANOS_PER_SEC;
 /// A replay of one configuration.
 pub struct Engine {
     pub plan: Plan,
-    store: MemoryStore,
+    store: LocalStore,
     /// One secret for slots and names, so every policy's key is named by the hash Envoy's access
     /// log and logs show: the operator's (`hash_secret_env`), else the public key.
     keying: Keying,
@@ -49,7 +49,7 @@ impl Engine {
     /// Compiles the configuration and creates its tables' slots.
     pub fn new(json: &[u8]) -> Result<Engine, ConfigError> {
         let plan = plan(json)?;
-        let store = MemoryStore::default();
+        let store = LocalStore::default();
         for spec in &plan.tables {
             table::create_slots(&store, PREFIX, spec).map_err(|e| ConfigError {
                 field: "max_keys".into(),
@@ -119,7 +119,9 @@ pub fn plan(json: &[u8]) -> Result<Plan, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::log::{Parser, Wanted};
     use serde_json::json;
+    use sluice::request::Attr;
 
     const SEC: u64 = NANOS_PER_SEC;
     const T0: u64 = 1_800_000_000 * SEC;
@@ -127,10 +129,11 @@ mod tests {
     fn alice_at(time: u64) -> Record {
         let mut record = Record::default();
         let line = json!({"start_time": "2027-01-15T08:00:00Z", "headers": {"x-user-id": "alice"}});
-        record
-            .buffer()
-            .extend_from_slice(line.to_string().as_bytes());
-        record.parse(1).unwrap();
+        let wanted = Wanted::new(&[Attr::Header("x-user-id".into())], false);
+        let mut parser = Parser::new(wanted);
+        parser
+            .parse(line.to_string().as_bytes(), 1, &mut record)
+            .unwrap();
         record.time = time;
         record
     }

@@ -2,12 +2,12 @@
 //! decided offline by the filter's own code, with the log's timestamps as the clock.
 //!
 //! The flow: `config_file` (the configuration, from JSON or Envoy/Istio YAML) → `log` (each line
-//! parsed into a `Record`, the request as the filter saw it) → `order` (back in start order within
-//! a window) → `engine` (decided as one Envoy worker would: the filter's `Limiter`, its slots in
-//! memory, global policies by one exact store) → `report` (per policy and tier, through `top` and
-//! `timeline`), `check` (against Envoy's own answers), `compare` (against another
-//! configuration) → `text`, `json`, `svg`. `run` drives that over a log; `log_format` prints the
-//! Envoy access log that writes what `log` reads.
+//! parsed into a `Record`, the request as the filter saw it; its start time through `times`) →
+//! `order` (back in start order within a window) → `engine` (decided as one Envoy worker would:
+//! the filter's `Limiter`, its slots in memory, global policies by one exact store) → `report`
+//! (per policy and tier, through `top` and `timeline`), `check` (against Envoy's own answers),
+//! `compare` (against another configuration) → `text`, `json`, `svg`. `run` drives that over a
+//! log; `log_format` prints the Envoy access log that writes what `log` reads.
 
 pub mod check;
 pub mod compare;
@@ -23,4 +23,5 @@ pub mod scan;
 pub mod svg;
 pub mod text;
 pub mod timeline;
+pub mod times;
 pub mod top;

@@ -1,6 +1,7 @@
 //! The access log: JSON lines as `log_format` makes Envoy write them, read from a file or standard
-//! input, gzipped or not. Each line becomes a `Record`: the request as the filter saw it, which
-//! the filter's code reads through `RequestSource` as it reads Envoy.
+//! input, gzipped or not. A `Parser` turns each line into a `Record`: the request as the filter
+//! saw it, as far as the replay reads it (`Wanted`), which the filter's code reads through
+//! `RequestSource` as it reads Envoy.
 //!
 //! A line's fields: `start_time` (RFC 3339; required), `method`, `path`, `authority`,
 //! `remote_address` (no port), `route_name`, `headers` (names in any case), `metadata`
@@ -8,14 +9,15 @@
 //! namespaces to objects), `response_code`, `response_code_details`. Unknown fields are ignored; `null`
 //! is an absent value, as Envoy writes one.
 
-use crate::scan::{unescape, Key, ScanError, Scanner, Text};
+use crate::scan::{unescape, Scan, ScanError, Scanner, Text};
+use crate::times::StartTimes;
 use serde_json::Value;
-use sluice::request::RequestSource;
+use sluice::request::{Attr, RequestSource};
 use sluice::route::{envoy_list, envoy_map};
 use smallvec::SmallVec;
+use std::borrow::Cow;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Read};
-use std::mem::take;
 use std::ops::Range;
 
 /// A gzip stream starts with these two bytes.
@@ -36,6 +38,29 @@ pub fn open(path: &str) -> io::Result<Box<dyn BufRead>> {
     Ok(Box::new(reader))
 }
 
+/// Appends the next line of `input` (through its `\n`, if it has one) to `line`, and returns its
+/// length, 0 at the end: `BufRead::read_until`, with `memchr`'s vectorised search for the end.
+pub fn read_line(input: &mut impl BufRead, line: &mut Vec<u8>) -> io::Result<usize> {
+    let mut read = 0;
+    loop {
+        let available = match input.fill_buf() {
+            Ok(available) => available,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        let (used, ended) = match memchr::memchr(b'\n', available) {
+            Some(end) => (end + 1, true),
+            None => (available.len(), available.is_empty()),
+        };
+        line.extend_from_slice(available.get(..used).unwrap_or_default());
+        input.consume(used);
+        read += used;
+        if ended {
+            return Ok(read);
+        }
+    }
+}
+
 /// Why a line was skipped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LineError {
@@ -54,8 +79,94 @@ impl fmt::Display for LineError {
     }
 }
 
-/// One request of the log. Its line is read into its own buffer and its values are found there,
-/// not copied: a replay allocates nothing per line once it runs, and records are reused.
+/// What a replay keeps of each line: the values its configurations' policies read
+/// (`Plan::attrs`) and its reports show. Every line is still read in full and must be what the
+/// log format says (a JSON object, text fields strings, `headers` an object of strings), but
+/// only these values are copied out of it: a record waiting in the reorder window is a couple
+/// of hundred bytes, not its line.
+#[derive(Debug, Clone, Default)]
+pub struct Wanted {
+    /// The text fields kept, by index.
+    texts: [bool; TEXTS],
+    /// The headers kept, by lower-case name.
+    headers: Vec<String>,
+    metadata: bool,
+    route_metadata: bool,
+}
+
+impl Wanted {
+    /// What reading `attrs` takes, and `response_code_details` if `details`.
+    pub fn new(attrs: &[Attr], details: bool) -> Wanted {
+        let mut wanted = Wanted::default();
+        wanted.keep_text(RESPONSE_CODE_DETAILS, details);
+        for attr in attrs {
+            match attr {
+                Attr::Header(name) => wanted.headers.push(name.clone()),
+                Attr::Ip => wanted.keep_text(REMOTE_ADDRESS, true),
+                Attr::Path => wanted.keep_text(PATH, true),
+                Attr::Method => wanted.keep_text(METHOD, true),
+                Attr::Authority => wanted.keep_text(AUTHORITY, true),
+                Attr::Route => wanted.keep_text(ROUTE_NAME, true),
+                Attr::RouteMetadata => wanted.route_metadata = true,
+                Attr::Metadata { .. } => wanted.metadata = true,
+            }
+        }
+        wanted
+    }
+
+    fn keep_text(&mut self, field: usize, keep: bool) {
+        if let Some(kept) = self.texts.get_mut(field) {
+            *kept |= keep;
+        }
+    }
+
+    fn text(&self, field: usize) -> bool {
+        self.texts.get(field).copied().unwrap_or(false)
+    }
+
+    fn header(&self, name: &[u8]) -> bool {
+        let wanted = |w: &String| w.len() == name.len() && name.eq_ignore_ascii_case(w.as_bytes());
+        self.headers.iter().any(wanted)
+    }
+}
+
+/// How a replay reads its lines: what it keeps of them, and the last second their start times
+/// gave.
+#[derive(Debug, Default)]
+pub struct Parser {
+    wanted: Wanted,
+    times: StartTimes,
+}
+
+impl Parser {
+    pub fn new(wanted: Wanted) -> Parser {
+        Parser {
+            wanted,
+            times: StartTimes::default(),
+        }
+    }
+
+    /// Parses `line`, number `number` of the log, into `record`.
+    pub fn parse(
+        &mut self,
+        line: &[u8],
+        number: u64,
+        record: &mut Record,
+    ) -> Result<(), LineError> {
+        record.line = number;
+        record.fields.clear();
+        let start = record.fields.fill(line, &self.wanted);
+        let start = start.map_err(|e| LineError::NotJson(e.to_string()))?;
+        let start = start.ok_or(LineError::NoStartTime)?;
+        record.time = self.times.parse(&start).map_err(LineError::BadStartTime)?;
+        record.response_code = record.fields.response_code;
+        Ok(())
+    }
+}
+
+/// One request of the log: the values of its line that the replay reads (`Wanted`), copied out
+/// of it with escapes undone and header names lower-cased. Records are reused: once a replay
+/// runs, it allocates nothing per line.
 #[derive(Debug, Default, Clone)]
 pub struct Record {
     /// The line's number in the log, from 1.
@@ -63,87 +174,81 @@ pub struct Record {
     /// `start_time`, Unix nanoseconds.
     pub time: u64,
     pub response_code: Option<u32>,
-    /// The line as read, then the values that had escapes, unescaped (and header names that
-    /// had upper case, lower-cased).
-    text: Vec<u8>,
     fields: Fields,
 }
 
-/// The line's text fields, as indices of `Fields::texts`.
-const START_TIME: usize = 0;
-const METHOD: usize = 1;
-const PATH: usize = 2;
-const AUTHORITY: usize = 3;
-const REMOTE_ADDRESS: usize = 4;
-const ROUTE_NAME: usize = 5;
-const RESPONSE_CODE_DETAILS: usize = 6;
-const TEXTS: usize = 7;
+/// A field of a line, by its name in the log format.
+#[derive(Debug, Clone, Copy)]
+enum Field {
+    StartTime,
+    /// A text field, by its index in `Fields::texts`.
+    Text(usize),
+    Headers,
+    Metadata,
+    RouteMetadata,
+    ResponseCode,
+}
 
-/// The index of the text field named `name`.
-fn text_field(name: &[u8]) -> Option<usize> {
+/// The text fields a record keeps, as indices of `Fields::texts`.
+const METHOD: usize = 0;
+const PATH: usize = 1;
+const AUTHORITY: usize = 2;
+const REMOTE_ADDRESS: usize = 3;
+const ROUTE_NAME: usize = 4;
+const RESPONSE_CODE_DETAILS: usize = 5;
+const TEXTS: usize = 6;
+
+/// The field named `name`, if the replay knows it.
+fn field(name: &[u8]) -> Option<Field> {
     Some(match name {
-        b"start_time" => START_TIME,
-        b"method" => METHOD,
-        b"path" => PATH,
-        b"authority" => AUTHORITY,
-        b"remote_address" => REMOTE_ADDRESS,
-        b"route_name" => ROUTE_NAME,
-        b"response_code_details" => RESPONSE_CODE_DETAILS,
+        b"start_time" => Field::StartTime,
+        b"method" => Field::Text(METHOD),
+        b"path" => Field::Text(PATH),
+        b"authority" => Field::Text(AUTHORITY),
+        b"remote_address" => Field::Text(REMOTE_ADDRESS),
+        b"route_name" => Field::Text(ROUTE_NAME),
+        b"response_code_details" => Field::Text(RESPONSE_CODE_DETAILS),
+        b"headers" => Field::Headers,
+        b"metadata" => Field::Metadata,
+        b"route_metadata" => Field::RouteMetadata,
+        b"response_code" => Field::ResponseCode,
         _ => return None,
     })
 }
 
-/// Where a line's values are in the record's text.
+/// Where a kept value is in `Fields::values`: four-byte offsets keep a record small.
+type Span = Range<u32>;
+
+/// Kept values, one after another: inline for the few short ones most configurations read.
+type Values = SmallVec<[u8; 48]>;
+
+/// The kept values of a line, and where each is.
 #[derive(Debug, Default, Clone)]
 struct Fields {
-    /// The text fields, by `Text` index.
-    texts: [Option<Range<usize>>; TEXTS],
+    values: Values,
+    /// The text fields, by index.
+    texts: [Option<Span>; TEXTS],
     /// Header names, lower-cased, and values.
-    headers: SmallVec<[(Range<usize>, Range<usize>); 6]>,
+    headers: SmallVec<[(Span, Span); 2]>,
     /// The `metadata` and `route_metadata` objects' JSON, read when a policy asks for a value
     /// in them.
-    metadata: Option<Range<usize>>,
-    route_metadata: Option<Range<usize>>,
+    metadata: Option<Span>,
+    route_metadata: Option<Span>,
     response_code: Option<u32>,
-    /// Values that could not be borrowed from the line, to go after it...
-    copied: Vec<u8>,
-    /// ...which is this long.
-    line_len: usize,
 }
 
 impl Record {
-    /// The buffer to read the next line into, emptied.
-    pub fn buffer(&mut self) -> &mut Vec<u8> {
-        self.text.clear();
-        &mut self.text
-    }
-
-    /// Whether the line in the buffer is blank.
-    pub fn is_blank(&self) -> bool {
-        self.text.trim_ascii().is_empty()
-    }
-
-    /// Parses the line in the buffer, number `number`.
-    pub fn parse(&mut self, number: u64) -> Result<(), LineError> {
-        self.line = number;
-        self.fields.clear();
-        let scanned = self.fields.fill(&self.text);
-        self.text.extend_from_slice(&self.fields.copied);
-        scanned.map_err(|e| LineError::NotJson(e.to_string()))?;
-        let start = self.text(START_TIME).ok_or(LineError::NoStartTime)?;
-        let start = std::str::from_utf8(start).map_err(|e| LineError::BadStartTime(e.to_string()));
-        self.time = sluice::time::parse_rfc3339(start?).map_err(LineError::BadStartTime)?;
-        self.response_code = self.fields.response_code;
-        Ok(())
-    }
-
-    fn bytes(&self, range: &Option<Range<usize>>) -> Option<&[u8]> {
-        range.as_ref().and_then(|r| self.text.get(r.clone()))
-    }
-
-    /// `response_code_details`: why Envoy answered as it did (`sluice_rate_limited`, ...).
+    /// `response_code_details`: why Envoy answered as it did (`sluice_rate_limited`, ...), when
+    /// the replay keeps it (`--check`).
     pub fn response_code_details(&self) -> Option<&[u8]> {
         self.text(RESPONSE_CODE_DETAILS)
+    }
+
+    fn bytes(&self, span: &Option<Span>) -> Option<&[u8]> {
+        let span = span.as_ref()?;
+        self.fields
+            .values
+            .get(span.start as usize..span.end as usize)
     }
 
     /// A text field's value.
@@ -155,7 +260,7 @@ impl Record {
     /// path of keys into its object.
     fn metadata_value(
         &self,
-        metadata: &Option<Range<usize>>,
+        metadata: &Option<Span>,
         namespace: &str,
         path: &[&str],
     ) -> Option<Vec<u8>> {
@@ -170,93 +275,156 @@ impl Record {
 }
 
 impl Fields {
+    /// Forgets the previous line, keeping the buffers.
     fn clear(&mut self) {
-        let (mut headers, mut copied) = (take(&mut self.headers), take(&mut self.copied));
-        headers.clear();
-        copied.clear();
-        *self = Fields {
-            headers,
-            copied,
-            ..Fields::default()
-        };
+        self.values.clear();
+        self.headers.clear();
+        self.texts = Default::default();
+        (self.metadata, self.route_metadata, self.response_code) = (None, None, None);
     }
 
-    /// Finds the values of the JSON object `line`.
-    fn fill(&mut self, line: &[u8]) -> Result<(), ScanError> {
-        self.line_len = line.len();
+    /// Reads the JSON object `line`, keeping the `wanted` values; returns the text of its
+    /// `start_time`.
+    fn fill<'l>(&mut self, line: &'l [u8], wanted: &Wanted) -> Scan<Option<Cow<'l, [u8]>>> {
+        let mut start = None;
         let mut scanner = Scanner::new(line);
         let mut key_scratch = Vec::new();
-        scanner.object(&mut key_scratch, |s, key| match key.text {
-            b"headers" => self.headers(line, s),
-            b"metadata" => {
-                self.metadata = Some(s.raw_value()?);
+        scanner.object(&mut key_scratch, |s, key| match field(key.text) {
+            Some(Field::StartTime) => {
+                start = s.string_or_null()?.map(|t| text_of(line, &t)).transpose()?;
                 Ok(())
             }
-            b"route_metadata" => {
-                self.route_metadata = Some(s.raw_value()?);
+            Some(Field::Text(index)) => {
+                let kept = match s.string_or_null()? {
+                    Some(text) => self.keep(line, text, wanted.text(index))?,
+                    None => None,
+                };
+                if let Some(slot) = self.texts.get_mut(index) {
+                    *slot = kept;
+                }
                 Ok(())
             }
-            b"response_code" => {
+            Some(Field::Headers) => self.headers(line, s, wanted),
+            Some(Field::Metadata) => {
+                self.metadata = self.keep_json(line, s.raw_value()?, wanted.metadata)?;
+                Ok(())
+            }
+            Some(Field::RouteMetadata) => {
+                self.route_metadata =
+                    self.keep_json(line, s.raw_value()?, wanted.route_metadata)?;
+                Ok(())
+            }
+            Some(Field::ResponseCode) => {
                 let code = s.code()?.and_then(|c| u32::try_from(c).ok());
                 self.response_code = code.filter(|&c| c > 0);
                 Ok(())
             }
-            name => {
-                let Some(field) = text_field(name) else {
-                    return s.skip();
-                };
-                let text = s.string_or_null()?;
-                let range = text.map(|t| self.place(line, t)).transpose()?;
-                if let Some(slot) = self.texts.get_mut(field) {
-                    *slot = range;
-                }
-                Ok(())
-            }
+            None => s.skip(),
         })?;
-        scanner.end()
+        scanner.end()?;
+        Ok(start)
     }
 
-    /// The `headers` object: names lower-cased, `null` values left out.
-    fn headers(&mut self, line: &[u8], s: &mut Scanner) -> Result<(), ScanError> {
+    /// The `headers` object: the wanted ones kept, names lower-cased, `null` values left out.
+    fn headers(&mut self, line: &[u8], s: &mut Scanner, wanted: &Wanted) -> Scan<()> {
         if s.null()? {
             return Ok(());
         }
         let mut name_scratch = Vec::new();
         s.object(&mut name_scratch, |s, name| {
-            if let Some(value) = s.string_or_null()? {
-                let name = self.place_name(name);
-                let value = self.place(line, value)?;
+            let Some(value) = s.string_or_null()? else {
+                return Ok(());
+            };
+            if !wanted.header(name.text) {
+                return self.keep(line, value, false).map(drop);
+            }
+            let name = if name.text.iter().any(u8::is_ascii_uppercase) {
+                let lower = name.text.iter().map(u8::to_ascii_lowercase);
+                self.keep_bytes(|values| values.extend(lower))?
+            } else {
+                self.keep_bytes(|values| values.extend_from_slice(name.text))?
+            };
+            if let Some(value) = self.keep(line, value, true)? {
                 self.headers.push((name, value));
             }
             Ok(())
         })
     }
 
-    /// Where a string's text is: in the line when it has no escapes, else unescaped after it.
-    fn place(&mut self, line: &[u8], text: Text) -> Result<Range<usize>, ScanError> {
-        if !text.escaped {
-            return Ok(text.raw);
+    /// Keeps a string value's text, escapes undone, if `wanted`; either way, a bad escape is an
+    /// error.
+    #[inline]
+    fn keep(&mut self, line: &[u8], text: Text, wanted: bool) -> Scan<Option<Span>> {
+        if !wanted && !text.escaped {
+            return Ok(None);
         }
-        let start = self.line_len + self.copied.len();
-        let raw = line.get(text.raw.clone()).unwrap_or_default();
-        unescape(raw, &mut self.copied).map_err(|at| ScanError {
-            at: text.raw.start + at,
-            expected: "a valid escape",
-        })?;
-        Ok(start..self.line_len + self.copied.len())
+        self.copy(line, text, wanted)
     }
 
-    /// Where a header name is, lower-cased: in the line when it already is, else after it.
-    fn place_name(&mut self, name: Key) -> Range<usize> {
-        match name.in_line {
-            Some(range) if !name.text.iter().any(u8::is_ascii_uppercase) => range,
-            _ => {
-                let start = self.line_len + self.copied.len();
-                self.copied
-                    .extend(name.text.iter().map(u8::to_ascii_lowercase));
-                start..self.line_len + self.copied.len()
+    /// `keep`, for a value that is wanted or has escapes to check.
+    fn copy(&mut self, line: &[u8], text: Text, wanted: bool) -> Scan<Option<Span>> {
+        match (wanted, text.escaped) {
+            (false, _) => text_of(line, &text).map(|_| None),
+            (true, false) => {
+                let raw = line.get(text.raw).unwrap_or_default();
+                self.keep_bytes(|values| values.extend_from_slice(raw))
+                    .map(Some)
+            }
+            (true, true) => {
+                let raw = line.get(text.raw.clone()).unwrap_or_default();
+                let mut unescaped = Ok(());
+                let span = self.keep_bytes(|values| unescaped = unescape(raw, values))?;
+                unescaped.map_err(|at| bad_escape(&text, at))?;
+                Ok(Some(span))
             }
         }
+    }
+
+    /// Keeps a JSON value's text, if `wanted`.
+    #[inline]
+    fn keep_json(&mut self, line: &[u8], json: Range<usize>, wanted: bool) -> Scan<Option<Span>> {
+        if !wanted {
+            return Ok(None);
+        }
+        let raw = line.get(json).unwrap_or_default();
+        self.keep_bytes(|values| values.extend_from_slice(raw))
+            .map(Some)
+    }
+
+    /// Appends a value with `append`, and returns its place.
+    fn keep_bytes(&mut self, append: impl FnOnce(&mut Values)) -> Scan<Span> {
+        let start = self.values.len();
+        append(&mut self.values);
+        span(start, self.values.len(), start)
+    }
+}
+
+/// A string value's text: as it is in the line, or unescaped.
+fn text_of<'l>(line: &'l [u8], text: &Text) -> Scan<Cow<'l, [u8]>> {
+    let raw = line.get(text.raw.clone()).unwrap_or_default();
+    if !text.escaped {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let mut unescaped = Vec::new();
+    unescape(raw, &mut unescaped).map_err(|at| bad_escape(text, at))?;
+    Ok(Cow::Owned(unescaped))
+}
+
+fn bad_escape(text: &Text, at: usize) -> ScanError {
+    ScanError {
+        at: text.raw.start + at,
+        expected: "a valid escape",
+    }
+}
+
+/// A kept value's place, if the kept values are under 4 GiB (`at`: where in the line it was).
+fn span(start: usize, end: usize, at: usize) -> Scan<Span> {
+    match (u32::try_from(start), u32::try_from(end)) {
+        (Ok(start), Ok(end)) => Ok(start..end),
+        _ => Err(ScanError {
+            at,
+            expected: "values under 4 GiB",
+        }),
     }
 }
 
@@ -294,8 +462,8 @@ impl RequestSource for Record {
             ":path" => self.text(PATH),
             ":authority" => self.text(AUTHORITY),
             _ => self.fields.headers.iter().find_map(|(n, v)| {
-                let found = self.text.get(n.clone()) == Some(name.as_bytes());
-                found.then(|| self.text.get(v.clone())).flatten()
+                let found = self.bytes(&Some(n.clone())) == Some(name.as_bytes());
+                found.then(|| self.bytes(&Some(v.clone()))).flatten()
             }),
         };
         value.map(<[u8]>::to_vec)
@@ -321,10 +489,33 @@ mod tests {
     use super::*;
     use std::io::Write;
 
+    /// Every value the tests read kept.
+    fn everything() -> Wanted {
+        let headers = ["x-user-id", "x-plan", "x-other", "k"].map(|h| Attr::Header(h.into()));
+        let metadata = Attr::Metadata {
+            namespace: "acme".into(),
+            path: vec!["sub".into()],
+        };
+        let fields = [
+            Attr::Method,
+            Attr::Path,
+            Attr::Authority,
+            Attr::Ip,
+            Attr::Route,
+        ];
+        let mut attrs: Vec<Attr> = headers.into_iter().chain(fields).collect();
+        attrs.extend([Attr::RouteMetadata, metadata]);
+        Wanted::new(&attrs, true)
+    }
+
     fn record(line: &str) -> Result<Record, LineError> {
+        parsed(line, everything())
+    }
+
+    fn parsed(line: &str, wanted: Wanted) -> Result<Record, LineError> {
         let mut record = Record::default();
-        record.buffer().extend_from_slice(line.as_bytes());
-        record.parse(7).map(|()| record)
+        let parsed = Parser::new(wanted).parse(line.as_bytes(), 7, &mut record);
+        parsed.map(|()| record)
     }
 
     fn text(value: Option<Vec<u8>>) -> Option<String> {
@@ -409,15 +600,68 @@ mod tests {
     }
 
     #[test]
+    fn only_the_values_wanted_are_kept_yet_every_field_is_checked() {
+        let per_user = Wanted::new(&[Attr::Header("x-user-id".into())], false);
+        let r = parsed(LINE, per_user.clone()).unwrap();
+        assert_eq!(text(r.header("x-user-id")).as_deref(), Some("alice"));
+        assert_eq!(
+            (r.header(":path"), r.property(&["xds", "route_name"])),
+            (None, None)
+        );
+        assert_eq!(
+            (r.response_code, r.response_code_details()),
+            (Some(429), None)
+        );
+        for bad in [
+            r#"{"start_time":"2026-11-30T17:44:57Z","path":7}"#,
+            r#"{"start_time":"2026-11-30T17:44:57Z","path":"/a\q"}"#,
+            r#"{"start_time":"2026-11-30T17:44:57Z","headers":{"x-plan":"\q"}}"#,
+            r#"{"start_time":"2026-11-30T17:44:57Z","headers":{"x-plan":1}}"#,
+        ] {
+            assert!(
+                matches!(parsed(bad, per_user.clone()), Err(LineError::NotJson(_))),
+                "{bad}"
+            );
+            assert!(matches!(record(bad), Err(LineError::NotJson(_))), "{bad}");
+        }
+    }
+
+    #[test]
     fn a_reused_record_forgets_the_previous_line() {
-        let mut r = record(LINE).unwrap();
-        r.buffer()
-            .extend_from_slice(br#"{"start_time":"2026-11-30T17:44:58Z"}"#);
-        r.parse(8).unwrap();
+        let mut parser = Parser::new(everything());
+        let mut r = Record::default();
+        parser.parse(LINE.as_bytes(), 7, &mut r).unwrap();
+        let next = br#"{"start_time":"2026-11-30T17:44:58Z"}"#;
+        parser.parse(next, 8, &mut r).unwrap();
         assert_eq!(
             (r.line, r.header("x-user-id"), r.response_code),
             (8, None, None)
         );
+    }
+
+    #[test]
+    fn an_escaped_start_time_and_header_name_are_read() {
+        let r = record(r#"{"start_time":"2026-11-30T17:44:57\u002e5Z","headers":{"X-Us\u0065r-Id":"a\u00e9"}}"#).unwrap();
+        assert_eq!(r.time, 1_796_060_697_500_000_000);
+        assert_eq!(text(r.header("x-user-id")).as_deref(), Some("a\u{e9}"));
+    }
+
+    #[test]
+    fn lines_are_read_as_read_until_reads_them_across_buffer_boundaries() {
+        let text = b"{\"a\":1}\n\n{\"b\":2}\r\nlast without an end";
+        for capacity in [1, 2, 3, 7, 64] {
+            let mut ours = io::BufReader::with_capacity(capacity, &text[..]);
+            let mut std = &text[..];
+            loop {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                let read = read_line(&mut ours, &mut a).unwrap();
+                assert_eq!(read, std.read_until(b'\n', &mut b).unwrap());
+                assert_eq!(a, b, "capacity {capacity}");
+                if read == 0 {
+                    break;
+                }
+            }
+        }
     }
 
     #[test]

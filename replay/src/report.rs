@@ -325,12 +325,12 @@ fn tier_of(
     let tiers = policy.tiers.as_ref()?;
     let value = tiers.by.resolve(request).map(|(_, value)| value);
     let named = value
-        .filter(|v| tiers.values.contains_key(v))
+        .filter(|v| tiers.values.contains_key(*v))
         .and_then(|v| {
             report
                 .tiers
                 .iter()
-                .position(|(name, _)| name.as_bytes() == v.as_slice())
+                .position(|(name, _)| name.as_bytes() == v)
         });
     named.or(report.tiers.len().checked_sub(1))
 }
@@ -354,7 +354,7 @@ pub(crate) fn key_value(plan: &Plan, policy: usize, key: u64, record: &Record) -
                 .resolve(&mut request)
                 .map(|(_, v)| v)
                 .unwrap_or_default();
-            String::from_utf8_lossy(&value).into_owned()
+            String::from_utf8_lossy(value).into_owned()
         })
         .collect();
     serde_json::to_string(&values).unwrap_or_default()

@@ -32,11 +32,9 @@ pub struct Text {
     pub escaped: bool,
 }
 
-/// An object member's key: its text, escapes undone, and where it is in the line when it had
-/// none.
+/// An object member's key: its text, escapes undone.
 pub struct Key<'k> {
     pub text: &'k [u8],
-    pub in_line: Option<Range<usize>>,
 }
 
 pub struct Scanner<'a> {
@@ -44,7 +42,7 @@ pub struct Scanner<'a> {
     at: usize,
 }
 
-type Scan<T> = Result<T, ScanError>;
+pub type Scan<T> = Result<T, ScanError>;
 
 impl<'a> Scanner<'a> {
     pub fn new(bytes: &'a [u8]) -> Scanner<'a> {
@@ -109,21 +107,9 @@ impl<'a> Scanner<'a> {
                     at: key.raw.start + at,
                     expected: "a valid escape",
                 })?;
-                member(
-                    self,
-                    Key {
-                        text: scratch,
-                        in_line: None,
-                    },
-                )?;
+                member(self, Key { text: scratch })?;
             } else {
-                member(
-                    self,
-                    Key {
-                        text: raw,
-                        in_line: Some(key.raw),
-                    },
-                )?;
+                member(self, Key { text: raw })?;
             }
             match self.peek() {
                 Some(b',') => self.at += 1,
@@ -147,15 +133,24 @@ impl<'a> Scanner<'a> {
 
     /// A string, or `None` for `null`.
     pub fn string_or_null(&mut self) -> Scan<Option<Text>> {
-        if self.null()? {
-            return Ok(None);
+        match self.peek() {
+            Some(b'n') => self.literal(b"null").map(|()| None),
+            Some(b'"') => {
+                self.at += 1;
+                self.rest_of_string().map(Some)
+            }
+            _ => self.error("a string"),
         }
-        self.string().map(Some)
     }
 
     /// A string value.
     pub fn string(&mut self) -> Scan<Text> {
         self.eat(b'"', "a string")?;
+        self.rest_of_string()
+    }
+
+    /// The rest of a string, after its opening quote.
+    fn rest_of_string(&mut self) -> Scan<Text> {
         let start = self.at;
         let mut escaped = false;
         loop {
@@ -180,19 +175,12 @@ impl<'a> Scanner<'a> {
 
     /// An integer value (as a status code is written), or a string of one, or `null`.
     pub fn code(&mut self) -> Scan<Option<u64>> {
-        match self.peek() {
-            Some(b'"') => {
-                let text = self.string()?;
-                let raw = self.bytes.get(text.raw).unwrap_or_default();
-                Ok(std::str::from_utf8(raw).ok().and_then(|t| t.parse().ok()))
-            }
-            Some(b'n') => self.null().map(|_| None),
-            _ => {
-                let number = self.number()?;
-                let raw = self.bytes.get(number).unwrap_or_default();
-                Ok(std::str::from_utf8(raw).ok().and_then(|t| t.parse().ok()))
-            }
-        }
+        let text = match self.peek() {
+            Some(b'"') => self.string()?.raw,
+            Some(b'n') => return self.null().map(|_| None),
+            _ => self.number()?,
+        };
+        Ok(integer(self.bytes.get(text).unwrap_or_default()))
     }
 
     /// Any value, skipped.
@@ -317,12 +305,24 @@ fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
     tail.map(|i| offset + i)
 }
 
+/// A decimal integer as `u64::from_str` reads one (digits after an optional `+`), from bytes.
+fn integer(text: &[u8]) -> Option<u64> {
+    let digits = text.strip_prefix(b"+").unwrap_or(text);
+    if digits.is_empty() {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &byte| {
+        let digit = byte.checked_sub(b'0').filter(|&d| d < 10)?;
+        n.checked_mul(10)?.checked_add(u64::from(digit))
+    })
+}
+
 /// Appends the text of a string's raw bytes (between its quotes) to `out`, escapes undone;
 /// `Err` with the offset of a bad escape.
-pub fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Result<(), usize> {
+pub fn unescape(raw: &[u8], out: &mut impl Extend<u8>) -> Result<(), usize> {
     let mut at = 0;
     while let Some(found) = memchr::memchr(b'\\', raw.get(at..).unwrap_or_default()) {
-        out.extend_from_slice(raw.get(at..at + found).unwrap_or_default());
+        out.extend(raw.get(at..at + found).unwrap_or_default().iter().copied());
         at += found;
         let escape = raw.get(at + 1).copied().ok_or(at)?;
         let simple = match escape {
@@ -336,16 +336,16 @@ pub fn unescape(raw: &[u8], out: &mut Vec<u8>) -> Result<(), usize> {
             _ => return Err(at),
         };
         if let Some(byte) = simple {
-            out.push(byte);
+            out.extend([byte]);
             at += 2;
             continue;
         }
         let (c, used) = unicode_escape(raw.get(at..).unwrap_or_default()).ok_or(at)?;
         let mut utf8 = [0; 4];
-        out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+        out.extend(c.encode_utf8(&mut utf8).bytes());
         at += used;
     }
-    out.extend_from_slice(raw.get(at..).unwrap_or_default());
+    out.extend(raw.get(at..).unwrap_or_default().iter().copied());
     Ok(())
 }
 
@@ -471,6 +471,27 @@ mod tests {
                 }
             }
             assert_eq!(quote_or_backslash(&vec![0xff; length]), None);
+        }
+    }
+
+    #[test]
+    fn an_integer_is_read_as_u64_from_str_reads_it() {
+        for text in [
+            "0",
+            "429",
+            "+7",
+            "",
+            "+",
+            "-1",
+            "2.5",
+            "1e3",
+            "4x",
+            " 4",
+            "18446744073709551615",
+            "18446744073709551616",
+            "00012",
+        ] {
+            assert_eq!(integer(text.as_bytes()), text.parse().ok(), "{text:?}");
         }
     }
 

@@ -16,9 +16,11 @@ use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
 use crate::reply::Denial;
 use crate::request::Attr;
+use crate::text::push_hex16;
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::ops::Range;
 
 /// The most distinct keys a policy may track.
 pub const MAX_MAX_KEYS: u32 = 1_000_000;
@@ -203,10 +205,10 @@ impl Compiler {
             scope,
             denial,
             table: 0,
-            column: 0,
+            words: 0..0,
         };
         policy.take = take(at, raw, &policy)?;
-        (policy.table, policy.column) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
+        (policy.table, policy.words) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
         Ok(policy)
     }
 
@@ -224,22 +226,22 @@ impl Compiler {
             .collect()
     }
 
-    /// The table for this key (shared with earlier policies of the same key) and the first
-    /// of the policy's columns in it.
+    /// The table for this key (shared with earlier policies of the same key) and the policy's
+    /// `columns` words in its slots.
     fn place(
         &mut self,
         key: Vec<KeyPart>,
         name: &str,
         columns: usize,
         max_keys: u32,
-    ) -> (usize, usize) {
+    ) -> (usize, Range<usize>) {
         let member = (name.to_string(), columns);
         if let Some(index) = self.tables.iter().position(|t| t.key == key) {
             if let Some(table) = self.tables.get_mut(index) {
-                let column = table.members.iter().map(|(_, c)| c).sum();
+                let column: usize = table.members.iter().map(|(_, c)| c).sum();
                 table.members.push(member);
                 table.capacity = table.capacity.max(max_keys);
-                return (index, column);
+                return (index, column..column + columns);
             }
         }
         self.tables.push(TableDraft {
@@ -247,7 +249,7 @@ impl Compiler {
             members: vec![member],
             capacity: max_keys,
         });
-        (self.tables.len() - 1, 0)
+        (self.tables.len() - 1, 0..columns)
     }
 
     fn tiers(&mut self, at: &str, raw: &RawTiers, shape: &Shape) -> Result<Tiers, ConfigError> {
@@ -727,8 +729,8 @@ fn is_policy_name(name: &str) -> bool {
 }
 
 /// Hashes what the key reads (not where the plan happens to index it) and the policies'
-/// names and column counts.
-fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u64 {
+/// names and column counts, as 16 hex digits.
+fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> String {
     let mut hasher = SipHasher13::new_with_keys(0, 0);
     for part in key {
         for source in &part.alternatives {
@@ -741,5 +743,7 @@ fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> u6
         hasher.write_u8(b'|');
     }
     members.hash(&mut hasher);
-    hasher.finish()
+    let mut id = String::with_capacity(16);
+    push_hex16(&mut id, hasher.finish());
+    id
 }

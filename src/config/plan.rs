@@ -8,6 +8,7 @@ use crate::matcher::Matcher;
 use crate::reply::Denial;
 use crate::request::{Attr, Attributes, RequestSource};
 use std::collections::HashMap;
+use std::ops::Range;
 
 /// The compiled configuration.
 #[derive(Debug, Clone)]
@@ -41,7 +42,7 @@ impl Plan {
     }
 }
 
-/// A compiled policy. `table` and `column` say where its state lives in the key's slot.
+/// A compiled policy. `table` and `words` say where its state lives in the key's slot.
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub name: String,
@@ -63,7 +64,8 @@ pub struct Policy {
     /// How the policy answers the requests it denies.
     pub denial: Denial,
     pub table: usize,
-    pub column: usize,
+    /// Its words of the slot's state (`columns()` of them), placed once for every request.
+    pub words: Range<usize>,
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service
@@ -155,7 +157,7 @@ pub struct Tiers {
 impl Tiers {
     fn select<R: RequestSource + ?Sized>(&self, request: &mut Attributes<R>) -> Option<Tier> {
         let (_, value) = self.by.resolve(request)?;
-        self.values.get(&value).copied()
+        self.values.get(value).copied()
     }
 }
 
@@ -216,8 +218,9 @@ pub struct TableSpec {
     pub capacity: u32,
     /// Words of state per slot: the sum of its policies' columns.
     pub width: usize,
-    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots.
-    pub layout_id: u64,
+    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots:
+    /// 16 hex digits, as the slots' names spell it (formatted once, not on every read).
+    pub layout_id: String,
     /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
     /// needed, not only their slot hashes.
     pub shares_key: bool,

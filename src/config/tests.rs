@@ -67,7 +67,10 @@ fn policies_with_the_same_key_share_one_table() {
     ]});
     let plan = parse(config.to_string().as_bytes()).unwrap();
     assert_eq!(plan.tables.len(), 2);
-    assert_eq!((plan.policies[2].table, plan.policies[2].column), (0, 1));
+    assert_eq!(
+        (plan.policies[2].table, plan.policies[2].words.start),
+        (0, 1)
+    );
     assert_eq!((plan.tables[0].width, plan.tables[0].capacity), (2, 50000));
 }
 
@@ -76,7 +79,11 @@ fn the_slot_layout_id_ignores_attribute_order() {
     let a = json!({"policies": [
         {"name": "m", "match": {"headers": [{"name": "x-a", "present": true}]}, "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
     let b = json!({"policies": [{"name": "m", "key": ["header:x-user-id"], "requests": 1, "per": "1s"}]});
-    let id = |c: Value| parse(c.to_string().as_bytes()).unwrap().tables[0].layout_id;
+    let id = |c: Value| {
+        parse(c.to_string().as_bytes()).unwrap().tables[0]
+            .layout_id
+            .clone()
+    };
     assert_eq!(id(a), id(b));
 }
 

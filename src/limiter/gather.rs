@@ -8,7 +8,7 @@
 
 use super::global::Service;
 use super::work::{Member, Work};
-use super::{Outcome, Step};
+use super::{Outcome, Progress, Step, Works};
 use crate::config::{Plan, Policy, TableSpec};
 use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
@@ -19,20 +19,23 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     keying: &Keying,
     request: &mut Attributes<R>,
     service_up: bool,
-    now: u64,
-    outcome: &mut Outcome,
-) -> Vec<Work> {
+    progress: &mut Progress,
+) {
+    let Progress {
+        works,
+        outcome,
+        now,
+        ..
+    } = progress;
     let mut gathered = Gathered {
         keying,
-        // One work per table at most: sized for that, not for the four a growing Vec starts
-        // with (four works are past the allocator's fast path).
-        works: Vec::with_capacity(plan.tables.len()),
+        works,
         service: if service_up {
             Service::Ask
         } else {
             Service::Failed
         },
-        now,
+        now: *now,
     };
     let scope = route_scope(plan, request, outcome);
     let in_scope = || {
@@ -51,7 +54,6 @@ pub(super) fn works<R: RequestSource + ?Sized>(
             gathered.join(plan, index, policy, request, outcome);
         }
     }
-    gathered.works
 }
 
 /// The policies the selected route lets apply: all of them unless `route_metadata` is on.
@@ -71,7 +73,7 @@ fn route_scope<R: RequestSource + ?Sized>(
 /// The works of a request so far, and the secrets its keys are hashed under.
 struct Gathered<'k> {
     keying: &'k Keying,
-    works: Vec<Work>,
+    works: &'k mut Works,
     service: Service,
     now: u64,
 }
@@ -178,7 +180,7 @@ pub(super) fn name_keys<R: RequestSource + ?Sized>(
             }
         }
         Step::Callout(pending) => {
-            for work in pending.works.iter_mut().filter(|w| w.key.is_none()) {
+            for work in pending.0.works.iter_mut().filter(|w| w.key.is_none()) {
                 work.key = shared(Some(work.table));
             }
         }
@@ -209,15 +211,15 @@ mod tests {
     use crate::testing::FakeRequest;
     use serde_json::json;
 
-    fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Vec<Work>, Outcome) {
+    fn gather(plan: &Plan, headers: &[(&str, &str)], now: u64) -> (Works, Outcome) {
         gather_from(plan, &request(headers), now)
     }
 
-    fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Vec<Work>, Outcome) {
-        let mut outcome = Outcome::default();
+    fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Works, Outcome) {
+        let mut progress = Progress::new(now);
         let mut attributes = Attributes::new(source, &plan.attrs);
-        let works = works(plan, &keying(), &mut attributes, true, now, &mut outcome);
-        (works, outcome)
+        works(plan, &keying(), &mut attributes, true, &mut progress);
+        (progress.works, progress.outcome)
     }
 
     fn members(works: &[Work]) -> Vec<Vec<usize>> {

@@ -13,7 +13,7 @@
 //! would be full again (`GLOBAL_COLUMNS` in all), then its emergency algorithm's state.
 
 use super::work::{Member, Verdict, Work};
-use super::{local, Basis, Pending};
+use super::{local, Basis, Progress};
 use crate::algorithm::{Algorithm, Debt, Decision, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
@@ -164,10 +164,10 @@ pub(super) fn debt(marks: &[u64], capacity: u64, now: u64) -> Debt {
 }
 
 /// Records the service's answers (`None`: the call failed) on the members that asked.
-pub(super) fn record(pending: &mut Pending, answers: Option<&[Answer]>) {
-    let asked = std::mem::take(&mut pending.asked);
+pub(super) fn record(progress: &mut Progress, answers: Option<&[Answer]>) {
+    let asked = std::mem::take(&mut progress.asked);
     for (i, (w, m)) in asked.into_iter().enumerate() {
-        let member = pending.works.get_mut(w).and_then(|w| w.members.get_mut(m));
+        let member = progress.works.get_mut(w).and_then(|w| w.members.get_mut(m));
         if let Some(member) = member {
             let answer = answers.and_then(|a| a.get(i)).copied();
             member.service = answer.map_or(Service::Failed, Service::Answered);
@@ -176,17 +176,17 @@ pub(super) fn record(pending: &mut Pending, answers: Option<&[Answer]>) {
 }
 
 /// Prepares the next call: a check for every member that waits for the service.
-pub(super) fn ask(plan: &Plan, pending: &mut Pending) {
-    pending.round += 1;
-    pending.asked.clear();
-    pending.checks.clear();
-    for (w, work) in pending.works.iter().enumerate() {
+pub(super) fn ask(plan: &Plan, progress: &mut Progress) {
+    progress.round += 1;
+    progress.asked.clear();
+    progress.checks.clear();
+    for (w, work) in progress.works.iter().enumerate() {
         let waiting = work.members.iter().zip(&work.verdicts).enumerate();
         for (m, (member, _)) in waiting.filter(|(_, (_, verdict))| verdict.is_none()) {
             let policy = plan.policies.get(member.policy);
             if let Some(policy) = policy.filter(|p| matches!(p.scope, Scope::Global(_))) {
-                pending.asked.push((w, m));
-                pending.checks.push(check(policy, member, work));
+                progress.asked.push((w, m));
+                progress.checks.push(check(policy, member, work));
             }
         }
     }
@@ -208,14 +208,14 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
 }
 
 /// After the last call: members still waiting for the service count it as failed.
-pub(super) fn give_up_asking(plan: &Plan, pending: &mut Pending) {
-    for work in &mut pending.works {
+pub(super) fn give_up_asking(plan: &Plan, progress: &mut Progress) {
+    for work in &mut progress.works {
         for member in &mut work.members {
             if member.service == Service::Ask {
                 member.service = Service::Failed;
             }
         }
-        work.judge(plan, pending.now);
+        work.judge(plan, progress.now);
     }
 }
 

@@ -34,6 +34,7 @@ use crate::ledger::Ledger;
 use crate::protocol::{Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
+use smallvec::SmallVec;
 use work::Work;
 
 /// Attempts per table before giving up on a contended slot.
@@ -183,10 +184,15 @@ impl PolicyOutcome {
     }
 }
 
-/// A request on its way: its works, and the checks sent to the service for it.
+/// The works of a request: one per table its policies' keys take, so most often one, kept
+/// inline.
+type Works = SmallVec<[Work; 1]>;
+
+/// A request on its way: its works, and the checks sent to the service for it. Kept where the
+/// limiter works on it until it waits for the service (`Pending`).
 #[derive(Debug)]
-pub struct Pending {
-    works: Vec<Work>,
+struct Progress {
+    works: Works,
     now: u64,
     /// Calls to the service so far.
     round: u32,
@@ -196,15 +202,33 @@ pub struct Pending {
     outcome: Outcome,
 }
 
+impl Progress {
+    fn new(now: u64) -> Progress {
+        Progress {
+            works: Works::new(),
+            now,
+            round: 0,
+            asked: Vec::new(),
+            checks: Vec::new(),
+            outcome: Outcome::default(),
+        }
+    }
+}
+
+/// A request waiting for the service's answers, its progress on the heap meanwhile.
+#[derive(Debug)]
+pub struct Pending(Box<Progress>);
+
 impl Pending {
     /// The checks to send to the service before `resume`.
     pub fn checks(&self) -> &[Check] {
-        &self.checks
+        &self.0.checks
     }
 }
 
 /// Where a request stands.
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // Done is nearly every request's: boxed, one more allocation.
 pub enum Step {
     Done(Outcome),
     /// Send `Pending::checks` to the service, then `resume`.
@@ -231,66 +255,62 @@ impl<S: Store> Limiter<'_, S> {
         now: u64,
         service_up: bool,
     ) -> Step {
-        let mut outcome = Outcome::default();
-        let works = gather::works(
-            self.plan,
-            self.keying,
-            request,
-            service_up,
-            now,
-            &mut outcome,
-        );
-        let mut pending = Pending {
-            works,
-            now,
-            round: 0,
-            asked: Vec::new(),
-            checks: Vec::new(),
-            outcome,
-        };
-        for work in &mut pending.works {
+        let mut progress = Progress::new(now);
+        gather::works(self.plan, self.keying, request, service_up, &mut progress);
+        for work in &mut progress.works {
             if !local::pay_from_loans(work, self.plan, self.ledger, now) {
                 self.read(work, now);
             }
         }
-        let mut step = self.advance(pending);
+        let mut step = if self.advance(&mut progress) {
+            Step::Callout(Pending(Box::new(progress)))
+        } else {
+            Step::Done(self.finish(&mut progress))
+        };
         gather::name_keys(self.plan, self.keying, &mut step, request);
         step
     }
 
     /// Continues a request with the service's answers (`None`: the call failed).
     pub fn resume(&mut self, mut pending: Pending, answers: Option<Vec<Answer>>) -> Step {
-        global::record(&mut pending, answers.as_deref());
-        for work in &mut pending.works {
-            work.judge(self.plan, pending.now);
+        let progress = &mut pending.0;
+        global::record(progress, answers.as_deref());
+        for work in &mut progress.works {
+            work.judge(self.plan, progress.now);
         }
-        self.advance(pending)
+        if self.advance(progress) {
+            Step::Callout(pending)
+        } else {
+            Step::Done(self.finish(progress))
+        }
     }
 
     /// Asks the service while a member needs it and no enforcing policy denies; then writes.
-    fn advance(&mut self, mut pending: Pending) -> Step {
+    /// Returns true when the service is to be asked now (the checks are ready), false once the
+    /// slots are written.
+    fn advance(&mut self, progress: &mut Progress) -> bool {
         loop {
-            let asks = pending.works.iter().any(Work::asks);
-            if asks && strictest_denial(&pending.works).is_none() {
-                if pending.round < MAX_CALLOUTS {
-                    global::ask(self.plan, &mut pending);
-                    return Step::Callout(pending);
+            let asks = progress.works.iter().any(Work::asks);
+            if asks && strictest_denial(&progress.works).is_none() {
+                if progress.round < MAX_CALLOUTS {
+                    global::ask(self.plan, progress);
+                    return true;
                 }
-                global::give_up_asking(self.plan, &mut pending);
-            } else if self.write(&mut pending) {
-                return Step::Done(self.finish(pending));
+                global::give_up_asking(self.plan, progress);
+            } else if self.write(progress) {
+                return false;
             }
         }
     }
 
     /// The outcome of a request whose slots are written. A denied request gives back the
     /// tokens it spent from this worker's loans.
-    fn finish(&mut self, pending: Pending) -> Outcome {
-        let mut outcome = pending.outcome;
-        outcome.applied = pending.works.iter().flat_map(Work::applied).collect();
+    fn finish(&mut self, progress: &mut Progress) -> Outcome {
+        let mut outcome = std::mem::take(&mut progress.outcome);
+        outcome.applied = progress.works.iter().flat_map(Work::applied).collect();
         outcome.denied_by = strictest(outcome.applied.iter().copied());
         if outcome.is_denied() {
-            local::refund_loans(&pending.works, self.plan, self.ledger);
+            local::refund_loans(&progress.works, self.plan, self.ledger);
         }
         outcome
     }

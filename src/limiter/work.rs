@@ -80,7 +80,7 @@ impl Work {
             .iter()
             .map(|member| {
                 let policy = plan.policies.get(member.policy)?;
-                let state = next.get_mut(policy.column..policy.column + policy.columns())?;
+                let state = next.get_mut(policy.words.clone())?;
                 let held = withdrawn.iter().find(|l| l.policy == member.policy);
                 let (verdict, loan) = judge_member(policy, member, state, held, self.hash, now);
                 lent.extend(loan);
@@ -117,11 +117,10 @@ impl Work {
             let Some(policy) = plan.policies.get(member.policy) else {
                 continue;
             };
-            let columns = policy.column..policy.column + policy.columns();
-            let (Some(next), Some(read)) = (
-                self.next.get_mut(columns.clone()),
-                self.slot.state.get(columns),
-            ) else {
+            let words = policy.words.clone();
+            let (Some(next), Some(read)) =
+                (self.next.get_mut(words.clone()), self.slot.state.get(words))
+            else {
                 continue;
             };
             match verdict {

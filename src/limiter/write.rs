@@ -2,7 +2,7 @@
 //! of the ledger) and written back with compare-and-swap, judged again after every lost race.
 
 use super::work::Work;
-use super::{global, strictest_denial, Limiter, Pending, MAX_ATTEMPTS};
+use super::{global, strictest_denial, Limiter, Progress, MAX_ATTEMPTS};
 use crate::algorithm::Debt;
 use crate::config::{Policy, Scope, GLOBAL_COLUMNS};
 use crate::store::{Store, StoreError};
@@ -35,7 +35,7 @@ impl<S: Store> Limiter<'_, S> {
 
     /// Writes every work's slot, judging it again after each lost race. A denied request writes
     /// no charges. Returns false when a work read again needs the service.
-    pub(super) fn write(&mut self, p: &mut Pending) -> bool {
+    pub(super) fn write(&mut self, p: &mut Progress) -> bool {
         let mut denied = strictest_denial(&p.works).is_some();
         for work in p.works.iter_mut().filter(|w| !w.on_loan) {
             let mut charged = false;
@@ -77,7 +77,7 @@ impl<S: Store> Limiter<'_, S> {
 /// What a policy's words in a slot owe at `now`: the most any of its limits says they owe
 /// (whichever wrote them), and a global policy's marks.
 fn debt(policy: &Policy, slot: &[u64], now: u64) -> Debt {
-    let Some(state) = slot.get(policy.column..policy.column + policy.columns()) else {
+    let Some(state) = slot.get(policy.words.clone()) else {
         return Debt::default();
     };
     let (marks, local) = match policy.scope {
