@@ -46,7 +46,11 @@ fn ensure_node_with(version: &str) -> Output {
     let node = bin.path().join("node");
     std::fs::write(&node, format!("#!/bin/sh\necho {version}\n")).unwrap();
     std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!("{}:{}", bin.path().display(), std::env::var("PATH").unwrap());
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap()
+    );
     Command::new(repo_root().join("scripts/ensure-deps"))
         .arg("node")
         .env("PATH", path)
