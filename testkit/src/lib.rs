@@ -5,7 +5,9 @@
 //! - `service`: the `sluice-service` binary;
 //! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them;
-//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
+//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs;
+//! - `make`: the serving make targets (`make run`, ...) as the docs start them;
+//! - `docs`: the command transcripts of a Markdown page, and whether a command printed them.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
 //! every wait has a deadline. Test support code panics with a clear message when the set-up is
@@ -17,9 +19,11 @@
     clippy::indexing_slicing
 )]
 
+pub mod docs;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
+pub mod make;
 pub mod redis;
 pub mod reload;
 pub mod resp;

@@ -1,0 +1,55 @@
+//! The command transcripts of the docs, run as a user types them: each ```` ```console ```` block
+//! of docs/*.md, after the `make` target its page starts before it (`make run-rls`, served on
+//! free ports, the commands' ports replaced) or else at the repo root, must print what the page
+//! shows (`sluice_testkit::docs` says how they are compared). docs/replay.md's are run by
+//! replay/tests/docs.rs, with the replay's own build. `make test` has built the wasm and the
+//! service before the tests run, so the targets' build steps are no-ops here.
+#![cfg(not(target_arch = "wasm32"))]
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use sluice_testkit::docs::transcripts;
+use sluice_testkit::make::{sh, Serving};
+use sluice_testkit::repo_root;
+
+#[test]
+fn every_transcript_of_the_docs_prints_what_the_page_shows() {
+    let mut pages: Vec<_> = std::fs::read_dir(repo_root().join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .filter(|p| !p.ends_with("replay.md"))
+        .collect();
+    pages.sort();
+    let mut run = Vec::new();
+    for path in pages {
+        let page = path.strip_prefix(repo_root()).unwrap().display().to_string();
+        let markdown = std::fs::read_to_string(&path).unwrap();
+        if every_transcript_prints_what_it_shows(&page, &markdown) > 0 {
+            run.push(page);
+        }
+    }
+    assert!(run.contains(&"docs/rls.md".to_string()), "{run:?}");
+}
+
+/// Runs the transcripts of `markdown`, the page `page`: how many there were.
+fn every_transcript_prints_what_it_shows(page: &str, markdown: &str) -> usize {
+    let found = transcripts(markdown);
+    for transcript in &found {
+        let serving = transcript.serving.as_deref().map(Serving::start);
+        for shown in &transcript.commands {
+            let printed = match &serving {
+                Some(serving) => serving.sh(&shown.command),
+                None => sh(&shown.command),
+            };
+            assert!(
+                shown.agrees(&printed),
+                "{page}:{}: `{}` printed\n{printed}\nwhere the page shows\n{}",
+                transcript.line,
+                shown.command,
+                shown.output.join("\n")
+            );
+        }
+    }
+    found.len()
+}
