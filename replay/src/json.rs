@@ -13,11 +13,13 @@
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
 //! ```
 //! A top key's `denied` counts denials and shadow denials; `error` (when not 0) says by how much
-//! it may be over (see `top`), and `value` is the key's value with `--show-keys`. `tiers` is there
-//! for a policy with tiers, `rollout` for one with a rollout (its `shadowed.would_deny` is what
-//! the filter counts as `canary_shadow_denied`), `check` with `--check`, `compare` with
-//! `--compare`. `denied_share` counts would-be denials too: the share denied were the policy
-//! enforced for every key.
+//! it may be over (see `top`), and `value` is the key's value with `--show-keys`: its parts, a
+//! list of strings, or `null` for the bucket of requests missing the key (as is a `--compare`
+//! example's). `filter_off` counts the requests of routes that switch the filter off (they count
+//! in `requests`). `tiers` is there for a policy with tiers, `rollout` for one with a rollout
+//! (its `shadowed.would_deny` is what the filter counts as `canary_shadow_denied`), `check` with
+//! `--check`, `compare` with `--compare`. `denied_share` counts would-be denials too: the share
+//! denied were the policy enforced for every key.
 
 use crate::check::Check;
 use crate::compare::{Changes, Comparison, Example};
