@@ -18,19 +18,9 @@ fn every_transcript_of_docs_replay_md_prints_what_the_page_shows() {
     assert!(found.len() >= 3, "docs/replay.md: {found:?}");
     for transcript in found {
         assert_eq!(transcript.serving, None, "the replay needs no server");
-        for shown in &transcript.commands {
-            assert!(shown.command.contains(CARGO_RUN), "{shown:?}");
-            let command = shown
-                .command
-                .replace(CARGO_RUN, env!("CARGO_BIN_EXE_sluice-replay"));
-            let printed = sh(&command);
-            assert!(
-                shown.agrees(&printed),
-                "docs/replay.md:{}: `{}` printed\n{printed}\nwhere the page shows\n{}",
-                transcript.line,
-                shown.command,
-                shown.output.join("\n")
-            );
-        }
+        transcript.run("docs/replay.md", |command| {
+            assert!(command.contains(CARGO_RUN), "{command}");
+            sh(&command.replace(CARGO_RUN, env!("CARGO_BIN_EXE_sluice-replay")))
+        });
     }
 }

@@ -80,6 +80,24 @@ fn commands(block: &[&str]) -> Vec<Shown> {
     commands
 }
 
+impl Transcript {
+    /// Runs each command through `sh` (which gives its standard output), in order, and fails
+    /// naming `page`, the transcript's line and the command when one does not print what the
+    /// page shows.
+    pub fn run(&self, page: &str, sh: impl Fn(&str) -> String) {
+        for shown in &self.commands {
+            let printed = sh(&shown.command);
+            assert!(
+                shown.agrees(&printed),
+                "{page}:{}: `{}` printed\n{printed}\nwhere the page shows\n{}",
+                self.line,
+                shown.command,
+                shown.output.join("\n")
+            );
+        }
+    }
+}
+
 impl Shown {
     /// Whether `printed` is what the page shows (see the module's rules).
     pub fn agrees(&self, printed: &str) -> bool {
