@@ -5,9 +5,9 @@
 //! The exported names come from the code, not from a list here: the filter's counters as
 //! `Counters::define` names them for each shipped configuration (and the one counted on a refused
 //! configuration), under the names Envoy's `/stats/prometheus` gives them with the bootstraps'
-//! `stats_tags` and without them; the service's series as its registry holds them once
-//! `Metrics::new` and the RLS have registered (read from the registry, as its encoder skips a
-//! family without samples yet). Other `sluice_` names are what the code calls them: the
+//! `stats_tags` and without them; the service's series as its registry holds them once its
+//! `Metrics` and the RLS have registered (read from the registry, as its encoder skips a family
+//! without samples yet). Other `sluice_` names are what the code calls them: the
 //! counters' labels, the response code details, the workspace's crates and Python packages, the
 //! Envoy clusters of envoy/*.yaml; and a name the docs say something `became` is a former one.
 #![cfg(not(target_arch = "wasm32"))]
@@ -201,11 +201,11 @@ fn prometheus_name(name: &str) -> String {
     name.chars().map(keep).collect()
 }
 
-/// The service's families: every one its registry holds after `Metrics::new` and the RLS's
-/// registration, read from the registry's `Debug` (the only listing prometheus-client gives):
+/// The service's families: every one its registry holds once `Metrics` (as `default()` makes
+/// it) and the RLS have registered, read from the registry's `Debug` (the only listing prometheus-client gives):
 /// each `prefix: Some(Prefix("…"))` is followed by the `Descriptor`s registered under it.
 fn service_families() -> BTreeSet<String> {
-    let mut metrics = sluice_service::metrics::Metrics::new();
+    let mut metrics = sluice_service::metrics::Metrics::default();
     sluice_service::rls::metrics::RlsMetrics::register(metrics.registry_mut());
     let listing = format!("{:?}", metrics.registry_mut());
     let mut families = Vec::new();
