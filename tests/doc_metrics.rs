@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use sluice::metrics::{count_config_error, Counters, Metrics, LABELS};
 use sluice::reply::Refusal;
-use sluice_testkit::repo_root;
+use sluice_testkit::{repo_root, workspace_crates};
 
 /// The OpenMetrics text's names of a family `F`'s samples: `F_total` for a counter, `F_info`,
 /// `F_bucket`, ... (which a family is, its registry's listing does not say).
@@ -260,23 +260,10 @@ fn other_names() -> BTreeSet<String> {
 
 /// The workspace's crates, as Rust names them (`sluice_service`).
 fn crate_names() -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .current_dir(repo_root())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let packages = metadata["packages"].as_array().unwrap();
-    let names = packages
-        .iter()
-        .map(|p| p["name"].as_str().unwrap().replace('-', "_"));
-    names.collect()
+    workspace_crates()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
 }
 
 /// bench/'s Python packages (`sluice_bench`).

@@ -82,6 +82,34 @@ pub fn repo_root() -> PathBuf {
         .expect("testkit lives in the workspace root")
 }
 
+/// The workspace's crates, `cargo metadata`'s: each one's name as Rust writes it
+/// (`sluice_service`) and its directory.
+pub fn workspace_crates() -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let crates = packages.iter().map(|p| {
+        let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap_or_default());
+        let dir = manifest.parent().map(Path::to_path_buf).unwrap_or_default();
+        (
+            p["name"].as_str().unwrap_or_default().replace('-', "_"),
+            dir,
+        )
+    });
+    crates.collect()
+}
+
 /// Where Cargo puts build outputs: `$CARGO_TARGET_DIR`, else `<root>/target`.
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
