@@ -8,21 +8,15 @@
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use sluice_testkit::docs::transcripts;
+use sluice_testkit::docs::{files, transcripts};
 use sluice_testkit::make::{sh, Serving};
 use sluice_testkit::repo_root;
 
 #[test]
 fn every_transcript_of_the_docs_prints_what_the_page_shows() {
-    let mut pages: Vec<_> = std::fs::read_dir(repo_root().join("docs"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .filter(|p| !p.ends_with("replay.md"))
-        .collect();
-    pages.sort();
+    let pages = files("docs", &["md"]).into_iter();
     let mut run = Vec::new();
-    for path in pages {
+    for path in pages.filter(|p| !p.ends_with("replay.md")) {
         let page = path
             .strip_prefix(repo_root())
             .unwrap()

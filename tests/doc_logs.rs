@@ -18,6 +18,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use sluice_testkit::docs::files;
 use sluice_testkit::{repo_root, workspace_crates};
 
 /// A log event: level, message, module (`sluice_service::rls`), fields.
@@ -77,16 +78,12 @@ fn every_log_event_in_the_docs_is_one_the_code_writes() {
     assert!(shown >= 10, "only {shown} log events found in the docs");
 }
 
+/// README.md and docs/*.md.
 fn pages() -> Vec<PathBuf> {
-    let root = repo_root();
-    let mut pages: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    pages.sort();
-    pages.insert(0, root.join("README.md"));
-    pages
+    let readme = repo_root().join("README.md");
+    std::iter::once(readme)
+        .chain(files("docs", &["md"]))
+        .collect()
 }
 
 /// The JSON log lines of the page's ```` ```json ```` blocks, with their line numbers.

@@ -21,10 +21,11 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sluice::metrics::{count_config_error, Counters, Metrics, LABELS};
 use sluice::reply::Refusal;
+use sluice_testkit::docs::files;
 use sluice_testkit::{repo_root, workspace_crates};
 
 /// The OpenMetrics text's names of a family `F`'s samples: `F_total` for a counter, `F_info`,
@@ -80,27 +81,18 @@ fn every_metric_name_in_the_docs_is_one_the_code_exports() {
 /// README.md, docs/*.md, envoy/ (its Markdown and YAML, the RLS limits included) and
 /// deploy/observability/.
 fn documents() -> Vec<PathBuf> {
-    let root = repo_root();
-    let mut paths = vec![root.join("README.md")];
     let dirs = [
         ("docs", &["md"][..]),
         ("envoy", &["md", "yaml"]),
         ("envoy/rls-config", &["yaml"]),
         ("deploy/observability", &["yaml", "json"]),
     ];
-    for (dir, extensions) in dirs {
-        let mut found: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .filter(|p| {
-                let extension = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
-                extensions.contains(&extension)
-            })
-            .collect();
-        found.sort();
-        paths.extend(found);
-    }
-    paths
+    let found = dirs
+        .iter()
+        .flat_map(|(dir, extensions)| files(dir, extensions));
+    std::iter::once(repo_root().join("README.md"))
+        .chain(found)
+        .collect()
 }
 
 /// Each `sluice_…` word of `text`: its line number, the word, and the text after it.
@@ -169,7 +161,7 @@ fn filter_series() -> BTreeSet<String> {
 fn shipped_plans() -> Vec<sluice::config::Plan> {
     let secret = "s".repeat(64);
     let mut plans = Vec::new();
-    for path in yaml_files(&repo_root().join("envoy")) {
+    for path in files("envoy", &["yaml"]) {
         let text = std::fs::read_to_string(&path).unwrap();
         for config in sluice_replay::config_file::configs_in_yaml(&text).unwrap() {
             let json = config.to_string();
@@ -279,7 +271,7 @@ fn python_packages() -> Vec<String> {
 /// examples name.
 fn envoy_clusters() -> Vec<String> {
     let mut names = Vec::new();
-    for path in yaml_files(&repo_root().join("envoy")) {
+    for path in files("envoy", &["yaml"]) {
         let text = std::fs::read_to_string(&path).unwrap();
         let bootstrap: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
         let clusters = bootstrap["static_resources"]["clusters"].as_sequence();
@@ -288,11 +280,4 @@ fn envoy_clusters() -> Vec<String> {
         }
     }
     names
-}
-
-fn yaml_files(dir: &Path) -> Vec<PathBuf> {
-    let entries = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path());
-    entries
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .collect()
 }

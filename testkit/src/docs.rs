@@ -9,6 +9,21 @@
 //! - else line by line, exactly, where a line `...` stands for any lines (none included); a Unix
 //!   time in seconds (ten digits) and an RFC 3339 time stand for any other.
 
+/// The files of the repo's directory `dir` whose names end in one of `extensions`, in order.
+pub fn files(dir: &str, extensions: &[&str]) -> Vec<std::path::PathBuf> {
+    let dir = crate::repo_root().join(dir);
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut found: Vec<_> = entries
+        .map(|entry| entry.expect("a directory entry").path())
+        .filter(|p| {
+            let extension = p.extension().and_then(|e| e.to_str()).unwrap_or_default();
+            extensions.contains(&extension)
+        })
+        .collect();
+    found.sort();
+    found
+}
+
 /// One ```` ```console ```` block.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Transcript {
