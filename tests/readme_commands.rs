@@ -76,15 +76,27 @@ fn make_run_global_gives_alice_five_200s_then_429s_decided_by_the_service() {
 
 #[test]
 fn make_run_rls_gives_alice_five_200s_then_429s_decided_by_the_rls() {
-    let run = Serving::start("run-rls");
-
-    let alice = sh(&run, ALICE_SEVEN);
-    let metrics = sh(&run, METRICS);
-
+    // On a machine too busy, Envoy's first calls to the RLS can outlast envoy/rls.yaml's 100 ms
+    // timeout and pass by failure_mode_deny: false, uncounted: once more, on a fresh start.
+    let attempt = || {
+        let run = Serving::start("run-rls");
+        let alice = sh(&run, ALICE_SEVEN);
+        let metrics = sh(&run, METRICS);
+        run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
+        let user = r#"sluice_service_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
+        (alice, metric(&metrics, user), metrics)
+    };
+    let mut ran = attempt();
+    if ran.1 != 7 {
+        eprintln!(
+            "{} hits counted of 7: trying once more, on a fresh start",
+            ran.1
+        );
+        ran = attempt();
+    }
+    let (alice, hits, metrics) = ran;
     assert_eq!(alice, "200\n200\n200\n200\n200\n429\n429\n");
-    let user = r#"sluice_service_rls_total_hits_total{domain="sluice-demo",descriptor="generic_key_api.user"}"#;
-    assert_eq!(metric(&metrics, user), 7, "{metrics}");
-    run.printed_the_commands(&[ALICE_SEVEN, METRICS]);
+    assert_eq!(hits, 7, "{metrics}");
 }
 
 /// Runs a command the README shows, with the run's ports: its standard output.

@@ -18,9 +18,10 @@ fn every_transcript_of_docs_replay_md_prints_what_the_page_shows() {
     assert!(found.len() >= 3, "docs/replay.md: {found:?}");
     for transcript in found {
         assert_eq!(transcript.serving, None, "the replay needs no server");
-        transcript.run("docs/replay.md", |command| {
+        let ran = transcript.run("docs/replay.md", |command| {
             assert!(command.contains(CARGO_RUN), "{command}");
             sh(&command.replace(CARGO_RUN, env!("CARGO_BIN_EXE_sluice-replay")))
         });
+        ran.unwrap_or_else(|disagreement| panic!("{disagreement}"));
     }
 }

@@ -96,20 +96,22 @@ fn commands(block: &[&str]) -> Vec<Shown> {
 }
 
 impl Transcript {
-    /// Runs each command through `sh` (which gives its standard output), in order, and fails
-    /// naming `page`, the transcript's line and the command when one does not print what the
-    /// page shows.
-    pub fn run(&self, page: &str, sh: impl Fn(&str) -> String) {
+    /// Runs each command through `sh` (which gives its standard output), in order, until one
+    /// does not print what the page shows: then what it printed and what `page` shows, with
+    /// the transcript's line and the command.
+    pub fn run(&self, page: &str, sh: impl Fn(&str) -> String) -> Result<(), String> {
         for shown in &self.commands {
             let printed = sh(&shown.command);
-            assert!(
-                shown.agrees(&printed),
-                "{page}:{}: `{}` printed\n{printed}\nwhere the page shows\n{}",
-                self.line,
-                shown.command,
-                shown.output.join("\n")
-            );
+            if !shown.agrees(&printed) {
+                return Err(format!(
+                    "{page}:{}: `{}` printed\n{printed}\nwhere the page shows\n{}",
+                    self.line,
+                    shown.command,
+                    shown.output.join("\n")
+                ));
+            }
         }
+        Ok(())
     }
 }
 
