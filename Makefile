@@ -103,8 +103,12 @@ lint: deps
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
 # Lint first so that cargo test's summary is the last thing printed. The core's unit tests
-# also run compiled for wasm32, under Node's WASI (.cargo/config.toml); tests/readme_commands.rs
-# runs make run and make run-global and sends them the README's curl commands; the gRPC tests
+# also run compiled for wasm32, under Node's WASI (.cargo/config.toml; Node 18.17 or newer, which
+# scripts/ensure-deps checks); tests/readme_commands.rs runs make run, make run-global and
+# make run-rls and sends them the README's curl commands; tests/doc_commands.rs and
+# replay/tests/docs.rs run the docs' console transcripts, tests/doc_metrics.rs and
+# tests/doc_logs.rs check every metric name and log event of the docs against the code; the gRPC
+# tests
 # (tests/envoy_native.rs) use grpcio from .venv; tests/observability.rs checks the alerts with
 # promtool (Debian's prometheus package, about 20 MB; on a machine with systemd, Debian also
 # starts its Prometheus server on :9090).

@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .paths import BENCH, FIXTURE_TARGET, FIXTURES, ROOT, SERVICE_TARGET, SLUICE_WASM
+from .paths import FIXTURE_TARGET, FIXTURES, ROOT, SERVICE_TARGET, SLUICE_WASM
 from .processes import Failure, log, run
 
 
@@ -64,7 +64,8 @@ def micro_benchmark_run(workdir, wasm=False):
     env = {**os.environ, "SLUICE_BENCH_JSON": str(out)}
     if wasm:
         cmd[2:2] = ["--target", "wasm32-wasip1"]
-        env["CARGO_TARGET_WASM32_WASIP1_RUNNER"] = f"node --no-warnings {BENCH / 'wasi-bench.mjs'}"
+        # .cargo/config.toml's runner, scripts/wasi-runner.mjs, lets it write the results there.
+        env["SLUICE_WASI_DIR"] = str(workdir)
     print(run(cmd, timeout=1200, env=env), end="", flush=True)
     return json.loads(out.read_text())
 

@@ -5,7 +5,7 @@
 
 use crate::engine::Decided;
 use crate::log::Record;
-use crate::report::key_value;
+use crate::report::{key_value, KeyValue};
 use sluice::config::Plan;
 use sluice::limiter::Applied;
 use std::collections::BTreeMap;
@@ -37,8 +37,10 @@ pub struct Example {
     pub time: u64,
     pub method: String,
     pub path: String,
-    /// The key's hash, 16 hex digits, or its value with `--show-keys`.
+    /// The key's hash, 16 hex digits (empty for a denial of a contended store, which names no
+    /// key), and its value with `--show-keys`.
     pub key: String,
+    pub value: Option<KeyValue>,
     /// Denied by the other configuration (else: no longer denied).
     pub now_denied: bool,
 }
@@ -69,8 +71,15 @@ impl Comparison {
             changes.newly_allowed += 1;
         }
         if changes.examples.len() < EXAMPLES {
-            let key = denier.map_or_else(String::new, |a| key_text(plan, &a, record, show_keys));
-            changes.examples.push(example(record, key, now_denied));
+            // Always named: the engine hashes under one secret.
+            let key = denier.and_then(|a| Some((a.policy, a.key?)));
+            let value = key
+                .filter(|_| show_keys)
+                .map(|(policy, key)| key_value(plan, policy, key, record));
+            let key = key.map_or_else(String::new, |(_, key)| format!("{key:016x}"));
+            changes
+                .examples
+                .push(example(record, key, value, now_denied));
         }
     }
 }
@@ -85,19 +94,7 @@ fn denial<'p>((plan, decided): (&'p Plan, &Decided)) -> Option<(&'p Plan, Option
     outcome.is_denied().then_some((plan, denier))
 }
 
-fn key_text(plan: &Plan, applied: &Applied, record: &Record, show_keys: bool) -> String {
-    // Always named: the engine hashes under one secret.
-    let Some(key) = applied.key else {
-        return String::new();
-    };
-    if show_keys {
-        key_value(plan, applied.policy, key, record)
-    } else {
-        format!("{key:016x}")
-    }
-}
-
-fn example(record: &Record, key: String, now_denied: bool) -> Example {
+fn example(record: &Record, key: String, value: Option<KeyValue>, now_denied: bool) -> Example {
     use sluice::request::RequestSource;
     let text =
         |name| String::from_utf8_lossy(&record.header(name).unwrap_or_default()).into_owned();
@@ -107,6 +104,7 @@ fn example(record: &Record, key: String, now_denied: bool) -> Example {
         method: text(":method"),
         path: text(":path"),
         key,
+        value,
         now_denied,
     }
 }

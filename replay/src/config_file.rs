@@ -1,20 +1,39 @@
 //! The configuration to replay, from a file: a sluice JSON configuration, or an Envoy, Istio or
 //! Envoy Gateway YAML file holding one (the wasm filter's `configuration` StringValue, a
-//! `WasmPlugin`'s `pluginConfig`, an `EnvoyExtensionPolicy`'s wasm `config`). `tests/schema.rs`
-//! finds the shipped configurations the same way.
+//! `WasmPlugin`'s `pluginConfig`, an `EnvoyExtensionPolicy`'s wasm `config`), with the routes of
+//! an Envoy file that switch the filter off (`routes_off`). `tests/schema.rs` finds the shipped
+//! configurations the same way.
 
+use crate::routes_off::routes_off;
 use serde::Deserialize;
 use serde_json::Value;
+use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The `@type` of Envoy's wasm HTTP filter.
 pub const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const STRING_VALUE_TYPE: &str = "type.googleapis.com/google.protobuf.StringValue";
 
-/// The configuration in the file at `path`, as JSON text for `sluice::config::parse`.
-pub fn load(path: &Path) -> Result<String, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    configuration(&text).map_err(|e| format!("{}: {e}", path.display()))
+/// A configuration to replay, and where its Envoy configuration does not run the filter.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The sluice configuration, as JSON text for `sluice::config::parse`.
+    pub json: String,
+    /// The names of the routes that switch the filter off (`routes_off`); none for JSON.
+    pub routes_off: BTreeSet<Vec<u8>>,
+}
+
+/// The configuration in the file at `path`.
+pub fn load(path: &Path) -> Result<Loaded, String> {
+    let at = |e: String| format!("{}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| at(e.to_string()))?;
+    let json = configuration(&text).map_err(at)?;
+    let routes_off = if json == text {
+        BTreeSet::new()
+    } else {
+        routes_off(&text).map_err(at)?
+    };
+    Ok(Loaded { json, routes_off })
 }
 
 /// The one sluice configuration in `text`: the text itself when it is JSON, else the one inside
@@ -134,7 +153,7 @@ mod tests {
     #[test]
     fn the_shipped_envoy_demo_holds_one_configuration() {
         let demo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy/demo.yaml");
-        let json = load(&demo).unwrap();
-        assert!(sluice::config::parse(json.as_bytes()).is_ok());
+        let loaded = load(&demo).unwrap();
+        assert!(sluice::config::parse(loaded.json.as_bytes()).is_ok());
     }
 }

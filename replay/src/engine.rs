@@ -106,13 +106,28 @@ impl Engine {
 
 /// Compiles the configuration, reading the environment variables it names from this process's
 /// environment as the filter reads its VM's. The replay never calls the service, so the service's
-/// token (`global.token_env`) may be unset: a stand-in takes its place.
+/// token (`global.token_env`) may be unset: a stand-in takes its place. The hash secret must be
+/// the one Envoy had: without it, the error says where the replay looks for it.
 pub fn plan(json: &[u8]) -> Result<Plan, ConfigError> {
     let config: serde_json::Value = serde_json::from_slice(json).unwrap_or_default();
     let token_env = config.pointer("/global/token_env").and_then(|t| t.as_str());
+    let secret_env = config.pointer("/hash_secret_env").and_then(|t| t.as_str());
+    let unset = |name: &str| std::env::var(name).map_or(true, |v| v.trim().is_empty());
     sluice::config::parse_with_env(json, &|name| {
         let stand_in = || (Some(name) == token_env).then(|| "unused by sluice-replay".to_string());
         std::env::var(name).ok().or_else(stand_in)
+    })
+    .map_err(|e| match secret_env {
+        Some(name) if e.field == "hash_secret_env" && unset(name) => ConfigError {
+            reason: format!(
+                "environment variable {name:?} is not set or empty: export it, with the secret \
+                 the Envoy that wrote the log had, in the shell that runs sluice-replay (Envoy \
+                 gives it to the filter when vm_config.environment_variables.host_env_keys, or \
+                 a WasmPlugin's vmConfig.env, lists it)"
+            ),
+            ..e
+        },
+        _ => e,
     })
 }
 
@@ -158,6 +173,22 @@ mod tests {
             "token_env": "SLUICE_REPLAY_TEST_UNSET_TOKEN"}, "policies": [
             {"name": "g", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "scope": "global"}]});
         assert!(Engine::new(config.to_string().as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn an_unset_hash_secret_is_to_be_exported_for_the_replay_as_envoy_is_to_list_it() {
+        let name = "SLUICE_REPLAY_TEST_UNSET_SECRET";
+        let config = json!({"hash_secret_env": name, "policies": [
+            {"name": "p", "key": ["ip"], "requests": 1, "per": "1s"}]});
+        let error = Engine::new(config.to_string().as_bytes()).err().unwrap();
+        assert_eq!(error.field, "hash_secret_env");
+        for told in [
+            "export it",
+            "in the shell that runs sluice-replay",
+            "host_env_keys",
+        ] {
+            assert!(error.reason.contains(told), "{error}");
+        }
     }
 
     #[test]

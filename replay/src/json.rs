@@ -7,21 +7,23 @@
 //!    "rollout": {"enforce_percent": P, "enforced": {"matched": N, "allowed": N, "denied": N},
 //!                "shadowed": {"matched": N, "allowed": N, "would_deny": N}}}},
 //!  "lines": N, "skipped": N, "skipped_lines": [{"line": N, "reason": S}], "late": N,
-//!  "requests": N, "denied": N,
+//!  "filter_off": N, "requests": N, "denied": N,
 //!  "check": {"compared": N, "agreed": N, "disagreements": [{"line": N,
 //!    "replayed_status": N or null, "response_code": N, "response_code_details": S}]},
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
 //! ```
 //! A top key's `denied` counts denials and shadow denials; `error` (when not 0) says by how much
-//! it may be over (see `top`), and `value` is the key's value with `--show-keys`. `tiers` is there
-//! for a policy with tiers, `rollout` for one with a rollout (its `shadowed.would_deny` is what
-//! the filter counts as `canary_shadow_denied`), `check` with `--check`, `compare` with
-//! `--compare`. `denied_share` counts would-be denials too: the share denied were the policy
-//! enforced for every key.
+//! it may be over (see `top`), and `value` is the key's value with `--show-keys`: its parts, a
+//! list of strings, or `null` for the bucket of requests missing the key (as is a `--compare`
+//! example's). `filter_off` counts the requests of routes that switch the filter off (they count
+//! in `requests`). `tiers` is there for a policy with tiers, `rollout` for one with a rollout
+//! (its `shadowed.would_deny` is what the filter counts as `canary_shadow_denied`), `check` with
+//! `--check`, `compare` with `--compare`. `denied_share` counts would-be denials too: the share
+//! denied were the policy enforced for every key.
 
 use crate::check::Check;
 use crate::compare::{Changes, Comparison, Example};
-use crate::report::{Report, Stats};
+use crate::report::{KeyValue, Report, Stats};
 use crate::run::Replay;
 use serde_json::{json, Map, Value};
 use sluice::time::format_rfc3339;
@@ -79,6 +81,7 @@ fn report(report: &Report) -> Map<String, Value> {
         "skipped": report.skipped,
         "skipped_lines": skipped_lines,
         "late": report.late,
+        "filter_off": report.filter_off,
         "requests": report.requests,
         "denied": report.denied,
     }))
@@ -99,8 +102,8 @@ fn stats(stats: &Stats) -> Value {
             if c.error > 0 {
                 key.insert("error".into(), json!(c.error));
             }
-            if let Some(value) = c.value {
-                key.insert("value".into(), json!(value));
+            if let Some(value) = &c.value {
+                key.insert("value".into(), key_value(value));
             }
             Value::Object(key)
         })
@@ -145,6 +148,18 @@ fn changes(changes: &Changes) -> Value {
 }
 
 fn example(e: &Example) -> Value {
-    json!({"line": e.line, "start_time": format_rfc3339(e.time), "method": e.method,
-           "path": e.path, "key": e.key, "now_denied": e.now_denied})
+    let mut example = fields(json!({"line": e.line, "start_time": format_rfc3339(e.time),
+        "method": e.method, "path": e.path, "key": e.key, "now_denied": e.now_denied}));
+    if let Some(value) = &e.value {
+        example.insert("value".into(), key_value(value));
+    }
+    Value::Object(example)
+}
+
+/// A key's value: its parts as a list of strings, `null` for the bucket of requests missing it.
+fn key_value(value: &KeyValue) -> Value {
+    match value {
+        KeyValue::Parts(parts) => json!(parts),
+        KeyValue::Missing => Value::Null,
+    }
 }

@@ -1,7 +1,8 @@
 //! sluice-replay: what a sluice configuration would have done to the traffic of an access log,
 //! decided offline by the filter's own code, with the log's timestamps as the clock.
 //!
-//! The flow: `config_file` (the configuration, from JSON or Envoy/Istio YAML) → `log` (each line
+//! The flow: `config_file` (the configuration, from JSON or Envoy/Istio YAML, and through
+//! `routes_off` the routes an Envoy file switches the filter off on) → `log` (each line
 //! parsed into a `Record`, the request as the filter saw it; its start time through `times`) →
 //! `order` (back in start order within a window) → `engine` (decided as one Envoy worker would:
 //! the filter's `Limiter`, its slots in memory, global policies by one exact store) → `report`
@@ -18,6 +19,7 @@ pub mod log;
 pub mod log_format;
 pub mod order;
 pub mod report;
+pub mod routes_off;
 pub mod run;
 pub mod scan;
 pub mod svg;

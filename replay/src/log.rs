@@ -244,6 +244,12 @@ impl Record {
         self.text(RESPONSE_CODE_DETAILS)
     }
 
+    /// `route_name`, when the replay keeps it (a policy reads it, or a route may switch the
+    /// filter off).
+    pub fn route_name(&self) -> Option<&[u8]> {
+        self.text(ROUTE_NAME)
+    }
+
     fn bytes(&self, span: &Option<Span>) -> Option<&[u8]> {
         let span = span.as_ref()?;
         self.fields

@@ -42,9 +42,22 @@ struct Cli {
     #[arg(long)]
     check: bool,
     /// How much later than requests that started after it a line may come (Envoy logs a
-    /// request when it ends) and still be replayed in start order.
-    #[arg(long, value_name = "DURATION", default_value = "2s")]
-    reorder_window: String,
+    /// request when it ends) and still be replayed in start order; 0 replays in log order.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = reorder_window)]
+    reorder_window: u64,
+}
+
+/// `--reorder-window`: a duration (`500ms`, `2s`, `1m`), or zero (`0`, `0s`) for log order.
+fn reorder_window(text: &str) -> Result<u64, String> {
+    let unit = text.trim_start_matches('0');
+    let zero = unit.len() < text.len()
+        && !unit.starts_with(|c: char| c.is_ascii_digit())
+        && (unit.is_empty() || sluice::duration::parse_nanos(&format!("1{unit}")).is_ok());
+    if zero {
+        Ok(0)
+    } else {
+        sluice::duration::parse_nanos(text)
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -66,18 +79,19 @@ fn main() -> ExitCode {
 fn replay(cli: &Cli) -> Result<ExitCode, String> {
     let config = config_file::load(&cli.config)?;
     if cli.print_log_format {
-        let plan = sluice_replay::engine::plan(config.as_bytes())
+        let plan = sluice_replay::engine::plan(config.json.as_bytes())
             .map_err(|e| format!("--config: invalid configuration: {e}"))?;
         print!("{}", log_format::print(&plan));
         return Ok(ExitCode::SUCCESS);
     }
+    let compare = cli.compare.as_deref().map(config_file::load).transpose()?;
     let options = Options {
-        config,
-        compare: cli.compare.as_deref().map(config_file::load).transpose()?,
+        config: config.json,
+        compare: compare.map(|other| other.json),
         check: cli.check,
         show_keys: cli.show_keys,
-        window: sluice::duration::parse_nanos(&cli.reorder_window)
-            .map_err(|e| format!("--reorder-window: {e}"))?,
+        window: cli.reorder_window,
+        routes_off: config.routes_off,
     };
     let path = cli.log.as_deref().unwrap_or("-");
     let input = log::open(path).map_err(|e| format!("--log {path}: {e}"))?;

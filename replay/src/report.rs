@@ -31,6 +31,9 @@ pub struct Report {
     pub skipped_lines: Vec<(u64, String)>,
     /// Lines that came later than the reordering window allowed (see `order`).
     pub late: u64,
+    /// Requests on routes that switch the filter off: passed undecided (they count in
+    /// `requests`).
+    pub filter_off: u64,
     /// Requests replayed, and those denied (a 429 from sluice).
     pub requests: u64,
     pub denied: u64,
@@ -54,7 +57,28 @@ pub struct PolicyReport {
 pub struct Stats {
     pub tally: Tally,
     pub busiest: Busiest,
-    pub top: TopKeys,
+    pub top: TopKeys<KeyValue>,
+}
+
+/// A key's value (`--show-keys`) as a bypass entry's `key` takes it: one string per key part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyValue {
+    Parts(Vec<String>),
+    /// The one bucket of the requests that have no value for the key (`missing_key`).
+    Missing,
+}
+
+impl std::fmt::Display for KeyValue {
+    /// The parts as a JSON list, as a bypass entry writes them.
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match self {
+            KeyValue::Parts(parts) => {
+                let list = serde_json::to_string(parts).map_err(|_| std::fmt::Error)?;
+                f.write_str(&list)
+            }
+            KeyValue::Missing => f.write_str("(missing key: one bucket for all)"),
+        }
+    }
 }
 
 /// Requests by what the policy did with them. `matched` counts every request the policy applied
@@ -162,6 +186,7 @@ impl Report {
             skipped: 0,
             skipped_lines: Vec::new(),
             late: 0,
+            filter_off: 0,
             requests: 0,
             denied: 0,
             show_keys,
@@ -335,8 +360,8 @@ fn tier_of(
     named.or(report.tiers.len().checked_sub(1))
 }
 
-/// The key's value as a bypass entry would name it: one string per key part, as JSON.
-pub(crate) fn key_value(plan: &Plan, policy: usize, key: u64, record: &Record) -> String {
+/// The key's value as a bypass entry would name it.
+pub(crate) fn key_value(plan: &Plan, policy: usize, key: u64, record: &Record) -> KeyValue {
     let parts = plan
         .policies
         .get(policy)
@@ -344,7 +369,7 @@ pub(crate) fn key_value(plan: &Plan, policy: usize, key: u64, record: &Record) -
         .map(|t| t.key.as_slice())
         .unwrap_or_default();
     if key == MISSING_KEY {
-        return "(missing key: one bucket for all)".into();
+        return KeyValue::Missing;
     }
     let mut request = Attributes::new(record, &plan.attrs);
     let values: Vec<String> = parts
@@ -357,5 +382,5 @@ pub(crate) fn key_value(plan: &Plan, policy: usize, key: u64, record: &Record) -
             String::from_utf8_lossy(value).into_owned()
         })
         .collect();
-    serde_json::to_string(&values).unwrap_or_default()
+    KeyValue::Parts(values)
 }

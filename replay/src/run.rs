@@ -5,12 +5,14 @@
 
 use crate::check::Check;
 use crate::compare::Comparison;
-use crate::engine::Engine;
+use crate::engine::{Decided, Engine};
 use crate::log::{read_line, Parser, Record, Wanted};
 use crate::order::Reorder;
 use crate::report::Report;
 use sluice::config::ConfigError;
+use sluice::limiter::Outcome;
 use sluice::request::Attr;
+use std::collections::BTreeSet;
 use std::io::BufRead;
 
 /// What to replay and how.
@@ -26,6 +28,9 @@ pub struct Options {
     pub show_keys: bool,
     /// How long (log time, nanoseconds) a line may come after later-starting ones (see `order`).
     pub window: u64,
+    /// The routes on which Envoy does not run the filter (`config_file::Loaded::routes_off`):
+    /// their requests pass undecided.
+    pub routes_off: BTreeSet<Vec<u8>>,
 }
 
 /// What one pass found.
@@ -58,32 +63,59 @@ impl std::fmt::Display for RunError {
 struct Pass {
     engine: Engine,
     other: Option<Engine>,
+    routes_off: BTreeSet<Vec<u8>>,
     replay: Replay,
 }
 
 impl Pass {
     /// What the pass reads of each line: what its configurations' policies read, the method
-    /// and path `--compare`'s examples show, and what `--check` compares (`check`).
+    /// and path `--compare`'s examples show, the route that may switch the filter off, and what
+    /// `--check` compares (`check`).
     fn wanted(&self, check: bool) -> Wanted {
         let mut attrs = self.engine.plan.attrs.clone();
         if let Some(other) = &self.other {
             attrs.extend(other.plan.attrs.iter().cloned());
             attrs.extend([Attr::Method, Attr::Path]);
         }
+        if !self.routes_off.is_empty() {
+            attrs.push(Attr::Route);
+        }
         Wanted::new(&attrs, check)
     }
 
+    /// Whether the filter ran for the request: not on a route that switches it off.
+    fn filter_ran(&self, record: &Record) -> bool {
+        let route = record.route_name();
+        self.routes_off.is_empty() || !route.is_some_and(|r| self.routes_off.contains(r))
+    }
+
     fn decide(&mut self, record: &Record) {
-        let decided = self.engine.decide(record);
+        let (decided, after) = if self.filter_ran(record) {
+            let after = self.other.as_mut().map(|other| other.decide(record));
+            (self.engine.decide(record), after)
+        } else {
+            // No policy saw the request, and none counts it.
+            self.replay.report.filter_off += 1;
+            let passed = || Decided {
+                outcome: Outcome::default(),
+                now: record.time,
+            };
+            (passed(), self.other.as_ref().map(|_| passed()))
+        };
+        self.count(record, &decided, after);
+    }
+
+    /// Counts a request's outcome (and under the other configuration, `after`).
+    fn count(&mut self, record: &Record, decided: &Decided, after: Option<Decided>) {
         let plan = &self.engine.plan;
-        self.replay.report.add(plan, record, &decided);
+        self.replay.report.add(plan, record, decided);
         if let Some(check) = &mut self.replay.check {
-            check.add(plan, record, &decided);
+            check.add(plan, record, decided);
         }
-        if let (Some(other), Some(comparison)) = (&mut self.other, &mut self.replay.comparison) {
-            let after = other.decide(record);
+        let compared = (&self.other, &mut self.replay.comparison, after);
+        if let (Some(other), Some(comparison), Some(after)) = compared {
             let show_keys = self.replay.report.show_keys;
-            comparison.add(record, (plan, &decided), (&other.plan, &after), show_keys);
+            comparison.add(record, (plan, decided), (&other.plan, &after), show_keys);
         }
     }
 }
@@ -158,6 +190,7 @@ pub fn run(options: &Options, input: impl BufRead) -> Result<Replay, RunError> {
         },
         engine,
         other,
+        routes_off: options.routes_off.clone(),
     };
     let mut lines = Lines {
         input,

@@ -24,9 +24,14 @@ pub fn render(replay: &Replay) -> String {
 }
 
 fn report(out: &mut String, r: &Report) {
+    let filter_off = if r.filter_off > 0 {
+        format!(" ({} on routes that switch the filter off)", r.filter_off)
+    } else {
+        String::new()
+    };
     let _ = writeln!(
         out,
-        "{} lines: {} requests replayed, {} denied; {} lines skipped, {} late",
+        "{} lines: {} requests replayed{filter_off}, {} denied; {} lines skipped, {} late",
         r.lines, r.requests, r.denied, r.skipped, r.late
     );
     for (line, reason) in &r.skipped_lines {
@@ -154,9 +159,14 @@ fn compare(out: &mut String, comparison: &Comparison) {
             } else {
                 "no longer denied"
             };
+            let value = e
+                .value
+                .as_ref()
+                .map(|v| format!(" {v}"))
+                .unwrap_or_default();
             let _ = writeln!(
                 out,
-                "    line {} {} {} {} key {}: {now}",
+                "    line {} {} {} {} key {}{value}: {now}",
                 e.line,
                 format_rfc3339(e.time),
                 e.method,

@@ -10,24 +10,33 @@ use std::collections::HashMap;
 pub const TRACKED: usize = 1_000;
 
 /// One counted key: its hash, its count, how much of the count may be another key's, and the
-/// key's value when the report shows values.
+/// key's value (a `V`) when the report shows values.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Counted {
+pub struct Counted<V> {
     pub key: u64,
     pub count: u64,
     pub error: u64,
-    pub value: Option<String>,
+    pub value: Option<V>,
 }
 
-#[derive(Debug, Default)]
-pub struct TopKeys {
-    counted: HashMap<u64, Counted>,
+#[derive(Debug)]
+pub struct TopKeys<V> {
+    counted: HashMap<u64, Counted<V>>,
     floor: u64,
 }
 
-impl TopKeys {
+impl<V> Default for TopKeys<V> {
+    fn default() -> Self {
+        TopKeys {
+            counted: HashMap::new(),
+            floor: 0,
+        }
+    }
+}
+
+impl<V: Clone> TopKeys<V> {
     /// Counts one more for `key`; `value` gives the key's value, asked only for a key not counted.
-    pub fn add(&mut self, key: u64, value: impl FnOnce() -> Option<String>) {
+    pub fn add(&mut self, key: u64, value: impl FnOnce() -> Option<V>) {
         if let Some(counted) = self.counted.get_mut(&key) {
             counted.count += 1;
             return;
@@ -45,7 +54,7 @@ impl TopKeys {
     }
 
     fn prune(&mut self) {
-        let mut all: Vec<Counted> = self.counted.drain().map(|(_, c)| c).collect();
+        let mut all: Vec<Counted<V>> = self.counted.drain().map(|(_, c)| c).collect();
         all.sort_unstable_by_key(|c| std::cmp::Reverse(c.count));
         let forgotten = all.split_off(TRACKED.min(all.len()));
         self.floor = forgotten.iter().map(|c| c.count).fold(self.floor, u64::max);
@@ -53,8 +62,8 @@ impl TopKeys {
     }
 
     /// The `n` keys counted most, most first (ties by key, for a stable report).
-    pub fn top(&self, n: usize) -> Vec<Counted> {
-        let mut all: Vec<&Counted> = self.counted.values().collect();
+    pub fn top(&self, n: usize) -> Vec<Counted<V>> {
+        let mut all: Vec<&Counted<V>> = self.counted.values().collect();
         all.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key)));
         all.into_iter().take(n).cloned().collect()
     }
@@ -66,7 +75,7 @@ mod tests {
 
     #[test]
     fn counts_are_exact_while_few_keys_are_counted() {
-        let mut top = TopKeys::default();
+        let mut top = TopKeys::<String>::default();
         for (key, times) in [(1, 3), (2, 5), (3, 1)] {
             for _ in 0..times {
                 top.add(key, || Some(format!("k{key}")));
@@ -83,7 +92,7 @@ mod tests {
 
     #[test]
     fn heavy_keys_stay_on_top_of_a_flood_of_single_denials_within_the_stated_error() {
-        let mut top = TopKeys::default();
+        let mut top = TopKeys::<String>::default();
         for i in 0..100_000u64 {
             top.add(1_000_000 + i, || None);
             if i % 10 == 0 {

@@ -34,7 +34,8 @@ fn replay(args: &[&str], stdin: &[u8]) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    // A run refused at its arguments reads none of it: the pipe may break.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
     let out = child.wait_with_output().unwrap();
     Run {
         code: out.status.code().unwrap_or(-1),
@@ -186,6 +187,7 @@ fn the_json_report_has_the_documented_shape() {
         keys(&report),
         [
             "denied",
+            "filter_off",
             "late",
             "lines",
             "policies",
@@ -236,8 +238,11 @@ fn the_json_report_has_the_documented_shape() {
     ));
     assert_eq!(
         shown["policies"]["per-user"]["top_keys"][0]["value"],
-        json!("[\"alice\"]")
+        json!(["alice"]),
+        "one string per key part, as a bypass entry's key"
     );
+    let text = replay_log(&config, seeds_log(), &["--show-keys"]).stdout;
+    assert!(text.contains(r#"         4  ["alice"]"#), "{text}");
 }
 
 fn run_text(config: &Path) -> String {
@@ -337,6 +342,128 @@ fn lines_out_of_order_within_the_window_are_replayed_in_start_order() {
         late["late"],
         json!(1),
         "past the window: decided at the time reached, counted"
+    );
+}
+
+#[test]
+fn a_reorder_window_of_0_replays_in_log_order_and_a_bad_one_exits_2() {
+    let dir = TempDir::new("replay-cli");
+    let config = write(&dir, "seeds.json", SEEDS);
+    // Bob's line of second 1 comes after his lines of seconds 5 and 6 (late whatever the
+    // window of 0); carol's two, a microsecond apart, in reverse.
+    let log = [
+        line("bob", 5, 0, 200),
+        line("bob", 6, 0, 200),
+        line("bob", 1, 0, 200),
+        line("carol", 7, 1, 200),
+        line("carol", 7, 0, 200),
+    ]
+    .join("\n");
+    for zero in ["0", "0s", "0ms"] {
+        let report = json_of(&replay_log(
+            &config,
+            &log,
+            &["--format", "json", "--reorder-window", zero],
+        ));
+        assert_eq!(
+            report["late"],
+            json!(2),
+            "--reorder-window {zero}: {report:#}"
+        );
+        assert_eq!(report["requests"], json!(5));
+    }
+    let ordered = json_of(&replay_log(&config, &log, &["--format", "json"]));
+    assert_eq!(
+        ordered["late"],
+        json!(0),
+        "the default 2 s puts all back in order"
+    );
+    for bad in ["soon", "2", "1.5s", "1fortnight"] {
+        let run = replay_log(&config, &log, &["--reorder-window", bad]);
+        assert_eq!(run.code, 2, "--reorder-window {bad}: {}", run.stderr);
+        assert!(
+            run.stderr.contains("invalid value") && run.stderr.contains("--reorder-window"),
+            "{}",
+            run.stderr
+        );
+    }
+}
+
+/// An Envoy configuration with the seeds' filter and two named routes: `api`, and `static`,
+/// which switches the filter off.
+fn envoy_with_a_route_off() -> String {
+    let config = serde_json::to_string(SEEDS).unwrap();
+    format!(
+        r#"static_resources:
+  listeners:
+  - filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: {config}
+          - name: envoy.filters.http.router
+          route_config:
+            virtual_hosts:
+            - name: local
+              domains: ["*"]
+              routes:
+              - name: static
+                match: {{ prefix: /static/ }}
+                route: {{ cluster: web }}
+                typed_per_filter_config:
+                  envoy.filters.http.wasm:
+                    "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig
+                    disabled: true
+              - name: api
+                match: {{ prefix: / }}
+                route: {{ cluster: web }}
+"#
+    )
+}
+
+#[test]
+fn requests_on_a_route_that_switches_the_filter_off_pass_undecided() {
+    let dir = TempDir::new("replay-cli");
+    let envoy = write(&dir, "envoy.yaml", envoy_with_a_route_off());
+    // Alice's seeds on the route `api`, and eight more of hers on `static`, all answered 200.
+    let static_lines: String = (0..8)
+        .map(|i| {
+            line("alice", 0, 100 + i, 200)
+                .replace(r#""route_name":"api""#, r#""route_name":"static""#)
+                + "\n"
+        })
+        .collect();
+    let log = seeds_log() + &static_lines;
+    let run = replay_log(&envoy, &log, &["--check", "--format", "json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json_of(&run);
+    assert_eq!(
+        (report["requests"].clone(), report["filter_off"].clone()),
+        (json!(19), json!(8))
+    );
+    assert_eq!(report["check"]["agreed"], json!(19), "{report:#}");
+    assert_eq!(report["policies"]["per-user"]["matched"], json!(11));
+    let text = replay_log(&envoy, &log, &[]).stdout;
+    assert!(
+        text.starts_with(
+            "19 lines: 19 requests replayed (8 on routes that switch the filter off), 4 denied"
+        ),
+        "{text}"
+    );
+    let as_json = write(&dir, "seeds.json", SEEDS);
+    let blind = replay_log(&as_json, &log, &["--check"]);
+    assert_eq!(
+        blind.code, 3,
+        "the JSON alone does not know the route: {}",
+        blind.stdout
     );
 }
 

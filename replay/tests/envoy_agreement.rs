@@ -1,9 +1,10 @@
 //! `sluice-replay --check` agrees with a real Envoy on every request: a one-worker Envoy with the
 //! built filter writes its access log in the format `--print-log-format` prints, through a mix of
 //! keys, policies (token bucket, a fixed window rolled out to half its keys, a layered pair, a
-//! shadow policy, a tier, a route's own policy and the route metadata that scopes it) and bursts; the replay of that log
-//! gives the same answer to every request, and the same counts per policy as Envoy's own
-//! counters.
+//! shadow policy, a tier, a route's own policy and the route metadata that scopes it, a route
+//! that switches the filter off) and bursts; the replay of that log, given Envoy's own
+//! configuration file, gives the same answer to every request, and the same counts per policy
+//! as Envoy's own counters.
 //!
 //! The filter decides with Envoy's clock when it runs, a little after the `%START_TIME%` the log
 //! records. So the traffic keeps every decision far from a boundary of its limit: each token
@@ -44,8 +45,22 @@ fn config() -> Value {
          "rollout": {"enforce_percent": 50}},
         {"name": "per-ip-shadow", "key": ["ip"], "requests": 20, "per": "1h", "mode": "shadow"},
         {"name": "checkout-route", "match": {"routes": ["checkout"]}, "key": ["route"],
-         "requests": 1, "per": "1s", "burst": 2}
+         "requests": 1, "per": "1s", "burst": 2},
+        {"name": "static-cap", "match": {"path_prefix": "/static/"}, "key": ["global"],
+         "requests": 1, "per": "1h", "burst": 1}
     ]})
+}
+
+/// The route `static` switches the filter off, so `static-cap` never applies (Envoy's own
+/// per-route scope, the README's first).
+fn static_route() -> (&'static str, &'static str, [&'static str; 1]) {
+    (
+        "static",
+        "/static/",
+        [
+            r#"typed_per_filter_config: { envoy.filters.http.wasm: { "@type": type.googleapis.com/envoy.config.route.v3.FilterConfig, disabled: true } }"#,
+        ],
+    )
 }
 
 /// The route `checkout` keeps only its own policy, through its metadata.
@@ -107,6 +122,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
             (("/win/y", "tenant-c", ""), 3),
             (("/other", "", ""), 2),
             (("/checkout/a", "", ""), 4),
+            (("/static/a", "alice", ""), 3),
         ],
         &[
             (("/api/a", "alice", ""), 3),
@@ -118,6 +134,7 @@ fn drive(envoy: &Envoy) -> Vec<u16> {
             (("/api/c", "carol", "silver"), 4),
             (("/win/y", "tenant-c", ""), 6),
             (("/checkout/b", "", ""), 2),
+            (("/static/b", "bob", ""), 2),
         ],
         &[
             (("/api/a", "alice", ""), 3),
@@ -166,9 +183,11 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     let config_path = dir.path().join("config.json");
     std::fs::write(&config_path, config().to_string()).unwrap();
     let (route, prefix, fields) = checkout_route();
+    let (off, off_prefix, off_fields) = static_route();
     let envoy = Envoy::options(&config().to_string())
         .concurrency(1)
         .route(route, prefix, &fields)
+        .route(off, off_prefix, &off_fields)
         .access_log(&printed_log_format(&config_path))
         .start();
 
@@ -179,9 +198,11 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
     let log_path = dir.path().join("access.json");
     std::fs::write(&log_path, log).unwrap();
 
+    // Envoy's own file: the replay reads the routes that switch the filter off from it.
+    let bootstrap = envoy.dir().join("bootstrap.yaml");
     let args = [
         "--config",
-        config_path.to_str().unwrap(),
+        bootstrap.to_str().unwrap(),
         "--log",
         log_path.to_str().unwrap(),
     ];
@@ -197,6 +218,7 @@ fn replaying_a_one_worker_envoys_access_log_agrees_on_every_request_and_every_co
         (report["skipped"].clone(), report["denied"].clone()),
         (json!(0), json!(denied))
     );
+    assert_eq!(report["filter_off"], json!(STATIC_REQUESTS), "{report:#}");
     assert_counts_match(&report, &envoy);
     assert_the_scenario(&report, statuses.len() as u64);
 }
@@ -221,8 +243,11 @@ fn assert_counts_match(report: &Value, envoy: &Envoy) {
     }
 }
 
+/// Requests `drive` sends to the route `static`.
+const STATIC_REQUESTS: u64 = 5;
+
 /// The traffic exercised what it was meant to: a tier, the shadow policy, the route's policy and
-/// its metadata, both groups of the rollout.
+/// its metadata, the route without the filter, both groups of the rollout.
 fn assert_the_scenario(report: &Value, requests: u64) {
     let policy = |name: &str, field: &str| report["policies"][name][field].as_u64().unwrap();
     assert_eq!(
@@ -251,7 +276,9 @@ fn assert_the_scenario(report: &Value, requests: u64) {
     assert_eq!(rollout["shadowed"]["would_deny"], json!(3), "{rollout:#}");
     assert_eq!(
         policy("per-ip-shadow", "matched"),
-        requests - 6,
-        "the checkout route's metadata leaves the shadow policy out"
+        requests - 6 - STATIC_REQUESTS,
+        "the checkout route's metadata leaves the shadow policy out, and the filter never saw \
+         the static route's requests"
     );
+    assert_eq!(policy("static-cap", "matched"), 0);
 }

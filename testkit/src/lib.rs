@@ -5,7 +5,9 @@
 //! - `service`: the `sluice-service` binary;
 //! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them;
-//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs.
+//! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs;
+//! - `make`: the serving make targets (`make run`, ...) as the docs start them;
+//! - `docs`: the command transcripts of a Markdown page, and whether a command printed them.
 //!
 //! Every child process is stopped by PID when its handle drops, also when a test panics, and
 //! every wait has a deadline. Test support code panics with a clear message when the set-up is
@@ -17,9 +19,11 @@
     clippy::indexing_slicing
 )]
 
+pub mod docs;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
+pub mod make;
 pub mod redis;
 pub mod reload;
 pub mod resp;
@@ -76,6 +80,34 @@ pub fn repo_root() -> PathBuf {
         .parent()
         .map(Path::to_path_buf)
         .expect("testkit lives in the workspace root")
+}
+
+/// The workspace's crates, `cargo metadata`'s: each one's name as Rust writes it
+/// (`sluice_service`) and its directory.
+pub fn workspace_crates() -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(repo_root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("cargo metadata's JSON");
+    let packages = metadata["packages"].as_array().expect("packages");
+    let crates = packages.iter().map(|p| {
+        let manifest = PathBuf::from(p["manifest_path"].as_str().unwrap_or_default());
+        let dir = manifest.parent().map(Path::to_path_buf).unwrap_or_default();
+        (
+            p["name"].as_str().unwrap_or_default().replace('-', "_"),
+            dir,
+        )
+    });
+    crates.collect()
 }
 
 /// Where Cargo puts build outputs: `$CARGO_TARGET_DIR`, else `<root>/target`.
