@@ -9,8 +9,12 @@
 //! keys held, never past `max_keys` of them.
 //!
 //! A page value: the page's clock (u64), then one record per key: its owner (the key's hash,
-//! u64), the tag of its layout (u32), its last use and when its state will owe nothing (u32 Unix
-//! seconds each), its width (u16), and its state words (u64 each), all little-endian.
+//! u64), the tag of its layout (u32), its last use and when its state will owe nothing (Unix
+//! seconds modulo 2^16, u16 each: they only order records and price other layouts', within
+//! hours), its width (u16), and its state words (u64 each), all little-endian. A page more than
+//! half full is padded with zeros to its whole size, so that a full table's pages end up in one
+//! of the host allocator's size classes rather than strewn over the twenty they grew through
+//! (which left half of a full table's memory in free lists).
 //!
 //! **Layouts share pages.** A table's pages are named after its key alone, and each record is
 //! tagged with its layout (the policies of the key, their widths, and the page count): a new
@@ -63,7 +67,9 @@ const MAX_SKEW: u64 = NANOS_PER_SEC;
 
 const CLOCK_BYTES: usize = 8;
 /// owner, tag, last use, free at, width.
-const RECORD_HEADER: usize = 8 + 4 + 4 + 4 + 2;
+const RECORD_HEADER: usize = 8 + 4 + 2 + 2 + 2;
+/// The farthest ahead a record's `free_at` says: further would wrap around its u16.
+const MAX_OWING_SECS: u64 = (1 << 15) - 1;
 
 /// The policies' state words of one key, inline up to a typical layout's width.
 pub type Words = SmallVec<[u64; 8]>;
@@ -155,8 +161,8 @@ pub struct Slot {
     /// Whose state the slot holds once written.
     pub owner: u64,
     pub state: Words,
-    /// When the key's record was last written (to the second).
-    pub last_used: u64,
+    /// When the key's record was last written: Unix seconds modulo 2^16.
+    last_used: u16,
     /// The latest time a writer of the page decided at.
     pub clock: u64,
     /// Set when the key takes a new record: what forgetting the one it replaces forgives.
@@ -165,6 +171,9 @@ pub struct Slot {
     /// The page as read: its clock and its valid records.
     page: Vec<u8>,
     place: Place,
+    /// The page's records once written, and how many it holds at most.
+    records: usize,
+    capacity: usize,
 }
 
 /// Where the key's record is, or goes, in its page.
@@ -202,7 +211,7 @@ impl Slot {
     /// state for nothing.
     pub fn needs_write(&self, next: &[u64], now: u64) -> bool {
         next != &self.state[..]
-            || self.takeover.is_none() && self.last_used.saturating_add(TOUCH_EVERY) <= now
+            || self.takeover.is_none() && age(self.last_used, now) >= TOUCH_EVERY / NANOS_PER_SEC
     }
 
     /// The time to decide the slot at, for a worker whose clock says `now`: the page's clock if
@@ -215,13 +224,23 @@ impl Slot {
     }
 }
 
+/// Unix seconds modulo 2^16, as records keep their times.
+fn stamp(time: u64) -> u16 {
+    (time / NANOS_PER_SEC) as u16
+}
+
+/// Whole seconds from `then` (a stamp) to `now`, modulo 2^16.
+fn age(then: u16, now: u64) -> u64 {
+    u64::from(stamp(now).wrapping_sub(then))
+}
+
 /// A record as found in a page.
 struct Record<'a> {
     at: usize,
     owner: u64,
     tag: u32,
-    last_used: u32,
-    free_at: u32,
+    last_used: u16,
+    free_at: u16,
     words: &'a [u8],
 }
 
@@ -241,9 +260,8 @@ impl Record<'_> {
         if self.tag == tag {
             return debt(&self.state());
         }
-        let seconds = |s: u32| u64::from(s) * NANOS_PER_SEC;
-        let used = seconds(self.last_used).saturating_add(IN_USE) > now;
-        let owes = seconds(self.free_at) > now;
+        let used = age(self.last_used, now) < IN_USE / NANOS_PER_SEC;
+        let owes = (self.free_at.wrapping_sub(stamp(now)) as i16) > 0;
         Debt {
             share: if used && owes { LIMITED } else { 0 },
             tokens: 0,
@@ -251,8 +269,8 @@ impl Record<'_> {
     }
 }
 
-/// The records of a page after its clock, up to the first that does not parse (a page written
-/// by another version, or corrupt, is valid up to there).
+/// The records of a page after its clock, up to its padding or the first that does not parse (a
+/// page written by another version, or corrupt, is valid up to there).
 fn records(page: &[u8]) -> impl Iterator<Item = Record<'_>> {
     let mut at = CLOCK_BYTES;
     std::iter::from_fn(move || {
@@ -264,15 +282,16 @@ fn records(page: &[u8]) -> impl Iterator<Item = Record<'_>> {
                 .rev()
                 .fold(0u64, |n, &b| (n << 8) | u64::from(b))
         };
-        let width = number(20..22) as usize;
+        let owner = number(0..8);
+        let width = number(16..18) as usize;
         let start = at + RECORD_HEADER;
-        let words = page.get(start..start + 8 * width)?;
+        let words = page.get(start..start + 8 * width).filter(|_| owner != 0)?;
         let record = Record {
             at,
-            owner: number(0..8),
+            owner,
             tag: number(8..12) as u32,
-            last_used: number(12..16) as u32,
-            free_at: number(16..20) as u32,
+            last_used: number(12..14) as u16,
+            free_at: number(14..16) as u16,
             words,
         };
         at = start + words.len();
@@ -290,6 +309,8 @@ pub fn find(
     now: u64,
     debt: impl Fn(&[u64]) -> Debt,
 ) -> Slot {
+    // An owner of 0 would read as padding: the one hash in 2^64 that is 0 goes with 1.
+    let hash = hash.max(1);
     let page = spec.page_of(hash);
     let name = page_name(prefix, spec, page);
     let (mut bytes, cas) = store.get(&name).unwrap_or_default();
@@ -305,7 +326,7 @@ pub fn find(
     for record in records(&bytes) {
         if record.owner == hash && record.tag == spec.tag && record.words.len() == 8 * spec.width {
             slot.state = record.state();
-            slot.last_used = u64::from(record.last_used) * NANOS_PER_SEC;
+            slot.last_used = record.last_used;
             slot.place = Place::Own(record.at);
         }
         count += 1;
@@ -313,11 +334,13 @@ pub fn find(
     }
     slot.clock = bytes.get(..CLOCK_BYTES).map_or(0, word);
     bytes.resize(valid, 0);
-    if slot.place == Place::Append && count >= spec.page_capacity(page) {
+    (slot.capacity, slot.records) = (spec.page_capacity(page), count);
+    if slot.place == Place::Append && count >= slot.capacity {
         let (place, price) = replace(&bytes, spec.tag, now, &debt);
         (slot.place, slot.takeover) = (place, Some(price));
     } else if slot.place == Place::Append {
         slot.takeover = Some(Debt::default());
+        slot.records += 1;
     }
     slot.page = bytes;
     slot
@@ -327,7 +350,9 @@ pub fn find(
 /// forget, the least recently used of equal prices. Out of line: a key's first request only.
 #[inline(never)]
 fn replace(page: &[u8], tag: u32, now: u64, debt: &impl Fn(&[u64]) -> Debt) -> (Place, Debt) {
-    let priced = records(page).map(|r| ((r.price(tag, now, debt), r.last_used), r.at, r.len()));
+    let oldest_first = |r: &Record| std::cmp::Reverse(age(r.last_used, now));
+    let priced =
+        records(page).map(|r| ((r.price(tag, now, debt), oldest_first(&r)), r.at, r.len()));
     match priced.min_by_key(|(price, ..)| *price) {
         Some(((price, _), at, len)) => (Place::Replace(at, len), price),
         None => (Place::Append, Debt::default()),
@@ -348,15 +373,17 @@ pub fn write(
     Ok(slot.takeover.map(Forgotten::of).unwrap_or_default())
 }
 
-/// The page as read with the key's record written in its place.
+/// The page as read with the key's record written in its place, padded to its whole size once
+/// more than half full.
 fn page_with(slot: &Slot, state: &[u64], now: u64, free_at: u64) -> Vec<u8> {
-    let seconds = |s: u64| u32::try_from(s).unwrap_or(u32::MAX).to_le_bytes();
     let width = u16::try_from(state.len()).unwrap_or(u16::MAX);
+    let owing = free_at.saturating_sub(now).div_ceil(NANOS_PER_SEC);
+    let free_at = now.saturating_add(owing.min(MAX_OWING_SECS) * NANOS_PER_SEC);
     let mut record = Vec::with_capacity(record_size(state.len()));
     record.extend_from_slice(&slot.owner.to_le_bytes());
     record.extend_from_slice(&slot.tag.to_le_bytes());
-    record.extend_from_slice(&seconds(now / NANOS_PER_SEC));
-    record.extend_from_slice(&seconds(free_at.div_ceil(NANOS_PER_SEC)));
+    record.extend_from_slice(&stamp(now).to_le_bytes());
+    record.extend_from_slice(&stamp(free_at).to_le_bytes());
     record.extend_from_slice(&width.to_le_bytes());
     for w in state {
         record.extend_from_slice(&w.to_le_bytes());
@@ -372,6 +399,10 @@ fn page_with(slot: &Slot, state: &[u64], now: u64, free_at: u64) -> Vec<u8> {
     bytes.extend_from_slice(page.get(CLOCK_BYTES..before).unwrap_or_default());
     bytes.extend_from_slice(&record);
     bytes.extend_from_slice(page.get(after..).unwrap_or_default());
+    if 2 * slot.records > slot.capacity {
+        let whole = CLOCK_BYTES + slot.capacity * record.len();
+        bytes.resize(bytes.len().max(whole), 0);
+    }
     bytes
 }
 
@@ -485,6 +516,27 @@ mod tests {
             (owed_by(&store, &spec, a), owed_by(&store, &spec, b)),
             (Some(1), Some(2))
         );
+    }
+
+    #[test]
+    fn a_page_more_than_half_full_is_padded_to_its_whole_size_and_reads_the_same() {
+        let (store, spec) = (MemoryStore::default(), spec(4));
+        let keys: Vec<u64> = keys_in(&spec, 0).take(4).collect();
+        let size = |store: &MemoryStore| store.get(&page_name("p/", &spec, 0)).unwrap().0.len();
+        put(&store, &spec, keys[0], 1, NOW);
+        put(&store, &spec, keys[1], 1, NOW);
+        assert_eq!(
+            size(&store),
+            CLOCK_BYTES + 2 * record_size(1),
+            "half full: as it is"
+        );
+        put(&store, &spec, keys[2], 1, NOW);
+        let whole = CLOCK_BYTES + 4 * record_size(1);
+        assert_eq!(size(&store), whole);
+        put(&store, &spec, keys[3], 2, NOW);
+        assert_eq!(size(&store), whole);
+        let owed: Vec<Option<u64>> = keys.iter().map(|&k| owed_by(&store, &spec, k)).collect();
+        assert_eq!(owed, [Some(1), Some(1), Some(1), Some(2)]);
     }
 
     #[test]
