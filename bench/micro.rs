@@ -75,18 +75,6 @@ fn plan(json: &str) -> Plan {
     }
 }
 
-/// A configured store: every table's slots created, as `Filter::configure` does.
-fn store_for(plan: &Plan, prefix: &str) -> MemoryStore {
-    let store = MemoryStore::default();
-    for spec in &plan.tables {
-        if table::create_slots(&store, prefix, spec).is_err() {
-            eprintln!("could not create slots");
-            std::process::exit(1);
-        }
-    }
-    store
-}
-
 struct Measured {
     name: String,
     median_ns: f64,
@@ -147,8 +135,8 @@ fn measure(name: &str, mut op: impl FnMut()) -> Measured {
 /// Every decision must deny (or allow) as `denies` says: checked once, before timing.
 fn bench_evaluate(name: &str, json: &str, request: &FakeRequest, denies: bool) -> Measured {
     let plan = plan(json);
-    let prefix = format!("sluice/{PLUGIN}/");
-    let store = store_for(&plan, &prefix);
+    let prefix = table::prefix(PLUGIN);
+    let store = MemoryStore::default();
     // As an Envoy without an operator's secret: its own for slots, the public one shared.
     let keying = Keying {
         slots: HashSecret::from_bytes([7; 16]),
@@ -364,25 +352,18 @@ fn main() {
         ));
     }
 
-    println!("\nShared data per key (value + entry name; Envoy adds its own per-entry overhead):");
-    let prefix = format!("sluice/{PLUGIN}/");
+    println!("\nShared data per key (its record in a page, and the page's name, shared by the keys of the page; Envoy adds its own per-page overhead):");
+    let prefix = table::prefix(PLUGIN);
     let mut sizes = Vec::new();
     for (label, n) in [("1 policy", 1usize), ("5 policies, one key", 5)] {
-        let spec = config::TableSpec {
-            key: Vec::new(),
-            capacity: config::DEFAULT_MAX_KEYS,
-            width: n,
-            layout_id: "f".repeat(16),
-            shares_key: false,
-        };
-        let name = table::slot_name(&prefix, &spec, config::DEFAULT_MAX_KEYS - 1).len();
-        let value = table::value_size(n);
-        println!(
-            "  {label:<22} {value} B value + {name} B name = {} B",
-            value + name
-        );
+        let ids = (u64::MAX, 0);
+        let spec = table::TableSpec::new(Vec::new(), config::DEFAULT_MAX_KEYS, n, false, ids);
+        let name = table::page_name(&prefix, &spec, spec.pages - 1).len();
+        let value = table::record_size(n);
+        let keys = spec.page_capacity(0);
+        println!("  {label:<22} {value} B record; a {name} B name per page of {keys} keys");
         sizes.push(format!(
-            r#"{{"label": "{label}", "policies": {n}, "value_bytes": {value}, "name_bytes": {name}}}"#
+            r#"{{"label": "{label}", "policies": {n}, "record_bytes": {value}, "name_bytes": {name}, "page_keys": {keys}}}"#
         ));
     }
 

@@ -14,7 +14,7 @@ use crate::metrics::{Counters, Metrics};
 use crate::protocol;
 use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
-use crate::store::Store;
+use crate::store::{Store, ABSENT};
 use crate::table;
 use crate::time::WorkerClock;
 use std::cell::{Cell, RefCell};
@@ -97,23 +97,17 @@ impl Filter {
         env: &impl Environment,
     ) -> Result<Filter, ConfigError> {
         let plan = config::parse_with_env(json, &|name| env.var(name))?;
-        let prefix = format!("sluice/{plugin}/");
         let keying = match plan.hash_secret {
             Some(secret) => Keying {
                 slots: secret,
                 shared: secret,
             },
             None => Keying {
-                slots: own_secret(store, env, &prefix)?,
+                slots: own_secret(store, env, plugin)?,
                 shared: HashSecret::PUBLIC,
             },
         };
-        for spec in &plan.tables {
-            table::create_slots(store, &prefix, spec).map_err(|e| ConfigError {
-                field: "max_keys".into(),
-                reason: format!("could not create shared-data slots: {e:?}"),
-            })?;
-        }
+        let prefix = table::prefix(plugin);
         let counters = Counters::define(metrics, &plan);
         let bypass_logged = plan.bypass.iter().map(|_| Default::default()).collect();
         Ok(Filter {
@@ -403,16 +397,15 @@ impl Filter {
 }
 
 /// This Envoy's own secret for slot hashes, when the operator gives none: random, made by the
-/// first VM configured and kept in shared data, where every worker's VM finds it. (A write that
-/// creates an entry ignores CAS, so two VMs configured at the same instant could each keep their
-/// own; Envoy configures its main thread's VM before it starts the workers.) It outlives
-/// configuration changes, as the slots do.
+/// first VM configured and kept in shared data, where every worker's VM finds it (created at
+/// `ABSENT`, so that of two VMs configured at once, one keeps the other's). It outlives
+/// configuration changes, as the tables do.
 fn own_secret(
     store: &impl Store,
     env: &impl Environment,
-    prefix: &str,
+    plugin: &str,
 ) -> Result<HashSecret, ConfigError> {
-    let name = format!("{prefix}hash-secret");
+    let name = format!("sluice/{plugin}/hash-secret");
     let stored = || {
         let (bytes, cas) = store.get(&name)?;
         Some((
@@ -425,7 +418,7 @@ fn own_secret(
     let cas = match stored() {
         Some((Some(secret), _)) => return Ok(secret),
         Some((None, cas)) => cas,
-        None => 0,
+        None => ABSENT,
     };
     let fresh = env
         .random()
@@ -859,7 +852,7 @@ mod tests {
         assert_eq!(admitted, 50, "{results:?}");
     }
 
-    /// 64 slots, five tokens an hour per user: no refill gets in the way.
+    /// 64 keys, five tokens an hour per user: no refill gets in the way.
     fn small_table() -> Value {
         json!({"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1,
             "per": "1h", "burst": 5, "max_keys": 64}]})
@@ -893,8 +886,8 @@ mod tests {
         let entries = host.store.entry_count();
         assert_eq!(
             entries,
-            64 + 1,
-            "64 slots whatever the number of keys, and the hash secret"
+            2 + 1,
+            "two pages of 32 keys whatever the number of keys, and the hash secret"
         );
         assert_eq!(
             statuses(&filter, &host, 1, ALICE),

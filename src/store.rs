@@ -18,6 +18,11 @@ pub enum StoreError {
     Failed,
 }
 
+/// A version no entry has (the host's versions count up from 1 for every write of the process, and
+/// would have to wrap around to reach it): a `set` at it creates the entry, or fails as a lost
+/// race if someone else created it first.
+pub const ABSENT: u32 = u32::MAX;
+
 pub trait Store {
     /// The entry's value and version (CAS), or `None` if it does not exist.
     fn get(&self, key: &str) -> Option<(Vec<u8>, u32)>;
@@ -44,9 +49,9 @@ pub struct LocalStore {
     entries: RefCell<Entries>,
 }
 
-/// A slot name, `sluice/<plugin>/<layout id>/<index>`, fits inline.
-type Name = SmallVec<[u8; 40]>;
-/// A slot value (8 bytes a word, 2 + the policies' words) fits inline up to 6 words of state.
+/// A page name (`table::page_name`) fits inline.
+type Name = SmallVec<[u8; 24]>;
+/// A small page fits inline.
 type Value = SmallVec<[u8; 64]>;
 
 /// Entries by name with their versions, and the last version handed out.

@@ -1,81 +1,191 @@
-//! A bounded table of shared-data slots per key layout. Envoy's shared data has no TTL and never
-//! frees a key, so one entry per client key would grow without bound; instead each table has
-//! exactly `capacity` slots (the largest `max_keys` of its policies), created up front (a write
-//! that creates an entry ignores CAS, so only pre-created slots are race-free).
+//! A bounded table of key states per key, in shared data, that grows as keys arrive.
 //!
-//! A key lives in one of two candidate slots, picked by its hash. A slot stores its owner's key
-//! hash, when it was last written, and the state words of every policy of the layout. A key that
-//! finds neither candidate its own is new (or lost its slot), and always takes one of them with
-//! empty state, so its limit is exact from its first request. It takes the one whose state costs
-//! least to forget, which is its debt (`Algorithm::debt`: what its owner spent and has not earned
-//! back; a full bucket owes nothing, a drained one its whole burst); of equal debts, the least
-//! recently used. Forgetting a state forgives its debt: the owner, coming back, can get at most
-//! that many requests more than its limit allows.
+//! Envoy's shared data has no TTL and never frees an entry, and each entry costs it about a
+//! hundred bytes of its own; so keys are kept in pages: one shared-data entry holds up to
+//! `PAGE_SLOTS` keys (fewer when their state is wide, so that a read copies at most about
+//! `PAGE_BYTES`). A table of `max_keys` keys has `max_keys / slots per page` pages (rounded up),
+//! each with its share of `max_keys`; a key's page is picked by its hash. A page is created by
+//! the first key that lands in it and holds only the keys it was given, so memory grows with the
+//! keys held, never past `max_keys` of them.
 //!
-//! A key being limited (owing at least half its capacity) keeps its state while there is another
-//! way: when both candidates of a new key owe that much, one of their owners moves to its own
-//! other candidate if what that slot holds owes less (as in cuckoo hashing). So a flood of new
-//! keys that each owe little makes room by forgetting its own kind, never a drained key, and only
-//! a table full of keys being limited forgets one of them, the least recently used of the
-//! cheapest.
+//! A page value: the page's clock (u64), then one record per key: its owner (the key's hash,
+//! u64), the tag of its layout (u32), its last use and when its state will owe nothing (Unix
+//! seconds modulo 2^16, u16 each: they only order records and price other layouts', within
+//! hours), its width (u16), and its state words (u64 each), all little-endian. A page more than
+//! half full is padded with zeros to its whole size, so that a full table's pages end up in one
+//! of the host allocator's size classes rather than strewn over the twenty they grew through
+//! (which left half of a full table's memory in free lists).
+//!
+//! **Layouts share pages.** A table's pages are named after its key alone, and each record is
+//! tagged with its layout (the policies of the key, their widths, and the page count): a new
+//! configuration of the same key writes its own records into the same pages and the old ones are
+//! forgotten as room is needed, so configuration changes reuse memory instead of adding to it;
+//! and two configurations alive at once (one draining after a reload) keep their states apart.
+//!
+//! **Exact from a key's first request.** A page is created with a write at a version no entry
+//! has (`ABSENT`): if another worker created it meanwhile, the write fails like any lost race,
+//! and the key is decided again on what that worker wrote. Every writer of a page also moves the
+//! page's clock to the time it decided at, and nobody decides a page earlier than its clock: two
+//! workers deciding one key at once read the clock a moment apart, and the one that read it
+//! first would otherwise see the other's tokens as taken before its own request arrived.
+//!
+//! **Who gets a slot.** A key that finds no record of its own in its page (a new key, or one that
+//! was forgotten) takes a new one, with empty state, so its limit is exact from its first
+//! request. In a full page it takes the place of the record that costs least to forget: its
+//! debt (`Algorithm::debt`: what its owner spent and has not earned back; a full bucket owes
+//! nothing), the least recently used of equal debts. A record of another layout cannot be priced
+//! so: it counts as owing half its capacity (as a key being limited) while its owner still uses
+//! it (`IN_USE`) and said it owes something, and nothing otherwise: the records of a layout no
+//! longer configured make room first. Forgetting a state forgives its debt: the owner, coming
+//! back, can get at most that many requests more than its limit allows. So a key being limited
+//! keeps its state while its page holds one that owes less, and a flood of new keys that each
+//! owe little makes room by forgetting its own kind.
 
 use crate::algorithm::{Debt, FULL_SHARE};
-use crate::config::TableSpec;
 use crate::duration::NANOS_PER_SEC;
-use crate::store::{Store, StoreError};
-use crate::text::push_decimal;
+use crate::key::KeyPart;
+use crate::store::{Store, StoreError, ABSENT};
+use crate::text::push_base64;
 use smallvec::{smallvec, SmallVec};
 
-/// A key's slot is rewritten at least this often while the key is being denied (which changes
-/// no state), so that among slots that owe the same, the one abandoned longest goes first.
-pub const TOUCH_EVERY: u64 = NANOS_PER_SEC / 2;
-/// A slot owing this share of its capacity holds a key being limited: kept while there is room
-/// elsewhere.
+/// A key's record is rewritten at least this often while the key is being denied (which changes
+/// no state), so that among records that owe the same, the one abandoned longest goes first.
+pub const TOUCH_EVERY: u64 = NANOS_PER_SEC;
+/// The debt share a record of another layout counts as while it is in use and owes something.
 pub const LIMITED: u64 = FULL_SHARE / 2;
+/// A record of another layout is in use while its owner wrote it this recently (a key being
+/// denied rewrites it every `TOUCH_EVERY`): a layout no longer configured gives its room up.
+pub const IN_USE: u64 = 10 * NANOS_PER_SEC;
+/// The most keys of one page.
+pub const PAGE_SLOTS: usize = 32;
+/// About the most bytes of one page: wide states get fewer keys a page.
+pub const PAGE_BYTES: usize = 1024;
+/// The most state words of one key (the sum of its table's policies' columns).
+pub const MAX_WIDTH: usize = u16::MAX as usize;
+/// A page's clock may be ahead of a worker's by this much: more, and it is not trusted.
+const MAX_SKEW: u64 = NANOS_PER_SEC;
 
-/// Words of a slot value before the policies' state: owner, last use.
-const HEADER_WORDS: usize = 2;
+const CLOCK_BYTES: usize = 8;
+/// owner, tag, last use, free at, width.
+const RECORD_HEADER: usize = 8 + 4 + 2 + 2 + 2;
+/// The farthest ahead a record's `free_at` says: further would wrap around its u16.
+const MAX_OWING_SECS: u64 = (1 << 15) - 1;
 
-/// The policies' state words of one slot, inline up to a typical layout's width.
+/// The policies' state words of one key, inline up to a typical layout's width.
 pub type Words = SmallVec<[u64; 8]>;
 
-/// A slot value as stored.
-type Value = SmallVec<[u8; 80]>;
+/// One table: the keys of one key layout, in its pages.
+#[derive(Debug, Clone)]
+pub struct TableSpec {
+    pub key: Vec<KeyPart>,
+    /// `max_keys`: the most keys the table holds.
+    pub capacity: u32,
+    /// Words of state per key: the sum of its policies' columns.
+    pub width: usize,
+    /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
+    /// needed, not only their slot hashes.
+    pub shares_key: bool,
+    /// Tells this layout's records from others' in the same pages.
+    pub tag: u32,
+    /// Names the pages after the key alone: every layout of the key shares them.
+    pub space: String,
+    pub pages: u32,
+    /// Keys per page: the slots per page, except that the pages share `capacity` out exactly.
+    per_page: u32,
+}
 
-/// A key's slot as read: where it is, its version, and the policies' state words.
+impl TableSpec {
+    /// A table of `capacity` keys of `width` words; `key_id` identifies what the key reads and
+    /// `layout_id` the policies' names and widths.
+    pub fn new(
+        key: Vec<KeyPart>,
+        capacity: u32,
+        width: usize,
+        shares_key: bool,
+        (key_id, layout_id): (u64, u64),
+    ) -> TableSpec {
+        let slots = (PAGE_BYTES / record_size(width)).clamp(1, PAGE_SLOTS) as u32;
+        let capacity = capacity.max(1);
+        let pages = capacity.div_ceil(slots);
+        let tag = layout_id ^ key_id.rotate_left(17) ^ u64::from(pages).wrapping_mul(0x9e37);
+        let mut space = String::with_capacity(5);
+        push_base64(&mut space, key_id & 0x3fff_ffff, 5);
+        TableSpec {
+            key,
+            capacity,
+            width,
+            shares_key,
+            tag: (tag ^ (tag >> 32)) as u32,
+            space,
+            pages,
+            per_page: capacity / pages,
+        }
+    }
+
+    /// The page of the key `hash`.
+    pub fn page_of(&self, hash: u64) -> u32 {
+        (hash % u64::from(self.pages)) as u32
+    }
+
+    /// How many keys page `page` holds: `capacity` shared out, the first pages one more.
+    pub fn page_capacity(&self, page: u32) -> usize {
+        let extra = u32::from(page < self.capacity % self.pages);
+        (self.per_page + extra) as usize
+    }
+}
+
+/// A plugin's prefix for its pages' names: short, so that Envoy keeps each name inline (up to
+/// 15 bytes need no allocation of their own), and apart from other plugins' of the same VM.
+pub fn prefix(plugin: &str) -> String {
+    let hash = crate::key::hash_values(&[plugin.to_string()], &crate::key::HashSecret::PUBLIC);
+    let mut prefix = String::from("s");
+    push_base64(&mut prefix, hash & 0x3fff_ffff, 5);
+    prefix
+}
+
+/// The shared-data key of a table's page: `<prefix><space><page>`, the page in base 64.
+pub fn page_name(prefix: &str, spec: &TableSpec, page: u32) -> String {
+    let mut name = String::with_capacity(prefix.len() + spec.space.len() + 4);
+    name.push_str(prefix);
+    name.push_str(&spec.space);
+    push_base64(&mut name, page.into(), 1);
+    name
+}
+
+/// A key's slot as read: its page, the key's record in it (or where it goes), its state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Slot {
     pub name: String,
+    /// The page's version as read; 0: the page does not exist yet.
     pub cas: u32,
     /// Whose state the slot holds once written.
     pub owner: u64,
     pub state: Words,
-    /// When the slot was last written.
-    pub last_used: u64,
-    /// Set when the key takes the slot from another key (or from nobody). Boxed: a key finding
-    /// its own slot, every request but its first, carries no more than a pointer.
-    pub takeover: Option<Box<Takeover>>,
+    /// When the key's record was last written: Unix seconds modulo 2^16.
+    last_used: u16,
+    /// The latest time a writer of the page decided at.
+    pub clock: u64,
+    /// Set when the key takes a new record: what forgetting the one it replaces forgives.
+    pub takeover: Option<Debt>,
+    tag: u32,
+    /// The page as read: its clock and its valid records.
+    page: Vec<u8>,
+    place: Place,
+    /// The page's records once written, and how many it holds at most.
+    records: usize,
+    capacity: usize,
 }
 
-/// What taking a slot does to its previous owner.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Takeover {
-    /// The debt of the state forgotten (none for an empty or idle state, or an owner moved).
-    pub forgives: Debt,
-    /// The previous owner's state, moved to its other candidate instead of forgotten.
-    pub moves: Option<Move>,
-}
-
-/// An owner's state on its way to its other candidate slot.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Move {
-    to: String,
-    cas: u32,
-    value: Value,
-    /// The debt of the state the move forgets there.
-    forgives: Debt,
-    /// The moved state's own debt: forgiven after all if the move loses a race.
-    lost: Debt,
+/// Where the key's record is, or goes, in its page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Place {
+    /// At this offset, the key's own.
+    Own(usize),
+    /// After the others.
+    #[default]
+    Append,
+    /// In place of the record at this offset, of this many bytes.
+    Replace(usize, usize),
 }
 
 /// What a write made the table forget: keys with a debt, and the tokens they owed.
@@ -95,256 +205,229 @@ impl Forgotten {
 }
 
 impl Slot {
-    /// Whether the key's new state must be written: when it changed, or, for the key's own slot,
-    /// to mark it as used (a key only being denied is in use too). A slot just taken is written
-    /// only to hold something: taking it for nothing would forget its owner's state for nothing.
+    /// Whether the key's new state must be written: when it changed, or, for the key's own
+    /// record, to mark it as used (a key only being denied is in use too). A new record is
+    /// written only to hold something: taking a place for nothing would forget its owner's
+    /// state for nothing.
     pub fn needs_write(&self, next: &[u64], now: u64) -> bool {
         next != &self.state[..]
-            || self.takeover.is_none() && self.last_used.saturating_add(TOUCH_EVERY) <= now
+            || self.takeover.is_none() && age(self.last_used, now) >= TOUCH_EVERY / NANOS_PER_SEC
+    }
+
+    /// The time to decide the slot at, for a worker whose clock says `now`: the page's clock if
+    /// that is a little later (see the module's doc), else `now`.
+    pub fn time(&self, now: u64) -> u64 {
+        match self.clock {
+            clock if clock > now && clock - now <= MAX_SKEW => clock,
+            _ => now,
+        }
     }
 }
 
-struct Read {
-    index: u32,
-    name: String,
-    cas: u32,
+/// Unix seconds modulo 2^16, as records keep their times.
+fn stamp(time: u64) -> u16 {
+    (time / NANOS_PER_SEC) as u16
+}
+
+/// Whole seconds from `then` (a stamp) to `now`, modulo 2^16.
+fn age(then: u16, now: u64) -> u64 {
+    u64::from(stamp(now).wrapping_sub(then))
+}
+
+/// A record as found in a page.
+struct Record<'a> {
+    at: usize,
     owner: u64,
-    last_used: u64,
-    state: Words,
+    tag: u32,
+    last_used: u16,
+    free_at: u16,
+    words: &'a [u8],
 }
 
-impl Read {
-    /// The slot as its owner's.
-    fn own(self) -> Slot {
-        Slot {
-            name: self.name,
-            cas: self.cas,
-            owner: self.owner,
-            state: self.state,
-            last_used: self.last_used,
-            takeover: None,
-        }
+impl Record<'_> {
+    fn len(&self) -> usize {
+        RECORD_HEADER + self.words.len()
     }
 
-    /// The slot for a new owner, empty.
-    fn take(self, owner: u64, takeover: Takeover, width: usize) -> Slot {
-        Slot {
-            name: self.name,
-            cas: self.cas,
+    fn state(&self) -> Words {
+        self.words.chunks_exact(8).map(word).collect()
+    }
+
+    /// What forgetting the record costs at `now`: its debt for a record of this layout; for
+    /// another layout's, `LIMITED` while its owner still uses it and said it owes something,
+    /// else nothing.
+    fn price(&self, tag: u32, now: u64, debt: &impl Fn(&[u64]) -> Debt) -> Debt {
+        if self.tag == tag {
+            return debt(&self.state());
+        }
+        let used = age(self.last_used, now) < IN_USE / NANOS_PER_SEC;
+        let owes = (self.free_at.wrapping_sub(stamp(now)) as i16) > 0;
+        Debt {
+            share: if used && owes { LIMITED } else { 0 },
+            tokens: 0,
+        }
+    }
+}
+
+/// The records of a page after its clock, up to its padding or the first that does not parse (a
+/// page written by another version, or corrupt, is valid up to there).
+fn records(page: &[u8]) -> impl Iterator<Item = Record<'_>> {
+    let mut at = CLOCK_BYTES;
+    std::iter::from_fn(move || {
+        let header = page.get(at..at + RECORD_HEADER)?;
+        let number = |range: std::ops::Range<usize>| {
+            let bytes = header.get(range).unwrap_or_default();
+            bytes
+                .iter()
+                .rev()
+                .fold(0u64, |n, &b| (n << 8) | u64::from(b))
+        };
+        let owner = number(0..8);
+        let width = number(16..18) as usize;
+        let start = at + RECORD_HEADER;
+        let words = page.get(start..start + 8 * width).filter(|_| owner != 0)?;
+        let record = Record {
+            at,
             owner,
-            state: smallvec![0; width],
-            last_used: 0,
-            takeover: Some(Box::new(takeover)),
-        }
-    }
-
-    /// The owner's other candidate, if it has one: where it can move.
-    fn other_candidate(&self, capacity: u32) -> Option<u32> {
-        match candidates(self.owner, capacity) {
-            (a, b) if a == self.index && b != a => Some(b),
-            (a, b) if b == self.index && b != a => Some(a),
-            _ => None,
-        }
-    }
-
-    /// What forgetting the state costs: nothing for an empty slot, or one its owner would never
-    /// look in (a slot placed under another `max_keys`).
-    fn debt(&self, capacity: u32, debt: &impl Fn(&[u64]) -> Debt) -> Debt {
-        let (a, b) = candidates(self.owner, capacity);
-        if self.owner == 0 || (a != self.index && b != self.index) {
-            return Debt::default();
-        }
-        debt(&self.state)
-    }
+            tag: number(8..12) as u32,
+            last_used: number(12..14) as u16,
+            free_at: number(14..16) as u16,
+            words,
+        };
+        at = start + words.len();
+        Some(record)
+    })
 }
 
-/// The shared-data key of slot `index`: `<prefix><layout id>/<index>`.
-pub fn slot_name(prefix: &str, spec: &TableSpec, index: u32) -> String {
-    let mut name = String::with_capacity(prefix.len() + 27);
-    name.push_str(prefix);
-    name.push_str(&spec.layout_id);
-    name.push('/');
-    push_decimal(&mut name, index.into());
-    name
-}
-
-/// Creates every slot that does not exist yet, empty. Run at configuration time, before any
-/// request can write a slot.
-pub fn create_slots(store: &impl Store, prefix: &str, spec: &TableSpec) -> Result<(), StoreError> {
-    let empty = encode(0, 0, &vec![0; spec.width]);
-    for index in 0..spec.capacity {
-        let name = slot_name(prefix, spec, index);
-        if store.get(&name).is_none() {
-            store.set(&name, &empty, 0)?;
-        }
-    }
-    Ok(())
-}
-
-/// Finds the slot of the key `hash`, or the slot it takes: one read when the key is in its first
-/// candidate, two otherwise, four when both candidates hold keys being limited. `debt` says what
-/// a slot's state owes now.
+/// Finds the record of the key `hash` in its page, or the place it takes, at `now`: one read.
+/// `debt` says what a state of this layout owes at `now`.
 pub fn find(
     store: &impl Store,
     prefix: &str,
     spec: &TableSpec,
     hash: u64,
+    now: u64,
     debt: impl Fn(&[u64]) -> Debt,
 ) -> Slot {
-    let (a, b) = candidates(hash, spec.capacity);
-    let read = |index| read(store, prefix, spec, index);
-    let first = read(a);
-    if first.owner == hash {
-        return first.own();
-    }
-    let mut choices: SmallVec<[Read; 2]> = smallvec![first];
-    if a != b {
-        let second = read(b);
-        if second.owner == hash {
-            return second.own();
-        }
-        choices.push(second);
-    }
-    take(store, prefix, spec, hash, choices, &debt)
-}
-
-/// The candidate a new key takes: the cheapest to forget, unless both hold keys being limited and
-/// one of those can move somewhere cheaper. Out of line: a key's first request only.
-#[inline(never)]
-fn take(
-    store: &impl Store,
-    prefix: &str,
-    spec: &TableSpec,
-    hash: u64,
-    choices: SmallVec<[Read; 2]>,
-    debt: &impl Fn(&[u64]) -> Debt,
-) -> Slot {
-    let capacity = spec.capacity;
-    let mut priced: SmallVec<[(Read, Debt); 2]> = choices
-        .into_iter()
-        .map(|c| {
-            let owed = c.debt(capacity, debt);
-            (c, owed)
-        })
-        .collect();
-    let cheapest = (priced.iter().enumerate())
-        .min_by_key(|(_, (c, owed))| (*owed, c.last_used))
-        .map_or(0, |(i, _)| i);
-    let floor = priced
-        .get(cheapest)
-        .map_or(Debt::default(), |(_, owed)| *owed);
-    if floor.share >= LIMITED {
-        let candidates: SmallVec<[u32; 2]> = priced.iter().map(|(c, _)| c.index).collect();
-        let moves = priced.iter().enumerate().filter_map(|(i, (owner, _))| {
-            let to = owner.other_candidate(capacity)?;
-            let there = read(store, prefix, spec, to);
-            let owed = there.debt(capacity, debt);
-            let movable = !candidates.contains(&to) && there.owner != owner.owner && owed < floor;
-            movable.then_some((i, there, owed))
-        });
-        let best = moves.min_by_key(|(_, there, owed)| (*owed, there.last_used));
-        if let Some((i, there, forgives)) = best {
-            let (owner, lost) = priced.swap_remove(i);
-            let moves = Move {
-                to: there.name,
-                cas: there.cas,
-                value: encode(owner.owner, owner.last_used, &owner.state),
-                forgives,
-                lost,
-            };
-            let takeover = Takeover {
-                forgives: Debt::default(),
-                moves: Some(moves),
-            };
-            return owner.take(hash, takeover, spec.width);
-        }
-    }
-    let (victim, forgives) = priced.swap_remove(cheapest);
-    let takeover = Takeover {
-        forgives,
-        moves: None,
+    // An owner of 0 would read as padding: the one hash in 2^64 that is 0 goes with 1.
+    let hash = hash.max(1);
+    let page = spec.page_of(hash);
+    let name = page_name(prefix, spec, page);
+    let (mut bytes, cas) = store.get(&name).unwrap_or_default();
+    let mut slot = Slot {
+        name,
+        cas,
+        owner: hash,
+        state: smallvec![0; spec.width],
+        tag: spec.tag,
+        ..Slot::default()
     };
-    victim.take(hash, takeover, spec.width)
+    let (mut count, mut valid) = (0, CLOCK_BYTES);
+    for record in records(&bytes) {
+        if record.owner == hash && record.tag == spec.tag && record.words.len() == 8 * spec.width {
+            slot.state = record.state();
+            slot.last_used = record.last_used;
+            slot.place = Place::Own(record.at);
+        }
+        count += 1;
+        valid = record.at + record.len();
+    }
+    slot.clock = bytes.get(..CLOCK_BYTES).map_or(0, word);
+    bytes.resize(valid, 0);
+    (slot.capacity, slot.records) = (spec.page_capacity(page), count);
+    if slot.place == Place::Append && count >= slot.capacity {
+        let (place, price) = replace(&bytes, spec.tag, now, &debt);
+        (slot.place, slot.takeover) = (place, Some(price));
+    } else if slot.place == Place::Append {
+        slot.takeover = Some(Debt::default());
+        slot.records += 1;
+    }
+    slot.page = bytes;
+    slot
 }
 
-/// Writes the slot's new state, used at `now`, if nobody wrote the slot since it was read; then
-/// moves the previous owner, if it moves. Returns what the table forgot.
+/// In a full page, the record a new key replaces, and what forgetting it costs: the cheapest to
+/// forget, the least recently used of equal prices. Out of line: a key's first request only.
+#[inline(never)]
+fn replace(page: &[u8], tag: u32, now: u64, debt: &impl Fn(&[u64]) -> Debt) -> (Place, Debt) {
+    let oldest_first = |r: &Record| std::cmp::Reverse(age(r.last_used, now));
+    let priced =
+        records(page).map(|r| ((r.price(tag, now, debt), oldest_first(&r)), r.at, r.len()));
+    match priced.min_by_key(|(price, ..)| *price) {
+        Some(((price, _), at, len)) => (Place::Replace(at, len), price),
+        None => (Place::Append, Debt::default()),
+    }
+}
+
+/// Writes the key's new state, decided at `now` and owing nothing from `free_at` on, if nobody
+/// wrote its page since it was read. Returns what the table forgot.
 pub fn write(
     store: &impl Store,
     slot: &Slot,
     state: &[u64],
     now: u64,
+    free_at: u64,
 ) -> Result<Forgotten, StoreError> {
-    store.set(&slot.name, &encode(slot.owner, now, state), slot.cas)?;
-    let Some(takeover) = &slot.takeover else {
-        return Ok(Forgotten::default());
-    };
-    Ok(match &takeover.moves {
-        None => Forgotten::of(takeover.forgives),
-        Some(m) => match store.set(&m.to, &m.value, m.cas) {
-            Ok(()) => Forgotten::of(m.forgives),
-            // Someone wrote the destination meanwhile: the moved state is lost after all.
-            Err(_) => Forgotten::of(m.lost),
-        },
-    })
+    let cas = if slot.cas == 0 { ABSENT } else { slot.cas };
+    store.set(&slot.name, &page_with(slot, state, now, free_at), cas)?;
+    Ok(slot.takeover.map(Forgotten::of).unwrap_or_default())
 }
 
-/// The key's two candidate slots (the same one when the table has one slot).
-pub fn candidates(hash: u64, capacity: u32) -> (u32, u32) {
-    let capacity = u64::from(capacity.max(1));
-    let second = hash.rotate_left(32).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    ((hash % capacity) as u32, (second % capacity) as u32)
-}
-
-fn read(store: &impl Store, prefix: &str, spec: &TableSpec, index: u32) -> Read {
-    let name = slot_name(prefix, spec, index);
-    let (value, cas) = store.get(&name).unwrap_or_default();
-    let (owner, last_used, state) =
-        decode(&value, spec.width).unwrap_or_else(|| (0, 0, smallvec![0; spec.width]));
-    Read {
-        index,
-        name,
-        cas,
-        owner,
-        last_used,
-        state,
+/// The page as read with the key's record written in its place, padded to its whole size once
+/// more than half full.
+fn page_with(slot: &Slot, state: &[u64], now: u64, free_at: u64) -> Vec<u8> {
+    let width = u16::try_from(state.len()).unwrap_or(u16::MAX);
+    let owing = free_at.saturating_sub(now).div_ceil(NANOS_PER_SEC);
+    let free_at = now.saturating_add(owing.min(MAX_OWING_SECS) * NANOS_PER_SEC);
+    let mut record = Vec::with_capacity(record_size(state.len()));
+    record.extend_from_slice(&slot.owner.to_le_bytes());
+    record.extend_from_slice(&slot.tag.to_le_bytes());
+    record.extend_from_slice(&stamp(now).to_le_bytes());
+    record.extend_from_slice(&stamp(free_at).to_le_bytes());
+    record.extend_from_slice(&width.to_le_bytes());
+    for w in state {
+        record.extend_from_slice(&w.to_le_bytes());
     }
-}
-
-/// Slot value: owner key hash, last use, then the policies' state words, all u64 little-endian.
-fn encode(owner: u64, last_used: u64, state: &[u64]) -> Value {
-    let mut bytes: Value = smallvec![0; value_size(state.len())];
-    // Into eight-byte chunks: each word one store, not a call to copy eight bytes.
-    let words = [owner, last_used].into_iter().chain(state.iter().copied());
-    for (chunk, word) in bytes.chunks_exact_mut(8).zip(words) {
-        chunk.copy_from_slice(&word.to_le_bytes());
+    let page = &slot.page;
+    let (before, after) = match slot.place {
+        Place::Own(at) => (at, at + record.len()),
+        Place::Append => (page.len(), page.len()),
+        Place::Replace(at, len) => (at, at + len),
+    };
+    let mut bytes = Vec::with_capacity(page.len() + record.len());
+    bytes.extend_from_slice(&slot.clock.max(now).to_le_bytes());
+    bytes.extend_from_slice(page.get(CLOCK_BYTES..before).unwrap_or_default());
+    bytes.extend_from_slice(&record);
+    bytes.extend_from_slice(page.get(after..).unwrap_or_default());
+    if 2 * slot.records > slot.capacity {
+        let whole = CLOCK_BYTES + slot.capacity * record.len();
+        bytes.resize(bytes.len().max(whole), 0);
     }
     bytes
 }
 
-/// `None` for a value of another layout or size: such a slot counts as empty.
-fn decode(bytes: &[u8], width: usize) -> Option<(u64, u64, Words)> {
-    if bytes.len() != value_size(width) {
-        return None;
-    }
-    let mut words = bytes
-        .chunks_exact(8)
-        .map(|chunk| u64::from_le_bytes(chunk.try_into().unwrap_or_default()));
-    let (owner, last_used) = (words.next()?, words.next()?);
-    Some((owner, last_used, words.collect()))
+fn word(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().unwrap_or_default())
 }
 
-/// Every slot's owner (0: none), in slot order: what tests compare before and after a request.
+/// Bytes of one key's record of `width` words.
+pub fn record_size(width: usize) -> usize {
+    RECORD_HEADER + 8 * width
+}
+
+/// Every key of the table's pages (their owners), page by page: what tests compare before and
+/// after a request.
 #[cfg(test)]
 pub fn owners(store: &impl Store, prefix: &str, spec: &TableSpec) -> Vec<u64> {
-    (0..spec.capacity)
-        .map(|index| read(store, prefix, spec, index).owner)
+    (0..spec.pages)
+        .flat_map(|page| {
+            let (bytes, _) = store
+                .get(&page_name(prefix, spec, page))
+                .unwrap_or_default();
+            let mine = records(&bytes).filter(|r| r.tag == spec.tag);
+            mine.map(|r| r.owner).collect::<Vec<_>>()
+        })
         .collect()
-}
-
-/// Bytes of shared data per slot value (the host adds its own per-entry overhead).
-pub fn value_size(width: usize) -> usize {
-    8 * (HEADER_WORDS + width)
 }
 
 #[cfg(test)]
@@ -362,33 +445,20 @@ mod tests {
     }
 
     fn spec(capacity: u32) -> TableSpec {
-        TableSpec {
-            key: Vec::new(),
-            capacity,
-            width: 1,
-            layout_id: "0000000000000007".into(),
-            shares_key: false,
-        }
+        TableSpec::new(Vec::new(), capacity, 1, false, (7, 9))
     }
 
     const NOW: u64 = 100 * NANOS_PER_SEC;
 
-    fn table(capacity: u32) -> (MemoryStore, TableSpec) {
-        let store = MemoryStore::default();
-        let spec = spec(capacity);
-        create_slots(&store, "p/", &spec).unwrap();
-        (store, spec)
-    }
-
     /// Finds the key's slot at `now` and writes `tokens` owed into it: what the table forgot.
     fn put(store: &MemoryStore, spec: &TableSpec, hash: u64, tokens: u64, now: u64) -> Forgotten {
-        let slot = find(store, "p/", spec, hash, owes);
-        write(store, &slot, &[tokens], now).unwrap()
+        let slot = find(store, "p/", spec, hash, now, owes);
+        write(store, &slot, &[tokens], now, now + tokens * NANOS_PER_SEC).unwrap()
     }
 
-    /// What the key's slot holds, if it has one.
+    /// What the key's record holds, if it has one.
     fn owed_by(store: &MemoryStore, spec: &TableSpec, hash: u64) -> Option<u64> {
-        let slot = find(store, "p/", spec, hash, owes);
+        let slot = find(store, "p/", spec, hash, NOW, owes);
         slot.takeover.is_none().then(|| slot.state[0])
     }
 
@@ -397,56 +467,123 @@ mod tests {
         (1u64..).map(|i| i.wrapping_mul(0x2545_f491_4f6c_dd1d))
     }
 
-    /// Keys whose two candidates are `pair`, in either order.
-    fn keys_on(pair: (u32, u32), capacity: u32) -> impl Iterator<Item = u64> {
-        hashes().filter(move |&h| {
-            let c = candidates(h, capacity);
-            c == pair || c == (pair.1, pair.0)
-        })
+    /// Keys that land in page `page`.
+    fn keys_in(spec: &TableSpec, page: u32) -> impl Iterator<Item = u64> + '_ {
+        hashes().filter(move |&h| spec.page_of(h) == page)
     }
 
     #[test]
-    fn slots_are_created_once_up_front_and_exactly_max_keys_of_them() {
-        let (store, spec) = table(100);
-        assert_eq!(store.entry_count(), 100);
-        let (value, cas) = store.get(&slot_name("p/", &spec, 3)).unwrap();
-        assert_eq!(value, vec![0; value_size(1)]);
-        create_slots(&store, "p/", &spec).unwrap();
-        let again = store.get(&slot_name("p/", &spec, 3)).unwrap().1;
-        assert_eq!(again, cas, "not rewritten");
+    fn pages_share_max_keys_out_exactly_and_fit_their_bytes() {
+        for capacity in [1, 31, 32, 33, 1000, 10_000, 1_000_000] {
+            let spec = spec(capacity);
+            let total: usize = (0..spec.pages).map(|p| spec.page_capacity(p)).sum();
+            assert_eq!(total, capacity as usize, "{capacity}");
+            assert!(spec.page_capacity(0) <= PAGE_SLOTS);
+        }
+        let wide = TableSpec::new(Vec::new(), 100, 1000, false, (7, 9));
+        assert_eq!(
+            (wide.pages, wide.page_capacity(0)),
+            (100, 1),
+            "a key a page"
+        );
+        let mid = TableSpec::new(Vec::new(), 100, 6, false, (7, 9));
+        assert!(mid.page_capacity(0) * record_size(6) <= PAGE_BYTES);
     }
 
     #[test]
-    fn a_key_finds_its_own_slot_again() {
-        let (store, spec) = table(10);
-        put(&store, &spec, 42, 3, NOW);
-        assert_eq!(owed_by(&store, &spec, 42), Some(3));
+    fn page_names_fit_inline_in_envoy() {
+        let spec = TableSpec::new(Vec::new(), 10_000_000, 1, false, (u64::MAX, 9));
+        let name = page_name(
+            &prefix("a-plugin-name-of-some-length"),
+            &spec,
+            spec.pages - 1,
+        );
+        assert!(name.len() <= 15, "{name}");
+    }
+
+    #[test]
+    fn a_page_is_created_by_its_first_key_and_holds_only_its_keys() {
+        let (store, spec) = (MemoryStore::default(), spec(10_000));
+        assert_eq!(store.entry_count(), 0, "nothing up front");
+        let mut keys = keys_in(&spec, 3);
+        let (a, b) = (keys.next().unwrap(), keys.next().unwrap());
+        put(&store, &spec, a, 1, NOW);
+        put(&store, &spec, b, 2, NOW);
+        assert_eq!(store.entry_count(), 1);
+        let (value, _) = store.get(&page_name("p/", &spec, 3)).unwrap();
+        assert_eq!(value.len(), CLOCK_BYTES + 2 * record_size(1));
+        assert_eq!(
+            (owed_by(&store, &spec, a), owed_by(&store, &spec, b)),
+            (Some(1), Some(2))
+        );
+    }
+
+    #[test]
+    fn a_page_more_than_half_full_is_padded_to_its_whole_size_and_reads_the_same() {
+        let (store, spec) = (MemoryStore::default(), spec(4));
+        let keys: Vec<u64> = keys_in(&spec, 0).take(4).collect();
+        let size = |store: &MemoryStore| store.get(&page_name("p/", &spec, 0)).unwrap().0.len();
+        put(&store, &spec, keys[0], 1, NOW);
+        put(&store, &spec, keys[1], 1, NOW);
+        assert_eq!(
+            size(&store),
+            CLOCK_BYTES + 2 * record_size(1),
+            "half full: as it is"
+        );
+        put(&store, &spec, keys[2], 1, NOW);
+        let whole = CLOCK_BYTES + 4 * record_size(1);
+        assert_eq!(size(&store), whole);
+        put(&store, &spec, keys[3], 2, NOW);
+        assert_eq!(size(&store), whole);
+        let owed: Vec<Option<u64>> = keys.iter().map(|&k| owed_by(&store, &spec, k)).collect();
+        assert_eq!(owed, [Some(1), Some(1), Some(1), Some(2)]);
+    }
+
+    #[test]
+    fn two_workers_creating_one_page_at_once_lose_neither_key() {
+        let (store, spec) = (MemoryStore::default(), spec(10_000));
+        let mut keys = keys_in(&spec, 5);
+        let (a, b) = (keys.next().unwrap(), keys.next().unwrap());
+        let for_a = find(&store, "p/", &spec, a, NOW, owes);
+        let for_b = find(&store, "p/", &spec, b, NOW, owes);
+        write(&store, &for_a, &[1], NOW, NOW).unwrap();
+        assert_eq!(
+            write(&store, &for_b, &[1], NOW, NOW),
+            Err(StoreError::CasMismatch),
+            "the page exists now: a lost race"
+        );
+        put(&store, &spec, b, 1, NOW);
+        assert_eq!(
+            (owed_by(&store, &spec, a), owed_by(&store, &spec, b)),
+            (Some(1), Some(1))
+        );
     }
 
     #[test]
     fn a_stale_write_is_refused() {
-        let (store, spec) = table(10);
-        let slot = find(&store, "p/", &spec, 42, owes);
-        write(&store, &slot, &[1], NOW).unwrap();
+        let (store, spec) = (MemoryStore::default(), spec(10));
+        put(&store, &spec, 42, 0, NOW);
+        let slot = find(&store, "p/", &spec, 42, NOW, owes);
+        write(&store, &slot, &[1], NOW, NOW).unwrap();
         assert_eq!(
-            write(&store, &slot, &[2], NOW),
+            write(&store, &slot, &[2], NOW, NOW),
             Err(StoreError::CasMismatch)
         );
     }
 
     #[test]
-    fn a_new_key_takes_the_candidate_that_owes_least_and_forgives_its_debt() {
-        let (store, spec) = table(64);
-        let mut keys = keys_on((3, 9), 64);
+    fn a_new_key_in_a_full_page_takes_the_place_that_owes_least_and_forgives_its_debt() {
+        let (store, spec) = (MemoryStore::default(), spec(2));
+        let mut keys = keys_in(&spec, 0);
         let (light, heavy, new) = (
             keys.next().unwrap(),
             keys.next().unwrap(),
             keys.next().unwrap(),
         );
         put(&store, &spec, heavy, 3, NOW);
-        put(&store, &spec, light, 1, NOW + 1);
+        put(&store, &spec, light, 1, NOW + NANOS_PER_SEC);
         assert_eq!(
-            put(&store, &spec, new, 1, NOW + 2),
+            put(&store, &spec, new, 1, NOW + 2 * NANOS_PER_SEC),
             Forgotten { keys: 1, tokens: 1 }
         );
         assert_eq!(
@@ -460,53 +597,23 @@ mod tests {
 
     #[test]
     fn of_equal_debts_the_least_recently_used_goes_and_an_idle_state_costs_nothing() {
-        let (store, spec) = table(64);
-        let mut keys = keys_on((3, 9), 64);
-        let [old, recent, new, newer] = [(); 4].map(|_| keys.next().unwrap());
+        let (store, spec) = (MemoryStore::default(), spec(2));
+        let [old, recent, new, newer] = {
+            let mut keys = keys_in(&spec, 0);
+            [(); 4].map(|_| keys.next().unwrap())
+        };
         put(&store, &spec, old, 1, NOW);
-        put(&store, &spec, recent, 1, NOW + 1);
-        put(&store, &spec, new, 0, NOW + 2);
+        put(&store, &spec, recent, 1, NOW + NANOS_PER_SEC);
+        put(&store, &spec, new, 0, NOW + 2 * NANOS_PER_SEC);
         assert_eq!(owed_by(&store, &spec, old), None);
         assert_eq!(owed_by(&store, &spec, recent), Some(1));
-        let reused = put(&store, &spec, newer, 2, NOW + 3);
+        let reused = put(&store, &spec, newer, 2, NOW + 3 * NANOS_PER_SEC);
         assert_eq!(reused, Forgotten::default(), "new's state owed nothing");
-    }
-
-    /// The first key whose candidates are `first` then `second`.
-    fn key_at(first: u32, second: u32) -> u64 {
-        hashes()
-            .find(|&h| candidates(h, 64) == (first, second))
-            .unwrap()
-    }
-
-    /// Drained keys in slots 3 (other candidate 20) and 9 (other candidate 30), a key owing 1 in
-    /// slot 20, and a newcomer whose candidates are 3 and 9.
-    fn two_drained_keys(store: &MemoryStore, spec: &TableSpec) -> (u64, u64, u64) {
-        let (a, b) = (key_at(3, 20), key_at(9, 30));
-        put(store, spec, a, 4, NOW);
-        put(store, spec, b, 4, NOW + 1);
-        put(store, spec, key_at(20, 41), 1, NOW + 2);
-        (a, b, key_at(3, 9))
-    }
-
-    #[test]
-    fn when_both_candidates_hold_keys_being_limited_one_moves_to_its_other_candidate() {
-        let (store, spec) = table(64);
-        let (a, b, newcomer) = two_drained_keys(&store, &spec);
-        let forgot = put(&store, &spec, newcomer, 1, NOW + 3);
-        assert_eq!(forgot, Forgotten::default(), "b moved to the empty slot 30");
-        assert_eq!(owed_by(&store, &spec, newcomer), Some(1));
-        assert_eq!(
-            (owed_by(&store, &spec, a), owed_by(&store, &spec, b)),
-            (Some(4), Some(4))
-        );
-        let moved = find(&store, "p/", &spec, b, owes);
-        assert_eq!(moved.name, slot_name("p/", &spec, 30));
     }
 
     #[test]
     fn a_table_full_of_keys_being_limited_forgets_the_least_recently_used() {
-        let (store, spec) = table(1);
+        let (store, spec) = (MemoryStore::default(), spec(1));
         put(&store, &spec, 1, 4, NOW);
         assert_eq!(
             put(&store, &spec, 2, 1, NOW + 1),
@@ -516,22 +623,22 @@ mod tests {
     }
 
     #[test]
-    fn two_keys_taking_one_slot_at_once_never_share_its_state() {
-        let (store, spec) = table(1);
+    fn two_keys_taking_one_place_at_once_never_share_its_state() {
+        let (store, spec) = (MemoryStore::default(), spec(1));
         put(&store, &spec, 1, 2, NOW);
-        let for_two = find(&store, "p/", &spec, 2, owes);
-        let for_three = find(&store, "p/", &spec, 3, owes);
+        let for_two = find(&store, "p/", &spec, 2, NOW, owes);
+        let for_three = find(&store, "p/", &spec, 3, NOW, owes);
         assert_eq!(
             (for_two.state[0], for_three.state[0]),
             (0, 0),
             "both start empty"
         );
-        write(&store, &for_two, &[1], NOW).unwrap();
+        write(&store, &for_two, &[1], NOW, NOW).unwrap();
         assert_eq!(
-            write(&store, &for_three, &[1], NOW),
+            write(&store, &for_three, &[1], NOW, NOW),
             Err(StoreError::CasMismatch)
         );
-        let again = find(&store, "p/", &spec, 3, owes);
+        let again = find(&store, "p/", &spec, 3, NOW, owes);
         assert_eq!(
             (again.owner, again.state[0]),
             (3, 0),
@@ -541,38 +648,70 @@ mod tests {
     }
 
     #[test]
-    fn a_move_that_loses_its_race_forgets_the_moved_key_and_says_so() {
-        let (store, spec) = table(64);
-        let (_, b, newcomer) = two_drained_keys(&store, &spec);
-        let slot = find(&store, "p/", &spec, newcomer, owes);
-        let to = slot_name("p/", &spec, 30);
-        store.set(&to, &encode(99, NOW, &[0]), 0).unwrap();
+    fn layouts_of_one_key_share_its_pages_and_keep_their_states_apart() {
+        let store = MemoryStore::default();
+        let old = TableSpec::new(Vec::new(), 1, 1, false, (7, 1));
+        let new = TableSpec::new(Vec::new(), 1, 2, false, (7, 2));
+        assert_eq!(page_name("p/", &old, 0), page_name("p/", &new, 0));
+        put(&store, &old, 42, 3, NOW);
+        let slot = find(&store, "p/", &new, 42, NOW, owes);
         assert_eq!(
-            write(&store, &slot, &[1], NOW + 3),
-            Ok(Forgotten { keys: 1, tokens: 4 })
+            slot.state,
+            Words::from_slice(&[0, 0]),
+            "not the old layout's state"
         );
-        assert_eq!(owed_by(&store, &spec, b), None);
+        assert_eq!(
+            slot.takeover,
+            Some(Debt {
+                share: LIMITED,
+                tokens: 0
+            }),
+            "the old record owes until its free_at"
+        );
+        write(&store, &slot, &[5, 6], NOW, NOW).unwrap();
+        assert_eq!(store.entry_count(), 1, "the same page, reused");
+        let later = find(&store, "p/", &old, 7, NOW + 4 * NANOS_PER_SEC, owes);
+        assert_eq!(
+            later.takeover,
+            Some(Debt::default()),
+            "the new record owes nothing"
+        );
     }
 
     #[test]
-    fn a_slot_its_owner_would_never_look_in_costs_nothing() {
-        let (store, spec) = table(64);
-        let stray = hashes()
-            .find(|&h| candidates(h, 64).0 != 5 && candidates(h, 64).1 != 5)
-            .unwrap();
-        store
-            .set(&slot_name("p/", &spec, 5), &encode(stray, NOW, &[4]), 0)
-            .unwrap();
-        let key = hashes().find(|&h| candidates(h, 64).0 == 5).unwrap();
-        assert_eq!(put(&store, &spec, key, 1, NOW), Forgotten::default());
+    fn nobody_decides_a_page_earlier_than_its_clock_unless_that_is_far_ahead() {
+        let (store, spec) = (MemoryStore::default(), spec(10));
+        put(&store, &spec, 42, 1, NOW + 500);
+        let slot = find(&store, "p/", &spec, 43, NOW, owes);
+        assert_eq!((slot.clock, slot.time(NOW)), (NOW + 500, NOW + 500));
+        assert_eq!(slot.time(NOW + 600), NOW + 600);
+        assert_eq!(
+            slot.time(NOW + 500 - 2 * MAX_SKEW),
+            NOW + 500 - 2 * MAX_SKEW
+        );
     }
 
     #[test]
-    fn a_slot_of_another_layout_counts_as_empty() {
-        assert_eq!(decode(&[1, 2, 3], 1), None);
+    fn a_corrupt_page_is_valid_up_to_its_first_bad_record_and_is_rewritten_whole() {
+        let (store, spec) = (MemoryStore::default(), spec(10));
+        put(&store, &spec, 42, 1, NOW);
+        let name = page_name("p/", &spec, spec.page_of(42));
+        let (mut value, _) = store.get(&name).unwrap();
+        value.extend_from_slice(&[9; 30]);
+        store.set(&name, &value, 0).unwrap();
+        assert_eq!(owed_by(&store, &spec, 42), Some(1));
+        put(&store, &spec, 42, 2, NOW);
+        let (value, _) = store.get(&name).unwrap();
         assert_eq!(
-            decode(&encode(9, 5, &[1, 2]), 2),
-            Some((9, 5, Words::from_slice(&[1, 2])))
+            value.len(),
+            CLOCK_BYTES + record_size(1),
+            "the garbage is gone"
         );
+        for garbage in [vec![], vec![1, 2, 3]] {
+            store.set(&name, &garbage, 0).unwrap();
+            assert_eq!(owed_by(&store, &spec, 42), None);
+            put(&store, &spec, 42, 2, NOW);
+            assert_eq!(owed_by(&store, &spec, 42), Some(2));
+        }
     }
 }

@@ -18,6 +18,23 @@ pub fn push_hex16(out: &mut String, n: u64) {
     out.push_str(std::str::from_utf8(&digits).unwrap_or_default());
 }
 
+/// Appends `n` in base 64 (the URL-safe alphabet, most significant digit first), in at least
+/// `digits` digits: short shared-data names.
+pub fn push_base64(out: &mut String, n: u64, digits: u32) {
+    const DIGITS: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut written = [0u8; 11];
+    let (mut n, mut len) = (n, 0);
+    while (n > 0 || len < digits as usize) && len < written.len() {
+        let digit = DIGITS.get((n % 64) as usize).copied().unwrap_or(b'A');
+        if let Some(slot) = written.get_mut(len) {
+            *slot = digit;
+        }
+        (n, len) = (n / 64, len + 1);
+    }
+    let digits = written.get(..len).unwrap_or_default();
+    out.extend(digits.iter().rev().map(|&b| char::from(b)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -32,6 +49,22 @@ mod tests {
             prop_assert_eq!(decimal, n.to_string());
             prop_assert_eq!(hex, format!("{n:016x}"));
         }
+    }
+
+    #[test]
+    fn base64_digits_are_distinct_and_padded() {
+        let name = |n, digits| {
+            let mut s = String::new();
+            push_base64(&mut s, n, digits);
+            s
+        };
+        assert_eq!(
+            (name(0, 1), name(0, 3), name(63, 1), name(64, 1)),
+            ("A".into(), "AAA".into(), "_".into(), "BA".into())
+        );
+        assert_eq!(name(u64::MAX, 1).len(), 11);
+        let names: std::collections::HashSet<String> = (0..5000).map(|n| name(n, 1)).collect();
+        assert_eq!(names.len(), 5000);
     }
 
     #[test]

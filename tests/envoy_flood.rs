@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 const FLOOD: usize = 200_000;
 const THREADS: usize = 8;
 const BURST: usize = 5;
-/// Envoy's resident memory may grow by less than this over the flood: the slots are created up
-/// front (about 2 MiB for 10,000), so what grows is Envoy's own buffers and allocator.
+/// Envoy's resident memory may grow by less than this over the flood: the table fills up to its
+/// 10,000 keys (about half a MiB) and then only forgets keys to make room, so what else grows
+/// is Envoy's own buffers and allocator.
 const RSS_GROWTH_BOUND_KIB: u64 = 8 * 1024;
 /// The whole flood must end within this, or the test fails (it takes about 20 s on 2 cores).
 const FLOOD_DEADLINE: Duration = Duration::from_secs(50);

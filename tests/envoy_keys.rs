@@ -9,14 +9,15 @@
 
 use serde_json::{json, Value};
 use sluice::key::{hash_values, HashSecret};
-use sluice::table::candidates;
+use sluice::table::{TableSpec, PAGE_SLOTS};
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
 
 const VARIABLE: &str = "SLUICE_HASH_SECRET";
 const SECRET: &str = "f1e2d3c4b5a69788f1e2d3c4b5a69788-test-only";
-const MAX_KEYS: u32 = 256;
+/// 1,024 pages of 32 keys: a key lands in a victim's page by chance once in 1,024.
+const MAX_KEYS: u32 = 32_768;
 
 /// One token an hour, per `x-user-id`: a key that made its request is drained.
 fn config(extra: Value) -> String {
@@ -38,19 +39,19 @@ fn get(envoy: &Envoy, user: &str) -> u16 {
         .status
 }
 
-/// The candidate slots of `user` under `secret`, in order.
-fn slots_of(user: &str, secret: &HashSecret) -> (u32, u32) {
-    let (a, b) = candidates(hash_values(&[user.to_string()], secret), MAX_KEYS);
-    (a.min(b), a.max(b))
+/// The page of `user` under `secret`.
+fn page_of(user: &str, secret: &HashSecret) -> u32 {
+    let spec = TableSpec::new(Vec::new(), MAX_KEYS, 1, false, (0, 0));
+    spec.page_of(hash_values(&[user.to_string()], secret))
 }
 
-/// `n` user ids an attacker who hashes under `secret` finds, offline, to land on both of the
-/// victim's candidate slots.
+/// `n` user ids an attacker who hashes under `secret` finds, offline, to land in the victim's
+/// page.
 fn crafted_against(secret: &HashSecret, victim: &str, n: usize) -> Vec<String> {
-    let target = slots_of(victim, secret);
+    let target = page_of(victim, secret);
     (0..)
         .map(|i| format!("crafted-{i}"))
-        .filter(|user| slots_of(user, secret) == target)
+        .filter(|user| page_of(user, secret) == target)
         .take(n)
         .collect()
 }
@@ -76,18 +77,19 @@ fn a_secret_variable_that_is_missing_or_short_is_refused_naming_the_field() {
 #[test]
 fn keys_crafted_against_the_built_in_constant_no_longer_reach_a_victim_once_a_secret_is_set() {
     let secret = HashSecret::from_text(SECRET.as_bytes());
-    let aimed = crafted_against(&HashSecret::PUBLIC, "alice", 4);
-    let alice = slots_of("alice", &secret);
-    assert!(aimed.iter().all(|user| slots_of(user, &secret) != alice));
+    let aimed = crafted_against(&HashSecret::PUBLIC, "alice", PAGE_SLOTS);
+    let alice = page_of("alice", &secret);
+    let landed = aimed.iter().filter(|user| page_of(user, &secret) == alice);
+    assert!(landed.count() < PAGE_SLOTS / 2, "the secret scatters them");
     let envoy = with_secret(&config(json!({"hash_secret_env": VARIABLE}))).start();
     assert_eq!([get(&envoy, "alice"), get(&envoy, "alice")], [200, 429]);
     for user in &aimed {
         assert_eq!([get(&envoy, user), get(&envoy, user)], [200, 429]);
     }
     assert_eq!(get(&envoy, "alice"), 429, "alice stays drained");
-    // The same attack aimed at the secret itself (by someone who knew it) frees her: keys on
-    // both her slots, each drained, leave no slot but hers to forget.
-    for user in &crafted_against(&secret, "alice", 4) {
+    // The same attack aimed at the secret itself (by someone who knew it) frees her: a page
+    // full of drained keys leaves no record but the oldest, hers, to forget.
+    for user in &crafted_against(&secret, "alice", PAGE_SLOTS) {
         assert_eq!([get(&envoy, user), get(&envoy, user)], [200, 429]);
     }
     assert_eq!(

@@ -7,9 +7,10 @@
 //!
 //! - No request fails across the switches: client threads keep sending throughout, and none
 //!   meets a connection error or a 5xx; a refused configuration leaves the old one serving.
-//! - Bucket state follows the slot layout: shared data is per vm_id and slot names depend only on
-//!   the plugin name, the key and the policies' names and columns. A changed burst keeps the
-//!   layout, so a key keeps what it spent; a renamed policy is a new layout with fresh buckets.
+//! - Bucket state follows the slot layout: shared data is per vm_id, page names depend only on
+//!   the plugin name and the key, and records carry their layout's tag (the policies' names and
+//!   columns). A changed burst keeps the layout, so a key keeps what it spent; a renamed policy is
+//!   a new layout with fresh buckets.
 
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]

@@ -104,3 +104,44 @@ fn keys_racing_for_one_slot_from_two_workers_never_share_a_budget() {
     let forgiven = envoy.wasm_counter("sluice.forgiven").unwrap_or(0);
     assert!(admitted <= 8 * 5 + forgiven, "{admitted} > 40 + {forgiven}");
 }
+
+/// A token bucket of burst 2 per `x-user-id`: a new key's first two requests must both pass.
+const BURST_TWO: &str = r#"{"policies": [{"name": "per-user", "key": ["header:x-user-id"],
+  "requests": 1, "per": "1s", "burst": 2}]}"#;
+
+/// 400 new keys, each sending its first two requests at the same instant on two fresh
+/// connections (so, about half the time, on the two workers): both must pass, as they do for a
+/// key the table holds already. Two workers deciding one new key at once each read the other's
+/// state at their own clock: the one that read the clock first must not see the bucket as
+/// emptier than it is.
+#[test]
+fn four_hundred_pairs_of_simultaneous_first_requests_are_all_admitted() {
+    let envoy = Envoy::start(BURST_TWO);
+    let mut refused = Vec::new();
+    for pair in 0..400 {
+        let user = format!("first-{pair}");
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let sides: Vec<_> = (0..2)
+            .map(|_| {
+                let connection = envoy.connect();
+                let (barrier, user) = (barrier.clone(), user.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    let headers: &[(&str, &[u8])] = &[("x-user-id", user.as_bytes())];
+                    connection.request("GET", "/api/x", headers).unwrap()
+                })
+            })
+            .collect();
+        for side in sides {
+            let response = side.join().unwrap();
+            if response.status != 200 {
+                refused.push((
+                    pair,
+                    response.status,
+                    response.header("retry-after").map(str::to_string),
+                ));
+            }
+        }
+    }
+    assert_eq!(refused, [], "pairs with a refused first request");
+}

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use sluice::filter::{Filter, Verdict};
 use sluice::store::MemoryStore;
 use sluice::store::Store;
-use sluice::table::slot_name;
+use sluice::table::{page_name, prefix};
 use sluice::testing::{FakeHost, FakeRequest};
 use std::sync::Arc;
 
@@ -287,7 +287,7 @@ fn run(config: &Value, steps: &[Step], numbers: &[u64]) {
                 let Some(spec) = tables.get(table % tables.len().max(1)) else {
                     continue;
                 };
-                let name = slot_name("sluice/fuzz/", spec, slot % spec.capacity.max(1));
+                let name = page_name(&prefix("fuzz"), spec, slot % spec.pages);
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 store.set(&name, &bytes, 0).unwrap();
             }

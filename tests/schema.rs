@@ -286,7 +286,7 @@ fn classic_mistakes_are_rejected_where_they_are() {
             c["policies"][0]["cost"] = json!(1.5);
         }),
         ("max_keys too large", "/policies/0/max_keys", |c| {
-            c["policies"][0]["max_keys"] = json!(1_000_001);
+            c["policies"][0]["max_keys"] = json!(10_000_001);
         }),
         ("missing requests", "/policies/0", |c| {
             c["policies"][0].as_object_mut().unwrap().remove("requests");

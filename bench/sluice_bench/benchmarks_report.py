@@ -236,11 +236,11 @@ def micro_benchmarks(micro):
         *table(["Case", "native ns", "batch range", "wasm (V8) ns"], rows),
         *decision_target(micro["cases"]),
         "",
-        "Shared data per key (the slot value, plus the entry's name; Envoy adds its own "
-        "per-entry overhead):",
+        "Shared data per key (its record in a page; a page holds several keys under one name, "
+        "and Envoy adds its own per-page overhead):",
         "",
-        *(f"- {size['label']}: {size['value_bytes']} B value + {size['name_bytes']} B name "
-          f"= {size['value_bytes'] + size['name_bytes']} B" for size in micro["shared_data"]),
+        *(f"- {size['label']}: a {size['record_bytes']} B record; a {size['name_bytes']} B name "
+          f"per page of {size['page_keys']} keys" for size in micro["shared_data"]),
     ]
 
 

@@ -78,6 +78,6 @@ def facts_lines(info):
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
         f"load average at the start {' '.join(info['loadavg'])}",
         f"- Commit: {info['commit']}; command: `{info['command']}`",
-        f"- Envoy {info['envoy']}; {info['wrk']}; {info['redis'].split(' sha=')[0]}; "
-        f"sluice-service `{info['service']}`",
+        f"- Envoy {info['envoy']}; {info['wrk']}"
+        + (f"; {info['redis'].split(' sha=')[0]}; sluice-service `{info['service']}`" if "redis" in info else ""),
     ]

@@ -168,8 +168,9 @@ def greedy_ideal(results):
 
 
 def control_rss(envoy_bin, workdir):
-    """The RSS of the same filter with max_keys 1: against the real one's, the cost of the
-    3 x 10,000 slots created up front."""
+    """The RSS of the same filter with max_keys 1, before any request: against the real one's
+    after the flood, the cost of the three full tables of 10,000 keys (and of the flood's
+    connections)."""
     with sluice_envoy(envoy_bin, "flood-control", flood_config(1), workdir) as control:
         control.start()
         time.sleep(2)
@@ -184,7 +185,8 @@ def flood(envoy_bin, workdir, args):
         time.sleep(2)
         drained_before = {k: client_statuses(envoy.port, k, CLIENT_BURST + 1) for k in drained_keys()}
         rss_before, counters_before = envoy.rss_mib(), envoy.wasm_counters()
-        log(f"Envoy up: RSS {rss_before:.1f} MiB with 3 x {MAX_KEYS:,} slots ({control:.1f} MiB with max_keys 1)")
+        log(f"Envoy up: RSS {rss_before:.1f} MiB with three empty tables of {MAX_KEYS:,} keys "
+            f"({control:.1f} MiB with max_keys 1)")
         bound = time.monotonic() + args.flood_max_seconds + 120
         legit = Legit(envoy.port, bound)
         newcomers = Newcomers(envoy.port, bound)
@@ -212,7 +214,7 @@ def flood(envoy_bin, workdir, args):
         "legit": legit.summary(),
         "newcomers": newcomers.newcomers,
         "drained": {"before": drained_before, "during": newcomers.drained, "after": drained_after},
-        "slot_bytes": (rss_before - control) * 2**20 / (3 * MAX_KEYS),
+        "key_bytes": (rss_after - control) * 2**20 / (3 * MAX_KEYS),
     }
 
 

@@ -34,7 +34,7 @@ def flood_section(facts, args, a):
         f"(`x-user-id`, {USER_RATE}/s, burst {USER_BURST}: a token back every 100 ms), `per-api-key` "
         f"(`x-api-key`, {KEY_RATE_PER_H}/h, burst {KEY_BURST}: a token back every 1.8 s) and `per-client` "
         f"(`x-client-id`, {CLIENT_RATE_PER_H}/h, burst {CLIENT_BURST}: a token back every 6 minutes), each "
-        f"`max_keys` {MAX_KEYS:,}: three tables of {MAX_KEYS:,} slots. wrk (`-t2 -c{args.connections}`, a "
+        f"`max_keys` {MAX_KEYS:,}: three tables of up to {MAX_KEYS:,} keys. wrk (`-t2 -c{args.connections}`, a "
         f"Lua script) sent every request with a new `x-user-id`, `x-api-key` and `x-client-id`, stopping "
         f"after {args.flood_keys:,}; two legitimate clients on their own keep-alive connections ran from "
         f"{LEGIT_LEAD:.0f} s before to {LEGIT_LEAD:.0f} s after it; {NEWCOMERS} newcomers sent "
@@ -46,7 +46,7 @@ def flood_section(facts, args, a):
         "",
         *table(["Envoy RSS", "MiB"], [
             ["same filter with max_keys 1 (control)", f"{a['rss']['control']:.1f}"],
-            ["before the flood (3 x 10,000 slots created)", f"{a['rss']['before']:.1f}"],
+            ["before the flood (three tables holding the drained keys)", f"{a['rss']['before']:.1f}"],
             ["largest sample during the flood (every 1 s)", f"{a['rss']['max_during']:.1f}"],
             ["at the end of the flood", f"{a['rss']['end_of_flood']:.1f}"],
             [f"{LEGIT_LEAD + 1.5:.1f} s later", f"{a['rss']['after']:.1f}"],
@@ -59,7 +59,7 @@ def flood_section(facts, args, a):
         "",
         *newcomer_table(a["newcomers"], a["drained"]),
         "",
-        slot_bound(a["slot_bytes"]),
+        key_bound(a["key_bytes"]),
     ]
 
 
@@ -120,18 +120,15 @@ def outcome(client):
             f"{client['errors']} / {client['other']}"]
 
 
-def slot_bound(slot_bytes):
-    width = 1  # each table holds one token bucket: 1 state word
-    name_bytes = len("sluice/bench/") + 16 + 1 + len(str(MAX_KEYS - 1))
-    value_bytes = 8 * (2 + width)
-    per_table_mib = MAX_KEYS * slot_bytes / 2**20
+def key_bound(key_bytes):
+    per_table_mib = MAX_KEYS * key_bytes / 2**20
     return (
-        f"**The bound per policy.** A table holds `max_keys` slots, whatever the number of keys: "
-        f"here {MAX_KEYS:,} per key layout. Each slot is a {name_bytes}-byte name and a "
-        f"{value_bytes}-byte value (8 x (2 + state words); one token bucket = 1 word), plus Envoy's "
-        f"per-entry overhead: measured here as (RSS before − control RSS) / {3 * MAX_KEYS:,} slots = "
-        f"**{slot_bytes:.0f} bytes per slot**, so about {per_table_mib:.1f} MiB per table of "
-        f"{MAX_KEYS:,} keys, allocated when the filter is configured."
+        f"**The bound per policy.** A table holds at most `max_keys` keys, whatever the number of keys "
+        f"sent: here {MAX_KEYS:,} per key layout, in pages of up to 32 records created as keys arrive "
+        f"(a token bucket's record is 30 bytes). Measured here as (RSS after the flood − control RSS) / "
+        f"{3 * MAX_KEYS:,} keys, the flood's connections and Envoy's per-page overhead included: "
+        f"**{key_bytes:.0f} bytes per key**, so about {per_table_mib:.1f} MiB per full table of "
+        f"{MAX_KEYS:,} keys."
     )
 
 

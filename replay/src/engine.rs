@@ -4,7 +4,7 @@
 //! are decided as if by one exact global store (`ExactStore`, the service's algorithms), asked
 //! whenever the limiter calls out.
 //!
-//! Memory: the table slots (`max_keys` per table), the ledger (16 loans), and the global store's
+//! Memory: the tables' pages (up to `max_keys` keys per table), the ledger (16 loans), and the global store's
 //! keys that are not idle, which it forgets every `FORGET_EVERY` of log time.
 
 use crate::log::Record;
@@ -17,7 +17,6 @@ use sluice::limiter::{Limiter, Outcome, Step};
 use sluice::protocol::Answer;
 use sluice::request::Attributes;
 use sluice::store::LocalStore;
-use sluice::table;
 use sluice::time::WorkerClock;
 
 /// Namespaces the slots, as the plugin name does in Envoy.
@@ -46,16 +45,10 @@ pub struct Decided {
 }
 
 impl Engine {
-    /// Compiles the configuration and creates its tables' slots.
+    /// Compiles the configuration; its tables start empty, as in a new Envoy.
     pub fn new(json: &[u8]) -> Result<Engine, ConfigError> {
         let plan = plan(json)?;
         let store = LocalStore::default();
-        for spec in &plan.tables {
-            table::create_slots(&store, PREFIX, spec).map_err(|e| ConfigError {
-                field: "max_keys".into(),
-                reason: format!("could not create the slots: {e:?}"),
-            })?;
-        }
         let secret = plan.hash_secret.unwrap_or(HashSecret::PUBLIC);
         Ok(Engine {
             keying: Keying {

@@ -7,7 +7,7 @@ use super::input::{
     RawPolicy, RawScope, RawTiers,
 };
 use super::plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, TableSpec, Tier, Tiers,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Window};
@@ -16,14 +16,14 @@ use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
 use crate::reply::Denial;
 use crate::request::Attr;
-use crate::text::push_hex16;
+use crate::table::{TableSpec, MAX_WIDTH};
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
 
 /// The most distinct keys a policy may track.
-pub const MAX_MAX_KEYS: u32 = 1_000_000;
+pub const MAX_MAX_KEYS: u32 = 10_000_000;
 /// A sliding log keeps one timestamp per request of its limit, in every key's slot.
 pub const MAX_SLIDING_LOG: u64 = 1_000;
 
@@ -209,6 +209,15 @@ impl Compiler {
         };
         policy.take = take(at, raw, &policy)?;
         (policy.table, policy.words) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
+        if policy.words.end > MAX_WIDTH {
+            return Err(error(
+                format!("{at}.key"),
+                format!(
+                    "the policies of this key keep {} words of state per key: at most {MAX_WIDTH}",
+                    policy.words.end
+                ),
+            ));
+        }
         Ok(policy)
     }
 
@@ -443,12 +452,10 @@ fn table_specs(
         members.any(named)
     };
     (drafts.into_iter().enumerate())
-        .map(|(i, t)| TableSpec {
-            layout_id: layout_id(&t.key, &t.members, attrs),
-            width: t.members.iter().map(|(_, columns)| columns).sum(),
-            key: t.key,
-            capacity: t.capacity,
-            shares_key: shares_key(i),
+        .map(|(i, t)| {
+            let width = t.members.iter().map(|(_, columns)| columns).sum();
+            let ids = layout_ids(&t.key, &t.members, attrs);
+            TableSpec::new(t.key, t.capacity, width, shares_key(i), ids)
         })
         .collect()
 }
@@ -728,9 +735,9 @@ fn is_policy_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
-/// Hashes what the key reads (not where the plan happens to index it) and the policies'
-/// names and column counts, as 16 hex digits.
-fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> String {
+/// Identifies what the key reads (not where the plan happens to index it), and the policies'
+/// names and column counts: the table's pages and its layout's records.
+fn layout_ids(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> (u64, u64) {
     let mut hasher = SipHasher13::new_with_keys(0, 0);
     for part in key {
         for source in &part.alternatives {
@@ -742,8 +749,7 @@ fn layout_id(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> St
         }
         hasher.write_u8(b'|');
     }
+    let key_id = hasher.finish();
     members.hash(&mut hasher);
-    let mut id = String::with_capacity(16);
-    push_hex16(&mut id, hasher.finish());
-    id
+    (key_id, hasher.finish())
 }

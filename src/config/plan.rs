@@ -18,7 +18,7 @@ pub struct Plan {
     /// Every request attribute some policy reads, each once.
     pub attrs: Vec<Attr>,
     pub policies: Vec<Policy>,
-    pub tables: Vec<TableSpec>,
+    pub tables: Vec<crate::table::TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
     /// The operator's secret for key hashes (`hash_secret_env`), if any.
@@ -208,22 +208,6 @@ impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("Secret(..)")
     }
-}
-
-/// A shared-data table: one bounded set of slots for all policies with the same key. Each slot
-/// holds one key's buckets for all of them, so they cost one read and one CAS together.
-#[derive(Debug, Clone)]
-pub struct TableSpec {
-    pub key: Vec<KeyPart>,
-    pub capacity: u32,
-    /// Words of state per slot: the sum of its policies' columns.
-    pub width: usize,
-    /// Changes whenever the slot layout does, so a new layout never reads an old one's slots:
-    /// 16 hex digits, as the slots' names spell it (formatted once, not on every read).
-    pub layout_id: String,
-    /// Some policy of the table is global or has bypass entries: its keys' shared hashes are
-    /// needed, not only their slot hashes.
-    pub shares_key: bool,
 }
 
 /// One policy's exemption of one key, from a `bypass` entry.

@@ -9,10 +9,11 @@
 use super::global::Service;
 use super::work::{Member, Work};
 use super::{Outcome, Progress, Step, Works};
-use crate::config::{Plan, Policy, TableSpec};
+use crate::config::{Plan, Policy};
 use crate::key::{hash_key, Keying, MISSING_KEY};
 use crate::request::{Attributes, RequestSource};
 use crate::route::{self, RouteScope};
+use crate::table::TableSpec;
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,

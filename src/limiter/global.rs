@@ -215,7 +215,7 @@ pub(super) fn give_up_asking(plan: &Plan, progress: &mut Progress) {
                 member.service = Service::Failed;
             }
         }
-        work.judge(plan, progress.now);
+        work.judge(plan);
     }
 }
 

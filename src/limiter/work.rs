@@ -34,6 +34,8 @@ pub(super) struct Work {
     pub key: Option<u64>,
     pub members: SmallVec<[Member; 2]>,
     pub slot: Slot,
+    /// The time the slot is decided at: the request's, or its page's clock (`Slot::time`).
+    pub now: u64,
     pub next: Words,
     pub verdicts: SmallVec<[Verdict; 2]>,
     /// Paid from this worker's loans: no slot is read or written.
@@ -54,6 +56,7 @@ impl Work {
             key,
             members: smallvec![member],
             slot: Slot::default(),
+            now: 0,
             next: Words::new(),
             verdicts: SmallVec::new(),
             on_loan: false,
@@ -68,10 +71,11 @@ impl Work {
     }
 
     /// Judges every member against the slot as read, computing the state to write.
-    pub fn judge(&mut self, plan: &Plan, now: u64) {
+    pub fn judge(&mut self, plan: &Plan) {
         if self.on_loan {
             return;
         }
+        let now = self.now;
         self.next = self.slot.state.clone();
         self.lent.clear();
         let (next, lent, withdrawn) = (&mut self.next, &mut self.lent, &self.withdrawn);
@@ -87,6 +91,14 @@ impl Work {
                 verdict
             })
             .collect();
+    }
+
+    /// When the state to write will owe nothing: when the last of its members' buckets is full
+    /// again or window over.
+    pub fn free_at(&self) -> u64 {
+        let verdicts = self.verdicts.iter().flatten();
+        let longest = verdicts.map(|(d, _)| d.reset_after).max().unwrap_or(0);
+        self.now.saturating_add(longest)
     }
 
     /// The members that have a verdict, as the outcome reports them.
