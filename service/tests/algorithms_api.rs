@@ -180,11 +180,26 @@ fn every_algorithm_keeps_one_hash_tagged_key_with_a_ttl() {
     // Each key names its algorithm and numbers after the hash-tagged caller key.
     let window_us = per_ms * 1000;
     let expected = [
-        ("sluice:{ttl/tb}:token_bucket/1000000/5".to_string(), reset[0]),
-        (format!("sluice:{{ttl/fw}}:fixed_window/{window_us}/5"), reset[1]),
-        (format!("sluice:{{ttl/sw}}:sliding_window/{window_us}/5"), reset[2]),
-        (format!("sluice:{{ttl/sl}}:sliding_log/{window_us}/5"), per_ms),
-        ("sluice:{ttl/lb}:leaky_bucket/1000000/5000000".to_string(), reset[4]),
+        (
+            "sluice:{ttl/tb}:token_bucket/1000000/5".to_string(),
+            reset[0],
+        ),
+        (
+            format!("sluice:{{ttl/fw}}:fixed_window/{window_us}/5"),
+            reset[1],
+        ),
+        (
+            format!("sluice:{{ttl/sw}}:sliding_window/{window_us}/5"),
+            reset[2],
+        ),
+        (
+            format!("sluice:{{ttl/sl}}:sliding_log/{window_us}/5"),
+            per_ms,
+        ),
+        (
+            "sluice:{ttl/lb}:leaky_bucket/1000000/5000000".to_string(),
+            reset[4],
+        ),
     ];
     for (key, until_ms) in &expected {
         let (key, until_ms) = (key.as_str(), *until_ms);
