@@ -3,7 +3,7 @@
 legitimate clients call it. Writes the "siege" section of docs/reliability.md.
 
 sluice-service (release build, HTTP and --rls, every flag at its default) runs under
-`ulimit -n 1024` in front of a redis-server with a small maxmemory and allkeys-lru. Attackers,
+`ulimit -n 1024` in front of a redis-server with a small maxmemory and allkeys-lfu. Attackers,
 each opening again at once whatever the service closes: slowloris connections to HTTP, idle
 HTTP/2 connections and connections of half-sent HTTP/2 calls to the RLS, a flood of new keys of a
 month each, and RLS calls with huge descriptor values. Two legitimate clients, one /v1/check and

@@ -119,14 +119,14 @@ def half_sent_call(stream, declared, sent):
 # ---- the processes ----------------------------------------------------------------------------
 
 class SmallRedis(Redis):
-    """A Redis that forgets its least recently used keys past `maxmemory`."""
+    """A Redis that forgets its least frequently used keys past `maxmemory`."""
 
     def __init__(self, workdir, maxmemory_mb):
         super().__init__(workdir)
         self.maxmemory_mb = maxmemory_mb
 
     def command(self):
-        return super().command() + ["--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", "allkeys-lru"]
+        return super().command() + ["--maxmemory", f"{self.maxmemory_mb}mb", "--maxmemory-policy", "allkeys-lfu"]
 
     def info(self, section):
         with socket.create_connection(("127.0.0.1", self.port), timeout=2) as s:

@@ -54,7 +54,7 @@ def report(info_lines, args, results):
         "",
         f"sluice-service (HTTP and `--rls`, every connection flag at its default) under `ulimit -n "
         f"{FD_LIMIT}`, in front of a redis-server with `--maxmemory {results['maxmemory_mb']}mb "
-        f"--maxmemory-policy allkeys-lru`, for {results['seconds']} s of every attack of issue 20 at once, "
+        f"--maxmemory-policy allkeys-lfu`, for {results['seconds']} s of every attack of issue 20 at once, "
         f"each attacker opening again at once whatever the service closed: "
         f"{swarms['slowloris']['n']} slowloris connections to HTTP (a header byte every second), "
         f"{swarms['idle-http2']['n']} idle HTTP/2 connections to the RLS (preface and SETTINGS, nothing "

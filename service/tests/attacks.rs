@@ -484,7 +484,7 @@ fn a_service_reachable_beyond_loopback_refuses_to_start_without_a_token() {
 
 #[test]
 fn a_key_flood_forgets_idle_counters_instead_of_failing_every_call() {
-    let policy = ["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"];
+    let policy = ["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lfu"];
     let redis = RedisServer::start_with(free_port, &policy);
     let service = Service::start(&redis.url());
     let addr = service.addr;
