@@ -166,6 +166,7 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         .map_err(|reason| BadRequest::new(&field(lifetime_field(name)), reason))?;
     let capacity = raw.burst.min(MAX_BURST);
     let cost = within(&field("cost"), raw.cost, 1, capacity, capacity_note(name))?;
+    check_queue(&field("cost"), &algorithm, cost)?;
     let take = take(
         name,
         raw.take.unwrap_or(cost),
@@ -193,8 +194,8 @@ fn lifetime_field(kind: Kind) -> &'static str {
 
 /// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
 /// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
-/// `requests`), or for the leaky bucket at most its queue (max_delay / interval + 1), which
-/// bounds `cost`.
+/// `requests`), or for the leaky bucket what bounds `cost` beside the queue (max_delay /
+/// interval + 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub name: Kind,
@@ -214,7 +215,7 @@ impl Shape {
         let per_ms = within(&field("per_ms"), self.per_ms, 1, MAX_PER_MS, "")?;
         let window_us = per_ms * 1000;
         let burst = burst(name, self.burst, requests, &field("burst"))?;
-        let algorithm = match name {
+        Ok(match name {
             Kind::TokenBucket => {
                 let interval_us = interval_us(requests, per_ms);
                 check_capacity(&field("burst"), interval_us, burst)?;
@@ -236,24 +237,22 @@ impl Shape {
                 interval_us: interval_us(requests, per_ms),
                 max_delay_us: max_delay_ms * 1000,
             },
-        };
-        check_queue(&field("burst"), &algorithm, burst)?;
-        Ok(algorithm)
+        })
     }
 }
 
-/// A leaky bucket's `burst` (what bounds `cost`) is at most its queue: one request now and one
-/// per interval within `max_delay`, so that no request is admitted beyond what the queue holds.
-fn check_queue(field: &str, algorithm: &Algorithm, burst: u64) -> Result<(), BadRequest> {
+/// A leaky bucket admits no request beyond what its queue holds: one request now and one per
+/// interval within `max_delay` (the filter's `burst` may count a few more, in its nanoseconds).
+fn check_queue(field: &str, algorithm: &Algorithm, cost: u64) -> Result<(), BadRequest> {
     let Algorithm::LeakyBucket { .. } = algorithm else {
         return Ok(());
     };
     let queue = algorithm.capacity();
-    if burst <= queue {
+    if cost <= queue {
         return Ok(());
     }
     let reason = format!(
-        "{burst} is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = {queue}"
+        "{cost} is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = {queue}"
     );
     Err(BadRequest::new(field, reason))
 }
@@ -275,7 +274,7 @@ fn max_delay_ms(name: Kind, value: Option<u64>, field: &str) -> Result<u64, BadR
 }
 
 /// The token bucket's capacity; a window's limit (so it must equal `requests`); for the leaky
-/// bucket what bounds `cost` (`check_queue` bounds it in turn).
+/// bucket what bounds `cost` beside its queue (`check_queue`).
 fn burst(name: Kind, value: u64, requests: u64, field: &str) -> Result<u64, BadRequest> {
     match name {
         Kind::TokenBucket => within(field, value, 1, MAX_BURST, ""),
@@ -572,11 +571,17 @@ mod tests {
         let body = one_check(&format!(r#"{leaky}, "burst": 7, "cost": 7"#));
         assert_eq!(
             detail(&body),
-            "checks[0].burst: 7 is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = 6"
+            "checks[0].cost: 7 is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = 6"
+        );
+        // A burst above the queue, as the filter counts it in nanoseconds at rates past one a
+        // microsecond, is fine while the cost fits.
+        let fast = r#""key": "k", "algorithm": "leaky_bucket", "requests": 10000000, "per_ms": 1000, "max_delay_ms": 1"#;
+        assert!(
+            parse(one_check(&format!(r#"{fast}, "burst": 10001, "cost": 1"#)).as_bytes()).is_ok()
         );
         let year = r#""key": "k", "algorithm": "leaky_bucket", "requests": 1, "per_ms": 31536000000, "max_delay_ms": 0"#;
         let body = one_check(&format!(r#"{year}, "burst": 2, "cost": 2"#));
-        assert!(detail(&body).starts_with("checks[0].burst: 2 is more than the queue holds"));
+        assert!(detail(&body).starts_with("checks[0].cost: 2 is more than the queue holds"));
     }
 
     #[test]
