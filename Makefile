@@ -12,6 +12,7 @@
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
+#   make siege   sluice-service under every attack of issue 20 at once (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
 #
 # On a machine with only Rust, Python and make, every target first installs what it needs and
@@ -153,3 +154,13 @@ soak: build
 NEEDS_chaos = $(NEEDS_run-global)
 chaos: build
 	cd $(ROOT) && python3 bench/chaos.py $(CHAOS_ARGS)
+
+# Not part of make test: a minute of slowloris, idle and half-sent HTTP/2, a key flood and huge
+# label values at once against sluice-service under ulimit -n 1024 and a Redis of small
+# maxmemory, while legitimate clients call it; rewrites the siege section of docs/reliability.md
+# (about 2 minutes, plus the release build of the service the first time). Options go through
+# SIEGE_ARGS (see bench/siege.py --help). The Python of .venv, which has grpcio.
+.PHONY: siege
+NEEDS_siege = python-venv redis-server redis-cli grpcio
+siege: deps
+	cd $(ROOT) && .venv/bin/python bench/siege.py $(SIEGE_ARGS)

@@ -58,8 +58,13 @@ impl Quota<'_> {
 /// once and `requests` per `per_nanos` over time. The quota over the window is exactly that
 /// rate: `limit` over the time a full refill takes when that is whole seconds, else the smallest
 /// whole-second window over which the rate gives a whole number of requests, at least `limit`.
+/// A policy of no `requests` (the RLS's `requests_per_unit: 0`, which refuses everything) has a
+/// quota of 0 over its `per`.
 pub fn quota_and_window(limit: u64, requests: u64, per_nanos: u64) -> (u64, u64) {
-    let per_second = u128::from(requests.max(1)) * u128::from(NANOS_PER_SEC);
+    if requests == 0 {
+        return (0, ceil_secs(per_nanos).max(1));
+    }
+    let per_second = u128::from(requests) * u128::from(NANOS_PER_SEC);
     let per = u128::from(per_nanos.max(1));
     let common = gcd(per_second, per);
     // The rate in lowest terms: `quota` requests every `window` seconds.
@@ -260,6 +265,12 @@ mod tests {
                 u128::from(w) * u128::from(requests) * u128::from(NANOS_PER_SEC)
             );
         }
+    }
+
+    #[test]
+    fn a_policy_that_allows_nothing_has_a_quota_of_zero_over_its_window() {
+        assert_eq!(quota_and_window(0, 0, 60 * NANOS_PER_SEC), (0, 60));
+        assert_eq!(quota_and_window(0, 0, 1), (0, 1));
     }
 
     #[test]

@@ -439,6 +439,29 @@ fn the_service_deployment_its_service_and_its_budget_fit_together() {
 }
 
 #[test]
+fn the_service_runs_without_a_token_only_behind_strict_mutual_tls_and_an_authorization_policy() {
+    let docs = kustomize(&repo().join("deploy"));
+    let pod = &find(&docs, "Deployment", "sluice-service")["spec"]["template"];
+    let args = args(&pod["spec"]["containers"][0]);
+    assert!(args.contains(&"--allow-unauthenticated"), "{args:?}");
+    let mtls = find(&docs, "PeerAuthentication", "default");
+    assert_eq!(mtls["spec"]["mtls"]["mode"], "STRICT");
+    let policy = find(&docs, "AuthorizationPolicy", "sluice-service");
+    assert_eq!(policy["spec"]["action"], "ALLOW");
+    assert!(selects(
+        &policy["spec"]["selector"]["matchLabels"],
+        &pod["metadata"]["labels"]
+    ));
+    let rules = policy["spec"]["rules"].as_array().unwrap();
+    assert!(
+        rules
+            .iter()
+            .all(|rule| rule["from"][0]["source"]["principals"].is_array()),
+        "a rule that lets in callers without a mesh identity: {rules:?}"
+    );
+}
+
+#[test]
 fn the_global_plugin_calls_the_service_deploy_defines_by_its_istio_cluster_name() {
     let docs = kustomize(&repo().join("deploy"));
     let service = find(&docs, "Service", "sluice-service");

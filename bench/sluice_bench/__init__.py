@@ -1,5 +1,6 @@
-"""The library behind `make bench`, `make bench-instructions`, `make soak` and `make chaos`
-(the thin scripts bench/run.py, bench/soak.py and bench/chaos.py). Python 3 standard library.
+"""The library behind `make bench`, `make bench-instructions`, `make soak`, `make chaos` and
+`make siege` (the thin scripts bench/run.py, bench/soak.py, bench/chaos.py and bench/siege.py).
+Python 3 standard library; the siege also grpcio.
 
 Running things:
   paths          where the scripts read and write (the report files move together with --out)
@@ -27,4 +28,5 @@ Reliability (docs/reliability.md, each script its own sections):
   reliability_run                       what soak and chaos share around their measurements
   soak_flood, soak_mixed, soak_report   make soak
   chaos_faults, chaos_report            make chaos
+  siege_attacks, siege_report           make siege
 """

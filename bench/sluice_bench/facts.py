@@ -1,5 +1,6 @@
 """The facts a report starts with: when, on which machine, at which commit, with which command,
-and the versions of Envoy, wrk (and for the reliability runs Redis and sluice-service)."""
+and the versions of Envoy, wrk (and for the reliability runs Redis and sluice-service; for the
+siege, which runs no Envoy, those two alone)."""
 
 import datetime
 import os
@@ -44,10 +45,8 @@ def wrk_version():
     return subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.split("\n")[0].strip()
 
 
-def facts(envoy, command):
-    """The facts of a run started with `command`."""
-    version = run([envoy, "--version"], timeout=30).strip()
-    match = re.search(r"version: \S+?/([\d.]+)/", version)
+def machine_facts(command):
+    """When, where, at which commit and how a run was started."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu_model(),
@@ -56,28 +55,52 @@ def facts(envoy, command):
         "loadavg": Path("/proc/loadavg").read_text().split()[:3],
         "commit": commit(),
         "command": command,
+    }
+
+
+def facts(envoy, command):
+    """The facts of a run started with `command`."""
+    version = run([envoy, "--version"], timeout=30).strip()
+    match = re.search(r"version: \S+?/([\d.]+)/", version)
+    return {
+        **machine_facts(command),
         "envoy": match.group(1) if match else version,
         "envoy_full": version.split("version: ", 1)[-1],
         "wrk": wrk_version(),
     }
 
 
+def service_facts(command, binary):
+    """machine_facts, with the sluice-service `binary` and redis-server's version."""
+    return {
+        **machine_facts(command),
+        "service": str(binary.relative_to(ROOT)) if binary.is_relative_to(ROOT) else str(binary),
+        "redis": subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip(),
+    }
+
+
 def reliability_facts(envoy, command):
     """facts, with the sluice-service binary and redis-server's version."""
-    info = facts(envoy, command)
-    binary = service_binary()
-    info["service"] = str(binary.relative_to(ROOT)) if binary.is_relative_to(ROOT) else str(binary)
-    info["redis"] = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    return info
+    return {**facts(envoy, command), **service_facts(command, service_binary())}
 
 
-def facts_lines(info):
-    """The facts as the reliability sections list them."""
+def machine_lines(info):
     return [
         f"- Date: {info['date']}",
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
         f"load average at the start {' '.join(info['loadavg'])}",
         f"- Commit: {info['commit']}; command: `{info['command']}`",
-        f"- Envoy {info['envoy']}; {info['wrk']}"
-        + (f"; {info['redis'].split(' sha=')[0]}; sluice-service `{info['service']}`" if "redis" in info else ""),
     ]
+
+
+def facts_lines(info):
+    """The facts as the reports list them: the reliability runs' with Redis and the service."""
+    service = (f"; {info['redis'].split(' sha=')[0]}; sluice-service `{info['service']}`"
+               if "redis" in info else "")
+    return machine_lines(info) + [f"- Envoy {info['envoy']}; {info['wrk']}{service}",
+    ]
+
+
+def service_facts_lines(info):
+    """The facts of a run without Envoy."""
+    return machine_lines(info) + [f"- {info['redis'].split(' sha=')[0]}; sluice-service `{info['service']}`"]

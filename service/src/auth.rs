@@ -1,7 +1,8 @@
-//! Bearer tokens for `POST /v1/check` (`--token-file`). The file is read at start, then again
-//! every `RELOAD_INTERVAL` and on SIGHUP, and a change takes effect at once: a Kubernetes
-//! Secret mounted as a file is rotated in place. A file that became empty or unreadable keeps
-//! the tokens read before. Tokens are compared in constant time and never logged.
+//! Bearer tokens for `POST /v1/check` and the RLS (`--token-file`). The file is read at start,
+//! then again every `RELOAD_INTERVAL` and on SIGHUP, and a change takes effect at once: a
+//! Kubernetes Secret mounted as a file is rotated in place. A file that became empty or
+//! unreadable keeps the tokens read before. Tokens are compared in constant time and never
+//! logged. `Guard` is what each server asks.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,6 +11,47 @@ use std::time::Duration;
 use subtle::{Choice, ConstantTimeEq};
 use tokio::sync::{watch, Notify};
 use tracing::{info, warn};
+
+use crate::logging::Throttle;
+
+/// At most one warning per this long about refused tokens, per server.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// What one server requires of its callers: a token of the file, or nothing without one; a
+/// refusal is logged at most once per `WARN_EVERY`, with how many were not.
+pub struct Guard {
+    tokens: Option<Arc<TokenFile>>,
+    warnings: Throttle,
+    /// The log line of a refusal.
+    message: &'static str,
+}
+
+impl Guard {
+    pub fn new(tokens: Option<Arc<TokenFile>>, message: &'static str) -> Guard {
+        Guard {
+            tokens,
+            warnings: Throttle::new(WARN_EVERY),
+            message,
+        }
+    }
+
+    /// Whether `authorization` (the header, or gRPC metadata) lets the caller in.
+    pub fn admits(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(tokens) = &self.tokens else {
+            return true;
+        };
+        let accepted = tokens.accept(authorization);
+        if let (false, Some(others)) = (accepted, self.warnings.pass()) {
+            let reason = if authorization.is_some() {
+                "a wrong token"
+            } else {
+                "no token"
+            };
+            warn!(reason, others, "{}", self.message);
+        }
+        accepted
+    }
+}
 
 /// How often the token file is re-read.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(10);

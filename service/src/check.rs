@@ -8,9 +8,16 @@ pub use sluice::protocol::{CheckResponse, CheckResult};
 use sluice::algorithm::Kind;
 use sluice::protocol::{Check as WireCheck, CheckRequest};
 
-use crate::store::{Algorithm, Check, Decision};
+use crate::store::{Algorithm, Check, Decision, Namespace};
 
 pub const MAX_CHECKS: usize = 16;
+/// The sliding-log entries one request may add, all its checks together: a log keeps one entry
+/// per token, so this bounds the Redis memory one request can take.
+pub const MAX_LOG_ENTRIES: u64 = MAX_SLIDING_LOG;
+/// `--max-key-ttl`'s default: a monthly quota of any algorithm (a sliding window of 31 days
+/// keeps its state for two windows).
+pub const DEFAULT_MAX_KEY_TTL_MS: u64 = 62 * DAY_MS;
+const DAY_MS: u64 = 86_400_000;
 pub const MAX_KEY_BYTES: usize = 200;
 const MAX_REQUESTS: u64 = 1_000_000_000;
 const MAX_BURST: u64 = 1_000_000_000;
@@ -18,12 +25,52 @@ const MAX_BURST: u64 = 1_000_000_000;
 const MAX_PER_MS: u64 = 31_536_000_000;
 /// One year: the longest a leaky bucket may hold a request.
 const MAX_DELAY_MS: u64 = 31_536_000_000;
-/// Largest bucket (burst × interval), and the longest a leaky bucket's queue may grow by one
-/// request (cost × interval). The Lua scripts compute in doubles, exact only below 2^53; with
-/// this bound, `now + capacity` (+ a year of leaky-bucket delay) stays below 2^53 µs until past
-/// the year 2100. It is the filter's own bound (2^62 ns), so every bucket the filter accepts is
-/// accepted here.
+/// Largest bucket (burst × interval). The Lua scripts compute in doubles, exact only below
+/// 2^53; with this bound, `now + capacity` stays below 2^53 µs until past the year 2100. It is
+/// the filter's own bound (2^62 ns), so every bucket the filter accepts is accepted here.
 pub const MAX_CAPACITY_US: u64 = (1 << 62) / 1000;
+
+/// What the operator bounds every limit by, whoever sends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// `--max-key-ttl`: the longest any key's state may live (`Algorithm::lifetime_us`).
+    pub max_key_ttl_ms: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_key_ttl_ms: DEFAULT_MAX_KEY_TTL_MS,
+        }
+    }
+}
+
+impl Bounds {
+    /// Refuses a limit whose key would outlive `--max-key-ttl`, naming the flag.
+    pub fn check_lifetime(&self, algorithm: &Algorithm) -> Result<(), String> {
+        let lifetime_ms = algorithm.lifetime_us().div_ceil(1000);
+        if lifetime_ms <= self.max_key_ttl_ms {
+            return Ok(());
+        }
+        Err(format!(
+            "its key would live {}, more than --max-key-ttl {}",
+            human_ms(lifetime_ms),
+            human_ms(self.max_key_ttl_ms)
+        ))
+    }
+}
+
+/// `62d`, `90m`, `1500ms`: the largest unit that is exact, as the flag is written.
+pub fn human_ms(ms: u64) -> String {
+    let units = [(DAY_MS, "d"), (3_600_000, "h"), (60_000, "m"), (1_000, "s")];
+    match units
+        .iter()
+        .find(|(unit, _)| ms > 0 && ms.is_multiple_of(*unit))
+    {
+        Some((unit, name)) => format!("{}{name}", ms / unit),
+        None => format!("{ms}ms"),
+    }
+}
 
 /// What bounds a check's `cost`, for error messages.
 fn capacity_note(kind: Kind) -> &'static str {
@@ -55,7 +102,7 @@ impl BadRequest {
 }
 
 /// Parses and validates a request body into the checks to decide, in request order.
-pub fn parse(body: &[u8]) -> Result<Vec<Check>, BadRequest> {
+pub fn parse(body: &[u8], bounds: &Bounds) -> Result<Vec<Check>, BadRequest> {
     let raw = deserialize(body)?;
     if !(1..=MAX_CHECKS).contains(&raw.checks.len()) {
         let reason = format!(
@@ -64,11 +111,25 @@ pub fn parse(body: &[u8]) -> Result<Vec<Check>, BadRequest> {
         );
         return Err(BadRequest::new("checks", reason));
     }
-    raw.checks
-        .into_iter()
-        .enumerate()
-        .map(|(i, check)| validate(check, &format!("checks[{i}]")))
-        .collect()
+    let checks = (raw.checks.into_iter().enumerate())
+        .map(|(i, check)| validate(check, &format!("checks[{i}]"), bounds))
+        .collect::<Result<Vec<Check>, BadRequest>>()?;
+    let entries = log_entries(&checks);
+    if entries > MAX_LOG_ENTRIES {
+        let reason = format!(
+            "sliding_log checks may take {MAX_LOG_ENTRIES} entries in all per request, got {entries}"
+        );
+        return Err(BadRequest::new("checks", reason));
+    }
+    Ok(checks)
+}
+
+/// The sliding-log entries `checks` may add: one per token taken.
+pub fn log_entries(checks: &[Check]) -> u64 {
+    (checks.iter())
+        .filter(|c| matches!(c.algorithm, Algorithm::SlidingLog { .. }))
+        .map(|c| c.take)
+        .sum()
 }
 
 /// The JSON body; a serde error is reported at the path where it happened.
@@ -89,7 +150,7 @@ fn deserialize(body: &[u8]) -> Result<CheckRequest, BadRequest> {
     Ok(raw)
 }
 
-fn validate(raw: WireCheck, at: &str) -> Result<Check, BadRequest> {
+fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadRequest> {
     let field = |name: &str| format!("{at}.{name}");
     let name = raw.algorithm;
     validate_key(&raw.key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
@@ -101,8 +162,11 @@ fn validate(raw: WireCheck, at: &str) -> Result<Check, BadRequest> {
         max_delay_ms: raw.max_delay_ms,
     };
     let algorithm = shape.algorithm(&field)?;
+    (bounds.check_lifetime(&algorithm))
+        .map_err(|reason| BadRequest::new(&field(lifetime_field(name)), reason))?;
     let capacity = raw.burst.min(MAX_BURST);
     let cost = within(&field("cost"), raw.cost, 1, capacity, capacity_note(name))?;
+    check_queue(&field("cost"), &algorithm, cost)?;
     let take = take(
         name,
         raw.take.unwrap_or(cost),
@@ -110,10 +174,8 @@ fn validate(raw: WireCheck, at: &str) -> Result<Check, BadRequest> {
         raw.burst,
         &field("take"),
     )?;
-    if let Algorithm::LeakyBucket { interval_us, .. } = algorithm {
-        check_drain(&field("cost"), interval_us, cost)?;
-    }
     Ok(Check {
+        namespace: Namespace::Http,
         key: raw.key,
         algorithm,
         cost,
@@ -121,9 +183,19 @@ fn validate(raw: WireCheck, at: &str) -> Result<Check, BadRequest> {
     })
 }
 
+/// The field whose number makes a key live long: the bucket's, the window's, the queue's.
+fn lifetime_field(kind: Kind) -> &'static str {
+    match kind {
+        Kind::TokenBucket => "burst",
+        Kind::LeakyBucket => "max_delay_ms",
+        _ => "per_ms",
+    }
+}
+
 /// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
 /// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
-/// `requests`), or for the leaky bucket informational (max_delay / interval + 1).
+/// `requests`), or for the leaky bucket what bounds `cost` beside the queue (max_delay /
+/// interval + 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub name: Kind,
@@ -169,6 +241,22 @@ impl Shape {
     }
 }
 
+/// A leaky bucket admits no request beyond what its queue holds: one request now and one per
+/// interval within `max_delay` (the filter's `burst` may count a few more, in its nanoseconds).
+fn check_queue(field: &str, algorithm: &Algorithm, cost: u64) -> Result<(), BadRequest> {
+    let Algorithm::LeakyBucket { .. } = algorithm else {
+        return Ok(());
+    };
+    let queue = algorithm.capacity();
+    if cost <= queue {
+        return Ok(());
+    }
+    let reason = format!(
+        "{cost} is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = {queue}"
+    );
+    Err(BadRequest::new(field, reason))
+}
+
 /// Required for the leaky bucket (0..=a year), refused for the others.
 fn max_delay_ms(name: Kind, value: Option<u64>, field: &str) -> Result<u64, BadRequest> {
     match (value, name) {
@@ -186,7 +274,7 @@ fn max_delay_ms(name: Kind, value: Option<u64>, field: &str) -> Result<u64, BadR
 }
 
 /// The token bucket's capacity; a window's limit (so it must equal `requests`); for the leaky
-/// bucket informational (max_delay / interval + 1 in the filter's units), bounding only `cost`.
+/// bucket what bounds `cost` beside its queue (`check_queue`).
 fn burst(name: Kind, value: u64, requests: u64, field: &str) -> Result<u64, BadRequest> {
     match name {
         Kind::TokenBucket => within(field, value, 1, MAX_BURST, ""),
@@ -223,7 +311,8 @@ pub fn interval_us(requests: u64, per_ms: u64) -> u64 {
 }
 
 fn check_capacity(field: &str, interval_us: u64, burst: u64) -> Result<(), BadRequest> {
-    if fits_capacity(interval_us, burst) {
+    let capacity = interval_us.checked_mul(burst);
+    if capacity.is_some_and(|capacity| capacity <= MAX_CAPACITY_US) {
         return Ok(());
     }
     let max_ms = MAX_CAPACITY_US / 1000;
@@ -231,24 +320,6 @@ fn check_capacity(field: &str, interval_us: u64, burst: u64) -> Result<(), BadRe
         "the bucket takes too long to fill: burst × per_ms / requests must be at most {max_ms} ms"
     );
     Err(BadRequest::new(field, reason))
-}
-
-/// A leaky bucket's queue grows by cost × interval per admitted request.
-fn check_drain(field: &str, interval_us: u64, cost: u64) -> Result<(), BadRequest> {
-    if fits_capacity(interval_us, cost) {
-        return Ok(());
-    }
-    let max_ms = MAX_CAPACITY_US / 1000;
-    let reason = format!(
-        "the request takes too long to drain: cost × per_ms / requests must be at most {max_ms} ms"
-    );
-    Err(BadRequest::new(field, reason))
-}
-
-fn fits_capacity(interval_us: u64, tokens: u64) -> bool {
-    interval_us
-        .checked_mul(tokens)
-        .is_some_and(|capacity| capacity <= MAX_CAPACITY_US)
 }
 
 /// `value` if it is in `min..=max`; `bounds_note` says where the bounds come from.
@@ -310,6 +381,15 @@ fn ceil_ms(us: u64) -> u64 {
 mod tests {
     use super::*;
 
+    const UNBOUNDED: Bounds = Bounds {
+        max_key_ttl_ms: u64::MAX,
+    };
+
+    /// Without `--max-key-ttl`'s bound, which has tests of its own.
+    fn parse(body: &[u8]) -> Result<Vec<Check>, BadRequest> {
+        super::parse(body, &UNBOUNDED)
+    }
+
     fn one_check(fields: &str) -> String {
         format!(r#"{{"checks": [{{{fields}}}]}}"#)
     }
@@ -324,6 +404,7 @@ mod tests {
     fn a_valid_check_becomes_a_bucket_with_take_defaulting_to_cost() {
         let checks = parse(one_check(VALID).as_bytes()).unwrap();
         let expected = Check {
+            namespace: Namespace::Http,
             key: "per-user/7af12e58ae350d9a".into(),
             algorithm: Algorithm::TokenBucket {
                 interval_us: 600_000,
@@ -379,6 +460,7 @@ mod tests {
             assert_eq!(
                 checks,
                 [Check {
+                    namespace: Namespace::Http,
                     key: "k".into(),
                     algorithm: expected,
                     cost: 2,
@@ -481,14 +563,90 @@ mod tests {
     }
 
     #[test]
-    fn a_leaky_bucket_whose_request_takes_too_long_to_drain_is_refused() {
-        let year = r#""key": "k", "algorithm": "leaky_bucket", "requests": 1, "per_ms": 31536000000, "max_delay_ms": 0"#;
-        let largest = MAX_CAPACITY_US / 31_536_000_000_000;
-        let fits = one_check(&format!(r#"{year}, "burst": {largest}, "cost": {largest}"#));
+    fn a_leaky_bucket_admits_no_more_than_its_queue_holds() {
+        // 10 a second, held at most 500 ms: one now and five more within the delay.
+        let leaky = r#""key": "k", "algorithm": "leaky_bucket", "requests": 10, "per_ms": 1000, "max_delay_ms": 500"#;
+        let fits = one_check(&format!(r#"{leaky}, "burst": 6, "cost": 6"#));
         assert!(parse(fits.as_bytes()).is_ok());
-        let too_big = largest + 1;
-        let body = one_check(&format!(r#"{year}, "burst": {too_big}, "cost": {too_big}"#));
-        assert!(detail(&body).starts_with("checks[0].cost: the request takes too long to drain"));
+        let body = one_check(&format!(r#"{leaky}, "burst": 7, "cost": 7"#));
+        assert_eq!(
+            detail(&body),
+            "checks[0].cost: 7 is more than the queue holds for leaky_bucket: max_delay_ms / interval + 1 = 6"
+        );
+        // A burst above the queue, as the filter counts it in nanoseconds at rates past one a
+        // microsecond, is fine while the cost fits.
+        let fast = r#""key": "k", "algorithm": "leaky_bucket", "requests": 10000000, "per_ms": 1000, "max_delay_ms": 1"#;
+        assert!(
+            parse(one_check(&format!(r#"{fast}, "burst": 10001, "cost": 1"#)).as_bytes()).is_ok()
+        );
+        let year = r#""key": "k", "algorithm": "leaky_bucket", "requests": 1, "per_ms": 31536000000, "max_delay_ms": 0"#;
+        let body = one_check(&format!(r#"{year}, "burst": 2, "cost": 2"#));
+        assert!(detail(&body).starts_with("checks[0].cost: 2 is more than the queue holds"));
+    }
+
+    #[test]
+    fn a_key_that_would_outlive_max_key_ttl_is_refused_naming_the_flag() {
+        let bounds = Bounds::default();
+        let refused = |body: String| super::parse(body.as_bytes(), &bounds).unwrap_err().detail;
+        let month = 31 * DAY_MS;
+        let monthly = |algorithm: &str| {
+            one_check(&format!(
+                r#""key": "k", "algorithm": "{algorithm}", "requests": 100, "per_ms": {month}, "burst": 100, "cost": 1"#
+            ))
+        };
+        for algorithm in [
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+            "token_bucket",
+        ] {
+            assert!(
+                super::parse(monthly(algorithm).as_bytes(), &bounds).is_ok(),
+                "{algorithm}"
+            );
+        }
+        let century =
+            r#""key": "k", "requests": 1, "per_ms": 31536000000, "burst": 146, "cost": 1"#;
+        assert_eq!(
+            refused(one_check(century)),
+            "checks[0].burst: its key would live 53290d, more than --max-key-ttl 62d"
+        );
+        let year = one_check(
+            r#""key": "k", "algorithm": "fixed_window", "requests": 1, "per_ms": 31536000000, "burst": 1, "cost": 1"#,
+        );
+        assert_eq!(
+            refused(year),
+            "checks[0].per_ms: its key would live 365d, more than --max-key-ttl 62d"
+        );
+        let tight = Bounds {
+            max_key_ttl_ms: 1_000,
+        };
+        let held = one_check(
+            r#""key": "k", "algorithm": "leaky_bucket", "requests": 10, "per_ms": 1000, "burst": 6, "cost": 1, "max_delay_ms": 500"#,
+        );
+        let detail = super::parse(held.as_bytes(), &tight).unwrap_err().detail;
+        assert_eq!(
+            detail,
+            "checks[0].max_delay_ms: its key would live 1100ms, more than --max-key-ttl 1s"
+        );
+    }
+
+    #[test]
+    fn a_request_adds_at_most_a_thousand_sliding_log_entries() {
+        let log = |take: u64| {
+            format!(
+                r#"{{"key": "k", "algorithm": "sliding_log", "requests": 1000, "per_ms": 1000, "burst": 1000, "cost": 1, "take": {take}}}"#
+            )
+        };
+        let body = |takes: &[u64]| {
+            let checks: Vec<String> = takes.iter().map(|&t| log(t)).collect();
+            format!(r#"{{"checks": [{}]}}"#, checks.join(","))
+        };
+        assert!(parse(body(&[500, 500]).as_bytes()).is_ok());
+        assert_eq!(
+            detail(&body(&[1000, 1])),
+            "checks: sliding_log checks may take 1000 entries in all per request, got 1001"
+        );
     }
 
     #[test]

@@ -5,8 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser};
+use sluice::duration::parse_nanos;
 use tracing_subscriber::EnvFilter;
 
+use crate::check::{human_ms, Bounds, MAX_CAPACITY_US};
+use crate::connections::{self, Limits};
+use crate::http::DEFAULT_MAX_REQUEST_BYTES;
+use crate::metrics;
 use crate::redis_store::RedisTarget;
 use crate::rls::RlsArgs;
 
@@ -31,10 +36,40 @@ pub struct Args {
     #[command(flatten)]
     pub rls: RlsArgs,
 
-    /// File of bearer tokens that POST /v1/check then requires, one per line; re-read when it
-    /// changes and on SIGHUP
+    /// File of bearer tokens that POST /v1/check and the RLS then require, one per line; re-read
+    /// when it changes and on SIGHUP
     #[arg(long, env = "SLUICE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+
+    /// Serve a non-loopback address without --token-file: only where something else
+    /// authenticates every caller (a mesh's mutual TLS and authorization policy)
+    #[arg(long, env = "SLUICE_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// The longest any key may live in Redis: a limit whose state would need longer (a bucket
+    /// that takes longer to fill, a longer window, two for a sliding window) is refused
+    #[arg(
+        long,
+        env = "SLUICE_MAX_KEY_TTL",
+        value_name = "DURATION",
+        default_value = "62d",
+        value_parser = max_key_ttl
+    )]
+    pub max_key_ttl: Bounds,
+
+    /// Policies that always have a `policy` label of their own in the metrics, comma-separated
+    /// (other names get one while fewer than 100 have)
+    #[arg(
+        long,
+        env = "SLUICE_METRIC_POLICIES",
+        value_name = "NAMES",
+        value_delimiter = ',',
+        value_parser = metrics::policy_name
+    )]
+    pub metric_policies: Vec<String>,
+
+    #[command(flatten)]
+    pub connections: ConnectionArgs,
 
     /// Log level (error, warn, info, debug, trace) or tracing directives
     #[arg(
@@ -76,6 +111,117 @@ impl Args {
             (None, Some(_)) => None,
             (None, None) => DEFAULT_LISTEN.parse().ok(),
         }
+    }
+
+    /// Secure by default: an address beyond loopback is served only with a token, unless the
+    /// operator says that something else authenticates the callers.
+    pub fn check_authentication(&self) -> Result<(), String> {
+        if self.token_file.is_some() || self.allow_unauthenticated {
+            return Ok(());
+        }
+        let exposed = [self.http_listen(), self.rls.rls]
+            .into_iter()
+            .flatten()
+            .find(|address| !address.ip().is_loopback());
+        match exposed {
+            Some(address) => Err(format!(
+                "will not serve {address} without --token-file: anyone who reaches it could \
+                 spend any key's budget. Give --token-file, or --allow-unauthenticated where \
+                 something else authenticates every caller (a mesh's mutual TLS and \
+                 authorization policy)"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// How many connections, and how long each may wait: defaults that hold on a process limit of
+/// 1,024 file descriptors (docs/service-api.md, "Connections").
+#[derive(ClapArgs, Debug)]
+pub struct ConnectionArgs {
+    /// Connections open at once, both servers together; at the cap the idle connection that did
+    /// least for longest is closed for a newcomer [default: the file descriptor limit less 64,
+    /// at most 16384]
+    #[arg(
+        long,
+        env = "SLUICE_MAX_CONNECTIONS",
+        value_name = "N",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub max_connections: Option<u32>,
+
+    /// A connection's first request, and each HTTP/1.1 request from its first byte, must arrive
+    /// within this long
+    #[arg(
+        long,
+        env = "SLUICE_HEADER_TIMEOUT",
+        value_name = "SECONDS",
+        default_value = "10",
+        value_parser = positive_seconds
+    )]
+    pub header_timeout: Duration,
+
+    /// A connection without a request in flight is closed this long after its last answer
+    #[arg(
+        long,
+        env = "SLUICE_IDLE_TIMEOUT",
+        value_name = "SECONDS",
+        default_value = "120",
+        value_parser = positive_seconds
+    )]
+    pub idle_timeout: Duration,
+
+    /// The largest request: a check's body, an RLS call's message
+    #[arg(
+        long,
+        env = "SLUICE_MAX_REQUEST_BYTES",
+        value_name = "BYTES",
+        default_value_t = DEFAULT_MAX_REQUEST_BYTES,
+        value_parser = request_bytes
+    )]
+    pub max_request_bytes: usize,
+}
+
+impl ConnectionArgs {
+    pub fn limits(&self) -> Limits {
+        let max_connections = (self.max_connections)
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or_else(connections::default_max_connections);
+        Limits {
+            max_connections,
+            header_timeout: self.header_timeout,
+            idle_timeout: self.idle_timeout,
+        }
+    }
+}
+
+/// A duration as the filter writes one (`62d`, `12h`), whole milliseconds, from a second up to
+/// the largest bucket.
+fn max_key_ttl(text: &str) -> Result<Bounds, String> {
+    let nanos = parse_nanos(text)?;
+    let max_ms = MAX_CAPACITY_US / 1000;
+    if nanos % 1_000_000 != 0 || !(1_000..=max_ms).contains(&(nanos / 1_000_000)) {
+        let max = human_ms(max_ms);
+        return Err(format!("must be whole milliseconds, 1s to {max}"));
+    }
+    Ok(Bounds {
+        max_key_ttl_ms: nanos / 1_000_000,
+    })
+}
+
+/// Whole seconds, 1 to a day.
+fn positive_seconds(text: &str) -> Result<Duration, String> {
+    match seconds(text) {
+        Ok(duration) if !duration.is_zero() => Ok(duration),
+        _ => Err("must be whole seconds, 1 to 86400".to_string()),
+    }
+}
+
+/// 1 KiB to 16 MiB.
+fn request_bytes(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(bytes) if (1024..=16 << 20).contains(&bytes) => Ok(bytes),
+        _ => Err("must be 1024 to 16777216 bytes".to_string()),
     }
 }
 
@@ -137,6 +283,7 @@ impl StoreArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::DEFAULT_MAX_KEY_TTL_MS;
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("sluice-service").chain(args.iter().copied()))
@@ -155,6 +302,56 @@ mod tests {
         assert_eq!(args.log, "info");
         assert_eq!(args.shutdown_delay, Duration::ZERO);
         assert_eq!(args.shutdown_timeout, Duration::from_secs(5));
+        assert_eq!(args.max_key_ttl.max_key_ttl_ms, DEFAULT_MAX_KEY_TTL_MS);
+        let limits = args.connections.limits();
+        assert_eq!(limits.header_timeout, Duration::from_secs(10));
+        assert_eq!(limits.idle_timeout, Duration::from_secs(120));
+        assert_eq!(args.connections.max_request_bytes, 65_536);
+    }
+
+    #[test]
+    fn a_non_loopback_address_needs_a_token_or_the_flag_that_says_why_not() {
+        let exposed = ["--memory", "--listen", "0.0.0.0:8080"];
+        let refused = parse(&exposed).unwrap().check_authentication().unwrap_err();
+        assert!(refused.starts_with("will not serve 0.0.0.0:8080 without --token-file"));
+        for extra in [&["--token-file", "t"][..], &["--allow-unauthenticated"]] {
+            let args = parse(&[&exposed[..], extra].concat()).unwrap();
+            assert_eq!(args.check_authentication(), Ok(()), "{extra:?}");
+        }
+        let rls = ["--memory", "--rls", "[::]:8081", "--rls-config", "c"];
+        assert!(parse(&rls).unwrap().check_authentication().is_err());
+        let local = [
+            "--memory",
+            "--listen",
+            "127.0.0.1:1",
+            "--rls",
+            "[::1]:2",
+            "--rls-config",
+            "c",
+        ];
+        assert_eq!(parse(&local).unwrap().check_authentication(), Ok(()));
+        assert_eq!(parse(&["--memory"]).unwrap().check_authentication(), Ok(()));
+    }
+
+    #[test]
+    fn bounds_and_timeouts_are_checked_where_they_are_given() {
+        let with = |extra: &[&str]| parse(&[&["--memory"][..], extra].concat());
+        let args = with(&["--max-key-ttl", "90d", "--max-connections", "900"]).unwrap();
+        assert_eq!(args.max_key_ttl.max_key_ttl_ms, 90 * 86_400_000);
+        assert_eq!(args.connections.limits().max_connections, 900);
+        for bad in [
+            &["--max-key-ttl", "500ms"][..],
+            &["--max-key-ttl", "1500us"],
+            &["--max-key-ttl", "60000d"],
+            &["--header-timeout", "0"],
+            &["--max-connections", "0"],
+            &["--max-request-bytes", "100"],
+            &["--metric-policies", "a,b c"],
+        ] {
+            assert!(with(bad).is_err(), "{bad:?}");
+        }
+        let listed = with(&["--metric-policies", "checkout,per-user"]).unwrap();
+        assert_eq!(listed.metric_policies, ["checkout", "per-user"]);
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The HTTP side: routes, the bearer token, the body limit, JSON responses, and the accept loop
-//! with its graceful shutdown.
+//! (through the connection `Gate`) with its graceful shutdown.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{
-    HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
-};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -19,36 +17,41 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
-use crate::auth::TokenFile;
-use crate::check::{self, BadRequest, CheckResponse, CheckResult};
+use crate::auth::Guard;
+use crate::check::{self, BadRequest, Bounds, CheckResponse, CheckResult};
+use crate::connections::{Gate, Server};
 use crate::health::{NotReady, Readiness};
 use crate::logging::Throttle;
 use crate::metrics::{self, Metrics};
 use crate::store::{Check, Store, StoreError};
 
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// How long a client may take to send a request's headers. hyper starts this timer when it
-/// waits for the next request, so it is also how long an idle keep-alive connection stays
-/// open: long, so that Envoy's pooled connections are not closed under it (its upstream
-/// idle_timeout should be shorter than this).
-const HEADER_TIMEOUT: Duration = Duration::from_secs(300);
+/// `--max-request-bytes`'s default: the largest body of a check, and of an RLS call.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// The most bytes hyper buffers of a request's head (and of a body between reads).
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a client may take to send a body once the headers are in.
 const BODY_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most one warning per this long about failed checks, and one about refused tokens.
+/// At most one warning per this long about failed checks.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The paths served; any other counts as `other` in the metrics.
 const PATHS: [&str; 4] = ["/v1/check", "/healthz", "/readyz", "/metrics"];
 
 type Reply = Response<Full<Bytes>>;
 
+/// What every check is bounded by: `--max-key-ttl`, `--max-request-bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub bounds: Bounds,
+    pub max_body_bytes: usize,
+}
+
 pub struct App<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
-    /// `None`: no token required.
-    tokens: Option<Arc<TokenFile>>,
+    guard: Guard,
+    limits: Limits,
     redis_warnings: Throttle,
-    token_warnings: Throttle,
 }
 
 impl<S: Store> App<S> {
@@ -56,15 +59,16 @@ impl<S: Store> App<S> {
         store: Arc<S>,
         metrics: Arc<Metrics>,
         readiness: Arc<Readiness>,
-        tokens: Option<Arc<TokenFile>>,
+        guard: Guard,
+        limits: Limits,
     ) -> Self {
         App {
             store,
             metrics,
             readiness,
-            tokens,
+            guard,
+            limits,
             redis_warnings: Throttle::new(WARN_EVERY),
-            token_warnings: Throttle::new(WARN_EVERY),
         }
     }
 
@@ -100,10 +104,11 @@ impl<S: Store> App<S> {
     /// The token first, then validation: neither an unauthorized nor a bad request reaches the
     /// store.
     async fn check(&self, request: Request<Incoming>) -> Reply {
-        if !self.authorized(request.headers()) {
+        let authorization = request.headers().get(AUTHORIZATION);
+        if !self.guard.admits(authorization.map(HeaderValue::as_bytes)) {
             return unauthorized();
         }
-        let checks = match read_checks(request).await {
+        let checks = match read_checks(request, &self.limits).await {
             Ok(checks) => checks,
             Err(bad) => return error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail),
         };
@@ -118,26 +123,6 @@ impl<S: Store> App<S> {
             }
             Err(failure) => self.redis_unavailable(&checks, &failure),
         }
-    }
-
-    fn authorized(&self, headers: &HeaderMap) -> bool {
-        let Some(tokens) = &self.tokens else {
-            return true;
-        };
-        let authorization = headers.get(AUTHORIZATION);
-        let accepted = tokens.accept(authorization.map(HeaderValue::as_bytes));
-        if let (false, Some(others)) = (accepted, self.token_warnings.pass()) {
-            let reason = if authorization.is_some() {
-                "a wrong token"
-            } else {
-                "no token"
-            };
-            warn!(
-                reason,
-                others, "refused a check without a valid bearer token (401)"
-            );
-        }
-        accepted
     }
 
     fn readyz(&self) -> Reply {
@@ -172,21 +157,25 @@ impl<S: Store> App<S> {
 }
 
 /// Content type, size (declared, then actual), then the JSON itself.
-async fn read_checks(request: Request<Incoming>) -> Result<Vec<Check>, BadRequest> {
+async fn read_checks(
+    request: Request<Incoming>,
+    limits: &Limits,
+) -> Result<Vec<Check>, BadRequest> {
     let headers = request.headers();
     if !is_json(headers.get(CONTENT_TYPE)) {
         return Err(BadRequest::new("content-type", "must be application/json"));
     }
+    let max = limits.max_body_bytes;
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-        return Err(too_large());
+    if declared.is_some_and(|length| length > max as u64) {
+        return Err(too_large(max));
     }
-    let body = Limited::new(request.into_body(), MAX_BODY_BYTES).collect();
+    let body = Limited::new(request.into_body(), max).collect();
     match tokio::time::timeout(BODY_TIMEOUT, body).await {
-        Ok(Ok(collected)) => check::parse(&collected.to_bytes()),
-        Ok(Err(failure)) if failure.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Ok(collected)) => check::parse(&collected.to_bytes(), &limits.bounds),
+        Ok(Err(failure)) if failure.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
         Ok(Err(failure)) => Err(BadRequest::new(
             "body",
             format!("could not be read: {failure}"),
@@ -198,8 +187,8 @@ async fn read_checks(request: Request<Incoming>) -> Result<Vec<Check>, BadReques
     }
 }
 
-fn too_large() -> BadRequest {
-    BadRequest::new("body", format!("larger than {MAX_BODY_BYTES} bytes"))
+fn too_large(max: usize) -> BadRequest {
+    BadRequest::new("body", format!("larger than {max} bytes"))
 }
 
 /// `application/json`, parameters (`; charset=utf-8`) allowed.
@@ -254,44 +243,43 @@ fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
     response
 }
 
-/// Serves HTTP/1.1 on `listener` until `shutdown` completes, each connection in its own task;
-/// then stops accepting and lets the requests in flight finish within `drain`. Idle keep-alive
-/// connections are closed at once, busy ones after their current response. True if every
-/// connection was done within `drain`.
+/// Serves HTTP/1.1 on `listener` until `shutdown` completes, each connection in its own task,
+/// every one through `gate`; then stops accepting and lets the requests in flight finish within
+/// `drain`. Idle keep-alive connections are closed at once, busy ones after their current
+/// response. True if every connection was done within `drain`.
 pub async fn serve<S: Store>(
     listener: TcpListener,
     app: Arc<App<S>>,
+    gate: Arc<Gate>,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) -> bool {
     let connections = GracefulShutdown::new();
+    // The gate's deadlines are the ones that count; hyper's own (which runs from the last
+    // answer) only backs up the idle timeout.
+    let idle_timeout = gate.limits().idle_timeout;
     tokio::pin!(shutdown);
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+        let stream = tokio::select! {
+            stream = gate.accept(&listener, Server::Http) => stream,
             () = &mut shutdown => break,
         };
-        match accepted {
-            Ok((stream, _)) => {
-                let app = Arc::clone(&app);
-                let service = hyper::service::service_fn(move |request| {
-                    let app = Arc::clone(&app);
-                    async move { Ok::<_, Infallible>(app.handle(request).await) }
-                });
-                let connection = hyper::server::conn::http1::Builder::new()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(HEADER_TIMEOUT)
-                    .serve_connection(TokioIo::new(stream), service);
-                // Errors here are clients going away mid-request; nothing to do about them.
-                let watched = connections.watch(connection);
-                tokio::spawn(async move { drop(watched.await) });
+        let (app, activity) = (Arc::clone(&app), stream.activity());
+        let service = hyper::service::service_fn(move |request| {
+            let (app, activity) = (Arc::clone(&app), activity.clone());
+            async move {
+                let _answering = activity.answering();
+                Ok::<_, Infallible>(app.handle(request).await)
             }
-            // Usually out of file descriptors: pause instead of spinning.
-            Err(failure) => {
-                warn!(error = %failure, "accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
+        });
+        let connection = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(idle_timeout)
+            .max_buf_size(MAX_HEAD_BYTES)
+            .serve_connection(TokioIo::new(stream), service);
+        // Errors here are clients going away mid-request; nothing to do about them.
+        let watched = connections.watch(connection);
+        tokio::spawn(async move { drop(watched.await) });
     }
     drop(listener);
     tokio::time::timeout(drain, connections.shutdown())

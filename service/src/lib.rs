@@ -5,13 +5,15 @@
 //! `check` (strict parsing and validation into `store::Check`s) → a `store::Store`
 //! (`redis_store`: one atomic Lua call per check, one script per algorithm; or `memory_store`,
 //! the filter's own algorithms in this process) →
-//! `check::CheckResponse`. Around it: `health` probes Redis for readiness, `metrics` holds every
-//! series in one registry, `logging` writes JSON lines, `signals` and `cli` are the process's
-//! inputs. `rls` serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
+//! `check::CheckResponse`. Around it: `connections` caps, times out and sheds the connections of
+//! both servers, `health` probes Redis for readiness, `metrics` holds every series in one
+//! registry, `logging` writes JSON lines, `signals` and `cli` are the process's inputs. `rls`
+//! serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
 
 pub mod auth;
 pub mod check;
 pub mod cli;
+pub mod connections;
 pub mod health;
 pub mod http;
 pub mod logging;

@@ -7,14 +7,15 @@ use std::sync::Arc;
 
 use clap::Parser;
 use futures_util::FutureExt;
-use sluice_service::auth::{self, TokenFile};
+use sluice_service::auth::{self, Guard, TokenFile};
 use sluice_service::cli::{Args, Backend};
+use sluice_service::connections::Gate;
 use sluice_service::health::{self, Readiness};
-use sluice_service::http::{serve, App};
+use sluice_service::http::{self as http_api, serve, App};
 use sluice_service::memory_store::MemoryStore;
 use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
-use sluice_service::rls::Rls;
+use sluice_service::rls::{self, Rls};
 use sluice_service::store::Store;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
@@ -58,18 +59,37 @@ async fn serve_with<S: Store>(
     target: &dyn Display,
     args: Args,
 ) -> Result<(), String> {
+    args.check_authentication()?;
     let tokens = args
         .token_file
         .as_deref()
         .map(TokenFile::load)
         .transpose()?;
     let tokens = tokens.map(Arc::new);
-    let mut metrics = Metrics::new();
-    let rls = Rls::prepare(&args.rls, Arc::clone(&store), metrics.registry_mut()).await?;
+    let mut metrics = Metrics::new(&args.metric_policies);
+    let gate = Arc::new(Gate::new(args.connections.limits(), metrics.registry_mut()));
+    let bounds = args.max_key_ttl;
+    let max_request_bytes = args.connections.max_request_bytes;
+    let rls_settings = rls::Settings {
+        bounds,
+        guard: Guard::new(
+            tokens.clone(),
+            "refused an rls call without a valid bearer token",
+        ),
+        max_request_bytes,
+    };
+    let rls = Rls::prepare(
+        &args.rls,
+        Arc::clone(&store),
+        metrics.registry_mut(),
+        rls_settings,
+    );
+    let rls = rls.await?;
     let listener = http_listener(&args).await?;
     let signals = signals::install()?;
 
     let metrics = Arc::new(metrics);
+    tokio::spawn(Arc::clone(&gate).enforce_deadlines());
     let readiness = Arc::new(Readiness::new());
     let probe = health::probe_redis(
         Arc::clone(&store),
@@ -106,12 +126,21 @@ async fn serve_with<S: Store>(
         let Some(listener) = listener else {
             return true;
         };
-        let app = App::new(store, metrics, Arc::clone(&readiness), tokens.clone());
-        serve(listener, Arc::new(app), stopping.clone(), drain).await
+        let guard = Guard::new(
+            tokens.clone(),
+            "refused a check without a valid bearer token (401)",
+        );
+        let limits = http_api::Limits {
+            bounds,
+            max_body_bytes: max_request_bytes,
+        };
+        let app = App::new(store, metrics, Arc::clone(&readiness), guard, limits);
+        let gate = Arc::clone(&gate);
+        serve(listener, Arc::new(app), gate, stopping.clone(), drain).await
     };
     let rls = async {
         match rls {
-            Some(rls) => rls.serve(stopping.clone(), drain).await,
+            Some(rls) => rls.serve(Arc::clone(&gate), stopping.clone(), drain).await,
             None => Ok(true),
         }
     };

@@ -10,7 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sluice::algorithm::{self as filter, Drain, Rate, Window};
 use sluice::exact::ExactStore;
 
-use crate::store::{Algorithm, Check, Decision, FailureKind, Store, StoreError};
+use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, StoreError};
 
 /// Checks between two sweeps of the keys that are as good as empty.
 const SWEEP_EVERY: u64 = 4096;
@@ -38,7 +38,8 @@ impl MemoryStore {
             .iter()
             .map(|check| {
                 let limit = limit(&check.algorithm).ok_or_else(|| failure("no such limit"))?;
-                let (d, granted) = keys.decide(&check.key, limit, now_us, check.cost, check.take);
+                let key = state_key(check);
+                let (d, granted) = keys.decide(&key, limit, now_us, check.cost, check.take);
                 Ok(Decision {
                     allowed: d.allowed,
                     granted,

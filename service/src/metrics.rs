@@ -25,13 +25,23 @@ const LATENCY_BOUNDS: [f64; 12] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-/// Distinct policies that get a `policy` label of their own; later ones count under `OTHER`.
+/// Distinct policies not listed in `--metric-policies` that get a `policy` label of their own;
+/// later ones count under `OTHER`.
 pub const MAX_POLICIES: usize = 100;
 /// The `policy` label of checks past `MAX_POLICIES`, or whose key is not `<policy>/...` with a
 /// policy name the filter accepts. Parentheses keep it apart from every real policy name.
 pub const OTHER: &str = "(other)";
 /// The filter's bound on policy names (`^[A-Za-z0-9_.-]{1,64}$`).
 const MAX_POLICY_NAME: usize = 64;
+
+/// A `--metric-policies` name: one the filter accepts.
+pub fn policy_name(text: &str) -> Result<String, String> {
+    if is_policy_name(text) {
+        Ok(text.to_string())
+    } else {
+        Err("a policy name is 1 to 64 of A-Z a-z 0-9 _ . -".to_string())
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CheckLabels {
@@ -63,12 +73,13 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Metrics {
-        Metrics::new()
+        Metrics::new(&[])
     }
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    /// The `listed` policies (`--metric-policies`) always have a `policy` label of their own.
+    pub fn new(listed: &[String]) -> Metrics {
         let mut metrics = Metrics {
             registry: Registry::with_prefix("sluice_service"),
             checks: Family::default(),
@@ -76,7 +87,10 @@ impl Metrics {
             redis_errors: Family::default(),
             redis_up: Gauge::default(),
             http_requests: Family::default(),
-            policies: PolicyNames::default(),
+            policies: PolicyNames {
+                listed: listed.iter().cloned().collect(),
+                seen: Mutex::default(),
+            },
         };
         metrics.register();
         metrics
@@ -171,10 +185,12 @@ impl Metrics {
     }
 }
 
-/// The policy names seen so far, at most `MAX_POLICIES`: a caller sending made-up keys cannot
-/// grow the number of series without bound.
+/// The policy names that have a label: the listed ones, and the first `MAX_POLICIES` others
+/// seen. A caller sending made-up keys can neither grow the number of series without bound nor
+/// take a listed policy's label.
 #[derive(Default)]
 struct PolicyNames {
+    listed: HashSet<String>,
     seen: Mutex<HashSet<String>>,
 }
 
@@ -186,6 +202,9 @@ impl PolicyNames {
         };
         if !is_policy_name(name) {
             return OTHER.to_string();
+        }
+        if self.listed.contains(name) {
+            return name.to_string();
         }
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
         if seen.contains(name) || seen.len() < MAX_POLICIES && seen.insert(name.to_string()) {
@@ -206,10 +225,11 @@ fn is_policy_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Algorithm;
+    use crate::store::{Algorithm, Namespace};
 
     fn check(key: &str) -> Check {
         Check {
+            namespace: Namespace::Http,
             key: key.to_string(),
             algorithm: Algorithm::FixedWindow {
                 limit: 5,
@@ -242,7 +262,7 @@ mod tests {
 
     #[test]
     fn checks_count_by_policy_algorithm_and_result_and_failures_by_kind() {
-        let metrics = Metrics::new();
+        let metrics = Metrics::default();
         let checks = [
             check("per-user/00ff"),
             check("per-user/0a0a"),
@@ -291,5 +311,20 @@ mod tests {
             assert_eq!(fresh.label(key), OTHER, "{key}");
         }
         assert_eq!(fresh.label(&format!("{}/1", "a".repeat(64))).len(), 64);
+    }
+
+    #[test]
+    fn made_up_names_cannot_push_a_listed_policy_into_other() {
+        let metrics = Metrics::new(&["checkout".to_string()]);
+        for n in 0..MAX_POLICIES + 5 {
+            assert_ne!(
+                metrics.policies.label(&format!("made-up-{n}/1")),
+                "checkout"
+            );
+        }
+        assert_eq!(metrics.policies.label("made-up-extra/1"), OTHER);
+        assert_eq!(metrics.policies.label("checkout/7af1"), "checkout");
+        assert!(policy_name("per user").is_err());
+        assert_eq!(policy_name("per-user").unwrap(), "per-user");
     }
 }

@@ -15,25 +15,26 @@ use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKin
 
 use tokio::sync::OnceCell;
 
-use crate::store::{Algorithm, Check, Decision, FailureKind, Store, StoreError};
+use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, StoreError};
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
-// state in KEYS[1] = `sluice:{<key>}`, writes only when it admits, and sets a TTL on every write,
-// so idle keys vanish. Numbers are Lua doubles, exact below 2^53: `check` bounds the inputs so
-// that every intermediate stays below it (the sliding window's products use `muldiv`). `%d`
-// formats numbers without exponents. State left under the key by another algorithm (a policy
-// whose algorithm changed) reads as no state and is overwritten by the next admission.
+// state in KEYS[1] = `store::state_key` (its name holds the algorithm and its numbers), writes
+// only when it grants tokens, and sets a TTL on every write, so idle keys vanish: a check of
+// cost 0 (the RLS's `hits_addend` 0, or a call past the limit's capacity) only reads. Numbers are
+// Lua doubles, exact below 2^53: `check` bounds the inputs so that every intermediate stays
+// below it (the sliding window's products use `muldiv`). `%d` formats numbers without exponents.
+// State of another type under the key reads as no state and is overwritten by the next grant.
 
 /// Token bucket as GCRA: the whole state is the bucket's theoretical arrival time (TAT).
 /// The bucket is full when TAT <= now; each token taken moves TAT one interval later.
 ///
-/// KEYS[1]: `sluice:{<key>}`, the TAT in µs since the epoch (decimal string; absent = full).
+/// KEYS[1]: the TAT in µs since the epoch (decimal string; absent = full).
 /// ARGV[1]: interval_us, µs per token (>= 1).   ARGV[2]: burst, capacity in tokens.
 /// ARGV[3]: cost, tokens needed.                ARGV[4]: take, tokens wanted (cost..=burst).
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
-/// A denial writes nothing. A grant sets the TAT with a TTL of the time until the bucket is
-/// full again plus 1 s. Exact because the caller keeps burst × interval below
+/// A denial or a grant of 0 writes nothing. A grant sets the TAT with a TTL of the time until the
+/// bucket is full again plus 1 s. Exact because the caller keeps burst × interval below
 /// `check::MAX_CAPACITY_US`.
 pub const TOKEN_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
@@ -51,6 +52,9 @@ if available < cost then
   return {0, 0, math.max(available, 0), tat - now, retry_after}
 end
 local granted = math.min(take, available)
+if granted == 0 then
+  return {1, 0, available, tat - now, 0}
+end
 tat = tat + granted * interval
 local reset = tat - now
 local ttl_ms = math.ceil(reset / 1000) + 1000
@@ -61,13 +65,13 @@ return {1, granted, available - granted, reset, 0}
 /// Fixed window: at most `limit` tokens per window, windows aligned to the epoch
 /// (index = floor(now / window)). Up to 2 × limit can pass across a boundary, as locally.
 ///
-/// KEYS[1]: `sluice:{<key>}`, `<window index>:<count>` (a count of another window is 0).
+/// KEYS[1]: `<window index>:<count>` (a count of another window is 0).
 /// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}: reset and retry_after
 /// are both the time to the window's end.
 ///
 /// Admits if count + cost <= limit, granting min(take, limit - count). TTL: to the window's
-/// end plus 1 s. `math.fmod` is exact on doubles, so the window's start is too.
+/// end plus 1 s; a grant of 0 writes nothing. `math.fmod` is exact on doubles, so the window's start is too.
 pub const FIXED_WINDOW_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -90,6 +94,9 @@ if count + cost > limit then
   return {0, 0, math.max(limit - count, 0), reset, reset}
 end
 local granted = math.min(take, limit - count)
+if granted == 0 then
+  return {1, 0, limit - count, reset, 0}
+end
 count = count + granted
 local ttl_ms = math.ceil(reset / 1000) + 1000
 redis.call('SET', KEYS[1], string.format('%d:%d', index, count), 'PX', string.format('%d', ttl_ms))
@@ -100,7 +107,7 @@ return {1, granted, limit - count, reset, 0}
 /// previous window's count weighted by the part of it the last `window` still covers,
 /// `previous × (window - elapsed) / window + current`.
 ///
-/// KEYS[1]: `sluice:{<key>}`, `<window index>:<current>:<previous>`.
+/// KEYS[1]: `<window index>:<current>:<previous>`.
 /// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
@@ -110,8 +117,8 @@ return {1, granted, limit - count, reset, 0}
 /// `sliding_window::retry_after`: later in this window if only the previous window's weight is
 /// in the way, else into the next window, where this window's count is the one that fades.
 /// reset is when both counts have faded: the end of the next window once this one has a count
-/// (after an admission it always has), else the end of this one, as locally. TTL: to the end of the next window plus
-/// 1 s. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
+/// (after an admission it always has), else the end of this one, as locally. TTL: to the end of
+/// the next window plus 1 s; a grant of 0 writes nothing. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
 pub const SLIDING_WINDOW_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
@@ -198,6 +205,9 @@ if room < cost then
   return {0, 0, math.max(room, 0), reset, retry_after}
 end
 local granted = math.min(take, room)
+if granted == 0 then
+  return {1, 0, room, reset, 0}
+end
 local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
 local state = string.format('%d:%d:%d', index, current + granted, previous)
 redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
@@ -207,16 +217,16 @@ return {1, granted, room - granted, 2 * window - elapsed, 0}
 /// Sliding log: the admission time of every token of the last `window`, so the limit holds
 /// exactly over any span of `window`.
 ///
-/// KEYS[1]: `sluice:{<key>}`, a sorted set: score = admission time in µs, member
-/// `<time>-<n>`, n = 0, 1, ... among the members of that time (they are trimmed together, by
-/// score, so the next n is their count: members stay unique even if the clock steps back).
+/// KEYS[1]: a sorted set: score = admission time in µs, member `<time>-<n>`, n = 0, 1, ...
+/// among the members of that time (they are trimmed together, by score, so the next n is their
+/// count: members stay unique even if the clock steps back).
 /// ARGV[1]: window_us.   ARGV[2]: limit (<= 1000).   ARGV[3]: cost.   ARGV[4]: take.
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// An entry is live while time > now - window. Admits if live + cost <= limit, adding
-/// granted = min(take, limit - live) entries at now after trimming the expired ones (none for a
-/// cost of 0, which only asks). A denial writes nothing; its retry_after is when the
-/// (live + cost - limit)-th oldest entry leaves, its reset when the newest does; an admission's
+/// granted = min(take, limit - live) entries at now after trimming the expired ones. A denial or
+/// a grant of 0 writes nothing; a denial's retry_after is when the (live + cost - limit)-th
+/// oldest entry leaves, its reset (and a grant of 0's) when the newest does; an admission's
 /// reset is the window. TTL: the window plus 1 s (the newest entry is now).
 pub const SLIDING_LOG_LUA: &str = r"
 local window = tonumber(ARGV[1])
@@ -226,27 +236,42 @@ local take = tonumber(ARGV[4])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1])
-end
+local foreign = kind ~= 'zset' and kind ~= 'none'
 local live_from = '(' .. string.format('%d', now - window)
-local count = redis.call('ZCOUNT', KEYS[1], live_from, '+inf')
-if count + cost > limit then
-  local must_expire = math.max(count + cost - limit, 1)
-  local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], live_from, '+inf', 'WITHSCORES', 'LIMIT', must_expire - 1, 1)
-  local retry_after = window
-  if oldest[2] then
-    retry_after = tonumber(oldest[2]) + window - now
+local count = 0
+if not foreign then
+  count = redis.call('ZCOUNT', KEYS[1], live_from, '+inf')
+end
+-- When the newest live entry leaves the window (0 for none).
+local function newest_leaves()
+  if foreign then
+    return 0
   end
   local newest = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
-  local reset = 0
   if newest[2] then
-    reset = tonumber(newest[2]) + window - now
+    return tonumber(newest[2]) + window - now
   end
-  return {0, 0, math.max(limit - count, 0), reset, retry_after}
+  return 0
+end
+if count + cost > limit then
+  local must_expire = math.max(count + cost - limit, 1)
+  local retry_after = window
+  if not foreign then
+    local oldest = redis.call('ZRANGEBYSCORE', KEYS[1], live_from, '+inf', 'WITHSCORES', 'LIMIT', must_expire - 1, 1)
+    if oldest[2] then
+      retry_after = tonumber(oldest[2]) + window - now
+    end
+  end
+  return {0, 0, math.max(limit - count, 0), newest_leaves(), retry_after}
+end
+local granted = math.min(take, limit - count)
+if granted == 0 then
+  return {1, 0, limit - count, newest_leaves(), 0}
+end
+if foreign then
+  redis.call('DEL', KEYS[1])
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
-local granted = math.min(take, limit - count)
 local at = string.format('%d', now)
 local first = redis.call('ZCOUNT', KEYS[1], at, at)
 local entries = {}
@@ -254,9 +279,7 @@ for n = first, first + granted - 1 do
   entries[#entries + 1] = at
   entries[#entries + 1] = at .. '-' .. string.format('%d', n)
 end
-if granted > 0 then
-  redis.call('ZADD', KEYS[1], unpack(entries))
-end
+redis.call('ZADD', KEYS[1], unpack(entries))
 redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
 return {1, granted, limit - count - granted, window, 0}
 ";
@@ -264,7 +287,7 @@ return {1, granted, limit - count - granted, window, 0}
 /// Leaky bucket, shaping: requests leave one per interval. The state is the time the queue
 /// drains (a GCRA TAT); a request's turn is max(TAT, now), its delay turn - now.
 ///
-/// KEYS[1]: `sluice:{<key>}`, the TAT in µs since the epoch (decimal string; absent = empty).
+/// KEYS[1]: the TAT in µs since the epoch (decimal string; absent = empty).
 /// ARGV[1]: interval_us (>= 1).   ARGV[2]: max_delay_us.   ARGV[3]: cost (= take).
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us, delay_us}.
 ///
@@ -272,7 +295,7 @@ return {1, granted, limit - count - granted, window, 0}
 /// admitted with that delay (the filter holds the request), TAT = turn + cost × interval,
 /// remaining = the cost-1 requests that could still queue behind it within max_delay
 /// (floor((max_delay - delay) / interval) + 1 - cost, at least 0), reset = until the queue
-/// drains. TTL: until it drains plus 1 s.
+/// drains. TTL: until it drains plus 1 s. A cost of 0 only asks: it writes nothing.
 pub const LEAKY_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
 local max_delay = tonumber(ARGV[2])
@@ -286,9 +309,13 @@ if delay > max_delay then
 end
 local drained = turn + cost * interval
 local reset = drained - now
+local remaining = math.max(math.floor((max_delay - delay) / interval) + 1 - cost, 0)
+if cost == 0 then
+  return {1, 0, remaining, reset, 0, delay}
+end
 local ttl_ms = math.ceil(reset / 1000) + 1000
 redis.call('SET', KEYS[1], string.format('%d', drained), 'PX', string.format('%d', ttl_ms))
-return {1, cost, math.max(math.floor((max_delay - delay) / interval) + 1 - cost, 0), reset, 0, delay}
+return {1, cost, remaining, reset, 0, delay}
 ";
 
 /// Bound on every Redis operation, retries and reconnects included.
@@ -331,12 +358,6 @@ fn redact(url: &str) -> String {
         Some(at) => format!("{scheme}://***{}", rest.get(at..).unwrap_or_default()),
         None => url.to_string(),
     }
-}
-
-/// The Redis key of a check: the hash tag is the whole caller key, so a check's state lives in
-/// one Cluster slot (algorithms with several keys use `sluice:{<key>}:<suffix>`).
-pub fn redis_key(key: &str) -> String {
-    format!("sluice:{{{key}}}")
 }
 
 /// How the store reaches Redis. Neither kind waits for Redis to exist: a single node's manager
@@ -540,7 +561,7 @@ impl RedisStore {
     ) -> RedisResult<Vec<Value>> {
         try_join_all(checks.iter().map(|check| {
             let mut con = con.clone();
-            let mut invocation = self.scripts.of(&check.algorithm).key(redis_key(&check.key));
+            let mut invocation = self.scripts.of(&check.algorithm).key(state_key(check));
             invocation.arg(&script_args(check)[..]);
             async move { invocation.invoke_async::<Value>(&mut con).await }
         }))
@@ -555,7 +576,7 @@ impl RedisStore {
             pipe.cmd("EVALSHA")
                 .arg(self.scripts.of(&check.algorithm).get_hash())
                 .arg(1)
-                .arg(redis_key(&check.key))
+                .arg(state_key(check))
                 .arg(&script_args(check)[..]);
         }
         pipe
@@ -755,14 +776,6 @@ fn failure_kind(error: &RedisError) -> FailureKind {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_redis_key_hash_tags_the_whole_caller_key() {
-        assert_eq!(
-            redis_key("per-user/7af12e58ae350d9a"),
-            "sluice:{per-user/7af12e58ae350d9a}"
-        );
-    }
 
     #[test]
     fn logged_urls_hide_credentials() {

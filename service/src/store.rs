@@ -6,11 +6,15 @@ use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice::algorithm::Kind;
+use sluice::key::HashSecret;
 
 /// One validated check (see `check::parse`), in the units the store computes in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
-    /// The caller's key, `[A-Za-z0-9_.:/-]{1,200}`; the store derives its own key from it.
+    /// Whose key it is: a key of one protocol never names a counter of the other.
+    pub namespace: Namespace,
+    /// The caller's key, `[A-Za-z0-9_.:/-]{1,200}`; the store derives its own key from it
+    /// (`state_key`).
     pub key: String,
     pub algorithm: Algorithm,
     /// Tokens (requests) the request needs: at least 1 on `/v1/check`; 0 from the RLS protocol
@@ -21,17 +25,38 @@ pub struct Check {
     pub take: u64,
 }
 
+/// Who named a key: `POST /v1/check` callers or the RLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Namespace {
+    Http,
+    Rls,
+}
+
+/// Where a check's state lives, in every store: `sluice:{<key>}:<identity>` for HTTP keys,
+/// `sluice:rls:{<key>}:<identity>` for the RLS's. The hash tag is the caller key, so a check's
+/// state lives in one Cluster slot; the namespaces never meet (an HTTP key cannot hold `{`);
+/// and the algorithm's `identity` makes a counter the state of the algorithm and numbers that
+/// wrote it alone: a check with other numbers on the same caller key has a state of its own.
+pub fn state_key(check: &Check) -> String {
+    let prefix = match check.namespace {
+        Namespace::Http => "sluice:",
+        Namespace::Rls => "sluice:rls:",
+    };
+    format!("{prefix}{{{}}}:{}", check.key, check.algorithm.identity())
+}
+
 /// A caller key for a limit named by arbitrary bytes (an RLS descriptor's values, which may hold
-/// any character): `<namespace>/<32 hex digits>`, the 128-bit SipHash-1-3 of the parts. Each
-/// part is hashed with its length, so two different lists of parts never share a key by
-/// concatenation, and the hash keeps the raw values (user ids, addresses) out of Redis.
-pub fn hashed_key(namespace: &str, parts: &[&[u8]]) -> String {
-    let mut hasher = SipHasher13::new();
+/// any character): 32 hex digits, the 128-bit SipHash-1-3 of the parts under `secret`. Each part
+/// is hashed with its length, so two different lists of parts never share a key by
+/// concatenation, and the hash keeps the raw values (user ids, addresses) out of Redis; under an
+/// operator's secret nobody else can compute which key is whose.
+pub fn hashed_key(secret: &HashSecret, parts: &[&[u8]]) -> String {
+    let mut hasher = SipHasher13::new_with_key(&secret.to_bytes());
     for part in parts {
         hasher.write_u64(part.len() as u64);
         hasher.write(part);
     }
-    format!("{namespace}/{:032x}", hasher.finish128().as_u128())
+    format!("{:032x}", hasher.finish128().as_u128())
 }
 
 /// An algorithm with its numbers; durations in microseconds. Windows are aligned to the Unix
@@ -65,6 +90,58 @@ impl Algorithm {
     /// The name on the wire.
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// The algorithm and every number of it, `<name>/<n>/<n>`: part of the state's key.
+    pub fn identity(&self) -> String {
+        let (a, b) = self.numbers();
+        format!("{}/{a}/{b}", self.name())
+    }
+
+    fn numbers(&self) -> (u64, u64) {
+        match *self {
+            Algorithm::TokenBucket { interval_us, burst } => (interval_us, burst),
+            Algorithm::FixedWindow { limit, window_us }
+            | Algorithm::SlidingWindow { limit, window_us }
+            | Algorithm::SlidingLog { limit, window_us } => (window_us, limit),
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us,
+            } => (interval_us, max_delay_us),
+        }
+    }
+
+    /// The most one check can get: the bucket, the window's limit, the queue (one request now
+    /// and one per interval within `max_delay`).
+    pub fn capacity(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { burst, .. } => burst,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindow { limit, .. }
+            | Algorithm::SlidingLog { limit, .. } => limit,
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us,
+            } => max_delay_us / interval_us.max(1) + 1,
+        }
+    }
+
+    /// The longest a key's state can matter after a check within `capacity`: the time to fill
+    /// the bucket, the window (two for the sliding window, whose previous window still counts),
+    /// the queue's longest wait and the capacity's own drain. The scripts' TTLs are this plus
+    /// at most a second; `--max-key-ttl` bounds it.
+    pub fn lifetime_us(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { interval_us, burst } => interval_us.saturating_mul(burst),
+            Algorithm::FixedWindow { window_us, .. } | Algorithm::SlidingLog { window_us, .. } => {
+                window_us
+            }
+            Algorithm::SlidingWindow { window_us, .. } => window_us.saturating_mul(2),
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us,
+            } => max_delay_us.saturating_add(interval_us.saturating_mul(self.capacity())),
+        }
     }
 }
 
@@ -153,26 +230,86 @@ impl<S: Store> Store for std::sync::Arc<S> {
 mod tests {
     use super::*;
 
+    const PUBLIC: &HashSecret = &HashSecret::PUBLIC;
+
     #[test]
     fn hashed_keys_are_valid_caller_keys_that_tell_every_list_of_parts_apart() {
-        let key = hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.1"]);
-        assert_eq!(key.len(), "rls/".len() + 32);
-        assert!(key.starts_with("rls/"));
-        assert!(key.bytes().skip(4).all(|b| b.is_ascii_hexdigit()));
+        let key = hashed_key(PUBLIC, &[b"domain", b"remote_address", b"10.0.0.1"]);
+        assert_eq!(key.len(), 32);
+        assert!(key.bytes().all(|b| b.is_ascii_hexdigit()));
         // Stable across runs and processes: the counters of one limit must be found again.
         assert_eq!(
             key,
-            hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.1"])
+            hashed_key(PUBLIC, &[b"domain", b"remote_address", b"10.0.0.1"])
         );
+        let secret = HashSecret::from_text(b"an operator's secret of at least 32 bytes");
         let others = [
-            hashed_key("rls", &[b"domain", b"remote_address10.0.0.1"]),
-            hashed_key("rls", &[b"domainremote_address", b"10.0.0.1"]),
-            hashed_key("rls", &[b"domain", b"remote_address", b"10.0.0.2"]),
-            hashed_key("rls", &[b"domain", b"remote_address", b"\xff{}"]),
-            hashed_key("other", &[b"domain", b"remote_address", b"10.0.0.1"]),
+            hashed_key(PUBLIC, &[b"domain", b"remote_address10.0.0.1"]),
+            hashed_key(PUBLIC, &[b"domainremote_address", b"10.0.0.1"]),
+            hashed_key(PUBLIC, &[b"domain", b"remote_address", b"10.0.0.2"]),
+            hashed_key(PUBLIC, &[b"domain", b"remote_address", b"\xff{}"]),
+            hashed_key(&secret, &[b"domain", b"remote_address", b"10.0.0.1"]),
         ];
         for other in others {
             assert_ne!(key, other);
         }
+    }
+
+    fn check(namespace: Namespace, key: &str, algorithm: Algorithm) -> Check {
+        Check {
+            namespace,
+            key: key.into(),
+            algorithm,
+            cost: 1,
+            take: 1,
+        }
+    }
+
+    #[test]
+    fn a_state_key_belongs_to_one_namespace_one_algorithm_and_its_numbers() {
+        let bucket = Algorithm::TokenBucket {
+            interval_us: 600_000,
+            burst: 20,
+        };
+        let http = state_key(&check(Namespace::Http, "per-user/7af1", bucket));
+        assert_eq!(http, "sluice:{per-user/7af1}:token_bucket/600000/20");
+        let rls = state_key(&check(Namespace::Rls, "per-user/7af1", bucket));
+        assert_eq!(rls, "sluice:rls:{per-user/7af1}:token_bucket/600000/20");
+        let window = Algorithm::FixedWindow {
+            limit: 20,
+            window_us: 600_000,
+        };
+        let others = [
+            Algorithm::TokenBucket {
+                interval_us: 600_000,
+                burst: 21,
+            },
+            window,
+            Algorithm::SlidingWindow {
+                limit: 20,
+                window_us: 600_000,
+            },
+        ];
+        for other in others {
+            assert_ne!(
+                state_key(&check(Namespace::Http, "per-user/7af1", other)),
+                http
+            );
+        }
+    }
+
+    #[test]
+    fn a_leaky_buckets_capacity_and_lifetime_come_from_its_queue() {
+        let leaky = Algorithm::LeakyBucket {
+            interval_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        assert_eq!(leaky.capacity(), 6);
+        assert_eq!(leaky.lifetime_us(), 1_100_000);
+        let sliding = Algorithm::SlidingWindow {
+            limit: 5,
+            window_us: 1_000,
+        };
+        assert_eq!((sliding.capacity(), sliding.lifetime_us()), (5, 2_000));
     }
 }

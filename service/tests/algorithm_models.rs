@@ -641,3 +641,46 @@ fn a_key_holding_another_algorithms_state_is_taken_over() {
     assert_eq!(r[..3], [1, 1, 4], "an empty log, not an error");
     assert_eq!(client.cmd(&["TYPE", "sluice:{was-log}"]).text(), "zset");
 }
+
+#[test]
+fn a_check_of_cost_zero_only_reads_in_every_script() {
+    // The RLS's hits_addend 0, refunds, and calls past a limit's capacity: no key is created,
+    // and a key's state and TTL stay as they were.
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let scripts: [(&str, &str, [u64; 4]); 5] = [
+        ("token_bucket", TOKEN_BUCKET_LUA, [SEC, 5, 0, 0]),
+        ("fixed_window", FIXED_WINDOW_LUA, [60 * SEC, 5, 0, 0]),
+        ("sliding_window", SLIDING_WINDOW_LUA, [60 * SEC, 5, 0, 0]),
+        ("sliding_log", SLIDING_LOG_LUA, [60 * SEC, 5, 0, 0]),
+        ("leaky_bucket", LEAKY_BUCKET_LUA, [SEC, 5 * SEC, 0, 0]),
+    ];
+    for (name, script, args) in scripts {
+        let key = format!("sluice:{{ask/{name}}}");
+        let leaky = name == "leaky_bucket";
+        let args: &[u64] = if leaky { &args[..3] } else { &args };
+        let asked = eval(&mut client, script, &key, args);
+        assert_eq!(asked[..2], [1, 0], "{name}: allowed, nothing granted");
+        assert_eq!(
+            read(&mut client, &key),
+            Stored::Absent,
+            "{name}: a key created"
+        );
+        let mut charged = args.to_vec();
+        charged[2] = 1;
+        if !leaky {
+            charged[3] = 1;
+        }
+        eval(&mut client, script, &key, &charged);
+        let (state, pttl) = (read(&mut client, &key), client.cmd(&["PTTL", &key]).int());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let asked = eval(&mut client, script, &key, args);
+        assert_eq!(asked[1], 0, "{name}: nothing granted");
+        assert_eq!(read(&mut client, &key), state, "{name}: state changed");
+        let after = client.cmd(&["PTTL", &key]).int();
+        assert!(
+            after < pttl,
+            "{name}: TTL renewed ({pttl} ms, then {after} ms)"
+        );
+    }
+}

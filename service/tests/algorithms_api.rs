@@ -177,14 +177,32 @@ fn every_algorithm_keeps_one_hash_tagged_key_with_a_ttl() {
     // Token bucket: until full again; fixed window: to its end; sliding window: to the end of
     // the next window (reset is to the end of this one); sliding log: one window; leaky bucket:
     // until the queue drains. Each plus a second.
+    // Each key names its algorithm and numbers after the hash-tagged caller key.
+    let window_us = per_ms * 1000;
     let expected = [
-        ("sluice:{ttl/tb}", reset[0]),
-        ("sluice:{ttl/fw}", reset[1]),
-        ("sluice:{ttl/sw}", reset[2]),
-        ("sluice:{ttl/sl}", per_ms),
-        ("sluice:{ttl/lb}", reset[4]),
+        (
+            "sluice:{ttl/tb}:token_bucket/1000000/5".to_string(),
+            reset[0],
+        ),
+        (
+            format!("sluice:{{ttl/fw}}:fixed_window/{window_us}/5"),
+            reset[1],
+        ),
+        (
+            format!("sluice:{{ttl/sw}}:sliding_window/{window_us}/5"),
+            reset[2],
+        ),
+        (
+            format!("sluice:{{ttl/sl}}:sliding_log/{window_us}/5"),
+            per_ms,
+        ),
+        (
+            "sluice:{ttl/lb}:leaky_bucket/1000000/5000000".to_string(),
+            reset[4],
+        ),
     ];
-    for (key, until_ms) in expected {
+    for (key, until_ms) in &expected {
+        let (key, until_ms) = (key.as_str(), *until_ms);
         let pttl = client.cmd(&["PTTL", key]).int() as u64;
         let ttl = until_ms + 1_000;
         assert!(
@@ -197,7 +215,7 @@ fn every_algorithm_keeps_one_hash_tagged_key_with_a_ttl() {
         other => panic!("{other:?}"),
     };
     keys.sort();
-    let mut names: Vec<&str> = expected.iter().map(|(key, _)| *key).collect();
+    let mut names: Vec<&str> = expected.iter().map(|(key, _)| key.as_str()).collect();
     names.sort();
     assert_eq!(keys, names, "one key per check, nothing else");
 }

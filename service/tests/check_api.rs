@@ -141,11 +141,9 @@ fn the_redis_key_is_hash_tagged_and_expires_when_the_bucket_is_full_again() {
     assert_eq!(reset_ms, 3000);
     let mut client = redis.client();
     let keys = client.cmd(&["KEYS", "*"]);
-    assert_eq!(
-        format!("{keys:?}"),
-        r#"Array([Bulk(Some("sluice:{per-user/abc}"))])"#
-    );
-    let pttl = client.cmd(&["PTTL", "sluice:{per-user/abc}"]).int();
+    let key = "sluice:{per-user/abc}:token_bucket/1000000/5";
+    assert_eq!(format!("{keys:?}"), format!("Array([Bulk(Some({key:?}))])"));
+    let pttl = client.cmd(&["PTTL", key]).int();
     assert!(
         (reset_ms + 1000 - 500..=reset_ms + 1000).contains(&pttl),
         "PTTL {pttl}"

@@ -241,10 +241,11 @@ async fn a_changed_file_applies_within_seconds_and_a_bad_one_keeps_the_previous_
         applied.is_some(),
         "the new limit was not applied within 5 s"
     );
-    // The counters stay: carol had used 3 of a now larger limit.
+    // A counter belongs to the numbers that wrote it: carol's 3 of the old limit do not count
+    // against the new one, and were not touched by it.
     assert_eq!(
-        overall_codes(&mut client, &carol, 3).await,
-        oks_then_over(2, 1)
+        overall_codes(&mut client, &carol, 6).await,
+        oks_then_over(5, 1)
     );
 
     rls.rewrite(
@@ -442,8 +443,62 @@ fn the_descriptor_keys_in_redis_are_hashes_of_any_bytes() {
     };
     assert_eq!(keys.len(), 1);
     let key = keys[0].text();
+    let hash = key
+        .strip_prefix("sluice:rls:{")
+        .and_then(|k| k.split_once('}'));
+    let (hash, algorithm) = hash.unwrap_or_else(|| panic!("{key}"));
     assert!(
-        key.starts_with("sluice:{rls/") && key.len() == "sluice:{rls/}".len() + 32,
+        hash.len() == 32 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
         "{key}"
     );
+    assert_eq!(algorithm, ":fixed_window/86400000000/3");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_that_only_asks_and_a_refund_write_nothing() {
+    let redis = RedisServer::start();
+    let rls = start(&redis, PER_USER, &[]);
+    let mut client = rls.client().await;
+    let mut asking = request("api", &[&[("user", "a")]], 0);
+    asking.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let mut refund = request("api", &[&[("user", "b")]], 0);
+    refund.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    refund.descriptors[0].is_negative_hits = true;
+    for call in [asking, refund] {
+        let answer = ask(&mut client, call).await;
+        assert_eq!(
+            (overall(&answer), answer.statuses[0].limit_remaining),
+            (Code::Ok, 3)
+        );
+    }
+    assert_eq!(redis.client().cmd(&["DBSIZE"]).int(), 0, "no key created");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_a_token_file_rls_calls_need_the_bearer_token_as_metadata() {
+    let redis = RedisServer::start();
+    let dir = sluice_testkit::TempDir::new("rls-token");
+    let file = dir.path().join("token");
+    std::fs::write(&file, "s3cret-Token_1\n").unwrap();
+    let rls = start(&redis, PER_USER, &["--token-file", file.to_str().unwrap()]);
+    let mut client = rls.client().await;
+    let one = request("api", &[&[("user", "a")]], 0);
+    for authorization in [None, Some("Bearer wrong"), Some("Basic s3cret-Token_1")] {
+        let mut call = tonic::Request::new(one.clone());
+        if let Some(value) = authorization {
+            call.metadata_mut()
+                .insert("authorization", value.parse().unwrap());
+        }
+        let refused = client.should_rate_limit(call).await.unwrap_err();
+        assert_eq!(
+            refused.code(),
+            GrpcCode::Unauthenticated,
+            "{authorization:?}"
+        );
+    }
+    assert_eq!(redis.client().cmd(&["DBSIZE"]).int(), 0);
+    let mut call = tonic::Request::new(one);
+    (call.metadata_mut()).insert("authorization", "Bearer s3cret-Token_1".parse().unwrap());
+    let answer = client.should_rate_limit(call).await.unwrap().into_inner();
+    assert_eq!(overall(&answer), Code::Ok);
 }

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use rls::{ask, codes, oks_then_over, overall, overall_codes, request, Client, Rls};
+use sluice_service::check::Bounds;
 use sluice_service::rls::config::Config;
 use sluice_testkit::http::get;
 use sluice_testkit::redis::RedisServer;
@@ -218,7 +219,7 @@ fn every_documented_example_loads_unchanged() {
             PathBuf::from(format!("example{i}.yaml")),
             example.to_string(),
         );
-        if let Err(errors) = Config::from_files(&[file]) {
+        if let Err(errors) = Config::from_files(&[file], &Bounds::default()) {
             panic!("{example}\n{errors:?}");
         }
     }

@@ -42,6 +42,23 @@ pub fn free_port() -> u16 {
         .expect("binding an ephemeral port on 127.0.0.1")
 }
 
+/// Raises this process's soft limit on open files to at least `n` (up to the hard limit), for a
+/// test that holds many sockets; the limit it has then.
+pub fn raise_fd_limit(n: u64) -> u64 {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    let wanted = limit.maximum.map_or(n, |hard| n.min(hard));
+    if limit.current.is_some_and(|soft| soft >= wanted) {
+        return limit.current.unwrap_or(wanted);
+    }
+    let raised = rustix::process::Rlimit {
+        current: Some(wanted),
+        maximum: limit.maximum,
+    };
+    setrlimit(Resource::Nofile, raised).expect("raising the open files limit");
+    wanted
+}
+
 /// Polls `probe` until it gives a value or `limit` passes.
 pub fn wait_for<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;

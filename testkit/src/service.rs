@@ -20,17 +20,28 @@ pub fn binary() -> std::path::PathBuf {
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The environment variables the binary reads, none inherited from the test's own environment.
-const SETTINGS: [&str; 10] = [
+const SETTINGS: [&str; 21] = [
     "SLUICE_LISTEN",
     "SLUICE_REDIS",
     "SLUICE_REDIS_CLUSTER",
+    "SLUICE_MEMORY",
     "SLUICE_TOKEN_FILE",
+    "SLUICE_ALLOW_UNAUTHENTICATED",
+    "SLUICE_MAX_KEY_TTL",
+    "SLUICE_METRIC_POLICIES",
+    "SLUICE_MAX_CONNECTIONS",
+    "SLUICE_HEADER_TIMEOUT",
+    "SLUICE_IDLE_TIMEOUT",
+    "SLUICE_MAX_REQUEST_BYTES",
     "SLUICE_LOG",
     "SLUICE_SHUTDOWN_DELAY",
     "SLUICE_SHUTDOWN_TIMEOUT",
     "SLUICE_RLS",
     "SLUICE_RLS_CONFIG",
     "SLUICE_RLS_HEADERS",
+    "SLUICE_RLS_HASH_SECRET",
+    "SLUICE_RLS_ALLOW_EMPTY_CONFIG",
+    "SLUICE_RLS_MAX_STREAMS",
 ];
 
 /// A running service, killed on drop.
@@ -70,7 +81,39 @@ impl Service {
 
     /// `spawn`, then waits until /readyz answers 200 (Redis reached).
     pub fn start_with(args: &[&str], env: &[(&str, &str)]) -> Service {
-        let service = Service::spawn(args, env);
+        Launcher::default().start_with(args, env)
+    }
+
+    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
+    /// waits for the `listening` log event, which names the address; Redis may be down.
+    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Service {
+        Launcher::default().spawn(args, env)
+    }
+
+    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
+    /// given) and waits until the RLS listens (its address goes to `rls`), HTTP too if
+    /// `--listen` is in `args`, and Redis is up: ready for calls.
+    pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
+        Launcher::default().start_rls(args, env)
+    }
+}
+
+/// How the binary is started: `Launcher::default()` is how `Service::start_with`, `spawn` and
+/// `start_rls` start it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Launcher {
+    fd_limit: Option<u64>,
+}
+
+impl Launcher {
+    /// The service under `ulimit -n n`, soft and hard (the test process keeps its own limit).
+    pub fn fd_limit(n: u64) -> Launcher {
+        Launcher { fd_limit: Some(n) }
+    }
+
+    /// As `Service::start_with`.
+    pub fn start_with(self, args: &[&str], env: &[(&str, &str)]) -> Service {
+        let service = self.spawn(args, env);
         let ready = super::wait_for(READY_WITHIN, || {
             (super::http::get(service.addr, "/readyz").status == 200).then_some(())
         });
@@ -78,15 +121,14 @@ impl Service {
         service
     }
 
-    /// Starts with `args` (plus `--listen 127.0.0.1:0` unless SLUICE_LISTEN is in `env`) and
-    /// waits for the `listening` log event, which names the address; Redis may be down.
-    pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Service {
+    /// As `Service::spawn`.
+    pub fn spawn(self, args: &[&str], env: &[(&str, &str)]) -> Service {
         let listen: &[&str] = if env.iter().any(|(name, _)| *name == "SLUICE_LISTEN") {
             &[]
         } else {
             &["--listen", "127.0.0.1:0"]
         };
-        let mut service = Service::launch(&[listen, args].concat(), env);
+        let mut service = self.launch(&[listen, args].concat(), env);
         let listening = service.event("listening", READY_WITHIN);
         let listening = listening.unwrap_or_else(|| panic!("no listening event"));
         let addr = listening["address"].as_str().and_then(|a| a.parse().ok());
@@ -95,11 +137,9 @@ impl Service {
         service
     }
 
-    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
-    /// given) and waits until the RLS listens (its address goes to `rls`), HTTP too if
-    /// `--listen` is in `args`, and Redis is up: ready for calls.
-    pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut service = Service::launch(args, env);
+    /// As `Service::start_rls`.
+    pub fn start_rls(self, args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut service = self.launch(args, env);
         let mut waiting = vec!["rls listening", "redis is up"];
         if args.contains(&"--listen") {
             waiting.push("listening");
@@ -124,8 +164,9 @@ impl Service {
         service
     }
 
-    fn launch(args: &[&str], env: &[(&str, &str)]) -> Service {
-        let mut child = command(args, env)
+    fn launch(self, args: &[&str], env: &[(&str, &str)]) -> Service {
+        let mut child = self
+            .command(args, env)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -140,6 +181,29 @@ impl Service {
         }
     }
 
+    /// The binary with `args` and exactly the `SLUICE_*` settings in `env` (none inherited from
+    /// the test's own environment), no stdin; under `sh -c 'ulimit -n N; exec ...'` with an fd
+    /// limit, which keeps the binary's pid.
+    fn command(self, args: &[&str], env: &[(&str, &str)]) -> Command {
+        let mut command = match self.fd_limit {
+            None => Command::new(binary()),
+            Some(limit) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", r#"ulimit -n "$0" && exec "$@""#, &limit.to_string()]);
+                sh.arg(binary());
+                sh
+            }
+        };
+        command.args(args);
+        for name in SETTINGS {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied()).stdin(Stdio::null());
+        command
+    }
+}
+
+impl Service {
     /// The next log event (each line must be one JSON object), if one comes `within`.
     pub fn next_event(&self, within: Duration) -> Option<serde_json::Value> {
         let line = self.stderr.recv_timeout(within).ok()?;
@@ -168,6 +232,20 @@ impl Service {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The service's resident memory now, in KiB (`VmRSS` of /proc).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Its open file descriptors now.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .unwrap()
+            .count()
     }
 
     /// Sends `signal` (`crate::SIGTERM`, ...) to the service.
@@ -201,25 +279,14 @@ pub fn lines_of(output: impl std::io::Read + Send + 'static) -> Receiver<String>
     receive
 }
 
-/// The binary with `args` and exactly the `SLUICE_*` settings in `env` (none inherited from the
-/// test's own environment), no stdin.
-fn command(args: &[&str], env: &[(&str, &str)]) -> Command {
-    let mut command = Command::new(binary());
-    command.args(args);
-    for name in SETTINGS {
-        command.env_remove(name);
-    }
-    command.envs(env.iter().copied()).stdin(Stdio::null());
-    command
-}
-
 /// Runs the binary to completion (bounded), returning its status, stdout and stderr.
 pub fn run_to_exit(
     args: &[&str],
     env: &[(&str, &str)],
     within: Duration,
 ) -> (ExitStatus, String, String) {
-    let mut child = command(args, env)
+    let mut child = Launcher::default()
+        .command(args, env)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

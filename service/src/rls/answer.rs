@@ -2,6 +2,10 @@
 //! descriptor and turns its limits into store checks; `answer` turns the store's decisions into
 //! the protocol's response (overall code, a status per descriptor, optional headers), what the
 //! metrics count, and how long a leaky bucket holds the answer. The clock is injected.
+//!
+//! A call's work is bounded whatever it asks: at most `MAX_DESCRIPTORS` descriptors of
+//! `MAX_ENTRIES` entries, and hits beyond what a limit can ever admit (its capacity) are refused
+//! without being charged: their check only reads the counter.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -16,9 +20,18 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota};
 
+use sluice::key::HashSecret;
+
 use super::config::{Config, Limit, Node, Rate, Rule, Unit};
 use super::matching::{find, Entry};
-use crate::store::{hashed_key, Algorithm, Check, Decision};
+use crate::check::{log_entries, MAX_LOG_ENTRIES};
+use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace};
+
+/// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
+/// (a few); more is refused, as envoyproxy/ratelimit refuses what it cannot answer.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// The most entries one descriptor may carry (one per action of its `rate_limits` entry).
+pub const MAX_ENTRIES: usize = 32;
 
 /// A request the protocol refuses, with envoyproxy/ratelimit's reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +63,9 @@ struct Applied<'c> {
     limit: Cow<'c, Limit>,
     /// Its check's index in `Plan::checks`.
     check: usize,
+    /// The hits are more than the limit can ever admit: refused, whatever the counter says
+    /// (which the check only reads).
+    beyond_capacity: bool,
     /// The metrics label with the request's values where the configuration asks for them.
     label: String,
 }
@@ -77,16 +93,14 @@ pub struct Answer {
     pub tallies: Vec<Tally>,
 }
 
-/// Validates `request` and matches each descriptor against `config`.
-pub fn plan<'c>(config: &'c Config, request: &RateLimitRequest) -> Result<Plan<'c>, Invalid> {
-    if request.domain.is_empty() {
-        return Err(Invalid("rate limit domain must not be empty".into()));
-    }
-    if request.descriptors.is_empty() {
-        return Err(Invalid(
-            "rate limit descriptor list must not be empty".into(),
-        ));
-    }
+/// Validates `request` and matches each descriptor against `config`; keys are hashed under
+/// `secret`.
+pub fn plan<'c>(
+    config: &'c Config,
+    request: &RateLimitRequest,
+    secret: &HashSecret,
+) -> Result<Plan<'c>, Invalid> {
+    validate(request)?;
     let Some(root) = config.domain(&request.domain) else {
         let descriptors = request.descriptors.iter().map(|_| Planned::Free).collect();
         return Ok(Plan {
@@ -97,7 +111,7 @@ pub fn plan<'c>(config: &'c Config, request: &RateLimitRequest) -> Result<Plan<'
     };
     let mut matched = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.iter().enumerate() {
-        matched.push(match_descriptor(root, descriptor, i)?);
+        matched.push(match_descriptor(config, root, descriptor, i)?);
     }
     let replaced: HashSet<&str> = (matched.iter().flatten())
         .flat_map(|m| m.limits.iter().flat_map(|l| l.replaces.iter()))
@@ -107,20 +121,51 @@ pub fn plan<'c>(config: &'c Config, request: &RateLimitRequest) -> Result<Plan<'
     let descriptors = (request.descriptors.iter().zip(&matched))
         .map(|(descriptor, matched)| {
             let hits = hits(request, descriptor);
-            planned(
-                &request.domain,
-                matched.as_ref(),
-                &replaced,
-                hits,
-                &mut checks,
-            )
+            let keys = Keys {
+                domain: &request.domain,
+                secret,
+            };
+            planned(&keys, matched.as_ref(), &replaced, hits, &mut checks)
         })
         .collect();
+    let entries = log_entries(&checks);
+    if entries > MAX_LOG_ENTRIES {
+        return Err(Invalid(format!(
+            "the sliding_log limits of one call may take {MAX_LOG_ENTRIES} hits in all, got {entries}"
+        )));
+    }
     Ok(Plan {
         checks,
         unknown_domain: false,
         descriptors,
     })
+}
+
+/// What envoyproxy/ratelimit refuses, and what no call may exceed.
+fn validate(request: &RateLimitRequest) -> Result<(), Invalid> {
+    if request.domain.is_empty() {
+        return Err(Invalid("rate limit domain must not be empty".into()));
+    }
+    let descriptors = request.descriptors.len();
+    if descriptors == 0 {
+        return Err(Invalid(
+            "rate limit descriptor list must not be empty".into(),
+        ));
+    }
+    if descriptors > MAX_DESCRIPTORS {
+        return Err(Invalid(format!(
+            "rate limit descriptor list must hold at most {MAX_DESCRIPTORS} descriptors, got {descriptors}"
+        )));
+    }
+    let crowded =
+        (request.descriptors.iter().enumerate()).find(|(_, d)| d.entries.len() > MAX_ENTRIES);
+    match crowded {
+        Some((i, descriptor)) => Err(Invalid(format!(
+            "descriptors[{i}]: a descriptor may hold at most {MAX_ENTRIES} entries, got {}",
+            descriptor.entries.len()
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// A descriptor's limits: the configured ones it matches, or the override Envoy sent with it.
@@ -136,6 +181,7 @@ struct Matched<'c> {
 }
 
 fn match_descriptor<'c>(
+    config: &Config,
     root: &'c Node,
     descriptor: &RateLimitDescriptor,
     index: usize,
@@ -147,7 +193,9 @@ fn match_descriptor<'c>(
         })
         .collect();
     if let Some(limit) = &descriptor.limit {
-        return override_limit(&entries, limit.requests_per_unit, limit.unit, index).map(Some);
+        let at = format!("descriptors[{index}].limit");
+        return override_limit(config, &entries, limit.requests_per_unit, limit.unit, &at)
+            .map(Some);
     }
     Ok(find(root, &entries).map(|found| Matched {
         limits: found.node.limits.iter().map(Cow::Borrowed).collect(),
@@ -160,12 +208,15 @@ fn match_descriptor<'c>(
 
 /// envoyproxy/ratelimit's answer to a descriptor that carries its own limit (Envoy's
 /// `limit` override from dynamic metadata): a fixed window of that unit, never in shadow mode,
-/// counted under the descriptor's keys.
+/// counted under the descriptor's keys and values. Its numbers come from the request, so its
+/// metrics label is the descriptor's keys alone, and a window longer than `--max-key-ttl` is
+/// refused.
 fn override_limit<'c>(
+    config: &Config,
     entries: &[Entry],
     requests: u32,
     unit: i32,
-    index: usize,
+    at: &str,
 ) -> Result<Matched<'c>, Invalid> {
     // envoy.type.v3.RateLimitUnit: 1 second .. 4 day, 5 month, 6 year.
     let unit = match unit {
@@ -176,52 +227,50 @@ fn override_limit<'c>(
         5 => Unit::Month,
         6 => Unit::Year,
         other => {
-            let reason = format!("descriptors[{index}].limit.unit: {other} is not a known unit");
+            let reason = format!("{at}.unit: {other} is not a known unit");
             return Err(Invalid(reason));
         }
     };
     let window_ms = unit.window_ms().unwrap_or(1_000);
-    let limit = u64::from(requests);
+    let algorithm = Algorithm::FixedWindow {
+        limit: u64::from(requests),
+        window_us: window_ms * 1000,
+    };
+    (config.bounds.check_lifetime(&algorithm))
+        .map_err(|reason| Invalid(format!("{at}.unit: {reason}")))?;
     let rate = Rate {
-        algorithm: Algorithm::FixedWindow {
-            limit,
-            window_us: window_ms * 1000,
-        },
+        algorithm,
         requests,
         window_ms,
         unit,
-        max_cost: limit + 1,
-        capacity: limit,
     };
     let keys: Vec<&str> = entries.iter().map(|e| e.key).collect();
-    let key_values: Vec<String> = (entries.iter())
-        .map(|e| format!("{}_{}", e.key, e.value))
-        .collect();
     let limit = Limit {
         rule: Rule::Limited(rate),
         name: None,
         replaces: Vec::new(),
         shadow_mode: false,
         quota_mode: false,
-        detailed_metric: true,
+        detailed_metric: false,
         label: keys.join("."),
         policy: "override".into(),
-        identity: format!("override/{window_ms}"),
+        identity: "override".into(),
     };
     Ok(Matched {
         path: limit.label.clone(),
+        detailed_label: limit.label.clone(),
+        value_label: limit.label.clone(),
         limits: vec![Cow::Owned(limit)],
         counted: entries
             .iter()
             .flat_map(|e| [e.key.to_string(), e.value.to_string()])
             .collect(),
-        detailed_label: key_values.join("."),
-        value_label: keys.join("."),
     })
 }
 
 /// The descriptor's own `hits_addend` (0 allowed: only asks), else the request's (0 means 1).
-/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back.
+/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back,
+/// and asking writes nothing.
 fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     if descriptor.is_negative_hits {
         return 0;
@@ -232,8 +281,14 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
     }
 }
 
+/// What a call's store keys are made of: its domain, hashed under the operator's secret.
+struct Keys<'r> {
+    domain: &'r str,
+    secret: &'r HashSecret,
+}
+
 fn planned<'c>(
-    domain: &str,
+    keys: &Keys,
     matched: Option<&Matched<'c>>,
     replaced: &HashSet<&str>,
     hits: u64,
@@ -252,11 +307,13 @@ fn planned<'c>(
         let Rule::Limited(rate) = &limit.rule else {
             continue;
         };
-        let mut parts: Vec<&[u8]> = vec![domain.as_bytes(), limit.identity.as_bytes()];
+        let mut parts: Vec<&[u8]> = vec![keys.domain.as_bytes(), limit.identity.as_bytes()];
         parts.extend(matched.counted.iter().map(String::as_bytes));
-        let cost = hits.min(rate.max_cost);
+        let beyond_capacity = hits > rate.capacity();
+        let cost = if beyond_capacity { 0 } else { hits };
         checks.push(Check {
-            key: hashed_key("rls", &parts),
+            namespace: Namespace::Rls,
+            key: hashed_key(keys.secret, &parts),
             algorithm: rate.algorithm,
             cost,
             take: cost,
@@ -265,6 +322,7 @@ fn planned<'c>(
             label: label(matched, limit),
             limit: limit.clone(),
             check: checks.len() - 1,
+            beyond_capacity,
         });
     }
     if limits.is_empty() {
@@ -362,7 +420,10 @@ fn decide<'a, 'c>(limits: &'a [Applied<'c>], decisions: &[Decision]) -> Vec<Outc
             let Rule::Limited(rate) = &applied.limit.rule else {
                 return None;
             };
-            let decision = *decisions.get(applied.check)?;
+            let mut decision = *decisions.get(applied.check)?;
+            if applied.beyond_capacity {
+                decision = beyond_capacity(decision, rate);
+            }
             Some(Outcome {
                 applied,
                 rate,
@@ -370,6 +431,23 @@ fn decide<'a, 'c>(limits: &'a [Applied<'c>], decisions: &[Decision]) -> Vec<Outc
             })
         })
         .collect()
+}
+
+/// What the counter said, as a refusal: nothing taken, nothing held. The hits never fit, so the
+/// wait given is until the limit is back to its best, or a window when it is there already.
+fn beyond_capacity(read: Decision, rate: &Rate) -> Decision {
+    let window_us = rate.window_ms.saturating_mul(1000);
+    Decision {
+        allowed: false,
+        granted: 0,
+        retry_after_us: if read.reset_us > 0 {
+            read.reset_us
+        } else {
+            window_us
+        },
+        delay_us: read.delay_us.map(|_| 0),
+        ..read
+    }
 }
 
 /// The descriptor is over its limit if one of its limits refuses; it reports that limit, else
@@ -429,7 +507,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
     let retry_after = decision.retry_after_us.saturating_mul(1000);
     let quota = Quota {
         policy: &outcome.applied.limit.policy,
-        limit: outcome.rate.capacity,
+        limit: outcome.rate.capacity(),
         requests: u64::from(outcome.rate.requests),
         per_nanos: outcome.rate.window_ms.saturating_mul(1_000_000),
         remaining: decision.remaining,
@@ -461,8 +539,9 @@ fn hold(outcomes: &[Outcome]) -> Duration {
 
 fn tally(outcome: &Outcome, hits: u64) -> Tally {
     let (decision, rate) = (&outcome.decision, outcome.rate);
-    let used = rate.capacity.saturating_sub(decision.remaining);
-    let threshold = rate.capacity * 4 / 5;
+    let capacity = rate.capacity();
+    let used = capacity.saturating_sub(decision.remaining);
+    let threshold = capacity * 4 / 5;
     let near_limit = if decision.allowed && used > threshold {
         hits.min(used - threshold)
     } else {
@@ -503,6 +582,7 @@ fn proto_duration(us: u64) -> ProtoDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::check::Bounds;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
         Entry as ProtoEntry, RateLimitOverride,
     };
@@ -533,7 +613,16 @@ descriptors:
 ";
 
     fn config() -> Config {
-        Config::from_files(&[(PathBuf::from("d.yaml"), CONFIG.to_string())]).unwrap()
+        let files = [(PathBuf::from("d.yaml"), CONFIG.to_string())];
+        Config::from_files(&files, &Bounds::default()).unwrap()
+    }
+
+    /// Keys hashed under the public secret.
+    fn plan_public<'c>(
+        config: &'c Config,
+        request: &RateLimitRequest,
+    ) -> Result<Plan<'c>, Invalid> {
+        plan(config, request, &HashSecret::PUBLIC)
     }
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -597,12 +686,12 @@ descriptors:
             ..request(vec![descriptor(&[("user", "a")])])
         };
         assert_eq!(
-            plan(&config, &no_domain).unwrap_err().0,
+            plan_public(&config, &no_domain).unwrap_err().0,
             "rate limit domain must not be empty"
         );
         let none = request(Vec::new());
         assert_eq!(
-            plan(&config, &none).unwrap_err().0,
+            plan_public(&config, &none).unwrap_err().0,
             "rate limit descriptor list must not be empty"
         );
     }
@@ -614,9 +703,10 @@ descriptors:
             domain: "other".into(),
             ..request(vec![descriptor(&[("user", "a")])])
         };
-        let plan_unknown = plan(&config, &unknown).unwrap();
+        let plan_unknown = plan_public(&config, &unknown).unwrap();
         assert!(plan_unknown.unknown_domain && plan_unknown.checks.is_empty());
-        let unmatched = plan(&config, &request(vec![descriptor(&[("nobody", "a")])])).unwrap();
+        let unmatched =
+            plan_public(&config, &request(vec![descriptor(&[("nobody", "a")])])).unwrap();
         assert!(unmatched.checks.is_empty());
         let answer = answer(&unmatched, &[], HeaderStyle::Both, 0);
         assert_eq!(
@@ -630,9 +720,10 @@ descriptors:
     #[test]
     fn a_descriptor_over_any_of_its_limits_makes_the_answer_over_limit() {
         let config = config();
-        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        let plan = plan_public(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
         assert_eq!(plan.checks.len(), 2);
-        assert_ne!(plan.checks[0].key, plan.checks[1].key);
+        let keys: Vec<String> = plan.checks.iter().map(crate::store::state_key).collect();
+        assert_ne!(keys[0], keys[1]);
         let answer = answer(&plan, &[allowed(7), denied()], HeaderStyle::None, 0);
         assert_eq!(
             (overall(&answer), codes(&answer)),
@@ -651,7 +742,7 @@ descriptors:
     #[test]
     fn an_allowed_descriptor_reports_its_limit_with_the_fewest_remaining() {
         let config = config();
-        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        let plan = plan_public(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
         let answer = answer(&plan, &[allowed(7), allowed(3)], HeaderStyle::None, 0);
         let status = &answer.response.statuses[0];
         assert_eq!((overall(&answer), status.limit_remaining), (Code::Ok, 3));
@@ -666,7 +757,7 @@ descriptors:
             descriptor(&[("user", "a")]),
             descriptor(&[("vip", "a")]),
         ]);
-        let plan = plan(&config, &both).unwrap();
+        let plan = plan_public(&config, &both).unwrap();
         // The user's per_user limit is replaced; its token bucket and the vip limit stay.
         assert_eq!(plan.checks.len(), 2);
         let per_user = Algorithm::FixedWindow {
@@ -683,7 +774,7 @@ descriptors:
             descriptor(&[("trial", "a")]),
             descriptor(&[("internal", "a")]),
         ]);
-        let plan = plan(&config, &both).unwrap();
+        let plan = plan_public(&config, &both).unwrap();
         assert_eq!(plan.checks.len(), 1);
         let answer = answer(&plan, &[denied()], HeaderStyle::Both, 0);
         assert_eq!(
@@ -703,7 +794,7 @@ descriptors:
             descriptor(&[("quota_a", "x")]),
             descriptor(&[("quota_b", "x")]),
         ]);
-        let plan = plan(&config, &quotas).unwrap();
+        let plan = plan_public(&config, &quotas).unwrap();
         let one = answer(&plan, &[denied(), allowed(1)], HeaderStyle::None, 0);
         assert_eq!(
             (overall(&one), codes(&one)),
@@ -714,36 +805,125 @@ descriptors:
     }
 
     #[test]
-    fn hits_addend_charges_that_many_up_to_just_over_the_limit() {
+    fn hits_addend_charges_that_many_and_more_than_a_limit_holds_only_reads() {
         let config = config();
         let mut heavy = request(vec![descriptor(&[("user", "a")])]);
         heavy.hits_addend = 5;
-        assert_eq!(plan(&config, &heavy).unwrap().checks[0].cost, 5);
-        heavy.hits_addend = 1_000_000;
-        let clamped: Vec<u64> = plan(&config, &heavy)
-            .unwrap()
-            .checks
-            .iter()
-            .map(|c| c.cost)
-            .collect();
-        assert_eq!(clamped, [11, 5]);
+        assert_eq!(plan_public(&config, &heavy).unwrap().checks[0].cost, 5);
+        heavy.hits_addend = 11;
+        let costs = |plan: &Plan| plan.checks.iter().map(|c| c.cost).collect::<Vec<u64>>();
+        // 10 a minute and a bucket of 4: both are past their capacity, so nothing is charged.
+        let plan = plan_public(&config, &heavy).unwrap();
+        assert_eq!(costs(&plan), [0, 0]);
+        let answer = answer(&plan, &[allowed(10), allowed(4)], HeaderStyle::None, 0);
+        assert_eq!(
+            (overall(&answer), codes(&answer)),
+            (Code::OverLimit, vec![Code::OverLimit])
+        );
+        let status = &answer.response.statuses[0];
+        assert_eq!(status.limit_remaining, 10, "what the counter holds");
+        let until = status.duration_until_reset.unwrap();
+        assert_eq!(
+            (until.seconds, until.nanos),
+            (1, 500_000_000),
+            "until its best"
+        );
+        let fresh = Decision {
+            reset_us: 0,
+            ..allowed(10)
+        };
+        let at_best = super::answer(&plan, &[fresh, allowed(4)], HeaderStyle::None, 0);
+        let until = at_best.response.statuses[0].duration_until_reset.unwrap();
+        assert_eq!(
+            (until.seconds, until.nanos),
+            (60, 0),
+            "a window when at its best"
+        );
         let mut asking = descriptor(&[("user", "a")]);
         asking.hits_addend = Some(UInt64Value { value: 0 });
         assert_eq!(
-            plan(&config, &request(vec![asking])).unwrap().checks[0].cost,
+            plan_public(&config, &request(vec![asking])).unwrap().checks[0].cost,
             0
         );
         let mut refund = descriptor(&[("user", "a")]);
         refund.hits_addend = Some(UInt64Value { value: 4 });
         refund.is_negative_hits = true;
-        let refunding = plan(&config, &request(vec![refund])).unwrap();
+        let refunding = plan_public(&config, &request(vec![refund])).unwrap();
         assert_eq!(refunding.checks[0].cost, 0, "tokens are never given back");
+    }
+
+    #[test]
+    fn a_leaky_bucket_refuses_hits_beyond_its_queue_and_holds_nothing() {
+        let config = config();
+        let mut flood = request(vec![descriptor(&[("shaped", "a")])]);
+        flood.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
+        let plan = plan_public(&config, &flood).unwrap();
+        assert_eq!(plan.checks[0].cost, 0, "only reads");
+        let read = Decision {
+            delay_us: Some(0),
+            ..allowed(6)
+        };
+        let answer = answer(&plan, &[read], HeaderStyle::None, 0);
+        assert_eq!(overall(&answer), Code::OverLimit);
+        assert_eq!(answer.hold, Duration::ZERO);
+        assert_eq!(answer.tallies[0].hits, u64::MAX);
+        flood.descriptors[0].hits_addend = Some(UInt64Value { value: 6 });
+        assert_eq!(plan_public(&config, &flood).unwrap().checks[0].cost, 6);
+    }
+
+    #[test]
+    fn calls_past_the_descriptor_or_entry_caps_are_refused() {
+        let config = config();
+        let many = vec![descriptor(&[("user", "a")]); MAX_DESCRIPTORS + 1];
+        assert_eq!(
+            plan_public(&config, &request(many)).unwrap_err().0,
+            "rate limit descriptor list must hold at most 64 descriptors, got 65"
+        );
+        let fits = vec![descriptor(&[("user", "a")]); MAX_DESCRIPTORS];
+        assert!(plan_public(&config, &request(fits)).is_ok());
+        let entries = vec![("user", "a"); MAX_ENTRIES + 1];
+        let wide = request(vec![descriptor(&[("user", "a")]), descriptor(&entries)]);
+        assert_eq!(
+            plan_public(&config, &wide).unwrap_err().0,
+            "descriptors[1]: a descriptor may hold at most 32 entries, got 33"
+        );
+    }
+
+    #[test]
+    fn a_limit_of_zero_says_so_in_every_header() {
+        let files = [(
+            PathBuf::from("d.yaml"),
+            "domain: d\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n"
+                .to_string(),
+        )];
+        let config = Config::from_files(&files, &Bounds::default()).unwrap();
+        let plan = plan_public(&config, &request(vec![descriptor(&[("blocked", "x")])])).unwrap();
+        let refused = Decision {
+            reset_us: 30_000_000,
+            retry_after_us: 30_000_000,
+            ..denied()
+        };
+        let answer = answer(&plan, &[refused], HeaderStyle::Both, 0);
+        let headers: Vec<(&str, &str)> = (answer.response.response_headers_to_add.iter())
+            .map(|h| (h.key.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(
+            headers,
+            [
+                ("x-ratelimit-limit", "0"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "30"),
+                ("ratelimit-policy", "\"blocked\";q=0;w=60"),
+                ("ratelimit", "\"blocked\";r=0;t=30"),
+                ("retry-after", "30"),
+            ]
+        );
     }
 
     #[test]
     fn the_headers_are_the_refusing_limits_with_retry_after() {
         let config = config();
-        let plan = plan(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
+        let plan = plan_public(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
         let now = 1_700_000_000 * 1_000_000_000;
         // The token bucket refuses: 2 a second with a burst of 4 is a quota of 4 in 2 s; `t` is
         // the wait, as retry-after.
@@ -767,7 +947,7 @@ descriptors:
     #[test]
     fn a_leaky_bucket_holds_an_allowed_answer_for_its_turn() {
         let config = config();
-        let plan = plan(&config, &request(vec![descriptor(&[("shaped", "a")])])).unwrap();
+        let plan = plan_public(&config, &request(vec![descriptor(&[("shaped", "a")])])).unwrap();
         let turn = Decision {
             delay_us: Some(200_000),
             ..allowed(3)
@@ -786,7 +966,7 @@ descriptors:
             requests_per_unit: 42,
             unit: 2,
         });
-        let plan = plan(&config, &request(vec![overridden])).unwrap();
+        let plan = plan_public(&config, &request(vec![overridden])).unwrap();
         let expected = Algorithm::FixedWindow {
             limit: 42,
             window_us: 60_000_000,
@@ -800,11 +980,35 @@ descriptors:
             requests_per_unit: 1,
             unit: 0,
         });
-        let refused = super::plan(&config, &request(vec![unknown_unit])).unwrap_err();
+        let refused = plan_public(&config, &request(vec![unknown_unit])).unwrap_err();
         assert_eq!(
             refused.0,
             "descriptors[0].limit.unit: 0 is not a known unit"
         );
+        let mut yearly = descriptor(&[("user", "a")]);
+        yearly.limit = Some(RateLimitOverride {
+            requests_per_unit: 1,
+            unit: 6,
+        });
+        let refused = plan_public(&config, &request(vec![yearly])).unwrap_err();
+        assert_eq!(
+            refused.0,
+            "descriptors[0].limit.unit: its key would live 365d, more than --max-key-ttl 62d"
+        );
+    }
+
+    #[test]
+    fn an_overrides_metrics_label_holds_no_request_value() {
+        let config = config();
+        let mut overridden = descriptor(&[("user", &"x".repeat(10_000))]);
+        overridden.limit = Some(RateLimitOverride {
+            requests_per_unit: 42,
+            unit: 2,
+        });
+        let plan = plan_public(&config, &request(vec![overridden])).unwrap();
+        let answer = answer(&plan, &[allowed(41)], HeaderStyle::None, 0);
+        assert_eq!(answer.tallies[0].label, "user");
+        assert_eq!(answer.tallies[0].fallback, "user");
     }
 
     #[test]
@@ -812,7 +1016,7 @@ descriptors:
         let config = config();
         let mut heavy = request(vec![descriptor(&[("user", "a")])]);
         heavy.hits_addend = 3;
-        let plan = plan(&config, &heavy).unwrap();
+        let plan = plan_public(&config, &heavy).unwrap();
         // 10 per minute: 9 used after this call, 8 is the threshold.
         let answer = answer(&plan, &[allowed(1), allowed(4)], HeaderStyle::None, 0);
         assert_eq!(answer.tallies[0].near_limit, 1);

@@ -14,14 +14,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sluice::duration::parse_nanos;
 
-use crate::check::{interval_us, Shape, MAX_CAPACITY_US};
+use crate::check::{interval_us, Bounds, Shape};
 use crate::store::Algorithm;
 use sluice::algorithm::Kind;
 
-/// Every domain of every file, ready for matching.
+/// Every domain of every file, ready for matching, and the bounds they were checked against.
 #[derive(Debug, Default)]
 pub struct Config {
     domains: HashMap<String, Node>,
+    pub bounds: Bounds,
 }
 
 /// A level of descriptors: the root of a domain, or a descriptor with what is nested in it.
@@ -91,9 +92,10 @@ pub struct Limit {
     /// A name fit for the draft `RateLimit` headers (`[A-Za-z0-9_.-]`, from the configuration,
     /// never from a request): `name` if it is one, else the label with other characters as `_`.
     pub policy: String,
-    /// Tells this limit's counters from the node's other limits' in the store key:
-    /// `<algorithm>/<window ms>/<n>`, so a changed `requests_per_unit` keeps the counters, as in
-    /// envoyproxy/ratelimit, and adding a limit moves no other limit's counters.
+    /// Tells this limit's counters from the node's other limits' in the store key (which also
+    /// holds the algorithm and its numbers, `store::state_key`): `<n>`, the limits before it on
+    /// the node with the same algorithm and numbers, so adding a limit moves no other limit's
+    /// counters.
     pub identity: String,
 }
 
@@ -114,11 +116,13 @@ pub struct Rate {
     /// The protocol's unit for `current_limit`: the `unit`, or a `per` of exactly one unit;
     /// `Unknown` for other windows.
     pub unit: Unit,
-    /// The most a request may charge: anything larger is over the limit anyway, and the bound
-    /// keeps the store's arithmetic exact.
-    pub max_cost: u64,
+}
+
+impl Rate {
     /// The most a request can ever get: the bucket, the window's limit, the queue.
-    pub capacity: u64,
+    pub fn capacity(&self) -> u64 {
+        self.algorithm.capacity()
+    }
 }
 
 /// envoyproxy/ratelimit's units; a month is 30 days and a year 365, windows aligned to the epoch.
@@ -197,12 +201,24 @@ impl Config {
         self.domains.len()
     }
 
+    /// The domains, in no order.
+    pub fn domain_names(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
     /// Builds the configuration from `(file, contents)` pairs: all or nothing, every error found.
-    pub fn from_files(files: &[(PathBuf, String)]) -> Result<Config, Vec<ConfigError>> {
-        let mut config = Config::default();
+    /// Every limit is checked against `bounds`.
+    pub fn from_files(
+        files: &[(PathBuf, String)],
+        bounds: &Bounds,
+    ) -> Result<Config, Vec<ConfigError>> {
+        let mut config = Config {
+            bounds: *bounds,
+            ..Config::default()
+        };
         let mut errors = Vec::new();
         for (file, text) in files {
-            match parse_file(file, text) {
+            match parse_file(file, text, bounds) {
                 Ok((domain, _)) if config.domains.contains_key(&domain.name) => {
                     errors.push(ConfigError {
                         file: file.clone(),
@@ -249,6 +265,24 @@ pub fn config_files(path: &Path) -> Result<Vec<PathBuf>, ConfigError> {
     Ok(files)
 }
 
+/// What tells a file's change without reading it: its path, length and modification time.
+pub type Stamp = (PathBuf, u64, Option<std::time::SystemTime>);
+
+/// The stamps of every file of `path` (`config_files`).
+pub fn stamps(path: &Path) -> Result<Vec<Stamp>, ConfigError> {
+    config_files(path)?
+        .into_iter()
+        .map(|file| match std::fs::metadata(&file) {
+            Ok(meta) => Ok((file, meta.len(), meta.modified().ok())),
+            Err(error) => Err(ConfigError {
+                file,
+                line: 0,
+                reason: format!("cannot be read: {error}"),
+            }),
+        })
+        .collect()
+}
+
 /// Reads every file of `path` (`config_files`).
 pub fn read_files(path: &Path) -> Result<Files, ConfigError> {
     config_files(path)?
@@ -269,7 +303,7 @@ struct DomainName {
     line: usize,
 }
 
-fn parse_file(file: &Path, text: &str) -> Result<(DomainName, Node), ConfigError> {
+fn parse_file(file: &Path, text: &str, bounds: &Bounds) -> Result<(DomainName, Node), ConfigError> {
     let error = |line: usize, reason: String| ConfigError {
         file: file.to_path_buf(),
         line,
@@ -288,7 +322,7 @@ fn parse_file(file: &Path, text: &str) -> Result<(DomainName, Node), ConfigError
     }
     let mut root = Node::default();
     let descriptors = raw.descriptors.unwrap_or_default();
-    add_descriptors(&mut root, descriptors, "")
+    add_descriptors(&mut root, descriptors, "", bounds)
         .map_err(|(at, reason)| error(line_of(text, &at), reason))?;
     let domain = DomainName {
         name: raw.domain,
@@ -321,6 +355,7 @@ fn add_descriptors(
     parent: &mut Node,
     descriptors: Vec<RawDescriptor>,
     parent_path: &str,
+    bounds: &Bounds,
 ) -> Result<(), BuildError> {
     for raw in descriptors {
         let key = raw.key.0;
@@ -354,6 +389,10 @@ fn add_descriptors(
         node.share_threshold |= raw.share_threshold;
         node.value_to_metric |= raw.value_to_metric;
         if let Some(parsed) = raw.rate_limit {
+            if let Rule::Limited(rate) = &parsed.rule {
+                (bounds.check_lifetime(&rate.algorithm))
+                    .map_err(|reason| (at.clone(), format!("rate_limit: {reason}")))?;
+            }
             let modes = Modes {
                 shadow_mode: raw.shadow_mode,
                 quota_mode: raw.quota_mode,
@@ -367,7 +406,7 @@ fn add_descriptors(
             let reason = "an unlimited rate_limit cannot share its descriptor with other limits";
             return Err((at, reason.into()));
         }
-        add_descriptors(node, raw.descriptors.unwrap_or_default(), &path)?;
+        add_descriptors(node, raw.descriptors.unwrap_or_default(), &path, bounds)?;
     }
     Ok(())
 }
@@ -490,14 +529,11 @@ fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
             limit: 0,
             window_us: window_ms * 1000,
         };
-        let (max_cost, capacity) = (1, 0);
         return Ok(Rate {
             algorithm,
             requests,
             window_ms,
             unit,
-            max_cost,
-            capacity,
         });
     }
     let requests_u64 = u64::from(requests);
@@ -518,17 +554,11 @@ fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
     let algorithm = shape
         .algorithm(&field_name)
         .map_err(|bad| format!("rate_limit.{}", bad.detail))?;
-    let max_cost = match algorithm {
-        Algorithm::LeakyBucket { interval_us, .. } => (MAX_CAPACITY_US / interval_us).max(1),
-        _ => burst + 1,
-    };
     Ok(Rate {
         algorithm,
         requests,
         window_ms,
         unit,
-        max_cost,
-        capacity: burst,
     })
 }
 
@@ -571,14 +601,14 @@ fn whole_ms(text: &str, field: &str, zero: bool) -> Result<u64, String> {
 }
 
 fn identity(rule: &Rule, node: &Node) -> String {
-    let Rule::Limited(rate) = rule else {
-        return "unlimited".into();
+    let algorithm = |rule: &Rule| match rule {
+        Rule::Limited(rate) => Some(rate.algorithm),
+        Rule::Unlimited => None,
     };
-    let base = format!("{}/{}", rate.algorithm.name(), rate.window_ms);
     let same = (node.limits.iter())
-        .filter(|l| l.identity.rsplit_once('/').is_some_and(|(b, _)| b == base))
+        .filter(|l| algorithm(&l.rule) == algorithm(rule))
         .count();
-    format!("{base}/{same}")
+    same.to_string()
 }
 
 /// `name` if it is fit for a header, else `label` with every other character as `_`; at most 64.
@@ -666,7 +696,8 @@ mod tests {
     use super::*;
 
     fn load(yaml: &str) -> Result<Config, Vec<ConfigError>> {
-        Config::from_files(&[(PathBuf::from("rls/test.yaml"), yaml.to_string())])
+        let files = [(PathBuf::from("rls/test.yaml"), yaml.to_string())];
+        Config::from_files(&files, &Bounds::default())
     }
 
     fn refused(yaml: &str) -> String {
@@ -700,8 +731,6 @@ mod tests {
             requests: 500,
             window_ms: 1_000,
             unit: Unit::Second,
-            max_cost: 501,
-            capacity: 500,
         };
         assert_eq!(users.rule, Rule::Limited(expected));
         assert_eq!(users.label, "database_users");
@@ -728,7 +757,7 @@ mod tests {
             burst: 20,
         };
         assert_eq!(
-            (bucket.algorithm, bucket.unit, bucket.capacity),
+            (bucket.algorithm, bucket.unit, bucket.capacity()),
             (expected, Unit::Unknown, 20)
         );
         let Rule::Limited(leaky) = &limits(&config, &["shaped"])[0].rule else {
@@ -738,7 +767,7 @@ mod tests {
             interval_us: 100_000,
             max_delay_us: 500_000,
         };
-        assert_eq!((leaky.algorithm, leaky.capacity), (expected, 6));
+        assert_eq!((leaky.algorithm, leaky.capacity()), (expected, 6));
     }
 
     #[test]
@@ -751,10 +780,8 @@ mod tests {
         let labels: Vec<&str> = both.iter().map(|l| l.label.as_str()).collect();
         assert_eq!(labels, ["account", "account#2"]);
         let identities: Vec<&str> = both.iter().map(|l| l.identity.as_str()).collect();
-        assert_eq!(
-            identities,
-            ["fixed_window/1000/0", "fixed_window/86400000/0"]
-        );
+        // Told apart by their algorithms' numbers in the store key already.
+        assert_eq!(identities, ["0", "0"]);
         assert_eq!(both[1].policy, "daily");
         assert_eq!(limits(&config, &["account", "method"]).len(), 1);
     }
@@ -832,6 +859,10 @@ mod tests {
                 "rls/test.yaml:4: descriptors[0].rate_limit.algorithm: unknown variant `gcra`",
             ),
             (
+                "domain: d\ndescriptors:\n  - key: b\n  - key: a\n    rate_limit: {unit: year, requests_per_unit: 1}\n",
+                "rls/test.yaml:4: rate_limit: its key would live 365d, more than --max-key-ttl 62d",
+            ),
+            (
                 "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true}\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
                 "rls/test.yaml:3: an unlimited rate_limit cannot share its descriptor with other limits",
             ),
@@ -848,7 +879,8 @@ mod tests {
     #[test]
     fn a_domain_in_two_files_is_refused_naming_the_second() {
         let file = |name: &str| (PathBuf::from(name), "domain: d\n".to_string());
-        let errors = Config::from_files(&[file("a.yaml"), file("b.yaml")]).unwrap_err();
+        let files = [file("a.yaml"), file("b.yaml")];
+        let errors = Config::from_files(&files, &Bounds::default()).unwrap_err();
         let messages: Vec<String> = errors.iter().map(ToString::to_string).collect();
         assert_eq!(messages, ["b.yaml:1: duplicate domain 'd' in config file"]);
     }
@@ -863,7 +895,7 @@ mod tests {
             (PathBuf::from("b.yaml"), "domain: [b\n".to_string()),
             (PathBuf::from("c.yaml"), "domain: c\n".to_string()),
         ];
-        let errors = Config::from_files(&files).unwrap_err();
+        let errors = Config::from_files(&files, &Bounds::default()).unwrap_err();
         let files: Vec<&Path> = errors.iter().map(|e| e.file.as_path()).collect();
         assert_eq!(files, [Path::new("a.yaml"), Path::new("b.yaml")]);
     }

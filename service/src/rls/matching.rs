@@ -99,7 +99,8 @@ mod tests {
     use std::path::PathBuf;
 
     fn config(yaml: &str) -> Config {
-        Config::from_files(&[(PathBuf::from("test.yaml"), yaml.to_string())]).unwrap()
+        let files = [(PathBuf::from("test.yaml"), yaml.to_string())];
+        Config::from_files(&files, &crate::check::Bounds::default()).unwrap()
     }
 
     /// The path of the node `entries` reach in domain `d`, if any.

@@ -2,13 +2,16 @@
 //! them (`total_hits`, `over_limit`, `near_limit`, `within_limit`, `shadow_mode`), registered in
 //! the service's one registry.
 //!
-//! Cardinality stays bounded: a descriptor's label comes from the configuration (its path of
-//! keys and configured values), so there are as many series as configured limits. Only limits
-//! with `detailed_metric` (or `value_to_metric` on the way) put the request's values in the label,
-//! and at most `MAX_VALUE_SERIES` such labels are ever created; later ones count under the
-//! configured label.
+//! Their size stays bounded, in series and in bytes: a descriptor's label comes from the
+//! configuration (its path of keys and configured values), so there are as many series as
+//! configured limits. Only limits with `detailed_metric` (or `value_to_metric` on the way) put the
+//! request's values in the label; such a label longer than `MAX_LABEL_BYTES` is cut and ends in
+//! a hash of the whole, and at most `MAX_VALUE_SERIES` of them are ever created (later ones
+//! count under the configured label). Counters saturate instead of wrapping.
 
 use std::collections::HashSet;
+use std::hash::Hasher;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Mutex;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -21,6 +24,9 @@ use super::answer::Tally;
 
 /// How many labels made of request values are created at most, over all domains.
 pub const MAX_VALUE_SERIES: usize = 10_000;
+/// The longest label made of request values: longer ones keep their first bytes and end in
+/// `~` and 16 hex digits of a hash of the whole label.
+pub const MAX_LABEL_BYTES: usize = 128;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DescriptorLabels {
@@ -45,8 +51,10 @@ type PerDescriptor = Family<DescriptorLabels, Counter>;
 pub enum Failure {
     /// Redis failed or did not answer in time: `UNAVAILABLE`.
     Redis,
-    /// The request was refused (empty domain, no descriptors, a bad override).
+    /// The request was refused (empty domain, no descriptors, too many, a bad override).
     Request,
+    /// No valid bearer token (`--token-file`): `UNAUTHENTICATED`.
+    Unauthenticated,
 }
 
 pub struct RlsMetrics {
@@ -111,7 +119,8 @@ impl RlsMetrics {
         }
         registry.register(
             "errors",
-            "ShouldRateLimit calls answered with an error, by kind (redis, request)",
+            "ShouldRateLimit calls answered with an error, by kind (redis, request, \
+             unauthenticated)",
             metrics.errors.clone(),
         );
         registry.register(
@@ -136,32 +145,36 @@ impl RlsMetrics {
     pub fn record(&self, domain: &str, tallies: &[Tally]) {
         for tally in tallies {
             let labels = self.labels(domain, tally);
-            self.total_hits.get_or_create(&labels).inc_by(tally.hits);
+            let add =
+                |family: &PerDescriptor, n: u64| saturating_add(&family.get_or_create(&labels), n);
+            add(&self.total_hits, tally.hits);
             if tally.over_limit {
-                self.over_limit.get_or_create(&labels).inc_by(tally.hits);
+                add(&self.over_limit, tally.hits);
             } else {
-                self.within_limit.get_or_create(&labels).inc_by(tally.hits);
+                add(&self.within_limit, tally.hits);
             }
             if tally.near_limit > 0 {
-                self.near_limit
-                    .get_or_create(&labels)
-                    .inc_by(tally.near_limit);
+                add(&self.near_limit, tally.near_limit);
             }
             if tally.shadow_mode {
-                self.shadow_mode.get_or_create(&labels).inc_by(tally.hits);
+                add(&self.shadow_mode, tally.hits);
             }
         }
     }
 
-    /// The tally's label with request values while fewer than `MAX_VALUE_SERIES` exist.
+    /// The tally's label with request values (cut to `MAX_LABEL_BYTES`) while fewer than
+    /// `MAX_VALUE_SERIES` exist.
     fn labels(&self, domain: &str, tally: &Tally) -> DescriptorLabels {
+        if tally.label == tally.fallback {
+            return DescriptorLabels {
+                domain: domain.to_string(),
+                descriptor: tally.label.clone(),
+            };
+        }
         let labels = DescriptorLabels {
             domain: domain.to_string(),
-            descriptor: tally.label.clone(),
+            descriptor: bounded_label(&tally.label),
         };
-        if tally.label == tally.fallback {
-            return labels;
-        }
         let mut seen = self
             .value_labels
             .lock()
@@ -179,6 +192,7 @@ impl RlsMetrics {
         let kind = match failure {
             Failure::Redis => "redis",
             Failure::Request => "request",
+            Failure::Unauthenticated => "unauthenticated",
         };
         self.errors.get_or_create(&KindLabels { kind }).inc();
     }
@@ -201,6 +215,32 @@ impl RlsMetrics {
             self.domains.set(i64::try_from(domains).unwrap_or(i64::MAX));
         }
     }
+}
+
+/// Adds `n`, staying at `u64::MAX` rather than wrapping to 0.
+fn saturating_add(counter: &Counter, n: u64) {
+    let add = |count: u64| Some(count.saturating_add(n));
+    let _ = counter.inner().fetch_update(Relaxed, Relaxed, add);
+}
+
+/// `label` if it is at most `MAX_LABEL_BYTES`; else its first bytes (whole characters), `~`,
+/// and 16 hex digits of its hash, `MAX_LABEL_BYTES` at most in all: distinct long labels stay
+/// apart.
+fn bounded_label(label: &str) -> String {
+    if label.len() <= MAX_LABEL_BYTES {
+        return label.to_string();
+    }
+    let mut hasher = siphasher::sip::SipHasher13::new();
+    hasher.write(label.as_bytes());
+    let mut end = MAX_LABEL_BYTES - 17;
+    while !label.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}~{:016x}",
+        label.get(..end).unwrap_or(""),
+        hasher.finish()
+    )
 }
 
 #[cfg(test)]
@@ -243,6 +283,37 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn long_labels_are_cut_and_told_apart_by_a_hash_and_counters_saturate() {
+        let mut registry = Registry::with_prefix("sluice_service");
+        let metrics = RlsMetrics::register(&mut registry);
+        let long = |c: &str| format!("user_{}", c.repeat(1 << 20));
+        metrics.record("d", &[tally(&long("a"), "user", u64::MAX, false)]);
+        metrics.record("d", &[tally(&long("a"), "user", 5, false)]);
+        metrics.record("d", &[tally(&long("\u{e9}"), "user", 1, false)]);
+        let text = render(&registry);
+        let hits: Vec<&str> = (text.lines())
+            .filter(|l| l.starts_with("sluice_service_rls_total_hits_total{"))
+            .collect();
+        assert_eq!(hits.len(), 2, "{hits:?}");
+        for line in &hits {
+            let label = line
+                .split("descriptor=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            assert!(label.len() <= MAX_LABEL_BYTES, "{label}");
+            assert!(label.starts_with("user_"), "{label}");
+        }
+        assert!(
+            hits.iter().any(|l| l.ends_with(&format!(" {}", u64::MAX))),
+            "{hits:?}"
+        );
+        assert!(text.len() < 4096, "{} bytes", text.len());
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! domain; `watch` keeps it current; `matching` finds the limits of a request's descriptor;
 //! `answer` plans the store checks and builds the response (pure, clock injected); `service` is
 //! the gRPC method over the same `Store` (Lua scripts, Redis `TIME`) as `/v1/check`; `metrics`
-//! counts per domain and descriptor.
+//! counts per domain and descriptor. Connections come through the same `connections::Gate` as
+//! HTTP's, with HTTP/2's own bounds on top (`serve`).
 
 pub mod answer;
 pub mod config;
@@ -25,13 +26,27 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use sluice::headers::HeaderStyle;
+use sluice::key::HashSecret;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
+use tracing::warn;
 
+use crate::auth::Guard;
+use crate::check::Bounds;
+use crate::connections::{Gate, Server};
 use crate::store::Store;
 use metrics::RlsMetrics;
 use service::RlsService;
 use watch::{Hangups, Watcher};
+
+/// `--rls-max-streams`'s default: HTTP/2 streams (calls in flight) one connection may have.
+pub const DEFAULT_MAX_STREAMS: u32 = 100;
+/// HTTP/2 flow-control windows: what a client may send ahead of the service, per stream and per
+/// connection (hyper's default of 1 MiB per stream would let one stream's body run far past the
+/// largest request).
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// The most a request's header block may hold.
+const MAX_HEADER_LIST: u32 = 16 * 1024;
 
 /// The command line of the RLS.
 #[derive(ClapArgs, Debug)]
@@ -56,12 +71,71 @@ pub struct RlsArgs {
         value_parser = header_style
     )]
     pub rls_headers: HeaderStyle,
+
+    /// The secret the RLS's Redis keys are hashed under, the same for every replica: at least
+    /// 32 bytes (e.g. `openssl rand -hex 32`); best given in the environment. Without it keys
+    /// are hashed under a public key
+    #[arg(
+        long,
+        env = "SLUICE_RLS_HASH_SECRET",
+        value_name = "SECRET",
+        hide_env_values = true,
+        value_parser = hash_secret
+    )]
+    pub rls_hash_secret: Option<Secret>,
+
+    /// Let a reload remove the domains whose files disappeared (down to none) instead of
+    /// refusing it
+    #[arg(long, env = "SLUICE_RLS_ALLOW_EMPTY_CONFIG")]
+    pub rls_allow_empty_config: bool,
+
+    /// HTTP/2 streams (calls in flight) one RLS connection may have (SETTINGS_MAX_CONCURRENT_STREAMS)
+    #[arg(
+        long,
+        env = "SLUICE_RLS_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = DEFAULT_MAX_STREAMS,
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    pub rls_max_streams: u32,
+}
+
+/// The key the operator's secret gives, never shown (not even through `{:?}`).
+#[derive(Clone, Copy)]
+pub struct Secret(HashSecret);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(hidden)")
+    }
+}
+
+/// An operator's secret as the filter's `hash_secret_env` takes it: at least 32 bytes once
+/// trimmed. Only its length is ever shown.
+fn hash_secret(text: &str) -> Result<Secret, String> {
+    let secret = text.trim().as_bytes();
+    if secret.len() < HashSecret::MIN_TEXT_BYTES {
+        return Err(format!(
+            "must be at least {} bytes, got {}",
+            HashSecret::MIN_TEXT_BYTES,
+            secret.len()
+        ));
+    }
+    Ok(Secret(HashSecret::from_text(secret)))
 }
 
 /// The names of the filter's `headers` setting.
 fn header_style(text: &str) -> Result<HeaderStyle, String> {
     let name = serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text);
     HeaderStyle::deserialize(name).map_err(|error| error.to_string())
+}
+
+/// What the RLS shares with the rest of the service.
+pub struct Settings {
+    pub bounds: Bounds,
+    pub guard: Guard,
+    /// `--max-request-bytes`: the largest call.
+    pub max_request_bytes: usize,
 }
 
 /// An RLS ready to serve: its configuration loaded, its port bound, SIGHUP handled.
@@ -73,6 +147,8 @@ pub struct Rls<S> {
     watcher: Watcher,
     hangups: Hangups,
     service: RlsService<S>,
+    max_streams: u32,
+    max_request_bytes: usize,
 }
 
 impl<S: Store> Rls<S> {
@@ -82,16 +158,32 @@ impl<S: Store> Rls<S> {
         args: &RlsArgs,
         store: S,
         registry: &mut Registry,
+        settings: Settings,
     ) -> Result<Option<Rls<S>>, String> {
         let (Some(address), Some(path)) = (args.rls, &args.rls_config) else {
             return Ok(None);
         };
         let metrics = Arc::new(RlsMetrics::register(registry));
-        let (watcher, config) = Watcher::start(path, Arc::clone(&metrics)).map_err(|errors| {
+        let reload = watch::Reload {
+            bounds: settings.bounds,
+            allow_empty: args.rls_allow_empty_config,
+        };
+        let started = Watcher::start(path, reload, Arc::clone(&metrics));
+        let (watcher, config) = started.map_err(|errors| {
             let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
             format!("cannot load --rls-config:\n{}", lines.join("\n"))
         })?;
         let domains = config.current().domain_count();
+        let secret = args.rls_hash_secret.map_or_else(
+            || {
+                warn!(
+                "no --rls-hash-secret: rls keys are hashed under a public key, so whoever reads \
+                 Redis can tell which descriptor values a key counts"
+            );
+                HashSecret::PUBLIC
+            },
+            |Secret(secret)| secret,
+        );
         let hangups =
             Hangups::install().map_err(|failure| format!("cannot handle SIGHUP: {failure}"))?;
         let listener = TcpListener::bind(address)
@@ -100,7 +192,14 @@ impl<S: Store> Rls<S> {
         let address = listener
             .local_addr()
             .map_err(|failure| failure.to_string())?;
-        let service = RlsService::new(store, config, args.rls_headers, metrics);
+        let service = RlsService {
+            store,
+            config,
+            headers: args.rls_headers,
+            metrics,
+            guard: settings.guard,
+            secret,
+        };
         Ok(Some(Rls {
             listener,
             address,
@@ -109,6 +208,8 @@ impl<S: Store> Rls<S> {
             watcher,
             hangups,
             service,
+            max_streams: args.rls_max_streams,
+            max_request_bytes: settings.max_request_bytes,
         }))
     }
 
@@ -121,20 +222,33 @@ impl<S: Store> Rls<S> {
     }
 
     /// Serves gRPC, reloading the configuration meanwhile, until `stopping` completes; then stops
-    /// accepting and gives calls in flight `drain` to finish. Whether they all did.
-    pub async fn serve<F>(self, stopping: F, drain: Duration) -> Result<bool, String>
+    /// accepting and gives calls in flight `drain` to finish. Whether they all did. Connections
+    /// come through `gate`; a stream buffers at most `--max-request-bytes` (larger calls are
+    /// refused as soon as their length is read) and a connection `--rls-max-streams` of them.
+    pub async fn serve<F>(
+        self,
+        gate: Arc<Gate>,
+        stopping: F,
+        drain: Duration,
+    ) -> Result<bool, String>
     where
         F: Future<Output = ()> + Clone,
     {
         let watching = tokio::spawn(self.watcher.run(self.hangups));
-        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        let listener = self.listener;
+        let incoming = futures_util::stream::unfold((gate, listener), |(gate, listener)| async {
+            let stream = gate.accept(&listener, Server::Rls).await;
+            Some((Ok::<_, std::io::Error>(stream), (gate, listener)))
+        });
         // One service: served as it is, without a router in front of it.
-        let service = RateLimitServiceServer::new(self.service);
-        let server = tonic::transport::Server::builder().serve_with_incoming_shutdown(
-            service,
-            incoming,
-            stopping.clone(),
-        );
+        let service = RateLimitServiceServer::new(self.service)
+            .max_decoding_message_size(self.max_request_bytes);
+        let server = tonic::transport::Server::builder()
+            .max_concurrent_streams(self.max_streams)
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .http2_max_header_list_size(MAX_HEADER_LIST)
+            .serve_with_incoming_shutdown(service, incoming, stopping.clone());
         let drained = tokio::select! {
             served = server => served.map(|()| true).map_err(|failure| format!("rls: {failure}")),
             () = async { stopping.await; tokio::time::sleep(drain).await } => Ok(false),

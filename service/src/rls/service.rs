@@ -1,7 +1,8 @@
-//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a `Store`: plan, one store
-//! call for every limit of the request, answer. Requests envoyproxy/ratelimit refuses get its
-//! errors; a store that fails or does not answer within its bound (1 s) gets `UNAVAILABLE`, so
-//! that Envoy's `failure_mode_deny` decides.
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a `Store`: the token,
+//! plan, one store call for every limit of the request, answer. Requests envoyproxy/ratelimit
+//! refuses get its errors; a call without a valid token (with `--token-file`) `UNAUTHENTICATED`;
+//! a store that fails or does not answer within its bound (1 s) `UNAVAILABLE`, so that Envoy's
+//! `failure_mode_deny` decides.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -9,39 +10,43 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice::headers::HeaderStyle;
+use sluice::key::HashSecret;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::answer::{answer, plan, Invalid};
 use super::metrics::{Failure, RlsMetrics};
 use super::watch::SharedConfig;
+use crate::auth::Guard;
+use crate::connections::Activity;
 use crate::store::Store;
 
+/// Answers from `config` as it is at each call, with the rate-limit `headers` asked for, its
+/// keys hashed under `secret`.
 pub struct RlsService<S> {
-    store: S,
-    config: SharedConfig,
-    headers: HeaderStyle,
-    metrics: Arc<RlsMetrics>,
+    pub(super) store: S,
+    pub(super) config: SharedConfig,
+    pub(super) headers: HeaderStyle,
+    pub(super) metrics: Arc<RlsMetrics>,
+    pub(super) guard: Guard,
+    pub(super) secret: HashSecret,
 }
 
 impl<S: Store> RlsService<S> {
-    /// Answers from `config` as it is at each call, with the rate-limit `headers` asked for.
-    pub fn new(
-        store: S,
-        config: SharedConfig,
-        headers: HeaderStyle,
-        metrics: Arc<RlsMetrics>,
-    ) -> Self {
-        RlsService {
-            store,
-            config,
-            headers,
-            metrics,
+    /// The bearer token of `authorization` metadata, as HTTP's header carries it (Envoy's
+    /// `grpc_service.initial_metadata` sends it).
+    fn authorized(&self, metadata: &MetadataMap) -> Result<(), Status> {
+        let authorization = metadata.get("authorization").map(|v| v.as_bytes());
+        if self.guard.admits(authorization) {
+            return Ok(());
         }
+        self.metrics.record_failure(Failure::Unauthenticated);
+        Err(Status::unauthenticated("a valid bearer token is required"))
     }
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let config = self.config.current();
-        let plan = plan(&config, request).map_err(|Invalid(reason)| {
+        let plan = plan(&config, request, &self.secret).map_err(|Invalid(reason)| {
             self.metrics.record_failure(Failure::Request);
             // What envoyproxy/ratelimit's Go gRPC server makes of its plain errors.
             Status::unknown(reason)
@@ -72,6 +77,9 @@ impl<S: Store> RateLimitService for RlsService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let activity = request.extensions().get::<Activity>().cloned();
+        let _answering = activity.as_ref().map(Activity::answering);
+        self.authorized(request.metadata())?;
         self.decide(request.get_ref()).await.map(Response::new)
     }
 }

@@ -12,7 +12,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
-use sluice_testkit::service::Service;
+use sluice_testkit::service::{Launcher, Service};
 use sluice_testkit::TempDir;
 
 pub type Client = RateLimitServiceClient<Channel>;
@@ -26,11 +26,16 @@ pub struct Rls {
 impl Rls {
     /// `redis` is `["--redis", url]` or `["--redis-cluster", urls]`; `extra` more arguments.
     pub fn start(redis: &[&str], yaml: &str, extra: &[&str]) -> Rls {
+        Rls::launch(Launcher::default(), redis, yaml, extra)
+    }
+
+    /// As `start`, started by `launcher` (under a file descriptor limit, say).
+    pub fn launch(launcher: Launcher, redis: &[&str], yaml: &str, extra: &[&str]) -> Rls {
         let dir = TempDir::new("rls-config");
         std::fs::write(dir.path().join("limits.yaml"), yaml).unwrap();
         let config = dir.path().to_string_lossy().into_owned();
         let rls = ["--rls", "127.0.0.1:0", "--rls-config", &config];
-        let service = Service::start_rls(&[redis, &rls[..], extra].concat(), &[]);
+        let service = launcher.start_rls(&[redis, &rls[..], extra].concat(), &[]);
         Rls { service, dir }
     }
 
