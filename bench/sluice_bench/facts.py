@@ -97,8 +97,7 @@ def facts_lines(info):
     """The facts as the reports list them: the reliability runs' with Redis and the service."""
     service = (f"; {info['redis'].split(' sha=')[0]}; sluice-service `{info['service']}`"
                if "redis" in info else "")
-    return machine_lines(info) + [f"- Envoy {info['envoy']}; {info['wrk']}{service}",
-    ]
+    return machine_lines(info) + [f"- Envoy {info['envoy']}; {info['wrk']}{service}"]
 
 
 def service_facts_lines(info):
