@@ -194,11 +194,18 @@ fn prometheus_name(name: &str) -> String {
 }
 
 /// The service's families: every one its registry holds once `Metrics` (as `default()` makes
-/// it) and the RLS have registered, read from the registry's `Debug` (the only listing prometheus-client gives):
-/// each `prefix: Some(Prefix("…"))` is followed by the `Descriptor`s registered under it.
+/// it), the connection gate and the RLS have registered, read from the registry's `Debug` (the
+/// only listing prometheus-client gives): each `prefix: Some(Prefix("…"))` is followed by the
+/// `Descriptor`s registered under it.
 fn service_families() -> BTreeSet<String> {
     let mut metrics = sluice_service::metrics::Metrics::default();
     sluice_service::rls::metrics::RlsMetrics::register(metrics.registry_mut());
+    let limits = sluice_service::connections::Limits {
+        max_connections: 1,
+        header_timeout: std::time::Duration::from_secs(1),
+        idle_timeout: std::time::Duration::from_secs(1),
+    };
+    sluice_service::connections::Gate::new(limits, metrics.registry_mut());
     let listing = format!("{:?}", metrics.registry_mut());
     let mut families = Vec::new();
     let mut prefix = String::new();
