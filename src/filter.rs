@@ -4,7 +4,7 @@
 
 use crate::access_log;
 use crate::breaker::Breaker;
-use crate::config::{self, ConfigError, GlobalService, Plan};
+use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
 use crate::duration::NANOS_PER_SEC;
 use crate::headers::{each_rate_limit_header, retry_after_secs, Quota};
 use crate::key::{HashSecret, Keying};
@@ -14,6 +14,7 @@ use crate::metrics::{Counters, Metrics};
 use crate::protocol;
 use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
+use crate::rls;
 use crate::store::{Store, ABSENT};
 use crate::table;
 use crate::time::WorkerClock;
@@ -21,6 +22,8 @@ use std::cell::{Cell, RefCell};
 
 /// The spacing of the log lines that would otherwise repeat with every request.
 const MINUTE: u64 = 60 * NANOS_PER_SEC;
+/// The gRPC status of a call that succeeded.
+pub const GRPC_OK: u32 = 0;
 
 /// What the filter needs from the proxy.
 pub trait Host: RequestSource + Store {
@@ -30,7 +33,8 @@ pub trait Host: RequestSource + Store {
     fn send_response(&self, reply: &LocalReply);
     /// Puts the request's record where the access log reads it (`access_log::PROPERTY`).
     fn record(&self, record: &str);
-    /// Starts a call to the rate-limit service; false if it could not be started. The answer
+    /// Starts a call to the rate-limit service, as its protocol says (an HTTP POST of the body,
+    /// or a gRPC `ShouldRateLimit` carrying it); false if it could not be started. The answer
     /// comes back through `Filter::on_service_response`.
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
 }
@@ -137,17 +141,25 @@ impl Filter {
         self.proceed(host, step, now)
     }
 
-    /// Continues a held request with the service's reply: its HTTP status and body, or `None`
-    /// when the call failed (timeout, reset, no healthy endpoint).
+    /// Continues a held request with the service's reply: its status (HTTP for sluice-service,
+    /// gRPC for an RLS) and body, or `None` when the call failed (timeout, reset, no healthy
+    /// endpoint).
     pub fn on_service_response(
         &self,
         host: &impl Host,
         pending: Pending,
         reply: Option<(u32, Vec<u8>)>,
     ) -> Verdict {
-        let answers = reply
-            .filter(|(status, _)| *status == 200)
-            .and_then(|(_, body)| protocol::decode(&body, pending.checks()));
+        let protocol = self.plan.global.as_ref().map(|s| &s.protocol);
+        let answers = match (protocol, reply) {
+            (Some(Protocol::Sluice { .. }), Some((200, body))) => {
+                protocol::decode(&body, pending.checks())
+            }
+            (Some(Protocol::Rls { .. }), Some((GRPC_OK, body))) => {
+                rls::decode(&body, pending.checks())
+            }
+            _ => None,
+        };
         let now = self.now(host);
         self.record_call(answers.is_some(), now);
         let step = self.limiter(host, |l| l.resume(pending, answers));
@@ -194,10 +206,15 @@ impl Filter {
             match step {
                 Step::Done(outcome) => return self.finish(host, &outcome, now),
                 Step::Callout(pending) => {
-                    let service = self.plan.global.as_ref();
-                    let body = protocol::encode(pending.checks());
                     self.counters.callouts.add(1);
-                    if service.is_some_and(|s| host.dispatch(s, &body)) {
+                    let dispatched = self.plan.global.as_ref().is_some_and(|service| {
+                        let body = match &service.protocol {
+                            Protocol::Sluice { .. } => protocol::encode(pending.checks()),
+                            Protocol::Rls { domain, .. } => rls::encode(domain, pending.checks()),
+                        };
+                        host.dispatch(service, &body)
+                    });
+                    if dispatched {
                         return Verdict::Waiting(pending);
                     }
                     self.record_call(false, now);

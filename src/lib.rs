@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod protocol;
 pub mod reply;
 pub mod request;
+pub mod rls;
 pub mod route;
 pub mod store;
 pub mod table;

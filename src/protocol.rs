@@ -32,6 +32,10 @@ pub struct Check {
     /// Leaky bucket only: the longest the service may schedule a request ahead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay_ms: Option<u64>,
+    /// The key's parts as an RLS descriptor names them (`rls`), for a service that speaks that
+    /// protocol; never on this wire, where the key is only its hash.
+    #[serde(skip)]
+    pub entries: Vec<(String, String)>,
 }
 
 impl Check {
@@ -151,6 +155,7 @@ mod tests {
             cost: 1,
             take: Some(take),
             max_delay_ms: None,
+            entries: Vec::new(),
         }
     }
 

@@ -71,6 +71,11 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
     pub fn read_already(&self, index: usize) -> Option<&[u8]> {
         self.cache.get(index)?.as_ref()?.as_deref()
     }
+
+    /// What attribute `index` is.
+    pub fn attr(&self, index: usize) -> Option<&Attr> {
+        self.attrs.get(index)
+    }
 }
 
 fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> {

@@ -2,13 +2,14 @@
 //! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
 
 use crate::access_log;
-use crate::config::GlobalService;
+use crate::config::{GlobalService, Protocol, Secret};
 use crate::filter::{Environment, Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
 use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::RequestSource;
+use crate::rls;
 use crate::store::{Store, StoreError};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -121,18 +122,41 @@ impl Host for Envoy {
     }
 
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool {
-        let mut headers = vec![
-            (":method", "POST"),
-            (":path", service.path.as_str()),
-            (":authority", service.authority.as_str()),
-            ("content-type", "application/json"),
-        ];
-        if let Some(authorization) = &service.authorization {
-            headers.push(("authorization", authorization.expose()));
-        }
         let timeout = Duration::from_millis(service.timeout_ms);
-        hostcalls::dispatch_http_call(&service.cluster, headers, Some(body), vec![], timeout)
-            .is_ok()
+        let authorization = service.authorization.as_ref().map(Secret::expose);
+        match &service.protocol {
+            Protocol::Sluice { path } => {
+                let mut headers = vec![
+                    (":method", "POST"),
+                    (":path", path.as_str()),
+                    (":authority", service.authority.as_str()),
+                    ("content-type", "application/json"),
+                ];
+                headers.extend(authorization.map(|value| ("authorization", value)));
+                let cluster = &service.cluster;
+                hostcalls::dispatch_http_call(cluster, headers, Some(body), vec![], timeout).is_ok()
+            }
+            Protocol::Rls { grpc_service, .. } => {
+                // The cluster as a serialized GrpcService, which the SDK passes as a string.
+                let Ok(upstream) = std::str::from_utf8(grpc_service) else {
+                    return false;
+                };
+                let metadata: Vec<(&str, &[u8])> = authorization
+                    .map(|value| ("authorization", value.as_bytes()))
+                    .into_iter()
+                    .collect();
+                let (service_name, method) = (rls::SERVICE, rls::METHOD);
+                hostcalls::dispatch_grpc_call(
+                    upstream,
+                    service_name,
+                    method,
+                    metadata,
+                    Some(body),
+                    timeout,
+                )
+                .is_ok()
+            }
+        }
     }
 }
 
@@ -277,6 +301,18 @@ impl Context for Exchange {
     fn on_done(&mut self) -> bool {
         self.held.borrow_mut().drop_context(self.id);
         true
+    }
+
+    fn on_grpc_call_response(&mut self, _token: u32, status: u32, size: usize) {
+        let (Some(filter), Some(pending)) = (self.filter.clone(), self.pending.take()) else {
+            return;
+        };
+        let body = hostcalls::get_buffer(BufferType::GrpcReceiveBuffer, 0, size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let verdict = filter.on_service_response(&Envoy, pending, Some((status, body)));
+        self.act(verdict, true);
     }
 
     fn on_http_call_response(&mut self, _token: u32, headers: usize, body_size: usize, _: usize) {

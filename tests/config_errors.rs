@@ -642,6 +642,18 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
                 );
             }
         }
+        // Another protocol: what only the other one takes is refused on itself (an RLS's
+        // `domain`, sluice-service's `path` and leases), and an RLS needs its `domain`.
+        [Seg::Key(g), Seg::Key(p)] if g == "global" && p == "protocol" => {
+            let global = |name: &str| [key("global"), key(name)];
+            a.add(&global("domain"), "\"rls\" only", "`domain` is an RLS's only");
+            a.add(&global("domain"), "needs the domain", "an RLS needs its `domain`");
+            a.add(&global("path"), "no path", "an RLS has one method, no `path`");
+            for p in policies(doc) {
+                let rule = "an RLS grants no leases: refused on each policy's `lease`";
+                a.add(&join(&p, &[key("lease")]), "grants no tokens ahead", rule);
+            }
+        }
         // A policy removed (or the whole list): bypass entries that named it.
         [Seg::Key(p)] | [Seg::Key(p), Seg::Index(_)] if p == "policies" => a.bypass_names(doc),
         // A bypass entry naming another policy, whose key has another number of parts.

@@ -4,10 +4,10 @@
 
 use super::input::{
     RawBypass, RawConfig, RawDenial, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode,
-    RawPolicy, RawScope, RawTiers,
+    RawPolicy, RawProtocol, RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, Tier, Tiers,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Protocol, Rollout, Scope, Secret, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Window};
@@ -92,7 +92,7 @@ impl Compiler {
         let mut policies = Vec::with_capacity(raw.policies.len() + 1);
         for (i, policy) in raw.policies.iter().enumerate() {
             let at = format!("policies[{i}]");
-            policies.push(self.policy(&at, policy, false, global.is_some())?);
+            policies.push(self.policy(&at, policy, false, global.as_ref())?);
         }
         if let Some(default) = &raw.default {
             if default.matcher.is_some() {
@@ -101,7 +101,7 @@ impl Compiler {
                     "the default policy applies when no policy matches, so it takes no match",
                 ));
             }
-            policies.push(self.policy("default", default, true, global.is_some())?);
+            policies.push(self.policy("default", default, true, global.as_ref())?);
         }
         let mut names = std::collections::HashSet::new();
         for (i, policy) in policies.iter().enumerate() {
@@ -164,7 +164,7 @@ impl Compiler {
         at: &str,
         raw: &RawPolicy,
         fallback: bool,
-        has_service: bool,
+        service: Option<&GlobalService>,
     ) -> Result<Policy, ConfigError> {
         if !is_policy_name(&raw.name) {
             return Err(error(
@@ -189,7 +189,7 @@ impl Compiler {
                 format!("must be between 1 and {MAX_MAX_KEYS}"),
             ));
         }
-        let scope = scope(at, raw, &shape, has_service)?;
+        let scope = scope(at, raw, &shape, service.is_some())?;
         let denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
         let mut policy = Policy {
             name: raw.name.clone(),
@@ -207,7 +207,8 @@ impl Compiler {
             table: 0,
             words: 0..0,
         };
-        policy.take = take(at, raw, &policy)?;
+        let grants = service.is_some_and(|s| matches!(s.protocol, Protocol::Sluice { .. }));
+        policy.take = take(at, raw, &policy, grants)?;
         (policy.table, policy.words) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
         if policy.words.end > MAX_WIDTH {
             return Err(error(
@@ -471,14 +472,41 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
     if raw.cluster.is_empty() {
         return Err(error("global.cluster", "must name an Envoy cluster"));
     }
-    if raw.authority.is_empty() {
+    let authority = raw.authority.clone().unwrap_or_else(|| raw.cluster.clone());
+    if authority.is_empty() {
         return Err(error("global.authority", "must not be empty"));
     }
     let timeout = parse_nanos(&raw.timeout).map_err(|r| error("global.timeout", r))?;
+    let protocol = match (raw.protocol, &raw.path, &raw.domain) {
+        (RawProtocol::Sluice, _, Some(_)) => {
+            return Err(error(
+                "global.domain",
+                "applies to \"protocol\": \"rls\" only",
+            ))
+        }
+        (RawProtocol::Sluice, path, None) => Protocol::Sluice {
+            path: self::path("global.path", path.as_deref().unwrap_or(DEFAULT_CHECK_PATH))?,
+        },
+        (RawProtocol::Rls, Some(_), _) => {
+            return Err(error(
+                "global.path",
+                "the RLS protocol has one gRPC method, ShouldRateLimit: no path",
+            ))
+        }
+        (RawProtocol::Rls, None, Some(domain)) if !domain.is_empty() => Protocol::Rls {
+            domain: domain.clone(),
+            grpc_service: crate::rls::grpc_service(&raw.cluster, &authority),
+        },
+        (RawProtocol::Rls, None, _) => {
+            return Err(error(
+                "global.domain",
+                "the RLS protocol needs the domain of its limits",
+            ))
+        }
+    };
     Ok(GlobalService {
         cluster: raw.cluster.clone(),
-        authority: raw.authority.clone(),
-        path: path("global.path", &raw.path)?,
+        authority,
         timeout_ms: timeout.div_ceil(1_000_000),
         authorization: raw
             .token_env
@@ -486,6 +514,7 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
             .map(|name| secret("global.token_env", name, env))
             .transpose()?
             .map(|token| Secret::new(format!("Bearer {}", token.expose()))),
+        protocol,
     })
 }
 
@@ -537,11 +566,19 @@ fn secret(field: &str, name: &str, env: Env) -> Result<Secret, ConfigError> {
 
 /// Tokens a policy takes at a time: `lease`, or just the cost. A lease lies between the cost
 /// and the smallest burst of the policy's limits; locally only a token bucket can lend tokens to
-/// a worker and take them back.
-fn take(at: &str, raw: &RawPolicy, policy: &Policy) -> Result<u64, ConfigError> {
+/// a worker and take them back, and globally only a service that `grants` tokens ahead
+/// (sluice-service: an RLS charges what it is asked).
+fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64, ConfigError> {
     let kind = raw.algorithm;
     let lends_locally = policy.scope == Scope::Local && kind == Kind::TokenBucket;
-    let leases_globally = matches!(policy.scope, Scope::Global(_)) && kind != Kind::LeakyBucket;
+    let global = matches!(policy.scope, Scope::Global(_));
+    if raw.lease.is_some() && global && !grants {
+        return Err(error(
+            format!("{at}.lease"),
+            "an RLS grants no tokens ahead (\"protocol\": \"rls\"): leases need sluice-service",
+        ));
+    }
+    let leases_globally = global && kind != Kind::LeakyBucket;
     if raw.lease.is_some() && !lends_locally && !leases_globally {
         return Err(not_for(&format!("{at}.lease"), kind));
     }

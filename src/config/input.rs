@@ -60,19 +60,32 @@ pub(super) struct RawBypass {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawGlobal {
+    #[serde(default)]
+    pub(super) protocol: RawProtocol,
     pub(super) cluster: String,
-    pub(super) authority: String,
-    #[serde(default = "default_check_path")]
-    pub(super) path: String,
+    /// The `:authority` of the calls; the cluster's name when left out.
+    pub(super) authority: Option<String>,
+    /// sluice's protocol only: the path of the check.
+    pub(super) path: Option<String>,
+    /// The RLS protocol only: the domain of the limits.
+    pub(super) domain: Option<String>,
     #[serde(default = "default_timeout")]
     pub(super) timeout: String,
     /// The environment variable that holds the service's bearer token.
     pub(super) token_env: Option<String>,
 }
 
-fn default_check_path() -> String {
-    "/v1/check".into()
+/// What the service speaks: sluice-service's `/v1/check`, or Envoy's Rate Limit Service.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum RawProtocol {
+    #[default]
+    Sluice,
+    Rls,
 }
+
+/// The path of `POST /v1/check` when `global.path` does not say.
+pub(super) const DEFAULT_CHECK_PATH: &str = "/v1/check";
 
 fn default_timeout() -> String {
     "50ms".into()

@@ -11,7 +11,7 @@ mod tests;
 pub use compile::{MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Rollout, Scope, Secret, Tier, Tiers,
+    Bypass, GlobalService, OnFailure, Plan, Policy, Protocol, Rollout, Scope, Secret, Tier, Tiers,
     GLOBAL_COLUMNS,
 };
 

@@ -115,6 +115,12 @@ impl Policy {
 }
 
 impl Policy {
+    /// Whether the policy is decided by an RLS (Envoy's protocol) rather than sluice-service.
+    pub fn asks_rls(&self, plan: &Plan) -> bool {
+        let rls = |s: &GlobalService| matches!(s.protocol, Protocol::Rls { .. });
+        matches!(self.scope, Scope::Global(_)) && plan.global.as_ref().is_some_and(rls)
+    }
+
     /// Whether the policy enforces for the key (its shared hash, which a table with a rollout
     /// always has: see `TableSpec::shares_key`): not a shadow policy, and the key within its
     /// rollout's share, if it has one. Otherwise it runs in shadow for the key.
@@ -184,10 +190,23 @@ pub enum OnFailure {
 pub struct GlobalService {
     pub cluster: String,
     pub authority: String,
-    pub path: String,
     pub timeout_ms: u64,
     /// The `authorization` header's value (`Bearer <token>`), when the service requires a token.
     pub authorization: Option<Secret>,
+    pub protocol: Protocol,
+}
+
+/// What the service speaks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Protocol {
+    /// sluice-service's `POST /v1/check` (JSON), at this path.
+    Sluice { path: String },
+    /// Envoy's Rate Limit Service, `ShouldRateLimit` over gRPC (`rls`), asking about `domain`.
+    Rls {
+        domain: String,
+        /// The cluster as the host's gRPC call takes it (`rls::grpc_service`), made once.
+        grpc_service: Vec<u8>,
+    },
 }
 
 /// A value that must never reach a log: its `Debug` shows only that it is there.

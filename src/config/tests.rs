@@ -401,9 +401,10 @@ fn a_global_policy_compiles_with_its_defaults() {
     )
     .unwrap();
     let service = plan.global.as_ref().unwrap();
+    let path = "/v1/check".to_string();
     assert_eq!(
-        (service.path.as_str(), service.timeout_ms),
-        ("/v1/check", 50)
+        (&service.protocol, service.timeout_ms),
+        (&Protocol::Sluice { path }, 50)
     );
     assert_eq!(
         plan.policies[0].scope,
@@ -502,9 +503,61 @@ fn rejects_bad_service_settings() {
         "start with '/'",
     );
     assert_refused(
-        service(json!({"cluster": "c"})),
-        "global",
-        "missing field `authority`",
+        service(json!({"cluster": "c", "authority": ""})),
+        "global.authority",
+        "must not be empty",
+    );
+}
+
+#[test]
+fn an_rls_is_asked_about_a_domain_at_the_clusters_authority_and_grants_no_leases() {
+    let config =
+        |global: Value, policy: Value| json!({"global": global, "policies": [policy]}).to_string();
+    let rls = json!({"protocol": "rls", "cluster": "ratelimit", "domain": "edge"});
+    let global_policy = with(json!({"scope": "global"}))["policies"][0].clone();
+    let plan = parse(config(rls.clone(), global_policy.clone()).as_bytes()).unwrap();
+    let service = plan.global.as_ref().unwrap();
+    assert_eq!(service.authority, "ratelimit", "the cluster's name");
+    let Protocol::Rls {
+        domain,
+        grpc_service,
+    } = &service.protocol
+    else {
+        panic!("an RLS");
+    };
+    assert_eq!(domain, "edge");
+    assert_eq!(
+        grpc_service[..4],
+        [0x0a, 22, 0x0a, 9],
+        "GrpcService.envoy_grpc.cluster_name"
+    );
+    assert!(plan.policies[0].asks_rls(&plan));
+    let mut leasing = global_policy.clone();
+    leasing["lease"] = json!(5);
+    assert_refused(
+        serde_json::from_str(&config(rls.clone(), leasing)).unwrap(),
+        "policies[0].lease",
+        "grants no tokens ahead",
+    );
+    let mut no_domain = rls.clone();
+    no_domain.as_object_mut().unwrap().remove("domain");
+    assert_refused(
+        serde_json::from_str(&config(no_domain, global_policy.clone())).unwrap(),
+        "global.domain",
+        "needs the domain",
+    );
+    let mut with_path = rls.clone();
+    with_path["path"] = json!("/v1/check");
+    assert_refused(
+        serde_json::from_str(&config(with_path, global_policy.clone())).unwrap(),
+        "global.path",
+        "no path",
+    );
+    let sluice = json!({"cluster": "c", "domain": "edge"});
+    assert_refused(
+        serde_json::from_str(&config(sluice, global_policy)).unwrap(),
+        "global.domain",
+        "\"rls\" only",
     );
 }
 

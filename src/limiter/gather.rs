@@ -110,11 +110,20 @@ impl Gathered<'_> {
             service: self.service,
             enforced,
         };
-        match existing.and_then(|i| self.works.get_mut(i)) {
-            Some(work) => work.members.push(member),
-            None => self
-                .works
-                .push(Work::new(policy.table, (hash, key), member)),
+        let work = match existing.and_then(|i| self.works.get_mut(i)) {
+            Some(work) => {
+                work.members.push(member);
+                work
+            }
+            None => {
+                self.works
+                    .push(Work::new(policy.table, (hash, key), member));
+                self.works.last_mut()?
+            }
+        };
+        let table = plan.tables.get(policy.table);
+        if let Some(table) = table.filter(|_| policy.asks_rls(plan) && work.entries.is_none()) {
+            work.entries = Some(crate::rls::key_entries(&table.key, request));
         }
         Some(enforced)
     }

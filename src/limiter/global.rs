@@ -192,9 +192,11 @@ pub(super) fn ask(plan: &Plan, progress: &mut Progress) {
     }
 }
 
-/// The question about one member's key, named by its shared hash: the same in every Envoy.
+/// The question about one member's key, named by its shared hash: the same in every Envoy (and,
+/// for an RLS, by its descriptor).
 fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
     let algorithm = member.tier.algorithm;
+    let entries = work.entries.as_deref();
     Check {
         key: format!("{}/{:016x}", policy.name, work.key.unwrap_or(work.hash)),
         algorithm: algorithm.kind(),
@@ -204,6 +206,7 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
         cost: policy.cost,
         take: Some(policy.take.min(algorithm.capacity())),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
+        entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
     }
 }
 

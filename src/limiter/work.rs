@@ -46,6 +46,9 @@ pub(super) struct Work {
     /// The loans the write makes to this worker: its lending members' (empty ones mark a key as
     /// seen).
     pub lent: SmallVec<[Loan; 1]>,
+    /// The key's parts as an RLS descriptor names them (`rls::key_entries`): read once a global
+    /// member asks an RLS, else `None`.
+    pub entries: Option<Vec<(String, String)>>,
 }
 
 impl Work {
@@ -62,6 +65,7 @@ impl Work {
             on_loan: false,
             withdrawn: SmallVec::new(),
             lent: SmallVec::new(),
+            entries: None,
         }
     }
 

@@ -90,6 +90,8 @@ pub struct EnvoyOptions {
     pub access_log_format: Option<String>,
     /// A gRPC server (plaintext HTTP/2) that gRPC requests are routed to, by the route `grpc`.
     pub grpc_upstream: Option<SocketAddr>,
+    /// The endpoint of the cluster `rls` (HTTP/2), for global policies that ask an RLS.
+    pub rls: Option<SocketAddr>,
 }
 
 impl EnvoyOptions {
@@ -112,6 +114,7 @@ impl EnvoyOptions {
             stats_config: None,
             access_log_format: None,
             grpc_upstream: None,
+            rls: None,
         }
     }
 
@@ -222,6 +225,12 @@ impl EnvoyOptions {
     /// Routes gRPC requests (route `grpc`, before the others) to this server, over HTTP/2.
     pub fn grpc_upstream(mut self, server: SocketAddr) -> Self {
         self.grpc_upstream = Some(server);
+        self
+    }
+
+    /// Adds the cluster `rls`: plaintext HTTP/2 to a Rate Limit Service.
+    pub fn rls(mut self, server: SocketAddr) -> Self {
+        self.rls = Some(server);
         self
     }
 
@@ -707,11 +716,12 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
         .as_deref()
         .map(service_cluster)
         .unwrap_or_default();
-    if let Some(server) = opts.grpc_upstream {
+    for (name, server) in [("grpc_upstream", opts.grpc_upstream), ("rls", opts.rls)] {
+        let Some(server) = server else { continue };
         if clusters.is_empty() {
             clusters.push_str("  clusters:\n");
         }
-        clusters.push_str(&grpc_cluster(server));
+        clusters.push_str(&grpc_cluster(name, server));
     }
     if !opts.lds_from_file {
         return format!(
@@ -911,11 +921,11 @@ fn access_log_yaml(opts: &EnvoyOptions, dir: &Path) -> Option<String> {
     ))
 }
 
-/// The cluster `grpc_upstream`: plaintext HTTP/2 to one gRPC server.
-fn grpc_cluster(server: SocketAddr) -> String {
+/// A cluster of plaintext HTTP/2 to one gRPC server.
+fn grpc_cluster(name: &str, server: SocketAddr) -> String {
     let (ip, port) = (server.ip(), server.port());
     format!(
-        r#"  - name: grpc_upstream
+        r#"  - name: {name}
     type: STATIC
     connect_timeout: 0.25s
     typed_extension_protocol_options:
@@ -923,7 +933,7 @@ fn grpc_cluster(server: SocketAddr) -> String {
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{ http2_protocol_options: {{}} }}
     load_assignment:
-      cluster_name: grpc_upstream
+      cluster_name: {name}
       endpoints:
       - lb_endpoints:
         - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}

@@ -19,8 +19,8 @@ use std::time::Duration;
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The Python with grpcio, and the script.
-fn python_and_peer() -> (PathBuf, PathBuf) {
+/// The Python with grpcio, and the peer script `name` of `testkit/python/`.
+fn python_and(name: &str) -> (PathBuf, PathBuf) {
     let root = repo_root();
     let python = root.join(".venv/bin/python");
     let has_grpc = Command::new(&python)
@@ -33,7 +33,44 @@ fn python_and_peer() -> (PathBuf, PathBuf) {
         "{} cannot import grpc: run `scripts/ensure-deps grpcio` (make test does)",
         python.display()
     );
-    (python, root.join("testkit/python/grpc_peer.py"))
+    (python, root.join("testkit/python").join(name))
+}
+
+/// A peer script serving on 127.0.0.1: its process, its port (the first line it prints), and
+/// the lines it prints after it.
+fn serve_peer(script: &str, args: &[&str]) -> (Child, u16, mpsc::Receiver<String>) {
+    let (python, peer) = python_and(script);
+    let mut child = Command::new(python)
+        .arg(peer)
+        .arg("serve")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starting a gRPC peer");
+    let stdout = child.stdout.take().expect("the peer's stdout");
+    // Read on a thread, so that a hung peer cannot hang the test.
+    let (sent, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if sent.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let port = lines
+        .recv_timeout(START_TIMEOUT)
+        .ok()
+        .and_then(|l| l.trim().parse().ok());
+    match port {
+        Some(port) => (child, port, lines),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the gRPC peer {script} did not say its port within {START_TIMEOUT:?}")
+        }
+    }
 }
 
 /// One call's result as the client saw it.
@@ -55,28 +92,8 @@ pub struct GrpcServer {
 
 impl GrpcServer {
     pub fn start() -> GrpcServer {
-        let (python, peer) = python_and_peer();
-        let mut child = Command::new(python)
-            .arg(peer)
-            .arg("serve")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("starting the gRPC server");
-        let stdout = child.stdout.take().expect("the server's stdout");
-        // The first line is the port; read it on a thread so a hung server cannot hang the test.
-        let (sent, port) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = sent.send(line.trim().parse::<u16>().ok());
-        });
-        let mut server = GrpcServer { child, port: 0 };
-        match port.recv_timeout(START_TIMEOUT) {
-            Ok(Some(port)) => server.port = port,
-            _ => panic!("the gRPC server did not say its port within {START_TIMEOUT:?}"),
-        }
-        server
+        let (child, port, _) = serve_peer("grpc_peer.py", &[]);
+        GrpcServer { child, port }
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -96,7 +113,7 @@ impl Drop for GrpcServer {
 /// `n` unary calls to `/sluice.test.Echo/Echo` at `target`, one after the other on one channel,
 /// each with `metadata`. Every call has a 5 s deadline.
 pub fn grpc_calls(target: SocketAddr, n: usize, metadata: &[(&str, &str)]) -> Vec<GrpcCall> {
-    let (python, peer) = python_and_peer();
+    let (python, peer) = python_and("grpc_peer.py");
     let out = Command::new(python)
         .arg(peer)
         .args(["call", &target.to_string(), &n.to_string()])
@@ -130,4 +147,43 @@ pub fn grpc_calls(target: SocketAddr, n: usize, metadata: &[(&str, &str)]) -> Ve
         .collect();
     assert_eq!(calls.len(), n, "calls made");
     calls
+}
+
+/// An independent Rate Limit Service (`python/rls_peer.py`): `limit` hits per `unit` (second,
+/// minute or hour) for every descriptor, a fixed window each, every hit counted; or, by `mode`,
+/// one whose calls fail (`unavailable`) or take 2 s (`slow`). Stopped when dropped.
+pub struct RlsPeer {
+    child: Child,
+    port: u16,
+    calls: mpsc::Receiver<String>,
+}
+
+impl RlsPeer {
+    pub fn start(limit: u64, unit: &str, mode: &str) -> RlsPeer {
+        let limit = limit.to_string();
+        let (child, port, calls) = serve_peer("rls_peer.py", &[&limit, unit, mode]);
+        RlsPeer { child, port, calls }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The calls received since the last look, as the peer printed them: `{"domain",
+    /// "hits_addend", "descriptors": [{"entries": [[key, value]...], "hits_addend"}]}`.
+    pub fn calls(&self) -> Vec<serde_json::Value> {
+        let lines = std::iter::from_fn(|| self.calls.recv_timeout(Duration::from_millis(200)).ok());
+        lines
+            .map(|l| serde_json::from_str(&l).expect("a JSON line"))
+            .collect()
+    }
+}
+
+impl Drop for RlsPeer {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            send_signal(pid, SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
 }
