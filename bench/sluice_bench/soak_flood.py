@@ -168,9 +168,8 @@ def greedy_ideal(results):
 
 
 def control_rss(envoy_bin, workdir):
-    """The RSS of the same filter with max_keys 1, before any request: against the real one's
-    after the flood, the cost of the three full tables of 10,000 keys (and of the flood's
-    connections)."""
+    """The RSS of the same filter with max_keys 1, before any request: what Envoy weighs
+    without the tables."""
     with sluice_envoy(envoy_bin, "flood-control", flood_config(1), workdir) as control:
         control.start()
         time.sleep(2)
@@ -214,7 +213,7 @@ def flood(envoy_bin, workdir, args):
         "legit": legit.summary(),
         "newcomers": newcomers.newcomers,
         "drained": {"before": drained_before, "during": newcomers.drained, "after": drained_after},
-        "key_bytes": (rss_after - control) * 2**20 / (3 * MAX_KEYS),
+        "key_bytes": (rss_after - rss_before) * 2**20 / (3 * MAX_KEYS),
     }
 
 

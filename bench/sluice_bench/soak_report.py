@@ -125,8 +125,9 @@ def key_bound(key_bytes):
     return (
         f"**The bound per policy.** A table holds at most `max_keys` keys, whatever the number of keys "
         f"sent: here {MAX_KEYS:,} per key layout, in pages of up to 32 records created as keys arrive "
-        f"(a token bucket's record is 30 bytes). Measured here as (RSS after the flood − control RSS) / "
-        f"{3 * MAX_KEYS:,} keys, the flood's connections and Envoy's per-page overhead included: "
+        f"(a token bucket's record is 26 bytes). Measured here as the growth of Envoy's RSS from before "
+        f"the flood to after it, over the {3 * MAX_KEYS:,} keys the three tables then hold, the flood's "
+        f"connections and Envoy's per-page overhead included: "
         f"**{key_bytes:.0f} bytes per key**, so about {per_table_mib:.1f} MiB per full table of "
         f"{MAX_KEYS:,} keys."
     )
