@@ -646,9 +646,21 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
         // `domain`, sluice-service's `path` and leases), and an RLS needs its `domain`.
         [Seg::Key(g), Seg::Key(p)] if g == "global" && p == "protocol" => {
             let global = |name: &str| [key("global"), key(name)];
-            a.add(&global("domain"), "\"rls\" only", "`domain` is an RLS's only");
-            a.add(&global("domain"), "needs the domain", "an RLS needs its `domain`");
-            a.add(&global("path"), "no path", "an RLS has one method, no `path`");
+            a.add(
+                &global("domain"),
+                "\"rls\" only",
+                "`domain` is an RLS's only",
+            );
+            a.add(
+                &global("domain"),
+                "needs the domain",
+                "an RLS needs its `domain`",
+            );
+            a.add(
+                &global("path"),
+                "no path",
+                "an RLS has one method, no `path`",
+            );
             for p in policies(doc) {
                 let rule = "an RLS grants no leases: refused on each policy's `lease`";
                 a.add(&join(&p, &[key("lease")]), "grants no tokens ahead", rule);
