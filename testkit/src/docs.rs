@@ -6,7 +6,7 @@
 //!
 //! What a transcript shows agrees with what a command printed when:
 //! - both are JSON: they are the same value, whatever the layout;
-//! - else line by line, exactly, where a line `...` stands for any lines (none included); a Unix
+//! - or line by line, exactly, where a line `...` stands for any lines (none included); a Unix
 //!   time in seconds (ten digits) and an RFC 3339 time stand for any other.
 
 /// The files of the repo's directory `dir` whose names end in one of `extensions`, in order.
@@ -121,7 +121,9 @@ impl Shown {
         let shown = self.output.join("\n");
         let json = |text: &str| serde_json::from_str::<serde_json::Value>(text).ok();
         if let (Some(shown), Some(printed)) = (json(&shown), json(printed)) {
-            return shown == printed;
+            if shown == printed {
+                return true;
+            }
         }
         let shown: Vec<&str> = self.output.iter().map(String::as_str).collect();
         let printed: Vec<&str> = printed.lines().collect();

@@ -136,10 +136,15 @@ impl Serving {
     }
 }
 
-/// Runs `command` in sh from the repo root, bounded in time: its standard output.
+/// Runs `command` in sh from the repo root, bounded in time: its standard output. The
+/// workspace's debug binaries (`sluice-service`, ...) come first on its PATH, as installed ones
+/// would be for a user typing the docs' commands.
 pub fn sh(command: &str) -> String {
+    let path = std::env::var("PATH").unwrap_or_default();
+    let binaries = crate::target_dir().join("debug");
     let out = Command::new("timeout")
         .args([&COMMAND_SECONDS.to_string(), "sh", "-c", command])
+        .env("PATH", format!("{}:{path}", binaries.display()))
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .output()
