@@ -1,7 +1,7 @@
 //! The wire format between the filter and `sluice-service` (`POST /v1/check`): one request
 //! carries every global check of one HTTP request, one answer per check comes back in order.
 
-use crate::algorithm::{Algorithm, Drain, Kind, Rate, Window};
+use crate::algorithm::{Algorithm, Drain, Kind, Rate, Slots, Window};
 use serde::{Deserialize, Serialize};
 
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -58,6 +58,8 @@ impl Check {
                 let max_delay = self.max_delay_ms?.checked_mul(NANOS_PER_MS)?;
                 Drain::new(requests, per, max_delay).map(Algorithm::LeakyBucket)
             }
+            // `per` is the lease of a slot.
+            Kind::Concurrency => Slots::new(requests, per).map(Algorithm::Concurrency),
         }
         .ok()?;
         limit.check_cost(self.cost).ok()?;

@@ -237,6 +237,10 @@ impl Shape {
                 interval_us: interval_us(requests, per_ms),
                 max_delay_us: max_delay_ms * 1000,
             },
+            Kind::Concurrency => {
+                let reason = "concurrency is counted by the filter alone for now";
+                return Err(BadRequest::new(&field("algorithm"), reason));
+            }
         })
     }
 }

@@ -32,6 +32,33 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
+/// Charges `tokens` to the current window whatever it has left: its count may pass the limit by
+/// up to `max_debt` (forgiven with the window). Returns the tokens charged.
+pub fn charge(window: &Window, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
+    let index = now / window.length;
+    let count = count_in(state, index);
+    let ceiling = window.limit.saturating_add(max_debt);
+    let charged = tokens.min(ceiling.saturating_sub(count));
+    if let [stored, stored_count] = state {
+        (*stored, *stored_count) = (index, count + charged);
+    }
+    charged
+}
+
+/// Gives back `tokens` taken at `taken_at`, if that window is still the current one: an ended
+/// window's count means nothing any more. Returns the tokens given back.
+pub fn refund(window: &Window, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {
+    let index = now / window.length;
+    match state {
+        [stored, count] if *stored == index && taken_at / window.length == index => {
+            let back = tokens.min(*count);
+            *count -= back;
+            back
+        }
+        _ => 0,
+    }
+}
+
 /// The count of window `index`: the stored one if it is that window's.
 fn count_in(state: &[u64], index: u64) -> u64 {
     match state {

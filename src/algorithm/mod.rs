@@ -13,7 +13,13 @@
 //! | sliding_window | 3 words (window, cur, prev)| estimates the last `per`: caps even bursts |
 //! | sliding_log    | `requests` words (times)   | exact over any span of `per`            |
 //! | leaky_bucket   | 1 word (GCRA TAT)          | none: requests are delayed to the rate  |
+//! | concurrency    | 3 words (epoch, 2 counts)  | none: at most `requests` in flight      |
+//!
+//! A token bucket and the window algorithms can also be charged past their limit (`charge`:
+//! what a response used beyond what its request reserved), up to a bound of debt, and refunded
+//! what a request reserved and did not use (`refund`).
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod leaky_bucket;
 pub mod sliding_log;
@@ -27,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::duration::NANOS_PER_SEC;
 
+pub use concurrency::Slots;
 pub use leaky_bucket::Drain;
 pub use token_bucket::Rate;
 
@@ -50,6 +57,7 @@ pub enum Param {
     Burst,
     Cost,
     MaxDelay,
+    Lease,
 }
 
 impl Param {
@@ -61,6 +69,7 @@ impl Param {
             Param::Burst => "burst",
             Param::Cost => "cost",
             Param::MaxDelay => "max_delay",
+            Param::Lease => "lease",
         }
     }
 }
@@ -176,6 +185,7 @@ pub enum Kind {
     SlidingWindow,
     SlidingLog,
     LeakyBucket,
+    Concurrency,
 }
 
 impl Kind {
@@ -186,6 +196,7 @@ impl Kind {
             Kind::SlidingWindow => "sliding_window",
             Kind::SlidingLog => "sliding_log",
             Kind::LeakyBucket => "leaky_bucket",
+            Kind::Concurrency => "concurrency",
         }
     }
 }
@@ -215,6 +226,7 @@ pub enum Algorithm {
     SlidingWindow(Window),
     SlidingLog(Window),
     LeakyBucket(Drain),
+    Concurrency(Slots),
 }
 
 impl Algorithm {
@@ -225,6 +237,7 @@ impl Algorithm {
             Algorithm::SlidingWindow(_) => Kind::SlidingWindow,
             Algorithm::SlidingLog(_) => Kind::SlidingLog,
             Algorithm::LeakyBucket(_) => Kind::LeakyBucket,
+            Algorithm::Concurrency(_) => Kind::Concurrency,
         }
     }
 
@@ -239,6 +252,7 @@ impl Algorithm {
             Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_) => 1,
             Algorithm::FixedWindow(_) => fixed_window::COLUMNS,
             Algorithm::SlidingWindow(_) => sliding_window::COLUMNS,
+            Algorithm::Concurrency(_) => concurrency::COLUMNS,
             Algorithm::SlidingLog(window) => usize::try_from(window.limit).unwrap_or(usize::MAX),
         }
     }
@@ -251,6 +265,7 @@ impl Algorithm {
             | Algorithm::SlidingWindow(window)
             | Algorithm::SlidingLog(window) => window.limit,
             Algorithm::LeakyBucket(drain) => drain.capacity(),
+            Algorithm::Concurrency(slots) => slots.limit,
         }
     }
 
@@ -274,6 +289,9 @@ impl Algorithm {
             | Algorithm::SlidingLog(window)
                 if window.limit < cost =>
             {
+                Err(at_least_cost(Param::Requests))
+            }
+            Algorithm::Concurrency(slots) if slots.limit < cost => {
                 Err(at_least_cost(Param::Requests))
             }
             Algorithm::LeakyBucket(drain)
@@ -300,7 +318,58 @@ impl Algorithm {
             }
             (Algorithm::SlidingLog(window), state) => sliding_log::admit(window, state, now, cost),
             (Algorithm::LeakyBucket(drain), [tat]) => leaky_bucket::admit(drain, tat, now, cost),
+            (Algorithm::Concurrency(slots), state) => concurrency::admit(slots, state, now, cost),
             _ => Decision::default(),
+        }
+    }
+
+    /// Whether a request's usage can be charged after it (`charge`, `refund`): a token bucket
+    /// and the fixed and sliding windows. A log or a queue has no room for tokens past its
+    /// limit, and slots are not tokens.
+    pub fn meters(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_)
+        )
+    }
+
+    /// Charges `tokens` whatever is left, the key owing at most `max_debt` tokens past its limit
+    /// (the rest is forgiven). Returns the tokens charged; 0 for an algorithm that does not
+    /// `meter`.
+    pub fn charge(&self, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
+        match (self, state) {
+            (Algorithm::TokenBucket(rate), [tat]) => {
+                token_bucket::charge(rate, tat, now, tokens, max_debt)
+            }
+            (Algorithm::FixedWindow(window), state) => {
+                fixed_window::charge(window, state, now, tokens, max_debt)
+            }
+            (Algorithm::SlidingWindow(window), state) => {
+                sliding_window::charge(window, state, now, tokens, max_debt)
+            }
+            _ => 0,
+        }
+    }
+
+    /// Gives back `tokens` taken at `taken_at` and not used, as far as the state still counts
+    /// them (a window that ended keeps nothing to give back). Returns the tokens given back.
+    pub fn refund(&self, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {
+        match (self, state) {
+            (Algorithm::TokenBucket(rate), [tat]) => {
+                let before = *tat;
+                token_bucket::hand_back(tat, tokens, rate.interval);
+                // A bucket that refilled meanwhile is full: what it had already earned back is
+                // not given twice.
+                *tat = (*tat).max(now.min(before));
+                (before - *tat) / rate.interval
+            }
+            (Algorithm::FixedWindow(window), state) => {
+                fixed_window::refund(window, state, now, tokens, taken_at)
+            }
+            (Algorithm::SlidingWindow(window), state) => {
+                sliding_window::refund(window, state, now, tokens, taken_at)
+            }
+            _ => 0,
         }
     }
 
@@ -354,6 +423,7 @@ impl Algorithm {
             Algorithm::FixedWindow(window) => fixed_window::debt(window, state, now),
             Algorithm::SlidingWindow(window) => sliding_window::debt(window, state, now),
             Algorithm::SlidingLog(window) => sliding_log::debt(window, state, now),
+            Algorithm::Concurrency(slots) => concurrency::debt(slots, state, now),
         }
     }
 }

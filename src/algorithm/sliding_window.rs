@@ -40,6 +40,40 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
+/// Charges `tokens` to the current window whatever the estimate has left: its count may pass
+/// the limit by up to `max_debt`, and fades as any count does. Returns the tokens charged.
+pub fn charge(window: &Window, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
+    let index = now / window.length;
+    let (current, previous) = counts(state, index);
+    let ceiling = window.limit.saturating_add(max_debt);
+    let charged = tokens.min(ceiling.saturating_sub(current));
+    if let [stored, stored_current, stored_previous] = state {
+        (*stored, *stored_current, *stored_previous) = (index, current + charged, previous);
+    }
+    charged
+}
+
+/// Gives back `tokens` taken at `taken_at` from the window that counted them, the current or the
+/// previous one; a count older than that has faded. Returns the tokens given back.
+pub fn refund(window: &Window, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {
+    let index = now / window.length;
+    let taken = taken_at / window.length;
+    let (mut current, mut previous) = counts(state, index);
+    let count = if taken == index {
+        &mut current
+    } else if taken.checked_add(1) == Some(index) {
+        &mut previous
+    } else {
+        return 0;
+    };
+    let back = tokens.min(*count);
+    *count -= back;
+    if let [stored, stored_current, stored_previous] = state {
+        (*stored, *stored_current, *stored_previous) = (index, current, previous);
+    }
+    back
+}
+
 /// Until the estimate has room for `cost`: later in this window if only the previous window's
 /// weight is in the way, otherwise into the next window, where this window's count is the one
 /// that fades.

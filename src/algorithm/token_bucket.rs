@@ -66,6 +66,21 @@ pub fn admit(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
     }
 }
 
+/// Charges `tokens` whatever the bucket holds: the bucket may owe up to `max_debt` tokens past
+/// empty, which it earns back at its rate; a charge beyond that is forgiven. Returns the tokens
+/// charged.
+pub fn charge(rate: &Rate, tat: &mut u64, now: u64, tokens: u64, max_debt: u64) -> u64 {
+    let interval = rate.interval.get();
+    let start = (*tat).max(now);
+    let floor = now
+        .saturating_add(rate.capacity)
+        .saturating_add(max_debt.saturating_mul(interval));
+    let room = floor.saturating_sub(start) / interval;
+    let charged = tokens.min(room);
+    *tat = start.saturating_add(charged * interval);
+    charged
+}
+
 /// Puts back `tokens` taken earlier at `interval` nanoseconds each and not spent. A bucket that
 /// refilled meanwhile stays full: `admit` never counts time before `now`.
 pub fn hand_back(tat: &mut u64, tokens: u64, interval: NonZeroU64) {

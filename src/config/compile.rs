@@ -3,14 +3,14 @@
 //! table.
 
 use super::input::{
-    RawBypass, RawConfig, RawDenial, RawFailureMode, RawGlobal, RawMatch, RawMissingKey, RawMode,
-    RawPolicy, RawProtocol, RawScope, RawTiers, DEFAULT_CHECK_PATH,
+    RawBypass, RawConfig, RawDenial, RawFailureMode, RawGlobal, RawLease, RawMatch, RawMissingKey,
+    RawMode, RawPolicy, RawProtocol, RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
     Bypass, GlobalService, OnFailure, Plan, Policy, Protocol, Rollout, Scope, Secret, Tier, Tiers,
 };
 use super::{error, ConfigError, Env};
-use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Window};
+use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Window};
 use crate::duration::parse_nanos;
 use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
@@ -26,6 +26,8 @@ use std::ops::Range;
 pub const MAX_MAX_KEYS: u32 = 10_000_000;
 /// A sliding log keeps one timestamp per request of its limit, in every key's slot.
 pub const MAX_SLIDING_LOG: u64 = 1_000;
+/// A concurrency policy's `lease` when it does not say.
+pub const DEFAULT_SLOT_LEASE: &str = "5m";
 
 /// Validates and compiles a configuration; `env` reads the environment variables it names.
 pub(super) fn compile(raw: RawConfig, env: Env) -> Result<Plan, ConfigError> {
@@ -73,6 +75,9 @@ struct Compiler {
 /// A table while policies are still being placed in it.
 struct TableDraft {
     key: Vec<KeyPart>,
+    /// A concurrency policy's table, which it shares with no other: its layout, and so the
+    /// slots in use it holds, outlive a reload that changes other policies of the key.
+    own: bool,
     /// Each policy's name and number of columns, in column order.
     members: Vec<(String, usize)>,
     capacity: u32,
@@ -173,7 +178,7 @@ impl Compiler {
             ));
         }
         let shape = Shape::of(at, raw)?;
-        let tier = shape.tier(at, raw.requests, &raw.per, raw.burst)?;
+        let tier = shape.tier(at, raw.requests, raw.per.as_deref(), raw.burst)?;
         let tiers = match &raw.tiers {
             Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, &shape)?),
             None => None,
@@ -204,12 +209,23 @@ impl Compiler {
             tiers,
             scope,
             denial,
+            retry_after: retry_after(at, raw)?,
             table: 0,
             words: 0..0,
         };
         let grants = service.is_some_and(|s| matches!(s.protocol, Protocol::Sluice { .. }));
+        if raw.algorithm == Kind::Concurrency && policy.asks_rls(service) {
+            return Err(error(
+                format!("{at}.scope"),
+                "an RLS counts requests in flight through Envoy's own ratelimit filter \
+                 (is_negative_hits on stream done, docs/rls.md): a global concurrency policy \
+                 needs sluice-service",
+            ));
+        }
         policy.take = take(at, raw, &policy, grants)?;
-        (policy.table, policy.words) = self.place(key, &raw.name, policy.columns(), raw.max_keys);
+        let own = raw.algorithm == Kind::Concurrency;
+        (policy.table, policy.words) =
+            self.place(key, &raw.name, policy.columns(), raw.max_keys, own);
         if policy.words.end > MAX_WIDTH {
             return Err(error(
                 format!("{at}.key"),
@@ -244,9 +260,11 @@ impl Compiler {
         name: &str,
         columns: usize,
         max_keys: u32,
+        own: bool,
     ) -> (usize, Range<usize>) {
         let member = (name.to_string(), columns);
-        if let Some(index) = self.tables.iter().position(|t| t.key == key) {
+        let shared = |t: &TableDraft| !own && !t.own && t.key == key;
+        if let Some(index) = self.tables.iter().position(shared) {
             if let Some(table) = self.tables.get_mut(index) {
                 let column: usize = table.members.iter().map(|(_, c)| c).sum();
                 table.members.push(member);
@@ -256,6 +274,7 @@ impl Compiler {
         }
         self.tables.push(TableDraft {
             key,
+            own,
             members: vec![member],
             capacity: max_keys,
         });
@@ -270,7 +289,7 @@ impl Compiler {
             let field = format!("{at}.values.{value}");
             values.insert(
                 value.as_bytes().to_vec(),
-                shape.tier(&field, rate.requests, &rate.per, rate.burst)?,
+                shape.tier(&field, rate.requests, rate.per.as_deref(), rate.burst)?,
             );
         }
         Ok(Tiers { by, values })
@@ -350,6 +369,8 @@ struct Shape {
     kind: Kind,
     cost: u64,
     max_delay: Option<u64>,
+    /// Concurrency only: how long a slot lives unless renewed.
+    slot_lease: Option<u64>,
 }
 
 impl Shape {
@@ -367,11 +388,39 @@ impl Shape {
             (Some(_), kind) => return Err(not_for(&format!("{at}.max_delay"), kind)),
             (None, _) => None,
         };
+        let slot_lease = match (&raw.lease, raw.algorithm) {
+            (Some(RawLease::Duration(text)), Kind::Concurrency) => Some(text.as_str()),
+            (None, Kind::Concurrency) => Some(DEFAULT_SLOT_LEASE),
+            (Some(RawLease::Tokens(_)), Kind::Concurrency) => {
+                return Err(error(
+                    format!("{at}.lease"),
+                    "a concurrency policy's lease is how long a slot lives unless renewed: a \
+                     duration such as \"5m\"",
+                ))
+            }
+            (Some(RawLease::Duration(_)), _) => {
+                return Err(error(
+                    format!("{at}.lease"),
+                    "a number of tokens (a duration is a concurrency policy's lease)",
+                ))
+            }
+            (_, _) => None,
+        };
+        let slot_lease = slot_lease
+            .map(|text| parse_nanos(text).map_err(|r| error(format!("{at}.lease"), r)))
+            .transpose()?;
+        if raw.algorithm == Kind::Concurrency && raw.cost != 1 {
+            return Err(error(
+                format!("{at}.cost"),
+                "a request in flight takes one slot: a concurrency policy has no cost",
+            ));
+        }
         Ok(Shape {
             at: at.to_string(),
             kind: raw.algorithm,
             cost: raw.cost,
             max_delay,
+            slot_lease,
         })
     }
 
@@ -382,10 +431,16 @@ impl Shape {
         &self,
         at: &str,
         requests: u64,
-        per: &str,
+        per: Option<&str>,
         burst: Option<u64>,
     ) -> Result<Tier, ConfigError> {
-        let per_nanos = parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?;
+        let per_nanos = match (per, self.slot_lease) {
+            (Some(_), Some(_)) => return Err(not_for(&format!("{at}.per"), self.kind)),
+            // A concurrency limit has no window: its slots' lease stands in for one.
+            (None, Some(lease)) => lease,
+            (Some(per), None) => parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?,
+            (None, None) => return Err(error(at, "missing field `per`")),
+        };
         if burst.is_some() && self.kind != Kind::TokenBucket {
             return Err(not_for(&format!("{at}.burst"), self.kind));
         }
@@ -427,6 +482,7 @@ impl Shape {
                 let max_delay = self.max_delay.unwrap_or(0);
                 Algorithm::LeakyBucket(Drain::new(requests, per, max_delay)?)
             }
+            Kind::Concurrency => Algorithm::Concurrency(Slots::new(requests, per)?),
         })
     }
 }
@@ -578,11 +634,14 @@ fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64,
             "an RLS grants no tokens ahead (\"protocol\": \"rls\"): leases need sluice-service",
         ));
     }
-    let leases_globally = global && kind != Kind::LeakyBucket;
+    let leases_globally = global && !matches!(kind, Kind::LeakyBucket | Kind::Concurrency);
     if raw.lease.is_some() && !lends_locally && !leases_globally {
         return Err(not_for(&format!("{at}.lease"), kind));
     }
-    let take = raw.lease.unwrap_or(raw.cost);
+    let Some(RawLease::Tokens(lease)) = raw.lease else {
+        return Ok(raw.cost);
+    };
+    let take = lease;
     let capacities = policy.own_limits().map(|t| t.algorithm.capacity());
     let smallest_burst = capacities.min().unwrap_or(1);
     if take < raw.cost || take > smallest_burst {
@@ -595,6 +654,21 @@ fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64,
         ));
     }
     Ok(take)
+}
+
+/// The `Retry-After` of a concurrency policy's refusals, if it sets one: nobody knows when a
+/// slot will free, so there is none by default.
+fn retry_after(at: &str, raw: &RawPolicy) -> Result<Option<u64>, ConfigError> {
+    let field = format!("{at}.retry_after");
+    match (&raw.retry_after, raw.algorithm) {
+        (None, _) => Ok(None),
+        (Some(text), Kind::Concurrency) => match parse_nanos(text) {
+            Ok(0) => Err(error(field, "must be at least 1s")),
+            Ok(nanos) => Ok(Some(nanos)),
+            Err(reason) => Err(error(field, reason)),
+        },
+        (Some(_), kind) => Err(not_for(&field, kind)),
+    }
 }
 
 /// Canary enforcement, for an enforcing policy: the share of its keys it enforces for, in
@@ -655,7 +729,7 @@ fn scope(
         (RawFailureMode::Open, None) => OnFailure::Open { emergency: None },
         (RawFailureMode::Open, Some(r)) => {
             let at = format!("{at}.emergency");
-            let emergency = shape.tier(&at, r.requests, &r.per, r.burst)?;
+            let emergency = shape.tier(&at, r.requests, r.per.as_deref(), r.burst)?;
             OnFailure::Open {
                 emergency: Some(emergency),
             }

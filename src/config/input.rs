@@ -101,7 +101,8 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     pub(super) missing_key: RawMissingKey,
     pub(super) requests: u64,
-    pub(super) per: String,
+    /// Required, except by the concurrency algorithm, which has no window.
+    pub(super) per: Option<String>,
     pub(super) burst: Option<u64>,
     #[serde(default = "one")]
     pub(super) cost: u64,
@@ -116,10 +117,21 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     pub(super) scope: RawScope,
     pub(super) failure_mode: Option<RawFailureMode>,
-    pub(super) lease: Option<u64>,
+    pub(super) lease: Option<RawLease>,
+    /// The concurrency algorithm only: the `Retry-After` of its refusals.
+    pub(super) retry_after: Option<String>,
     pub(super) emergency: Option<RawRate>,
     pub(super) denial: Option<RawDenial>,
     pub(super) rollout: Option<RawRollout>,
+}
+
+/// A policy's `lease`: tokens taken at a time by a rate policy, or how long a concurrency
+/// policy's slot lives unless renewed.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawLease {
+    Tokens(u64),
+    Duration(String),
 }
 
 /// Canary enforcement: the policy enforces for this share of its keys, shadow for the rest.
@@ -198,7 +210,7 @@ pub(super) struct RawTiers {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawRate {
     pub(super) requests: u64,
-    pub(super) per: String,
+    pub(super) per: Option<String>,
     pub(super) burst: Option<u64>,
 }
 

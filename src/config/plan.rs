@@ -63,6 +63,8 @@ pub struct Policy {
     pub scope: Scope,
     /// How the policy answers the requests it denies.
     pub denial: Denial,
+    /// The concurrency algorithm's `Retry-After`, if the policy sets one.
+    pub retry_after: Option<u64>,
     pub table: usize,
     /// Its words of the slot's state (`columns()` of them), placed once for every request.
     pub words: Range<usize>,
@@ -116,9 +118,15 @@ impl Policy {
 
 impl Policy {
     /// Whether the policy is decided by an RLS (Envoy's protocol) rather than sluice-service.
-    pub fn asks_rls(&self, plan: &Plan) -> bool {
+    pub fn asks_rls(&self, service: Option<&GlobalService>) -> bool {
         let rls = |s: &GlobalService| matches!(s.protocol, Protocol::Rls { .. });
-        matches!(self.scope, Scope::Global(_)) && plan.global.as_ref().is_some_and(rls)
+        matches!(self.scope, Scope::Global(_)) && service.is_some_and(rls)
+    }
+
+    /// Whether the policy counts requests in flight (the concurrency algorithm): its slots are
+    /// given back when its requests end.
+    pub fn holds_slots(&self) -> bool {
+        matches!(self.tier.algorithm, Algorithm::Concurrency(_))
     }
 
     /// Whether the policy enforces for the key (its shared hash, which a table with a rollout

@@ -531,7 +531,7 @@ fn an_rls_is_asked_about_a_domain_at_the_clusters_authority_and_grants_no_leases
         [0x0a, 22, 0x0a, 9],
         "GrpcService.envoy_grpc.cluster_name"
     );
-    assert!(plan.policies[0].asks_rls(&plan));
+    assert!(plan.policies[0].asks_rls(plan.global.as_ref()));
     let mut leasing = global_policy.clone();
     leasing["lease"] = json!(5);
     assert_refused(

@@ -1,0 +1,253 @@
+//! Concurrency: at most `limit` requests of a key in flight at once. A request takes a slot at
+//! admission and gives it back when it ends; a slot is a lease, renewed while its request lives,
+//! so that a slot whose release is lost (a crashed worker, VM or Envoy) frees itself.
+//!
+//! Slots are counted per epoch of half a lease, whatever the limit: the state is the current
+//! epoch and the counts of it and the one before. A slot is counted in the epoch it was taken or
+//! last renewed in, and is forgotten when the second epoch after that one starts: between half a
+//! lease and a lease after its last renewal. A live request renews its slot once its epoch is
+//! behind (see `renew`), so a stream of any length keeps it. Releasing and renewing name the
+//! epoch the slot is counted in, which the request keeps: each is exact, and a slot that expired
+//! meanwhile is not taken from another request.
+
+use std::num::NonZeroU64;
+
+use super::{invalid, within, Debt, Decision, Invalid, Param, MAX_PERIOD};
+use crate::duration::NANOS_PER_SEC;
+
+/// State: the epoch of `newer`, the slots counted in the epoch before it, the slots of it.
+pub const COLUMNS: usize = 3;
+/// The most requests of one key in flight a policy may allow.
+pub const MAX_SLOTS: u64 = 1_000_000;
+/// The shortest lease: renewals run on a timer of about a second.
+pub const MIN_LEASE: u64 = 10 * NANOS_PER_SEC;
+
+/// At most `limit` requests in flight; a slot not renewed for a lease is forgotten.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slots {
+    pub limit: u64,
+    /// Half the lease: the length of an epoch.
+    pub epoch: NonZeroU64,
+}
+
+impl Slots {
+    /// `limit` (`requests`) slots of `lease` nanoseconds.
+    pub fn new(limit: u64, lease: u64) -> Result<Slots, Invalid> {
+        let limit = within(Param::Requests, limit, MAX_SLOTS)?;
+        if !(MIN_LEASE..=MAX_PERIOD).contains(&lease) {
+            return Err(invalid(Param::Lease, "must be between 10s and 365d"));
+        }
+        let epoch = NonZeroU64::new(lease / 2).ok_or_else(|| invalid(Param::Lease, "too short"))?;
+        Ok(Slots { limit, epoch })
+    }
+
+    /// The lease: a slot nobody renews is forgotten at most this long after it was last renewed.
+    pub fn lease(&self) -> u64 {
+        2 * self.epoch.get()
+    }
+
+    /// The epoch of `now`: what a slot taken or renewed at `now` is counted in.
+    pub fn epoch_of(&self, now: u64) -> u64 {
+        now / self.epoch
+    }
+}
+
+/// The counts (older, newer) as of `epoch`, from the stored ones.
+fn counts(state: &[u64], epoch: u64) -> (u64, u64) {
+    match state {
+        [stored, older, newer] if *stored == epoch => (*older, *newer),
+        [stored, _, newer] if stored.checked_add(1) == Some(epoch) => (*newer, 0),
+        _ => (0, 0),
+    }
+}
+
+fn store(state: &mut [u64], epoch: u64, (older, newer): (u64, u64)) {
+    if let [stored, stored_older, stored_newer] = state {
+        (*stored, *stored_older, *stored_newer) = (epoch, older, newer);
+    }
+}
+
+/// Slots in use at `now`.
+pub fn in_use(slots: &Slots, state: &[u64], now: u64) -> u64 {
+    let (older, newer) = counts(state, slots.epoch_of(now));
+    older.saturating_add(newer)
+}
+
+/// Takes `cost` slots (one per request) if that many are free at `now`. Nobody can say when a
+/// slot frees, so a refusal gives no time to retry; `reset_after` is when the slots counted now
+/// are forgotten at the latest.
+pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision {
+    let epoch = slots.epoch_of(now);
+    let (older, newer) = counts(state, epoch);
+    let used = older.saturating_add(newer);
+    let reset_after = (epoch + 2).saturating_mul(slots.epoch.get()) - now;
+    if used.saturating_add(cost) > slots.limit {
+        return Decision {
+            allowed: false,
+            remaining: slots.limit.saturating_sub(used),
+            reset_after,
+            ..Decision::default()
+        };
+    }
+    store(state, epoch, (older, newer + cost));
+    Decision {
+        allowed: true,
+        remaining: slots.limit - used - cost,
+        reset_after,
+        ..Decision::default()
+    }
+}
+
+/// Gives back the slot counted in epoch `taken`; false if it had expired (it is counted nowhere
+/// any more, and nothing is taken from the slots of others).
+pub fn release(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> bool {
+    let epoch = slots.epoch_of(now);
+    let (mut older, mut newer) = counts(state, epoch);
+    let count = if taken == epoch {
+        &mut newer
+    } else if taken.checked_add(1) == Some(epoch) {
+        &mut older
+    } else {
+        return false;
+    };
+    let released = *count > 0;
+    *count = count.saturating_sub(1);
+    store(state, epoch, (older, newer));
+    released
+}
+
+/// Moves the slot counted in epoch `taken` to the epoch of `now`, if it is behind: the epoch it
+/// is counted in from now on. A slot that expired meanwhile (its renewal came over half a lease
+/// late) is taken again if one is free; `None` if none is: the request runs on uncounted.
+pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> Option<u64> {
+    let epoch = slots.epoch_of(now);
+    if taken >= epoch {
+        return Some(taken);
+    }
+    if release(slots, state, now, taken) {
+        let (older, newer) = counts(state, epoch);
+        store(state, epoch, (older, newer + 1));
+        return Some(epoch);
+    }
+    admit(slots, state, now, 1).allowed.then_some(epoch)
+}
+
+/// What forgetting the state forgives: the slots in use, which would be free for others.
+pub fn debt(slots: &Slots, state: &[u64], now: u64) -> Debt {
+    Debt::of(in_use(slots, state, now).into(), slots.limit.into(), 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const SEC: u64 = NANOS_PER_SEC;
+    const T0: u64 = 1_800_000_000 * SEC;
+
+    fn slots(limit: u64) -> Slots {
+        Slots::new(limit, 60 * SEC).unwrap()
+    }
+
+    #[test]
+    fn n_plus_one_requests_get_n_slots_and_a_release_frees_one() {
+        let (four, mut state) = (slots(4), [0; COLUMNS]);
+        let taken: Vec<bool> = (0..5)
+            .map(|_| admit(&four, &mut state, T0, 1).allowed)
+            .collect();
+        assert_eq!(taken, [true, true, true, true, false]);
+        assert!(release(&four, &mut state, T0 + SEC, four.epoch_of(T0)));
+        assert!(admit(&four, &mut state, T0 + SEC, 1).allowed);
+        assert_eq!(in_use(&four, &state, T0 + SEC), 4);
+    }
+
+    #[test]
+    fn a_refusal_gives_no_time_to_retry() {
+        let (one, mut state) = (slots(1), [0; COLUMNS]);
+        admit(&one, &mut state, T0, 1);
+        let refused = admit(&one, &mut state, T0, 1);
+        assert_eq!((refused.allowed, refused.retry_after), (false, 0));
+    }
+
+    #[test]
+    fn a_slot_nobody_renews_is_forgotten_within_a_lease() {
+        let (one, mut state) = (slots(1), [0; COLUMNS]);
+        admit(&one, &mut state, T0, 1);
+        assert!(!admit(&one, &mut state, T0 + 29 * SEC, 1).allowed);
+        let lease = one.lease();
+        assert!(admit(&one, &mut state, T0 + lease, 1).allowed, "expired");
+    }
+
+    #[test]
+    fn a_renewed_slot_outlives_its_lease_and_a_late_release_takes_nothing_from_others() {
+        let (one, mut state) = (slots(1), [0; COLUMNS]);
+        let mut epoch = one.epoch_of(T0);
+        admit(&one, &mut state, T0, 1);
+        for minute in 1..=10 {
+            let now = T0 + minute * 31 * SEC;
+            epoch = renew(&one, &mut state, now, epoch).unwrap();
+            assert!(!admit(&one, &mut state, now, 1).allowed, "still held");
+        }
+        let later = T0 + 10 * 31 * SEC + one.lease();
+        assert!(admit(&one, &mut state, later, 1).allowed, "expired at last");
+        assert!(!release(&one, &mut state, later, epoch), "not another's");
+        assert_eq!(in_use(&one, &state, later), 1);
+    }
+
+    #[test]
+    fn a_corrupt_state_never_overflows() {
+        let mut state = [u64::MAX, u64::MAX, u64::MAX];
+        let (two, now) = (slots(2), u64::MAX - 1);
+        admit(&two, &mut state, now, 1);
+        release(&two, &mut state, now, u64::MAX);
+        renew(&two, &mut state, now, 0);
+        debt(&two, &state, now);
+    }
+
+    /// One request of the model: its epoch while it holds a slot, `None` once refused or ended.
+    type Held = Option<u64>;
+
+    proptest! {
+        /// Against a model that knows every request: the slots in use are exactly the live
+        /// requests' whose last renewal is recent, never more than the limit.
+        #[test]
+        fn matches_the_requests_that_hold_a_slot(
+            limit in 1u64..6,
+            steps in prop::collection::vec((0u64..20, 0u8..4, 0usize..8), 1..200),
+        ) {
+            let four = Slots::new(limit, 60 * SEC).unwrap();
+            let mut state = [0; COLUMNS];
+            let mut requests: Vec<Held> = Vec::new();
+            let mut now = T0;
+            for (gap, action, pick) in steps {
+                now += gap * SEC;
+                let current = four.epoch_of(now);
+                for held in requests.iter_mut() {
+                    if held.is_some_and(|e| e + 2 <= current) {
+                        *held = None;
+                    }
+                }
+                let live = requests.iter().flatten().count() as u64;
+                prop_assert_eq!(in_use(&four, &state, now), live);
+                let count = requests.len().max(1);
+                let held = requests.get_mut(pick % count);
+                match (action, held) {
+                    (0, _) => {
+                        let d = admit(&four, &mut state, now, 1);
+                        prop_assert_eq!(d.allowed, live < limit);
+                        requests.push(d.allowed.then_some(current));
+                    }
+                    (1, Some(held @ Some(_))) => {
+                        prop_assert!(release(&four, &mut state, now, held.unwrap_or(0)));
+                        *held = None;
+                    }
+                    (2, Some(held @ Some(_))) => {
+                        *held = renew(&four, &mut state, now, held.unwrap_or(0));
+                    }
+                    _ => {}
+                }
+                prop_assert!(in_use(&four, &state, now) <= limit);
+            }
+        }
+    }
+}
