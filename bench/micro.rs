@@ -11,7 +11,7 @@ use sluice::algorithm::token_bucket::{self, Rate};
 use sluice::algorithm::{Algorithm, Drain, Window};
 use sluice::config::{self, Plan};
 use sluice::duration::NANOS_PER_SEC;
-use sluice::filter::{Filter, Verdict};
+use sluice::filter::{Admitted, Filter, Verdict};
 use sluice::key::{hash_key, HashSecret, Keying};
 use sluice::ledger::Ledger;
 use sluice::limiter::{Limiter, Step};
@@ -57,7 +57,11 @@ fn bench_filter(name: &str, json: &str) -> Measured {
     };
     measure(name, || {
         host.now.set(host.now.get() + 10_000);
-        if let Verdict::Continue(Some(reported)) = filter.on_request_headers(black_box(&host)) {
+        if let Verdict::Continue(Admitted {
+            reported: Some(reported),
+            ..
+        }) = filter.on_request_headers(black_box(&host))
+        {
             filter.each_response_header(&reported, |name, value| {
                 black_box((name, value));
             });

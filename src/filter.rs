@@ -3,19 +3,21 @@
 //! Envoy's actions (continue, pause, resume).
 
 use crate::access_log;
+use crate::algorithm::Algorithm;
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
 use crate::duration::NANOS_PER_SEC;
-use crate::headers::{each_rate_limit_header, retry_after_secs, Quota};
+use crate::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
-use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Step};
+use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol;
 use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
 use crate::rls;
 use crate::store::{Store, ABSENT};
+use crate::tab::{Entry, Op, Tab};
 use crate::table;
 use crate::time::WorkerClock;
 use std::cell::{Cell, RefCell};
@@ -50,17 +52,24 @@ pub trait Environment {
 /// What to do with a request.
 #[derive(Debug)]
 pub enum Verdict {
-    /// Forward it; the response gets the rate-limit headers of this policy, if any.
-    Continue(Option<Reported>),
+    /// Forward it.
+    Continue(Admitted),
     /// A local reply (429, or 503 for a policy that fails closed) has been sent.
     Denied,
     /// Hold it until the service answers.
     Waiting(Pending),
     /// Forward it after `delay` nanoseconds (a leaky bucket's turn).
-    Hold {
-        delay: u64,
-        reported: Option<Reported>,
-    },
+    Hold { delay: u64, admitted: Admitted },
+}
+
+/// What an admitted request takes with it.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The policy whose rate-limit headers the response gets, if any.
+    pub reported: Option<Reported>,
+    /// What the request owes its policies when it ends (`tab`), if anything: the glue keeps it
+    /// and hands it to `response::Response`.
+    pub tab: Option<Tab>,
 }
 
 /// The policy whose state the response headers report, as decided at `now`.
@@ -173,6 +182,16 @@ impl Filter {
         }
     }
 
+    /// Settles one entry of an admitted request's tab (`response`).
+    pub fn settle(&self, host: &impl Host, entry: &mut Entry, op: Op) -> Settled {
+        let now = self.now(host);
+        self.limiter(host, |l| l.settle(entry, op, now))
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
         self.counters.flush(metrics);
@@ -196,7 +215,8 @@ impl Filter {
         }
     }
 
-    fn now(&self, host: &impl Host) -> u64 {
+    /// This worker's clock: the host's, never going back.
+    pub fn now(&self, host: &impl Host) -> u64 {
         self.clock.now(host.now())
     }
 
@@ -249,9 +269,13 @@ impl Filter {
                 let reported = self
                     .most_restrictive(outcome)
                     .map(|applied| Reported { applied, now });
+                let admitted = Admitted {
+                    reported,
+                    tab: outcome.tab.clone(),
+                };
                 match self.delay(outcome) {
-                    0 => Verdict::Continue(reported),
-                    delay => Verdict::Hold { delay, reported },
+                    0 => Verdict::Continue(admitted),
+                    delay => Verdict::Hold { delay, admitted },
                 }
             }
         }
@@ -364,7 +388,9 @@ impl Filter {
                 &default
             }
         };
-        let retry_secs = retry_after_secs(denial.decision.retry_after);
+        // A wait of 0: nobody can say when (a concurrency policy that sets no `retry_after`).
+        let retry = denial.decision.retry_after;
+        let retry_secs = (retry > 0).then(|| retry_after_secs(retry));
         let mut reply = LocalReply::refusal(refusal, answer, name, retry_secs, grpc);
         if refusal == Refusal::RateLimited {
             let reported = Reported {
@@ -408,7 +434,12 @@ impl Filter {
             per_nanos: applied.tier.per_nanos,
             remaining: decision.remaining,
             reset_after: decision.reset_after,
-            retry_after: (!decision.allowed).then_some(decision.retry_after),
+            retry_after: (!decision.allowed && decision.retry_after > 0)
+                .then_some(decision.retry_after),
+            unit: match applied.tier.algorithm {
+                Algorithm::Concurrency(_) => QuotaUnit::ConcurrentRequests,
+                _ => QuotaUnit::Requests,
+            },
         })
     }
 }
@@ -621,7 +652,11 @@ mod tests {
             {"name": "tight", "key": ["ip"], "requests": 1, "per": "1s", "burst": 3},
         ]});
         let (filter, host) = setup(config);
-        let Verdict::Continue(Some(reported)) = send(&filter, &host, ALICE) else {
+        let Verdict::Continue(Admitted {
+            reported: Some(reported),
+            ..
+        }) = send(&filter, &host, ALICE)
+        else {
             panic!("allowed")
         };
         let headers = response_headers(&filter, &reported);
@@ -670,7 +705,10 @@ mod tests {
         );
         filter.flush_counters(&host);
         assert_eq!(host.counter(&requests_counter("per-ip", Allowed)), 3);
-        let Verdict::Continue(Some(r)) = send(&filter, &host, &[("x-user-id", "bob")]) else {
+        let Verdict::Continue(Admitted {
+            reported: Some(r), ..
+        }) = send(&filter, &host, &[("x-user-id", "bob")])
+        else {
             panic!()
         };
         let remaining_ip = response_headers(&filter, &r);
@@ -689,7 +727,7 @@ mod tests {
         let verdicts: Vec<Verdict> = (0..3).map(|_| send(&filter, &host, ALICE)).collect();
         assert!(verdicts
             .iter()
-            .all(|v| matches!(v, Verdict::Continue(None))));
+            .all(|v| matches!(v, Verdict::Continue(Admitted { reported: None, .. }))));
         filter.flush_counters(&host);
         assert_eq!(host.counter(&requests_counter("per-user", ShadowDenied)), 2);
         assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
@@ -1248,7 +1286,11 @@ mod tests {
     }
 
     fn remaining(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> String {
-        let Verdict::Continue(Some(reported)) = send(filter, host, headers) else {
+        let Verdict::Continue(Admitted {
+            reported: Some(reported),
+            ..
+        }) = send(filter, host, headers)
+        else {
             panic!("not admitted");
         };
         let headers = response_headers(filter, &reported);

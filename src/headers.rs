@@ -35,6 +35,17 @@ pub struct Quota<'a> {
     pub reset_after: u64,
     /// A denial's wait: nanoseconds until a request of the same cost can pass.
     pub retry_after: Option<u64>,
+    pub unit: QuotaUnit,
+}
+
+/// What a policy's quota counts, as the draft's `qu` names it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaUnit {
+    /// Requests over a window (the draft's default unit).
+    #[default]
+    Requests,
+    /// Requests in flight at once: no window, and no time to wait but the one a policy sets.
+    ConcurrentRequests,
 }
 
 impl Quota<'_> {
@@ -104,13 +115,15 @@ pub fn each_rate_limit_header(
     mut emit: impl FnMut(&'static str, &str),
 ) {
     let mut value = String::with_capacity(quota.policy.len() + 48);
+    let concurrent = quota.unit == QuotaUnit::ConcurrentRequests;
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
-        for (name, n) in [
+        let reset = (!concurrent).then_some(("x-ratelimit-reset", reset_epoch));
+        let limits = [
             ("x-ratelimit-limit", quota.limit),
             ("x-ratelimit-remaining", quota.left()),
-            ("x-ratelimit-reset", reset_epoch),
-        ] {
+        ];
+        for (name, n) in limits.into_iter().chain(reset) {
             value.clear();
             push_decimal(&mut value, n);
             emit(name, &value);
@@ -118,23 +131,57 @@ pub fn each_rate_limit_header(
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         let (q, w) = quota_and_window(quota.limit, quota.requests, quota.per_nanos);
-        // Both are structured-field lists of one item: "<policy>";<a>=<x>;<b>=<y>.
-        for (name, (a, x), (b, y)) in [
-            ("ratelimit-policy", ("q", q), ("w", w)),
-            ("ratelimit", ("r", quota.left()), ("t", quota.window_secs())),
+        let policy_params = if concurrent {
+            [
+                Some(("q", Param::Number(quota.limit))),
+                Some(("qu", Param::Text("concurrent-requests"))),
+            ]
+        } else {
+            [Some(("q", Param::Number(q))), Some(("w", Param::Number(w)))]
+        };
+        let wait = quota.retry_after.map(retry_after_secs);
+        let window = if concurrent {
+            wait
+        } else {
+            Some(quota.window_secs())
+        };
+        let limit_params = [
+            Some(("r", Param::Number(quota.left()))),
+            window.map(|t| ("t", Param::Number(t))),
+        ];
+        for (name, params) in [
+            ("ratelimit-policy", policy_params),
+            ("ratelimit", limit_params),
         ] {
-            value.clear();
-            value.push('"');
-            value.push_str(quota.policy);
-            value.push_str("\";");
-            value.push_str(a);
-            value.push('=');
-            push_decimal(&mut value, x);
-            value.push(';');
-            value.push_str(b);
-            value.push('=');
-            push_decimal(&mut value, y);
+            item(&mut value, quota.policy, params.iter().flatten());
             emit(name, &value);
+        }
+    }
+}
+
+/// A parameter's value in a draft field: an Integer or a String.
+enum Param {
+    Number(u64),
+    Text(&'static str),
+}
+
+/// A structured-field list of one item into `value`: `"<policy>";<name>=<value>...`.
+fn item<'a>(value: &mut String, policy: &str, params: impl Iterator<Item = &'a (&'a str, Param)>) {
+    value.clear();
+    value.push('"');
+    value.push_str(policy);
+    value.push('"');
+    for (name, param) in params {
+        value.push(';');
+        value.push_str(name);
+        value.push('=');
+        match param {
+            Param::Number(n) => push_decimal(value, *n),
+            Param::Text(text) => {
+                value.push('"');
+                value.push_str(text);
+                value.push('"');
+            }
         }
     }
 }
@@ -146,18 +193,15 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
 
 /// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
 /// (503, a policy that fails closed).
-pub fn denial_body(error: &str, policy: &str, retry_after_secs: u64) -> String {
+pub fn denial_body(error: &str, policy: &str, retry_after_secs: Option<u64>) -> String {
     let mut body = String::with_capacity(error.len() + policy.len() + 64);
-    for part in [
-        r#"{"error":""#,
-        error,
-        r#"","policy":""#,
-        policy,
-        r#"","retry_after":"#,
-    ] {
+    for part in [r#"{"error":""#, error, r#"","policy":""#, policy, "\""] {
         body.push_str(part);
     }
-    push_decimal(&mut body, retry_after_secs);
+    if let Some(secs) = retry_after_secs {
+        body.push_str(r#","retry_after":"#);
+        push_decimal(&mut body, secs);
+    }
     body.push('}');
     body
 }
@@ -176,6 +220,7 @@ mod tests {
         remaining: 7,
         reset_after: 2_500_000_000,
         retry_after: None,
+        unit: QuotaUnit::Requests,
     };
     const NOW: u64 = 1_700_000_000_250_000_000;
 
@@ -189,6 +234,37 @@ mod tests {
             headers.push((name, value.to_string()));
         });
         headers
+    }
+
+    #[test]
+    fn a_concurrency_quota_counts_requests_in_flight_without_a_window() {
+        let streams = Quota {
+            policy: "streams",
+            limit: 4,
+            remaining: 1,
+            unit: QuotaUnit::ConcurrentRequests,
+            ..QUOTA
+        };
+        let headers = rate_limit_headers(HeaderStyle::Both, &streams, NOW);
+        assert_eq!(
+            headers,
+            [
+                ("x-ratelimit-limit", "4".to_string()),
+                ("x-ratelimit-remaining", "1".to_string()),
+                (
+                    "ratelimit-policy",
+                    r#""streams";q=4;qu="concurrent-requests""#.to_string()
+                ),
+                ("ratelimit", r#""streams";r=1"#.to_string()),
+            ]
+        );
+        let refused = Quota {
+            remaining: 0,
+            retry_after: Some(2 * NANOS_PER_SEC),
+            ..streams
+        };
+        let headers = rate_limit_headers(HeaderStyle::Draft, &refused, NOW);
+        assert_eq!(headers[1].1, r#""streams";r=0;t=2"#);
     }
 
     #[test]
@@ -316,7 +392,7 @@ mod tests {
 
     #[test]
     fn denial_body_is_the_documented_json() {
-        let body = denial_body("too_many_requests", "per-user", 3);
+        let body = denial_body("too_many_requests", "per-user", Some(3));
         assert_eq!(
             body,
             r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#

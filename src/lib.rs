@@ -26,9 +26,11 @@ pub mod metrics;
 pub mod protocol;
 pub mod reply;
 pub mod request;
+pub mod response;
 pub mod rls;
 pub mod route;
 pub mod store;
+pub mod tab;
 pub mod table;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

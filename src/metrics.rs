@@ -17,8 +17,10 @@ use std::cell::Cell;
 pub const POLICY_LABEL: &str = "sluice_policy";
 /// The label naming what the policy did with the requests a counter counts.
 pub const OUTCOME_LABEL: &str = "sluice_outcome";
+/// The label naming why a concurrency policy's slot was given back.
+pub const REASON_LABEL: &str = "sluice_reason";
 /// Every label of sluice's counters: each needs a `stats_tags` entry in the bootstrap.
-pub const LABELS: [&str; 2] = [POLICY_LABEL, OUTCOME_LABEL];
+pub const LABELS: [&str; 3] = [POLICY_LABEL, OUTCOME_LABEL, REASON_LABEL];
 
 /// The `stats_tags` regex that takes `label` out of a counter's name into a tag: what Istio
 /// generates for a name listed in `extraStatTags`.
@@ -53,10 +55,47 @@ pub fn degraded_counter(policy: &str) -> String {
     labelled_name(&[(POLICY_LABEL, policy)], "degraded_total")
 }
 
-/// Counter registration and updates (proxy-wasm metrics, shown in Envoy's stats).
+/// The name of the gauge of `policy`'s slots in use in this Envoy (`sluice_slots_in_use`).
+pub fn slots_in_use_gauge(policy: &str) -> String {
+    labelled_name(&[(POLICY_LABEL, policy)], "slots_in_use")
+}
+
+/// Why a slot stopped being in use: its request ended, or nobody gave it back in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotEnd {
+    Completed,
+    Reset,
+    Expired,
+}
+
+impl SlotEnd {
+    pub const ALL: [SlotEnd; 3] = [SlotEnd::Completed, SlotEnd::Reset, SlotEnd::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotEnd::Completed => "completed",
+            SlotEnd::Reset => "reset",
+            SlotEnd::Expired => "expired",
+        }
+    }
+}
+
+/// The name of the counter of `policy`'s slots that ended for `reason`
+/// (`sluice_slots_released_total{sluice_policy, sluice_reason}`).
+pub fn slots_released_counter(policy: &str, reason: SlotEnd) -> String {
+    labelled_name(
+        &[(POLICY_LABEL, policy), (REASON_LABEL, reason.as_str())],
+        "slots_released_total",
+    )
+}
+
+/// Counter and gauge registration and updates (proxy-wasm metrics, shown in Envoy's stats).
 pub trait Metrics {
     fn define_counter(&self, name: &str) -> Option<u32>;
     fn increment(&self, id: u32, by: u64);
+    fn define_gauge(&self, name: &str) -> Option<u32>;
+    /// Moves a gauge by `by`, up or down: every worker's moves add up in Envoy's one gauge.
+    fn adjust(&self, id: u32, by: i64);
 }
 
 #[derive(Debug, Default)]
@@ -84,6 +123,34 @@ impl Counter {
     }
 }
 
+/// A gauge this worker moves, its moves handed to the host in batches as counts are.
+#[derive(Debug, Default)]
+pub struct Gauge {
+    id: Option<u32>,
+    pending: Cell<i64>,
+}
+
+impl Gauge {
+    fn define(metrics: &impl Metrics, name: &str) -> Self {
+        Gauge {
+            id: metrics.define_gauge(name),
+            pending: Cell::new(0),
+        }
+    }
+
+    pub fn add(&self, by: i64) {
+        self.pending.set(self.pending.get().saturating_add(by));
+    }
+
+    fn flush(&self, metrics: &impl Metrics) {
+        if let (Some(id), by) = (self.id, self.pending.take()) {
+            if by != 0 {
+                metrics.adjust(id, by);
+            }
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct PolicyCounters {
     /// By `PolicyOutcome`, in the order of `PolicyOutcome::ALL` (`canary_shadow_denied` defined
@@ -91,6 +158,15 @@ struct PolicyCounters {
     requests: [Counter; PolicyOutcome::ALL.len()],
     /// Decisions taken without the service because it could not answer.
     degraded: Counter,
+    /// A concurrency policy's slots.
+    slots: Option<SlotCounters>,
+}
+
+/// A concurrency policy's slots: in use here, and how they ended, by `SlotEnd`.
+#[derive(Debug, Default)]
+struct SlotCounters {
+    in_use: Gauge,
+    ended: [Counter; SlotEnd::ALL.len()],
 }
 
 #[derive(Debug, Default)]
@@ -116,6 +192,10 @@ impl Counters {
                     _ => counter(requests_counter(&p.name, o)),
                 }),
                 degraded: counter(degraded_counter(&p.name)),
+                slots: p.holds_slots().then(|| SlotCounters {
+                    in_use: Gauge::define(metrics, &slots_in_use_gauge(&p.name)),
+                    ended: SlotEnd::ALL.map(|e| counter(slots_released_counter(&p.name, e))),
+                }),
             })
             .collect();
         Counters {
@@ -156,14 +236,57 @@ impl Counters {
                 counters.degraded.add(1);
             }
         }
+        for entry in outcome.tab.iter().flat_map(|t| &t.entries) {
+            self.slot_taken(entry.policy);
+        }
+        for &(policy, n) in &outcome.expired_slots {
+            self.slots_ended(policy, SlotEnd::Expired, n);
+        }
         self.cas_retries.add(u64::from(outcome.cas_retries));
         self.evictions.add(u64::from(outcome.evictions));
         self.forgiven.add(outcome.forgiven);
         self.cas_exhausted.add(u64::from(outcome.exhausted));
     }
 
+    fn slots(&self, policy: usize) -> Option<&SlotCounters> {
+        self.policies.get(policy)?.slots.as_ref()
+    }
+
+    fn slot_taken(&self, policy: usize) {
+        if let Some(slots) = self.slots(policy) {
+            slots.in_use.add(1);
+        }
+    }
+
+    /// Counts `n` slots of `policy` no longer in use, for `reason`: given back by requests of
+    /// this Envoy (completed, reset: they leave its gauge), or found forgotten by a write
+    /// (expired: anyone's, whose release never came).
+    pub fn slots_ended(&self, policy: usize, reason: SlotEnd, n: u64) {
+        let Some(slots) = self.slots(policy) else {
+            return;
+        };
+        if let Some(counter) = slots.ended.get(reason as usize) {
+            counter.add(n);
+        }
+        if reason != SlotEnd::Expired {
+            slots.in_use.add(-i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A slot a request of this Envoy held that lapsed before the request gave it back or could
+    /// renew it: it leaves the gauge (its expiry is counted by the write that forgot it).
+    pub fn slot_lost(&self, policy: usize) {
+        if let Some(slots) = self.slots(policy) {
+            slots.in_use.add(-1);
+        }
+    }
+
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush(&self, metrics: &impl Metrics) {
+        for slots in self.policies.iter().filter_map(|p| p.slots.as_ref()) {
+            slots.in_use.flush(metrics);
+            slots.ended.iter().for_each(|c| c.flush(metrics));
+        }
         self.policies
             .iter()
             .flat_map(|p| p.requests.iter().chain([&p.degraded]))

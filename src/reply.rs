@@ -148,7 +148,7 @@ impl LocalReply {
         refusal: Refusal,
         denial: &Denial,
         policy: &str,
-        retry_secs: u64,
+        retry_secs: Option<u64>,
         grpc: bool,
     ) -> Self {
         let (status, details) = (refusal.status(denial), refusal.details());
@@ -174,9 +174,11 @@ impl LocalReply {
         if !grpc {
             reply.add_header("content-type", content_type);
         }
-        let mut retry = String::with_capacity(20);
-        push_decimal(&mut retry, retry_secs);
-        reply.add_header("retry-after", &retry);
+        if let Some(secs) = retry_secs {
+            let mut retry = String::with_capacity(20);
+            push_decimal(&mut retry, secs);
+            reply.add_header("retry-after", &retry);
+        }
         reply
     }
 
@@ -219,13 +221,16 @@ impl LocalReply {
 }
 
 /// What a gRPC client reads in `grpc-message`: the error, the policy and the wait.
-fn grpc_message(error: &str, policy: &str, retry_secs: u64) -> String {
+fn grpc_message(error: &str, policy: &str, retry_secs: Option<u64>) -> String {
     let mut message = String::with_capacity(error.len() + policy.len() + 32);
-    for part in [error, ": policy ", policy, ", retry after "] {
+    for part in [error, ": policy ", policy] {
         message.push_str(part);
     }
-    push_decimal(&mut message, retry_secs);
-    message.push('s');
+    if let Some(secs) = retry_secs {
+        message.push_str(", retry after ");
+        push_decimal(&mut message, secs);
+        message.push('s');
+    }
     message
 }
 
@@ -243,7 +248,7 @@ mod tests {
             Refusal::RateLimited,
             &Denial::default(),
             "per-user",
-            3,
+            Some(3),
             false,
         );
         assert_eq!((reply.status, reply.details), (429, RATE_LIMITED));
@@ -263,7 +268,7 @@ mod tests {
             Refusal::RateLimited,
             &Denial::default(),
             "per-user",
-            2,
+            Some(2),
             true,
         );
         assert_eq!(reply.grpc_status.code(), 8);
@@ -282,14 +287,14 @@ mod tests {
             content_type: "text/plain".into(),
             grpc_status: GrpcStatus::Aborted,
         };
-        let http = LocalReply::refusal(Refusal::Unavailable, &denial, "global", 1, false);
+        let http = LocalReply::refusal(Refusal::Unavailable, &denial, "global", Some(1), false);
         assert_eq!((http.status, http.details), (503, UNAVAILABLE));
         assert_eq!(
             http.body,
             r#"{"error":"rate_limit_unavailable","policy":"global","retry_after":1}"#
         );
         assert_eq!(http.header("content-type"), Some("application/json"));
-        let grpc = LocalReply::refusal(Refusal::Unavailable, &denial, "global", 1, true);
+        let grpc = LocalReply::refusal(Refusal::Unavailable, &denial, "global", Some(1), true);
         assert_eq!(grpc.grpc_status, GrpcStatus::Unavailable);
         assert_eq!(
             grpc.body,
@@ -305,13 +310,13 @@ mod tests {
             content_type: "text/plain; charset=utf-8".into(),
             grpc_status: GrpcStatus::Unavailable,
         };
-        let http = LocalReply::refusal(Refusal::RateLimited, &denial, "p", 1, false);
+        let http = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Some(1), false);
         assert_eq!((http.status, http.body.as_str()), (503, "slow down"));
         assert_eq!(
             http.header("content-type"),
             Some("text/plain; charset=utf-8")
         );
-        let grpc = LocalReply::refusal(Refusal::RateLimited, &denial, "p", 1, true);
+        let grpc = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Some(1), true);
         assert_eq!(grpc.grpc_status.code(), 14);
         assert_eq!(grpc.body, "too_many_requests: policy p, retry after 1s");
     }

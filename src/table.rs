@@ -163,6 +163,8 @@ pub struct Slot {
     pub state: Words,
     /// When the key's record was last written: Unix seconds modulo 2^16.
     last_used: u16,
+    /// When its record said its state owes nothing: Unix seconds modulo 2^16.
+    free_at: u16,
     /// The latest time a writer of the page decided at.
     pub clock: u64,
     /// Set when the key takes a new record: what forgetting the one it replaces forgives.
@@ -212,6 +214,14 @@ impl Slot {
     pub fn needs_write(&self, next: &[u64], now: u64) -> bool {
         next != &self.state[..]
             || self.takeover.is_none() && age(self.last_used, now) >= TOUCH_EVERY / NANOS_PER_SEC
+    }
+
+    /// When the key's record said its state owes nothing, as of `now` (never before it): what a
+    /// write that changes one policy's words keeps for the others.
+    pub fn free_at(&self, now: u64) -> u64 {
+        let ahead = self.free_at.wrapping_sub(stamp(now)) as i16;
+        let secs = u64::try_from(ahead).unwrap_or(0);
+        now.saturating_add(secs * NANOS_PER_SEC)
     }
 
     /// The time to decide the slot at, for a worker whose clock says `now`: the page's clock if
@@ -327,6 +337,7 @@ pub fn find(
         if record.owner == hash && record.tag == spec.tag && record.words.len() == 8 * spec.width {
             slot.state = record.state();
             slot.last_used = record.last_used;
+            slot.free_at = record.free_at;
             slot.place = Place::Own(record.at);
         }
         count += 1;

@@ -111,6 +111,11 @@ impl FakeHost {
         self
     }
 
+    /// The gauge's value as flushed so far (0 when not defined).
+    pub fn gauge(&self, name: &str) -> i64 {
+        self.counter(name) as i64
+    }
+
     /// The counter's value as flushed so far (0 when not defined).
     pub fn counter(&self, name: &str) -> u64 {
         self.counters
@@ -191,5 +196,15 @@ impl Metrics for FakeHost {
 
     fn increment(&self, id: u32, by: u64) {
         self.counters.borrow_mut()[id as usize].1 += by;
+    }
+
+    /// Gauges live beside the counters, their value in two's complement (`gauge`).
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.define_counter(name)
+    }
+
+    fn adjust(&self, id: u32, by: i64) {
+        let value = &mut self.counters.borrow_mut()[id as usize].1;
+        *value = value.wrapping_add_signed(by);
     }
 }

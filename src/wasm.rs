@@ -3,18 +3,21 @@
 
 use crate::access_log;
 use crate::config::{GlobalService, Protocol, Secret};
-use crate::filter::{Environment, Filter, Host, Reported, Verdict};
+use crate::filter::{Admitted, Environment, Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
 use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::RequestSource;
+use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
+use crate::tab::Ending;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -22,6 +25,13 @@ use std::time::{Duration, UNIX_EPOCH};
 const COUNTER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 /// How often held requests are looked at: the timing precision of a leaky bucket.
 const HOLD_TICK: Duration = Duration::from_millis(5);
+
+thread_local! {
+    /// The admitted requests of this VM (one worker) that owe their policies something when they
+    /// end, by context: held here rather than by a root context, so that a request admitted
+    /// under a configuration since replaced is still renewed and settled under its own.
+    static LIVE: RefCell<HashMap<u32, (Rc<Filter>, Response)>> = RefCell::default();
+}
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -180,6 +190,14 @@ impl Metrics for Envoy {
     fn increment(&self, id: u32, by: u64) {
         let _ = hostcalls::increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX));
     }
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        hostcalls::define_metric(MetricType::Gauge, name).ok()
+    }
+
+    fn adjust(&self, id: u32, by: i64) {
+        let _ = hostcalls::increment_metric(id, by);
+    }
 }
 
 #[derive(Default)]
@@ -229,6 +247,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        renew_live();
         let now = Envoy.now();
         for context in self.held.borrow_mut().due(now) {
             if hostcalls::set_effective_context(context).is_ok() {
@@ -253,12 +272,25 @@ impl RootContext for Root {
             held: self.held.clone(),
             reported: None,
             pending: None,
+            completed: false,
         }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
+}
+
+/// Renews the slots of this VM's live requests (`Response::renew`: only those behind).
+fn renew_live() {
+    LIVE.with(|live| {
+        let Ok(mut live) = live.try_borrow_mut() else {
+            return;
+        };
+        for (filter, response) in live.values_mut().filter(|(_, r)| r.holds_slots()) {
+            response.renew(filter, &Envoy);
+        }
+    });
 }
 
 /// One HTTP request and its response.
@@ -269,14 +301,16 @@ struct Exchange {
     reported: Option<Reported>,
     /// Set while the request waits for the rate-limit service.
     pending: Option<Pending>,
+    /// The response reached its end of stream: the request completed.
+    completed: bool,
 }
 
 impl Exchange {
     /// Maps a verdict to Envoy's action; `held` says whether the request is paused already.
     fn act(&mut self, verdict: Verdict, held: bool) -> Action {
         match verdict {
-            Verdict::Continue(reported) => {
-                self.reported = reported;
+            Verdict::Continue(admitted) => {
+                self.admit(admitted);
                 if held {
                     let _ = hostcalls::resume_http_request();
                 }
@@ -287,8 +321,8 @@ impl Exchange {
                 self.pending = Some(pending);
                 Action::Pause
             }
-            Verdict::Hold { delay, reported } => {
-                self.reported = reported;
+            Verdict::Hold { delay, admitted } => {
+                self.admit(admitted);
                 let release_at = Envoy.now().saturating_add(delay);
                 self.held.borrow_mut().hold(release_at, self.id);
                 Action::Pause
@@ -297,9 +331,34 @@ impl Exchange {
     }
 }
 
+impl Exchange {
+    /// Keeps what an admitted request takes with it until its response and its end.
+    fn admit(&mut self, admitted: Admitted) {
+        self.reported = admitted.reported;
+        if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
+            let live = (filter.clone(), Response::new(tab));
+            LIVE.with(|l| l.borrow_mut().insert(self.id, live));
+        }
+    }
+
+    /// The request ended: what it owed is settled, once.
+    fn end(&mut self) {
+        let ended = LIVE.with(|live| live.try_borrow_mut().ok()?.remove(&self.id));
+        if let Some((filter, response)) = ended {
+            let ending = if self.completed {
+                Ending::Completed
+            } else {
+                Ending::Reset
+            };
+            response.end(&filter, &Envoy, ending);
+        }
+    }
+}
+
 impl Context for Exchange {
     fn on_done(&mut self) -> bool {
         self.held.borrow_mut().drop_context(self.id);
+        self.end();
         true
     }
 
@@ -348,12 +407,23 @@ impl HttpContext for Exchange {
         self.act(verdict, false)
     }
 
-    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+        self.completed |= end_of_stream;
         if let (Some(filter), Some(reported)) = (&self.filter, self.reported.take()) {
             filter.each_response_header(&reported, |name, value| {
                 let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
             });
         }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        self.completed |= end_of_stream;
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
+        self.completed = true;
         Action::Continue
     }
 }

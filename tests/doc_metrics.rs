@@ -138,6 +138,12 @@ impl Metrics for Recorder {
     }
 
     fn increment(&self, _: u32, _: u64) {}
+
+    fn define_gauge(&self, name: &str) -> Option<u32> {
+        self.define_counter(name)
+    }
+
+    fn adjust(&self, _: u32, _: i64) {}
 }
 
 /// The filter's counters for the shipped configurations, as Envoy's `/stats/prometheus` names

@@ -15,7 +15,7 @@
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use sluice::filter::{Filter, Verdict};
+use sluice::filter::{Admitted, Filter, Verdict};
 use sluice::store::MemoryStore;
 use sluice::testing::{FakeHost, FakeRequest};
 use sluice_testkit::envoy::Envoy;
@@ -134,9 +134,16 @@ fn send(filter: &Filter, host: &FakeHost, now: u64) -> (bool, Fields, Option<i64
     *host.request.borrow_mut() =
         FakeRequest::new(&[("x-user-id", "alice")]).with_property("source.address", "10.0.0.1:1");
     match filter.on_request_headers(host) {
-        Verdict::Continue(Some(reported))
-        | Verdict::Hold {
+        Verdict::Continue(Admitted {
             reported: Some(reported),
+            ..
+        })
+        | Verdict::Hold {
+            admitted:
+                Admitted {
+                    reported: Some(reported),
+                    ..
+                },
             ..
         } => {
             let mut headers = Vec::new();

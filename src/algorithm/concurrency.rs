@@ -19,8 +19,8 @@ use crate::duration::NANOS_PER_SEC;
 pub const COLUMNS: usize = 3;
 /// The most requests of one key in flight a policy may allow.
 pub const MAX_SLOTS: u64 = 1_000_000;
-/// The shortest lease: renewals run on a timer of about a second.
-pub const MIN_LEASE: u64 = 10 * NANOS_PER_SEC;
+/// The shortest lease: renewals run on a timer of a second, at least twice an epoch.
+pub const MIN_LEASE: u64 = 4 * NANOS_PER_SEC;
 
 /// At most `limit` requests in flight; a slot not renewed for a lease is forgotten.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +35,7 @@ impl Slots {
     pub fn new(limit: u64, lease: u64) -> Result<Slots, Invalid> {
         let limit = within(Param::Requests, limit, MAX_SLOTS)?;
         if !(MIN_LEASE..=MAX_PERIOD).contains(&lease) {
-            return Err(invalid(Param::Lease, "must be between 10s and 365d"));
+            return Err(invalid(Param::Lease, "must be between 4s and 365d"));
         }
         let epoch = NonZeroU64::new(lease / 2).ok_or_else(|| invalid(Param::Lease, "too short"))?;
         Ok(Slots { limit, epoch })
@@ -132,6 +132,18 @@ pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> Option<u
     admit(slots, state, now, 1).allowed.then_some(epoch)
 }
 
+/// Slots the stored state counts that are forgotten at `now`: taken, never given back, and not
+/// renewed for a lease. Releases that never came: a crashed worker, VM or Envoy.
+pub fn expired(slots: &Slots, state: &[u64], now: u64) -> u64 {
+    let epoch = slots.epoch_of(now);
+    match state {
+        [stored, ..] if *stored == epoch => 0,
+        [stored, older, _] if stored.checked_add(1) == Some(epoch) => *older,
+        [stored, older, newer] if *stored < epoch => older.saturating_add(*newer),
+        _ => 0,
+    }
+}
+
 /// What forgetting the state forgives: the slots in use, which would be free for others.
 pub fn debt(slots: &Slots, state: &[u64], now: u64) -> Debt {
     Debt::of(in_use(slots, state, now).into(), slots.limit.into(), 1)
@@ -192,6 +204,18 @@ mod tests {
         assert!(admit(&one, &mut state, later, 1).allowed, "expired at last");
         assert!(!release(&one, &mut state, later, epoch), "not another's");
         assert_eq!(in_use(&one, &state, later), 1);
+    }
+
+    #[test]
+    fn slots_nobody_gave_back_are_counted_as_expired_once_forgotten() {
+        let (four, mut state) = (slots(4), [0; COLUMNS]);
+        admit(&four, &mut state, T0, 1);
+        admit(&four, &mut state, T0, 1);
+        let half = four.epoch.get();
+        admit(&four, &mut state, T0 + half, 1);
+        assert_eq!(expired(&four, &state, T0 + half), 0);
+        assert_eq!(expired(&four, &state, T0 + 2 * half), 2, "the first two");
+        assert_eq!(expired(&four, &state, T0 + 3 * half), 3, "all three");
     }
 
     #[test]

@@ -400,6 +400,26 @@ impl Algorithm {
         (best, granted)
     }
 
+    /// When the state owes nothing at the latest, as of `now`: the bucket full, the windows over,
+    /// the slots expired.
+    pub fn idle_at(&self, state: &[u64], now: u64) -> u64 {
+        let end_of = |index: u64, windows: u64, length: u64| {
+            index.saturating_add(windows).saturating_mul(length)
+        };
+        let at = match (self, state) {
+            (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), [tat]) => *tat,
+            (Algorithm::FixedWindow(w), [index, _]) => end_of(*index, 1, w.length.get()),
+            (Algorithm::SlidingWindow(w), [index, ..]) => end_of(*index, 2, w.length.get()),
+            (Algorithm::SlidingLog(w), log) => {
+                let newest = log.iter().max().copied().unwrap_or(0);
+                newest.saturating_add(w.length.get())
+            }
+            (Algorithm::Concurrency(slots), [epoch, ..]) => end_of(*epoch, 2, slots.epoch.get()),
+            _ => now,
+        };
+        at.max(now)
+    }
+
     /// What the key whose state this is owes at `now`: what forgetting the state forgives.
     pub fn debt(&self, state: &[u64], now: u64) -> Debt {
         match self {

@@ -625,23 +625,23 @@ fn secret(field: &str, name: &str, env: Env) -> Result<Secret, ConfigError> {
 /// a worker and take them back, and globally only a service that `grants` tokens ahead
 /// (sluice-service: an RLS charges what it is asked).
 fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64, ConfigError> {
+    // A duration is a concurrency policy's lease, of its slots (`Shape::of`).
+    let Some(RawLease::Tokens(take)) = raw.lease else {
+        return Ok(raw.cost);
+    };
     let kind = raw.algorithm;
     let lends_locally = policy.scope == Scope::Local && kind == Kind::TokenBucket;
     let global = matches!(policy.scope, Scope::Global(_));
-    if raw.lease.is_some() && global && !grants {
+    if global && !grants {
         return Err(error(
             format!("{at}.lease"),
             "an RLS grants no tokens ahead (\"protocol\": \"rls\"): leases need sluice-service",
         ));
     }
-    let leases_globally = global && !matches!(kind, Kind::LeakyBucket | Kind::Concurrency);
-    if raw.lease.is_some() && !lends_locally && !leases_globally {
+    let leases_globally = global && kind != Kind::LeakyBucket;
+    if !lends_locally && !leases_globally {
         return Err(not_for(&format!("{at}.lease"), kind));
     }
-    let Some(RawLease::Tokens(lease)) = raw.lease else {
-        return Ok(raw.cost);
-    };
-    let take = lease;
     let capacities = policy.own_limits().map(|t| t.algorithm.capacity());
     let smallest_burst = capacities.min().unwrap_or(1);
     if take < raw.cost || take > smallest_burst {

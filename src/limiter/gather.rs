@@ -122,7 +122,9 @@ impl Gathered<'_> {
             }
         };
         let table = plan.tables.get(policy.table);
-        if let Some(table) = table.filter(|_| policy.asks_rls(plan.global.as_ref()) && work.entries.is_none()) {
+        if let Some(table) =
+            table.filter(|_| policy.asks_rls(plan.global.as_ref()) && work.entries.is_none())
+        {
             work.entries = Some(crate::rls::key_entries(&table.key, request));
         }
         Some(enforced)

@@ -22,10 +22,12 @@
 mod gather;
 mod global;
 mod local;
+mod settle;
 mod work;
 mod write;
 
 pub use global::GRANT_TTL;
+pub use settle::Settled;
 
 use crate::algorithm::Decision;
 use crate::config::{Plan, Tier};
@@ -34,6 +36,7 @@ use crate::ledger::Ledger;
 use crate::protocol::{Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
+use crate::tab::Tab;
 use smallvec::SmallVec;
 use work::Work;
 
@@ -99,6 +102,11 @@ pub struct Outcome {
     pub expired_bypass: Vec<usize>,
     /// Why the selected route's sluice metadata was ignored (every policy applied), if it was.
     pub ignored_route_metadata: Option<&'static str>,
+    /// What an admitted request still owes its policies when it ends (`tab`).
+    pub tab: Option<Tab>,
+    /// Slots of concurrency policies its writes found forgotten, by policy: releases that never
+    /// came.
+    pub expired_slots: Vec<(usize, u64)>,
 }
 
 impl Outcome {
@@ -311,6 +319,8 @@ impl<S: Store> Limiter<'_, S> {
         outcome.denied_by = strictest(outcome.applied.iter().copied());
         if outcome.is_denied() {
             local::refund_loans(&progress.works, self.plan, self.ledger);
+        } else {
+            outcome.tab = work::open_tab(&progress.works, self.plan);
         }
         outcome
     }

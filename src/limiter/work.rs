@@ -3,9 +3,10 @@
 
 use super::global::{self, Service};
 use super::{local, Applied, Basis};
-use crate::algorithm::Decision;
+use crate::algorithm::{Algorithm, Decision};
 use crate::config::{Plan, Policy, Scope, Tier};
 use crate::ledger::{Ledger, Loan};
+use crate::tab::{Entry, Held, Tab};
 use crate::table::{Slot, Words};
 use smallvec::{smallvec, SmallVec};
 
@@ -126,6 +127,25 @@ impl Work {
             })
     }
 
+    /// After a write of the slot: the slots of others its concurrency members found forgotten,
+    /// by policy.
+    pub fn count_expired(&self, plan: &Plan, expired: &mut Vec<(usize, u64)>) {
+        for member in &self.members {
+            let local = plan
+                .policies
+                .get(member.policy)
+                .filter(|p| p.scope == Scope::Local);
+            let words = local.map(|p| p.words.clone());
+            let read = words.and_then(|w| self.slot.state.get(w));
+            let n = read.map_or(0, |r| {
+                super::settle::expired(&member.tier.algorithm, r, self.now)
+            });
+            if n > 0 {
+                expired.push((member.policy, n));
+            }
+        }
+    }
+
     /// For a denied request: keeps what the service said (over-limit marks, and tokens it granted
     /// stay granted), takes back every other charge.
     pub fn undo_charges(&mut self, plan: &Plan) {
@@ -162,6 +182,56 @@ impl Work {
     }
 }
 
+/// The tab of an admitted request: an entry for each member whose policy is not done with the
+/// request once it admits it, where it admitted it here (a slot taken).
+pub(super) fn open_tab(works: &[Work], plan: &Plan) -> Option<Tab> {
+    let mut tab = Tab::default();
+    for work in works {
+        for (member, verdict) in work.members.iter().zip(&work.verdicts) {
+            let Some((decision, basis)) = verdict.filter(|(d, _)| d.allowed) else {
+                continue;
+            };
+            let holds = plan
+                .policies
+                .get(member.policy)
+                .is_some_and(Policy::holds_slots);
+            let tier = match basis {
+                Basis::Bucket => member.tier,
+                Basis::Emergency => member.emergency,
+                _ => continue,
+            };
+            let Algorithm::Concurrency(slots) = tier.algorithm else {
+                continue;
+            };
+            if holds && decision.allowed {
+                tab.entries.push(Entry {
+                    policy: member.policy,
+                    table: work.table,
+                    hash: work.hash,
+                    tier,
+                    basis,
+                    held: Held::Slot {
+                        epoch: slots.epoch_of(work.now),
+                    },
+                });
+            }
+        }
+    }
+    (!tab.is_empty()).then_some(tab)
+}
+
+/// A concurrency policy's refusal waits as long as the policy says, if it says: nobody knows
+/// when a slot will free.
+fn with_retry_after(policy: &Policy, decision: Decision) -> Decision {
+    match policy.retry_after {
+        Some(wait) if !decision.allowed => Decision {
+            retry_after: wait,
+            ..decision
+        },
+        _ => decision,
+    }
+}
+
 /// Judges one member on its words of the slot. `held`: this worker's loan on the policy's
 /// bucket for `key`, handed back before judging. Also returns the loan the verdict makes to this
 /// worker.
@@ -180,6 +250,7 @@ fn judge_member(
         }
         Scope::Local => {
             let decision = local::admit(&member.tier, policy.cost, state, now);
+            let decision = decision.map(|d| with_retry_after(policy, d));
             (decision.map(|d| (d, Basis::Bucket)), None)
         }
         Scope::Global(on_failure) => {

@@ -12,13 +12,8 @@ impl<S: Store> Limiter<'_, S> {
     /// Reads the work's slot and judges every member against it. The loans this worker holds on
     /// the key's own slot are withdrawn, to be handed back with the write.
     pub(super) fn read(&mut self, work: &mut Work, now: u64) {
-        let plan = self.plan;
-        if let Some(spec) = plan.tables.get(work.table) {
-            let debt = |state: &[u64]| {
-                let policies = plan.policies.iter().filter(|p| p.table == work.table);
-                policies.fold(Debt::default(), |sum, p| sum.and(debt(p, state, now)))
-            };
-            work.slot = table::find(self.store, self.prefix, spec, work.hash, now, debt);
+        if let Some(slot) = self.find(work.table, work.hash, now) {
+            work.slot = slot;
         }
         work.now = work.slot.time(now);
         if !self.ledger.is_empty() {
@@ -31,7 +26,18 @@ impl<S: Store> Limiter<'_, S> {
                 }
             }
         }
-        work.judge(plan);
+        work.judge(self.plan);
+    }
+
+    /// The slot of the key `hash` in `table`, as read at `now` (`table::find`).
+    pub(super) fn find(&self, table: usize, hash: u64, now: u64) -> Option<table::Slot> {
+        let plan = self.plan;
+        let spec = plan.tables.get(table)?;
+        let debt = |state: &[u64]| {
+            let policies = plan.policies.iter().filter(|p| p.table == table);
+            policies.fold(Debt::default(), |sum, p| sum.and(debt(p, state, now)))
+        };
+        Some(table::find(self.store, self.prefix, spec, hash, now, debt))
     }
 
     /// Writes every work's slot, judging it again after each lost race. A denied request writes
@@ -49,6 +55,7 @@ impl<S: Store> Limiter<'_, S> {
                 }
                 match table::write(self.store, &work.slot, &work.next, work.now, work.free_at()) {
                     Ok(forgot) => {
+                        work.count_expired(self.plan, &mut p.outcome.expired_slots);
                         p.outcome.evictions += forgot.keys;
                         p.outcome.forgiven = p.outcome.forgiven.saturating_add(forgot.tokens);
                         charged = !denied;

@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota};
+use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota, QuotaUnit};
 
 use sluice::key::HashSecret;
 
@@ -513,6 +513,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
         remaining: decision.remaining,
         reset_after: decision.reset_us.saturating_mul(1000),
         retry_after: (!decision.allowed).then_some(retry_after),
+        unit: QuotaUnit::Requests,
     };
     let mut add = |key: &str, value: &str| {
         headers.push(HeaderValue {

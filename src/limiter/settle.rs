@@ -1,0 +1,114 @@
+//! Settling a tab's entries (`tab`) against this Envoy's shared data: the entry's words of its
+//! key's slot, read and written with compare-and-swap as a decision's are, read again after a
+//! lost race. A key whose state the table forgot meanwhile has nothing left to settle.
+
+use super::{Basis, Limiter, MAX_ATTEMPTS};
+use crate::algorithm::{concurrency, Algorithm};
+use crate::config::GLOBAL_COLUMNS;
+use crate::store::{Store, StoreError};
+use crate::tab::{Entry, Held, Op};
+use crate::table;
+
+/// What settling an entry came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Done: `amount` is the tokens charged or refunded, 1 for a slot released or renewed;
+    /// `expired`, the slots of others the write found forgotten (`concurrency::expired`).
+    Done { amount: u64, expired: u64 },
+    /// Nothing left to settle: the slot had expired, or the key's state was forgotten.
+    Gone,
+    /// The slot stayed contended, or the store failed, through every attempt.
+    Failed,
+}
+
+impl<S: Store> Limiter<'_, S> {
+    /// Applies `op` to the entry's state at `now`. A renewal moves the entry's slot to the epoch
+    /// it is counted in from now on.
+    pub fn settle(&mut self, entry: &mut Entry, op: Op, now: u64) -> Settled {
+        let Some(policy) = self.plan.policies.get(entry.policy) else {
+            return Settled::Gone;
+        };
+        let algorithm = entry.tier.algorithm;
+        let start = policy.words.start
+            + match entry.basis {
+                Basis::Emergency => GLOBAL_COLUMNS,
+                _ => 0,
+            };
+        let words = start..start + algorithm.columns();
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(slot) = self.find(entry.table, entry.hash, now) else {
+                return Settled::Gone;
+            };
+            if slot.takeover.is_some() {
+                return Settled::Gone;
+            }
+            let now = slot.time(now);
+            let mut next = slot.state.clone();
+            let Some(state) = next.get_mut(words.clone()) else {
+                return Settled::Gone;
+            };
+            let (done, held) = apply(&algorithm, state, now, entry.held, op);
+            let Some(amount) = done else {
+                return Settled::Gone;
+            };
+            let free_at = slot.free_at(now).max(algorithm.idle_at(state, now));
+            let expired = slot
+                .state
+                .get(words.clone())
+                .map_or(0, |read| expired(&algorithm, read, now));
+            let settled = Settled::Done { amount, expired };
+            if next == slot.state {
+                entry.held = held;
+                return settled;
+            }
+            match table::write(self.store, &slot, &next, now, free_at) {
+                Ok(_) => {
+                    entry.held = held;
+                    return settled;
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(_) => return Settled::Failed,
+            }
+        }
+        Settled::Failed
+    }
+}
+
+/// Slots a state as read counts that are forgotten at `now` (a concurrency policy's).
+pub(super) fn expired(algorithm: &Algorithm, read: &[u64], now: u64) -> u64 {
+    match algorithm {
+        Algorithm::Concurrency(slots) => concurrency::expired(slots, read, now),
+        _ => 0,
+    }
+}
+
+/// `op` on one entry's words: what it did (`None`: nothing to settle), and what the entry holds
+/// afterwards.
+fn apply(
+    algorithm: &Algorithm,
+    state: &mut [u64],
+    now: u64,
+    held: Held,
+    op: Op,
+) -> (Option<u64>, Held) {
+    match (algorithm, held, op) {
+        (Algorithm::Concurrency(slots), Held::Slot { epoch }, Op::Release) => {
+            let released = concurrency::release(slots, state, now, epoch);
+            (released.then_some(1), held)
+        }
+        (Algorithm::Concurrency(slots), Held::Slot { epoch }, Op::Renew) => {
+            match concurrency::renew(slots, state, now, epoch) {
+                Some(epoch) => (Some(1), Held::Slot { epoch }),
+                None => (None, held),
+            }
+        }
+        (algorithm, Held::Reserved { .. }, Op::Charge(tokens)) => {
+            let max_debt = algorithm.capacity();
+            (Some(algorithm.charge(state, now, tokens, max_debt)), held)
+        }
+        (algorithm, Held::Reserved { at, .. }, Op::Refund(tokens)) => {
+            (Some(algorithm.refund(state, now, tokens, at)), held)
+        }
+        _ => (None, held),
+    }
+}
