@@ -96,6 +96,7 @@ mod tests {
             cost: 1,
             take: Some(take),
             max_delay_ms: None,
+            slot: None,
             entries: Vec::new(),
         }
     }

@@ -23,6 +23,7 @@ pub mod ledger;
 pub mod limiter;
 pub mod matcher;
 pub mod metrics;
+pub mod outbox;
 pub mod protocol;
 pub mod reply;
 pub mod request;

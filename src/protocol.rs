@@ -1,5 +1,8 @@
-//! The wire format between the filter and `sluice-service` (`POST /v1/check`): one request
-//! carries every global check of one HTTP request, one answer per check comes back in order.
+//! The wire format between the filter and `sluice-service`. `POST /v1/check`: one request carries
+//! every global check of one HTTP request, one answer per check comes back in order.
+//! `POST /v1/settle`: what requests owe global policies after their admission (a response's
+//! usage beyond or below its reservation, a slot given back or renewed), sent in batches by each
+//! Envoy worker, never on a request's path.
 
 use crate::algorithm::{Algorithm, Drain, Kind, Rate, Slots, Window};
 use serde::{Deserialize, Serialize};
@@ -32,6 +35,10 @@ pub struct Check {
     /// Leaky bucket only: the longest the service may schedule a request ahead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_delay_ms: Option<u64>,
+    /// Concurrency only: the slot's name (16 hex digits, unique per request), by which it is
+    /// given back and renewed; `per_ms` is its lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<String>,
     /// The key's parts as an RLS descriptor names them (`rls`), for a service that speaks that
     /// protocol; never on this wire, where the key is only its hash.
     #[serde(skip)]
@@ -133,14 +140,61 @@ pub fn decode(body: &[u8], checks: &[Check]) -> Option<Vec<Answer>> {
         return None;
     }
     let sane = |(result, check): (CheckResult, &Check)| {
+        // A take below the cost (0: a reservation of nothing) asks whether the cost fits.
+        let least = check.cost.min(check.take());
         let granted = if result.allowed {
-            (check.cost..=check.take()).contains(&result.granted)
+            (least..=check.take()).contains(&result.granted)
         } else {
             result.granted == 0
         };
         granted.then(|| result.into())
     };
     response.results.into_iter().zip(checks).map(sane).collect()
+}
+
+/// The body of `POST /v1/settle`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    pub settlements: Vec<Settlement>,
+}
+
+/// What one request owes one key of a global policy, named as its check named it (the key and
+/// the limit's numbers), so that the service settles the same state. (Flattened, so its unknown
+/// fields are refused by `SettleOp`'s variants.)
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settlement {
+    pub key: String,
+    pub algorithm: Kind,
+    pub requests: u64,
+    pub per_ms: u64,
+    pub burst: u64,
+    #[serde(flatten)]
+    pub op: SettleOp,
+}
+
+/// What to do to the key's state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum SettleOp {
+    /// Charge what a response used beyond its reservation, whatever is left: the key may owe
+    /// up to `max_debt` tokens past its limit (the rest is forgiven).
+    Charge { tokens: u64, max_debt: u64 },
+    /// Give back what a response did not use of a reservation made `age_ms` ago, as far as the
+    /// window that counted it still does.
+    Refund { tokens: u64, age_ms: u64 },
+    /// The request that holds the slot ended.
+    Release { slot: String },
+    /// The request that holds the slot lives on: its lease starts again.
+    Renew { slot: String },
+}
+
+pub fn encode_settlements(settlements: &[Settlement]) -> Vec<u8> {
+    #[derive(Serialize)]
+    struct Body<'a> {
+        settlements: &'a [Settlement],
+    }
+    serde_json::to_vec(&Body { settlements }).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -157,8 +211,47 @@ mod tests {
             cost: 1,
             take: Some(take),
             max_delay_ms: None,
+            slot: None,
             entries: Vec::new(),
         }
+    }
+
+    #[test]
+    fn encodes_settlements_as_documented() {
+        let settlement = |op| Settlement {
+            key: "llm/00000000000000ff".into(),
+            algorithm: Kind::TokenBucket,
+            requests: 1000,
+            per_ms: 60_000,
+            burst: 1000,
+            op,
+        };
+        let body = encode_settlements(&[
+            settlement(SettleOp::Charge {
+                tokens: 250,
+                max_debt: 1000,
+            }),
+            settlement(SettleOp::Release {
+                slot: "00000000000000aa".into(),
+            }),
+        ]);
+        let text = String::from_utf8(body).unwrap();
+        assert_eq!(
+            text,
+            r#"{"settlements":[{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"charge","tokens":250,"max_debt":1000},{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"release","slot":"00000000000000aa"}]}"#
+        );
+        let back: SettleRequest = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.settlements.len(), 2);
+    }
+
+    #[test]
+    fn a_take_of_nothing_asks_whether_the_cost_fits() {
+        let peek = Check {
+            cost: 1,
+            ..check(0)
+        };
+        let body = br#"{"results":[{"allowed":true,"granted":0,"remaining":15,"reset_ms":0,"retry_after_ms":0}]}"#;
+        assert!(decode(body, &[peek]).is_some());
     }
 
     #[test]

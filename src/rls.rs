@@ -307,6 +307,7 @@ mod tests {
             cost,
             take: None,
             max_delay_ms: None,
+            slot: None,
             entries: entries
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

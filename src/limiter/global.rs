@@ -206,6 +206,7 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
         cost: policy.cost,
         take: Some(policy.take.min(algorithm.capacity())),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
+        slot: None,
         entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
     }
 }

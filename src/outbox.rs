@@ -1,0 +1,299 @@
+//! What this worker owes the rate-limit service once requests are admitted: the usage of their
+//! responses beyond or below their reservations, the slots of global concurrency policies given
+//! back and renewed (`protocol::Settlement`). They are sent in batches from the worker's timer,
+//! never on a request's path, and never lost silently: a batch that fails is sent again until
+//! it is `GIVE_UP` old, and what the outbox cannot hold or deliver is counted as dropped.
+//!
+//! The outbox is the worker's (its VM's), not a configuration's: a request admitted under a
+//! configuration that has since been replaced still settles with the service it was admitted by.
+
+use crate::config::GlobalService;
+use crate::duration::NANOS_PER_SEC;
+use crate::protocol::Settlement;
+use std::collections::VecDeque;
+
+/// Settlements per call.
+pub const MAX_BATCH: usize = 256;
+/// Settlements the outbox holds at most, per service.
+pub const CAPACITY: usize = 65_536;
+/// A settlement not delivered this long after it was made is dropped.
+pub const GIVE_UP: u64 = 30 * NANOS_PER_SEC;
+/// Calls per service at once.
+pub const MAX_IN_FLIGHT: usize = 4;
+/// A call unanswered this long counts as failed (its answer, if it comes, is ignored).
+pub const CALL_TIMEOUT: u64 = 5 * NANOS_PER_SEC;
+
+/// Settlements waiting for one service, and the calls under way to it.
+#[derive(Debug)]
+struct Queue {
+    service: GlobalService,
+    waiting: VecDeque<(Settlement, u64)>,
+    in_flight: Vec<Call>,
+}
+
+/// One call under way: the host's token for it, when it was made, what it carries.
+#[derive(Debug)]
+struct Call {
+    token: u32,
+    sent: u64,
+    batch: Vec<(Settlement, u64)>,
+}
+
+/// A batch to send now.
+#[derive(Debug)]
+pub struct Batch<'a> {
+    pub service: &'a GlobalService,
+    pub settlements: Vec<Settlement>,
+}
+
+/// The settlements of one worker, by service.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    queues: Vec<Queue>,
+    /// Settlements given up: the outbox was full, or they could not be delivered in time.
+    dropped: u64,
+    delivered: u64,
+}
+
+impl Outbox {
+    /// Queues a settlement for `service`, made at `now`; false if the outbox is full (it is
+    /// counted as dropped).
+    pub fn push(&mut self, service: &GlobalService, settlement: Settlement, now: u64) -> bool {
+        let queue = match self.queues.iter().position(|q| q.service == *service) {
+            Some(i) => self.queues.get_mut(i),
+            None => {
+                self.queues.push(Queue {
+                    service: service.clone(),
+                    waiting: VecDeque::new(),
+                    in_flight: Vec::new(),
+                });
+                self.queues.last_mut()
+            }
+        };
+        match queue {
+            Some(queue) if queue.waiting.len() < CAPACITY => {
+                queue.waiting.push_back((settlement, now));
+                true
+            }
+            _ => {
+                self.dropped += 1;
+                false
+            }
+        }
+    }
+
+    /// Whether nothing waits or is under way.
+    pub fn is_idle(&self) -> bool {
+        self.queues
+            .iter()
+            .all(|q| q.waiting.is_empty() && q.in_flight.is_empty())
+    }
+
+    /// Sends what waits, at most `MAX_IN_FLIGHT` calls per service: `send` makes a call and
+    /// returns the host's token for it, or `None` if it could not be made (the batch waits for
+    /// the next tick). Calls unanswered for `CALL_TIMEOUT` count as failed first.
+    pub fn flush(&mut self, now: u64, mut send: impl FnMut(Batch) -> Option<u32>) {
+        for queue in &mut self.queues {
+            let (late, on_time): (Vec<Call>, Vec<Call>) = std::mem::take(&mut queue.in_flight)
+                .into_iter()
+                .partition(|c| now.saturating_sub(c.sent) >= CALL_TIMEOUT);
+            queue.in_flight = on_time;
+            for call in late {
+                self.dropped += requeue(queue, call.batch, now);
+            }
+            self.dropped += expire(&mut queue.waiting, now);
+            while queue.in_flight.len() < MAX_IN_FLIGHT && !queue.waiting.is_empty() {
+                let take = queue.waiting.len().min(MAX_BATCH);
+                let batch: Vec<(Settlement, u64)> = queue.waiting.drain(..take).collect();
+                let settlements = batch.iter().map(|(s, _)| s.clone()).collect();
+                let sent = send(Batch {
+                    service: &queue.service,
+                    settlements,
+                });
+                match sent {
+                    Some(token) => queue.in_flight.push(Call {
+                        token,
+                        sent: now,
+                        batch,
+                    }),
+                    None => {
+                        for entry in batch.into_iter().rev() {
+                            queue.waiting.push_front(entry);
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        self.queues
+            .retain(|q| !q.waiting.is_empty() || !q.in_flight.is_empty());
+    }
+
+    /// The answer to the call `token`: delivered, or failed (sent again while young enough).
+    /// False if no call under way has that token.
+    pub fn answered(&mut self, token: u32, delivered: bool, now: u64) -> bool {
+        for queue in &mut self.queues {
+            let Some(i) = queue.in_flight.iter().position(|c| c.token == token) else {
+                continue;
+            };
+            let call = queue.in_flight.swap_remove(i);
+            if delivered {
+                self.delivered += call.batch.len() as u64;
+            } else {
+                self.dropped += requeue(queue, call.batch, now);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Settlements given up and delivered since the last call: for the counters.
+    pub fn take_counts(&mut self) -> (u64, u64) {
+        (
+            std::mem::take(&mut self.dropped),
+            std::mem::take(&mut self.delivered),
+        )
+    }
+}
+
+/// Puts a failed batch back at the front of its queue, but what is too old to try again:
+/// returns how many were dropped.
+fn requeue(queue: &mut Queue, batch: Vec<(Settlement, u64)>, now: u64) -> u64 {
+    let mut dropped = 0;
+    for (settlement, made) in batch.into_iter().rev() {
+        if now.saturating_sub(made) < GIVE_UP {
+            queue.waiting.push_front((settlement, made));
+        } else {
+            dropped += 1;
+        }
+    }
+    dropped
+}
+
+/// Drops what waited too long: returns how many.
+fn expire(waiting: &mut VecDeque<(Settlement, u64)>, now: u64) -> u64 {
+    let before = waiting.len();
+    waiting.retain(|(_, made)| now.saturating_sub(*made) < GIVE_UP);
+    (before - waiting.len()) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::Kind;
+    use crate::config::Protocol;
+    use crate::protocol::SettleOp;
+
+    const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
+
+    fn service(cluster: &str) -> GlobalService {
+        GlobalService {
+            cluster: cluster.into(),
+            authority: cluster.into(),
+            timeout_ms: 50,
+            authorization: None,
+            protocol: Protocol::Sluice {
+                path: "/v1/check".into(),
+            },
+        }
+    }
+
+    fn release(n: u64) -> Settlement {
+        Settlement {
+            key: format!("streams/{n:016x}"),
+            algorithm: Kind::Concurrency,
+            requests: 4,
+            per_ms: 300_000,
+            burst: 4,
+            op: SettleOp::Release {
+                slot: format!("{n:016x}"),
+            },
+        }
+    }
+
+    /// Flushes at `now`, every call made: the batches' sizes, each call's token its index.
+    fn flush(outbox: &mut Outbox, now: u64, tokens: &mut u32) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        outbox.flush(now, |batch| {
+            sizes.push(batch.settlements.len());
+            *tokens += 1;
+            Some(*tokens)
+        });
+        sizes
+    }
+
+    #[test]
+    fn settlements_go_in_batches_of_at_most_max_batch_per_call() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        for n in 0..(MAX_BATCH as u64 + 10) {
+            assert!(outbox.push(&service("a"), release(n), T0));
+        }
+        assert_eq!(flush(&mut outbox, T0, &mut tokens), [MAX_BATCH, 10]);
+        assert!(outbox.answered(1, true, T0));
+        assert!(outbox.answered(2, true, T0));
+        assert!(outbox.is_idle());
+        assert_eq!(outbox.take_counts(), (0, MAX_BATCH as u64 + 10));
+    }
+
+    #[test]
+    fn a_failed_batch_is_sent_again_until_it_is_too_old_then_counted_as_dropped() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        outbox.push(&service("a"), release(1), T0);
+        flush(&mut outbox, T0, &mut tokens);
+        outbox.answered(1, false, T0 + NANOS_PER_SEC);
+        assert_eq!(flush(&mut outbox, T0 + NANOS_PER_SEC, &mut tokens), [1]);
+        outbox.answered(2, false, T0 + GIVE_UP);
+        assert!(outbox.is_idle(), "too old to try again");
+        assert_eq!(outbox.take_counts(), (1, 0));
+    }
+
+    #[test]
+    fn an_unanswered_call_counts_as_failed_after_its_timeout() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        outbox.push(&service("a"), release(1), T0);
+        flush(&mut outbox, T0, &mut tokens);
+        assert_eq!(flush(&mut outbox, T0 + CALL_TIMEOUT, &mut tokens), [1]);
+        assert!(!outbox.answered(1, true, T0 + CALL_TIMEOUT), "ignored");
+        assert!(outbox.answered(2, true, T0 + CALL_TIMEOUT));
+    }
+
+    #[test]
+    fn each_service_has_its_own_queue_and_calls() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        outbox.push(&service("a"), release(1), T0);
+        outbox.push(&service("b"), release(2), T0);
+        let mut clusters = Vec::new();
+        outbox.flush(T0, |batch| {
+            clusters.push(batch.service.cluster.clone());
+            tokens += 1;
+            Some(tokens)
+        });
+        assert_eq!(clusters, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_call_that_cannot_be_made_leaves_its_batch_waiting_in_order() {
+        let mut outbox = Outbox::default();
+        for n in 0..3 {
+            outbox.push(&service("a"), release(n), T0);
+        }
+        outbox.flush(T0, |_| None);
+        let mut keys = Vec::new();
+        outbox.flush(T0, |batch| {
+            keys.extend(batch.settlements.iter().map(|s| s.key.clone()));
+            Some(1)
+        });
+        assert_eq!(keys.len(), 3);
+        assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+    }
+
+    #[test]
+    fn a_full_outbox_drops_and_counts() {
+        let mut outbox = Outbox::default();
+        for n in 0..CAPACITY as u64 {
+            outbox.push(&service("a"), release(n), T0);
+        }
+        assert!(!outbox.push(&service("a"), release(0), T0));
+        assert_eq!(outbox.take_counts().0, 1);
+    }
+}
