@@ -14,7 +14,7 @@
 //! when set. The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
 
 use crate::http::{http_request, Connection, Response};
-use crate::{free_port, repo_root, send_signal, target_dir, TempDir, SIGTERM};
+use crate::{free_port, repo_root, rss_kib, send_signal, target_dir, TempDir, SIGTERM};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -403,11 +403,7 @@ impl Envoy {
 
     /// Envoy's resident memory (VmRSS), in KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_else(|e| panic!("reading Envoy's /proc status: {e}"));
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"));
-        let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
-        kib.unwrap_or_else(|| panic!("no VmRSS in Envoy's /proc status"))
+        rss_kib(self.child.id())
     }
 
     /// GET on the admin interface.

@@ -24,6 +24,7 @@ pub mod envoy;
 pub mod grpc;
 pub mod http;
 pub mod make;
+mod python;
 pub mod redis;
 pub mod reload;
 pub mod resp;
@@ -57,6 +58,15 @@ pub fn raise_fd_limit(n: u64) -> u64 {
     };
     setrlimit(Resource::Nofile, raised).expect("raising the open files limit");
     wanted
+}
+
+/// The resident memory (VmRSS) of our child `pid`, in KiB.
+pub(crate) fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+    let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+    kib.unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// Polls `probe` until it gives a value or `limit` passes.
