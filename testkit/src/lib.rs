@@ -4,6 +4,8 @@
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
 //! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
+//! - `llm`: an OpenAI- and Anthropic-compatible upstream shaped by request headers, and its
+//!   clients: one of this crate's that streams, and the official openai SDK (from `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them;
 //! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs;
 //! - `make`: the serving make targets (`make run`, ...) as the docs start them;
@@ -23,6 +25,7 @@ pub mod docs;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
+pub mod llm;
 pub mod make;
 mod python;
 pub mod redis;

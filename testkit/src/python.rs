@@ -155,6 +155,13 @@ pub(crate) struct Peer {
     pub(crate) lines: mpsc::Receiver<String>,
 }
 
+impl Peer {
+    /// Its resident memory (VmRSS), in KiB.
+    pub(crate) fn rss_kib(&self) -> u64 {
+        crate::rss_kib(self.child.id())
+    }
+}
+
 impl Drop for Peer {
     fn drop(&mut self) {
         kill(&mut self.child);
