@@ -110,10 +110,11 @@ lint: deps
 # replay/tests/docs.rs run the docs' console transcripts, tests/doc_metrics.rs and
 # tests/doc_logs.rs check every metric name and log event of the docs against the code; the gRPC
 # tests
-# (tests/envoy_native.rs) use grpcio from .venv; tests/observability.rs checks the alerts with
-# promtool (Debian's prometheus package, about 20 MB; on a machine with systemd, Debian also
-# starts its Prometheus server on :9090).
-NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio promtool
+# (tests/envoy_native.rs) use grpcio from .venv, the LLM tests (testkit/tests/llm.rs) the official
+# openai SDK from .venv; tests/observability.rs checks the alerts with promtool (Debian's
+# prometheus package, about 20 MB; on a machine with systemd, Debian also starts its Prometheus
+# server on :9090).
+NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio openai promtool
 test: lint build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \

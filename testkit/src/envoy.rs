@@ -14,7 +14,7 @@
 //! when set. The Envoy binary is `$ENVOY`, else whatever `scripts/find-envoy` prints.
 
 use crate::http::{http_request, Connection, Response};
-use crate::{free_port, repo_root, send_signal, target_dir, TempDir, SIGTERM};
+use crate::{free_port, repo_root, rss_kib, send_signal, target_dir, TempDir, SIGTERM};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -92,6 +92,13 @@ pub struct EnvoyOptions {
     pub grpc_upstream: Option<SocketAddr>,
     /// The endpoint of the cluster `rls` (HTTP/2), for global policies that ask an RLS.
     pub rls: Option<SocketAddr>,
+    /// An HTTP/1.1 server (cluster `upstream`) that the routes answering 200 "ok" go to instead.
+    pub upstream: Option<SocketAddr>,
+    /// The `timeout` of the routes to `upstream` (Envoy's default: 15 s, to the response's end).
+    pub route_timeout: Option<Duration>,
+    /// The `idle_timeout` of the routes to `upstream` (Envoy's default: the HCM's
+    /// `stream_idle_timeout`, 5 min).
+    pub route_idle_timeout: Option<Duration>,
 }
 
 impl EnvoyOptions {
@@ -115,6 +122,9 @@ impl EnvoyOptions {
             access_log_format: None,
             grpc_upstream: None,
             rls: None,
+            upstream: None,
+            route_timeout: None,
+            route_idle_timeout: None,
         }
     }
 
@@ -225,6 +235,29 @@ impl EnvoyOptions {
     /// Routes gRPC requests (route `grpc`, before the others) to this server, over HTTP/2.
     pub fn grpc_upstream(mut self, server: SocketAddr) -> Self {
         self.grpc_upstream = Some(server);
+        self
+    }
+
+    /// Sends what the routes `api`, `default` and the test's own (`route`) would answer with
+    /// 200 "ok" to this HTTP/1.1 server instead: the cluster `upstream`, with HTTP/1.1 trailers
+    /// enabled (the listener forwards them to the client only with
+    /// `.hcm_option("http_protocol_options", "{ enable_trailers: true }")`).
+    pub fn upstream(mut self, server: SocketAddr) -> Self {
+        self.upstream = Some(server);
+        self
+    }
+
+    /// The `timeout` of the routes to `upstream`: the time from the request's end to the
+    /// response's, streamed or not; zero turns it off. Envoy's default is 15 s.
+    pub fn route_timeout(mut self, timeout: Duration) -> Self {
+        self.route_timeout = Some(timeout);
+        self
+    }
+
+    /// The `idle_timeout` of the routes to `upstream`: the longest wait for a byte of a stream,
+    /// either way; zero turns it off. Envoy's default is the HCM's `stream_idle_timeout`, 5 min.
+    pub fn route_idle_timeout(mut self, timeout: Duration) -> Self {
+        self.route_idle_timeout = Some(timeout);
         self
     }
 
@@ -403,11 +436,7 @@ impl Envoy {
 
     /// Envoy's resident memory (VmRSS), in KiB.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_else(|e| panic!("reading Envoy's /proc status: {e}"));
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"));
-        let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
-        kib.unwrap_or_else(|| panic!("no VmRSS in Envoy's /proc status"))
+        rss_kib(self.child.id())
     }
 
     /// GET on the admin interface.
@@ -699,9 +728,10 @@ fn yaml_quote(s: &str) -> String {
 }
 
 /// The bootstrap: the same shape as envoy/demo.yaml, with the given ports, an absolute wasm
-/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok", after the test's
-/// own (`EnvoyOptions::route`). The listener is
-/// static, or with `lds_from_file` read from `<dir>/lds/listener.yaml` (`lds_yaml`).
+/// path, and routes `api` (/api/) and `default` (/) that both answer 200 "ok" (or go to the
+/// cluster `upstream`: `EnvoyOptions::upstream`), after the test's own (`EnvoyOptions::route`).
+/// The listener is static, or with `lds_from_file` read from `<dir>/lds/listener.yaml`
+/// (`lds_yaml`).
 fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -> String {
     // xDS subscriptions, file-based ones included, need a node id and cluster.
     let admin = format!(
@@ -722,6 +752,12 @@ fn bootstrap_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, admin_port: u16) -
             clusters.push_str("  clusters:\n");
         }
         clusters.push_str(&grpc_cluster(name, server));
+    }
+    if let Some(server) = opts.upstream {
+        if clusters.is_empty() {
+            clusters.push_str("  clusters:\n");
+        }
+        clusters.push_str(&upstream_cluster(server));
     }
     if !opts.lds_from_file {
         return format!(
@@ -844,6 +880,7 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
         .chain(access_log_yaml(opts, dir))
         .collect();
     let routes = extra_routes(opts);
+    let action = route_action(opts);
     let wasm_filter = sluice_filter_yaml(opts, dir);
     format!(
         r#"{item}name: test
@@ -865,10 +902,10 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
               routes:{routes}
               - name: api
                 match: {{ prefix: /api/ }}
-                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
+                {action}
               - name: default
                 match: {{ prefix: / }}
-                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}
+                {action}
           http_filters:{metadata_filter}{wasm_filter}
           - name: envoy.filters.http.router
             typed_config:
@@ -947,6 +984,7 @@ fn extra_routes(opts: &EnvoyOptions) -> String {
     let grpc = opts.grpc_upstream.map(|_| {
         "\n              - name: grpc\n                match: { prefix: /, grpc: {} }\n                route: { cluster: grpc_upstream }".to_string()
     });
+    let action = route_action(opts);
     let own = opts.routes.iter().map(|(name, prefix, fields)| {
         let fields: String = fields
             .iter()
@@ -956,10 +994,51 @@ fn extra_routes(opts: &EnvoyOptions) -> String {
             r#"
               - name: {name}
                 match: {{ prefix: {prefix} }}
-                direct_response: {{ status: 200, body: {{ inline_string: ok }} }}{fields}"#
+                {action}{fields}"#
         )
     });
     grpc.into_iter().chain(own).collect()
+}
+
+/// What the routes `api`, `default` and the test's own do: answer 200 "ok", or with
+/// `EnvoyOptions::upstream` go to the cluster `upstream`, with the route timeouts asked for.
+fn route_action(opts: &EnvoyOptions) -> String {
+    let timeouts = [
+        ("timeout", opts.route_timeout),
+        ("idle_timeout", opts.route_idle_timeout),
+    ];
+    let timeouts: String = timeouts
+        .iter()
+        .filter_map(|(field, timeout)| Some(format!(", {field}: {}s", (*timeout)?.as_secs_f64())))
+        .collect();
+    if opts.upstream.is_none() {
+        assert!(
+            timeouts.is_empty(),
+            "route_timeout and route_idle_timeout are for the routes to an upstream()"
+        );
+        return "direct_response: { status: 200, body: { inline_string: ok } }".into();
+    }
+    format!("route: {{ cluster: upstream{timeouts} }}")
+}
+
+/// The cluster `upstream`: HTTP/1.1 to one server, its trailers passed on.
+fn upstream_cluster(server: SocketAddr) -> String {
+    let (ip, port) = (server.ip(), server.port());
+    format!(
+        r#"  - name: upstream
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{ http_protocol_options: {{ enable_trailers: true }} }}
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}
+"#
+    )
 }
 
 /// The cluster `sluice_service`, plain HTTP/1.1 to the given endpoints.

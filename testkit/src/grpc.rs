@@ -8,69 +8,17 @@
 //! assert_eq!(calls[2].code, "RESOURCE_EXHAUSTED");
 //! ```
 
-use crate::{repo_root, send_signal, SIGKILL};
+use crate::python::{Peer, Script};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// Every call has a 5 s deadline (`grpc_peer.py`); the client as a whole gets this much.
+const CALLS_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// The Python with grpcio, and the peer script `name` of `testkit/python/`.
-fn python_and(name: &str) -> (PathBuf, PathBuf) {
-    let root = repo_root();
-    let python = root.join(".venv/bin/python");
-    let has_grpc = Command::new(&python)
-        .args(["-c", "import grpc"])
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_grpc,
-        "{} cannot import grpc: run `scripts/ensure-deps grpcio` (make test does)",
-        python.display()
-    );
-    (python, root.join("testkit/python").join(name))
-}
-
-/// A peer script serving on 127.0.0.1: its process, its port (the first line it prints), and
-/// the lines it prints after it.
-fn serve_peer(script: &str, args: &[&str]) -> (Child, u16, mpsc::Receiver<String>) {
-    let (python, peer) = python_and(script);
-    let mut child = Command::new(python)
-        .arg(peer)
-        .arg("serve")
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starting a gRPC peer");
-    let stdout = child.stdout.take().expect("the peer's stdout");
-    // Read on a thread, so that a hung peer cannot hang the test.
-    let (sent, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if sent.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let port = lines
-        .recv_timeout(START_TIMEOUT)
-        .ok()
-        .and_then(|l| l.trim().parse().ok());
-    match port {
-        Some(port) => (child, port, lines),
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("the gRPC peer {script} did not say its port within {START_TIMEOUT:?}")
-        }
-    }
+/// The peer script `name` of `testkit/python/`, with the Python that has grpcio.
+fn grpc_peer(name: &str) -> Script {
+    Script::with_package(name, "grpc", "grpcio")
 }
 
 /// One call's result as the client saw it.
@@ -86,49 +34,28 @@ pub struct GrpcCall {
 
 /// A gRPC server echoing `/sluice.test.Echo/Echo` on 127.0.0.1, stopped when dropped.
 pub struct GrpcServer {
-    child: Child,
-    port: u16,
+    peer: Peer,
 }
 
 impl GrpcServer {
     pub fn start() -> GrpcServer {
-        let (child, port, _) = serve_peer("grpc_peer.py", &[]);
-        GrpcServer { child, port }
+        let peer = grpc_peer("grpc_peer.py").serve(&[]);
+        GrpcServer { peer }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
-    }
-}
-
-impl Drop for GrpcServer {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            send_signal(pid, SIGKILL);
-        }
-        let _ = self.child.wait();
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.peer.port))
     }
 }
 
 /// `n` unary calls to `/sluice.test.Echo/Echo` at `target`, one after the other on one channel,
 /// each with `metadata`. Every call has a 5 s deadline.
 pub fn grpc_calls(target: SocketAddr, n: usize, metadata: &[(&str, &str)]) -> Vec<GrpcCall> {
-    let (python, peer) = python_and("grpc_peer.py");
-    let out = Command::new(python)
-        .arg(peer)
-        .args(["call", &target.to_string(), &n.to_string()])
-        .args(metadata.iter().map(|(k, v)| format!("{k}={v}")))
-        .stdin(Stdio::null())
-        .output()
-        .expect("running the gRPC client");
-    assert!(
-        out.status.success(),
-        "the gRPC client failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let calls: Vec<GrpcCall> = String::from_utf8_lossy(&out.stdout)
-        .lines()
+    let args = ["call".to_string(), target.to_string(), n.to_string()];
+    let pairs = metadata.iter().map(|(k, v)| format!("{k}={v}"));
+    let lines = grpc_peer("grpc_peer.py").run(args.into_iter().chain(pairs), CALLS_TIMEOUT);
+    let calls: Vec<GrpcCall> = lines
+        .iter()
         .map(|line| {
             let v: serde_json::Value = serde_json::from_str(line)
                 .unwrap_or_else(|e| panic!("the gRPC client printed {line:?}: {e}"));
@@ -153,37 +80,31 @@ pub fn grpc_calls(target: SocketAddr, n: usize, metadata: &[(&str, &str)]) -> Ve
 /// minute or hour) for every descriptor, a fixed window each, every hit counted; or, by `mode`,
 /// one whose calls fail (`unavailable`) or take 2 s (`slow`). Stopped when dropped.
 pub struct RlsPeer {
-    child: Child,
-    port: u16,
-    calls: mpsc::Receiver<String>,
+    peer: Peer,
 }
 
 impl RlsPeer {
     pub fn start(limit: u64, unit: &str, mode: &str) -> RlsPeer {
         let limit = limit.to_string();
-        let (child, port, calls) = serve_peer("rls_peer.py", &[&limit, unit, mode]);
-        RlsPeer { child, port, calls }
+        let peer = grpc_peer("rls_peer.py").serve(&[&limit, unit, mode]);
+        RlsPeer { peer }
     }
 
     pub fn addr(&self) -> SocketAddr {
-        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.peer.port))
     }
 
     /// The calls received since the last look, as the peer printed them: `{"domain",
     /// "hits_addend", "descriptors": [{"entries": [[key, value]...], "hits_addend"}]}`.
     pub fn calls(&self) -> Vec<serde_json::Value> {
-        let lines = std::iter::from_fn(|| self.calls.recv_timeout(Duration::from_millis(200)).ok());
+        let lines = std::iter::from_fn(|| {
+            self.peer
+                .lines
+                .recv_timeout(Duration::from_millis(200))
+                .ok()
+        });
         lines
             .map(|l| serde_json::from_str(&l).expect("a JSON line"))
             .collect()
-    }
-}
-
-impl Drop for RlsPeer {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            send_signal(pid, SIGKILL);
-        }
-        let _ = self.child.wait();
     }
 }

@@ -4,6 +4,8 @@
 //! - `redis`: `redis-server`s, one node or a three-node Cluster; `resp`: a RESP client;
 //! - `service`: the `sluice-service` binary;
 //! - `grpc`: a gRPC server and client (grpcio, from the repo's `.venv`);
+//! - `llm`: an OpenAI- and Anthropic-compatible upstream shaped by request headers, and its
+//!   clients: one of this crate's that streams, and the official openai SDK (from `.venv`);
 //! - `http`: an HTTP/1.1 client for all of them;
 //! - `reload`: traffic and waits for the tests that change an Envoy's configuration as it runs;
 //! - `make`: the serving make targets (`make run`, ...) as the docs start them;
@@ -23,7 +25,9 @@ pub mod docs;
 pub mod envoy;
 pub mod grpc;
 pub mod http;
+pub mod llm;
 pub mod make;
+mod python;
 pub mod redis;
 pub mod reload;
 pub mod resp;
@@ -57,6 +61,15 @@ pub fn raise_fd_limit(n: u64) -> u64 {
     };
     setrlimit(Resource::Nofile, raised).expect("raising the open files limit");
     wanted
+}
+
+/// The resident memory (VmRSS) of our child `pid`, in KiB.
+pub(crate) fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"));
+    let kib = line.and_then(|l| l.split_whitespace().nth(1)?.parse().ok());
+    kib.unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
 /// Polls `probe` until it gives a value or `limit` passes.
