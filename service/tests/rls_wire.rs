@@ -25,6 +25,7 @@ fn check(cost: u64, entries: &[(&str, &str)]) -> Check {
         cost,
         take: None,
         max_delay_ms: None,
+        slot: None,
         entries: entries
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
