@@ -12,7 +12,7 @@ use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics};
-use crate::protocol;
+use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal};
 use crate::request::{Attributes, RequestSource};
 use crate::rls;
@@ -39,6 +39,9 @@ pub trait Host: RequestSource + Store {
     /// or a gRPC `ShouldRateLimit` carrying it); false if it could not be started. The answer
     /// comes back through `Filter::on_service_response`.
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
+    /// Hands what a request owes a global policy after its admission to the worker's outbox
+    /// (`outbox`), which sends it to the service later, off every request's path.
+    fn report(&self, service: &GlobalService, settlement: Settlement);
 }
 
 /// What the filter reads from the proxy once, when it is configured.
@@ -97,6 +100,9 @@ pub struct Filter {
     /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
     /// expiry has been.
     bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
+    /// The name of the next slot this worker asks the service for: counting up from a random
+    /// start, so that no two workers' names meet.
+    next_slot: Cell<u64>,
 }
 
 impl Filter {
@@ -123,7 +129,11 @@ impl Filter {
         let prefix = table::prefix(plugin);
         let counters = Counters::define(metrics, &plan);
         let bypass_logged = plan.bypass.iter().map(|_| Default::default()).collect();
+        let start = env.random().map_or(0, |bytes| {
+            u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
+        });
         Ok(Filter {
+            next_slot: Cell::new(start),
             bypass_logged,
             plan,
             keying,
@@ -192,6 +202,22 @@ impl Filter {
         &self.counters
     }
 
+    /// What an entry of a global policy owes its service, with `op`, as the service names it.
+    pub fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)> {
+        let service = self.plan.global.as_ref()?;
+        let policy = self.plan.policies.get(entry.policy)?;
+        let tier = entry.tier;
+        let settlement = Settlement {
+            key: protocol::key(&policy.name, entry.key.unwrap_or(entry.hash)),
+            algorithm: tier.algorithm.kind(),
+            requests: tier.requests,
+            per_ms: protocol::per_ms(tier.per_nanos),
+            burst: tier.algorithm.capacity(),
+            op,
+        };
+        Some((service, settlement))
+    }
+
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
         self.counters.flush(metrics);
@@ -225,8 +251,13 @@ impl Filter {
         loop {
             match step {
                 Step::Done(outcome) => return self.finish(host, &outcome, now),
-                Step::Callout(pending) => {
+                Step::Callout(mut pending) => {
                     self.counters.callouts.add(1);
+                    pending.name_slots(|| {
+                        let id = self.next_slot.get().wrapping_add(1);
+                        self.next_slot.set(id);
+                        id
+                    });
                     let dispatched = self.plan.global.as_ref().is_some_and(|service| {
                         let body = match &service.protocol {
                             Protocol::Sluice { .. } => protocol::encode(pending.checks()),

@@ -178,6 +178,9 @@ pub struct Counters {
     forgiven: Counter,
     pub callouts: Counter,
     pub callout_failures: Counter,
+    /// Settlements the service took, and those given up (`outbox`).
+    settlements_delivered: Counter,
+    settlements_dropped: Counter,
 }
 
 impl Counters {
@@ -206,6 +209,8 @@ impl Counters {
             forgiven: counter("sluice.forgiven".into()),
             callouts: counter("sluice.callouts".into()),
             callout_failures: counter("sluice.callout_failures".into()),
+            settlements_delivered: counter("sluice.settlements_delivered".into()),
+            settlements_dropped: counter("sluice.settlements_dropped".into()),
         }
     }
 
@@ -246,6 +251,12 @@ impl Counters {
         self.evictions.add(u64::from(outcome.evictions));
         self.forgiven.add(outcome.forgiven);
         self.cas_exhausted.add(u64::from(outcome.exhausted));
+    }
+
+    /// Counts settlements the outbox delivered and gave up.
+    pub fn settlements(&self, delivered: u64, dropped: u64) {
+        self.settlements_delivered.add(delivered);
+        self.settlements_dropped.add(dropped);
     }
 
     fn slots(&self, policy: usize) -> Option<&SlotCounters> {
@@ -297,6 +308,8 @@ impl Counters {
                 &self.forgiven,
                 &self.callouts,
                 &self.callout_failures,
+                &self.settlements_delivered,
+                &self.settlements_dropped,
             ])
             .for_each(|c| c.flush(metrics));
     }

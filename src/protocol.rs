@@ -119,6 +119,11 @@ impl From<CheckResult> for Answer {
     }
 }
 
+/// A key as the service knows it: `<policy>/<key hash>` (16 hex digits): the same in every Envoy.
+pub fn key(policy: &str, hash: u64) -> String {
+    format!("{policy}/{hash:016x}")
+}
+
 /// Whole milliseconds, rounded up, at least 1: the wire's unit for durations.
 pub fn per_ms(per_nanos: u64) -> u64 {
     per_nanos.div_ceil(NANOS_PER_MS).max(1)

@@ -8,9 +8,11 @@
 
 use crate::algorithm::Algorithm;
 use crate::filter::{Filter, Host};
+use crate::limiter::slot_name;
 use crate::limiter::Settled;
 use crate::metrics::SlotEnd;
-use crate::tab::{Ending, Held, Op, Tab};
+use crate::protocol::SettleOp;
+use crate::tab::{Ending, Entry, Held, Op, Tab};
 
 /// One admitted request's claims, from its admission to its end.
 #[derive(Debug)]
@@ -35,10 +37,24 @@ impl Response {
         let now = filter.now(host);
         let counters = filter.counters();
         self.tab.entries.retain_mut(|entry| {
-            let (Held::Slot { epoch }, Algorithm::Concurrency(slots)) =
-                (entry.held, entry.tier.algorithm)
-            else {
+            let Algorithm::Concurrency(slots) = entry.tier.algorithm else {
                 return true;
+            };
+            let epoch = match entry.held {
+                Held::Lease { id, renewed } if now >= renewed + slots.epoch.get() => {
+                    report(
+                        filter,
+                        host,
+                        entry,
+                        SettleOp::Renew {
+                            slot: slot_name(id),
+                        },
+                    );
+                    entry.held = Held::Lease { id, renewed: now };
+                    return true;
+                }
+                Held::Slot { epoch } => epoch,
+                _ => return true,
             };
             if epoch >= slots.epoch_of(now) {
                 return true;
@@ -64,6 +80,18 @@ impl Response {
             Ending::Reset => SlotEnd::Reset,
         };
         for entry in self.tab.entries.iter_mut() {
+            if let Held::Lease { id, .. } = entry.held {
+                report(
+                    filter,
+                    host,
+                    entry,
+                    SettleOp::Release {
+                        slot: slot_name(id),
+                    },
+                );
+                counters.slots_ended(entry.policy, reason, 1);
+                continue;
+            }
             match filter.settle(host, entry, Op::Release) {
                 Settled::Done { expired, .. } => {
                     counters.slots_ended(entry.policy, reason, 1);
@@ -72,6 +100,13 @@ impl Response {
                 Settled::Gone | Settled::Failed => counters.slot_lost(entry.policy),
             }
         }
+    }
+}
+
+/// Hands what `entry` owes its service to the worker's outbox.
+fn report(filter: &Filter, host: &impl Host, entry: &Entry, op: SettleOp) {
+    if let Some((service, settlement)) = filter.settlement(entry, op) {
+        host.report(service, settlement);
     }
 }
 
@@ -180,6 +215,38 @@ mod tests {
         filter.flush_counters(&host);
         let expired = slots_released_counter("streams", SlotEnd::Expired);
         assert_eq!(host.counter(&expired), 1);
+    }
+
+    #[test]
+    fn a_global_slot_is_named_in_its_check_and_given_back_through_the_outbox() {
+        let host = FakeHost::new(Arc::default(), T0);
+        let config = json!({"global": {"cluster": "sluice"}, "policies": [streams(4, json!({"scope": "global"}))]});
+        let filter =
+            Filter::configure(config.to_string().as_bytes(), "test", &host, &host, &host).unwrap();
+        *host.request.borrow_mut() = FakeRequest::new(ALICE);
+        let Verdict::Waiting(pending) = filter.on_request_headers(&host) else {
+            panic!("asks the service");
+        };
+        let slot = pending.checks()[0].slot.clone().expect("a named slot");
+        let answer = br#"{"results":[{"allowed":true,"granted":1,"remaining":3,"reset_ms":0,"retry_after_ms":0}]}"#;
+        let verdict = filter.on_service_response(&host, pending, Some((200, answer.to_vec())));
+        let Verdict::Continue(Admitted { tab: Some(tab), .. }) = verdict else {
+            panic!("admitted with a slot");
+        };
+        let mut response = Response::new(tab);
+        host.now.set(T0 + 5 * SEC);
+        response.renew(&filter, &host);
+        response.end(&filter, &host, Ending::Completed);
+        let ops: Vec<SettleOp> = host.reports.borrow().iter().map(|s| s.op.clone()).collect();
+        assert_eq!(
+            ops,
+            [
+                SettleOp::Renew { slot: slot.clone() },
+                SettleOp::Release { slot }
+            ],
+            "renewed at half its lease of 10 s, then given back"
+        );
+        assert!(host.reports.borrow()[0].key.starts_with("streams/"));
     }
 
     #[test]

@@ -27,7 +27,7 @@ impl Tab {
     pub fn holds_slots(&self) -> bool {
         self.entries
             .iter()
-            .any(|e| matches!(e.held, Held::Slot { .. }))
+            .any(|e| matches!(e.held, Held::Slot { .. } | Held::Lease { .. }))
     }
 }
 
@@ -36,8 +36,10 @@ impl Tab {
 pub struct Entry {
     pub policy: usize,
     pub table: usize,
-    /// The key's hash under this Envoy's slot secret.
+    /// The key's hash under this Envoy's slot secret...
     pub hash: u64,
+    /// ...and as other Envoys and the service know it (`limiter::Applied::key`).
+    pub key: Option<u64>,
     /// The limit the claim was made under (a tier, or the emergency budget).
     pub tier: Tier,
     /// Where it was decided: the policy's own words of the slot (`Bucket`), or the emergency
@@ -49,8 +51,10 @@ pub struct Entry {
 /// What a policy holds of a request until it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// A slot, counted in this epoch (`algorithm::concurrency`).
+    /// A slot in this Envoy's shared data, counted in this epoch (`algorithm::concurrency`).
     Slot { epoch: u64 },
+    /// A slot the service keeps, by its name, last renewed at `renewed`.
+    Lease { id: u64, renewed: u64 },
     /// Tokens reserved at admission, at `at` (Unix nanoseconds, the slot's time).
     Reserved { tokens: u64, at: u64 },
 }

@@ -6,6 +6,7 @@
 use crate::config::GlobalService;
 use crate::filter::{Environment, Host};
 use crate::metrics::Metrics;
+use crate::protocol::Settlement;
 use crate::reply::LocalReply;
 use crate::request::RequestSource;
 use crate::route::envoy_map;
@@ -76,6 +77,8 @@ pub struct FakeHost {
     pub counters: RefCell<Vec<(String, u64)>>,
     /// The last body sent to the rate-limit service, and how many were.
     pub call: RefCell<Option<Vec<u8>>>,
+    /// What was handed to the worker's outbox for the service, in order.
+    pub reports: RefCell<Vec<Settlement>>,
     pub calls: Cell<usize>,
     pub service_reachable: Cell<bool>,
     /// Shared-data reads and writes.
@@ -97,6 +100,7 @@ impl FakeHost {
             records: RefCell::default(),
             counters: RefCell::default(),
             call: RefCell::default(),
+            reports: RefCell::default(),
             calls: Cell::new(0),
             service_reachable: Cell::new(true),
             store_calls: Cell::new(0),
@@ -166,6 +170,10 @@ impl Host for FakeHost {
         *self.call.borrow_mut() = Some(body.to_vec());
         self.calls.set(self.calls.get() + 1);
         self.service_reachable.get()
+    }
+
+    fn report(&self, _service: &GlobalService, settlement: Settlement) {
+        self.reports.borrow_mut().push(settlement);
     }
 }
 

@@ -7,6 +7,8 @@ use crate::filter::{Admitted, Environment, Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
+use crate::outbox::{Batch, Outbox};
+use crate::protocol::{self, Settlement};
 use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::RequestSource;
 use crate::response::Response;
@@ -31,6 +33,8 @@ thread_local! {
     /// end, by context: held here rather than by a root context, so that a request admitted
     /// under a configuration since replaced is still renewed and settled under its own.
     static LIVE: RefCell<HashMap<u32, (Rc<Filter>, Response)>> = RefCell::default();
+    /// What this VM's requests owe global policies, sent from the timers of its root contexts.
+    static OUTBOX: RefCell<Outbox> = RefCell::default();
 }
 
 proxy_wasm::main! {{
@@ -131,6 +135,15 @@ impl Host for Envoy {
         }
     }
 
+    fn report(&self, service: &GlobalService, settlement: Settlement) {
+        let now = self.now();
+        OUTBOX.with(|outbox| {
+            if let Ok(mut outbox) = outbox.try_borrow_mut() {
+                outbox.push(service, settlement, now);
+            }
+        });
+    }
+
     fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool {
         let timeout = Duration::from_millis(service.timeout_ms);
         let authorization = service.authorization.as_ref().map(Secret::expose);
@@ -167,6 +180,25 @@ impl Host for Envoy {
                 .is_ok()
             }
         }
+    }
+}
+
+impl Envoy {
+    /// POSTs a batch of settlements to its service: the host's token for the call.
+    fn settle(batch: &Batch) -> Option<u32> {
+        let service = batch.service;
+        let path = service.protocol.settle_path()?;
+        let body = protocol::encode_settlements(&batch.settlements);
+        let mut headers = vec![
+            (":method", "POST"),
+            (":path", path.as_str()),
+            (":authority", service.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let authorization = service.authorization.as_ref().map(Secret::expose);
+        headers.extend(authorization.map(|value| ("authorization", value)));
+        let timeout = Duration::from_nanos(crate::outbox::CALL_TIMEOUT);
+        hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout).ok()
     }
 }
 
@@ -207,7 +239,22 @@ struct Root {
     last_flush: u64,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx.
+    fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _: usize) {
+        let status = (headers > 0)
+            .then(|| hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status"))
+            .and_then(|s| s.ok().flatten())
+            .and_then(|s| s.parse::<u32>().ok());
+        let delivered = status.is_some_and(|s| (200..300).contains(&s));
+        let now = Envoy.now();
+        OUTBOX.with(|outbox| {
+            if let Ok(mut outbox) = outbox.try_borrow_mut() {
+                outbox.answered(token, delivered, now);
+            }
+        });
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -248,6 +295,7 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         renew_live();
+        flush_outbox(self.filter.as_deref());
         let now = Envoy.now();
         for context in self.held.borrow_mut().due(now) {
             if hostcalls::set_effective_context(context).is_ok() {
@@ -279,6 +327,23 @@ impl RootContext for Root {
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
+}
+
+/// Sends what this VM's outbox holds, and counts what it delivered and dropped on `filter`'s
+/// counters (the configuration of the root context whose timer this is).
+fn flush_outbox(filter: Option<&Filter>) {
+    OUTBOX.with(|outbox| {
+        let Ok(mut outbox) = outbox.try_borrow_mut() else {
+            return;
+        };
+        if !outbox.is_idle() {
+            outbox.flush(Envoy.now(), |batch| Envoy::settle(&batch));
+        }
+        let (dropped, delivered) = outbox.take_counts();
+        if let Some(filter) = filter {
+            filter.counters().settlements(delivered, dropped);
+        }
+    });
 }
 
 /// Renews the slots of this VM's live requests (`Response::renew`: only those behind).

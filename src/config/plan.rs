@@ -217,6 +217,18 @@ pub enum Protocol {
     },
 }
 
+impl Protocol {
+    /// Where settlements go (`outbox`): the check's path with `settle` for its last segment
+    /// (`/v1/check` → `/v1/settle`). An RLS takes none.
+    pub fn settle_path(&self) -> Option<String> {
+        let Protocol::Sluice { path } = self else {
+            return None;
+        };
+        let base = path.rsplit_once('/').map_or("", |(base, _)| base);
+        Some(format!("{base}/settle"))
+    }
+}
+
 /// A value that must never reach a log: its `Debug` shows only that it is there.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);

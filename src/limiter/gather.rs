@@ -109,6 +109,7 @@ impl Gathered<'_> {
             emergency: policy.emergency().unwrap_or(tier),
             service: self.service,
             enforced,
+            slot: None,
         };
         let work = match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => {

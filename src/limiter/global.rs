@@ -14,7 +14,7 @@
 
 use super::work::{Member, Verdict, Work};
 use super::{local, Basis, Progress};
-use crate::algorithm::{Algorithm, Debt, Decision, FULL_SHARE};
+use crate::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
 use crate::protocol::{self, Answer, Check};
@@ -198,7 +198,7 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
     let algorithm = member.tier.algorithm;
     let entries = work.entries.as_deref();
     Check {
-        key: format!("{}/{:016x}", policy.name, work.key.unwrap_or(work.hash)),
+        key: protocol::key(&policy.name, work.key.unwrap_or(work.hash)),
         algorithm: algorithm.kind(),
         requests: member.tier.requests,
         per_ms: protocol::per_ms(member.tier.per_nanos),
@@ -206,8 +206,27 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
         cost: policy.cost,
         take: Some(policy.take.min(algorithm.capacity())),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
-        slot: None,
+        slot: member.slot.map(slot_name),
         entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
+    }
+}
+
+/// A slot's name on the wire: 16 hex digits.
+pub fn slot_name(id: u64) -> String {
+    format!("{id:016x}")
+}
+
+/// Names the slots of the concurrency members asked about that have none yet, with `next`.
+pub(super) fn name_slots(progress: &mut Progress, mut next: impl FnMut() -> u64) {
+    for (i, &(w, m)) in progress.asked.iter().enumerate() {
+        let member = progress.works.get_mut(w).and_then(|w| w.members.get_mut(m));
+        let Some(member) = member.filter(|m| m.tier.algorithm.kind() == Kind::Concurrency) else {
+            continue;
+        };
+        let id = *member.slot.get_or_insert_with(&mut next);
+        if let Some(check) = progress.checks.get_mut(i) {
+            check.slot = Some(slot_name(id));
+        }
     }
 }
 
@@ -262,6 +281,7 @@ mod tests {
             emergency: policy.emergency().unwrap_or(policy.tier),
             service,
             enforced: true,
+            slot: None,
         }
     }
 

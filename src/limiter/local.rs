@@ -119,6 +119,7 @@ mod tests {
             emergency: plan.policies[0].tier,
             service: Service::Ask,
             enforced: true,
+            slot: None,
         }
     }
 

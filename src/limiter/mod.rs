@@ -26,7 +26,7 @@ mod settle;
 mod work;
 mod write;
 
-pub use global::GRANT_TTL;
+pub use global::{slot_name, GRANT_TTL};
 pub use settle::Settled;
 
 use crate::algorithm::Decision;
@@ -231,6 +231,12 @@ impl Pending {
     /// The checks to send to the service before `resume`.
     pub fn checks(&self) -> &[Check] {
         &self.0.checks
+    }
+
+    /// Names the slots its checks ask for (global concurrency policies), each with `next`: the
+    /// names by which the request gives them back, unique in the worker and across workers.
+    pub fn name_slots(&mut self, next: impl FnMut() -> u64) {
+        global::name_slots(&mut self.0, next);
     }
 }
 

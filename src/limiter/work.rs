@@ -20,6 +20,8 @@ pub(super) struct Member {
     pub service: Service,
     /// Whether the policy enforces for this key (else it runs in shadow for it).
     pub enforced: bool,
+    /// A global concurrency policy's slot, named when the service is first asked for it.
+    pub slot: Option<u64>,
 }
 
 /// A member's verdict: `None` while only the service can give it.
@@ -188,36 +190,49 @@ pub(super) fn open_tab(works: &[Work], plan: &Plan) -> Option<Tab> {
     let mut tab = Tab::default();
     for work in works {
         for (member, verdict) in work.members.iter().zip(&work.verdicts) {
-            let Some((decision, basis)) = verdict.filter(|(d, _)| d.allowed) else {
+            let Some((_, basis)) = verdict.filter(|(d, _)| d.allowed) else {
                 continue;
             };
             let holds = plan
                 .policies
                 .get(member.policy)
                 .is_some_and(Policy::holds_slots);
-            let tier = match basis {
-                Basis::Bucket => member.tier,
-                Basis::Emergency => member.emergency,
+            if !holds {
+                continue;
+            }
+            let (tier, held) = match (basis, member.slot) {
+                (Basis::Service, Some(id)) => (
+                    member.tier,
+                    Held::Lease {
+                        id,
+                        renewed: work.now,
+                    },
+                ),
+                (Basis::Bucket, _) => (member.tier, slot_of(&member.tier, work.now)),
+                (Basis::Emergency, _) => (member.emergency, slot_of(&member.emergency, work.now)),
                 _ => continue,
             };
-            let Algorithm::Concurrency(slots) = tier.algorithm else {
-                continue;
-            };
-            if holds && decision.allowed {
-                tab.entries.push(Entry {
-                    policy: member.policy,
-                    table: work.table,
-                    hash: work.hash,
-                    tier,
-                    basis,
-                    held: Held::Slot {
-                        epoch: slots.epoch_of(work.now),
-                    },
-                });
-            }
+            tab.entries.push(Entry {
+                policy: member.policy,
+                table: work.table,
+                hash: work.hash,
+                key: work.key,
+                tier,
+                basis,
+                held,
+            });
         }
     }
     (!tab.is_empty()).then_some(tab)
+}
+
+/// A slot taken from the local state of `tier` at `now`.
+fn slot_of(tier: &Tier, now: u64) -> Held {
+    let epoch = match tier.algorithm {
+        Algorithm::Concurrency(slots) => slots.epoch_of(now),
+        _ => 0,
+    };
+    Held::Slot { epoch }
 }
 
 /// A concurrency policy's refusal waits as long as the policy says, if it says: nobody knows
