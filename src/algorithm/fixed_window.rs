@@ -32,6 +32,21 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
+/// Charges up to `cost` tokens that `admit` refused, the window counting at most `limit +
+/// max_debt`; the debt ends with the window, as any count. Returns the tokens charged.
+pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
+    let index = now / window.length;
+    let count = count_in(state, index);
+    let ceiling = window.limit.saturating_add(max_debt);
+    let after = count.saturating_add(cost).min(ceiling).max(count);
+    if let [stored, stored_count] = state {
+        if after > count {
+            (*stored, *stored_count) = (index, after);
+        }
+    }
+    after - count
+}
+
 /// The count of window `index`: the stored one if it is that window's.
 fn count_in(state: &[u64], index: u64) -> u64 {
     match state {
@@ -83,6 +98,22 @@ mod tests {
             .filter(|_| admit(&per(5, SEC), &mut state, end_of_window + 2, 1).allowed)
             .count();
         assert_eq!(late + early, 10, "2 × limit within 2 ns");
+    }
+
+    #[test]
+    fn a_refused_cost_is_counted_up_to_the_debt_and_keeps_the_window_over() {
+        let mut state = [0; COLUMNS];
+        let t = 100 * SEC;
+        assert!(admit(&per(10, SEC), &mut state, t, 8).allowed);
+        assert!(!admit(&per(10, SEC), &mut state, t, 5).allowed);
+        assert_eq!(owe(&per(10, SEC), &mut state, t, 5, 10), 5);
+        assert_eq!(state, [100, 13]);
+        assert!(
+            !admit(&per(10, SEC), &mut state, t, 0).allowed,
+            "over: even 0"
+        );
+        assert_eq!(owe(&per(10, SEC), &mut state, t, 30, 10), 7, "at most 20");
+        assert!(admit(&per(10, SEC), &mut state, t + SEC, 10).allowed);
     }
 
     #[test]

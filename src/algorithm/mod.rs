@@ -254,6 +254,17 @@ impl Algorithm {
         }
     }
 
+    /// Words of state per key for a key that may owe `max_debt` tokens (`owe`): a sliding log
+    /// keeps one word per entry, so it needs one more per token owed.
+    pub fn columns_owing(&self, max_debt: u64) -> usize {
+        match self {
+            Algorithm::SlidingLog(_) => {
+                (self.columns()).saturating_add(usize::try_from(max_debt).unwrap_or(usize::MAX))
+            }
+            _ => self.columns(),
+        }
+    }
+
     /// How long a request may be held for its turn (leaky bucket only).
     pub fn max_delay(&self) -> Option<u64> {
         match self {
@@ -329,6 +340,29 @@ impl Algorithm {
         }
         state.copy_from_slice(&after);
         (best, granted)
+    }
+
+    /// Charges up to `cost` tokens of a request that `admit` refused, the key owing at most
+    /// `max_debt` tokens past its limit (what envoyproxy/ratelimit does with every hit: it counts
+    /// the refused ones too). The debt is paid back as the limit refills: a bucket at its rate,
+    /// a window when it ends or fades. A leaky bucket never owes: a queue slot it refuses is not
+    /// taken. Returns the tokens charged; a later check sees them as spent.
+    pub fn owe(&self, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
+        match (self, state) {
+            (Algorithm::TokenBucket(rate), [tat]) => {
+                token_bucket::owe(rate, tat, now, cost, max_debt)
+            }
+            (Algorithm::FixedWindow(window), state) => {
+                fixed_window::owe(window, state, now, cost, max_debt)
+            }
+            (Algorithm::SlidingWindow(window), state) => {
+                sliding_window::owe(window, state, now, cost, max_debt)
+            }
+            (Algorithm::SlidingLog(window), state) => {
+                sliding_log::owe(window, state, now, cost, max_debt)
+            }
+            _ => 0,
+        }
     }
 
     /// What the key whose state this is owes at `now`: what forgetting the state forgives.
