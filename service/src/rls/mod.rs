@@ -98,6 +98,12 @@ pub struct RlsArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub rls_max_streams: u32,
+
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: read every limit of a
+    /// call first, and when some would go over, charge only those (the others are not counted
+    /// for a refused call); two Redis round trips per call of several limits
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
+    pub stop_cache_key_increment_when_overlimit: bool,
 }
 
 /// The key the operator's secret gives, never shown (not even through `{:?}`).
@@ -199,6 +205,7 @@ impl<S: Store> Rls<S> {
             metrics,
             guard: settings.guard,
             secret,
+            stop_increments: args.stop_cache_key_increment_when_overlimit,
         };
         Ok(Some(Rls {
             listener,
