@@ -1,5 +1,7 @@
 //! A real gRPC server and client: grpcio's, in `python/grpc_peer.py`, run by the Python of the
-//! repo's `.venv` (`scripts/ensure-deps grpcio` installs it there; `make test` does).
+//! repo's `.venv` (`scripts/ensure-deps grpcio` installs it there; `make test` does); and a
+//! grpcio client of the gRPC health protocol, as `grpc_health_probe` asks it
+//! (`python/health_probe.py`).
 //!
 //! ```ignore
 //! let server = GrpcServer::start();
@@ -180,6 +182,70 @@ impl RlsPeer {
 }
 
 impl Drop for RlsPeer {
+    fn drop(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            send_signal(pid, SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// One `grpc.health.v1.Health/Check` of `service` at `target` (a 2 s deadline): the status
+/// (`SERVING`, `NOT_SERVING`, ...) or the call's failure code (`NOT_FOUND`, `UNAVAILABLE`, ...).
+pub fn health_check(target: SocketAddr, service: &str) -> String {
+    let (python, probe) = python_and("health_probe.py");
+    let out = Command::new(python)
+        .arg(probe)
+        .args(["check", &target.to_string(), service])
+        .stdin(Stdio::null())
+        .output()
+        .expect("running the health client");
+    assert!(
+        out.status.success(),
+        "the health client failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A `grpc.health.v1.Health/Watch` of `service` open for at most `seconds`: the statuses as the
+/// stream sends them. Killed when dropped.
+pub struct HealthWatch {
+    child: Child,
+    statuses: mpsc::Receiver<String>,
+}
+
+impl HealthWatch {
+    pub fn start(target: SocketAddr, service: &str, seconds: u64) -> HealthWatch {
+        let (python, probe) = python_and("health_probe.py");
+        let mut child = Command::new(python)
+            .arg(probe)
+            .args(["watch", &target.to_string(), service, &seconds.to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the health watch");
+        let stdout = child.stdout.take().expect("the watch's stdout");
+        let (sent, statuses) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if sent.send(line.trim().to_string()).is_err() {
+                    break;
+                }
+            }
+        });
+        HealthWatch { child, statuses }
+    }
+
+    /// The next status sent within `within`.
+    pub fn next(&self, within: Duration) -> Option<String> {
+        self.statuses.recv_timeout(within).ok()
+    }
+}
+
+impl Drop for HealthWatch {
     fn drop(&mut self) {
         if let Ok(pid) = i32::try_from(self.child.id()) {
             send_signal(pid, SIGKILL);
