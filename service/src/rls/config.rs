@@ -783,6 +783,31 @@ mod tests {
     }
 
     #[test]
+    fn refused_hits_are_charged_unless_charge_refused_is_false_and_a_bucket_must_live_its_debt() {
+        let config = load(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5, charge_refused: false}\n",
+        )
+        .unwrap();
+        let charges = |key| limits(&config, &[key])[0].charge_refused;
+        assert_eq!((charges("a"), charges("b")), (true, false));
+        // 40 days to fill, 80 with the bucket it may owe: past --max-key-ttl's 62 days.
+        let bucket = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {algorithm: token_bucket, requests_per_unit: 1, unit: day, burst: 40}\n";
+        assert_eq!(
+            refused(bucket),
+            "rls/test.yaml:3: rate_limit: its key would live 80d, more than --max-key-ttl 62d (with the bucket it may owe: charge_refused: false owes none)"
+        );
+        let owes_none = bucket.replace("burst: 40}", "burst: 40, charge_refused: false}");
+        assert!(load(&owes_none).is_ok());
+        for other in [
+            "{algorithm: leaky_bucket, requests_per_unit: 1, unit: second, max_delay: 1s, charge_refused: true}",
+            "{unlimited: true, charge_refused: false}",
+        ] {
+            let yaml = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {other}\n");
+            assert!(refused(&yaml).contains("rate_limit.charge_refused: not with"), "{other}");
+        }
+    }
+
+    #[test]
     fn sluice_extensions_choose_the_algorithm_burst_and_any_window() {
         let config = load(
             "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {algorithm: token_bucket, requests_per_unit: 10, per: 30s, burst: 20}\n  - key: shaped\n    rate_limit: {algorithm: leaky_bucket, requests_per_unit: 10, unit: second, max_delay: 500ms}\n",
