@@ -73,9 +73,7 @@ impl<S: Store> RlsService<S> {
         }
         Ok(answer.response)
     }
-}
 
-impl<S: Store> RlsService<S> {
     /// The plan's checks; with `stop_increments`, a read of every limit at the call's hits
     /// first, then the checks that charge only the limits this call takes over (with a single
     /// limit the read would change nothing, and is not made).
