@@ -279,7 +279,10 @@ fn rls_wiring(docs: &[Value]) -> (u64, &Value) {
     // base says (a process that answers).
     let ready = &container["readinessProbe"]["grpc"];
     assert_eq!(ready["port"], json!(listen_port));
-    assert_eq!(ready["service"], "envoy.service.ratelimit.v3.RateLimitService");
+    assert_eq!(
+        ready["service"],
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
     assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
 
     let config = flag(&args, "--rls-config");
