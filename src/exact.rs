@@ -20,6 +20,22 @@ struct State {
     words: Vec<u64>,
 }
 
+impl State {
+    /// The words for `limit`: afresh if another algorithm (or other numbers of its words) wrote
+    /// them; a sliding log grows to hold the entries it may owe.
+    fn fit(&mut self, limit: Algorithm, max_debt: u64) -> &mut Vec<u64> {
+        let needed = limit.columns_owing(max_debt);
+        let log = matches!(limit, Algorithm::SlidingLog(_));
+        if self.limit.kind() != limit.kind() || (!log && self.words.len() != needed) {
+            self.words = vec![0; needed];
+        } else if self.words.len() < needed {
+            self.words.resize(needed, 0);
+        }
+        self.limit = limit;
+        &mut self.words
+    }
+}
+
 impl ExactStore {
     /// Decides one check at `now` (Unix nanoseconds), granting up to its `take`, as the service
     /// does; `None` when its numbers make no limit (the service refuses such a check). A key
@@ -48,18 +64,39 @@ impl ExactStore {
         cost: u64,
         take: u64,
     ) -> (Decision, u64) {
-        let state = match self.keys.get_mut(key) {
-            Some(state) => state,
-            None => self.keys.entry(key.to_string()).or_insert(State {
+        self.decide_owing(key, limit, now, (cost, take), 0)
+    }
+
+    /// As `decide`, and a request refused is charged anyway, the key owing at most `max_debt`
+    /// tokens past its limit (`Algorithm::owe`): then the decision is the refusal as the state
+    /// stands after the charge, with the tokens charged.
+    pub fn decide_owing(
+        &mut self,
+        key: &str,
+        limit: Algorithm,
+        now: u64,
+        (cost, take): (u64, u64),
+        max_debt: u64,
+    ) -> (Decision, u64) {
+        if !self.keys.contains_key(key) {
+            let fresh = State {
                 limit,
                 words: Vec::new(),
-            }),
-        };
-        if state.limit.kind() != limit.kind() || state.words.len() != limit.columns() {
-            state.words = vec![0; limit.columns()];
+            };
+            self.keys.insert(key.to_string(), fresh);
         }
-        state.limit = limit;
-        limit.grant(&mut state.words, now, cost, take)
+        let Some(state) = self.keys.get_mut(key) else {
+            return (Decision::default(), 0);
+        };
+        let words = state.fit(limit, max_debt);
+        let (decision, granted) = limit.grant(words, now, cost, take);
+        if decision.allowed || max_debt == 0 || cost == 0 {
+            return (decision, granted);
+        }
+        match limit.owe(words, now, cost, max_debt) {
+            0 => (decision, 0),
+            charged => (limit.admit(&mut words.clone(), now, cost), charged),
+        }
     }
 
     /// Forgets the keys whose state owes nothing at `now`: nothing is lost, and memory holds
@@ -123,6 +160,22 @@ mod tests {
         store.check(&check(Kind::TokenBucket, 10), T0).unwrap();
         let window = store.check(&check(Kind::FixedWindow, 1), T0).unwrap();
         assert_eq!((window.allowed, window.remaining), (true, 9));
+    }
+
+    #[test]
+    fn a_refused_check_is_charged_up_to_the_debt_and_answered_refused() {
+        let mut store = ExactStore::default();
+        let window = Algorithm::FixedWindow(crate::algorithm::Window::new(10, 1_000).unwrap());
+        let (first, _) = store.decide_owing("k", window, 5_000, (8, 8), 10);
+        assert!(first.allowed);
+        let (refused, charged) = store.decide_owing("k", window, 5_000, (5, 5), 10);
+        assert_eq!((refused.allowed, refused.remaining, charged), (false, 0, 5));
+        let (asking, charged) = store.decide_owing("k", window, 5_000, (0, 0), 10);
+        assert_eq!((asking.allowed, charged), (false, 0), "13 of 10: over");
+        let log = Algorithm::SlidingLog(crate::algorithm::Window::new(2, 1_000).unwrap());
+        store.decide("l", log, 5_000, 2, 2);
+        let (_, charged) = store.decide_owing("l", log, 5_000, (3, 3), 2);
+        assert_eq!(charged, 2, "the log grows to hold what it owes");
     }
 
     #[test]

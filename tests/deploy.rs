@@ -275,6 +275,15 @@ fn rls_wiring(docs: &[Value]) -> (u64, &Value) {
     );
     // Istio speaks HTTP/2, which gRPC needs, to a port it knows as grpc.
     assert_eq!(service_port["appProtocol"], "grpc");
+    // Ready when the RLS's gRPC health service says so, on the port it listens on; alive as the
+    // base says (a process that answers).
+    let ready = &container["readinessProbe"]["grpc"];
+    assert_eq!(ready["port"], json!(listen_port));
+    assert_eq!(
+        ready["service"],
+        "envoy.service.ratelimit.v3.RateLimitService"
+    );
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
 
     let config = flag(&args, "--rls-config");
     let mount = item(&container["volumeMounts"], "mountPath", &json!(config));

@@ -23,7 +23,9 @@ use sluice_testkit::TempDir;
 /// A front listener on `{port}` whose routes send descriptors to the RLS at `{rls}`, and a
 /// backend listener on `{backend_port}` that answers 200. On `/`: (case=<x-case>),
 /// (case=<x-case>, user=<x-user-id>), (remote_address=<client>); on `/heavy`:
-/// (generic_key=heavy) with hits_addend 3.
+/// (generic_key=heavy) with hits_addend 3; on `/usage`: (generic_key=usage) asked with
+/// hits_addend 0 before the request, and charged `x-usage` hits once its stream is done (the
+/// pattern of usage-based limits, `x-usage` standing in for the dynamic metadata a gateway sets).
 const BOOTSTRAP: &str = r#"
 admin:
   address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } }
@@ -52,6 +54,17 @@ static_resources:
                     rate_limits:
                     - actions: [{ generic_key: { descriptor_value: heavy } }]
                       hits_addend: { number: 3 }
+              - match: { prefix: /usage }
+                route: { cluster: backend }
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{ generic_key: { descriptor_value: usage } }]
+                      hits_addend: { number: 0 }
+                    - actions: [{ generic_key: { descriptor_value: usage } }]
+                      apply_on_stream_done: true
+                      hits_addend: { format: "%REQ(x-usage)%" }
               - match: { prefix: / }
                 route:
                   cluster: backend
@@ -249,6 +262,26 @@ fn hits_addend_from_the_route_charges_that_many() {
     let envoy = rls.envoy(false);
     let heavy: Vec<u16> = (0..4).map(|_| envoy.get("/heavy", &[]).status).collect();
     assert_eq!(heavy, [200, 200, 200, 429]);
+}
+
+#[test]
+fn usage_charged_when_the_stream_is_done_past_the_limit_refuses_the_next_request() {
+    let rls = Rls::start(
+        &limits("  - key: generic_key\n    value: usage\n    rate_limit: {unit: hour, requests_per_unit: 10}\n"),
+        &[],
+    );
+    let envoy = rls.envoy(false);
+    // Served: nothing used yet. Its 50 are charged after the response (Envoy drops the answer).
+    let served = envoy.get("/usage", &[("x-usage", b"50")]);
+    assert_eq!(served.status, 200);
+    // The charge comes after the response: ask until it has landed, bounded.
+    let started = Instant::now();
+    let mut next = envoy.get("/usage", &[("x-usage", b"0")]).status;
+    while next == 200 && started.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(50));
+        next = envoy.get("/usage", &[("x-usage", b"0")]).status;
+    }
+    assert_eq!(next, 429, "the overspend was charged");
 }
 
 #[test]

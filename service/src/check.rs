@@ -48,7 +48,13 @@ impl Default for Bounds {
 impl Bounds {
     /// Refuses a limit whose key would outlive `--max-key-ttl`, naming the flag.
     pub fn check_lifetime(&self, algorithm: &Algorithm) -> Result<(), String> {
-        let lifetime_ms = algorithm.lifetime_us().div_ceil(1000);
+        self.check_lifetime_owing(algorithm, 0)
+    }
+
+    /// `check_lifetime` for a key that may owe `debt` tokens (`Algorithm::lifetime_owing_us`).
+    /// Within it, a bucket that owes stays below `MAX_CAPACITY_US`: exact in the scripts.
+    pub fn check_lifetime_owing(&self, algorithm: &Algorithm, debt: u64) -> Result<(), String> {
+        let lifetime_ms = algorithm.lifetime_owing_us(debt).div_ceil(1000);
         if lifetime_ms <= self.max_key_ttl_ms {
             return Ok(());
         }
@@ -180,6 +186,7 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         algorithm,
         cost,
         take,
+        debt: 0,
     })
 }
 
@@ -416,6 +423,7 @@ mod tests {
             },
             cost: 1,
             take: 1,
+            debt: 0,
         };
         assert_eq!(checks, [expected]);
     }
@@ -468,7 +476,8 @@ mod tests {
                     key: "k".into(),
                     algorithm: expected,
                     cost: 2,
-                    take: 5
+                    take: 5,
+                    debt: 0,
                 }]
             );
         }

@@ -467,19 +467,20 @@ pub struct Activity {
 impl Activity {
     /// Marks a request as being answered until the guard drops: no deadline closes the
     /// connection meanwhile, nor does shedding.
-    pub fn answering(&self) -> Answering<'_> {
+    /// The guard owns its handle, so a stream (a health `Watch`) can keep it.
+    pub fn answering(&self) -> Answering {
         self.conn.in_flight.fetch_add(1, Relaxed);
         self.conn.receiving_since.store(0, Relaxed);
-        Answering(self)
+        Answering(self.clone())
     }
 }
 
 /// A request being answered (`Activity::answering`).
-pub struct Answering<'a>(&'a Activity);
+pub struct Answering(Activity);
 
-impl Drop for Answering<'_> {
+impl Drop for Answering {
     fn drop(&mut self) {
-        let Activity { conn, gate } = self.0;
+        let Activity { conn, gate } = &self.0;
         conn.last_answer.store(gate.now_ms(), Relaxed);
         conn.in_flight.fetch_sub(1, Relaxed);
     }

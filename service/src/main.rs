@@ -140,7 +140,10 @@ async fn serve_with<S: Store>(
     };
     let rls = async {
         match rls {
-            Some(rls) => rls.serve(Arc::clone(&gate), stopping.clone(), drain).await,
+            Some(rls) => {
+                let readiness = Arc::clone(&readiness);
+                (rls.serve(Arc::clone(&gate), readiness, stopping.clone(), drain)).await
+            }
             None => Ok(true),
         }
     };

@@ -1,6 +1,6 @@
 //! Limits kept in this process, decided by the filter's own algorithms (`sluice::exact`) in
-//! microseconds of the system clock: what the Redis scripts answer, for one service and without
-//! Redis. For trying sluice out and for testing the service's logic without a Redis; one replica
+//! microseconds of the system clock: what the Redis scripts answer, debt included
+//! (`Check::debt`, `sluice::algorithm::Algorithm::owe`), for one service and without Redis. For trying sluice out and for testing the service's logic without a Redis; one replica
 //! only, and the state goes with the process.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -39,7 +39,8 @@ impl MemoryStore {
             .map(|check| {
                 let limit = limit(&check.algorithm).ok_or_else(|| failure("no such limit"))?;
                 let key = state_key(check);
-                let (d, granted) = keys.decide(&key, limit, now_us, check.cost, check.take);
+                let cost = (check.cost, check.take);
+                let (d, granted) = keys.decide_owing(&key, limit, now_us, cost, check.debt);
                 Ok(Decision {
                     allowed: d.allowed,
                     granted,

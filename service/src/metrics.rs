@@ -237,6 +237,7 @@ mod tests {
             },
             cost: 1,
             take: 1,
+            debt: 0,
         }
     }
 

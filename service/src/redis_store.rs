@@ -19,8 +19,11 @@ use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, St
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
 // state in KEYS[1] = `store::state_key` (its name holds the algorithm and its numbers), writes
-// only when it grants tokens, and sets a TTL on every write, so idle keys vanish: a check of
-// cost 0 (the RLS's `hits_addend` 0, or a call past the limit's capacity) only reads. Numbers are
+// only when it grants or owes tokens, and sets a TTL on every write, so idle keys vanish: a check
+// of cost 0 (the RLS's `hits_addend` 0, or a call past the limit's capacity) only reads. A
+// refused check with a `debt` (ARGV[5], `store::Check::debt`) is charged anyway, the key owing at
+// most `debt` tokens past its limit, and answered refused with `granted` = the tokens charged and
+// the rest as the state stands after the charge: the filter's `Algorithm::owe`. Numbers are
 // Lua doubles, exact below 2^53: `check` bounds the inputs so that every intermediate stays
 // below it (the sliding window's products use `muldiv`). `%d` formats numbers without exponents.
 // State of another type under the key reads as no state and is overwritten by the next grant.
@@ -31,16 +34,19 @@ use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, St
 /// KEYS[1]: the TAT in µs since the epoch (decimal string; absent = full).
 /// ARGV[1]: interval_us, µs per token (>= 1).   ARGV[2]: burst, capacity in tokens.
 /// ARGV[3]: cost, tokens needed.                ARGV[4]: take, tokens wanted (cost..=burst).
+/// ARGV[5]: debt, tokens the bucket may owe past empty.
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
-/// A denial or a grant of 0 writes nothing. A grant sets the TAT with a TTL of the time until the
-/// bucket is full again plus 1 s. Exact because the caller keeps burst × interval below
-/// `check::MAX_CAPACITY_US`.
+/// A denial without debt or a grant of 0 writes nothing. A denial with debt moves the TAT by the
+/// tokens owed, whole ones, never past now + (burst + debt) × interval: the debt refills at the
+/// rate. Every write sets the TAT with a TTL of the time until the bucket is full again plus 1 s.
+/// Exact because the caller keeps (burst + debt) × interval below `check::MAX_CAPACITY_US`.
 pub const TOKEN_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
 local burst = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local take = tonumber(ARGV[4])
+local debt = tonumber(ARGV[5]) or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local capacity = burst * interval
@@ -48,8 +54,19 @@ local capacity = burst * interval
 local tat = math.max(tonumber(redis.pcall('GET', KEYS[1])) or 0, now)
 local available = math.floor((capacity - (tat - now)) / interval)
 if available < cost then
+  local charged = 0
+  if debt > 0 and cost > 0 then
+    local room = math.floor((now + capacity + debt * interval - tat) / interval)
+    charged = math.min(cost, math.max(room, 0))
+  end
+  if charged > 0 then
+    tat = tat + charged * interval
+    available = math.floor((capacity - (tat - now)) / interval)
+    local ttl_ms = math.ceil((tat - now) / 1000) + 1000
+    redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', ttl_ms))
+  end
   local retry_after = tat + cost * interval - capacity - now
-  return {0, 0, math.max(available, 0), tat - now, retry_after}
+  return {0, charged, math.max(available, 0), tat - now, retry_after}
 end
 local granted = math.min(take, available)
 if granted == 0 then
@@ -67,16 +84,20 @@ return {1, granted, available - granted, reset, 0}
 ///
 /// KEYS[1]: `<window index>:<count>` (a count of another window is 0).
 /// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
+/// ARGV[5]: debt.
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}: reset and retry_after
 /// are both the time to the window's end.
 ///
-/// Admits if count + cost <= limit, granting min(take, limit - count). TTL: to the window's
-/// end plus 1 s; a grant of 0 writes nothing. `math.fmod` is exact on doubles, so the window's start is too.
+/// Admits if count + cost <= limit, granting min(take, limit - count). A denial with debt counts
+/// the cost anyway, count = min(count + cost, limit + debt): while count > limit even a cost of 0
+/// is refused (envoyproxy/ratelimit's `after > limit`). TTL: to the window's end plus 1 s; a
+/// grant of 0 writes nothing. `math.fmod` is exact on doubles, so the window's start is too.
 pub const FIXED_WINDOW_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local take = tonumber(ARGV[4])
+local debt = tonumber(ARGV[5]) or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local start = now - math.fmod(now, window)
@@ -91,7 +112,16 @@ if type(stored) == 'string' then
 end
 local reset = start + window - now
 if count + cost > limit then
-  return {0, 0, math.max(limit - count, 0), reset, reset}
+  local charged = 0
+  if debt > 0 and cost > 0 then
+    charged = math.max(math.min(count + cost, limit + debt) - count, 0)
+  end
+  if charged > 0 then
+    count = count + charged
+    local ttl_ms = math.ceil(reset / 1000) + 1000
+    redis.call('SET', KEYS[1], string.format('%d:%d', index, count), 'PX', string.format('%d', ttl_ms))
+  end
+  return {0, charged, math.max(limit - count, 0), reset, reset}
 end
 local granted = math.min(take, limit - count)
 if granted == 0 then
@@ -109,6 +139,7 @@ return {1, granted, limit - count, reset, 0}
 ///
 /// KEYS[1]: `<window index>:<current>:<previous>`.
 /// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
+/// ARGV[5]: debt.
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// With weighted = ceil(previous × (window - elapsed) / window), the tokens that fit now are
@@ -118,12 +149,15 @@ return {1, granted, limit - count, reset, 0}
 /// in the way, else into the next window, where this window's count is the one that fades.
 /// reset is when both counts have faded: the end of the next window once this one has a count
 /// (after an admission it always has), else the end of this one, as locally. TTL: to the end of
-/// the next window plus 1 s; a grant of 0 writes nothing. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
+/// the next window plus 1 s; a grant of 0 writes nothing. A denial with debt adds
+/// min(cost, room + debt) to this window's count (the estimate at most limit + debt), which then
+/// fades as any count; its retry_after and reset are from the counts after that. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
 pub const SLIDING_WINDOW_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local take = tonumber(ARGV[4])
+local debt = tonumber(ARGV[5]) or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local elapsed = math.fmod(now, window)
@@ -173,11 +207,21 @@ if type(stored) == 'string' then
   end
 end
 local room = limit - current - ceil_muldiv(previous, window - elapsed, window)
-local reset = window - elapsed
-if current > 0 then
-  reset = 2 * window - elapsed
-end
+local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
 if room < cost then
+  local charged = 0
+  if debt > 0 and cost > 0 then
+    charged = math.min(cost, math.max(room + debt, 0))
+  end
+  if charged > 0 then
+    current, room = current + charged, room - charged
+    local state = string.format('%d:%d:%d', index, current, previous)
+    redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
+  end
+  local reset = window - elapsed
+  if current > 0 then
+    reset = 2 * window - elapsed
+  end
   -- Time into a window, with fading as the previous count and fresh as the current, from
   -- which fading × (window - t) / window + fresh + cost <= limit; nil if never in that window.
   local function fits_at(fading, fresh)
@@ -202,13 +246,12 @@ if room < cost then
       retry_after = 2 * window - elapsed
     end
   end
-  return {0, 0, math.max(room, 0), reset, retry_after}
+  return {0, charged, math.max(room, 0), reset, retry_after}
 end
 local granted = math.min(take, room)
 if granted == 0 then
-  return {1, 0, room, reset, 0}
+  return {1, 0, room, current > 0 and 2 * window - elapsed or window - elapsed, 0}
 end
-local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
 local state = string.format('%d:%d:%d', index, current + granted, previous)
 redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
 return {1, granted, room - granted, 2 * window - elapsed, 0}
@@ -221,18 +264,22 @@ return {1, granted, room - granted, 2 * window - elapsed, 0}
 /// among the members of that time (they are trimmed together, by score, so the next n is their
 /// count: members stay unique even if the clock steps back).
 /// ARGV[1]: window_us.   ARGV[2]: limit (<= 1000).   ARGV[3]: cost.   ARGV[4]: take.
+/// ARGV[5]: debt.
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
 /// An entry is live while time > now - window. Admits if live + cost <= limit, adding
 /// granted = min(take, limit - live) entries at now after trimming the expired ones. A denial or
 /// a grant of 0 writes nothing; a denial's retry_after is when the (live + cost - limit)-th
 /// oldest entry leaves, its reset (and a grant of 0's) when the newest does; an admission's
-/// reset is the window. TTL: the window plus 1 s (the newest entry is now).
+/// reset is the window. A denial with debt adds min(cost, limit + debt - live) entries at now
+/// (the caller keeps cost within the request's bound of log entries), then answers as the log
+/// stands. TTL: the window plus 1 s (the newest entry is now).
 pub const SLIDING_LOG_LUA: &str = r"
 local window = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 local take = tonumber(ARGV[4])
+local debt = tonumber(ARGV[5]) or 0
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local kind = redis.call('TYPE', KEYS[1])['ok']
@@ -253,7 +300,32 @@ local function newest_leaves()
   end
   return 0
 end
+-- Adds n entries at now, after trimming the expired ones.
+local function add(n)
+  if foreign then
+    redis.call('DEL', KEYS[1])
+    foreign = false
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
+  local at = string.format('%d', now)
+  local first = redis.call('ZCOUNT', KEYS[1], at, at)
+  local entries = {}
+  for i = first, first + n - 1 do
+    entries[#entries + 1] = at
+    entries[#entries + 1] = at .. '-' .. string.format('%d', i)
+  end
+  redis.call('ZADD', KEYS[1], unpack(entries))
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
+end
 if count + cost > limit then
+  local charged = 0
+  if debt > 0 and cost > 0 then
+    charged = math.min(cost, math.max(limit + debt - count, 0))
+  end
+  if charged > 0 then
+    add(charged)
+    count = count + charged
+  end
   local must_expire = math.max(count + cost - limit, 1)
   local retry_after = window
   if not foreign then
@@ -262,25 +334,13 @@ if count + cost > limit then
       retry_after = tonumber(oldest[2]) + window - now
     end
   end
-  return {0, 0, math.max(limit - count, 0), newest_leaves(), retry_after}
+  return {0, charged, math.max(limit - count, 0), newest_leaves(), retry_after}
 end
 local granted = math.min(take, limit - count)
 if granted == 0 then
   return {1, 0, limit - count, newest_leaves(), 0}
 end
-if foreign then
-  redis.call('DEL', KEYS[1])
-end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
-local at = string.format('%d', now)
-local first = redis.call('ZCOUNT', KEYS[1], at, at)
-local entries = {}
-for n = first, first + granted - 1 do
-  entries[#entries + 1] = at
-  entries[#entries + 1] = at .. '-' .. string.format('%d', n)
-end
-redis.call('ZADD', KEYS[1], unpack(entries))
-redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(window / 1000) + 1000))
+add(granted)
 return {1, granted, limit - count - granted, window, 0}
 ";
 
@@ -295,7 +355,9 @@ return {1, granted, limit - count - granted, window, 0}
 /// admitted with that delay (the filter holds the request), TAT = turn + cost × interval,
 /// remaining = the cost-1 requests that could still queue behind it within max_delay
 /// (floor((max_delay - delay) / interval) + 1 - cost, at least 0), reset = until the queue
-/// drains. TTL: until it drains plus 1 s. A cost of 0 only asks: it writes nothing.
+/// drains. TTL: until it drains plus 1 s. A cost of 0 only asks: it writes nothing. It takes no
+/// debt: a queue slot it refuses is not taken (the request refused is never sent on, so it holds
+/// no turn).
 pub const LEAKY_BUCKET_LUA: &str = r"
 local interval = tonumber(ARGV[1])
 local max_delay = tonumber(ARGV[2])
@@ -683,12 +745,14 @@ async fn query(
 
 /// ARGV of the check's script (see each script's documentation).
 fn script_args(check: &Check) -> Vec<u64> {
-    let (cost, take) = (check.cost, check.take);
+    let (cost, take, debt) = (check.cost, check.take, check.debt);
     match check.algorithm {
-        Algorithm::TokenBucket { interval_us, burst } => vec![interval_us, burst, cost, take],
+        Algorithm::TokenBucket { interval_us, burst } => {
+            vec![interval_us, burst, cost, take, debt]
+        }
         Algorithm::FixedWindow { limit, window_us }
         | Algorithm::SlidingWindow { limit, window_us }
-        | Algorithm::SlidingLog { limit, window_us } => vec![window_us, limit, cost, take],
+        | Algorithm::SlidingLog { limit, window_us } => vec![window_us, limit, cost, take, debt],
         Algorithm::LeakyBucket {
             interval_us,
             max_delay_us,

@@ -23,6 +23,12 @@ pub struct Check {
     /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity.
     /// Always `cost` for the leaky bucket.
     pub take: u64,
+    /// The most tokens the key may owe past its limit: a check whose `cost` does not fit is
+    /// charged anyway, up to that bound, and answered refused with `granted` = the tokens
+    /// charged (`sluice::algorithm::Algorithm::owe`). 0: a refused check takes nothing. The
+    /// leaky bucket never owes. The RLS gives a limit's capacity (envoyproxy/ratelimit charges
+    /// every hit); `/v1/check` gives 0.
+    pub debt: u64,
 }
 
 /// Who named a key: `POST /v1/check` callers or the RLS.
@@ -131,8 +137,17 @@ impl Algorithm {
     /// the queue's longest wait and the capacity's own drain. The scripts' TTLs are this plus
     /// at most a second; `--max-key-ttl` bounds it.
     pub fn lifetime_us(&self) -> u64 {
+        self.lifetime_owing_us(0)
+    }
+
+    /// `lifetime_us` of a key that may owe `debt` tokens: a bucket that owes refills them at its
+    /// rate, `(burst + debt) × interval`; a window's debt ends with the window, a leaky bucket
+    /// never owes.
+    pub fn lifetime_owing_us(&self, debt: u64) -> u64 {
         match *self {
-            Algorithm::TokenBucket { interval_us, burst } => interval_us.saturating_mul(burst),
+            Algorithm::TokenBucket { interval_us, burst } => {
+                interval_us.saturating_mul(burst.saturating_add(debt))
+            }
             Algorithm::FixedWindow { window_us, .. } | Algorithm::SlidingLog { window_us, .. } => {
                 window_us
             }
@@ -141,6 +156,16 @@ impl Algorithm {
                 interval_us,
                 max_delay_us,
             } => max_delay_us.saturating_add(interval_us.saturating_mul(self.capacity())),
+        }
+    }
+
+    /// The most a check may cost when the key may owe `debt`: more can never be charged, and a
+    /// cost within it keeps the scripts' numbers exact in Lua doubles (a `hits_addend` of
+    /// 2^64 - 1 is one bounded call).
+    pub fn chargeable(&self, debt: u64) -> u64 {
+        match self {
+            Algorithm::LeakyBucket { .. } => self.capacity(),
+            _ => self.capacity().saturating_add(debt),
         }
     }
 }
@@ -262,6 +287,7 @@ mod tests {
             algorithm,
             cost: 1,
             take: 1,
+            debt: 0,
         }
     }
 
@@ -311,5 +337,25 @@ mod tests {
             window_us: 1_000,
         };
         assert_eq!((sliding.capacity(), sliding.lifetime_us()), (5, 2_000));
+    }
+
+    #[test]
+    fn a_bucket_that_may_owe_lives_until_its_debt_is_refilled_too() {
+        let bucket = Algorithm::TokenBucket {
+            interval_us: 1_000,
+            burst: 20,
+        };
+        assert_eq!(bucket.lifetime_owing_us(20), 40_000);
+        assert_eq!(bucket.chargeable(20), 40);
+        let window = Algorithm::FixedWindow {
+            limit: 20,
+            window_us: 60_000,
+        };
+        assert_eq!(window.lifetime_owing_us(20), window.lifetime_us());
+        let leaky = Algorithm::LeakyBucket {
+            interval_us: 100_000,
+            max_delay_us: 500_000,
+        };
+        assert_eq!(leaky.chargeable(6), 6, "never owes");
     }
 }

@@ -3,7 +3,8 @@
 //! model calls the filter's `admit` with every time in µs (the algorithms are pure integer
 //! functions, blind to the unit), and adds only what is the script's own: reading and writing
 //! the Redis state it keeps, `take` (the most tokens in cost..=take that the filter admits), the
-//! TTL, and another algorithm's state under the key.
+//! TTL, another algorithm's state under the key, and the debt: a refusal with a debt (ARGV[5])
+//! is charged by the filter's `owe` and answered as the state stands after it.
 //!
 //! Redis TIME is the scripts' only clock, so each call is bracketed by TIME before and after:
 //! some `now` in between must make the model give exactly the script's reply and the key's state
@@ -156,6 +157,15 @@ impl Lcg {
         (cost, take)
     }
 
+    /// A debt of none (half the time), a few tokens, or one limit's worth (the RLS's).
+    fn debt(&mut self, limit: u64) -> u64 {
+        match self.below(4) {
+            0 => 1 + self.below(limit.min(5)),
+            1 => limit,
+            _ => 0,
+        }
+    }
+
     /// Another algorithm's state, or something that is no state at all.
     fn foreign(&mut self, now: u64) -> Stored {
         match self.below(4) {
@@ -212,8 +222,27 @@ fn grant<S: Clone>(
     (d, granted)
 }
 
+/// The scripts' debt: when even `cost` is refused and the key may owe `debt`, `owe` charges up to
+/// `cost` tokens, and the decision is the refusal as the state stands after it (`decide` on a
+/// copy), with the tokens charged as granted.
+fn owing<S: Clone>(
+    state: &mut S,
+    (refused, granted): (Decision, u64),
+    (cost, debt): (u64, u64),
+    owe: impl Fn(&mut S) -> u64,
+    decide: impl Fn(&mut S, u64) -> Decision,
+) -> (Decision, u64) {
+    if refused.allowed || debt == 0 || cost == 0 {
+        return (refused, granted);
+    }
+    match owe(state) {
+        0 => (refused, 0),
+        charged => (decide(&mut state.clone(), cost), charged),
+    }
+}
+
 /// The script's reply and TTL for the filter's decision: `{allowed, granted, remaining,
-/// reset_us, retry_after_us}`; an admission sets a TTL of reset plus 1 s.
+/// reset_us, retry_after_us}`; a grant or a charge sets a TTL of reset plus 1 s.
 fn outcome(d: Decision, granted: u64, stored: Stored) -> Outcome {
     Outcome {
         reply: vec![
@@ -224,7 +253,7 @@ fn outcome(d: Decision, granted: u64, stored: Stored) -> Outcome {
             d.retry_after.into(),
         ],
         stored,
-        ttl_ms: d.allowed.then(|| ceil_ms(d.reset_after) + 1000),
+        ttl_ms: (granted > 0).then(|| ceil_ms(d.reset_after) + 1000),
     }
 }
 
@@ -235,15 +264,25 @@ fn per(limit: u64, length: u64) -> filter::Window {
 
 // ---- fixed window -------------------------------------------------------------------------
 
-/// The filter's `fixed_window::admit`, with take; state `<index>:<count>`.
-fn fixed_window(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
+/// The filter's `fixed_window::admit`, with take and debt; state `<index>:<count>`.
+fn fixed_window(
+    limit: u64,
+    window: u64,
+    (cost, take): (u64, u64),
+    debt: u64,
+) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
         let mut state: [u64; filter::fixed_window::COLUMNS] = words(stored);
-        let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
+        let admit = |state: &mut [u64; 2], tokens| {
             filter::fixed_window::admit(&per(limit, window), state, now, tokens)
-        });
+        };
+        let decided = grant(&mut state, cost, take, admit);
+        let owe = |state: &mut [u64; 2]| {
+            filter::fixed_window::owe(&per(limit, window), state, now, cost, debt)
+        };
+        let (d, granted) = owing(&mut state, decided, (cost, debt), owe, admit);
         let [index, count] = state;
-        let after = if d.allowed {
+        let after = if granted > 0 {
             Stored::Text(format!("{index}:{count}"))
         } else {
             stored.clone()
@@ -262,6 +301,7 @@ fn fixed_window_matches_the_model() {
         let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, 86_400_000, YEAR_MS]);
         let window = window_ms * MS;
         let (cost, take) = random.cost_and_take(limit);
+        let debt = random.debt(limit);
         let key = format!("sluice:{{fixed/{case}}}");
         let now = redis_time_us(&mut client);
         let index = now / window;
@@ -270,15 +310,15 @@ fn fixed_window_matches_the_model() {
             1 => random.foreign(now),
             n => {
                 let at = [index - 1, index, index, index + 1][n as usize - 2];
-                let count = random.below(limit.min(1000) + 2);
+                let count = random.below(limit.min(1000) + debt.min(1000) + 2);
                 Stored::Text(format!("{at}:{count}"))
             }
         };
         write(&mut client, &key, &stored);
-        let model = fixed_window(limit, window, cost, take);
+        let model = fixed_window(limit, window, (cost, take), debt);
         for step in 0..3 {
-            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
-            let args = [window, limit, cost, take];
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take} debt {debt}");
+            let args = [window, limit, cost, take, debt];
             run_exact(&mut client, &key, (FIXED_WINDOW_LUA, &args), &model, &label);
         }
     }
@@ -286,20 +326,26 @@ fn fixed_window_matches_the_model() {
 
 // ---- sliding window -----------------------------------------------------------------------
 
-/// The filter's `sliding_window::admit`, with take; state `<index>:<current>:<previous>`.
+/// The filter's `sliding_window::admit`, with take and debt; state
+/// `<index>:<current>:<previous>`.
 fn sliding_window(
     limit: u64,
     window: u64,
-    cost: u64,
-    take: u64,
+    (cost, take): (u64, u64),
+    debt: u64,
 ) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
         let mut state: [u64; filter::sliding_window::COLUMNS] = words(stored);
-        let (d, granted) = grant(&mut state, cost, take, |state, tokens| {
+        let admit = |state: &mut [u64; 3], tokens| {
             filter::sliding_window::admit(&per(limit, window), state, now, tokens)
-        });
+        };
+        let decided = grant(&mut state, cost, take, admit);
+        let owe = |state: &mut [u64; 3]| {
+            filter::sliding_window::owe(&per(limit, window), state, now, cost, debt)
+        };
+        let (d, granted) = owing(&mut state, decided, (cost, debt), owe, admit);
         let [index, current, previous] = state;
-        let after = if d.allowed {
+        let after = if granted > 0 {
             Stored::Text(format!("{index}:{current}:{previous}"))
         } else {
             stored.clone()
@@ -318,11 +364,12 @@ fn sliding_window_matches_the_model() {
         let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, 86_400_000, YEAR_MS]);
         let window = window_ms * MS;
         let (cost, take) = random.cost_and_take(limit);
+        let debt = random.debt(limit);
         let key = format!("sluice:{{sliding/{case}}}");
         let now = redis_time_us(&mut client);
         let index = now / window;
         let count = |random: &mut Lcg| match random.below(3) {
-            0 => random.below(limit + 2),
+            0 => random.below(limit + debt + 2),
             1 => limit - random.below(limit.min(3)),
             _ => random.below(limit.min(10) + 1),
         };
@@ -336,10 +383,10 @@ fn sliding_window_matches_the_model() {
             }
         };
         write(&mut client, &key, &stored);
-        let model = sliding_window(limit, window, cost, take);
+        let model = sliding_window(limit, window, (cost, take), debt);
         for step in 0..3 {
-            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
-            let args = [window, limit, cost, take];
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take} debt {debt}");
+            let args = [window, limit, cost, take, debt];
             run_exact(
                 &mut client,
                 &key,
@@ -374,10 +421,10 @@ fn sliding_window_products_beyond_two_to_the_53_stay_exact() {
         let key = format!("sluice:{{big/{case}}}");
         let state = format!("{index}:{current}:{previous}");
         write(&mut client, &key, &Stored::Text(state));
-        let model = sliding_window(limit, window, 1, 1000);
+        let model = sliding_window(limit, window, (1, 1000), limit);
         for step in 0..2 {
             let label = format!("case {case} step {step}");
-            let args = [window, limit, 1, 1000];
+            let args = [window, limit, 1, 1000, limit];
             run_exact(
                 &mut client,
                 &key,
@@ -393,23 +440,34 @@ fn sliding_window_products_beyond_two_to_the_53_stay_exact() {
 
 /// The filter's `sliding_log::admit`, with take; state a sorted set of admission times,
 /// members `<time>-<n>`, n counting on from the entries already at that time. Another
-/// algorithm's state is dropped first, even by a denial.
-fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored, u64) -> Outcome {
+/// algorithm's state is dropped first, even by a denial. A refusal with debt logs up to `cost`
+/// entries at now, at most `limit + debt` live.
+fn sliding_log(
+    limit: u64,
+    window: u64,
+    (cost, take): (u64, u64),
+    debt: u64,
+) -> impl Fn(&Stored, u64) -> Outcome {
     move |stored, now| {
         let before = match stored {
             Stored::Log(entries) => entries.clone(),
             _ => Vec::new(),
         };
-        // One word per entry, 0 a free slot, and at least the filter's `limit` words: a log kept
-        // under a higher limit holds more entries than that, and each still counts.
+        // One word per entry, 0 a free slot, and at least the filter's `limit + debt` words: a
+        // log kept under a higher limit holds more entries than that, and each still counts.
         let mut times: Vec<u64> = before.iter().map(|(t, _)| *t).collect();
-        times.resize(times.len().max(limit as usize), 0);
+        times.resize(times.len().max((limit + debt) as usize), 0);
         let at_now = |times: &[u64]| times.iter().filter(|&&t| t == now).count() as u64;
         let first = at_now(&times);
-        let (d, granted) = grant(&mut times, cost, take, |times, tokens| {
+        let admit = |times: &mut Vec<u64>, tokens| {
             filter::sliding_log::admit(&per(limit, window), times, now, tokens)
-        });
-        if !d.allowed {
+        };
+        let decided = grant(&mut times, cost, take, admit);
+        let owe = |times: &mut Vec<u64>| {
+            filter::sliding_log::owe(&per(limit, window), times, now, cost, debt)
+        };
+        let (d, granted) = owing(&mut times, decided, (cost, debt), owe, admit);
+        if granted == 0 {
             let after = match stored {
                 Stored::Log(_) => stored.clone(),
                 _ => Stored::Absent,
@@ -424,7 +482,10 @@ fn sliding_log(limit: u64, window: u64, cost: u64, take: u64) -> impl Fn(&Stored
             .collect();
         after.extend((first..first + placed).map(|n| (now, format!("{now}-{n}"))));
         after.sort();
-        outcome(d, granted, Stored::Log(after))
+        // Every write sets a TTL of the window plus 1 s: its newest entries are at now.
+        let mut outcome = outcome(d, granted, Stored::Log(after));
+        outcome.ttl_ms = Some(ceil_ms(window) + 1000);
+        outcome
     }
 }
 
@@ -438,6 +499,7 @@ fn sliding_log_matches_the_model() {
         let window_ms = random.pick(&[1, 3, 50, 1_000, 60_000, YEAR_MS]);
         let window = window_ms * MS;
         let (cost, take) = random.cost_and_take(limit);
+        let debt = random.debt(limit);
         let key = format!("sluice:{{log/{case}}}");
         let now = redis_time_us(&mut client);
         let stored = match random.below(5) {
@@ -445,7 +507,7 @@ fn sliding_log_matches_the_model() {
             1 => random.foreign(now),
             _ => {
                 // Entries from two windows ago to a second ahead (a clock that stepped back).
-                let n = random.below(limit.min(50) + 3);
+                let n = random.below((limit + debt).min(50) + 3);
                 let mut entries: Vec<(u64, String)> = (0..n)
                     .map(|i| {
                         let back = random.below(2 * window);
@@ -462,10 +524,10 @@ fn sliding_log_matches_the_model() {
             }
         };
         write(&mut client, &key, &stored);
-        let model = sliding_log(limit, window, cost, take);
+        let model = sliding_log(limit, window, (cost, take), debt);
         for step in 0..3 {
-            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take}");
-            let args = [window, limit, cost, take];
+            let label = format!("case {case} step {step}: limit {limit} per {window_ms} ms, cost {cost} take {take} debt {debt}");
+            let args = [window, limit, cost, take, debt];
             run_exact(&mut client, &key, (SLIDING_LOG_LUA, &args), &model, &label);
         }
     }
@@ -481,7 +543,7 @@ fn sliding_log_members_stay_unique_within_one_microsecond() {
         &mut client,
         "sluice:{wide}",
         (SLIDING_LOG_LUA, &args),
-        &sliding_log(1000, 60 * SEC, 1, 1000),
+        &sliding_log(1000, 60 * SEC, (1, 1000), 0),
         "a lease of the whole log",
     );
     assert_eq!(reply[..3], [1, 1000, 0]);
@@ -511,7 +573,7 @@ fn a_log_entry_leaves_exactly_one_window_after_it_was_admitted() {
         zadd.extend(entries.iter().map(String::as_str));
         assert_eq!(client.cmd(&zadd).int(), 1000);
         let args = [window, 1000, 1, 1];
-        let model = sliding_log(1000, window, 1, 1);
+        let model = sliding_log(1000, window, (1, 1), 0);
         let label = format!("attempt {attempt}");
         let (now, _) = run_exact(&mut client, &key, (SLIDING_LOG_LUA, &args), &model, &label);
         if (from..from + 1000).contains(&(now - window)) {

@@ -27,8 +27,8 @@ const MINUTE_US: u64 = 60_000_000;
 /// given as an offset from now is NOW plus that offset.
 const NOW: u64 = 1_000_000_000_000_000;
 
-/// `token_bucket::admit` in µs, with take: `{allowed, granted, remaining, reset_us,
-/// retry_after_us}`.
+/// `token_bucket::admit` in µs, with take and debt (`token_bucket::owe`): `{allowed, granted,
+/// remaining, reset_us, retry_after_us}`.
 struct Model {
     rate: Rate,
     tat: u64,
@@ -54,12 +54,22 @@ impl Model {
     /// The script's `take`: the most tokens in cost..=take that the filter admits, each tried
     /// on a copy of the TAT; if even `cost` is denied, that denial.
     fn check(&mut self, cost: u64, take: u64) -> [i128; 5] {
+        self.check_owing(cost, take, 0)
+    }
+
+    /// As `check`, and a refusal with `debt` is charged by `owe`, then answered as the bucket
+    /// stands after it, with the tokens charged as granted.
+    fn check_owing(&mut self, cost: u64, take: u64, debt: u64) -> [i128; 5] {
         for tokens in (cost..=take).rev() {
             let mut tat = self.tat;
-            let d = token_bucket::admit(&self.rate, &mut tat, NOW, tokens);
+            let mut d = token_bucket::admit(&self.rate, &mut tat, NOW, tokens);
             if d.allowed || tokens == cost {
+                let mut granted = if d.allowed { tokens } else { 0 };
+                if !d.allowed && debt > 0 && cost > 0 {
+                    granted = token_bucket::owe(&self.rate, &mut tat, NOW, cost, debt);
+                    d = token_bucket::admit(&self.rate, &mut tat.clone(), NOW, cost);
+                }
                 self.tat = tat;
-                let granted = if d.allowed { tokens } else { 0 };
                 return [
                     d.allowed.into(),
                     granted.into(),
@@ -81,7 +91,17 @@ fn eval(
     cost: u64,
     take: u64,
 ) -> [i128; 5] {
-    let args = [interval_us, burst, cost, take].map(|n| n.to_string());
+    eval_owing(client, key, (interval_us, burst), (cost, take), 0)
+}
+
+fn eval_owing(
+    client: &mut Resp,
+    key: &str,
+    (interval_us, burst): (u64, u64),
+    (cost, take): (u64, u64),
+    debt: u64,
+) -> [i128; 5] {
+    let args = [interval_us, burst, cost, take, debt].map(|n| n.to_string());
     let mut command = vec!["EVAL", TOKEN_BUCKET_LUA, "1", key];
     command.extend(args.iter().map(String::as_str));
     let reply = client.cmd(&command).ints();
@@ -307,4 +327,65 @@ fn partly_refilled_buckets_match_the_model() {
         let label = format!("offset {offset} µs of {capacity}, cost {cost}, take {take}");
         assert_matches(actual, model.check(cost, take), elapsed_us, &label);
     }
+}
+
+#[test]
+fn refused_checks_owe_up_to_the_debt_as_the_model_does() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    let mut random = Lcg(0xdeb7);
+    for (interval_us, burst) in [(MINUTE_US, 1), (MINUTE_US, 5), (MINUTE_US / 7, 37)] {
+        for (n, debt) in [1, burst].into_iter().enumerate() {
+            let key = format!("sluice:{{owing/{interval_us}/{burst}/{n}}}");
+            let mut model = Model::new(interval_us, burst);
+            let started = Instant::now();
+            for step in 0..40 {
+                // Costs up to the most a check may be charged: the bucket and its debt.
+                let cost = random.below(burst + debt + 1);
+                let actual =
+                    eval_owing(&mut client, &key, (interval_us, burst), (cost, cost), debt);
+                let elapsed_us = started.elapsed().as_micros() as i128 + 50_000;
+                let label = format!("{key} step {step} cost {cost}");
+                assert_matches(
+                    actual,
+                    model.check_owing(cost, cost, debt),
+                    elapsed_us,
+                    &label,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_bucket_owes_at_most_its_debt_and_pays_it_back_at_its_rate() {
+    let redis = RedisServer::start();
+    let mut client = redis.client();
+    // 10 a second, a bucket of 10 that may owe 10: 25 asked at once are 20 charged.
+    let owing = |client: &mut Resp, cost| {
+        eval_owing(client, "sluice:{owes}", (100_000, 10), (cost, cost), 10)
+    };
+    let first = owing(&mut client, 25);
+    assert_eq!(first[..3], [0, 20, 0], "refused, 20 charged, nothing left");
+    assert!(
+        (1_900_000..=2_000_000).contains(&first[3]),
+        "full in 2 s: {}",
+        first[3]
+    );
+    assert!(
+        (3_400_000..=3_500_000).contains(&first[4]),
+        "25 fit in 3.5 s: {}",
+        first[4]
+    );
+    assert_eq!(owing(&mut client, 1)[..2], [0, 0], "nothing more is owed");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // 5 of the 10 owed are paid back: refused, and this hit owed too.
+    assert_eq!(
+        owing(&mut client, 1)[..2],
+        [0, 1],
+        "still owing after 0.5 s"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(900));
+    let paid = owing(&mut client, 1);
+    assert_eq!(paid[0], 1, "paid back at 10 a second");
 }

@@ -95,28 +95,36 @@ async fn each_value_of_a_value_less_descriptor_gets_its_own_limit_with_its_statu
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn hits_addend_charges_that_many_and_a_descriptor_hits_addend_of_zero_only_asks() {
+async fn hits_addend_charges_that_many_past_the_limit_too_and_a_hits_addend_of_zero_only_asks() {
     let redis = RedisServer::start();
     let rls = start(&redis, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10}\n", &[]);
     let mut client = rls.client().await;
     let heavy = request("api", &[&[("user", "a")]], 4);
     assert_eq!(
-        overall_codes(&mut client, &heavy, 3).await,
-        oks_then_over(2, 1)
+        overall_codes(&mut client, &heavy, 2).await,
+        oks_then_over(2, 0)
     );
     let mut asking = request("api", &[&[("user", "a")]], 0);
     asking.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let remaining = |answer: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        (overall(answer), answer.statuses[0].limit_remaining)
+    };
     for _ in 0..3 {
         let answer = ask(&mut client, asking.clone()).await;
-        assert_eq!(
-            (overall(&answer), answer.statuses[0].limit_remaining),
-            (Code::Ok, 2)
-        );
+        assert_eq!(remaining(&answer), (Code::Ok, 2), "8 of 10");
     }
-    let two = request("api", &[&[("user", "a")]], 2);
+    let over = ask(&mut client, heavy.clone()).await;
+    assert_eq!(remaining(&over), (Code::OverLimit, 0), "12 of 10");
+    let answer = ask(&mut client, asking).await;
     assert_eq!(
-        overall_codes(&mut client, &two, 2).await,
-        oks_then_over(1, 1)
+        remaining(&answer),
+        (Code::OverLimit, 0),
+        "over: asking is refused"
+    );
+    let one = request("api", &[&[("user", "a")]], 1);
+    assert_eq!(
+        overall_codes(&mut client, &one, 1).await,
+        oks_then_over(0, 1)
     );
 }
 

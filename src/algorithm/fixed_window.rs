@@ -32,17 +32,19 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
-/// Charges `tokens` to the current window whatever it has left: its count may pass the limit by
-/// up to `max_debt` (forgiven with the window). Returns the tokens charged.
-pub fn charge(window: &Window, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
+/// Charges up to `cost` tokens that `admit` refused, the window counting at most `limit +
+/// max_debt`; the debt ends with the window, as any count. Returns the tokens charged.
+pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
     let index = now / window.length;
     let count = count_in(state, index);
     let ceiling = window.limit.saturating_add(max_debt);
-    let charged = tokens.min(ceiling.saturating_sub(count));
+    let after = count.saturating_add(cost).min(ceiling).max(count);
     if let [stored, stored_count] = state {
-        (*stored, *stored_count) = (index, count + charged);
+        if after > count {
+            (*stored, *stored_count) = (index, after);
+        }
     }
-    charged
+    after - count
 }
 
 /// Gives back `tokens` taken at `taken_at`, if that window is still the current one: an ended
@@ -110,6 +112,22 @@ mod tests {
             .filter(|_| admit(&per(5, SEC), &mut state, end_of_window + 2, 1).allowed)
             .count();
         assert_eq!(late + early, 10, "2 × limit within 2 ns");
+    }
+
+    #[test]
+    fn a_refused_cost_is_counted_up_to_the_debt_and_keeps_the_window_over() {
+        let mut state = [0; COLUMNS];
+        let t = 100 * SEC;
+        assert!(admit(&per(10, SEC), &mut state, t, 8).allowed);
+        assert!(!admit(&per(10, SEC), &mut state, t, 5).allowed);
+        assert_eq!(owe(&per(10, SEC), &mut state, t, 5, 10), 5);
+        assert_eq!(state, [100, 13]);
+        assert!(
+            !admit(&per(10, SEC), &mut state, t, 0).allowed,
+            "over: even 0"
+        );
+        assert_eq!(owe(&per(10, SEC), &mut state, t, 30, 10), 7, "at most 20");
+        assert!(admit(&per(10, SEC), &mut state, t + SEC, 10).allowed);
     }
 
     #[test]

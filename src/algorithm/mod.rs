@@ -15,9 +15,9 @@
 //! | leaky_bucket   | 1 word (GCRA TAT)          | none: requests are delayed to the rate  |
 //! | concurrency    | 3 words (epoch, 2 counts)  | none: at most `requests` in flight      |
 //!
-//! A token bucket and the window algorithms can also be charged past their limit (`charge`:
-//! what a response used beyond what its request reserved), up to a bound of debt, and refunded
-//! what a request reserved and did not use (`refund`).
+//! All but the leaky bucket can also be charged past their limit (`owe`: a refused hit that
+//! envoyproxy/ratelimit counts anyway, what a response used beyond what its request reserved),
+//! up to a bound of debt; and refunded what a request reserved and did not use (`refund`).
 
 pub mod concurrency;
 pub mod fixed_window;
@@ -269,6 +269,17 @@ impl Algorithm {
         }
     }
 
+    /// Words of state per key for a key that may owe `max_debt` tokens (`owe`): a sliding log
+    /// keeps one word per entry, so it needs one more per token owed.
+    pub fn columns_owing(&self, max_debt: u64) -> usize {
+        match self {
+            Algorithm::SlidingLog(_) => {
+                (self.columns()).saturating_add(usize::try_from(max_debt).unwrap_or(usize::MAX))
+            }
+            _ => self.columns(),
+        }
+    }
+
     /// How long a request may be held for its turn (leaky bucket only).
     pub fn max_delay(&self) -> Option<u64> {
         match self {
@@ -323,32 +334,14 @@ impl Algorithm {
         }
     }
 
-    /// Whether a request's usage can be charged after it (`charge`, `refund`): a token bucket
-    /// and the fixed and sliding windows. A log or a queue has no room for tokens past its
-    /// limit, and slots are not tokens.
+    /// Whether a request's usage can be charged after it (`owe`, `refund`): a token bucket and
+    /// the fixed and sliding windows. A queue has no room for tokens past its limit, a log keeps
+    /// one word per token, and slots are not tokens.
     pub fn meters(&self) -> bool {
         matches!(
             self,
             Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_)
         )
-    }
-
-    /// Charges `tokens` whatever is left, the key owing at most `max_debt` tokens past its limit
-    /// (the rest is forgiven). Returns the tokens charged; 0 for an algorithm that does not
-    /// `meter`.
-    pub fn charge(&self, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
-        match (self, state) {
-            (Algorithm::TokenBucket(rate), [tat]) => {
-                token_bucket::charge(rate, tat, now, tokens, max_debt)
-            }
-            (Algorithm::FixedWindow(window), state) => {
-                fixed_window::charge(window, state, now, tokens, max_debt)
-            }
-            (Algorithm::SlidingWindow(window), state) => {
-                sliding_window::charge(window, state, now, tokens, max_debt)
-            }
-            _ => 0,
-        }
     }
 
     /// Gives back `tokens` taken at `taken_at` and not used, as far as the state still counts
@@ -418,6 +411,29 @@ impl Algorithm {
             _ => now,
         };
         at.max(now)
+    }
+
+    /// Charges up to `cost` tokens of a request that `admit` refused, the key owing at most
+    /// `max_debt` tokens past its limit (what envoyproxy/ratelimit does with every hit: it counts
+    /// the refused ones too). The debt is paid back as the limit refills: a bucket at its rate,
+    /// a window when it ends or fades. A leaky bucket never owes: a queue slot it refuses is not
+    /// taken. Returns the tokens charged; a later check sees them as spent.
+    pub fn owe(&self, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
+        match (self, state) {
+            (Algorithm::TokenBucket(rate), [tat]) => {
+                token_bucket::owe(rate, tat, now, cost, max_debt)
+            }
+            (Algorithm::FixedWindow(window), state) => {
+                fixed_window::owe(window, state, now, cost, max_debt)
+            }
+            (Algorithm::SlidingWindow(window), state) => {
+                sliding_window::owe(window, state, now, cost, max_debt)
+            }
+            (Algorithm::SlidingLog(window), state) => {
+                sliding_log::owe(window, state, now, cost, max_debt)
+            }
+            _ => 0,
+        }
     }
 
     /// What the key whose state this is owes at `now`: what forgetting the state forgives.

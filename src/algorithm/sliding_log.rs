@@ -54,6 +54,23 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
+/// Charges up to `cost` tokens that `admit` refused as entries at `now`, at most `limit +
+/// max_debt` of them live (and no more than the state's free slots: a log that owes keeps
+/// `limit + max_debt` words). Each leaves the window as any entry does. Returns the tokens charged.
+pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
+    let length = window.length.get();
+    let live_now = state.iter().filter(|&&t| live(t, now, length)).count() as u64;
+    let room = (window.limit.saturating_add(max_debt)).saturating_sub(live_now);
+    let mut charged = 0;
+    for time in state.iter_mut() {
+        if charged < cost.min(room) && !live(*time, now, length) {
+            *time = now;
+            charged += 1;
+        }
+    }
+    charged
+}
+
 /// The entries still in the window.
 pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
     let length = window.length.get();
@@ -103,6 +120,21 @@ mod tests {
             7 * SEC,
             "the second-oldest leaves at 12 s"
         );
+    }
+
+    #[test]
+    fn a_refused_cost_is_logged_up_to_the_debt_and_leaves_with_the_window() {
+        let mut log = [0; 4];
+        assert!(admit(&per(2, SEC), &mut log, 5 * SEC, 2).allowed);
+        assert_eq!(owe(&per(2, SEC), &mut log, 5 * SEC, 1, 2), 1);
+        assert_eq!(
+            owe(&per(2, SEC), &mut log, 5 * SEC, 3, 2),
+            1,
+            "4 live at most"
+        );
+        let refused = admit(&per(2, SEC), &mut log, 5 * SEC, 1);
+        assert_eq!((refused.remaining, refused.retry_after), (0, SEC));
+        assert!(admit(&per(2, SEC), &mut log, 6 * SEC, 2).allowed);
     }
 
     #[test]

@@ -40,15 +40,21 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
     }
 }
 
-/// Charges `tokens` to the current window whatever the estimate has left: its count may pass
-/// the limit by up to `max_debt`, and fades as any count does. Returns the tokens charged.
-pub fn charge(window: &Window, state: &mut [u64], now: u64, tokens: u64, max_debt: u64) -> u64 {
+/// Charges up to `cost` tokens that `admit` refused to the current window's count, so that the
+/// estimate stays at most `limit + max_debt`; the debt fades with the window as any count does.
+/// Returns the tokens charged.
+pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
+    let length = window.length.get();
     let index = now / window.length;
     let (current, previous) = counts(state, index);
-    let ceiling = window.limit.saturating_add(max_debt);
-    let charged = tokens.min(ceiling.saturating_sub(current));
+    let used_w = weight(current, previous, length, now - index * length);
+    let ceiling_w = u128::from(window.limit.saturating_add(max_debt)) * u128::from(length);
+    let room = to_u64(ceiling_w.saturating_sub(used_w) / u128::from(length));
+    let charged = cost.min(room);
     if let [stored, stored_current, stored_previous] = state {
-        (*stored, *stored_current, *stored_previous) = (index, current + charged, previous);
+        if charged > 0 {
+            (*stored, *stored_current, *stored_previous) = (index, current + charged, previous);
+        }
     }
     charged
 }
@@ -187,6 +193,24 @@ mod tests {
             debt(&per(3, SEC), &state, now + d.reset_after - 1),
             Debt::default()
         );
+    }
+
+    #[test]
+    fn a_refused_cost_is_owed_up_to_the_debt_and_fades_with_the_window() {
+        let mut state = [0; COLUMNS];
+        let t = 10 * SEC;
+        assert!(admit(&per(4, SEC), &mut state, t, 3).allowed);
+        assert!(!admit(&per(4, SEC), &mut state, t, 3).allowed);
+        assert_eq!(owe(&per(4, SEC), &mut state, t, 3, 4), 3);
+        assert_eq!(state, [10, 6, 0]);
+        assert_eq!(
+            owe(&per(4, SEC), &mut state, t, 9, 4),
+            2,
+            "estimate at most 8"
+        );
+        // Next window, half-way: 8 × 0.5 = 4, the limit: nothing fits until it fades more.
+        assert!(!admit(&per(4, SEC), &mut state, 11 * SEC + SEC / 2, 1).allowed);
+        assert!(admit(&per(4, SEC), &mut state, 11 * SEC + 3 * SEC / 4, 1).allowed);
     }
 
     #[test]

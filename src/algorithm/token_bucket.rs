@@ -66,18 +66,19 @@ pub fn admit(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
     }
 }
 
-/// Charges `tokens` whatever the bucket holds: the bucket may owe up to `max_debt` tokens past
-/// empty, which it earns back at its rate; a charge beyond that is forgiven. Returns the tokens
+/// Charges up to `cost` tokens that `admit` refused, the bucket owing at most `max_debt` tokens
+/// past empty: the TAT moves by whole tokens and never past `now + (burst + max_debt) ×
+/// interval`, so the debt is refilled at the rate like any spent token. Returns the tokens
 /// charged.
-pub fn charge(rate: &Rate, tat: &mut u64, now: u64, tokens: u64, max_debt: u64) -> u64 {
+pub fn owe(rate: &Rate, tat: &mut u64, now: u64, cost: u64, max_debt: u64) -> u64 {
     let interval = rate.interval.get();
     let start = (*tat).max(now);
-    let floor = now
-        .saturating_add(rate.capacity)
-        .saturating_add(max_debt.saturating_mul(interval));
-    let room = floor.saturating_sub(start) / interval;
-    let charged = tokens.min(room);
-    *tat = start.saturating_add(charged * interval);
+    let ceiling =
+        (now.saturating_add(rate.capacity)).saturating_add(max_debt.saturating_mul(interval));
+    let charged = cost.min(ceiling.saturating_sub(start) / interval);
+    if charged > 0 {
+        *tat = start + charged * interval;
+    }
     charged
 }
 
@@ -154,6 +155,27 @@ mod tests {
         assert!(!denied.allowed);
         assert_eq!(denied.remaining, 2);
         assert_eq!(denied.retry_after, SEC);
+    }
+
+    #[test]
+    fn a_refused_cost_is_owed_up_to_the_debt_and_refilled_at_the_rate() {
+        let rate = per_second(1, 5);
+        let now = 100 * SEC;
+        let mut tat = 0;
+        assert!(admit(&rate, &mut tat, now, 3).allowed);
+        assert!(!admit(&rate, &mut tat, now, 4).allowed);
+        assert_eq!(owe(&rate, &mut tat, now, 4, 5), 4, "2 left, 2 owed");
+        assert_eq!(tat, now + 7 * SEC);
+        let after = check(&rate, tat, now, 4).0;
+        assert_eq!((after.remaining, after.retry_after), (0, 6 * SEC));
+        assert_eq!(owe(&rate, &mut tat, now, 9, 5), 3, "at most 5 owed");
+        assert_eq!(tat, now + 10 * SEC);
+        assert_eq!(owe(&rate, &mut tat, now, 1, 5), 0, "nothing more");
+        assert!(
+            check(&rate, tat, now + 6 * SEC, 1).0.allowed,
+            "refilled at 1/s"
+        );
+        assert!(!check(&rate, tat, now + 6 * SEC - 1, 1).0.allowed);
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn apply(
         }
         (algorithm, Held::Reserved { .. }, Op::Charge(tokens)) => {
             let max_debt = algorithm.capacity();
-            (Some(algorithm.charge(state, now, tokens, max_debt)), held)
+            (Some(algorithm.owe(state, now, tokens, max_debt)), held)
         }
         (algorithm, Held::Reserved { at, .. }, Op::Refund(tokens)) => {
             (Some(algorithm.refund(state, now, tokens, at)), held)

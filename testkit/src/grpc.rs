@@ -1,5 +1,7 @@
 //! A real gRPC server and client: grpcio's, in `python/grpc_peer.py`, run by the Python of the
-//! repo's `.venv` (`scripts/ensure-deps grpcio` installs it there; `make test` does).
+//! repo's `.venv` (`scripts/ensure-deps grpcio` installs it there; `make test` does); and a
+//! grpcio client of the gRPC health protocol, as `grpc_health_probe` asks it
+//! (`python/health_probe.py`).
 //!
 //! ```ignore
 //! let server = GrpcServer::start();
@@ -106,5 +108,33 @@ impl RlsPeer {
         lines
             .map(|l| serde_json::from_str(&l).expect("a JSON line"))
             .collect()
+    }
+}
+
+/// One `grpc.health.v1.Health/Check` of `service` at `target` (a 2 s deadline): the status
+/// (`SERVING`, `NOT_SERVING`, ...) or the call's failure code (`NOT_FOUND`, `UNAVAILABLE`, ...).
+pub fn health_check(target: SocketAddr, service: &str) -> String {
+    let args = ["check", &target.to_string(), service];
+    let lines = grpc_peer("health_probe.py").run(args, Duration::from_secs(10));
+    lines.first().cloned().unwrap_or_default()
+}
+
+/// A `grpc.health.v1.Health/Watch` of `service` open for at most `seconds`: the statuses as the
+/// stream sends them. Killed when dropped.
+pub struct HealthWatch {
+    peer: Peer,
+}
+
+impl HealthWatch {
+    pub fn start(target: SocketAddr, service: &str, seconds: u64) -> HealthWatch {
+        let args = ["watch", &target.to_string(), service, &seconds.to_string()];
+        let peer = grpc_peer("health_probe.py").start(args);
+        HealthWatch { peer }
+    }
+
+    /// The next status sent within `within`.
+    pub fn next(&self, within: Duration) -> Option<String> {
+        let line = self.peer.lines.recv_timeout(within).ok()?;
+        Some(line.trim().to_string())
     }
 }

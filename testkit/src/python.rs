@@ -85,6 +85,22 @@ impl Script {
         }
     }
 
+    /// Starts `script ARGS...` and returns at once: what it prints, as it prints it, in
+    /// `Peer::lines` (its port is 0). Killed when dropped.
+    pub(crate) fn start<S: AsRef<OsStr>>(&self, args: impl IntoIterator<Item = S>) -> Peer {
+        let mut child = self
+            .command()
+            .args(args)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.path.display()));
+        let lines = lines_of(child.stdout.take().expect("the client's stdout"));
+        Peer {
+            child,
+            port: 0,
+            lines,
+        }
+    }
+
     /// Runs `script ARGS...` to its end and returns the lines it printed; panics with its
     /// stderr when it fails, and kills it when it runs past `limit`.
     pub(crate) fn run<S: AsRef<OsStr>>(

@@ -3,9 +3,15 @@
 //! the protocol's response (overall code, a status per descriptor, optional headers), what the
 //! metrics count, and how long a leaky bucket holds the answer. The clock is injected.
 //!
+//! Every hit is charged, the refused ones too, as envoyproxy/ratelimit counts them: a limit's
+//! checks carry a `debt` of one limit's worth (`Rate::debt`), so once over, a key stays over (and
+//! `limit_remaining` is 0) until it has paid that back. A limit with `charge_refused: false`, a
+//! leaky bucket, and hits a sliding log can never hold are refused without being charged: their
+//! check only reads the counter.
+//!
 //! A call's work is bounded whatever it asks: at most `MAX_DESCRIPTORS` descriptors of
-//! `MAX_ENTRIES` entries, and hits beyond what a limit can ever admit (its capacity) are refused
-//! without being charged: their check only reads the counter.
+//! `MAX_ENTRIES` entries, and a check's cost at most what its limit can ever be charged
+//! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -63,8 +69,9 @@ struct Applied<'c> {
     limit: Cow<'c, Limit>,
     /// Its check's index in `Plan::checks`.
     check: usize,
-    /// The hits are more than the limit can ever admit: refused, whatever the counter says
-    /// (which the check only reads).
+    /// The hits are more than the limit can ever admit and are not charged (`charge_refused:
+    /// false`, a leaky bucket, a sliding log): refused, whatever the counter says (which the
+    /// check only reads).
     beyond_capacity: bool,
     /// The metrics label with the request's values where the configuration asks for them.
     label: String,
@@ -208,7 +215,7 @@ fn match_descriptor<'c>(
 
 /// envoyproxy/ratelimit's answer to a descriptor that carries its own limit (Envoy's
 /// `limit` override from dynamic metadata): a fixed window of that unit, never in shadow mode,
-/// counted under the descriptor's keys and values. Its numbers come from the request, so its
+/// every hit charged, counted under the descriptor's keys and values. Its numbers come from the request, so its
 /// metrics label is the descriptor's keys alone, and a window longer than `--max-key-ttl` is
 /// refused.
 fn override_limit<'c>(
@@ -218,7 +225,7 @@ fn override_limit<'c>(
     unit: i32,
     at: &str,
 ) -> Result<Matched<'c>, Invalid> {
-    // envoy.type.v3.RateLimitUnit: 1 second .. 4 day, 5 month, 6 year.
+    // envoy.type.v3.RateLimitUnit: 1 second .. 4 day, 5 month, 6 year, 7 week.
     let unit = match unit {
         1 => Unit::Second,
         2 => Unit::Minute,
@@ -226,6 +233,7 @@ fn override_limit<'c>(
         4 => Unit::Day,
         5 => Unit::Month,
         6 => Unit::Year,
+        7 => Unit::Week,
         other => {
             let reason = format!("{at}.unit: {other} is not a known unit");
             return Err(Invalid(reason));
@@ -252,6 +260,7 @@ fn override_limit<'c>(
         shadow_mode: false,
         quota_mode: false,
         detailed_metric: false,
+        charge_refused: true,
         label: keys.join("."),
         policy: "override".into(),
         identity: "override".into(),
@@ -309,14 +318,20 @@ fn planned<'c>(
         };
         let mut parts: Vec<&[u8]> = vec![keys.domain.as_bytes(), limit.identity.as_bytes()];
         parts.extend(matched.counted.iter().map(String::as_bytes));
-        let beyond_capacity = hits > rate.capacity();
-        let cost = if beyond_capacity { 0 } else { hits };
+        let debt = rate.debt(limit.charge_refused);
+        let beyond_capacity = hits > rate.capacity() && (debt == 0 || holds_each_hit(rate));
+        let (cost, debt) = if beyond_capacity {
+            (0, 0)
+        } else {
+            (hits.min(rate.algorithm.chargeable(debt)), debt)
+        };
         checks.push(Check {
             namespace: Namespace::Rls,
             key: hashed_key(keys.secret, &parts),
             algorithm: rate.algorithm,
             cost,
             take: cost,
+            debt,
         });
         limits.push(Applied {
             label: label(matched, limit),
@@ -329,6 +344,68 @@ fn planned<'c>(
         Planned::Free
     } else {
         Planned::Limited { hits, limits }
+    }
+}
+
+/// A sliding log keeps an entry per hit: hits it can never admit are not logged, so that a
+/// call's entries stay within `MAX_LOG_ENTRIES` however many hits it asks for.
+fn holds_each_hit(rate: &Rate) -> bool {
+    matches!(rate.algorithm, Algorithm::SlidingLog { .. })
+}
+
+impl Plan<'_> {
+    /// `--stop-cache-key-increment-when-overlimit`'s first round trip: every check at its cost,
+    /// taking and owing nothing, so the scripts only read, to learn which limits this call would
+    /// take over. A leaky bucket's admission does not depend on the cost: it is asked at 0.
+    pub fn peeks(&self) -> Vec<Check> {
+        (self.checks.iter())
+            .map(|check| Check {
+                cost: match check.algorithm {
+                    Algorithm::LeakyBucket { .. } => 0,
+                    _ => check.cost,
+                },
+                take: 0,
+                debt: 0,
+                ..check.clone()
+            })
+            .collect()
+    }
+
+    /// The second: if some limits would go over (their peek refused, or hits they can never
+    /// admit), only those are charged and the call's other limits only read, as
+    /// envoyproxy/ratelimit increments only the keys that reach their limit; otherwise every
+    /// check as planned.
+    pub fn stopping_increments(&self, peeks: &[Decision]) -> Vec<Check> {
+        let beyond = self.beyond_capacity();
+        let over: Vec<bool> = (0..self.checks.len())
+            .map(|i| beyond.contains(&i) || peeks.get(i).is_some_and(|peek| !peek.allowed))
+            .collect();
+        if !over.contains(&true) {
+            return self.checks.clone();
+        }
+        (self.checks.iter().zip(over))
+            .map(|(check, over)| match over {
+                true => check.clone(),
+                false => Check {
+                    cost: 0,
+                    take: 0,
+                    debt: 0,
+                    ..check.clone()
+                },
+            })
+            .collect()
+    }
+
+    /// The checks whose hits their limit can never admit.
+    fn beyond_capacity(&self) -> Vec<usize> {
+        (self.descriptors.iter())
+            .flat_map(|planned| match planned {
+                Planned::Limited { limits, .. } => limits.as_slice(),
+                _ => &[],
+            })
+            .filter(|applied| applied.beyond_capacity)
+            .map(|applied| applied.check)
+            .collect()
     }
 }
 
@@ -611,6 +688,10 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 5}
   - key: shaped
     rate_limit: {algorithm: leaky_bucket, unit: second, requests_per_unit: 10, max_delay: 500ms}
+  - key: strict
+    rate_limit: {unit: minute, requests_per_unit: 10, charge_refused: false}
+  - key: logged
+    rate_limit: {algorithm: sliding_log, unit: minute, requests_per_unit: 10}
 ";
 
     fn config() -> Config {
@@ -805,18 +886,63 @@ descriptors:
         assert_eq!(overall(&both), Code::OverLimit);
     }
 
+    fn costs(plan: &Plan) -> Vec<(u64, u64)> {
+        plan.checks.iter().map(|c| (c.cost, c.debt)).collect()
+    }
+
     #[test]
-    fn hits_addend_charges_that_many_and_more_than_a_limit_holds_only_reads() {
+    fn every_hit_is_charged_the_key_owing_up_to_one_limits_worth() {
         let config = config();
         let mut heavy = request(vec![descriptor(&[("user", "a")])]);
         heavy.hits_addend = 5;
-        assert_eq!(plan_public(&config, &heavy).unwrap().checks[0].cost, 5);
+        // 10 a minute and a bucket of 4: each may owe its capacity.
+        assert_eq!(
+            costs(&plan_public(&config, &heavy).unwrap()),
+            [(5, 10), (5, 4)]
+        );
         heavy.hits_addend = 11;
-        let costs = |plan: &Plan| plan.checks.iter().map(|c| c.cost).collect::<Vec<u64>>();
-        // 10 a minute and a bucket of 4: both are past their capacity, so nothing is charged.
+        assert_eq!(
+            costs(&plan_public(&config, &heavy).unwrap()),
+            [(11, 10), (8, 4)]
+        );
+        heavy.hits_addend = u32::MAX;
         let plan = plan_public(&config, &heavy).unwrap();
-        assert_eq!(costs(&plan), [0, 0]);
-        let answer = answer(&plan, &[allowed(10), allowed(4)], HeaderStyle::None, 0);
+        assert_eq!(
+            costs(&plan),
+            [(20, 10), (8, 4)],
+            "never more than can be charged"
+        );
+        let charged = Decision {
+            granted: 20,
+            ..denied()
+        };
+        let answer = answer(&plan, &[charged, allowed(4)], HeaderStyle::None, 0);
+        let status = &answer.response.statuses[0];
+        assert_eq!(
+            (overall(&answer), status.limit_remaining),
+            (Code::OverLimit, 0)
+        );
+        let mut asking = descriptor(&[("user", "a")]);
+        asking.hits_addend = Some(UInt64Value { value: 0 });
+        let plan = plan_public(&config, &request(vec![asking])).unwrap();
+        assert_eq!(costs(&plan), [(0, 10), (0, 4)], "only asks");
+        let mut refund = descriptor(&[("user", "a")]);
+        refund.hits_addend = Some(UInt64Value { value: 4 });
+        refund.is_negative_hits = true;
+        let refunding = plan_public(&config, &request(vec![refund])).unwrap();
+        assert_eq!(refunding.checks[0].cost, 0, "tokens are never given back");
+    }
+
+    #[test]
+    fn with_charge_refused_false_hits_beyond_a_limit_are_refused_and_only_read() {
+        let config = config();
+        let mut heavy = request(vec![descriptor(&[("strict", "a")])]);
+        heavy.hits_addend = 5;
+        assert_eq!(costs(&plan_public(&config, &heavy).unwrap()), [(5, 0)]);
+        heavy.hits_addend = 11;
+        let plan = plan_public(&config, &heavy).unwrap();
+        assert_eq!(costs(&plan), [(0, 0)]);
+        let answer = answer(&plan, &[allowed(10)], HeaderStyle::None, 0);
         assert_eq!(
             (overall(&answer), codes(&answer)),
             (Code::OverLimit, vec![Code::OverLimit])
@@ -833,24 +959,56 @@ descriptors:
             reset_us: 0,
             ..allowed(10)
         };
-        let at_best = super::answer(&plan, &[fresh, allowed(4)], HeaderStyle::None, 0);
+        let at_best = super::answer(&plan, &[fresh], HeaderStyle::None, 0);
         let until = at_best.response.statuses[0].duration_until_reset.unwrap();
         assert_eq!(
             (until.seconds, until.nanos),
             (60, 0),
             "a window when at its best"
         );
-        let mut asking = descriptor(&[("user", "a")]);
-        asking.hits_addend = Some(UInt64Value { value: 0 });
+    }
+
+    #[test]
+    fn a_sliding_log_logs_no_hits_beyond_what_it_holds() {
+        let config = config();
+        let mut heavy = request(vec![descriptor(&[("logged", "a")])]);
+        heavy.hits_addend = 10;
+        assert_eq!(costs(&plan_public(&config, &heavy).unwrap()), [(10, 10)]);
+        heavy.hits_addend = 11;
+        assert_eq!(costs(&plan_public(&config, &heavy).unwrap()), [(0, 0)]);
+    }
+
+    #[test]
+    fn stopping_increments_charges_only_the_limits_a_call_takes_over() {
+        let config = config();
+        let both = request(vec![
+            descriptor(&[("quota_a", "x")]),
+            descriptor(&[("strict", "x")]),
+        ]);
+        let plan = plan_public(&config, &both).unwrap();
+        let peeks = plan.peeks();
+        assert!(peeks
+            .iter()
+            .all(|c| c.take == 0 && c.debt == 0 && c.cost == 1));
         assert_eq!(
-            plan_public(&config, &request(vec![asking])).unwrap().checks[0].cost,
-            0
+            plan.stopping_increments(&[allowed(3), allowed(3)]),
+            plan.checks
         );
-        let mut refund = descriptor(&[("user", "a")]);
-        refund.hits_addend = Some(UInt64Value { value: 4 });
-        refund.is_negative_hits = true;
-        let refunding = plan_public(&config, &request(vec![refund])).unwrap();
-        assert_eq!(refunding.checks[0].cost, 0, "tokens are never given back");
+        let second_over = plan.stopping_increments(&[allowed(3), denied()]);
+        assert_eq!(costs_of(&second_over), [(0, 0), (1, 0)]);
+        let mut flood = both.clone();
+        flood.hits_addend = 11;
+        let plan = plan_public(&config, &flood).unwrap();
+        let beyond = plan.stopping_increments(&[allowed(0), allowed(10)]);
+        assert_eq!(
+            costs_of(&beyond),
+            [(0, 0), (0, 0)],
+            "strict can never hold 11"
+        );
+    }
+
+    fn costs_of(checks: &[Check]) -> Vec<(u64, u64)> {
+        checks.iter().map(|c| (c.cost, c.debt)).collect()
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! `key`, an optional `value` (absent: every value gets its own counters; `*` matches any run of
 //! characters) and an optional `rate_limit`. Every key envoyproxy/ratelimit accepts is accepted
 //! and means the same; sluice adds `algorithm`, `burst`, `per` and `max_delay` to `rate_limit`,
-//! and lets a descriptor repeat at one level: its limits and children then add up (a burst and a
+//! and `charge_refused` to `rate_limit`, and lets a descriptor repeat at one level: its limits and children then add up (a burst and a
 //! sustained limit on one descriptor) where envoyproxy/ratelimit refuses a "duplicate composite
 //! key". Errors name the file, the line and the field (`ConfigError`).
 
@@ -87,6 +87,9 @@ pub struct Limit {
     pub shadow_mode: bool,
     pub quota_mode: bool,
     pub detailed_metric: bool,
+    /// `charge_refused` (default true): a refused request's hits are counted too, the key owing
+    /// up to one limit's worth past it, as envoyproxy/ratelimit counts every hit (`debt`).
+    pub charge_refused: bool,
     /// The metrics label: the node's path, with `#2`, `#3`, ... for a node's later limits.
     pub label: String,
     /// A name fit for the draft `RateLimit` headers (`[A-Za-z0-9_.-]`, from the configuration,
@@ -122,6 +125,17 @@ impl Rate {
     /// The most a request can ever get: the bucket, the window's limit, the queue.
     pub fn capacity(&self) -> u64 {
         self.algorithm.capacity()
+    }
+
+    /// The most tokens a key may owe past this limit (`store::Check::debt`): one limit's worth
+    /// when refused hits are charged, so a key is at most one more window or bucket behind; a
+    /// leaky bucket never owes.
+    pub fn debt(&self, charge_refused: bool) -> u64 {
+        match self.algorithm {
+            Algorithm::LeakyBucket { .. } => 0,
+            _ if charge_refused => self.capacity(),
+            _ => 0,
+        }
     }
 }
 
@@ -390,8 +404,8 @@ fn add_descriptors(
         node.value_to_metric |= raw.value_to_metric;
         if let Some(parsed) = raw.rate_limit {
             if let Rule::Limited(rate) = &parsed.rule {
-                (bounds.check_lifetime(&rate.algorithm))
-                    .map_err(|reason| (at.clone(), format!("rate_limit: {reason}")))?;
+                check_lifetime(bounds, rate, parsed.charge_refused)
+                    .map_err(|reason| (at.clone(), reason))?;
             }
             let modes = Modes {
                 shadow_mode: raw.shadow_mode,
@@ -409,6 +423,20 @@ fn add_descriptors(
         add_descriptors(node, raw.descriptors.unwrap_or_default(), &path, bounds)?;
     }
     Ok(())
+}
+
+/// A limit's key must live within `--max-key-ttl`, its debt refilled too (a bucket that charges
+/// refused hits may owe a whole bucket more).
+fn check_lifetime(bounds: &Bounds, rate: &Rate, charge_refused: bool) -> Result<(), String> {
+    let debt = rate.debt(charge_refused);
+    (bounds.check_lifetime_owing(&rate.algorithm, debt)).map_err(|reason| {
+        let owing = if debt > 0 && bounds.check_lifetime(&rate.algorithm).is_ok() {
+            " (with the bucket it may owe: charge_refused: false owes none)"
+        } else {
+            ""
+        };
+        format!("rate_limit: {reason}{owing}")
+    })
 }
 
 /// A descriptor's flags that belong to its `rate_limit`.
@@ -434,6 +462,7 @@ fn build_limit(parsed: ParsedRateLimit, modes: Modes, node: &Node) -> Limit {
         shadow_mode: modes.shadow_mode,
         quota_mode: modes.quota_mode,
         detailed_metric: modes.detailed_metric,
+        charge_refused: parsed.charge_refused,
         label,
     }
 }
@@ -446,6 +475,7 @@ struct ParsedRateLimit {
     rule: Rule,
     name: Option<String>,
     replaces: Vec<String>,
+    charge_refused: bool,
 }
 
 impl TryFrom<RawRateLimit> for ParsedRateLimit {
@@ -458,11 +488,18 @@ impl TryFrom<RawRateLimit> for ParsedRateLimit {
         } else {
             Rule::Limited(rate(&raw)?)
         };
+        if raw.charge_refused.is_some() && raw.algorithm == Some(Kind::LeakyBucket) {
+            return Err(
+                "rate_limit.charge_refused: not with leaky_bucket, which never charges a refused request"
+                    .into(),
+            );
+        }
         let name = raw.name.filter(|n| !n.is_empty());
         Ok(ParsedRateLimit {
             rule,
             name,
             replaces,
+            charge_refused: raw.charge_refused.unwrap_or(true),
         })
     }
 }
@@ -492,6 +529,7 @@ fn unlimited(raw: &RawRateLimit) -> Result<Rule, String> {
         ("algorithm", raw.algorithm.is_some()),
         ("burst", raw.burst.is_some()),
         ("max_delay", raw.max_delay.is_some()),
+        ("charge_refused", raw.charge_refused.is_some()),
     ];
     match extensions.iter().find(|(_, given)| *given) {
         Some((field, _)) => Err(format!("rate_limit.{field}: not with unlimited")),
@@ -683,6 +721,7 @@ struct RawRateLimit {
     burst: Option<u64>,
     per: Option<String>,
     max_delay: Option<String>,
+    charge_refused: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -741,6 +780,31 @@ mod tests {
             panic!()
         };
         assert_eq!((rate.unit, rate.window_ms), (Unit::Day, 86_400_000));
+    }
+
+    #[test]
+    fn refused_hits_are_charged_unless_charge_refused_is_false_and_a_bucket_must_live_its_debt() {
+        let config = load(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: hour, requests_per_unit: 5, charge_refused: false}\n",
+        )
+        .unwrap();
+        let charges = |key| limits(&config, &[key])[0].charge_refused;
+        assert_eq!((charges("a"), charges("b")), (true, false));
+        // 40 days to fill, 80 with the bucket it may owe: past --max-key-ttl's 62 days.
+        let bucket = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {algorithm: token_bucket, requests_per_unit: 1, unit: day, burst: 40}\n";
+        assert_eq!(
+            refused(bucket),
+            "rls/test.yaml:3: rate_limit: its key would live 80d, more than --max-key-ttl 62d (with the bucket it may owe: charge_refused: false owes none)"
+        );
+        let owes_none = bucket.replace("burst: 40}", "burst: 40, charge_refused: false}");
+        assert!(load(&owes_none).is_ok());
+        for other in [
+            "{algorithm: leaky_bucket, requests_per_unit: 1, unit: second, max_delay: 1s, charge_refused: true}",
+            "{unlimited: true, charge_refused: false}",
+        ] {
+            let yaml = format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {other}\n");
+            assert!(refused(&yaml).contains("rate_limit.charge_refused: not with"), "{other}");
+        }
     }
 
     #[test]

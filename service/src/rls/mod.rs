@@ -5,13 +5,16 @@
 //! domain; `watch` keeps it current; `matching` finds the limits of a request's descriptor;
 //! `answer` plans the store checks and builds the response (pure, clock injected); `service` is
 //! the gRPC method over the same `Store` (Lua scripts, Redis `TIME`) as `/v1/check`; `metrics`
-//! counts per domain and descriptor. Connections come through the same `connections::Gate` as
-//! HTTP's, with HTTP/2's own bounds on top (`serve`).
+//! counts per domain and descriptor; `health` serves `grpc.health.v1.Health` on the same port
+//! (`route`). Connections come through the same `connections::Gate` as HTTP's, with HTTP/2's own
+//! bounds on top (`serve`).
 
 pub mod answer;
 pub mod config;
+pub mod health;
 pub mod matching;
 pub mod metrics;
+mod route;
 pub mod service;
 pub mod watch;
 
@@ -33,6 +36,7 @@ use tracing::warn;
 use crate::auth::Guard;
 use crate::check::Bounds;
 use crate::connections::{Gate, Server};
+use crate::health::Readiness;
 use crate::store::Store;
 use metrics::RlsMetrics;
 use service::RlsService;
@@ -98,6 +102,12 @@ pub struct RlsArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     pub rls_max_streams: u32,
+
+    /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: read every limit of a
+    /// call first, and when some would go over, charge only those (the others are not counted
+    /// for a refused call); two Redis round trips per call of several limits
+    #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
+    pub stop_cache_key_increment_when_overlimit: bool,
 }
 
 /// The key the operator's secret gives, never shown (not even through `{:?}`).
@@ -199,6 +209,7 @@ impl<S: Store> Rls<S> {
             metrics,
             guard: settings.guard,
             secret,
+            stop_increments: args.stop_cache_key_increment_when_overlimit,
         };
         Ok(Some(Rls {
             listener,
@@ -225,9 +236,11 @@ impl<S: Store> Rls<S> {
     /// accepting and gives calls in flight `drain` to finish. Whether they all did. Connections
     /// come through `gate`; a stream buffers at most `--max-request-bytes` (larger calls are
     /// refused as soon as their length is read) and a connection `--rls-max-streams` of them.
+    /// The health service answers from `readiness`.
     pub async fn serve<F>(
         self,
         gate: Arc<Gate>,
+        readiness: Arc<Readiness>,
         stopping: F,
         drain: Duration,
     ) -> Result<bool, String>
@@ -240,9 +253,12 @@ impl<S: Store> Rls<S> {
             let stream = gate.accept(&listener, Server::Rls).await;
             Some((Ok::<_, std::io::Error>(stream), (gate, listener)))
         });
-        // One service: served as it is, without a router in front of it.
-        let service = RateLimitServiceServer::new(self.service)
+        let rls = RateLimitServiceServer::new(self.service)
             .max_decoding_message_size(self.max_request_bytes);
+        let (health, following) = health::probes(readiness);
+        let following = tokio::spawn(following);
+        let health = health.max_decoding_message_size(self.max_request_bytes);
+        let service = route::Route { rls, health };
         let server = tonic::transport::Server::builder()
             .max_concurrent_streams(self.max_streams)
             .initial_stream_window_size(STREAM_WINDOW)
@@ -254,6 +270,7 @@ impl<S: Store> Rls<S> {
             () = async { stopping.await; tokio::time::sleep(drain).await } => Ok(false),
         };
         watching.abort();
+        following.abort();
         drained
     }
 }

@@ -1,5 +1,6 @@
 //! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over a `Store`: the token,
-//! plan, one store call for every limit of the request, answer. Requests envoyproxy/ratelimit
+//! plan, one store call for every limit of the request (two with
+//! `--stop-cache-key-increment-when-overlimit`), answer. Requests envoyproxy/ratelimit
 //! refuses get its errors; a call without a valid token (with `--token-file`) `UNAUTHENTICATED`;
 //! a store that fails or does not answer within its bound (1 s) `UNAVAILABLE`, so that Envoy's
 //! `failure_mode_deny` decides.
@@ -14,12 +15,12 @@ use sluice::key::HashSecret;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use super::answer::{answer, plan, Invalid};
+use super::answer::{answer, plan, Invalid, Plan};
 use super::metrics::{Failure, RlsMetrics};
 use super::watch::SharedConfig;
 use crate::auth::Guard;
 use crate::connections::Activity;
-use crate::store::Store;
+use crate::store::{Decision, Store, StoreError};
 
 /// Answers from `config` as it is at each call, with the rate-limit `headers` asked for, its
 /// keys hashed under `secret`.
@@ -30,6 +31,9 @@ pub struct RlsService<S> {
     pub(super) metrics: Arc<RlsMetrics>,
     pub(super) guard: Guard,
     pub(super) secret: HashSecret,
+    /// `--stop-cache-key-increment-when-overlimit`: a call that takes some limits over charges
+    /// only those.
+    pub(super) stop_increments: bool,
 }
 
 impl<S: Store> RlsService<S> {
@@ -57,7 +61,7 @@ impl<S: Store> RlsService<S> {
         let decisions = if plan.checks.is_empty() {
             Vec::new()
         } else {
-            self.store.check(&plan.checks).await.map_err(|failure| {
+            self.run(&plan).await.map_err(|failure| {
                 self.metrics.record_failure(Failure::Redis);
                 Status::unavailable(format!("redis: {failure}"))
             })?
@@ -68,6 +72,17 @@ impl<S: Store> RlsService<S> {
             tokio::time::sleep(answer.hold).await;
         }
         Ok(answer.response)
+    }
+
+    /// The plan's checks; with `stop_increments`, a read of every limit at the call's hits
+    /// first, then the checks that charge only the limits this call takes over (with a single
+    /// limit the read would change nothing, and is not made).
+    async fn run(&self, plan: &Plan<'_>) -> Result<Vec<Decision>, StoreError> {
+        if !self.stop_increments || plan.checks.len() < 2 {
+            return self.store.check(&plan.checks).await;
+        }
+        let peeks = self.store.check(&plan.peeks()).await?;
+        self.store.check(&plan.stopping_increments(&peeks)).await
     }
 }
 
