@@ -34,14 +34,17 @@
 //! event stream the few bytes of a field name. Strings are skipped with `memchr`, a jump to the
 //! next quote or backslash.
 //!
-//! `count_from_header` reads a count an upstream sends as a header.
+//! `Meter` turns counts into what a policy charges; `count_from_header` reads a count an upstream
+//! sends as a header.
 
 mod json;
+mod meter;
 mod sse;
 #[cfg(test)]
 mod tests;
 
 pub use json::MAX_DEPTH;
+pub use meter::Meter;
 
 use json::{Json, Why};
 use sse::EventStream;
