@@ -35,10 +35,12 @@
 //! next quote or backslash.
 //!
 //! `Meter` turns counts into what a policy charges; `count_from_header` reads a count an upstream
-//! sends as a header.
+//! sends as a header; `request` reads what an LLM request asks for, and asks a stream to report
+//! its usage.
 
 mod json;
 mod meter;
+pub mod request;
 mod sse;
 #[cfg(test)]
 mod tests;
