@@ -19,6 +19,7 @@ use sluice::request::Attributes;
 use sluice::store::MemoryStore;
 use sluice::table;
 use sluice::testing::{FakeHost, FakeRequest};
+use sluice::usage::{Format, Reading, Scanner};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,6 +85,8 @@ struct Measured {
     median_ns: f64,
     min_ns: f64,
     max_ns: f64,
+    /// The bytes one operation reads, for cases measured in throughput.
+    bytes: Option<usize>,
 }
 
 /// Times `op` (one operation per call), after 200 ms of warm-up, in `BATCHES` batches sized to
@@ -127,6 +130,7 @@ fn measure(name: &str, mut op: impl FnMut()) -> Measured {
         median_ns: samples.get(BATCHES / 2).copied().unwrap_or(f64::NAN),
         min_ns: samples.first().copied().unwrap_or(f64::NAN),
         max_ns: samples.last().copied().unwrap_or(f64::NAN),
+        bytes: None,
     };
     println!(
         "{:<52} {:>10.1} ns   (batches {:.1} .. {:.1})",
@@ -184,6 +188,129 @@ fn policies_json(policies: &[String]) -> String {
 
 fn policy(name: &str, key: &str, requests: u64, per: &str) -> String {
     format!(r#"{{"name": "{name}", "key": ["{key}"], "requests": {requests}, "per": "{per}"}}"#)
+}
+
+/// A 4 KiB OpenAI Chat Completions response, pretty-printed as OpenAI sends it: mostly the
+/// answer's text, escapes included.
+fn openai_response() -> Vec<u8> {
+    const SENTENCE: &str = "A token budget charges each call what it used: the \\\"usage\\\" \
+                            object at the end of the response says how much.\\n";
+    let head = r#"{
+  "id": "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
+  "object": "chat.completion",
+  "created": 1741570283,
+  "model": "gpt-4o-2024-08-06",
+  "choices": [
+    {
+      "index": 0,
+      "message": {
+        "role": "assistant",
+        "content": ""#;
+    let tail = r#"",
+        "refusal": null,
+        "annotations": []
+      },
+      "logprobs": null,
+      "finish_reason": "stop"
+    }
+  ],
+  "usage": {
+    "prompt_tokens": 1117,
+    "completion_tokens": 846,
+    "total_tokens": 1963,
+    "prompt_tokens_details": {
+      "cached_tokens": 0,
+      "audio_tokens": 0
+    },
+    "completion_tokens_details": {
+      "reasoning_tokens": 0,
+      "audio_tokens": 0,
+      "accepted_prediction_tokens": 0,
+      "rejected_prediction_tokens": 0
+    }
+  },
+  "service_tier": "default",
+  "system_fingerprint": "fp_fc9f1d7035"
+}
+"#;
+    let room = 4096 - head.len() - tail.len();
+    let content: String = SENTENCE.chars().cycle().take(room).collect();
+    // Never end the text on half an escape.
+    let content = content.trim_end_matches('\\');
+    let padding = " ".repeat(room - content.len());
+    format!("{head}{content}{padding}{tail}").into_bytes()
+}
+
+/// An OpenAI chat stream of 200 events, as with `stream_options.include_usage`: 198 chunks of a
+/// word or two, the chunk that finishes, the chunk with the usage, then `[DONE]`; an event per
+/// element, as Envoy hands them over from a streaming upstream.
+fn openai_event_stream() -> Vec<Vec<u8>> {
+    const WORDS: [&str; 8] = [
+        "A",
+        " token",
+        " budget",
+        " charges",
+        " each call",
+        " what",
+        " it used",
+        ".\\n",
+    ];
+    let chunk = |choices: &str, usage: &str| {
+        format!(
+            r#"data: {{"id":"chatcmpl-AqN3bH0uDq4kq7vRc9fgx0Yx2Ezal","object":"chat.completion.chunk","created":1737037735,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_72ed7ab54c","choices":[{choices}],"usage":{usage}}}"#
+        ) + "\n\n"
+    };
+    let delta = |content: &str, finish: &str| {
+        format!(
+            r#"{{"index":0,"delta":{{"content":"{content}"}},"logprobs":null,"finish_reason":{finish}}}"#
+        )
+    };
+    let mut stream: Vec<String> = WORDS
+        .iter()
+        .cycle()
+        .take(198)
+        .map(|word| chunk(&delta(word, "null"), "null"))
+        .collect();
+    stream.push(chunk(&delta("", r#""stop""#), "null"));
+    stream.push(chunk(
+        "",
+        r#"{"prompt_tokens":19,"completion_tokens":198,"total_tokens":217,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#,
+    ));
+    stream.push("data: [DONE]\n\n".into());
+    stream.into_iter().map(String::into_bytes).collect()
+}
+
+/// Reads a whole response body per call, fed in `chunks` as the filter feeds them. The body must
+/// read as usage found: checked once, before timing.
+fn bench_scan(name: &str, format: Format, chunks: &[Vec<u8>]) -> Measured {
+    let scan = |chunks: &[Vec<u8>]| {
+        let mut scanner = Scanner::new(format);
+        for chunk in chunks {
+            scanner.feed(chunk);
+        }
+        scanner.reading()
+    };
+    if !matches!(scan(chunks), Reading::Found(_)) {
+        eprintln!("{name}: no usage read: {:?}", scan(chunks));
+        std::process::exit(1);
+    }
+    let mut measured = measure(name, || {
+        black_box(scan(black_box(chunks)));
+    });
+    let bytes = chunks.iter().map(Vec::len).sum();
+    measured.bytes = Some(bytes);
+    println!(
+        "{:<52} {:>10.2} GiB/s ({bytes} bytes)",
+        "",
+        gib_per_second(&measured).unwrap_or(f64::NAN),
+    );
+    measured
+}
+
+/// The throughput of a case measured in bytes, at its median.
+fn gib_per_second(measured: &Measured) -> Option<f64> {
+    let bytes = measured.bytes? as f64;
+    Some(bytes / measured.median_ns * 1e9 / f64::from(1u32 << 30))
 }
 
 fn main() {
@@ -343,6 +470,19 @@ fn main() {
         ));
     }
 
+    if wanted("usage") {
+        results.push(bench_scan(
+            "usage::Scanner on a 4 KiB OpenAI JSON response",
+            Format::Json,
+            &[openai_response()],
+        ));
+        results.push(bench_scan(
+            "usage::Scanner on a 200-event SSE stream",
+            Format::EventStream,
+            &openai_event_stream(),
+        ));
+    }
+
     if wanted("filter") {
         results.push(bench_filter(
             "Filter: request + response headers, 1 policy (setup 4)",
@@ -387,8 +527,11 @@ fn main() {
         let cases: Vec<String> = results
             .iter()
             .map(|r| {
+                let throughput = gib_per_second(r)
+                    .map(|gib| format!(r#", "bytes": {}, "gib_per_s": {gib:.3}"#, r.bytes.unwrap_or(0)))
+                    .unwrap_or_default();
                 format!(
-                    r#"{{"name": "{}", "median_ns": {:.2}, "min_ns": {:.2}, "max_ns": {:.2}}}"#,
+                    r#"{{"name": "{}", "median_ns": {:.2}, "min_ns": {:.2}, "max_ns": {:.2}{throughput}}}"#,
                     r.name, r.median_ns, r.min_ns, r.max_ns
                 )
             })

@@ -5,9 +5,10 @@
 //! through `key`, the decision by
 //! an `algorithm` on a `table` slot in a `store`, or by the service over `protocol`; the clock is
 //! passed in) → `headers` and `reply` (what the client sees: rate-limit headers, the denial in
-//! the client's protocol), `access_log` and `metrics` (what the operator sees). `filter` drives
-//! that for one HTTP request through the `Host` seam; `wasm` is the only code that talks to
-//! proxy-wasm, and `testing` fakes what it provides.
+//! the client's protocol), `access_log` and `metrics` (what the operator sees). On the way back,
+//! `usage` reads what an LLM call used from the response as it streams through (and what its
+//! request asked for). `filter` drives that for one HTTP request through the `Host` seam; `wasm`
+//! is the only code that talks to proxy-wasm, and `testing` fakes what it provides.
 
 pub mod access_log;
 pub mod algorithm;
@@ -37,6 +38,7 @@ pub mod table;
 pub mod testing;
 pub mod text;
 pub mod time;
+pub mod usage;
 
 // The glue is left out of test builds so the core's tests run on wasm32 without a proxy.
 #[cfg(all(target_arch = "wasm32", not(test)))]

@@ -219,10 +219,10 @@ def accuracy(acc):
 def micro_benchmarks(micro):
     if not micro:
         return []
-    in_wasm = {c["name"]: c["median_ns"] for c in micro.get("wasm", [])}
+    in_wasm = {c["name"]: c for c in micro.get("wasm", [])}
     rows = [
-        [c["name"].replace("|", "\\|"), f"{c['median_ns']:.1f}", f"{c['min_ns']:.1f} – {c['max_ns']:.1f}",
-         figure(in_wasm.get(c["name"]), ".1f")]
+        [c["name"].replace("|", "\\|"), per_operation(c), f"{c['min_ns']:.1f} – {c['max_ns']:.1f}",
+         per_operation(in_wasm.get(c["name"]))]
         for c in micro["cases"]
     ]
     return [
@@ -242,6 +242,14 @@ def micro_benchmarks(micro):
         *(f"- {size['label']}: a {size['record_bytes']} B record; a {size['name_bytes']} B name "
           f"per page of {size['page_keys']} keys" for size in micro["shared_data"]),
     ]
+
+
+def per_operation(case):
+    """A case's median in ns, with its throughput when it reads bytes; "n/a" when missing."""
+    if case is None:
+        return figure(None, ".1f")
+    median = f"{case['median_ns']:.1f}"
+    return f"{median} ({case['gib_per_s']:.2f} GiB/s)" if "gib_per_s" in case else median
 
 
 def decision_target(cases):

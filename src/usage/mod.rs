@@ -1,0 +1,247 @@
+//! What an LLM call used, read from its response as it streams through: the token counts an
+//! upstream reports, so a policy can charge what the call cost. Pure: the filter hands each
+//! response body chunk to a `Scanner` as Envoy passes it on (the body is never buffered) and
+//! asks for the `Reading` at the end of the stream.
+//!
+//! **What is read.** A usage object's counts: input (`prompt_tokens`, `input_tokens`,
+//! `promptTokenCount`), output (`completion_tokens`, `output_tokens`, `candidatesTokenCount`) and
+//! total (`total_tokens`, `totalTokenCount`); when the total is absent it is input + output.
+//! Other members of the usage object (`prompt_tokens_details`, `cache_read_input_tokens`) are
+//! skipped.
+//!
+//! **From where.** A usage object is the value of `usage` or `usageMetadata` at a document's top
+//! level (OpenAI, Anthropic, Gemini, plain JSON) or one level down under `response` (the
+//! Responses API's stream events) or `message` (Anthropic's `message_start`). Deeper `usage` keys
+//! (tool arguments, nested data) are not usage; keys are compared as written, so a key spelt with
+//! escapes matches nothing, and text inside strings is never a key. A document is the JSON body,
+//! each object of a top-level JSON array (Gemini's `streamGenerateContent` without `alt=sse`), or
+//! in an event stream the data of each event.
+//!
+//! **What wins.** The last value seen for each count: OpenAI's stream carries `"usage": null` until
+//! its last chunk, Anthropic's `message_delta` carries the cumulative `output_tokens` after
+//! `message_start`'s first guess. A `null` count is no count.
+//!
+//! **What is invalid.** A count that is not a whole number from 0 to 10^12 (negative, fractional,
+//! with an exponent, larger, a string, a bool, an object); malformed JSON (anywhere in a JSON
+//! body, in any event's data but `[DONE]`); nesting deeper than `json::MAX_DEPTH`; a body that
+//! ends inside a JSON document. Bytes inside strings are not checked (invalid UTF-8 there is
+//! skipped); outside strings they must be JSON. Invalid is not the same as `Missing` (well-formed,
+//! no count found): the caller counts them apart. Once invalid, the scanner ignores what follows.
+//!
+//! **Why memory is bounded.** The scanner is a fixed-size `Copy` struct: no heap. It keeps where it
+//! stands, not what it read: a bit per level of nesting (64 at most), the first 32 bytes of the
+//! key being read (longer keys match none of the names above), the number being read, and in an
+//! event stream the few bytes of a field name. Strings are skipped with `memchr`, a jump to the
+//! next quote or backslash.
+//!
+//! `Meter` turns counts into what a policy charges; `count_from_header` reads a count an upstream
+//! sends as a header; `request` reads what an LLM request asks for, and asks a stream to report
+//! its usage.
+
+mod json;
+mod meter;
+pub mod request;
+mod sse;
+#[cfg(test)]
+mod tests;
+
+pub use json::MAX_DEPTH;
+pub use meter::Meter;
+
+use json::{Json, Why};
+use sse::EventStream;
+
+/// The largest count read: a million tokens a second for 11 days. Anything larger is a broken
+/// upstream, and sums of a few stay far inside u64.
+pub const MAX_TOKENS: u64 = 1_000_000_000_000;
+
+/// One of the counts an upstream reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Count {
+    Input,
+    Output,
+    Total,
+}
+
+impl Count {
+    /// The count a usage object's member names, in any of the APIs read.
+    fn of_usage_key(key: &[u8]) -> Option<Count> {
+        match key {
+            b"prompt_tokens" | b"input_tokens" | b"promptTokenCount" => Some(Count::Input),
+            b"completion_tokens" | b"output_tokens" | b"candidatesTokenCount" => {
+                Some(Count::Output)
+            }
+            b"total_tokens" | b"totalTokenCount" => Some(Count::Total),
+            _ => None,
+        }
+    }
+}
+
+/// The counts a response reported; `None` for those it did not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub input: Option<u64>,
+    pub output: Option<u64>,
+    pub total: Option<u64>,
+}
+
+impl Counts {
+    /// `count`: the total, when not reported, is input + output if both are.
+    pub fn get(&self, count: Count) -> Option<u64> {
+        match count {
+            Count::Input => self.input,
+            Count::Output => self.output,
+            Count::Total => self
+                .total
+                .or_else(|| Some(self.input?.saturating_add(self.output?))),
+        }
+    }
+
+    fn set(&mut self, count: Count, value: u64) {
+        match count {
+            Count::Input => self.input = Some(value),
+            Count::Output => self.output = Some(value),
+            Count::Total => self.total = Some(value),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == Counts::default()
+    }
+}
+
+/// What a response body says it used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// At least one count (the total derived when it can be).
+    Found(Counts),
+    /// A well-formed body without counts.
+    Missing,
+    /// Why the body could not be read: for logs and metrics.
+    Invalid(&'static str),
+}
+
+/// How a response body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON document.
+    Json,
+    /// Server-sent events (`text/event-stream`), each event's data a JSON document.
+    EventStream,
+}
+
+impl Format {
+    /// The format of a response with this `content-type`: JSON for `application/json` and
+    /// `application/*+json`, events for `text/event-stream`; `None` for anything else (an HTML
+    /// error page is not worth reading).
+    pub fn of_content_type(value: &[u8]) -> Option<Format> {
+        let media = value.split(|&b| b == b';').next().unwrap_or_default();
+        let media = media.trim_ascii();
+        let is = |name: &[u8]| media.eq_ignore_ascii_case(name);
+        let suffixed = media
+            .len()
+            .checked_sub(5)
+            .and_then(|at| media.split_at_checked(at));
+        let json_suffix = suffixed.is_some_and(|(kind, suffix)| {
+            suffix.eq_ignore_ascii_case(b"+json")
+                && kind
+                    .get(..12)
+                    .is_some_and(|t| t.eq_ignore_ascii_case(b"application/"))
+        });
+        if is(b"text/event-stream") {
+            Some(Format::EventStream)
+        } else if is(b"application/json") || json_suffix {
+            Some(Format::Json)
+        } else {
+            None
+        }
+    }
+}
+
+/// Reads the usage in a response body fed chunk by chunk, in any chunking.
+#[derive(Debug, Clone, Copy)]
+pub struct Scanner {
+    body: Body,
+    counts: Counts,
+    failure: Option<Why>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Body {
+    Json(Json),
+    EventStream(EventStream),
+}
+
+impl Scanner {
+    pub fn new(format: Format) -> Scanner {
+        let body = match format {
+            Format::Json => Body::Json(Json::new()),
+            Format::EventStream => Body::EventStream(EventStream::new()),
+        };
+        Scanner {
+            body,
+            counts: Counts::default(),
+            failure: None,
+        }
+    }
+
+    /// Reads the next bytes of the body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if self.failure.is_some() {
+            return;
+        }
+        let fed = match &mut self.body {
+            Body::Json(json) => json.feed(chunk, &mut self.counts),
+            Body::EventStream(events) => events.feed(chunk, &mut self.counts),
+        };
+        if let Err(why) = fed {
+            self.failure = Some(why);
+        }
+    }
+
+    /// What the body says, taking what was fed as the whole body.
+    pub fn reading(&self) -> Reading {
+        let mut at_end = *self;
+        match at_end.end() {
+            Err(why) => Reading::Invalid(why),
+            Ok(()) if at_end.counts.is_empty() => Reading::Missing,
+            Ok(()) => {
+                let counts = at_end.counts;
+                Reading::Found(Counts {
+                    total: counts.get(Count::Total),
+                    ..counts
+                })
+            }
+        }
+    }
+
+    fn end(&mut self) -> Result<(), Why> {
+        if let Some(why) = self.failure {
+            return Err(why);
+        }
+        match &mut self.body {
+            Body::Json(json) => json.end(),
+            Body::EventStream(events) => events.end(&mut self.counts),
+        }
+    }
+}
+
+/// A count an upstream sends in a header or trailer (`x-usage-total-tokens: 1234`): ASCII digits,
+/// with optional whitespace around them, at most `MAX_TOKENS`.
+pub fn count_from_header(value: &[u8]) -> Option<u64> {
+    whole_number(value.trim_ascii())
+}
+
+/// `digits` as a count: only ASCII digits, at least one, at most `MAX_TOKENS`.
+fn whole_number(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() {
+        return None;
+    }
+    digits
+        .iter()
+        .try_fold(0u64, |n, &b| {
+            let digit = u64::from(b.checked_sub(b'0').filter(|d| *d <= 9)?);
+            n.checked_mul(10)?.checked_add(digit)
+        })
+        .filter(|&n| n <= MAX_TOKENS)
+}
