@@ -3,11 +3,13 @@
 //! table.
 
 use super::input::{
-    RawBypass, RawConfig, RawDenial, RawFailureMode, RawGlobal, RawLease, RawMatch, RawMissingKey,
-    RawMode, RawPolicy, RawProtocol, RawScope, RawTiers, DEFAULT_CHECK_PATH,
+    RawBypass, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse, RawGlobal, RawLease,
+    RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol, RawReserveFromRequest,
+    RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Protocol, Rollout, Scope, Secret, Tier, Tiers,
+    Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
+    Scope, Secret, Tier, Tiers, UsageSource,
 };
 use super::{error, ConfigError, Env};
 use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Window};
@@ -177,7 +179,8 @@ impl Compiler {
                 "must be 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'",
             ));
         }
-        let shape = Shape::of(at, raw)?;
+        let metered = metered(at, raw)?;
+        let shape = Shape::of(at, raw, metered.as_ref())?;
         let tier = shape.tier(at, raw.requests, raw.per.as_deref(), raw.burst)?;
         let tiers = match &raw.tiers {
             Some(t) => Some(self.tiers(&format!("{at}.tiers"), t, &shape)?),
@@ -203,7 +206,8 @@ impl Compiler {
             shadow: raw.mode == RawMode::Shadow,
             rollout: rollout(at, raw)?,
             share_missing_key: raw.missing_key == RawMissingKey::Shared,
-            cost: raw.cost,
+            cost: shape.cost,
+            metered,
             take: 0,
             tier,
             tiers,
@@ -214,6 +218,14 @@ impl Compiler {
             words: 0..0,
         };
         let grants = service.is_some_and(|s| matches!(s.protocol, Protocol::Sluice { .. }));
+        if policy.metered.is_some() && policy.asks_rls(service) {
+            return Err(error(
+                format!("{at}.cost"),
+                "an RLS is charged a response's usage by Envoy's own ratelimit filter \
+                 (apply_on_stream_done, hits_addend from the usage this filter writes: README, \
+                 Token budgets): meter with a local policy",
+            ));
+        }
         if raw.algorithm == Kind::Concurrency && policy.asks_rls(service) {
             return Err(error(
                 format!("{at}.scope"),
@@ -367,14 +379,20 @@ impl Compiler {
 struct Shape {
     at: String,
     kind: Kind,
+    /// What a request takes at admission: the cost, or a metered policy's reservation.
     cost: u64,
+    /// Where an error in `cost` is reported...
+    cost_field: &'static str,
+    /// ...and what every limit must hold of it: a reservation of 0 still needs a token left
+    /// (`limiter`).
+    must_hold: u64,
     max_delay: Option<u64>,
     /// Concurrency only: how long a slot lives unless renewed.
     slot_lease: Option<u64>,
 }
 
 impl Shape {
-    fn of(at: &str, raw: &RawPolicy) -> Result<Shape, ConfigError> {
+    fn of(at: &str, raw: &RawPolicy, metered: Option<&Metered>) -> Result<Shape, ConfigError> {
         let max_delay = match (&raw.max_delay, raw.algorithm) {
             (Some(text), Kind::LeakyBucket) => {
                 Some(parse_nanos(text).map_err(|r| error(format!("{at}.max_delay"), r))?)
@@ -409,16 +427,26 @@ impl Shape {
         let slot_lease = slot_lease
             .map(|text| parse_nanos(text).map_err(|r| error(format!("{at}.lease"), r)))
             .transpose()?;
-        if raw.algorithm == Kind::Concurrency && raw.cost != 1 {
+        if raw.algorithm == Kind::Concurrency && raw.cost != RawCost::Tokens(1) {
             return Err(error(
                 format!("{at}.cost"),
                 "a request in flight takes one slot: a concurrency policy has no cost",
             ));
         }
+        let (cost, cost_field, must_hold) = match (metered, &raw.cost) {
+            (Some(metered), _) => {
+                let reserve = metered.reserve.at_least();
+                (reserve, "cost.reserve", reserve.max(1))
+            }
+            (None, RawCost::Tokens(cost)) => (*cost, "cost", *cost),
+            (None, RawCost::Metered(_)) => (1, "cost", 1),
+        };
         Ok(Shape {
             at: at.to_string(),
             kind: raw.algorithm,
-            cost: raw.cost,
+            cost,
+            cost_field,
+            must_hold,
             max_delay,
             slot_lease,
         })
@@ -444,17 +472,15 @@ impl Shape {
         if burst.is_some() && self.kind != Kind::TokenBucket {
             return Err(not_for(&format!("{at}.burst"), self.kind));
         }
-        let refused = |invalid: Invalid| {
-            let owner = match invalid.param {
-                Param::Cost | Param::MaxDelay => &self.at,
-                _ => at,
-            };
-            error(format!("{owner}.{}", invalid.param.field()), invalid.reason)
+        let refused = |invalid: Invalid| match invalid.param {
+            Param::Cost => error(format!("{}.{}", self.at, self.cost_field), invalid.reason),
+            Param::MaxDelay => error(format!("{}.max_delay", self.at), invalid.reason),
+            param => error(format!("{at}.{}", param.field()), invalid.reason),
         };
         let algorithm = self
             .algorithm(requests, per_nanos, burst)
             .map_err(refused)?;
-        algorithm.check_cost(self.cost).map_err(refused)?;
+        algorithm.check_cost(self.must_hold).map_err(refused)?;
         Ok(Tier {
             algorithm,
             requests,
@@ -627,8 +653,14 @@ fn secret(field: &str, name: &str, env: Env) -> Result<Secret, ConfigError> {
 fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64, ConfigError> {
     // A duration is a concurrency policy's lease, of its slots (`Shape::of`).
     let Some(RawLease::Tokens(take)) = raw.lease else {
-        return Ok(raw.cost);
+        return Ok(policy.cost);
     };
+    if policy.metered.is_some() {
+        return Err(error(
+            format!("{at}.lease"),
+            "a cost read from the response is settled per request: it cannot be lent ahead",
+        ));
+    }
     let kind = raw.algorithm;
     let lends_locally = policy.scope == Scope::Local && kind == Kind::TokenBucket;
     let global = matches!(policy.scope, Scope::Global(_));
@@ -644,16 +676,130 @@ fn take(at: &str, raw: &RawPolicy, policy: &Policy, grants: bool) -> Result<u64,
     }
     let capacities = policy.own_limits().map(|t| t.algorithm.capacity());
     let smallest_burst = capacities.min().unwrap_or(1);
-    if take < raw.cost || take > smallest_burst {
+    if take < policy.cost || take > smallest_burst {
         return Err(error(
             format!("{at}.lease"),
             format!(
                 "must be between cost ({}) and burst ({smallest_burst})",
-                raw.cost
+                policy.cost
             ),
         ));
     }
     Ok(take)
+}
+
+/// A cost read from the response (`"cost": {...}`), if the policy's is: where the usage is read,
+/// what a request reserves, how far a key may owe, what an unknown usage costs. Errors name the
+/// member of `cost` at fault.
+fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
+    let RawCost::Metered(value) = &raw.cost else {
+        return Ok(None);
+    };
+    let at = format!("{at}.cost");
+    if !value.is_object() {
+        return Err(error(
+            at,
+            "a number of tokens, or how to read them from the response ({\"from_response\": \
+             {\"usage\": \"total_tokens\"}})",
+        ));
+    }
+    let raw_metered: RawMetered = serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            at.clone()
+        } else {
+            format!("{at}.{path}")
+        };
+        error(field, e.inner().to_string())
+    })?;
+    if !matches!(
+        raw.algorithm,
+        Kind::TokenBucket | Kind::FixedWindow | Kind::SlidingWindow
+    ) {
+        return Err(error(
+            format!("{at}.from_response"),
+            format!(
+                "a cost read from the response needs token_bucket, fixed_window or \
+                 sliding_window, which can owe and refund tokens: not {}",
+                raw.algorithm.name()
+            ),
+        ));
+    }
+    let max_debt = raw_metered.max_debt;
+    if max_debt.is_some_and(|d| d > crate::algorithm::MAX_COUNT) {
+        let reason = format!("must be at most {}", crate::algorithm::MAX_COUNT);
+        return Err(error(format!("{at}.max_debt"), reason));
+    }
+    Ok(Some(Metered {
+        source: usage_source(&at, &raw_metered.from_response)?,
+        reserve: reserve(&at, raw_metered.reserve.as_ref())?,
+        max_debt,
+        on_unknown: on_unknown(&at, raw_metered.on_unknown.as_ref())?,
+        ask_stream_usage: raw_metered.ask_stream_usage,
+    }))
+}
+
+fn usage_source(at: &str, raw: &RawFromResponse) -> Result<UsageSource, ConfigError> {
+    let at = format!("{at}.from_response");
+    match (&raw.usage, &raw.header) {
+        (Some(usage), None) => crate::usage::Meter::parse(usage)
+            .map(UsageSource::Body)
+            .map_err(|r| error(format!("{at}.usage"), r)),
+        (None, Some(name)) if crate::key::is_header_name(name) => {
+            Ok(UsageSource::Header(name.to_ascii_lowercase()))
+        }
+        (None, Some(name)) => Err(error(
+            format!("{at}.header"),
+            format!("{name:?} is not a valid header name"),
+        )),
+        _ => Err(error(at, "give one of usage or header")),
+    }
+}
+
+fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigError> {
+    let at = format!("{at}.reserve");
+    let Some(value) = raw else {
+        return Ok(Reserve::Tokens(0));
+    };
+    if let Some(tokens) = value.as_u64() {
+        return Ok(Reserve::Tokens(tokens));
+    }
+    let from_request: RawReserveFromRequest =
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            let field = if path == "." {
+                at.clone()
+            } else {
+                format!("{at}.{path}")
+            };
+            let reason = format!(
+                "{} (a number of tokens, or {{\"request\": \"max_tokens\", \"default\": N}})",
+                e.inner()
+            );
+            error(field, reason)
+        })?;
+    if from_request.request != "max_tokens" {
+        return Err(error(
+            format!("{at}.request"),
+            "only \"max_tokens\" (the body's max_tokens, max_completion_tokens or max_output_tokens)",
+        ));
+    }
+    Ok(Reserve::MaxOutputTokens {
+        default: from_request.default,
+    })
+}
+
+fn on_unknown(at: &str, raw: Option<&serde_json::Value>) -> Result<OnUnknown, ConfigError> {
+    match raw {
+        None => Ok(OnUnknown::Reserve),
+        Some(value) if value.as_str() == Some("reserve") => Ok(OnUnknown::Reserve),
+        Some(value) => value.as_u64().map(OnUnknown::Tokens).ok_or_else(|| {
+            error(
+                format!("{at}.on_unknown"),
+                "\"reserve\" (the reservation stays charged) or a number of tokens",
+            )
+        }),
+    }
 }
 
 /// The `Retry-After` of a concurrency policy's refusals, if it sets one: nobody knows when a

@@ -104,8 +104,8 @@ pub(super) struct RawPolicy {
     /// Required, except by the concurrency algorithm, which has no window.
     pub(super) per: Option<String>,
     pub(super) burst: Option<u64>,
-    #[serde(default = "one")]
-    pub(super) cost: u64,
+    #[serde(default)]
+    pub(super) cost: RawCost,
     #[serde(default)]
     pub(super) mode: RawMode,
     pub(super) tiers: Option<RawTiers>,
@@ -123,6 +123,51 @@ pub(super) struct RawPolicy {
     pub(super) emergency: Option<RawRate>,
     pub(super) denial: Option<RawDenial>,
     pub(super) rollout: Option<RawRollout>,
+}
+
+/// A policy's `cost`: tokens a request takes, or an object saying how to read them from the
+/// response (`compile::metered` reads it, so that its errors name the member at fault).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawCost {
+    Tokens(u64),
+    Metered(serde_json::Value),
+}
+
+impl Default for RawCost {
+    fn default() -> RawCost {
+        RawCost::Tokens(1)
+    }
+}
+
+/// `"cost": {"from_response": ...}`: the cost read from the response, reserved before it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawMetered {
+    pub(super) from_response: RawFromResponse,
+    /// Tokens reserved at admission: a number, or `{"request": "max_tokens", "default": N}`.
+    pub(super) reserve: Option<serde_json::Value>,
+    pub(super) max_debt: Option<u64>,
+    /// `"reserve"`, or a number of tokens to charge when the usage never comes.
+    pub(super) on_unknown: Option<serde_json::Value>,
+    #[serde(default)]
+    pub(super) ask_stream_usage: bool,
+}
+
+/// Where the usage is read: a count (or weights) of the body's usage, or a header or trailer.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawFromResponse {
+    pub(super) usage: Option<serde_json::Value>,
+    pub(super) header: Option<String>,
+}
+
+/// `"reserve": {"request": "max_tokens", "default": N}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReserveFromRequest {
+    pub(super) request: String,
+    pub(super) default: u64,
 }
 
 /// A policy's `lease`: tokens taken at a time by a rate policy, or how long a concurrency
@@ -154,10 +199,6 @@ pub(super) enum RawScope {
 pub(super) enum RawFailureMode {
     Open,
     Closed,
-}
-
-fn one() -> u64 {
-    1
 }
 
 fn default_max_keys() -> u32 {

@@ -11,8 +11,8 @@ mod tests;
 pub use compile::{MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
-    Bypass, GlobalService, OnFailure, Plan, Policy, Protocol, Rollout, Scope, Secret, Tier, Tiers,
-    GLOBAL_COLUMNS,
+    Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
+    Scope, Secret, Tier, Tiers, UsageSource, GLOBAL_COLUMNS,
 };
 
 use std::fmt;

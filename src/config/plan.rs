@@ -53,7 +53,11 @@ pub struct Policy {
     /// Canary enforcement: enforcing for a share of the keys only.
     pub rollout: Option<Rollout>,
     pub share_missing_key: bool,
+    /// Tokens a request takes: the fixed cost, or a metered policy's reservation when the
+    /// request does not say more (`Metered::reserve`).
     pub cost: u64,
+    /// The cost read from the response, if the policy's is (`"cost": {"from_response": ...}`).
+    pub metered: Option<Metered>,
     /// Tokens taken at a time (the `lease` field, else the cost): per visit to a local bucket,
     /// the rest lent to this worker (see `ledger`); per call to the service, the rest granted
     /// to this Envoy (see `limiter::global`).
@@ -68,6 +72,64 @@ pub struct Policy {
     pub table: usize,
     /// Its words of the slot's state (`columns()` of them), placed once for every request.
     pub words: Range<usize>,
+}
+
+/// A policy's cost read from the response: a reservation at admission, settled against the usage
+/// when the response ends (`tab`, `response`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metered {
+    pub source: UsageSource,
+    pub reserve: Reserve,
+    /// Tokens a key may owe past its limit; `None`: the capacity of the limit it runs at.
+    pub max_debt: Option<u64>,
+    pub on_unknown: OnUnknown,
+    /// Rewrite a streaming request that does not ask for its usage so that it does.
+    pub ask_stream_usage: bool,
+}
+
+impl Metered {
+    /// The debt a key may run up under `tier`.
+    pub fn max_debt(&self, tier: &Tier) -> u64 {
+        self.max_debt.unwrap_or(tier.algorithm.capacity())
+    }
+}
+
+/// Where a response's usage is read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsageSource {
+    /// The usage object of the body (JSON or server-sent events), as `Meter` prices it.
+    Body(crate::usage::Meter),
+    /// A count in this response header or trailer (lower case).
+    Header(String),
+}
+
+/// What a request reserves at admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reserve {
+    Tokens(u64),
+    /// What the request body asks for at most (`max_tokens`...), priced by the meter and
+    /// capped by the limit's capacity; `default` when it does not say.
+    MaxOutputTokens {
+        default: u64,
+    },
+}
+
+impl Reserve {
+    /// The least a request of the policy reserves when its body does not say: what its limits
+    /// must hold.
+    pub fn at_least(&self) -> u64 {
+        match *self {
+            Reserve::Tokens(tokens) | Reserve::MaxOutputTokens { default: tokens } => tokens,
+        }
+    }
+}
+
+/// What a response whose usage never comes (aborted, failed, unreadable) is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// Its reservation stays charged.
+    Reserve,
+    Tokens(u64),
 }
 
 /// Words a global policy keeps per key before its emergency state: the tokens the service

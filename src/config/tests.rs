@@ -864,3 +864,159 @@ fn rejects_a_rollout_out_of_range_or_on_a_shadow_policy() {
         "unknown field",
     );
 }
+
+fn with_cost(cost: Value) -> Value {
+    with(json!({"requests": 1000, "per": "1m", "burst": null, "cost": cost}))
+}
+
+#[test]
+fn a_cost_read_from_the_response_reserves_nothing_and_owes_a_burst_by_default() {
+    let config = with_cost(json!({"from_response": {"usage": "total_tokens"}}));
+    let plan = parse(config.to_string().as_bytes()).unwrap();
+    let policy = &plan.policies[0];
+    let metered = policy.metered.as_ref().unwrap();
+    assert_eq!(metered.reserve, Reserve::Tokens(0));
+    assert_eq!(metered.on_unknown, OnUnknown::Reserve);
+    assert_eq!(metered.max_debt(&policy.tier), 1000, "one burst");
+    assert_eq!(policy.cost, 0);
+    assert!(!metered.ask_stream_usage);
+}
+
+#[test]
+fn a_metered_cost_takes_weights_a_header_and_a_reservation_from_the_request() {
+    let weights = json!({"from_response": {"usage": {"input_tokens": 1, "output_tokens": 4}},
+        "reserve": {"request": "max_tokens", "default": 500}, "max_debt": 2000,
+        "on_unknown": 300, "ask_stream_usage": true});
+    let plan = parse(with_cost(weights).to_string().as_bytes()).unwrap();
+    let metered = plan.policies[0].metered.clone().unwrap();
+    assert_eq!(
+        metered.source,
+        UsageSource::Body(crate::usage::Meter::Weighted {
+            input: 1,
+            output: 4
+        })
+    );
+    assert_eq!(metered.reserve, Reserve::MaxOutputTokens { default: 500 });
+    assert_eq!(plan.policies[0].cost, 500);
+    assert_eq!(
+        (metered.max_debt, metered.on_unknown),
+        (Some(2000), OnUnknown::Tokens(300))
+    );
+    let header = json!({"from_response": {"header": "X-Usage-Total-Tokens"}, "reserve": 100});
+    let plan = parse(with_cost(header).to_string().as_bytes()).unwrap();
+    let source = &plan.policies[0].metered.as_ref().unwrap().source;
+    assert_eq!(*source, UsageSource::Header("x-usage-total-tokens".into()));
+}
+
+#[test]
+fn a_metered_cost_names_what_is_wrong_in_it() {
+    let from = |from: Value| with_cost(json!({"from_response": from}));
+    assert_refused(
+        from(json!({"usage": "tokens"})),
+        "policies[0].cost.from_response.usage",
+        "unknown count",
+    );
+    assert_refused(
+        from(json!({"usage": "total_tokens", "header": "x-usage"})),
+        "policies[0].cost.from_response",
+        "one of usage or header",
+    );
+    assert_refused(
+        from(json!({"header": "x usage"})),
+        "policies[0].cost.from_response.header",
+        "not a valid header name",
+    );
+    assert_refused(
+        with_cost(json!({"from_response": {"usage": "total_tokens"}, "reserve": 5000})),
+        "policies[0].burst",
+        ">= cost (5000)",
+    );
+    assert_refused(
+        with_cost(
+            json!({"from_response": {"usage": "total_tokens"}, "reserve": {"request": "model", "default": 1}}),
+        ),
+        "policies[0].cost.reserve.request",
+        "max_tokens",
+    );
+    assert_refused(
+        with_cost(json!({"from_response": {"usage": "total_tokens"}, "on_unknown": "forgive"})),
+        "policies[0].cost.on_unknown",
+        "reserve",
+    );
+    assert_refused(
+        with_cost(json!({"from_response": {"usage": "total_tokens"}, "reserv": 1})),
+        "policies[0].cost.reserv",
+        "unknown field",
+    );
+    assert_refused(
+        with_cost(json!("many")),
+        "policies[0].cost",
+        "number of tokens",
+    );
+    let log = with(
+        json!({"algorithm": "sliding_log", "burst": null, "requests": 10, "per": "1m",
+        "cost": {"from_response": {"usage": "total_tokens"}}}),
+    );
+    assert_refused(log, "policies[0].cost.from_response", "sliding_log");
+    let lent = with(
+        json!({"requests": 1000, "per": "1m", "burst": null, "lease": 10,
+        "cost": {"from_response": {"usage": "total_tokens"}}}),
+    );
+    assert_refused(lent, "policies[0].lease", "lent ahead");
+}
+
+#[test]
+fn a_concurrency_policy_refuses_a_window_a_burst_and_a_cost() {
+    let streams = |fields: Value| {
+        let mut policy = json!({"name": "streams", "key": ["header:x-user-id"],
+            "algorithm": "concurrency", "requests": 4});
+        for (k, v) in fields.as_object().unwrap() {
+            policy[k] = v.clone();
+        }
+        json!({"policies": [policy]})
+    };
+    let plan = parse(streams(json!({})).to_string().as_bytes()).unwrap();
+    let Algorithm::Concurrency(slots) = plan.policies[0].tier.algorithm else {
+        panic!("concurrency");
+    };
+    assert_eq!(
+        (slots.limit, slots.lease()),
+        (4, 300 * crate::duration::NANOS_PER_SEC)
+    );
+    assert_refused(
+        streams(json!({"per": "1s"})),
+        "policies[0].per",
+        "concurrency",
+    );
+    assert_refused(
+        streams(json!({"burst": 2})),
+        "policies[0].burst",
+        "concurrency",
+    );
+    assert_refused(streams(json!({"cost": 2})), "policies[0].cost", "no cost");
+    assert_refused(
+        streams(json!({"lease": 3})),
+        "policies[0].lease",
+        "duration",
+    );
+    assert_refused(
+        streams(json!({"lease": "1s"})),
+        "policies[0].lease",
+        "between 4s",
+    );
+    assert_refused(
+        streams(json!({"retry_after": "soon"})),
+        "policies[0].retry_after",
+        "",
+    );
+    assert_refused(
+        with(json!({"retry_after": "1s"})),
+        "policies[0].retry_after",
+        "does not apply",
+    );
+    assert_refused(
+        with(json!({"lease": "5m"})),
+        "policies[0].lease",
+        "number of tokens",
+    );
+}
