@@ -379,7 +379,7 @@ fn holds_no_heap<T: Copy>() -> usize {
 #[test]
 fn the_scanner_is_a_small_fixed_size_value_whatever_it_reads() {
     assert!(
-        holds_no_heap::<Scanner>() <= 256,
+        holds_no_heap::<Scanner>() <= 192,
         "{} bytes",
         holds_no_heap::<Scanner>()
     );
