@@ -47,7 +47,7 @@ mod sse;
 mod tests;
 
 pub use json::MAX_DEPTH;
-pub use meter::Meter;
+pub use meter::{Meter, MAX_WEIGHT};
 
 use json::{Json, Why};
 use sse::EventStream;
