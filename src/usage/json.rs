@@ -262,11 +262,12 @@ fn bytes_equal(word: u64, byte: u8) -> u64 {
     zero_where_equal.wrapping_sub(ONES) & !zero_where_equal & (ONES << 7)
 }
 
-fn is_whitespace(byte: u8) -> bool {
+/// JSON's whitespace.
+pub(super) fn is_whitespace(byte: u8) -> bool {
     matches!(byte, b' ' | b'\n' | b'\r' | b'\t')
 }
 
-fn skip_whitespace(bytes: &[u8]) -> &[u8] {
+pub(super) fn skip_whitespace(bytes: &[u8]) -> &[u8] {
     let start = bytes.iter().position(|&b| !is_whitespace(b));
     bytes
         .get(start.unwrap_or(bytes.len())..)

@@ -1,7 +1,7 @@
 //! What an LLM call used, read from its response as it streams through: the token counts an
-//! upstream reports, so a policy can charge what the call cost. Pure: the filter hands each
-//! response body chunk to a `Scanner` as Envoy passes it on (the body is never buffered) and
-//! asks for the `Reading` at the end of the stream.
+//! upstream reports, so a policy can charge what the call cost. Pure: the filter picks the
+//! `Format` from the response's content type, hands each body chunk to a `Scanner` as Envoy
+//! passes it on (the body is never buffered) and asks for the `Reading` at the end of the stream.
 //!
 //! **What is read.** A usage object's counts: input (`prompt_tokens`, `input_tokens`,
 //! `promptTokenCount`), output (`completion_tokens`, `output_tokens`, `candidatesTokenCount`) and
@@ -23,16 +23,17 @@
 //!
 //! **What is invalid.** A count that is not a whole number from 0 to 10^12 (negative, fractional,
 //! with an exponent, larger, a string, a bool, an object); malformed JSON (anywhere in a JSON
-//! body, in any event's data but `[DONE]`); nesting deeper than `json::MAX_DEPTH`; a body that
-//! ends inside a JSON document. Bytes inside strings are not checked (invalid UTF-8 there is
-//! skipped); outside strings they must be JSON. Invalid is not the same as `Missing` (well-formed,
+//! body, in any event's data but `[DONE]`); nesting deeper than `MAX_DEPTH`; a body that ends
+//! inside a JSON document (the last event of a stream needs no blank line after it, but its data
+//! must be complete). Bytes inside strings are not checked (invalid UTF-8 there is skipped);
+//! outside strings they must be JSON. Invalid is not the same as `Missing` (well-formed,
 //! no count found): the caller counts them apart. Once invalid, the scanner ignores what follows.
 //!
 //! **Why memory is bounded.** The scanner is a fixed-size `Copy` struct: no heap. It keeps where it
 //! stands, not what it read: a bit per level of nesting (64 at most), the first 32 bytes of the
 //! key being read (longer keys match none of the names above), the number being read, and in an
-//! event stream the few bytes of a field name. Strings are skipped with `memchr`, a jump to the
-//! next quote or backslash.
+//! event stream how much of a line's field name matches `data`. Strings are skipped, not kept: a
+//! word at a time, then with `memchr`, to the next quote or backslash.
 //!
 //! `Meter` turns counts into what a policy charges; `count_from_header` reads a count an upstream
 //! sends as a header; `request` reads what an LLM request asks for, and asks a stream to report
@@ -46,7 +47,7 @@ mod sse;
 mod tests;
 
 pub use json::MAX_DEPTH;
-pub use meter::Meter;
+pub use meter::{Meter, MAX_WEIGHT};
 
 use json::{Json, Why};
 use sse::EventStream;
@@ -137,25 +138,28 @@ impl Format {
     pub fn of_content_type(value: &[u8]) -> Option<Format> {
         let media = value.split(|&b| b == b';').next().unwrap_or_default();
         let media = media.trim_ascii();
-        let is = |name: &[u8]| media.eq_ignore_ascii_case(name);
-        let suffixed = media
-            .len()
-            .checked_sub(5)
-            .and_then(|at| media.split_at_checked(at));
-        let json_suffix = suffixed.is_some_and(|(kind, suffix)| {
-            suffix.eq_ignore_ascii_case(b"+json")
-                && kind
-                    .get(..12)
-                    .is_some_and(|t| t.eq_ignore_ascii_case(b"application/"))
-        });
-        if is(b"text/event-stream") {
+        let suffixed_json = media.len() > b"application/+json".len()
+            && starts_with_ignoring_case(media, b"application/")
+            && ends_with_ignoring_case(media, b"+json");
+        if media.eq_ignore_ascii_case(b"text/event-stream") {
             Some(Format::EventStream)
-        } else if is(b"application/json") || json_suffix {
+        } else if media.eq_ignore_ascii_case(b"application/json") || suffixed_json {
             Some(Format::Json)
         } else {
             None
         }
     }
+}
+
+fn starts_with_ignoring_case(bytes: &[u8], prefix: &[u8]) -> bool {
+    let head = bytes.get(..prefix.len());
+    head.is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+}
+
+fn ends_with_ignoring_case(bytes: &[u8], suffix: &[u8]) -> bool {
+    let start = bytes.len().checked_sub(suffix.len());
+    let tail = start.and_then(|start| bytes.get(start..));
+    tail.is_some_and(|tail| tail.eq_ignore_ascii_case(suffix))
 }
 
 /// Reads the usage in a response body fed chunk by chunk, in any chunking.

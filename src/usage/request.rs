@@ -10,7 +10,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use super::json::{string_run, Run};
+use super::json::{is_whitespace, skip_whitespace, string_run, Run};
 use super::whole_number;
 
 /// The longest model name read (once decoded); a longer one is absent.
@@ -59,7 +59,7 @@ impl RequestFields {
 /// The model a JSON string names, decoded, if it is short enough.
 fn model(value: &[u8]) -> Option<String> {
     // Each byte of a name takes at most 6 written (`\u00e9`).
-    if !value.starts_with(b"\"") || value.len() > 2 + 6 * MAX_MODEL_BYTES {
+    if value.len() > 2 + 6 * MAX_MODEL_BYTES {
         return None;
     }
     let model: String = serde_json::from_slice(value).ok()?;
@@ -100,7 +100,7 @@ pub fn ask_stream_usage(body: &[u8]) -> Option<Vec<u8>> {
         last_end = member.value.end;
     }
     let after = body.get(members.closed()? + 1..)?;
-    if !stream || !after.trim_ascii().is_empty() {
+    if !stream || !after.iter().all(|&b| is_whitespace(b)) {
         return None;
     }
     match options {
@@ -235,13 +235,10 @@ impl<'a> Members<'a> {
         closed
     }
 
-    fn skip_whitespace(&mut self) {
-        let rest = self.body.get(self.at..).unwrap_or_default();
-        self.at += rest.len() - rest.trim_ascii_start().len();
-    }
-
+    /// The next byte after whitespace.
     fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
+        let rest = self.body.get(self.at..)?;
+        self.at += rest.len() - skip_whitespace(rest).len();
         self.body.get(self.at).copied()
     }
 
@@ -274,7 +271,7 @@ impl<'a> Members<'a> {
         let rest = self.body.get(start..)?;
         let length = rest
             .iter()
-            .position(|&b| b",}]:\"{[".contains(&b) || b.is_ascii_whitespace())?;
+            .position(|&b| b",}]:\"{[".contains(&b) || is_whitespace(b))?;
         self.at += length;
         (length > 0).then_some(start..self.at)
     }

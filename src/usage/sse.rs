@@ -9,7 +9,7 @@
 
 use memchr::memchr2;
 
-use super::json::{Ending, Json, Why};
+use super::json::{is_whitespace, Ending, Json, Why};
 use super::Counts;
 
 const DATA: &[u8] = b"data";
@@ -50,10 +50,6 @@ struct Data {
     /// How many bytes of `[DONE]` the data matched (whitespace aside); `None` once it did not.
     done: Option<u8>,
     json: Json,
-}
-
-fn is_whitespace(byte: u8) -> bool {
-    matches!(byte, b' ' | b'\n' | b'\r' | b'\t')
 }
 
 impl Data {

@@ -379,7 +379,7 @@ fn holds_no_heap<T: Copy>() -> usize {
 #[test]
 fn the_scanner_is_a_small_fixed_size_value_whatever_it_reads() {
     assert!(
-        holds_no_heap::<Scanner>() <= 256,
+        holds_no_heap::<Scanner>() <= 192,
         "{} bytes",
         holds_no_heap::<Scanner>()
     );
@@ -783,6 +783,7 @@ proptest! {
         let whole = read_cut(Format::Json, &body, &[]);
         prop_assert!(same_reading(whole, expected), "{:?} read as {:?}", document, whole);
         prop_assert_eq!(read_cut(Format::Json, &body, &positions(&cuts, body.len())), whole);
+        prop_assert_eq!(read_bytewise(Format::Json, &body), whole);
     }
 
     #[test]
@@ -798,6 +799,20 @@ proptest! {
         let whole = read_cut(Format::EventStream, body, &[]);
         prop_assert!(same_reading(whole, expected_reading(&documents)), "{:?} read as {:?}", stream, whole);
         prop_assert_eq!(read_cut(Format::EventStream, body, &positions(&cuts, body.len())), whole);
+        prop_assert_eq!(read_bytewise(Format::EventStream, body), whole);
+    }
+
+    #[test]
+    fn a_count_of_any_length_is_read_exactly_or_refused_as_too_large(
+        digits in prop_oneof!["0", "[1-9][0-9]{0,12}", "[1-9][0-9]{0,1000}"],
+        cuts in cut_points(),
+    ) {
+        let body = format!(r#"{{"usage": {{"prompt_tokens": {digits}}}}}"#);
+        let expected = match digits.parse::<u64>() {
+            Ok(n) if n <= MAX_TOKENS => found(Some(n), None, None),
+            _ => Reading::Invalid("a token count is above 10^12"),
+        };
+        prop_assert_eq!(read_cut(Format::Json, body.as_bytes(), &positions(&cuts, body.len())), expected);
     }
 
     #[test]
