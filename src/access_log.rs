@@ -9,8 +9,10 @@
 //! `name=value` pairs separated by spaces (logfmt), in this order; a value never holds a space
 //! or a quote. `outcome` is the `sluice_outcome` of the counters, `mode` the policy's (for a
 //! policy with a rollout, `canary` or `canary_shadow` as it enforces for the key or not), `key`
-//! the hash of its key as the logs and `bypass.key_hash` write it. Other requests get no record, and
-//! cost no hostcall for it. A later field is appended after these.
+//! the hash of its key as the logs and `bypass.key_hash` write it. A request that a policy with a
+//! cost read from the response let through gets one when it ends, with `tokens=<policy>:<reserved>
+//! :<charged>` for each such policy (`response`). Other requests get no record, and cost no
+//! hostcall for it. A later field is appended after these.
 
 use crate::config::{Plan, Policy};
 use crate::limiter::{Applied, Outcome, PolicyOutcome};
@@ -42,7 +44,16 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
                 .or_else(|| outcome.by_policy(plan).find(bypassed))?
         }
     };
-    let policy = plan.policies.get(policy)?;
+    line(plan.policies.get(policy)?, what, key)
+}
+
+/// The record of a request `policy` let through, for what it adds at the request's end (the
+/// tokens a metered policy charged: `response`).
+pub fn allowed_record(plan: &Plan, policy: usize, key: Option<u64>) -> Option<String> {
+    line(plan.policies.get(policy)?, PolicyOutcome::Allowed, key)
+}
+
+fn line(policy: &Policy, what: PolicyOutcome, key: Option<u64>) -> Option<String> {
     let mut text = String::with_capacity(policy.name.len() + 64);
     for (name, value) in [
         ("outcome=", what.as_str()),
@@ -52,7 +63,7 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
         text.push_str(name);
         text.push_str(value);
     }
-    // Always known for a record (the limiter names the keys of refusals), but never made up.
+    // Always known for a refusal (the limiter names the keys of refusals), but never made up.
     if let Some(key) = key {
         text.push_str(" key=");
         push_hex16(&mut text, key);

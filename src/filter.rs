@@ -42,6 +42,12 @@ pub trait Host: RequestSource + Store {
     /// Hands what a request owes a global policy after its admission to the worker's outbox
     /// (`outbox`), which sends it to the service later, off every request's path.
     fn report(&self, service: &GlobalService, settlement: Settlement);
+    /// A header of the response, as it passes through (`response`).
+    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// A trailer of the response.
+    fn response_trailer(&self, name: &str) -> Option<Vec<u8>>;
+    /// Sets filter state other filters and the access log read (`wasm.<name>`).
+    fn publish(&self, name: &str, value: &str);
 }
 
 /// What the filter reads from the proxy once, when it is configured.
@@ -73,6 +79,8 @@ pub struct Admitted {
     /// What the request owes its policies when it ends (`tab`), if anything: the glue keeps it
     /// and hands it to `response::Response`.
     pub tab: Option<Tab>,
+    /// What the admission put in the access log, which the request's end completes.
+    pub record: Option<String>,
 }
 
 /// The policy whose state the response headers report, as decided at `now`.
@@ -153,8 +161,40 @@ impl Filter {
 
     /// Decides a request from its headers; sends a denial itself.
     pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
+        self.decide(host, Attributes::new(host, &self.plan.attrs))
+    }
+
+    /// Whether a request with a body is decided once its body has come (`Plan::reads_body`):
+    /// the glue then holds its headers and hands over the body's start (`on_request_body`).
+    pub fn reads_body(&self) -> bool {
+        self.plan.reads_body
+    }
+
+    /// Decides a request from its headers and the start of its body (at most `BODY_BYTES`).
+    pub fn on_request_body(&self, host: &impl Host, body: &[u8]) -> Verdict {
+        self.decide(
+            host,
+            Attributes::new(host, &self.plan.attrs).with_body(body),
+        )
+    }
+
+    /// The body to send upstream instead of `body` (the whole of it), when a policy that admitted
+    /// the request asks a stream for its usage (`ask_stream_usage`) and the request does not.
+    pub fn stream_usage_body(&self, tab: Option<&Tab>, body: &[u8]) -> Option<Vec<u8>> {
+        let asks = |entry: &Entry| {
+            let policy = self.plan.policies.get(entry.policy);
+            policy
+                .and_then(|p| p.metered.as_ref())
+                .is_some_and(|m| m.ask_stream_usage)
+        };
+        if !tab?.entries.iter().any(asks) {
+            return None;
+        }
+        crate::usage::request::ask_stream_usage(body)
+    }
+
+    fn decide<H: Host>(&self, host: &H, mut request: Attributes<'_, H>) -> Verdict {
         let now = self.now(host);
-        let mut request = Attributes::new(host, &self.plan.attrs);
         let service_up = self.breaker.allows(now);
         let step = self.limiter(host, |l| l.evaluate(&mut request, now, service_up));
         self.proceed(host, step, now)
@@ -288,8 +328,9 @@ impl Filter {
         self.log_bypass(outcome, now);
         self.log_route_metadata(outcome, now);
         let denial = outcome.refused_by();
-        if let Some(record) = access_log::record(&self.plan, outcome, denial.as_ref()) {
-            host.record(&record);
+        let record = access_log::record(&self.plan, outcome, denial.as_ref());
+        if let Some(record) = &record {
+            host.record(record);
         }
         match denial {
             Some(denial) => {
@@ -303,6 +344,7 @@ impl Filter {
                 let admitted = Admitted {
                     reported,
                     tab: outcome.tab.clone(),
+                    record,
                 };
                 match self.delay(outcome) {
                     0 => Verdict::Continue(admitted),

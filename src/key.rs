@@ -126,9 +126,11 @@ fn parse_source(text: &str, intern: &mut impl FnMut(Attr) -> usize) -> Result<So
                 Attr::Header(name.to_ascii_lowercase())
             } else if let Some(reference) = text.strip_prefix("metadata:") {
                 parse_metadata(reference)?
+            } else if let Some(name) = text.strip_prefix("body:") {
+                body_field(name)?
             } else {
                 return Err(format!(
-                    "unknown key part {text:?} (use header:NAME, metadata:NAMESPACE:KEY, ip, path, method, authority, route or global)"
+                    "unknown key part {text:?} (use header:NAME, metadata:NAMESPACE:KEY, body:FIELD, ip, path, method, authority, route or global)"
                 ));
             }
         }
@@ -153,6 +155,19 @@ fn parse_metadata(reference: &str) -> Result<Attr, String> {
         namespace: namespace.to_string(),
         path,
     })
+}
+
+/// `body:FIELD`: a top-level string field of the JSON request body, named as written.
+fn body_field(name: &str) -> Result<Attr, String> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(plain) {
+        return Err(format!(
+            "body:{name:?}: a top-level field of the JSON request body, 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'"
+        ));
+    }
+    Ok(Attr::Body(crate::request::BodyField::String(
+        name.to_string(),
+    )))
 }
 
 /// An HTTP token (RFC 9110), which is what a header name is.

@@ -89,6 +89,49 @@ pub fn slots_released_counter(policy: &str, reason: SlotEnd) -> String {
     )
 }
 
+/// Why a metered policy could not read what a response used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UsageUnknown {
+    /// The response ended without it.
+    Missing,
+    /// What it said was not a count (malformed, negative, huge).
+    Invalid,
+    /// The stream was reset before it came.
+    Reset,
+}
+
+impl UsageUnknown {
+    pub const ALL: [UsageUnknown; 3] = [
+        UsageUnknown::Missing,
+        UsageUnknown::Invalid,
+        UsageUnknown::Reset,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UsageUnknown::Missing => "missing",
+            UsageUnknown::Invalid => "invalid",
+            UsageUnknown::Reset => "reset",
+        }
+    }
+}
+
+/// The name of the counter of tokens `policy`'s responses were charged in the end, with `base`:
+/// `tokens_charged_total` (what they used, or what `on_unknown` charges), `tokens_refunded_total`
+/// (reserved and not used), `tokens_owed_total` (charged past the limit: the debt run up).
+pub fn tokens_counter(policy: &str, base: &str) -> String {
+    labelled_name(&[(POLICY_LABEL, policy)], base)
+}
+
+/// The name of the counter of `policy`'s responses whose usage never came, by why
+/// (`sluice_usage_unknown_total{sluice_policy, sluice_reason}`).
+pub fn usage_unknown_counter(policy: &str, why: UsageUnknown) -> String {
+    labelled_name(
+        &[(POLICY_LABEL, policy), (REASON_LABEL, why.as_str())],
+        "usage_unknown_total",
+    )
+}
+
 /// Counter and gauge registration and updates (proxy-wasm metrics, shown in Envoy's stats).
 pub trait Metrics {
     fn define_counter(&self, name: &str) -> Option<u32>;
@@ -160,6 +203,18 @@ struct PolicyCounters {
     degraded: Counter,
     /// A concurrency policy's slots.
     slots: Option<SlotCounters>,
+    /// A metered policy's tokens.
+    tokens: Option<TokenCounters>,
+}
+
+/// A metered policy's tokens, and its responses whose usage never came.
+#[derive(Debug, Default)]
+struct TokenCounters {
+    charged: Counter,
+    refunded: Counter,
+    owed: Counter,
+    /// By `UsageUnknown`, in the order of `UsageUnknown::ALL`.
+    unknown: [Counter; UsageUnknown::ALL.len()],
 }
 
 /// A concurrency policy's slots: in use here, and how they ended, by `SlotEnd`.
@@ -198,6 +253,12 @@ impl Counters {
                 slots: p.holds_slots().then(|| SlotCounters {
                     in_use: Gauge::define(metrics, &slots_in_use_gauge(&p.name)),
                     ended: SlotEnd::ALL.map(|e| counter(slots_released_counter(&p.name, e))),
+                }),
+                tokens: p.metered.is_some().then(|| TokenCounters {
+                    charged: counter(tokens_counter(&p.name, "tokens_charged_total")),
+                    refunded: counter(tokens_counter(&p.name, "tokens_refunded_total")),
+                    owed: counter(tokens_counter(&p.name, "tokens_owed_total")),
+                    unknown: UsageUnknown::ALL.map(|w| counter(usage_unknown_counter(&p.name, w))),
                 }),
             })
             .collect();
@@ -259,6 +320,37 @@ impl Counters {
         self.settlements_dropped.add(dropped);
     }
 
+    fn tokens(&self, policy: usize) -> Option<&TokenCounters> {
+        self.policies.get(policy)?.tokens.as_ref()
+    }
+
+    /// Counts a metered policy's response settled: `charged` in all, `refunded` of its
+    /// reservation.
+    pub fn tokens_settled(&self, policy: usize, charged: u64, refunded: u64) {
+        if let Some(tokens) = self.tokens(policy) {
+            tokens.charged.add(charged);
+            tokens.refunded.add(refunded);
+        }
+    }
+
+    /// Counts tokens a charge put past the limit: the debt a key ran up.
+    pub fn tokens_owed(&self, policy: usize, owed: u64) {
+        if let Some(tokens) = self.tokens(policy) {
+            tokens.owed.add(owed);
+        }
+    }
+
+    /// Counts a response whose usage never came, for `why` (what `on_unknown` charged it is
+    /// counted with the rest by `tokens_settled`).
+    pub fn usage_unknown(&self, policy: usize, why: UsageUnknown) {
+        let counter = self
+            .tokens(policy)
+            .and_then(|t| t.unknown.get(why as usize));
+        if let Some(counter) = counter {
+            counter.add(1);
+        }
+    }
+
     fn slots(&self, policy: usize) -> Option<&SlotCounters> {
         self.policies.get(policy)?.slots.as_ref()
     }
@@ -297,6 +389,13 @@ impl Counters {
         for slots in self.policies.iter().filter_map(|p| p.slots.as_ref()) {
             slots.in_use.flush(metrics);
             slots.ended.iter().for_each(|c| c.flush(metrics));
+        }
+        for tokens in self.policies.iter().filter_map(|p| p.tokens.as_ref()) {
+            let counters = [&tokens.charged, &tokens.refunded, &tokens.owed];
+            counters
+                .into_iter()
+                .chain(&tokens.unknown)
+                .for_each(|c| c.flush(metrics));
         }
         self.policies
             .iter()

@@ -23,7 +23,24 @@ pub enum Attr {
         namespace: String,
         path: Vec<String>,
     },
+    /// What the JSON request body says, read from its first `BODY_BYTES` (`usage::request`):
+    /// only requests whose decision waits for their body have one.
+    Body(BodyField),
 }
+
+/// A field of the JSON request body.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum BodyField {
+    /// A top-level string field (`body:model`).
+    String(String),
+    /// The most output it asks for (`max_tokens`, `max_completion_tokens`, `max_output_tokens`),
+    /// as a decimal number.
+    MaxOutputTokens,
+}
+
+/// The most of a request body the filter reads: what it reserves for and keys on must be
+/// written within it.
+pub const BODY_BYTES: usize = 256 * 1024;
 
 /// The host's view of one request: raw bytes, as Envoy holds them.
 pub trait RequestSource {
@@ -35,6 +52,8 @@ pub trait RequestSource {
 pub struct Attributes<'a, S: ?Sized> {
     source: &'a S,
     attrs: &'a [Attr],
+    /// The start of the request body, when the decision waited for it.
+    body: Option<&'a [u8]>,
     /// Grown to an attribute's index when it is first read: a request that reads none (or
     /// only the first) sets up nothing for the rest.
     cache: SmallVec<[Option<Option<Vec<u8>>>; 4]>,
@@ -45,8 +64,15 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         Attributes {
             source,
             attrs,
+            body: None,
             cache: SmallVec::new(),
         }
+    }
+
+    /// With the start of the request body (at most `BODY_BYTES`), for its `Attr::Body` fields.
+    pub fn with_body(mut self, body: &'a [u8]) -> Self {
+        self.body = Some(body);
+        self
     }
 
     /// The attribute's value; absent and empty values are both `None`.
@@ -57,7 +83,7 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         }
         self.cache
             .get_mut(index)?
-            .get_or_insert_with(|| fetch(self.source, attr).filter(|v| !v.is_empty()))
+            .get_or_insert_with(|| fetch(self.source, self.body, attr).filter(|v| !v.is_empty()))
             .as_deref()
     }
 
@@ -78,8 +104,13 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
     }
 }
 
-fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> {
+fn fetch<S: RequestSource + ?Sized>(
+    source: &S,
+    body: Option<&[u8]>,
+    attr: &Attr,
+) -> Option<Vec<u8>> {
     match attr {
+        Attr::Body(field) => body_field(body?, field),
         Attr::Header(name) => source.header(name),
         Attr::Ip => source.property(&["source", "address"]).map(strip_port),
         Attr::Path => source.header(":path").map(strip_query),
@@ -93,6 +124,18 @@ fn fetch<S: RequestSource + ?Sized>(source: &S, attr: &Attr) -> Option<Vec<u8>> 
             let mut full = vec!["metadata", "filter_metadata", namespace.as_str()];
             full.extend(path.iter().map(String::as_str));
             source.property(&full)
+        }
+    }
+}
+
+fn body_field(body: &[u8], field: &BodyField) -> Option<Vec<u8>> {
+    match field {
+        BodyField::String(name) => {
+            crate::usage::request::string_field(body, name).map(String::into_bytes)
+        }
+        BodyField::MaxOutputTokens => {
+            let tokens = crate::usage::request::RequestFields::read(body).max_output_tokens?;
+            Some(tokens.to_string().into_bytes())
         }
     }
 }

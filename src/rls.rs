@@ -32,7 +32,8 @@ pub fn entry_key(attr: &Attr) -> Option<String> {
         Attr::Authority => "authority".into(),
         Attr::Route => "route".into(),
         Attr::Metadata { path, .. } => path.join("."),
-        Attr::RouteMetadata => return None,
+        Attr::Body(crate::request::BodyField::String(name)) => name.clone(),
+        Attr::RouteMetadata | Attr::Body(_) => return None,
     })
 }
 

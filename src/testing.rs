@@ -79,6 +79,11 @@ pub struct FakeHost {
     pub call: RefCell<Option<Vec<u8>>>,
     /// What was handed to the worker's outbox for the service, in order.
     pub reports: RefCell<Vec<Settlement>>,
+    /// The response's headers and trailers, as a test sets them.
+    pub response: RefCell<FakeRequest>,
+    pub trailers: RefCell<FakeRequest>,
+    /// The filter state published, by name.
+    pub published: RefCell<HashMap<String, String>>,
     pub calls: Cell<usize>,
     pub service_reachable: Cell<bool>,
     /// Shared-data reads and writes.
@@ -101,6 +106,9 @@ impl FakeHost {
             counters: RefCell::default(),
             call: RefCell::default(),
             reports: RefCell::default(),
+            response: RefCell::default(),
+            trailers: RefCell::default(),
+            published: RefCell::default(),
             calls: Cell::new(0),
             service_reachable: Cell::new(true),
             store_calls: Cell::new(0),
@@ -174,6 +182,20 @@ impl Host for FakeHost {
 
     fn report(&self, _service: &GlobalService, settlement: Settlement) {
         self.reports.borrow_mut().push(settlement);
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.response.borrow().header(name)
+    }
+
+    fn response_trailer(&self, name: &str) -> Option<Vec<u8>> {
+        self.trailers.borrow().header(name)
+    }
+
+    fn publish(&self, name: &str, value: &str) {
+        self.published
+            .borrow_mut()
+            .insert(name.to_string(), value.to_string());
     }
 }
 

@@ -10,7 +10,7 @@ use crate::metrics::{count_config_error, Metrics};
 use crate::outbox::{Batch, Outbox};
 use crate::protocol::{self, Settlement};
 use crate::reply::{self, GrpcStatus, LocalReply};
-use crate::request::RequestSource;
+use crate::request::{RequestSource, BODY_BYTES};
 use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
@@ -126,12 +126,27 @@ impl Host for Envoy {
     }
 
     fn record(&self, record: &str) {
-        let path = access_log::PROPERTY;
-        // SAFETY: as above.
+        self.publish(access_log::PROPERTY, record);
+    }
+
+    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn response_trailer(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
+            .ok()
+            .flatten()
+    }
+
+    fn publish(&self, name: &str, value: &str) {
+        // SAFETY: both pointers are to live buffers of the sizes passed; the host copies them.
         let status =
-            unsafe { proxy_set_property(path.as_ptr(), path.len(), record.as_ptr(), record.len()) };
+            unsafe { proxy_set_property(name.as_ptr(), name.len(), value.as_ptr(), value.len()) };
         if status != 0 {
-            log::debug!("could not set the access-log record: status {status}");
+            log::debug!("could not set filter state {name}: status {status}");
         }
     }
 
@@ -321,6 +336,7 @@ impl RootContext for Root {
             reported: None,
             pending: None,
             completed: false,
+            awaiting_body: false,
         }))
     }
 
@@ -368,6 +384,8 @@ struct Exchange {
     pending: Option<Pending>,
     /// The response reached its end of stream: the request completed.
     completed: bool,
+    /// The request's headers are held until its body has come (`Filter::reads_body`).
+    awaiting_body: bool,
 }
 
 impl Exchange {
@@ -401,9 +419,18 @@ impl Exchange {
     fn admit(&mut self, admitted: Admitted) {
         self.reported = admitted.reported;
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
-            let live = (filter.clone(), Response::new(tab));
+            let live = (filter.clone(), Response::new(tab, admitted.record));
             LIVE.with(|l| l.borrow_mut().insert(self.id, live));
         }
+    }
+
+    /// Runs `f` on this request's live response, if it has one.
+    fn with_response<T>(&self, f: impl FnOnce(&Filter, &mut Response) -> T) -> Option<T> {
+        LIVE.with(|live| {
+            let mut live = live.try_borrow_mut().ok()?;
+            let (filter, response) = live.get_mut(&self.id)?;
+            Some(f(filter, response))
+        })
     }
 
     /// The request ended: what it owed is settled, once.
@@ -417,6 +444,39 @@ impl Exchange {
             };
             response.end(&filter, &Envoy, ending);
         }
+    }
+
+    /// The response reached its end of stream.
+    fn complete(&mut self) {
+        self.completed = true;
+        self.end();
+    }
+
+    /// Decides a request whose headers waited for its body, from the body's start; rewrites the
+    /// whole body when a policy asks the stream for its usage.
+    fn decide_with_body(&mut self, filter: &Filter, size: usize, whole: bool) -> Action {
+        self.awaiting_body = false;
+        let read = size.min(BODY_BYTES);
+        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, read)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let verdict = filter.on_request_body(&Envoy, &body);
+        if let Verdict::Continue(admitted) = &verdict {
+            let rewritten = whole.then(|| filter.stream_usage_body(admitted.tab.as_ref(), &body));
+            if let Some(new) = rewritten.flatten() {
+                let replaced = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, &new);
+                if replaced.is_ok() {
+                    let length = new.len().to_string();
+                    let _ = hostcalls::set_map_value(
+                        MapType::HttpRequestHeaders,
+                        "content-length",
+                        Some(&length),
+                    );
+                }
+            }
+        }
+        self.act(verdict, false)
     }
 }
 
@@ -458,7 +518,7 @@ impl Context for Exchange {
 }
 
 impl HttpContext for Exchange {
-    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         let Some(filter) = self.filter.clone() else {
             // Unreachable while Envoy honours a refused configuration; fail closed regardless.
             let body = r#"{"error":"rate_limiter_not_configured"}"#.into();
@@ -468,27 +528,60 @@ impl HttpContext for Exchange {
             Envoy.send_response(&reply);
             return Action::Pause;
         };
+        if filter.reads_body() && !end_of_stream {
+            self.awaiting_body = true;
+            return Action::Pause;
+        }
         let verdict = filter.on_request_headers(&Envoy);
         self.act(verdict, false)
     }
 
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body) else {
+            return Action::Continue;
+        };
+        if !end_of_stream && body_size < BODY_BYTES {
+            return Action::Pause;
+        }
+        self.decide_with_body(&filter, body_size, end_of_stream && body_size <= BODY_BYTES)
+    }
+
+    fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        match self.filter.clone().filter(|_| self.awaiting_body) {
+            Some(filter) => self.decide_with_body(&filter, BODY_BYTES, false),
+            None => Action::Continue,
+        }
+    }
+
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        self.completed |= end_of_stream;
         if let (Some(filter), Some(reported)) = (&self.filter, self.reported.take()) {
             filter.each_response_header(&reported, |name, value| {
                 let _ = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value);
             });
         }
+        self.with_response(|filter, response| response.on_headers(filter, &Envoy));
+        if end_of_stream {
+            self.complete();
+        }
         Action::Continue
     }
 
-    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
-        self.completed |= end_of_stream;
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        self.with_response(|_, response| {
+            if response.reads_body() && body_size > 0 {
+                let chunk = hostcalls::get_buffer(BufferType::HttpResponseBody, 0, body_size);
+                response.on_body(&chunk.ok().flatten().unwrap_or_default());
+            }
+        });
+        if end_of_stream {
+            self.complete();
+        }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
-        self.completed = true;
+        self.with_response(|filter, response| response.on_trailers(filter, &Envoy));
+        self.complete();
         Action::Continue
     }
 }

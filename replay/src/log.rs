@@ -109,6 +109,8 @@ impl Wanted {
                 Attr::Route => wanted.keep_text(ROUTE_NAME, true),
                 Attr::RouteMetadata => wanted.route_metadata = true,
                 Attr::Metadata { .. } => wanted.metadata = true,
+                // The request body is not in the log: such a key part is missing.
+                Attr::Body(_) => {}
             }
         }
         wanted

@@ -17,7 +17,7 @@ use crate::duration::parse_nanos;
 use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
 use crate::reply::Denial;
-use crate::request::Attr;
+use crate::request::{Attr, BodyField};
 use crate::table::{TableSpec, MAX_WIDTH};
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
@@ -142,6 +142,11 @@ impl Compiler {
             .concat();
         let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
+        let reads_body = attrs.iter().any(|a| matches!(a, Attr::Body(_)))
+            || policies
+                .iter()
+                .flat_map(|p| &p.metered)
+                .any(|m| m.ask_stream_usage);
         let tables = table_specs(self.tables, &attrs, &policies, &bypass);
         Ok(Plan {
             version: raw.version.unwrap_or_else(|| "unversioned".into()),
@@ -153,6 +158,7 @@ impl Compiler {
             bypass,
             hash_secret,
             route_metadata,
+            reads_body,
         })
     }
 
@@ -179,7 +185,12 @@ impl Compiler {
                 "must be 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'",
             ));
         }
-        let metered = metered(at, raw)?;
+        let mut metered = metered(at, raw)?;
+        if let Some(Reserve::MaxOutputTokens { attr, .. }) =
+            metered.as_mut().map(|m| &mut m.reserve)
+        {
+            *attr = self.intern(Attr::Body(BodyField::MaxOutputTokens));
+        }
         let shape = Shape::of(at, raw, metered.as_ref())?;
         let tier = shape.tier(at, raw.requests, raw.per.as_deref(), raw.burst)?;
         let tiers = match &raw.tiers {
@@ -786,6 +797,7 @@ fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigE
     }
     Ok(Reserve::MaxOutputTokens {
         default: from_request.default,
+        attr: 0,
     })
 }
 

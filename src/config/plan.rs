@@ -25,6 +25,9 @@ pub struct Plan {
     pub hash_secret: Option<HashSecret>,
     /// The attribute holding the selected route's sluice metadata (`route_metadata`), if read.
     pub route_metadata: Option<usize>,
+    /// Some policy reads the request body (`body:` key parts, a reservation from `max_tokens`,
+    /// `ask_stream_usage`): a request with a body is decided once it has come (`BODY_BYTES`).
+    pub reads_body: bool,
 }
 
 impl Plan {
@@ -92,6 +95,27 @@ impl Metered {
     pub fn max_debt(&self, tier: &Tier) -> u64 {
         self.max_debt.unwrap_or(tier.algorithm.capacity())
     }
+
+    /// What a request reserves under `tier`: the fixed reservation, or what its body asks at
+    /// most, priced by the meter and capped at the limit's capacity (more could never pass).
+    pub fn reservation<R: RequestSource + ?Sized>(
+        &self,
+        tier: &Tier,
+        request: &mut Attributes<R>,
+    ) -> u64 {
+        match self.reserve {
+            Reserve::Tokens(tokens) => tokens,
+            Reserve::MaxOutputTokens { default, attr } => {
+                let asked = request.get(attr).and_then(crate::usage::count_from_header);
+                let priced = match (&self.source, asked) {
+                    (UsageSource::Body(meter), Some(tokens)) => meter.output_cost(tokens),
+                    (_, Some(tokens)) => tokens,
+                    (_, None) => default,
+                };
+                priced.min(tier.algorithm.capacity())
+            }
+        }
+    }
 }
 
 /// Where a response's usage is read.
@@ -107,10 +131,11 @@ pub enum UsageSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reserve {
     Tokens(u64),
-    /// What the request body asks for at most (`max_tokens`...), priced by the meter and
-    /// capped by the limit's capacity; `default` when it does not say.
+    /// What the request body asks for at most (`max_tokens`...: the attribute `attr`), priced
+    /// by the meter and capped by the limit's capacity; `default` when it does not say.
     MaxOutputTokens {
         default: u64,
+        attr: usize,
     },
 }
 
@@ -119,7 +144,10 @@ impl Reserve {
     /// must hold.
     pub fn at_least(&self) -> u64 {
         match *self {
-            Reserve::Tokens(tokens) | Reserve::MaxOutputTokens { default: tokens } => tokens,
+            Reserve::Tokens(tokens)
+            | Reserve::MaxOutputTokens {
+                default: tokens, ..
+            } => tokens,
         }
     }
 }

@@ -896,7 +896,11 @@ fn a_metered_cost_takes_weights_a_header_and_a_reservation_from_the_request() {
             output: 4
         })
     );
-    assert_eq!(metered.reserve, Reserve::MaxOutputTokens { default: 500 });
+    assert!(matches!(
+        metered.reserve,
+        Reserve::MaxOutputTokens { default: 500, .. }
+    ));
+    assert!(plan.reads_body);
     assert_eq!(plan.policies[0].cost, 500);
     assert_eq!(
         (metered.max_debt, metered.on_unknown),

@@ -102,6 +102,10 @@ impl Gathered<'_> {
             return None;
         }
         let tier = policy.tier_of(request);
+        let cost = match &policy.metered {
+            Some(metered) => metered.reservation(&tier, request),
+            None => policy.cost,
+        };
         let enforced = policy.enforces(key);
         let member = Member {
             policy: index,
@@ -110,6 +114,7 @@ impl Gathered<'_> {
             service: self.service,
             enforced,
             slot: None,
+            cost,
         };
         let work = match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => {

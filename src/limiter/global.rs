@@ -135,10 +135,10 @@ pub(super) fn judge(
 
 /// For a request denied by another policy: what the service said stays, and the cost it
 /// granted for this request is not spent, so it joins this Envoy's grant.
-pub(super) fn keep_unspent(member: &Member, policy: &Policy, next: &mut [u64]) {
+pub(super) fn keep_unspent(member: &Member, next: &mut [u64]) {
     let granted_here = matches!(member.service, Service::Answered(a) if a.allowed);
     if let (true, Some((marks, _))) = (granted_here, Marks::split(next)) {
-        *marks.granted = marks.granted.saturating_add(policy.cost);
+        *marks.granted = marks.granted.saturating_add(member.cost);
     }
 }
 
@@ -203,8 +203,12 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
         requests: member.tier.requests,
         per_ms: protocol::per_ms(member.tier.per_nanos),
         burst: algorithm.capacity(),
-        cost: policy.cost,
-        take: Some(policy.take.min(algorithm.capacity())),
+        // A reservation of nothing asks whether a token is left, and takes none.
+        cost: member.cost.max(1),
+        take: Some(match member.cost {
+            0 => 0,
+            cost => policy.take.max(cost).min(algorithm.capacity()),
+        }),
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
         slot: member.slot.map(slot_name),
         entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
@@ -282,6 +286,7 @@ mod tests {
             service,
             enforced: true,
             slot: None,
+            cost: 1,
         }
     }
 
@@ -373,7 +378,7 @@ mod tests {
         let plan = global(json!({}));
         let mut next = [3, T0 + GRANT_TTL, 0, 0, 0, 0];
         let granted = member(&plan, answered(true, 5, 0));
-        keep_unspent(&granted, &plan.policies[0], &mut next);
+        keep_unspent(&granted, &mut next);
         assert_eq!(
             next[0], 4,
             "the grant, not its expiry, takes the unspent token"

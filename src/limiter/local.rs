@@ -8,10 +8,19 @@ use crate::algorithm::{token_bucket, Algorithm, Decision};
 use crate::config::{Plan, Policy, Tier};
 use crate::ledger::{Ledger, Loan, LOAN_TTL};
 
-/// Runs the tier's algorithm on its words of the policy's state.
+/// Runs the tier's algorithm on its words of the policy's state. A cost of 0 (a reservation of
+/// nothing) passes while a token is left and takes nothing: a key in debt waits.
 pub(super) fn admit(tier: &Tier, cost: u64, state: &mut [u64], now: u64) -> Option<Decision> {
     let words = state.get_mut(..tier.algorithm.columns())?;
-    Some(tier.algorithm.admit(words, now, cost))
+    if cost > 0 {
+        return Some(tier.algorithm.admit(words, now, cost));
+    }
+    let mut probe: crate::table::Words = words.iter().copied().collect();
+    let decision = tier.algorithm.admit(&mut probe, now, 1);
+    Some(Decision {
+        remaining: decision.remaining + u64::from(decision.allowed),
+        ..decision
+    })
 }
 
 /// A lending policy (a token bucket): takes back what this worker still holds, then, for a key
@@ -29,7 +38,7 @@ pub(super) fn lend(
 ) -> Option<(Decision, Option<Loan>)> {
     let (Algorithm::TokenBucket(rate), Some(tat)) = (member.tier.algorithm, state.first_mut())
     else {
-        return admit(&member.tier, policy.cost, state, now).map(|d| (d, None));
+        return admit(&member.tier, member.cost, state, now).map(|d| (d, None));
     };
     let hot = held.is_some_and(|h| h.expires > now);
     if let Some(held) = held {
@@ -120,6 +129,7 @@ mod tests {
             service: Service::Ask,
             enforced: true,
             slot: None,
+            cost: plan.policies[0].cost,
         }
     }
 

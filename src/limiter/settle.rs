@@ -13,8 +13,13 @@ use crate::table;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
     /// Done: `amount` is the tokens charged or refunded, 1 for a slot released or renewed;
+    /// `past_limit`, the tokens of a charge beyond what the key had left (the debt it ran up);
     /// `expired`, the slots of others the write found forgotten (`concurrency::expired`).
-    Done { amount: u64, expired: u64 },
+    Done {
+        amount: u64,
+        past_limit: u64,
+        expired: u64,
+    },
     /// Nothing left to settle: the slot had expired, or the key's state was forgotten.
     Gone,
     /// The slot stayed contended, or the store failed, through every attempt.
@@ -47,16 +52,29 @@ impl<S: Store> Limiter<'_, S> {
             let Some(state) = next.get_mut(words.clone()) else {
                 return Settled::Gone;
             };
-            let (done, held) = apply(&algorithm, state, now, entry.held, op);
+            let max_debt = policy
+                .metered
+                .as_ref()
+                .map_or(0, |m| m.max_debt(&entry.tier));
+            let left = left(&algorithm, state, now);
+            let (done, held) = apply(&algorithm, state, now, entry.held, (op, max_debt));
             let Some(amount) = done else {
                 return Settled::Gone;
+            };
+            let past_limit = match op {
+                Op::Charge(_) => amount.saturating_sub(left),
+                _ => 0,
             };
             let free_at = slot.free_at(now).max(algorithm.idle_at(state, now));
             let expired = slot
                 .state
                 .get(words.clone())
                 .map_or(0, |read| expired(&algorithm, read, now));
-            let settled = Settled::Done { amount, expired };
+            let settled = Settled::Done {
+                amount,
+                past_limit,
+                expired,
+            };
             if next == slot.state {
                 entry.held = held;
                 return settled;
@@ -74,6 +92,17 @@ impl<S: Store> Limiter<'_, S> {
     }
 }
 
+/// Whole tokens left in a state at `now`: 0 for one that owes.
+fn left(algorithm: &Algorithm, state: &[u64], now: u64) -> u64 {
+    let mut probe: crate::table::Words = state.iter().copied().collect();
+    let decision = algorithm.admit(&mut probe, now, 0);
+    if decision.allowed {
+        decision.remaining
+    } else {
+        0
+    }
+}
+
 /// Slots a state as read counts that are forgotten at `now` (a concurrency policy's).
 pub(super) fn expired(algorithm: &Algorithm, read: &[u64], now: u64) -> u64 {
     match algorithm {
@@ -82,14 +111,14 @@ pub(super) fn expired(algorithm: &Algorithm, read: &[u64], now: u64) -> u64 {
     }
 }
 
-/// `op` on one entry's words: what it did (`None`: nothing to settle), and what the entry holds
-/// afterwards.
+/// `op` on one entry's words (a charge owing at most `max_debt` past the limit): what it did
+/// (`None`: nothing to settle), and what the entry holds afterwards.
 fn apply(
     algorithm: &Algorithm,
     state: &mut [u64],
     now: u64,
     held: Held,
-    op: Op,
+    (op, max_debt): (Op, u64),
 ) -> (Option<u64>, Held) {
     match (algorithm, held, op) {
         (Algorithm::Concurrency(slots), Held::Slot { epoch }, Op::Release) => {
@@ -103,7 +132,6 @@ fn apply(
             }
         }
         (algorithm, Held::Reserved { .. }, Op::Charge(tokens)) => {
-            let max_debt = algorithm.capacity();
             (Some(algorithm.owe(state, now, tokens, max_debt)), held)
         }
         (algorithm, Held::Reserved { at, .. }, Op::Refund(tokens)) => {

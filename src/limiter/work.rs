@@ -22,6 +22,8 @@ pub(super) struct Member {
     pub enforced: bool,
     /// A global concurrency policy's slot, named when the service is first asked for it.
     pub slot: Option<u64>,
+    /// Tokens the request takes: the policy's cost, or what a metered policy reserves for it.
+    pub cost: u64,
 }
 
 /// A member's verdict: `None` while only the service can give it.
@@ -162,7 +164,7 @@ impl Work {
                 continue;
             };
             match verdict {
-                Some((_, Basis::Service)) => global::keep_unspent(member, policy, next),
+                Some((_, Basis::Service)) => global::keep_unspent(member, next),
                 _ => next.copy_from_slice(read),
             }
         }
@@ -193,37 +195,48 @@ pub(super) fn open_tab(works: &[Work], plan: &Plan) -> Option<Tab> {
             let Some((_, basis)) = verdict.filter(|(d, _)| d.allowed) else {
                 continue;
             };
-            let holds = plan
+            let Some(held) = plan
                 .policies
                 .get(member.policy)
-                .is_some_and(Policy::holds_slots);
-            if !holds {
+                .and_then(|policy| held(policy, member, basis, work.now))
+            else {
                 continue;
-            }
-            let (tier, held) = match (basis, member.slot) {
-                (Basis::Service, Some(id)) => (
-                    member.tier,
-                    Held::Lease {
-                        id,
-                        renewed: work.now,
-                    },
-                ),
-                (Basis::Bucket, _) => (member.tier, slot_of(&member.tier, work.now)),
-                (Basis::Emergency, _) => (member.emergency, slot_of(&member.emergency, work.now)),
-                _ => continue,
             };
             tab.entries.push(Entry {
                 policy: member.policy,
                 table: work.table,
                 hash: work.hash,
                 key: work.key,
-                tier,
+                tier: match basis {
+                    Basis::Emergency => member.emergency,
+                    _ => member.tier,
+                },
                 basis,
                 held,
             });
         }
     }
     (!tab.is_empty()).then_some(tab)
+}
+
+/// What a policy that admitted a request (on `basis`, at `now`) holds of it until it ends: a
+/// metered policy its reservation, a concurrency policy its slot; `None` for the others.
+fn held(policy: &Policy, member: &Member, basis: Basis, now: u64) -> Option<Held> {
+    if policy.metered.is_some() {
+        return Some(Held::Reserved {
+            tokens: member.cost,
+            at: now,
+        });
+    }
+    if !policy.holds_slots() {
+        return None;
+    }
+    match (basis, member.slot) {
+        (Basis::Service, Some(id)) => Some(Held::Lease { id, renewed: now }),
+        (Basis::Bucket, _) => Some(slot_of(&member.tier, now)),
+        (Basis::Emergency, _) => Some(slot_of(&member.emergency, now)),
+        _ => None,
+    }
 }
 
 /// A slot taken from the local state of `tier` at `now`.
@@ -259,17 +272,17 @@ fn judge_member(
     now: u64,
 ) -> (Verdict, Option<Loan>) {
     match policy.scope {
-        Scope::Local if policy.take > policy.cost => {
+        Scope::Local if policy.take > member.cost => {
             let (decision, loan) = local::lend(policy, member, key, state, held, now).unzip();
             (decision.map(|d| (d, Basis::Bucket)), loan.flatten())
         }
         Scope::Local => {
-            let decision = local::admit(&member.tier, policy.cost, state, now);
+            let decision = local::admit(&member.tier, member.cost, state, now);
             let decision = decision.map(|d| with_retry_after(policy, d));
             (decision.map(|d| (d, Basis::Bucket)), None)
         }
         Scope::Global(on_failure) => {
-            let verdict = global::judge(on_failure, policy.cost, member, state, now);
+            let verdict = global::judge(on_failure, member.cost, member, state, now);
             (verdict, None)
         }
     }

@@ -76,6 +76,14 @@ impl Meter {
         }
     }
 
+    /// What `tokens` of output cost at most: a reservation for what a request may produce.
+    pub fn output_cost(&self, tokens: u64) -> u64 {
+        match *self {
+            Meter::Count(_) => tokens,
+            Meter::Weighted { output, .. } => tokens.saturating_mul(output),
+        }
+    }
+
     /// What `counts` cost; `None` when a count it needs was not reported.
     pub fn cost(&self, counts: &Counts) -> Option<u64> {
         match *self {

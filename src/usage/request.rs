@@ -56,6 +56,13 @@ impl RequestFields {
     }
 }
 
+/// The top-level field `name` of the JSON object that `prefix` starts, if it is a string of at
+/// most `MAX_MODEL_BYTES` (once decoded) written within the prefix: a key part (`body:model`).
+pub fn string_field(prefix: &[u8], name: &str) -> Option<String> {
+    let named = Members::new(prefix, 0).filter(|member| member.name.as_deref() == Some(name));
+    named.last().and_then(|member| model(member.value(prefix)))
+}
+
 /// The model a JSON string names, decoded, if it is short enough.
 fn model(value: &[u8]) -> Option<String> {
     // Each byte of a name takes at most 6 written (`\u00e9`).

@@ -1,0 +1,85 @@
+//! The response half of an admitted request's life. What the request still owes its policies
+//! (its `tab`) is kept while the response passes: the usage a metered policy charges is read
+//! from the response as it streams through (`tokens`), slots are renewed while the request lives
+//! (`slots`), and all of it is settled once, when the request ends, however it ends: the
+//! response completed, the client or the upstream reset the stream, Envoy destroyed it.
+//!
+//! The glue keeps one `Response` per admitted request that has a tab: it hands it the response's
+//! headers, body chunks and trailers as they pass (never holding them back), renews it from its
+//! timer, and ends it at the response's end of stream, or when the stream is destroyed first.
+
+mod slots;
+#[cfg(test)]
+mod tests;
+mod tokens;
+
+use crate::filter::{Filter, Host};
+use crate::protocol::SettleOp;
+use crate::tab::{Ending, Entry, Tab};
+
+/// One admitted request's claims, from its admission to its end.
+#[derive(Debug)]
+pub struct Response {
+    tab: Tab,
+    usage: tokens::Usage,
+    /// The record the admission left for the access log, which the end completes.
+    record: Option<String>,
+}
+
+impl Response {
+    /// `record`: what the admission put in the access log, if anything.
+    pub fn new(tab: Tab, record: Option<String>) -> Response {
+        Response {
+            tab,
+            usage: tokens::Usage::default(),
+            record,
+        }
+    }
+
+    /// Whether it holds slots, to be renewed while it lives.
+    pub fn holds_slots(&self) -> bool {
+        self.tab.holds_slots()
+    }
+
+    /// The response's headers have come: how its body reports usage, and usage they carry.
+    pub fn on_headers(&mut self, filter: &Filter, host: &impl Host) {
+        self.usage.on_headers(&self.tab, filter, host);
+    }
+
+    /// Whether its body is read (a metered policy reads its usage there): the glue fetches each
+    /// chunk only then, as fetching costs a hostcall.
+    pub fn reads_body(&self) -> bool {
+        self.usage.reads_body()
+    }
+
+    /// The next chunk of the response body, as Envoy passes it on.
+    pub fn on_body(&mut self, chunk: &[u8]) {
+        self.usage.on_body(chunk);
+    }
+
+    /// The response's trailers have come.
+    pub fn on_trailers(&mut self, filter: &Filter, host: &impl Host) {
+        self.usage.on_trailers(&self.tab, filter, host);
+    }
+
+    /// Renews what it holds: slots whose epoch is behind (`slots::renew`).
+    pub fn renew(&mut self, filter: &Filter, host: &impl Host) {
+        slots::renew(&mut self.tab, filter, host);
+    }
+
+    /// Settles the tab: the request ended, as `ending` says.
+    pub fn end(mut self, filter: &Filter, host: &impl Host, ending: Ending) {
+        slots::release(&mut self.tab, filter, host, ending);
+        let charged = tokens::settle(&mut self.tab, &self.usage, filter, host, ending);
+        if let Some(record) = tokens::record(self.record, &charged, filter) {
+            host.record(&record);
+        }
+    }
+}
+
+/// Hands what `entry` owes its service to the worker's outbox.
+fn report(filter: &Filter, host: &impl Host, entry: &Entry, op: SettleOp) {
+    if let Some((service, settlement)) = filter.settlement(entry, op) {
+        host.report(service, settlement);
+    }
+}

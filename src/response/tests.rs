@@ -1,0 +1,350 @@
+use super::*;
+use crate::duration::NANOS_PER_SEC as SEC;
+use crate::filter::{Admitted, Verdict};
+use crate::metrics::{requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd};
+use crate::testing::{FakeHost, FakeRequest};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const T0: u64 = 1_800_000_000 * SEC;
+const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+fn streams(requests: u64, extra: Value) -> Value {
+    let mut policy = json!({"name": "streams", "key": ["header:x-user-id"],
+        "algorithm": "concurrency", "requests": requests, "lease": "10s"});
+    for (field, value) in extra.as_object().into_iter().flatten() {
+        policy[field] = value.clone();
+    }
+    policy
+}
+
+fn setup(policies: Value) -> (Filter, FakeHost) {
+    let host = FakeHost::new(Arc::default(), T0);
+    let config = json!({"policies": policies}).to_string();
+    let filter = Filter::configure(config.as_bytes(), "test", &host, &host, &host).unwrap();
+    (filter, host)
+}
+
+/// Starts a request: its response while admitted, `None` when refused.
+fn start(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> Option<Response> {
+    *host.request.borrow_mut() =
+        FakeRequest::new(headers).with_property("source.address", "10.0.0.1:5555");
+    match filter.on_request_headers(host) {
+        Verdict::Continue(Admitted { tab, record, .. }) => {
+            Some(Response::new(tab.unwrap_or_default(), record))
+        }
+        Verdict::Denied => None,
+        other => panic!("neither admitted nor denied: {other:?}"),
+    }
+}
+
+#[test]
+fn n_plus_one_requests_in_flight_get_n_slots_and_an_end_frees_one() {
+    let (filter, host) = setup(json!([streams(2, json!({}))]));
+    let first = start(&filter, &host, ALICE).unwrap();
+    let _second = start(&filter, &host, ALICE).unwrap();
+    assert!(start(&filter, &host, ALICE).is_none(), "two in flight");
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(reply.status, 429);
+    assert_eq!(reply.header("retry-after"), None, "nobody knows when");
+    first.end(&filter, &host, Ending::Completed);
+    assert!(
+        start(&filter, &host, ALICE).is_some(),
+        "one slot free again"
+    );
+    assert!(start(&filter, &host, &[("x-user-id", "bob")]).is_some());
+}
+
+#[test]
+fn a_request_another_policy_refuses_takes_no_slot() {
+    let per_user = json!({"name": "per-user", "key": ["header:x-user-id"], "requests": 1,
+        "per": "1h"});
+    let (filter, host) = setup(json!([streams(1, json!({})), per_user]));
+    let admitted = start(&filter, &host, ALICE).unwrap();
+    admitted.end(&filter, &host, Ending::Completed);
+    assert!(start(&filter, &host, ALICE).is_none(), "per-user refuses");
+    let (filter2, host2) = (&filter, &host);
+    filter2.flush_counters(host2);
+    assert_eq!(host.gauge(&slots_in_use_gauge("streams")), 0);
+    let streams = requests_counter("streams", crate::limiter::PolicyOutcome::Allowed);
+    assert_eq!(host.counter(&streams), 1);
+}
+
+#[test]
+fn a_renewed_slot_outlives_its_lease_and_is_given_back_once() {
+    let (filter, host) = setup(json!([streams(1, json!({}))]));
+    let mut long = start(&filter, &host, ALICE).unwrap();
+    for second in 1..=30 {
+        host.now.set(T0 + second * SEC);
+        long.renew(&filter, &host);
+        assert!(start(&filter, &host, ALICE).is_none(), "held at {second}s");
+    }
+    long.end(&filter, &host, Ending::Reset);
+    assert!(start(&filter, &host, ALICE).is_some());
+    filter.flush_counters(&host);
+    let reset = slots_released_counter("streams", SlotEnd::Reset);
+    assert_eq!(host.counter(&reset), 1);
+    assert_eq!(
+        host.gauge(&slots_in_use_gauge("streams")),
+        1,
+        "the last one"
+    );
+}
+
+#[test]
+fn a_slot_nobody_gives_back_expires_within_its_lease_and_is_counted() {
+    let (filter, host) = setup(json!([streams(1, json!({}))]));
+    let lost = start(&filter, &host, ALICE).unwrap();
+    std::mem::forget(lost);
+    host.now.set(T0 + 9 * SEC);
+    assert!(start(&filter, &host, ALICE).is_none());
+    host.now.set(T0 + 10 * SEC);
+    assert!(start(&filter, &host, ALICE).is_some(), "a lease later");
+    filter.flush_counters(&host);
+    let expired = slots_released_counter("streams", SlotEnd::Expired);
+    assert_eq!(host.counter(&expired), 1);
+}
+
+#[test]
+fn a_global_slot_is_named_in_its_check_and_given_back_through_the_outbox() {
+    let host = FakeHost::new(Arc::default(), T0);
+    let config = json!({"global": {"cluster": "sluice"}, "policies": [streams(4, json!({"scope": "global"}))]});
+    let filter =
+        Filter::configure(config.to_string().as_bytes(), "test", &host, &host, &host).unwrap();
+    *host.request.borrow_mut() = FakeRequest::new(ALICE);
+    let Verdict::Waiting(pending) = filter.on_request_headers(&host) else {
+        panic!("asks the service");
+    };
+    let slot = pending.checks()[0].slot.clone().expect("a named slot");
+    let answer = br#"{"results":[{"allowed":true,"granted":1,"remaining":3,"reset_ms":0,"retry_after_ms":0}]}"#;
+    let verdict = filter.on_service_response(&host, pending, Some((200, answer.to_vec())));
+    let Verdict::Continue(Admitted { tab: Some(tab), .. }) = verdict else {
+        panic!("admitted with a slot");
+    };
+    let mut response = Response::new(tab, None);
+    host.now.set(T0 + 5 * SEC);
+    response.renew(&filter, &host);
+    response.end(&filter, &host, Ending::Completed);
+    let ops: Vec<SettleOp> = host.reports.borrow().iter().map(|s| s.op.clone()).collect();
+    assert_eq!(
+        ops,
+        [
+            SettleOp::Renew { slot: slot.clone() },
+            SettleOp::Release { slot }
+        ],
+        "renewed at half its lease of 10 s, then given back"
+    );
+    assert!(host.reports.borrow()[0].key.starts_with("streams/"));
+}
+
+#[test]
+fn a_refusal_says_when_to_retry_only_if_the_policy_does() {
+    let (filter, host) = setup(json!([streams(1, json!({"retry_after": "2s"}))]));
+    let _held = start(&filter, &host, ALICE).unwrap();
+    assert!(start(&filter, &host, ALICE).is_none());
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(reply.header("retry-after"), Some("2"));
+}
+
+// --- Token budgets: a cost read from the response.
+
+/// Alice's budget of 1,000 tokens a minute (refilled continuously), read from the usage's
+/// total, each request reserving 100.
+fn budget(extra: Value) -> Value {
+    let mut cost = json!({"from_response": {"usage": "total_tokens"}, "reserve": 100});
+    for (field, value) in extra.as_object().into_iter().flatten() {
+        cost[field] = value.clone();
+    }
+    json!({"name": "llm", "key": ["header:x-user-id"], "requests": 1000, "per": "1m",
+        "cost": cost})
+}
+
+const OPENAI_JSON: &str = "application/json";
+const EVENTS: &str = "text/event-stream";
+
+/// Runs alice's request to its end: its response's content type and body, fed in two chunks.
+fn respond(filter: &Filter, host: &FakeHost, content_type: &str, body: &str) -> Option<()> {
+    let mut response = start(filter, host, ALICE)?;
+    *host.response.borrow_mut() = FakeRequest::new(&[("content-type", content_type)]);
+    response.on_headers(filter, host);
+    assert!(response.reads_body());
+    let (first, rest) = body.split_at(body.len() / 2);
+    response.on_body(first.as_bytes());
+    response.on_body(rest.as_bytes());
+    response.end(filter, host, Ending::Completed);
+    Some(())
+}
+
+fn usage_json(total: u64) -> String {
+    format!(
+        r#"{{"id":"chatcmpl-1","choices":[],"usage":{{"prompt_tokens":1,"completion_tokens":{},"total_tokens":{total}}}}}"#,
+        total - 1
+    )
+}
+
+#[test]
+fn a_response_is_charged_what_it_used_beyond_its_reservation_and_refunded_the_rest() {
+    let (filter, host) = setup(json!([budget(json!({}))]));
+    respond(&filter, &host, OPENAI_JSON, &usage_json(300)).unwrap();
+    assert_eq!(host.published.borrow()["sluice.tokens.llm"], "300");
+    respond(&filter, &host, OPENAI_JSON, &usage_json(40)).unwrap();
+    filter.flush_counters(&host);
+    let counter = |base: &str| host.counter(&crate::metrics::tokens_counter("llm", base));
+    assert_eq!(counter("tokens_charged_total"), 340);
+    assert_eq!(counter("tokens_refunded_total"), 60);
+    // 1,000 - 340 left: 6 more reservations of 100 pass, the 7th does not.
+    let passed = (0..7)
+        .filter(|_| start(&filter, &host, ALICE).is_some())
+        .count();
+    assert_eq!(passed, 6);
+}
+
+#[test]
+fn usage_past_the_budget_is_a_debt_refused_until_refill_covers_the_reservation() {
+    let (filter, host) = setup(json!([budget(json!({}))]));
+    respond(
+        &filter,
+        &host,
+        EVENTS,
+        &format!("data: {}\n\ndata: [DONE]\n\n", usage_json(2500)),
+    )
+    .unwrap();
+    assert!(start(&filter, &host, ALICE).is_none(), "1,000 owed");
+    let reply = host.reply.borrow().clone().unwrap();
+    // 1,000 owed plus the 100 to reserve, at 1,000 a minute: 66 s.
+    assert_eq!(reply.header("retry-after"), Some("66"));
+    host.now.set(T0 + 65 * SEC);
+    assert!(start(&filter, &host, ALICE).is_none());
+    host.now.set(T0 + 66 * SEC);
+    assert!(start(&filter, &host, ALICE).is_some());
+    filter.flush_counters(&host);
+    let owed = host.counter(&crate::metrics::tokens_counter("llm", "tokens_owed_total"));
+    assert_eq!(owed, 1000, "the debt was capped at one burst");
+}
+
+#[test]
+fn usage_that_never_comes_is_charged_as_on_unknown_says() {
+    let (filter, host) = setup(json!([budget(json!({"on_unknown": 700}))]));
+    let mut cut = start(&filter, &host, ALICE).unwrap();
+    *host.response.borrow_mut() = FakeRequest::new(&[("content-type", EVENTS)]);
+    cut.on_headers(&filter, &host);
+    cut.on_body(b"data: {\"choices\":[{\"delta\":{\"content\":\"hel");
+    cut.end(&filter, &host, Ending::Reset);
+    respond(
+        &filter,
+        &host,
+        OPENAI_JSON,
+        r#"{"usage": {"total_tokens": -5}}"#,
+    )
+    .unwrap();
+    filter.flush_counters(&host);
+    let unknown = |why| host.counter(&crate::metrics::usage_unknown_counter("llm", why));
+    use crate::metrics::UsageUnknown;
+    assert_eq!(
+        (unknown(UsageUnknown::Reset), unknown(UsageUnknown::Invalid)),
+        (1, 1)
+    );
+    let charged = host.counter(&crate::metrics::tokens_counter(
+        "llm",
+        "tokens_charged_total",
+    ));
+    assert_eq!(charged, 1400);
+}
+
+#[test]
+fn usage_can_come_in_a_header_or_a_trailer() {
+    let header = json!({"from_response": {"header": "x-usage-total-tokens"}});
+    let mut policy = budget(json!({}));
+    policy["cost"] = header;
+    let (filter, host) = setup(json!([policy]));
+    let mut response = start(&filter, &host, ALICE).unwrap();
+    *host.response.borrow_mut() = FakeRequest::new(&[("content-type", "text/plain")]);
+    response.on_headers(&filter, &host);
+    assert!(!response.reads_body(), "nothing to read there");
+    *host.trailers.borrow_mut() = FakeRequest::new(&[("x-usage-total-tokens", "123")]);
+    response.on_trailers(&filter, &host);
+    response.end(&filter, &host, Ending::Completed);
+    assert_eq!(host.published.borrow()["sluice.tokens.llm"], "123");
+}
+
+#[test]
+fn the_access_log_record_carries_what_each_metered_policy_reserved_and_charged() {
+    let (filter, host) = setup(json!([budget(json!({}))]));
+    respond(&filter, &host, OPENAI_JSON, &usage_json(42)).unwrap();
+    let records = host.records.borrow();
+    let record = records.last().unwrap();
+    assert!(
+        record.starts_with("outcome=allowed policy=llm mode=enforce"),
+        "{record}"
+    );
+    assert!(record.ends_with(" tokens=llm:100:42"), "{record}");
+}
+
+#[test]
+fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
+    let mut policy = budget(json!({"reserve": {"request": "max_tokens", "default": 50}}));
+    policy["key"] = json!(["header:x-user-id", "body:model"]);
+    let (filter, host) = setup(json!([policy]));
+    assert!(filter.reads_body());
+    *host.request.borrow_mut() = FakeRequest::new(ALICE);
+    let body = br#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-x","max_tokens":400,"stream":true}"#;
+    let Verdict::Continue(Admitted { tab: Some(tab), .. }) = filter.on_request_body(&host, body)
+    else {
+        panic!("admitted");
+    };
+    assert!(matches!(
+        tab.entries[0].held,
+        crate::tab::Held::Reserved { tokens: 400, .. }
+    ));
+    assert_eq!(
+        filter.stream_usage_body(Some(&tab), body),
+        None,
+        "not asked"
+    );
+    let other_model = br#"{"model":"gpt-y","max_tokens":700}"#;
+    assert!(
+        matches!(
+            filter.on_request_body(&host, other_model),
+            Verdict::Continue(_)
+        ),
+        "its own budget"
+    );
+}
+
+#[test]
+fn a_global_budget_settles_through_the_outbox() {
+    let host = FakeHost::new(Arc::default(), T0);
+    let mut policy = budget(json!({}));
+    policy["scope"] = json!("global");
+    let config = json!({"global": {"cluster": "sluice"}, "policies": [policy]});
+    let filter =
+        Filter::configure(config.to_string().as_bytes(), "test", &host, &host, &host).unwrap();
+    *host.request.borrow_mut() = FakeRequest::new(ALICE);
+    let Verdict::Waiting(pending) = filter.on_request_headers(&host) else {
+        panic!("asks the service");
+    };
+    assert_eq!(
+        (pending.checks()[0].cost, pending.checks()[0].take()),
+        (100, 100)
+    );
+    let answer = br#"{"results":[{"allowed":true,"granted":100,"remaining":900,"reset_ms":6000,"retry_after_ms":0}]}"#;
+    let Verdict::Continue(Admitted { tab: Some(tab), .. }) =
+        filter.on_service_response(&host, pending, Some((200, answer.to_vec())))
+    else {
+        panic!("admitted");
+    };
+    let mut response = Response::new(tab, None);
+    *host.response.borrow_mut() = FakeRequest::new(&[("content-type", OPENAI_JSON)]);
+    response.on_headers(&filter, &host);
+    response.on_body(usage_json(30).as_bytes());
+    host.now.set(T0 + 2 * SEC);
+    response.end(&filter, &host, Ending::Completed);
+    let ops: Vec<SettleOp> = host.reports.borrow().iter().map(|s| s.op.clone()).collect();
+    assert_eq!(
+        ops,
+        [SettleOp::Refund {
+            tokens: 70,
+            age_ms: 2000
+        }]
+    );
+}
