@@ -14,7 +14,7 @@ use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal};
-use crate::request::{Attributes, RequestSource};
+use crate::request::{Attributes, RequestSource, Snapshot};
 use crate::rls;
 use crate::store::{Store, ABSENT};
 use crate::tab::{Entry, Op, Tab};
@@ -170,12 +170,23 @@ impl Filter {
         self.plan.reads_body
     }
 
-    /// Decides a request from its headers and the start of its body (at most `BODY_BYTES`).
-    pub fn on_request_body(&self, host: &impl Host, body: &[u8]) -> Verdict {
-        self.decide(
-            host,
-            Attributes::new(host, &self.plan.attrs).with_body(body),
-        )
+    /// What the policies read of the request's headers and properties, read now: the glue
+    /// takes it before the headers go on, for `on_request_body`.
+    pub fn snapshot(&self, host: &impl Host) -> Snapshot {
+        Attributes::new(host, &self.plan.attrs).snapshot()
+    }
+
+    /// Whether some policy may rewrite a request's body (`ask_stream_usage`).
+    pub fn rewrites_body(&self) -> bool {
+        let asks =
+            |p: &crate::config::Policy| p.metered.as_ref().is_some_and(|m| m.ask_stream_usage);
+        self.plan.policies.iter().any(asks)
+    }
+
+    /// Decides a request from its `snapshot` and the start of its body (at most `BODY_BYTES`).
+    pub fn on_request_body(&self, host: &impl Host, snapshot: Snapshot, body: &[u8]) -> Verdict {
+        let attrs = &self.plan.attrs;
+        self.decide(host, Attributes::of_snapshot(host, attrs, snapshot, body))
     }
 
     /// The body to send upstream instead of `body` (the whole of it), when a policy that admitted

@@ -48,6 +48,11 @@ pub trait RequestSource {
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
 }
 
+/// A request's attributes but its body's, read while the host still shows them: what a decision
+/// made once the body has come reads instead (the headers have gone on by then).
+#[derive(Debug, Default)]
+pub struct Snapshot(SmallVec<[Option<Option<Vec<u8>>>; 4]>);
+
 /// Lazily read, memoized attributes of one request, indexed like `Plan::attrs`.
 pub struct Attributes<'a, S: ?Sized> {
     source: &'a S,
@@ -69,10 +74,30 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         }
     }
 
-    /// With the start of the request body (at most `BODY_BYTES`), for its `Attr::Body` fields.
-    pub fn with_body(mut self, body: &'a [u8]) -> Self {
-        self.body = Some(body);
-        self
+    /// The attributes of `snapshot`, with the start of the request body (at most
+    /// `BODY_BYTES`) for its `Attr::Body` fields.
+    pub fn of_snapshot(
+        source: &'a S,
+        attrs: &'a [Attr],
+        snapshot: Snapshot,
+        body: &'a [u8],
+    ) -> Self {
+        Attributes {
+            source,
+            attrs,
+            body: Some(body),
+            cache: snapshot.0,
+        }
+    }
+
+    /// Reads every attribute but the body's now.
+    pub fn snapshot(mut self) -> Snapshot {
+        for (i, attr) in self.attrs.iter().enumerate() {
+            if !matches!(attr, Attr::Body(_)) {
+                self.get(i);
+            }
+        }
+        Snapshot(self.cache)
     }
 
     /// The attribute's value; absent and empty values are both `None`.

@@ -10,7 +10,7 @@ use crate::metrics::{count_config_error, Metrics};
 use crate::outbox::{Batch, Outbox};
 use crate::protocol::{self, Settlement};
 use crate::reply::{self, GrpcStatus, LocalReply};
-use crate::request::{RequestSource, BODY_BYTES};
+use crate::request::{RequestSource, Snapshot, BODY_BYTES};
 use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
@@ -42,10 +42,24 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| Box::new(Root::default()));
 }}
 
-// Two ABI calls the SDK wraps without their arguments we need (the response code details, the
-// gRPC status) or with a panic on any status but Ok; a panic would kill the VM.
+// ABI calls the SDK wraps without their arguments we need (the response code details, the
+// gRPC status) or with a panic on a status it does not expect (a header map the host no longer
+// shows, once a request's headers have gone on); a panic would kill the VM.
 #[link(wasm_import_module = "env")]
 extern "C" {
+    fn proxy_get_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     fn proxy_send_local_response(
         status_code: u32,
         details_data: *const u8,
@@ -64,18 +78,53 @@ extern "C" {
     ) -> u32;
 }
 
+/// What a host call that hands back bytes returned: the bytes on `Ok`, `None` on any other
+/// status (absent, or not shown here).
+///
+/// SAFETY: `call` must be such a host call, writing through the two pointers it is given a
+/// buffer the host allocated with this module's allocator (as the ABI says), or nothing.
+unsafe fn returned_bytes(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Option<Vec<u8>> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    if call(&mut data, &mut size) != 0 {
+        return None;
+    }
+    if data.is_null() {
+        return Some(Vec::new());
+    }
+    // SAFETY: the host allocated `size` bytes at `data` for us, as the ABI says.
+    Some(unsafe { Vec::from_raw_parts(data, size, size) })
+}
+
+/// A header of `map`, or `None` when it is absent or the host no longer shows the map.
+fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
+    // SAFETY: `proxy_get_header_map_value` returns a buffer as `returned_bytes` needs; the name
+    // is a live buffer of the size passed.
+    unsafe {
+        returned_bytes(|data, size| {
+            proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
+        })
+    }
+}
+
 /// Envoy, as the filter sees it. Failed hostcalls read as absent values or failed writes.
 struct Envoy;
 
 impl RequestSource for Envoy {
     fn header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+        map_value(MapType::HttpRequestHeaders, name)
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        hostcalls::get_property(path.to_vec()).ok().flatten()
+        // The path's parts joined by NULs, as the ABI serializes it.
+        let serialized = path.join("\0");
+        // SAFETY: as in `map_value`.
+        unsafe {
+            returned_bytes(|data, size| {
+                proxy_get_property(serialized.as_ptr(), serialized.len(), data, size)
+            })
+        }
+        .filter(|value| !value.is_empty())
     }
 }
 
@@ -130,15 +179,11 @@ impl Host for Envoy {
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
-            .ok()
-            .flatten()
+        map_value(MapType::HttpResponseHeaders, name)
     }
 
     fn response_trailer(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseTrailers, name)
-            .ok()
-            .flatten()
+        map_value(MapType::HttpResponseTrailers, name)
     }
 
     fn publish(&self, name: &str, value: &str) {
@@ -336,7 +381,7 @@ impl RootContext for Root {
             reported: None,
             pending: None,
             completed: false,
-            awaiting_body: false,
+            awaiting_body: None,
         }))
     }
 
@@ -384,8 +429,9 @@ struct Exchange {
     pending: Option<Pending>,
     /// The response reached its end of stream: the request completed.
     completed: bool,
-    /// The request's headers are held until its body has come (`Filter::reads_body`).
-    awaiting_body: bool,
+    /// The request is decided once its body has come (`Filter::reads_body`), from this
+    /// snapshot of its headers.
+    awaiting_body: Option<Snapshot>,
 }
 
 impl Exchange {
@@ -455,25 +501,17 @@ impl Exchange {
     /// Decides a request whose headers waited for its body, from the body's start; rewrites the
     /// whole body when a policy asks the stream for its usage.
     fn decide_with_body(&mut self, filter: &Filter, size: usize, whole: bool) -> Action {
-        self.awaiting_body = false;
+        let snapshot = self.awaiting_body.take().unwrap_or_default();
         let read = size.min(BODY_BYTES);
         let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, read)
             .ok()
             .flatten()
             .unwrap_or_default();
-        let verdict = filter.on_request_body(&Envoy, &body);
+        let verdict = filter.on_request_body(&Envoy, snapshot, &body);
         if let Verdict::Continue(admitted) = &verdict {
             let rewritten = whole.then(|| filter.stream_usage_body(admitted.tab.as_ref(), &body));
             if let Some(new) = rewritten.flatten() {
-                let replaced = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, &new);
-                if replaced.is_ok() {
-                    let length = new.len().to_string();
-                    let _ = hostcalls::set_map_value(
-                        MapType::HttpRequestHeaders,
-                        "content-length",
-                        Some(&length),
-                    );
-                }
+                let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, &new);
             }
         }
         self.act(verdict, false)
@@ -529,15 +567,23 @@ impl HttpContext for Exchange {
             return Action::Pause;
         };
         if filter.reads_body() && !end_of_stream {
-            self.awaiting_body = true;
-            return Action::Pause;
+            // Paused headers would hold the body back too (proxy-wasm stops all iteration), so
+            // the headers go on and the body is held until the decision: a refused request
+            // never reaches the upstream with its body.
+            self.awaiting_body = Some(filter.snapshot(&Envoy));
+            if filter.rewrites_body() {
+                // The body may grow; the upstream then takes it chunked.
+                let _ =
+                    hostcalls::set_map_value(MapType::HttpRequestHeaders, "content-length", None);
+            }
+            return Action::Continue;
         }
         let verdict = filter.on_request_headers(&Envoy);
         self.act(verdict, false)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body) else {
+        let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body.is_some()) else {
             return Action::Continue;
         };
         if !end_of_stream && body_size < BODY_BYTES {
@@ -547,7 +593,7 @@ impl HttpContext for Exchange {
     }
 
     fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
-        match self.filter.clone().filter(|_| self.awaiting_body) {
+        match self.filter.clone().filter(|_| self.awaiting_body.is_some()) {
             Some(filter) => self.decide_with_body(&filter, BODY_BYTES, false),
             None => Action::Continue,
         }

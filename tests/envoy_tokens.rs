@@ -1,0 +1,204 @@
+//! Token budgets in a real two-worker Envoy in front of the test kit's LLM upstream
+//! (`sluice_testkit::llm`), with the official openai SDK as the client: a policy's cost read from
+//! the response's usage, JSON or streamed, reserved before and settled after, with its debt, its
+//! refunds, what an aborted stream is charged, per-model keys, and a 100 MiB stream that neither
+//! grows Envoy nor waits.
+
+// Helpers report an unexpected response by panicking, as assertions do.
+#![allow(clippy::panic, clippy::indexing_slicing)]
+
+use serde_json::{json, Value};
+use sluice::metrics::{tokens_counter, usage_unknown_counter, UsageUnknown};
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::llm::{openai_calls, post, Api, LlmUpstream};
+use std::time::Duration;
+
+/// A budget of `per_minute` tokens a minute per API key, read from the usage's total, each
+/// request reserving `reserve`, with `extra` fields in its cost.
+fn budget(name: &str, per_minute: u64, reserve: u64, extra: Value) -> Value {
+    let mut cost = json!({"from_response": {"usage": "total_tokens"}, "reserve": reserve});
+    for (field, value) in extra.as_object().into_iter().flatten() {
+        cost[field] = value.clone();
+    }
+    json!({"name": name, "key": ["header:x-api-key"], "requests": per_minute, "per": "1m",
+        "cost": cost})
+}
+
+fn start(policies: Value) -> (Envoy, LlmUpstream) {
+    let upstream = LlmUpstream::start();
+    let config = json!({"headers": "both", "policies": policies}).to_string();
+    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
+    (envoy, upstream)
+}
+
+fn statuses(calls: &[sluice_testkit::llm::OpenAiCall]) -> Vec<u16> {
+    calls.iter().map(|c| c.status).collect()
+}
+
+#[test]
+fn the_openai_sdk_is_charged_its_usage_per_minute_and_per_day_beside_a_request_rate() {
+    let per_day = json!({"name": "llm-day", "key": ["header:x-api-key"], "requests": 5000,
+        "per": "1d", "algorithm": "fixed_window",
+        "cost": {"from_response": {"usage": "total_tokens"}, "reserve": 100}});
+    let per_second =
+        json!({"name": "rps", "key": ["header:x-api-key"], "requests": 50, "per": "1s"});
+    let (envoy, _upstream) = start(json!([
+        budget("llm", 1000, 100, json!({})),
+        per_day,
+        per_second
+    ]));
+    for stream in [false, true] {
+        let key = if stream { "streaming" } else { "json" };
+        let headers = [("x-api-key", key), ("x-test-usage", "input=100,output=200")];
+        let calls = openai_calls(envoy.addr(), 5, stream, &headers);
+        // 1,000 tokens: 300 a call, reserving 100: the fourth passes on the last 100 and leaves
+        // the key owing 200; the fifth waits.
+        assert_eq!(
+            statuses(&calls),
+            [200, 200, 200, 200, 429],
+            "{key}: {calls:?}"
+        );
+        assert_eq!(calls[0].usage.as_ref().unwrap()["total_tokens"], 300);
+        let refused = &calls[4];
+        assert_eq!(refused.error_type.as_deref(), Some("RateLimitError"));
+        assert_eq!(refused.headers["x-ratelimit-remaining"], "0");
+        // 200 owed and 100 to reserve, at 1,000 a minute: 18 s.
+        let retry: u64 = refused.headers["retry-after"].parse().unwrap();
+        assert!((17..=18).contains(&retry), "{retry}");
+    }
+    let charged =
+        envoy.wait_for_wasm_counter(&tokens_counter("llm-day", "tokens_charged_total"), 2400);
+    assert_eq!(
+        charged, 2400,
+        "both keys' eight calls, on the daily budget too"
+    );
+}
+
+#[test]
+fn a_debt_is_refused_until_refill_covers_the_reservation_and_unused_tokens_come_back() {
+    let (envoy, _upstream) = start(json!([budget("llm", 1000, 500, json!({}))]));
+    let alice = |usage: &str| {
+        let headers = [("x-api-key", "alice"), ("x-test-usage", usage)];
+        sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, false, &headers)
+    };
+    let first = alice("total=100");
+    assert_eq!(first.status, 200);
+    assert_eq!(
+        first.header("x-ratelimit-remaining"),
+        Some("500"),
+        "500 reserved"
+    );
+    let second = alice("total=3000");
+    assert_eq!(
+        second.header("x-ratelimit-remaining"),
+        Some("400"),
+        "400 refunded before"
+    );
+    // 3,000 used of 500 reserved: 2,500 charged, at most one burst (1,000) past the limit.
+    let refused = alice("total=1");
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    // 1,000 owed and 500 to reserve, at 1,000 a minute: 90 s.
+    let retry: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!((89..=90).contains(&retry), "{retry}");
+    let owed = envoy.wait_for_wasm_counter(&tokens_counter("llm", "tokens_owed_total"), 1000);
+    assert_eq!(owed, 1000);
+}
+
+#[test]
+fn an_aborted_stream_is_charged_as_on_unknown_says() {
+    let policy = budget("llm", 10_000, 100, json!({"on_unknown": 700}));
+    let (envoy, _upstream) = start(json!([policy]));
+    let cut = [
+        ("x-api-key", "alice"),
+        ("x-test-events", "10"),
+        ("x-test-cut-after", "3"),
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &cut);
+    assert!(!r.complete, "the stream broke off");
+    let reset = usage_unknown_counter("llm", UsageUnknown::Reset);
+    assert_eq!(envoy.wait_for_wasm_counter(&reset, 1), 1);
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 700), 700);
+    let none = [("x-api-key", "alice"), ("x-test-usage", "none")];
+    sluice_testkit::llm::call(envoy.addr(), Api::Messages, false, &none);
+    let missing = usage_unknown_counter("llm", UsageUnknown::Missing);
+    assert_eq!(envoy.wait_for_wasm_counter(&missing, 1), 1);
+}
+
+#[test]
+fn a_key_can_be_per_model_from_the_request_body() {
+    let mut policy = budget("llm", 500, 100, json!({}));
+    policy["key"] = json!(["header:x-api-key", "body:model"]);
+    let (envoy, _upstream) = start(json!([policy]));
+    let ask = |model: &str| {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "model": model});
+        let headers = [("x-api-key", "alice"), ("x-test-usage", "total=450")];
+        post(
+            envoy.addr(),
+            "/v1/chat/completions",
+            &headers,
+            &body.to_string(),
+        )
+        .unwrap()
+    };
+    assert_eq!(ask("small").status, 200);
+    assert_eq!(
+        ask("small").status,
+        429,
+        "50 left of small's budget: less than a reservation"
+    );
+    assert_eq!(ask("large").status, 200, "large has its own");
+}
+
+#[test]
+fn a_stream_is_asked_for_its_usage_when_the_policy_says_so() {
+    let policy = budget("llm", 10_000, 0, json!({"ask_stream_usage": true}));
+    let (envoy, upstream) = start(json!([policy]));
+    let body = json!({"model": "m", "messages": [], "stream": true});
+    let headers = [("x-api-key", "alice"), ("x-test-usage", "total=77")];
+    let r = post(
+        envoy.addr(),
+        "/v1/chat/completions",
+        &headers,
+        &body.to_string(),
+    )
+    .unwrap();
+    assert_eq!(r.status, 200);
+    let forwarded = upstream.calls().pop().unwrap().json();
+    assert_eq!(forwarded["stream_options"]["include_usage"], true);
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 77), 77);
+}
+
+#[test]
+fn a_100_mib_stream_is_read_as_it_passes_without_growing_envoy_or_delaying_its_first_byte() {
+    let (envoy, _upstream) = start(json!([budget("llm", 1_000_000, 100, json!({}))]));
+    let warm = [("x-api-key", "warm"), ("x-test-stream-bytes", "1048576")];
+    sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &warm);
+    let before = envoy.rss_kib();
+    let big = [
+        ("x-api-key", "alice"),
+        ("x-test-stream-bytes", "104857600"),
+        ("x-test-usage", "total=4242"),
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &big);
+    assert!(r.complete && r.bytes > 100 << 20, "{} bytes", r.bytes);
+    let grown = envoy.rss_kib().saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "Envoy grew {grown} KiB over a 100 MiB stream"
+    );
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 4242 + 30), 4242 + 30);
+    let slow = [
+        ("x-api-key", "bob"),
+        ("x-test-events", "5"),
+        ("x-test-event-ms", "400"),
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &slow);
+    let first = r.first_body_byte.unwrap();
+    assert!(
+        first < Duration::from_millis(300),
+        "first byte after {first:?}: held back"
+    );
+}
