@@ -288,7 +288,8 @@ fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
     assert!(filter.reads_body());
     *host.request.borrow_mut() = FakeRequest::new(ALICE);
     let body = br#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-x","max_tokens":400,"stream":true}"#;
-    let Verdict::Continue(Admitted { tab: Some(tab), .. }) = filter.on_request_body(&host, body)
+    let Verdict::Continue(Admitted { tab: Some(tab), .. }) =
+        filter.on_request_body(&host, filter.snapshot(&host), body)
     else {
         panic!("admitted");
     };
@@ -304,7 +305,7 @@ fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
     let other_model = br#"{"model":"gpt-y","max_tokens":700}"#;
     assert!(
         matches!(
-            filter.on_request_body(&host, other_model),
+            filter.on_request_body(&host, filter.snapshot(&host), other_model),
             Verdict::Continue(_)
         ),
         "its own budget"
