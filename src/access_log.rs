@@ -109,6 +109,7 @@ mod tests {
             },
             basis: Basis::Bucket,
             enforced: !plan.policies[policy].shadow,
+            cost: 1,
         }
     }
 

@@ -13,7 +13,7 @@ use crate::ledger::Ledger;
 use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol::{self, SettleOp, Settlement};
-use crate::reply::{self, Denial, LocalReply, Refusal};
+use crate::reply::{self, Denial, LocalReply, Refusal, Said};
 use crate::request::{Attributes, RequestSource, Snapshot};
 use crate::rls;
 use crate::store::{Store, ABSENT};
@@ -474,8 +474,11 @@ impl Filter {
         };
         // A wait of 0: nobody can say when (a concurrency policy that sets no `retry_after`).
         let retry = denial.decision.retry_after;
-        let retry_secs = (retry > 0).then(|| retry_after_secs(retry));
-        let mut reply = LocalReply::refusal(refusal, answer, name, retry_secs, grpc);
+        let said = Said {
+            retry_secs: (retry > 0).then(|| retry_after_secs(retry)),
+            reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
+        };
+        let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
         if refusal == Refusal::RateLimited {
             let reported = Reported {
                 applied: *denial,
@@ -522,6 +525,7 @@ impl Filter {
                 .then_some(decision.retry_after),
             unit: match applied.tier.algorithm {
                 Algorithm::Concurrency(_) => QuotaUnit::ConcurrentRequests,
+                _ if policy.metered.is_some() => QuotaUnit::Tokens,
                 _ => QuotaUnit::Requests,
             },
         })

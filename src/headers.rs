@@ -46,6 +46,11 @@ pub enum QuotaUnit {
     Requests,
     /// Requests in flight at once: no window, and no time to wait but the one a policy sets.
     ConcurrentRequests,
+    /// Tokens a policy reads from responses (`"cost": {"from_response": ...}`). The draft
+    /// registers no such unit (requests, content-bytes, concurrent-requests only), so the
+    /// policy item says it with a parameter of sluice's own, as the draft has vendors do:
+    /// `sluice-unit="tokens"`.
+    Tokens,
 }
 
 impl Quota<'_> {
@@ -131,13 +136,19 @@ pub fn each_rate_limit_header(
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
         let (q, w) = quota_and_window(quota.limit, quota.requests, quota.per_nanos);
+        let unit = match quota.unit {
+            QuotaUnit::Requests => None,
+            QuotaUnit::ConcurrentRequests => Some(("qu", Param::Text("concurrent-requests"))),
+            QuotaUnit::Tokens => Some(("sluice-unit", Param::Text("tokens"))),
+        };
         let policy_params = if concurrent {
-            [
-                Some(("q", Param::Number(quota.limit))),
-                Some(("qu", Param::Text("concurrent-requests"))),
-            ]
+            [Some(("q", Param::Number(quota.limit))), unit, None]
         } else {
-            [Some(("q", Param::Number(q))), Some(("w", Param::Number(w)))]
+            [
+                Some(("q", Param::Number(q))),
+                Some(("w", Param::Number(w))),
+                unit,
+            ]
         };
         let wait = quota.retry_after.map(retry_after_secs);
         let window = if concurrent {
@@ -148,6 +159,7 @@ pub fn each_rate_limit_header(
         let limit_params = [
             Some(("r", Param::Number(quota.left()))),
             window.map(|t| ("t", Param::Number(t))),
+            None,
         ];
         for (name, params) in [
             ("ratelimit-policy", policy_params),
@@ -193,14 +205,18 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
 
 /// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
 /// (503, a policy that fails closed).
-pub fn denial_body(error: &str, policy: &str, retry_after_secs: Option<u64>) -> String {
+pub fn denial_body(error: &str, policy: &str, said: crate::reply::Said) -> String {
     let mut body = String::with_capacity(error.len() + policy.len() + 64);
     for part in [r#"{"error":""#, error, r#"","policy":""#, policy, "\""] {
         body.push_str(part);
     }
-    if let Some(secs) = retry_after_secs {
-        body.push_str(r#","retry_after":"#);
-        push_decimal(&mut body, secs);
+    for (name, value) in [("retry_after", said.retry_secs), ("reserve", said.reserve)] {
+        if let Some(value) = value {
+            body.push_str(",\"");
+            body.push_str(name);
+            body.push_str("\":");
+            push_decimal(&mut body, value);
+        }
     }
     body.push('}');
     body
@@ -265,6 +281,16 @@ mod tests {
         };
         let headers = rate_limit_headers(HeaderStyle::Draft, &refused, NOW);
         assert_eq!(headers[1].1, r#""streams";r=0;t=2"#);
+    }
+
+    #[test]
+    fn a_token_quota_says_its_unit_with_a_parameter_of_sluices_own() {
+        let tokens = Quota {
+            unit: QuotaUnit::Tokens,
+            ..QUOTA
+        };
+        let headers = rate_limit_headers(HeaderStyle::Draft, &tokens, NOW);
+        assert_eq!(headers[0].1, r#""per-user";q=20;w=12;sluice-unit="tokens""#);
     }
 
     #[test]
@@ -392,7 +418,14 @@ mod tests {
 
     #[test]
     fn denial_body_is_the_documented_json() {
-        let body = denial_body("too_many_requests", "per-user", Some(3));
+        let body = denial_body(
+            "too_many_requests",
+            "per-user",
+            crate::reply::Said {
+                retry_secs: Some(3),
+                reserve: None,
+            },
+        );
         assert_eq!(
             body,
             r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#

@@ -72,6 +72,15 @@ impl Default for Denial {
     }
 }
 
+/// What a refusal tells the client besides its policy: how long to wait (nobody knows, for a
+/// concurrency policy that sets no `retry_after`), and for a policy that reads its cost from the
+/// response, the tokens the request would have reserved.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Said {
+    pub retry_secs: Option<u64>,
+    pub reserve: Option<u64>,
+}
+
 /// Why a request is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
@@ -142,13 +151,13 @@ impl LocalReply {
         }
     }
 
-    /// The refusal of a request by `policy`, telling the client to wait `retry_secs`. The
-    /// caller adds the rate-limit headers.
+    /// The refusal of a request by `policy`, telling the client what `said` holds. The caller
+    /// adds the rate-limit headers.
     pub fn refusal(
         refusal: Refusal,
         denial: &Denial,
         policy: &str,
-        retry_secs: Option<u64>,
+        said: Said,
         grpc: bool,
     ) -> Self {
         let (status, details) = (refusal.status(denial), refusal.details());
@@ -165,16 +174,16 @@ impl LocalReply {
             ),
         };
         let body = match (grpc, refusal, &denial.body) {
-            (true, _, _) => grpc_message(error, policy, retry_secs),
+            (true, _, _) => grpc_message(error, policy, said),
             (false, Refusal::RateLimited, Some(body)) => body.clone(),
-            (false, _, _) => denial_body(error, policy, retry_secs),
+            (false, _, _) => denial_body(error, policy, said),
         };
         let mut reply = LocalReply::new(status, details, grpc_status, body);
         // A gRPC reply has Envoy's `application/grpc`: a second content-type would break it.
         if !grpc {
             reply.add_header("content-type", content_type);
         }
-        if let Some(secs) = retry_secs {
+        if let Some(secs) = said.retry_secs {
             let mut retry = String::with_capacity(20);
             push_decimal(&mut retry, secs);
             reply.add_header("retry-after", &retry);
@@ -221,12 +230,17 @@ impl LocalReply {
 }
 
 /// What a gRPC client reads in `grpc-message`: the error, the policy and the wait.
-fn grpc_message(error: &str, policy: &str, retry_secs: Option<u64>) -> String {
-    let mut message = String::with_capacity(error.len() + policy.len() + 32);
+fn grpc_message(error: &str, policy: &str, said: Said) -> String {
+    let mut message = String::with_capacity(error.len() + policy.len() + 48);
     for part in [error, ": policy ", policy] {
         message.push_str(part);
     }
-    if let Some(secs) = retry_secs {
+    if let Some(tokens) = said.reserve {
+        message.push_str(", reserving ");
+        push_decimal(&mut message, tokens);
+        message.push_str(" tokens");
+    }
+    if let Some(secs) = said.retry_secs {
         message.push_str(", retry after ");
         push_decimal(&mut message, secs);
         message.push('s');
@@ -248,7 +262,10 @@ mod tests {
             Refusal::RateLimited,
             &Denial::default(),
             "per-user",
-            Some(3),
+            Said {
+                retry_secs: Some(3),
+                reserve: None,
+            },
             false,
         );
         assert_eq!((reply.status, reply.details), (429, RATE_LIMITED));
@@ -268,7 +285,10 @@ mod tests {
             Refusal::RateLimited,
             &Denial::default(),
             "per-user",
-            Some(2),
+            Said {
+                retry_secs: Some(2),
+                reserve: None,
+            },
             true,
         );
         assert_eq!(reply.grpc_status.code(), 8);
@@ -287,14 +307,32 @@ mod tests {
             content_type: "text/plain".into(),
             grpc_status: GrpcStatus::Aborted,
         };
-        let http = LocalReply::refusal(Refusal::Unavailable, &denial, "global", Some(1), false);
+        let http = LocalReply::refusal(
+            Refusal::Unavailable,
+            &denial,
+            "global",
+            Said {
+                retry_secs: Some(1),
+                reserve: None,
+            },
+            false,
+        );
         assert_eq!((http.status, http.details), (503, UNAVAILABLE));
         assert_eq!(
             http.body,
             r#"{"error":"rate_limit_unavailable","policy":"global","retry_after":1}"#
         );
         assert_eq!(http.header("content-type"), Some("application/json"));
-        let grpc = LocalReply::refusal(Refusal::Unavailable, &denial, "global", Some(1), true);
+        let grpc = LocalReply::refusal(
+            Refusal::Unavailable,
+            &denial,
+            "global",
+            Said {
+                retry_secs: Some(1),
+                reserve: None,
+            },
+            true,
+        );
         assert_eq!(grpc.grpc_status, GrpcStatus::Unavailable);
         assert_eq!(
             grpc.body,
@@ -310,13 +348,31 @@ mod tests {
             content_type: "text/plain; charset=utf-8".into(),
             grpc_status: GrpcStatus::Unavailable,
         };
-        let http = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Some(1), false);
+        let http = LocalReply::refusal(
+            Refusal::RateLimited,
+            &denial,
+            "p",
+            Said {
+                retry_secs: Some(1),
+                reserve: None,
+            },
+            false,
+        );
         assert_eq!((http.status, http.body.as_str()), (503, "slow down"));
         assert_eq!(
             http.header("content-type"),
             Some("text/plain; charset=utf-8")
         );
-        let grpc = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Some(1), true);
+        let grpc = LocalReply::refusal(
+            Refusal::RateLimited,
+            &denial,
+            "p",
+            Said {
+                retry_secs: Some(1),
+                reserve: None,
+            },
+            true,
+        );
         assert_eq!(grpc.grpc_status.code(), 14);
         assert_eq!(grpc.body, "too_many_requests: policy p, retry after 1s");
     }

@@ -80,6 +80,8 @@ pub struct Applied {
     /// Whether the policy enforces for this key: not a shadow policy, the key within its
     /// rollout. A verdict that does not is counted and logged, never answered.
     pub enforced: bool,
+    /// Tokens the request takes under the policy (a metered policy's reservation).
+    pub cost: u64,
 }
 
 /// Everything the glue needs to answer, count and log.

@@ -127,6 +127,7 @@ impl Work {
                     decision,
                     basis,
                     enforced: m.enforced,
+                    cost: m.cost,
                 })
             })
     }

@@ -213,6 +213,10 @@ fn usage_past_the_budget_is_a_debt_refused_until_refill_covers_the_reservation()
     let reply = host.reply.borrow().clone().unwrap();
     // 1,000 owed plus the 100 to reserve, at 1,000 a minute: 66 s.
     assert_eq!(reply.header("retry-after"), Some("66"));
+    assert_eq!(
+        reply.body,
+        r#"{"error":"too_many_requests","policy":"llm","retry_after":66,"reserve":100}"#
+    );
     host.now.set(T0 + 65 * SEC);
     assert!(start(&filter, &host, ALICE).is_none());
     host.now.set(T0 + 66 * SEC);
