@@ -89,13 +89,35 @@ impl ExactStore {
             return (Decision::default(), 0);
         };
         let words = state.fit(limit, max_debt);
-        let (decision, granted) = limit.grant(words, now, cost, take);
+        let (decision, granted) = if take < cost {
+            admit_taking_less(limit, words, now, cost, take)
+        } else {
+            limit.grant(words, now, cost, take)
+        };
         if decision.allowed || max_debt == 0 || cost == 0 {
             return (decision, granted);
         }
         match limit.owe(words, now, cost, max_debt) {
             0 => (decision, 0),
             charged => (limit.admit(&mut words.clone(), now, cost), charged),
+        }
+    }
+
+    /// Gives back `tokens` of `key` taken at `taken_at` and not used, as far as its state still
+    /// counts them (`Algorithm::refund`); 0 when the key holds no state of `limit`.
+    pub fn refund(
+        &mut self,
+        key: &str,
+        limit: Algorithm,
+        now: u64,
+        tokens: u64,
+        taken_at: u64,
+    ) -> u64 {
+        match self.keys.get_mut(key) {
+            Some(state) if state.limit == limit => {
+                limit.refund(&mut state.words, now, tokens, taken_at)
+            }
+            _ => 0,
         }
     }
 
@@ -114,6 +136,22 @@ impl ExactStore {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
+}
+
+/// A check whose `take` is below its `cost` (a reservation of less than it needs, 0: of
+/// nothing): admitted if `cost` fits, and then `take` taken, as the service's scripts do.
+fn admit_taking_less(
+    limit: Algorithm,
+    words: &mut [u64],
+    now: u64,
+    cost: u64,
+    take: u64,
+) -> (Decision, u64) {
+    let fits = limit.admit(&mut words.to_vec(), now, cost);
+    if !fits.allowed {
+        return (fits, 0);
+    }
+    (limit.admit(words, now, take), take)
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use sluice::key::HashSecret;
 use super::config::{Config, Limit, Node, Rate, Rule, Unit};
 use super::matching::{find, Entry};
 use crate::check::{log_entries, MAX_LOG_ENTRIES};
-use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace};
+use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace, Slots};
 
 /// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
 /// (a few); more is refused, as envoyproxy/ratelimit refuses what it cannot answer.
@@ -332,6 +332,7 @@ fn planned<'c>(
             cost,
             take: cost,
             debt,
+            slots: Slots::Anonymous,
         });
         limits.push(Applied {
             label: label(matched, limit),
