@@ -9,6 +9,10 @@
 //! leaky bucket, and hits a sliding log can never hold are refused without being charged: their
 //! check only reads the counter.
 //!
+//! A concurrency limit counts slots in use: each hit takes one, and the negative hits of
+//! Envoy's call when a stream is done (`is_negative_hits`) give them back; a slot whose −1 is
+//! lost frees itself when its lease ends.
+//!
 //! A call's work is bounded whatever it asks: at most `MAX_DESCRIPTORS` descriptors of
 //! `MAX_ENTRIES` entries, and a check's cost at most what its limit can ever be charged
 //! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call.
@@ -277,16 +281,36 @@ fn override_limit<'c>(
     })
 }
 
-/// The descriptor's own `hits_addend` (0 allowed: only asks), else the request's (0 means 1).
-/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back,
-/// and asking writes nothing.
-fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
-    if descriptor.is_negative_hits {
-        return 0;
+/// What a descriptor adds to its limits: its own `hits_addend` (0 allowed: only asks), else the
+/// request's (0 means 1); with `is_negative_hits` (Envoy's call when a stream is done), that
+/// many taken away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hits {
+    count: u64,
+    negative: bool,
+}
+
+impl Hits {
+    /// The hits a limit is charged and the metrics count. Negative hits charge nothing and only
+    /// ask: a window or bucket takes tokens and never gives them back, and asking writes
+    /// nothing. (A concurrency limit gives slots back instead: `planned`.)
+    fn charged(self) -> u64 {
+        if self.negative {
+            0
+        } else {
+            self.count
+        }
     }
-    match &descriptor.hits_addend {
+}
+
+fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> Hits {
+    let count = match &descriptor.hits_addend {
         Some(own) => own.value,
         None => u64::from(request.hits_addend.max(1)),
+    };
+    Hits {
+        count,
+        negative: descriptor.is_negative_hits,
     }
 }
 
@@ -300,9 +324,10 @@ fn planned<'c>(
     keys: &Keys,
     matched: Option<&Matched<'c>>,
     replaced: &HashSet<&str>,
-    hits: u64,
+    given: Hits,
     checks: &mut Vec<Check>,
 ) -> Planned<'c> {
+    let hits = given.charged();
     let Some(matched) = matched else {
         return Planned::Free;
     };
@@ -318,22 +343,12 @@ fn planned<'c>(
         };
         let mut parts: Vec<&[u8]> = vec![keys.domain.as_bytes(), limit.identity.as_bytes()];
         parts.extend(matched.counted.iter().map(String::as_bytes));
-        let debt = rate.debt(limit.charge_refused);
-        let beyond_capacity = hits > rate.capacity() && (debt == 0 || holds_each_hit(rate));
-        let (cost, debt) = if beyond_capacity {
-            (0, 0)
-        } else {
-            (hits.min(rate.algorithm.chargeable(debt)), debt)
+        let key = hashed_key(keys.secret, &parts);
+        let (check, beyond_capacity) = match rate.algorithm {
+            Algorithm::Concurrency { .. } if given.negative => (give_back(key, rate, given), false),
+            _ => charge(key, rate, limit.charge_refused, hits),
         };
-        checks.push(Check {
-            namespace: Namespace::Rls,
-            key: hashed_key(keys.secret, &parts),
-            algorithm: rate.algorithm,
-            cost,
-            take: cost,
-            debt,
-            slots: Slots::Anonymous,
-        });
+        checks.push(check);
         limits.push(Applied {
             label: label(matched, limit),
             limit: limit.clone(),
@@ -345,6 +360,42 @@ fn planned<'c>(
         Planned::Free
     } else {
         Planned::Limited { hits, limits }
+    }
+}
+
+/// The check that charges `hits` to a limit, and whether they are beyond its capacity (then it
+/// only reads).
+fn charge(key: String, rate: &Rate, charge_refused: bool, hits: u64) -> (Check, bool) {
+    let debt = rate.debt(charge_refused);
+    let beyond_capacity = hits > rate.capacity() && (debt == 0 || holds_each_hit(rate));
+    let (cost, debt) = if beyond_capacity {
+        (0, 0)
+    } else {
+        (hits.min(rate.algorithm.chargeable(debt)), debt)
+    };
+    let check = Check {
+        namespace: Namespace::Rls,
+        key,
+        algorithm: rate.algorithm,
+        cost,
+        take: cost,
+        debt,
+        slots: Slots::Anonymous,
+    };
+    (check, beyond_capacity)
+}
+
+/// A concurrency limit's negative hits: that many slots given back, the ones that expire
+/// soonest (more than the limit holds give back every slot).
+fn give_back(key: String, rate: &Rate, hits: Hits) -> Check {
+    Check {
+        namespace: Namespace::Rls,
+        key,
+        algorithm: rate.algorithm,
+        cost: 0,
+        take: hits.count.min(rate.capacity()),
+        debt: 0,
+        slots: Slots::GiveBack,
     }
 }
 
@@ -436,12 +487,19 @@ impl Outcome<'_, '_> {
     }
 
     /// For a denial, until the request would pass; else until the limit is back to its best.
+    /// Nobody knows when a slot frees, so a concurrency limit gives until its newest slot's
+    /// lease ends (when every slot is free at the latest, if none is renewed), either way.
     fn until_reset_us(&self) -> u64 {
-        if self.decision.allowed {
+        if self.decision.allowed || !self.knows_retry() {
             self.decision.reset_us
         } else {
             self.decision.retry_after_us
         }
+    }
+
+    /// Whether a denial says when to retry: all but concurrency.
+    fn knows_retry(&self) -> bool {
+        !matches!(self.rate.algorithm, Algorithm::Concurrency { .. })
     }
 }
 
@@ -590,7 +648,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
         per_nanos: outcome.rate.window_ms.saturating_mul(1_000_000),
         remaining: decision.remaining,
         reset_after: decision.reset_us.saturating_mul(1000),
-        retry_after: (!decision.allowed).then_some(retry_after),
+        retry_after: (!decision.allowed && outcome.knows_retry()).then_some(retry_after),
         unit: QuotaUnit::Requests,
     };
     let mut add = |key: &str, value: &str| {
@@ -601,7 +659,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
         });
     };
     each_rate_limit_header(style, &quota, now_ns, &mut add);
-    if over {
+    if over && outcome.knows_retry() {
         add("retry-after", &retry_after_secs(retry_after).to_string());
     }
     headers
