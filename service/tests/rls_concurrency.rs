@@ -93,7 +93,11 @@ async fn hits_take_slots_up_to_the_limit_and_negative_hits_give_them_back() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refusal_gives_no_retry_and_the_time_until_the_newest_lease_ends() {
     let redis = RedisServer::start();
-    let rls = Rls::start(&["--redis", &redis.url()], STREAMS, &["--rls-headers", "both"]);
+    let rls = Rls::start(
+        &["--redis", &redis.url()],
+        STREAMS,
+        &["--rls-headers", "both"],
+    );
     let mut client = rls.client().await;
     ask(&mut client, take("short", 1)).await;
     let refused = ask(&mut client, take("short", 1)).await;
