@@ -213,7 +213,7 @@ fn a_released_slot_is_free_again_and_a_refusal_says_no_time_to_retry() {
             &slot(key, 2, 10_000, &a),
             json!({"op": "release", "slot": a}),
         );
-        assert_eq!(settle(service, &[release.clone()]), 1);
+        assert_eq!(settle(service, std::slice::from_ref(&release)), 1);
         assert!(allowed(&check_one(service, &slot(key, 2, 10_000, &c))));
         assert_eq!(settle(service, &[release]), 0, "given back once");
         let metrics = get(service.addr, "/metrics").text();
@@ -271,7 +271,7 @@ fn a_renewed_slot_outlives_its_lease_until_it_is_released() {
         );
         for _ in 0..6 {
             std::thread::sleep(Duration::from_secs(1));
-            assert_eq!(settle(service, &[renew.clone()]), 1);
+            assert_eq!(settle(service, std::slice::from_ref(&renew)), 1);
             assert!(!allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
         }
         // Renewal then release in one batch: applied in order.
@@ -297,7 +297,7 @@ fn a_renewal_of_an_expired_slot_takes_it_again_only_if_one_is_free() {
             json!({"op": "renew", "slot": lost}),
         );
         assert_eq!(
-            settle(service, &[renew.clone()]),
+            settle(service, std::slice::from_ref(&renew)),
             0,
             "its slot is another's now"
         );
