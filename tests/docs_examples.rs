@@ -107,15 +107,12 @@ fn wait_for_the_examples_moment(example: &Example) {
     let Some(checks) = request["checks"].as_array() else {
         return;
     };
-    let windowed = checks
-        .iter()
-        .enumerate()
-        .find(|(_, c)| {
-            matches!(
-                c["algorithm"].as_str(),
-                Some("fixed_window" | "sliding_window")
-            )
-        });
+    let windowed = checks.iter().enumerate().find(|(_, c)| {
+        matches!(
+            c["algorithm"].as_str(),
+            Some("fixed_window" | "sliding_window")
+        )
+    });
     let Some((i, check)) = windowed else { return };
     let per = check["per_ms"].as_u64().unwrap();
     let Some(reset) = example.answers[0]["results"][i]["reset_ms"].as_u64() else {
