@@ -150,6 +150,17 @@ pub fn log_entries(checks: &[Check]) -> u64 {
         .sum()
 }
 
+/// The sorted-set members `checks` may add: a sliding log's entry per token, a concurrency
+/// slot per slot taken (slots given back add none).
+pub fn members_added(checks: &[Check]) -> u64 {
+    let slots: u64 = (checks.iter())
+        .filter(|c| matches!(c.algorithm, Algorithm::Concurrency { .. }))
+        .filter(|c| c.slots != Slots::GiveBack)
+        .map(|c| c.take)
+        .sum();
+    log_entries(checks) + slots
+}
+
 /// The JSON body; a serde error is reported at the path where it happened.
 pub(crate) fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, BadRequest> {
     let mut json = serde_json::Deserializer::from_slice(body);

@@ -14,8 +14,9 @@
 //! lost frees itself when its lease ends.
 //!
 //! A call's work is bounded whatever it asks: at most `MAX_DESCRIPTORS` descriptors of
-//! `MAX_ENTRIES` entries, and a check's cost at most what its limit can ever be charged
-//! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call.
+//! `MAX_ENTRIES` entries, a check's cost at most what its limit can ever be charged
+//! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call, and at most
+//! `MAX_LOG_ENTRIES` sorted-set members added (sliding-log entries and slots).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -34,7 +35,7 @@ use sluice::key::HashSecret;
 
 use super::config::{Config, Limit, Node, Rate, Rule, Unit};
 use super::matching::{find, Entry};
-use crate::check::{log_entries, MAX_LOG_ENTRIES};
+use crate::check::{members_added, MAX_LOG_ENTRIES};
 use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace, Slots};
 
 /// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
@@ -139,10 +140,10 @@ pub fn plan<'c>(
             planned(&keys, matched.as_ref(), &replaced, hits, &mut checks)
         })
         .collect();
-    let entries = log_entries(&checks);
+    let entries = members_added(&checks);
     if entries > MAX_LOG_ENTRIES {
         return Err(Invalid(format!(
-            "the sliding_log limits of one call may take {MAX_LOG_ENTRIES} hits in all, got {entries}"
+            "the sliding_log and concurrency limits of one call may take {MAX_LOG_ENTRIES} hits in all, got {entries}"
         )));
     }
     Ok(Plan {
