@@ -157,3 +157,16 @@ async fn a_negative_hit_for_a_window_still_only_asks() {
         Code::OverLimit
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hits_beyond_the_limit_are_refused_and_take_no_slot() {
+    let redis = RedisServer::start();
+    let rls = start(&redis);
+    let mut client = rls.client().await;
+    let refused = ask(&mut client, take("user", 4)).await;
+    assert_eq!(status(&refused).0, Code::OverLimit, "four of three slots");
+    assert_eq!(
+        status(&ask(&mut client, take("user", 3)).await),
+        (Code::Ok, 0)
+    );
+}

@@ -752,6 +752,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, charge_refused: false}
   - key: logged
     rate_limit: {algorithm: sliding_log, unit: minute, requests_per_unit: 10}
+  - key: streams
+    rate_limit: {algorithm: concurrency, requests_per_unit: 3}
 ";
 
     fn config() -> Config {
@@ -818,6 +820,50 @@ descriptors:
 
     fn overall(answer: &Answer) -> Code {
         Code::try_from(answer.response.overall_code).unwrap()
+    }
+
+    #[test]
+    fn negative_hits_give_a_concurrency_limits_slots_back_and_only_ask_a_window() {
+        let config = config();
+        let negative = |key: &str, hits: u64| {
+            let mut one = descriptor(&[(key, "a")]);
+            one.hits_addend = Some(UInt64Value { value: hits });
+            one.is_negative_hits = true;
+            one
+        };
+        let call = request(vec![negative("streams", 5), negative("strict", 5)]);
+        let plan = plan_public(&config, &call).unwrap();
+        let ops: Vec<(u64, u64, &Slots)> = (plan.checks.iter())
+            .map(|c| (c.cost, c.take, &c.slots))
+            .collect();
+        assert_eq!(
+            ops,
+            [(0, 3, &Slots::GiveBack), (0, 0, &Slots::Anonymous)],
+            "every slot of three at most; the window only asked"
+        );
+        let taking = request(vec![descriptor(&[("streams", "a")])]);
+        let check = &plan_public(&config, &taking).unwrap().checks[0];
+        assert_eq!((check.cost, check.take, check.debt), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_refused_slot_says_no_retry_and_resets_when_the_newest_lease_ends() {
+        let config = config();
+        let call = request(vec![descriptor(&[("streams", "a")])]);
+        let plan = plan_public(&config, &call).unwrap();
+        let refused = Decision {
+            retry_after_us: 0,
+            reset_us: 4_000_000,
+            ..denied()
+        };
+        let answer = answer(&plan, &[refused], HeaderStyle::Both, 0);
+        let status = &answer.response.statuses[0];
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 4);
+        let headers = &answer.response.response_headers_to_add;
+        assert!(
+            headers.iter().all(|h| h.key != "retry-after"),
+            "{headers:?}"
+        );
     }
 
     #[test]

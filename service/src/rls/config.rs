@@ -129,10 +129,10 @@ impl Rate {
 
     /// The most tokens a key may owe past this limit (`store::Check::debt`): one limit's worth
     /// when refused hits are charged, so a key is at most one more window or bucket behind; a
-    /// leaky bucket never owes.
+    /// leaky bucket and slots never owe.
     pub fn debt(&self, charge_refused: bool) -> u64 {
         match self.algorithm {
-            Algorithm::LeakyBucket { .. } => 0,
+            Algorithm::LeakyBucket { .. } | Algorithm::Concurrency { .. } => 0,
             _ if charge_refused => self.capacity(),
             _ => 0,
         }
