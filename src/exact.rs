@@ -193,6 +193,49 @@ mod tests {
     }
 
     #[test]
+    fn a_take_below_the_cost_admits_if_the_cost_fits_and_takes_only_the_take() {
+        let mut store = ExactStore::default();
+        let peek = Check {
+            cost: 4,
+            ..check(Kind::FixedWindow, 0)
+        };
+        let asked = store.check(&peek, T0).unwrap();
+        assert_eq!(
+            (asked.allowed, asked.granted, asked.remaining),
+            (true, 0, 10)
+        );
+        store.check(&check(Kind::FixedWindow, 7), T0).unwrap();
+        let short = store.check(&peek, T0).unwrap();
+        assert_eq!(
+            (short.allowed, short.granted),
+            (false, 0),
+            "3 left, 4 needed"
+        );
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_the_window_that_took_it_still_counts() {
+        let mut store = ExactStore::default();
+        let reserved = check(Kind::FixedWindow, 10);
+        store.check(&reserved, T0).unwrap();
+        let limit = reserved.limit().unwrap();
+        let key = &reserved.key;
+        assert_eq!(store.refund(key, limit, T0, 4, T0), 4);
+        assert_eq!(store.check(&reserved, T0).unwrap().granted, 4);
+        let next_window = T0 + 1_000_000_000;
+        assert_eq!(
+            store.refund(key, limit, next_window, 4, T0),
+            0,
+            "that window is over"
+        );
+        assert_eq!(
+            store.refund("other", limit, T0, 4, T0),
+            0,
+            "no state, nothing to give"
+        );
+    }
+
+    #[test]
     fn a_key_decided_by_another_algorithm_starts_afresh() {
         let mut store = ExactStore::default();
         store.check(&check(Kind::TokenBucket, 10), T0).unwrap();
