@@ -273,10 +273,11 @@ fn lifetime_field(kind: Kind) -> &'static str {
     }
 }
 
-/// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
-/// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
-/// `requests`), or for the leaky bucket what bounds `cost` beside the queue (max_delay /
-/// interval + 1).
+/// A limit's numbers as callers give them: per check on `/v1/check` (and per settlement on
+/// `/v1/settle`), per `rate_limit` in the RLS configuration. `burst` is the token bucket's
+/// capacity, a window's limit or the slots (so it must equal `requests`), or for the leaky
+/// bucket what bounds `cost` beside the queue (max_delay / interval + 1). For concurrency
+/// `per_ms` is a slot's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub name: Kind,

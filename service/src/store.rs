@@ -21,8 +21,9 @@ pub struct Check {
     /// Tokens (requests) the request needs: at least 1 on `/v1/check`; 0 from the RLS protocol
     /// (`hits_addend` 0) asks whether the key is over its limit without charging it.
     pub cost: u64,
-    /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity.
-    /// Always `cost` for the leaky bucket.
+    /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity, or
+    /// below `cost` (0: reserve nothing, a response's usage is settled later). Always `cost` for
+    /// the leaky bucket; for concurrency, the slots to take (0: only ask), or to give back.
     pub take: u64,
     /// The most tokens the key may owe past its limit: a check whose `cost` does not fit is
     /// charged anyway, up to that bound, and answered refused with `granted` = the tokens
