@@ -89,13 +89,35 @@ impl ExactStore {
             return (Decision::default(), 0);
         };
         let words = state.fit(limit, max_debt);
-        let (decision, granted) = limit.grant(words, now, cost, take);
+        let (decision, granted) = if take < cost {
+            admit_taking_less(limit, words, now, cost, take)
+        } else {
+            limit.grant(words, now, cost, take)
+        };
         if decision.allowed || max_debt == 0 || cost == 0 {
             return (decision, granted);
         }
         match limit.owe(words, now, cost, max_debt) {
             0 => (decision, 0),
             charged => (limit.admit(&mut words.clone(), now, cost), charged),
+        }
+    }
+
+    /// Gives back `tokens` of `key` taken at `taken_at` and not used, as far as its state still
+    /// counts them (`Algorithm::refund`); 0 when the key holds no state of `limit`.
+    pub fn refund(
+        &mut self,
+        key: &str,
+        limit: Algorithm,
+        now: u64,
+        tokens: u64,
+        taken_at: u64,
+    ) -> u64 {
+        match self.keys.get_mut(key) {
+            Some(state) if state.limit == limit => {
+                limit.refund(&mut state.words, now, tokens, taken_at)
+            }
+            _ => 0,
         }
     }
 
@@ -114,6 +136,22 @@ impl ExactStore {
     pub fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
+}
+
+/// A check whose `take` is below its `cost` (a reservation of less than it needs, 0: of
+/// nothing): admitted if `cost` fits, and then `take` taken, as the service's scripts do.
+fn admit_taking_less(
+    limit: Algorithm,
+    words: &mut [u64],
+    now: u64,
+    cost: u64,
+    take: u64,
+) -> (Decision, u64) {
+    let fits = limit.admit(&mut words.to_vec(), now, cost);
+    if !fits.allowed {
+        return (fits, 0);
+    }
+    (limit.admit(words, now, take), take)
 }
 
 #[cfg(test)]
@@ -152,6 +190,49 @@ mod tests {
         assert_eq!(granted, [4, 4, 2, 0]);
         let denied = store.check(&check(Kind::TokenBucket, 4), T0).unwrap();
         assert_eq!((denied.allowed, denied.retry_after_ms), (false, 100));
+    }
+
+    #[test]
+    fn a_take_below_the_cost_admits_if_the_cost_fits_and_takes_only_the_take() {
+        let mut store = ExactStore::default();
+        let peek = Check {
+            cost: 4,
+            ..check(Kind::FixedWindow, 0)
+        };
+        let asked = store.check(&peek, T0).unwrap();
+        assert_eq!(
+            (asked.allowed, asked.granted, asked.remaining),
+            (true, 0, 10)
+        );
+        store.check(&check(Kind::FixedWindow, 7), T0).unwrap();
+        let short = store.check(&peek, T0).unwrap();
+        assert_eq!(
+            (short.allowed, short.granted),
+            (false, 0),
+            "3 left, 4 needed"
+        );
+    }
+
+    #[test]
+    fn a_refund_gives_back_what_the_window_that_took_it_still_counts() {
+        let mut store = ExactStore::default();
+        let reserved = check(Kind::FixedWindow, 10);
+        store.check(&reserved, T0).unwrap();
+        let limit = reserved.limit().unwrap();
+        let key = &reserved.key;
+        assert_eq!(store.refund(key, limit, T0, 4, T0), 4);
+        assert_eq!(store.check(&reserved, T0).unwrap().granted, 4);
+        let next_window = T0 + 1_000_000_000;
+        assert_eq!(
+            store.refund(key, limit, next_window, 4, T0),
+            0,
+            "that window is over"
+        );
+        assert_eq!(
+            store.refund("other", limit, T0, 4, T0),
+            0,
+            "no state, nothing to give"
+        );
     }
 
     #[test]

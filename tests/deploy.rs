@@ -489,18 +489,18 @@ fn the_global_plugin_calls_the_service_deploy_defines_by_its_istio_cluster_name(
         host.as_str()
     );
 
-    // The AuthorizationPolicy lets the check through, and nothing else.
+    // The AuthorizationPolicy lets the check and its settlements through (the filter's settle
+    // path: the check's last segment as `settle`), and nothing else.
     let policy = &find(&docs, "AuthorizationPolicy", "sluice-service")["spec"];
     assert_eq!(policy["action"], "ALLOW");
     let operation = &policy["rules"][0]["to"][0]["operation"];
     assert_eq!(operation["methods"], json!(["POST"]));
-    assert_eq!(
-        operation["paths"],
-        json!([global
-            .get("path")
-            .and_then(Value::as_str)
-            .unwrap_or("/v1/check")])
-    );
+    let check = global
+        .get("path")
+        .and_then(Value::as_str)
+        .unwrap_or("/v1/check");
+    let settle = format!("{}/settle", check.rsplit_once('/').unwrap().0);
+    assert_eq!(operation["paths"], json!([check, settle]));
     assert_eq!(operation["ports"], json!([port.to_string()]));
     let namespace = global_docs[0]["metadata"]["namespace"].as_str().unwrap();
     assert!(

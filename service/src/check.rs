@@ -5,10 +5,11 @@ pub use sluice::config::MAX_SLIDING_LOG;
 /// The wire format, defined once with the filter (`sluice::protocol`).
 pub use sluice::protocol::{CheckResponse, CheckResult};
 
+use serde::de::DeserializeOwned;
 use sluice::algorithm::Kind;
 use sluice::protocol::{Check as WireCheck, CheckRequest};
 
-use crate::store::{Algorithm, Check, Decision, Namespace};
+use crate::store::{Algorithm, Check, Decision, Namespace, Slots};
 
 pub const MAX_CHECKS: usize = 16;
 /// The sliding-log entries one request may add, all its checks together: a log keeps one entry
@@ -21,6 +22,16 @@ const DAY_MS: u64 = 86_400_000;
 pub const MAX_KEY_BYTES: usize = 200;
 const MAX_REQUESTS: u64 = 1_000_000_000;
 const MAX_BURST: u64 = 1_000_000_000;
+/// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`).
+pub const MAX_DEBT: u64 = MAX_BURST;
+/// The most slots of one global concurrency key: a sorted set of that many members (16-byte
+/// names and their expiries) is about 0.5 MB in Redis.
+pub const MAX_GLOBAL_SLOTS: u64 = 10_000;
+/// The shortest lease of a slot: the filter renews a slot every half lease from a timer of a
+/// second, and the lease must outlast a few missed renewals.
+pub const MIN_LEASE_MS: u64 = 4_000;
+/// A slot's name: what the filter sends (`sluice::limiter::slot_name`).
+const SLOT_NAME_DIGITS: usize = 16;
 /// One year.
 const MAX_PER_MS: u64 = 31_536_000_000;
 /// One year: the longest a leaky bucket may hold a request.
@@ -89,6 +100,7 @@ fn capacity_note(kind: Kind) -> &'static str {
 fn max_requests(kind: Kind) -> u64 {
     match kind {
         Kind::SlidingLog => MAX_SLIDING_LOG,
+        Kind::Concurrency => MAX_GLOBAL_SLOTS,
         _ => MAX_REQUESTS,
     }
 }
@@ -109,7 +121,7 @@ impl BadRequest {
 
 /// Parses and validates a request body into the checks to decide, in request order.
 pub fn parse(body: &[u8], bounds: &Bounds) -> Result<Vec<Check>, BadRequest> {
-    let raw = deserialize(body)?;
+    let raw: CheckRequest = deserialize(body)?;
     if !(1..=MAX_CHECKS).contains(&raw.checks.len()) {
         let reason = format!(
             "must hold 1 to {MAX_CHECKS} checks, got {}",
@@ -138,10 +150,21 @@ pub fn log_entries(checks: &[Check]) -> u64 {
         .sum()
 }
 
+/// The sorted-set members `checks` may add: a sliding log's entry per token, a concurrency
+/// slot per slot taken (slots given back add none).
+pub fn members_added(checks: &[Check]) -> u64 {
+    let slots: u64 = (checks.iter())
+        .filter(|c| matches!(c.algorithm, Algorithm::Concurrency { .. }))
+        .filter(|c| c.slots != Slots::GiveBack)
+        .map(|c| c.take)
+        .sum();
+    log_entries(checks) + slots
+}
+
 /// The JSON body; a serde error is reported at the path where it happened.
-fn deserialize(body: &[u8]) -> Result<CheckRequest, BadRequest> {
+pub(crate) fn deserialize<T: DeserializeOwned>(body: &[u8]) -> Result<T, BadRequest> {
     let mut json = serde_json::Deserializer::from_slice(body);
-    let raw: CheckRequest = serde_path_to_error::deserialize(&mut json).map_err(|error| {
+    let raw: T = serde_path_to_error::deserialize(&mut json).map_err(|error| {
         let path = error.path().to_string();
         // Broken JSON is reported for the body (its message has line and column); wrong
         // content at the field's path, "." being the body itself.
@@ -159,7 +182,6 @@ fn deserialize(body: &[u8]) -> Result<CheckRequest, BadRequest> {
 fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadRequest> {
     let field = |name: &str| format!("{at}.{name}");
     let name = raw.algorithm;
-    validate_key(&raw.key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
     let shape = Shape {
         name,
         requests: raw.requests,
@@ -167,11 +189,8 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         burst: raw.burst,
         max_delay_ms: raw.max_delay_ms,
     };
-    let algorithm = shape.algorithm(&field)?;
-    (bounds.check_lifetime(&algorithm))
-        .map_err(|reason| BadRequest::new(&field(lifetime_field(name)), reason))?;
-    let capacity = raw.burst.min(MAX_BURST);
-    let cost = within(&field("cost"), raw.cost, 1, capacity, capacity_note(name))?;
+    let algorithm = validate_limit(&raw.key, &shape, &field, bounds)?;
+    let cost = cost(name, raw.cost, raw.burst, &field("cost"))?;
     check_queue(&field("cost"), &algorithm, cost)?;
     let take = take(
         name,
@@ -180,6 +199,7 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         raw.burst,
         &field("take"),
     )?;
+    let slots = slots(name, raw.slot, &field("slot"))?;
     Ok(Check {
         namespace: Namespace::Http,
         key: raw.key,
@@ -187,7 +207,61 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         cost,
         take,
         debt: 0,
+        slots,
     })
+}
+
+/// The key and the limit a check (or a settlement, which names the same state) is about:
+/// every number within its bounds, the key's life within `--max-key-ttl`.
+pub(crate) fn validate_limit(
+    key: &str,
+    shape: &Shape,
+    field: &dyn Fn(&str) -> String,
+    bounds: &Bounds,
+) -> Result<Algorithm, BadRequest> {
+    validate_key(key).map_err(|reason| BadRequest::new(&field("key"), reason))?;
+    let algorithm = shape.algorithm(field)?;
+    (bounds.check_lifetime(&algorithm))
+        .map_err(|reason| BadRequest::new(&field(lifetime_field(shape.name)), reason))?;
+    Ok(algorithm)
+}
+
+/// `1..=` the capacity; exactly 1 for a concurrency check, which takes the one slot it names.
+fn cost(name: Kind, value: u64, burst: u64, field: &str) -> Result<u64, BadRequest> {
+    if name == Kind::Concurrency {
+        return within(field, value, 1, 1, " (one named slot)");
+    }
+    let capacity = burst.min(MAX_BURST);
+    within(field, value, 1, capacity, capacity_note(name))
+}
+
+/// A concurrency check names its slot (`[0-9a-f]{16}`, as the filter names them); no other
+/// check has one.
+fn slots(name: Kind, slot: Option<String>, field: &str) -> Result<Slots, BadRequest> {
+    match (slot, name) {
+        (Some(slot), Kind::Concurrency) => Ok(Slots::Named(validate_slot(slot, field)?)),
+        (None, Kind::Concurrency) => Err(BadRequest::new(
+            field,
+            "required for concurrency: the slot's name, by which it is released and renewed",
+        )),
+        (Some(_), _) => Err(BadRequest::new(
+            field,
+            format!("only for concurrency, not {}", name.name()),
+        )),
+        (None, _) => Ok(Slots::Anonymous),
+    }
+}
+
+/// A slot's name: 16 lowercase hex digits.
+pub(crate) fn validate_slot(slot: String, field: &str) -> Result<String, BadRequest> {
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if slot.len() == SLOT_NAME_DIGITS && slot.chars().all(hex) {
+        return Ok(slot);
+    }
+    Err(BadRequest::new(
+        field,
+        format!("must be {SLOT_NAME_DIGITS} lowercase hex digits, got {slot:?}"),
+    ))
 }
 
 /// The field whose number makes a key live long: the bucket's, the window's, the queue's.
@@ -199,10 +273,11 @@ fn lifetime_field(kind: Kind) -> &'static str {
     }
 }
 
-/// A limit's numbers as callers give them: per check on `/v1/check`, per `rate_limit` in the
-/// RLS configuration. `burst` is the token bucket's capacity, a window's limit (so it must equal
-/// `requests`), or for the leaky bucket what bounds `cost` beside the queue (max_delay /
-/// interval + 1).
+/// A limit's numbers as callers give them: per check on `/v1/check` (and per settlement on
+/// `/v1/settle`), per `rate_limit` in the RLS configuration. `burst` is the token bucket's
+/// capacity, a window's limit or the slots (so it must equal `requests`), or for the leaky
+/// bucket what bounds `cost` beside the queue (max_delay / interval + 1). For concurrency
+/// `per_ms` is a slot's lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Shape {
     pub name: Kind,
@@ -245,8 +320,11 @@ impl Shape {
                 max_delay_us: max_delay_ms * 1000,
             },
             Kind::Concurrency => {
-                let reason = "concurrency is counted by the filter alone for now";
-                return Err(BadRequest::new(&field("algorithm"), reason));
+                let lease_ms = within(&field("per_ms"), per_ms, MIN_LEASE_MS, MAX_PER_MS, "")?;
+                Algorithm::Concurrency {
+                    limit: requests,
+                    lease_us: lease_ms * 1000,
+                }
             }
         })
     }
@@ -301,18 +379,18 @@ fn burst(name: Kind, value: u64, requests: u64, field: &str) -> Result<u64, BadR
     }
 }
 
-/// `cost..=burst`; exactly `cost` for the leaky bucket, which has no leases.
+/// `cost..=burst`, or 0 for the algorithms a response's usage is settled against (admit if
+/// `cost` fits, reserve nothing); exactly `cost` for the leaky bucket, which has no leases, and
+/// for concurrency, whose check takes its one named slot.
 fn take(name: Kind, value: u64, cost: u64, burst: u64, field: &str) -> Result<u64, BadRequest> {
-    if name != Kind::LeakyBucket {
-        return within(field, value, cost, burst, " (cost..=burst)");
-    }
-    if value == cost {
-        Ok(value)
-    } else {
-        Err(BadRequest::new(
+    match name {
+        Kind::LeakyBucket | Kind::Concurrency if value != cost => Err(BadRequest::new(
             field,
-            format!("must equal cost ({cost}) for leaky_bucket, got {value}"),
-        ))
+            format!("must equal cost ({cost}) for {}, got {value}", name.name()),
+        )),
+        Kind::LeakyBucket | Kind::Concurrency => Ok(value),
+        Kind::TokenBucket | Kind::FixedWindow | Kind::SlidingWindow if value == 0 => Ok(0),
+        _ => within(field, value, cost, burst, " (cost..=burst)"),
     }
 }
 
@@ -334,7 +412,7 @@ fn check_capacity(field: &str, interval_us: u64, burst: u64) -> Result<(), BadRe
 }
 
 /// `value` if it is in `min..=max`; `bounds_note` says where the bounds come from.
-fn within(
+pub(crate) fn within(
     field: &str,
     value: u64,
     min: u64,
@@ -424,6 +502,7 @@ mod tests {
             cost: 1,
             take: 1,
             debt: 0,
+            slots: Slots::Anonymous,
         };
         assert_eq!(checks, [expected]);
     }
@@ -478,6 +557,7 @@ mod tests {
                     cost: 2,
                     take: 5,
                     debt: 0,
+                    slots: Slots::Anonymous,
                 }]
             );
         }
@@ -565,6 +645,81 @@ mod tests {
                 "{body}\n  gave {got:?}\n  expected {expected:?}"
             );
         }
+    }
+
+    const SLOTS: &str = r#""key": "streams/00000000000000ff", "algorithm": "concurrency", "requests": 4, "per_ms": 10000, "burst": 4, "cost": 1"#;
+
+    #[test]
+    fn a_concurrency_check_names_its_slot_and_becomes_slots_with_a_lease() {
+        let body = one_check(&format!(
+            r#"{SLOTS}, "take": 1, "slot": "00000000000000aa""#
+        ));
+        let checks = parse(body.as_bytes()).unwrap();
+        let expected = Algorithm::Concurrency {
+            limit: 4,
+            lease_us: 10_000_000,
+        };
+        assert_eq!(checks[0].algorithm, expected);
+        assert_eq!(checks[0].slots, Slots::Named("00000000000000aa".into()));
+    }
+
+    #[test]
+    fn concurrency_has_its_own_bounds_and_only_it_names_a_slot() {
+        let slot = r#""slot": "00000000000000aa""#;
+        let cases = [
+            (one_check(SLOTS), "checks[0].slot: required for concurrency"),
+            (
+                one_check(&format!(r#"{VALID}, {slot}"#)),
+                "checks[0].slot: only for concurrency, not token_bucket",
+            ),
+            (
+                one_check(&format!(r#"{SLOTS}, "slot": "00000000000000AA""#)),
+                "checks[0].slot: must be 16 lowercase hex digits",
+            ),
+            (
+                one_check(&format!(r#"{SLOTS}, {slot}"#).replace("10000,", "3999,")),
+                "checks[0].per_ms: 3999 is not in 4000..=",
+            ),
+            (
+                one_check(
+                    &format!(r#"{SLOTS}, {slot}"#)
+                        .replace(r#""requests": 4, "#, r#""requests": 10001, "#),
+                ),
+                "checks[0].requests: 10001 is not in 1..=10000",
+            ),
+            (
+                one_check(&format!(r#"{SLOTS}, {slot}"#).replace(r#""cost": 1"#, r#""cost": 2"#)),
+                "checks[0].cost: 2 is not in 1..=1 (one named slot)",
+            ),
+            (
+                one_check(&format!(r#"{SLOTS}, {slot}, "take": 0"#)),
+                "checks[0].take: must equal cost (1) for concurrency, got 0",
+            ),
+        ];
+        for (body, expected) in cases {
+            let got = detail(&body);
+            assert!(
+                got.starts_with(expected),
+                "{body}\n  gave {got:?}\n  expected {expected:?}"
+            );
+        }
+        let month = one_check(&format!(r#"{SLOTS}, {slot}"#).replace("10000,", "5356800001,"));
+        let refused = super::parse(month.as_bytes(), &Bounds::default()).unwrap_err();
+        assert!(refused
+            .detail
+            .starts_with("checks[0].per_ms: its key would live"));
+    }
+
+    #[test]
+    fn a_take_of_nothing_is_accepted_where_usage_is_settled() {
+        for algorithm in ["token_bucket", "fixed_window", "sliding_window"] {
+            let body = one_check(&format!(r#"{WINDOW}, "algorithm": "{algorithm}""#))
+                .replace(r#""take": 5"#, r#""take": 0"#);
+            assert_eq!(parse(body.as_bytes()).unwrap()[0].take, 0, "{algorithm}");
+        }
+        let log = one_check(&format!(r#"{WINDOW}, "algorithm": "sliding_log""#))
+            .replace(r#""take": 5"#, r#""take": 0"#);
+        assert!(detail(&log).starts_with("checks[0].take: 0 is not in 2..=10"));
     }
 
     #[test]

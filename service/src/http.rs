@@ -23,6 +23,7 @@ use crate::connections::{Gate, Server};
 use crate::health::{NotReady, Readiness};
 use crate::logging::Throttle;
 use crate::metrics::{self, Metrics};
+use crate::settle::{self, SettleResponse};
 use crate::store::{Check, Store, StoreError};
 
 /// `--max-request-bytes`'s default: the largest body of a check, and of an RLS call.
@@ -34,7 +35,7 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(5);
 /// At most one warning per this long about failed checks.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The paths served; any other counts as `other` in the metrics.
-const PATHS: [&str; 4] = ["/v1/check", "/healthz", "/readyz", "/metrics"];
+const PATHS: [&str; 5] = ["/v1/check", "/v1/settle", "/healthz", "/readyz", "/metrics"];
 
 type Reply = Response<Full<Bytes>>;
 
@@ -79,6 +80,7 @@ impl<S: Store> App<S> {
         let path = PATHS.into_iter().find(|&p| p == request.uri().path());
         let reply = match (&method, path) {
             (&Method::POST, Some("/v1/check")) => self.check(request).await,
+            (&Method::POST, Some("/v1/settle")) => self.settle(request).await,
             (&Method::GET, Some("/healthz")) => json(StatusCode::OK, &Status { status: "ok" }),
             (&Method::GET, Some("/readyz")) => self.readyz(),
             (&Method::GET, Some("/metrics")) => reply(
@@ -104,13 +106,9 @@ impl<S: Store> App<S> {
     /// The token first, then validation: neither an unauthorized nor a bad request reaches the
     /// store.
     async fn check(&self, request: Request<Incoming>) -> Reply {
-        let authorization = request.headers().get(AUTHORIZATION);
-        if !self.guard.admits(authorization.map(HeaderValue::as_bytes)) {
-            return unauthorized();
-        }
-        let checks = match read_checks(request, &self.limits).await {
+        let checks = match self.admit(request, check::parse).await {
             Ok(checks) => checks,
-            Err(bad) => return error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail),
+            Err(reply) => return reply,
         };
         let started = Instant::now();
         let decided = self.store.check(&checks).await;
@@ -123,6 +121,43 @@ impl<S: Store> App<S> {
             }
             Err(failure) => self.redis_unavailable(&checks, &failure),
         }
+    }
+
+    /// As `check`: the same token, body limits and strictness. Settlements are not on a
+    /// request's path: no latency is observed, and the filter retries a 503.
+    async fn settle(&self, request: Request<Incoming>) -> Reply {
+        let settlements = match self.admit(request, settle::parse).await {
+            Ok(settlements) => settlements,
+            Err(reply) => return reply,
+        };
+        match self.store.settle(&settlements).await {
+            Ok(changed) => {
+                self.metrics.record_settlements(&settlements, &changed);
+                let settled = changed.iter().filter(|&&n| n > 0).count() as u64;
+                json(StatusCode::OK, &SettleResponse { settled })
+            }
+            Err(failure) => {
+                self.metrics
+                    .record_settle_failure(&settlements, failure.kind);
+                self.warn_redis(&failure);
+                redis_unavailable(&failure)
+            }
+        }
+    }
+
+    /// The bearer token, then the body parsed by `parse` under the limits: what a POST to the
+    /// API must pass before it reaches the store; the reply that refuses it otherwise.
+    async fn admit<T>(
+        &self,
+        request: Request<Incoming>,
+        parse: impl FnOnce(&[u8], &Bounds) -> Result<T, BadRequest>,
+    ) -> Result<T, Reply> {
+        let authorization = request.headers().get(AUTHORIZATION);
+        if !self.guard.admits(authorization.map(HeaderValue::as_bytes)) {
+            return Err(unauthorized());
+        }
+        (read_body(request, &self.limits, parse).await)
+            .map_err(|bad| error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail))
     }
 
     fn readyz(&self) -> Reply {
@@ -144,23 +179,32 @@ impl<S: Store> App<S> {
     /// 503: the filter applies the policy's failure mode.
     fn redis_unavailable(&self, checks: &[Check], failure: &StoreError) -> Reply {
         self.metrics.record_failure(checks, failure.kind);
+        self.warn_redis(failure);
+        redis_unavailable(failure)
+    }
+
+    fn warn_redis(&self, failure: &StoreError) {
         if let Some(others) = self.redis_warnings.pass() {
             let (kind, error) = (failure.kind.name(), failure.detail.as_str());
             warn!(kind, error, others, "checks failed on Redis (503)");
         }
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "redis_unavailable",
-            &failure.detail,
-        )
     }
 }
 
-/// Content type, size (declared, then actual), then the JSON itself.
-async fn read_checks(
+fn redis_unavailable(failure: &StoreError) -> Reply {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "redis_unavailable",
+        &failure.detail,
+    )
+}
+
+/// Content type, size (declared, then actual), then the JSON itself, by `parse`.
+async fn read_body<T>(
     request: Request<Incoming>,
     limits: &Limits,
-) -> Result<Vec<Check>, BadRequest> {
+    parse: impl FnOnce(&[u8], &Bounds) -> Result<T, BadRequest>,
+) -> Result<T, BadRequest> {
     let headers = request.headers();
     if !is_json(headers.get(CONTENT_TYPE)) {
         return Err(BadRequest::new("content-type", "must be application/json"));
@@ -174,7 +218,7 @@ async fn read_checks(
     }
     let body = Limited::new(request.into_body(), max).collect();
     match tokio::time::timeout(BODY_TIMEOUT, body).await {
-        Ok(Ok(collected)) => check::parse(&collected.to_bytes(), &limits.bounds),
+        Ok(Ok(collected)) => parse(&collected.to_bytes(), &limits.bounds),
         Ok(Err(failure)) if failure.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
         Ok(Err(failure)) => Err(BadRequest::new(
             "body",

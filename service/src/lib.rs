@@ -1,11 +1,13 @@
 //! sluice-service decides sluice's global limits, kept in Redis: token bucket, fixed window,
-//! sliding window, sliding log and leaky bucket, with the filter's local semantics.
+//! sliding window, sliding log and leaky bucket, with the filter's local semantics, and
+//! concurrency (slots that are leases).
 //!
 //! A request flows one way: `http` (routes, the bearer token of `auth`, the body limit) →
 //! `check` (strict parsing and validation into `store::Check`s) → a `store::Store`
 //! (`redis_store`: one atomic Lua call per check, one script per algorithm; or `memory_store`,
-//! the filter's own algorithms in this process) →
-//! `check::CheckResponse`. Around it: `connections` caps, times out and sheds the connections of
+//! the filter's own algorithms in this process, and `memory_slots` for concurrency) →
+//! `check::CheckResponse`. What requests owe after admission takes the same way through
+//! `settle` (its validation is `check`'s) to `Store::settle`. Around it: `connections` caps, times out and sheds the connections of
 //! both servers, `health` probes Redis for readiness, `metrics` holds every series in one
 //! registry, `logging` writes JSON lines, `signals` and `cli` are the process's inputs. `rls`
 //! serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
@@ -17,9 +19,11 @@ pub mod connections;
 pub mod health;
 pub mod http;
 pub mod logging;
+pub mod memory_slots;
 pub mod memory_store;
 pub mod metrics;
 pub mod redis_store;
 pub mod rls;
+pub mod settle;
 pub mod signals;
 pub mod store;

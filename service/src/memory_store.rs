@@ -1,7 +1,8 @@
 //! Limits kept in this process, decided by the filter's own algorithms (`sluice::exact`) in
 //! microseconds of the system clock: what the Redis scripts answer, debt included
-//! (`Check::debt`, `sluice::algorithm::Algorithm::owe`), for one service and without Redis. For trying sluice out and for testing the service's logic without a Redis; one replica
-//! only, and the state goes with the process.
+//! (`Check::debt`, `sluice::algorithm::Algorithm::owe`) and settlements too, for one service and
+//! without Redis; concurrency's slots in a `SlotTable`. For trying sluice out and for testing
+//! the service's logic without a Redis; one replica only, and the state goes with the process.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
@@ -10,58 +11,135 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sluice::algorithm::{self as filter, Drain, Rate, Window};
 use sluice::exact::ExactStore;
 
-use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, StoreError};
+use crate::memory_slots::{Ask, SlotTable};
+use crate::store::{
+    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settlement, Slots,
+    Store, StoreError,
+};
 
-/// Checks between two sweeps of the keys that are as good as empty.
+/// Calls between two sweeps of the keys that are as good as empty.
 const SWEEP_EVERY: u64 = 4096;
 
 #[derive(Default)]
 pub struct MemoryStore {
-    keys: Mutex<ExactStore>,
-    checks: AtomicU64,
+    state: Mutex<State>,
+    calls: AtomicU64,
+}
+
+/// Every key's state: the algorithms' words, and the slots of concurrency limits.
+#[derive(Default)]
+struct State {
+    words: ExactStore,
+    slots: SlotTable,
 }
 
 impl MemoryStore {
-    fn decide(&self, checks: &[Check], now_us: u64) -> Result<Vec<Decision>, StoreError> {
-        let mut keys = self
-            .keys
-            .lock()
-            .map_err(|_| failure("the store's lock is poisoned"))?;
-        if self
-            .checks
-            .fetch_add(1, Relaxed)
-            .is_multiple_of(SWEEP_EVERY)
-        {
-            keys.forget_idle(now_us);
+    /// The state, swept of idle keys every `SWEEP_EVERY` calls.
+    fn state(&self, now_us: u64) -> Result<std::sync::MutexGuard<'_, State>, StoreError> {
+        let mut state = (self.state.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        if self.calls.fetch_add(1, Relaxed).is_multiple_of(SWEEP_EVERY) {
+            state.words.forget_idle(now_us);
+            state.slots.forget_idle(now_us);
         }
-        checks
-            .iter()
-            .map(|check| {
-                let limit = limit(&check.algorithm).ok_or_else(|| failure("no such limit"))?;
-                let key = state_key(check);
-                let cost = (check.cost, check.take);
-                let (d, granted) = keys.decide_owing(&key, limit, now_us, cost, check.debt);
-                Ok(Decision {
-                    allowed: d.allowed,
-                    granted,
-                    remaining: d.remaining,
-                    reset_us: d.reset_after,
-                    retry_after_us: d.retry_after,
-                    delay_us: matches!(check.algorithm, Algorithm::LeakyBucket { .. })
-                        .then_some(d.delay),
-                })
-            })
+        Ok(state)
+    }
+
+    fn decide(&self, checks: &[Check], now_us: u64) -> Result<Vec<Decision>, StoreError> {
+        let mut state = self.state(now_us)?;
+        (checks.iter())
+            .map(|check| state.decide(check, now_us))
+            .collect()
+    }
+
+    fn apply(&self, settlements: &[Settlement], now_us: u64) -> Result<Vec<u64>, StoreError> {
+        let mut state = self.state(now_us)?;
+        (settlements.iter())
+            .map(|settlement| state.settle(settlement, now_us))
             .collect()
     }
 }
 
+impl State {
+    fn decide(&mut self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {
+        let key = state_key(check);
+        if let Algorithm::Concurrency { limit, lease_us } = check.algorithm {
+            return Ok(self.take_slots(&key, check, limit, lease_us, now_us));
+        }
+        let limit = filter_limit(&check.algorithm)?;
+        let cost = (check.cost, check.take);
+        let (d, granted) = (self.words).decide_owing(&key, limit, now_us, cost, check.debt);
+        Ok(Decision {
+            allowed: d.allowed,
+            granted,
+            remaining: d.remaining,
+            reset_us: d.reset_after,
+            retry_after_us: d.retry_after,
+            delay_us: matches!(check.algorithm, Algorithm::LeakyBucket { .. }).then_some(d.delay),
+        })
+    }
+
+    fn take_slots(
+        &mut self,
+        key: &str,
+        check: &Check,
+        limit: u64,
+        lease_us: u64,
+        now_us: u64,
+    ) -> Decision {
+        let ask = |name| Ask {
+            limit,
+            lease_us,
+            cost: check.cost,
+            take: check.take,
+            name,
+        };
+        match &check.slots {
+            Slots::GiveBack => self.slots.give_back(key, limit, check.take, now_us),
+            Slots::Anonymous => self.slots.acquire(key, ask(None), now_us),
+            Slots::Named(name) => self.slots.acquire(key, ask(Some(name)), now_us),
+        }
+    }
+
+    fn settle(&mut self, settlement: &Settlement, now_us: u64) -> Result<u64, StoreError> {
+        let key = settled_key(settlement);
+        let algorithm = settlement.algorithm;
+        Ok(match (&settlement.op, algorithm) {
+            (&SettleOp::Charge { tokens, max_debt }, _) => {
+                let limit = filter_limit(&algorithm)?;
+                let cost = (tokens, tokens);
+                (self.words)
+                    .decide_owing(&key, limit, now_us, cost, max_debt)
+                    .1
+            }
+            (&SettleOp::Refund { tokens, age_us }, _) => {
+                let limit = filter_limit(&algorithm)?;
+                let taken_at = now_us.saturating_sub(age_us);
+                (self.words).refund(&key, limit, now_us, tokens, taken_at)
+            }
+            (SettleOp::Release { slot }, _) => self.slots.release(&key, slot, now_us),
+            (SettleOp::Renew { slot }, Algorithm::Concurrency { limit, lease_us }) => {
+                (self.slots).renew(&key, limit, lease_us, slot, now_us)
+            }
+            (SettleOp::Renew { .. }, _) => 0,
+        })
+    }
+}
+
+/// Microseconds of the system clock since the epoch.
+fn now_us() -> Result<u64, StoreError> {
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| failure("the clock is before 1970"))?;
+    Ok(u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX))
+}
+
 impl Store for MemoryStore {
     async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
-        let now_us = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_err(|_| failure("the clock is before 1970"))?
-            .as_micros();
-        self.decide(checks, u64::try_from(now_us).unwrap_or(u64::MAX))
+        self.decide(checks, now_us()?)
+    }
+
+    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<u64>, StoreError> {
+        self.apply(settlements, now_us()?)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
@@ -71,7 +149,8 @@ impl Store for MemoryStore {
 
 /// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind
 /// the unit), through its validating constructors; `check::parse` has already bounded them.
-fn limit(algorithm: &Algorithm) -> Option<filter::Algorithm> {
+/// Concurrency has none: its slots are the `SlotTable`'s.
+fn filter_limit(algorithm: &Algorithm) -> Result<filter::Algorithm, StoreError> {
     match *algorithm {
         Algorithm::TokenBucket { interval_us, burst } => {
             Rate::new(1, interval_us, burst).map(filter::Algorithm::TokenBucket)
@@ -89,8 +168,9 @@ fn limit(algorithm: &Algorithm) -> Option<filter::Algorithm> {
             interval_us,
             max_delay_us,
         } => Drain::new(1, interval_us, max_delay_us).map(filter::Algorithm::LeakyBucket),
+        Algorithm::Concurrency { .. } => return Err(failure("slots are not words")),
     }
-    .ok()
+    .map_err(|_| failure("no such limit"))
 }
 
 fn failure(detail: &str) -> StoreError {

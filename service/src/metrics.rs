@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::store::{Check, Decision, FailureKind};
+use crate::store::{Check, Decision, FailureKind, Settlement};
 
 /// The content type of `render`'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -50,6 +50,13 @@ struct CheckLabels {
     result: &'static str,
 }
 
+/// Bounded: four ops, three results.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SettlementLabels {
+    op: &'static str,
+    result: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RedisErrorLabels {
     kind: &'static str,
@@ -64,6 +71,7 @@ struct HttpLabels {
 pub struct Metrics {
     registry: Registry,
     checks: Family<CheckLabels, Counter>,
+    settlements: Family<SettlementLabels, Counter>,
     check_duration: Histogram,
     redis_errors: Family<RedisErrorLabels, Counter>,
     redis_up: Gauge,
@@ -83,6 +91,7 @@ impl Metrics {
         let mut metrics = Metrics {
             registry: Registry::with_prefix("sluice_service"),
             checks: Family::default(),
+            settlements: Family::default(),
             check_duration: Histogram::new(LATENCY_BOUNDS),
             redis_errors: Family::default(),
             redis_up: Gauge::default(),
@@ -103,6 +112,12 @@ impl Metrics {
             "Checks decided or failed, by policy (the key's part before '/'), algorithm and \
              result (allowed, denied, error)",
             self.checks.clone(),
+        );
+        registry.register(
+            "settlements",
+            "Settlements of POST /v1/settle, by op (charge, refund, release, renew) and result \
+             (applied: tokens or a slot settled; unchanged: nothing left to settle; error)",
+            self.settlements.clone(),
         );
         registry.register_with_unit(
             "check_duration",
@@ -153,6 +168,30 @@ impl Metrics {
         }
         let labels = RedisErrorLabels { kind: kind.name() };
         self.redis_errors.get_or_create(&labels).inc();
+    }
+
+    /// One count per settlement: applied if it changed something (`changed` > 0).
+    pub fn record_settlements(&self, settlements: &[Settlement], changed: &[u64]) {
+        for (settlement, &n) in settlements.iter().zip(changed) {
+            let result = if n > 0 { "applied" } else { "unchanged" };
+            self.count_settlement(settlement, result);
+        }
+    }
+
+    /// Settlements that failed on Redis: each counts as an error, the request once by kind.
+    pub fn record_settle_failure(&self, settlements: &[Settlement], kind: FailureKind) {
+        for settlement in settlements {
+            self.count_settlement(settlement, "error");
+        }
+        let labels = RedisErrorLabels { kind: kind.name() };
+        self.redis_errors.get_or_create(&labels).inc();
+    }
+
+    fn count_settlement(&self, settlement: &Settlement, result: &'static str) {
+        let op = settlement.op.name();
+        self.settlements
+            .get_or_create(&SettlementLabels { op, result })
+            .inc();
     }
 
     fn count_check(&self, check: &Check, result: &'static str) {
@@ -225,7 +264,7 @@ fn is_policy_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Algorithm, Namespace};
+    use crate::store::{Algorithm, Namespace, Slots};
 
     fn check(key: &str) -> Check {
         Check {
@@ -238,6 +277,7 @@ mod tests {
             cost: 1,
             take: 1,
             debt: 0,
+            slots: Slots::Anonymous,
         }
     }
 

@@ -15,7 +15,10 @@ use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKin
 
 use tokio::sync::OnceCell;
 
-use crate::store::{state_key, Algorithm, Check, Decision, FailureKind, Store, StoreError};
+use crate::store::{
+    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settlement, Slots,
+    Store, StoreError,
+};
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
 // state in KEYS[1] = `store::state_key` (its name holds the algorithm and its numbers), writes
@@ -380,6 +383,287 @@ redis.call('SET', KEYS[1], string.format('%d', drained), 'PX', string.format('%d
 return {1, cost, remaining, reset, 0, delay}
 ";
 
+/// Concurrency: at most `limit` slots live at once. A sorted set: member = the slot's name,
+/// score = when its lease expires (µs since the epoch); a slot is live while its expiry is
+/// after now, so a slot whose release is lost frees itself when its lease ends.
+///
+/// KEYS[1]: the sorted set.
+/// ARGV[1]: limit.   ARGV[2]: lease_us.   ARGV[3]: cost, slots that must be free.
+/// ARGV[4]: take, slots to take (0..=cost: 0 only asks).
+/// ARGV[5]: the slot's name, or '' for `take` slots the script names itself: `<now>-<n>`, the
+/// first n whose name is not taken (unique, and never a filter's name of 16 hex digits).
+/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
+///
+/// A named slot that is already live is the same request asking again (a retried check): it is
+/// not counted against itself, and taking it again only moves its expiry. Refuses if live +
+/// cost > limit, writing nothing; retry_after is 0 (nobody knows when a slot frees). Otherwise
+/// drops the expired members, adds the slots at now + lease, and sets the key's TTL to cover
+/// the newest expiry plus 1 s. remaining = limit - live - granted; reset = until the newest
+/// live slot expires (0 for none). State of another type reads as no slots.
+pub const CONCURRENCY_LUA: &str = r"
+local limit = tonumber(ARGV[1])
+local lease = tonumber(ARGV[2])
+local cost = tonumber(ARGV[3])
+local take = tonumber(ARGV[4])
+local name = ARGV[5]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local foreign = kind ~= 'zset' and kind ~= 'none'
+local live_from = '(' .. string.format('%d', now)
+local live = 0
+if not foreign then
+  live = redis.call('ZCOUNT', KEYS[1], live_from, '+inf')
+  if name ~= '' then
+    local score = tonumber(redis.call('ZSCORE', KEYS[1], name))
+    if score ~= nil and score > now then
+      live = live - 1
+    end
+  end
+end
+-- Until the newest live slot expires (0 for none).
+local function newest_expires()
+  if foreign then
+    return 0
+  end
+  local newest = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', live_from, 'WITHSCORES', 'LIMIT', 0, 1)
+  if newest[2] then
+    return tonumber(newest[2]) - now
+  end
+  return 0
+end
+if live + cost > limit then
+  return {0, 0, math.max(limit - live, 0), newest_expires(), 0}
+end
+if take == 0 then
+  return {1, 0, limit - live, newest_expires(), 0}
+end
+if foreign then
+  redis.call('DEL', KEYS[1])
+  foreign = false
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+local expiry = string.format('%d', now + lease)
+if name ~= '' then
+  redis.call('ZADD', KEYS[1], expiry, name)
+else
+  -- In chunks: unpack() of many thousand values would overflow Lua's stack.
+  local n, added = 0, 0
+  while added < take do
+    local entries = {}
+    while added < take and #entries < 1000 do
+      local member = string.format('%d-%d', now, n)
+      n = n + 1
+      if not redis.call('ZSCORE', KEYS[1], member) then
+        entries[#entries + 1] = expiry
+        entries[#entries + 1] = member
+        added = added + 1
+      end
+    end
+    redis.call('ZADD', KEYS[1], unpack(entries))
+  end
+end
+local reset = newest_expires()
+redis.call('PEXPIRE', KEYS[1], string.format('%d', math.ceil(reset / 1000) + 1000))
+return {1, take, limit - live - take, reset, 0}
+";
+
+/// Concurrency, the RLS's negative hits: gives back `count` slots, whichever expire soonest
+/// (an anonymous slot has no name to release it by).
+///
+/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.
+/// ARGV[1]: limit.   ARGV[2]: count.
+/// Returns {allowed (1), granted (slots given back), remaining, reset_us, retry_after_us (0)}.
+///
+/// Drops the expired members, then `ZPOPMIN`s up to `count` (a −1 that comes after its slot
+/// expired gives back another request's slot early: the slot it stood for has already freed
+/// itself, so the key holds one slot less than it should until the next −1 has no slot to take).
+/// The TTL is left as it is: it covers the newest expiry still there.
+pub const CONCURRENCY_GIVE_BACK_LUA: &str = r"
+local limit = tonumber(ARGV[1])
+local count = tonumber(ARGV[2])
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+  return {1, 0, limit, 0, 0}
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+local given = 0
+if count > 0 then
+  given = #redis.call('ZPOPMIN', KEYS[1], count) / 2
+end
+local live = redis.call('ZCARD', KEYS[1])
+local reset = 0
+local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if newest[2] then
+  reset = tonumber(newest[2]) - now
+end
+return {1, given, math.max(limit - live, 0), reset, 0}
+";
+
+/// Concurrency: the request that held the slot ended.
+///
+/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.   ARGV[1]: the slot's name.
+/// Returns 1 if the slot was live and is free now, 0 if it was not there or had expired (it is
+/// removed all the same). State of another type is left alone.
+pub const SLOT_RELEASE_LUA: &str = r"
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+  return 0
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if score == nil then
+  return 0
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+if score > now then
+  return 1
+end
+return 0
+";
+
+/// Concurrency: the request that holds the slot lives on; its lease starts again.
+///
+/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.
+/// ARGV[1]: limit.   ARGV[2]: lease_us.   ARGV[3]: the slot's name.
+/// Returns 1 if the slot is live until now + lease, 0 if it had expired and no slot was free.
+///
+/// A live slot's expiry becomes now + lease. One that expired (or was never there) is taken
+/// again, as `CONCURRENCY_LUA` takes a slot, if fewer than `limit` are live; otherwise nothing
+/// is written and its request runs on without one. The key's TTL covers the newest expiry plus
+/// 1 s. State of another type reads as no slots.
+pub const SLOT_RENEW_LUA: &str = r"
+local limit = tonumber(ARGV[1])
+local lease = tonumber(ARGV[2])
+local name = ARGV[3]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+local score = tonumber(redis.call('ZSCORE', KEYS[1], name))
+if score == nil or score <= now then
+  local live_from = '(' .. string.format('%d', now)
+  if redis.call('ZCOUNT', KEYS[1], live_from, '+inf') >= limit then
+    return 0
+  end
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+end
+redis.call('ZADD', KEYS[1], string.format('%d', now + lease), name)
+local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local ttl_ms = math.ceil((tonumber(newest[2]) - now) / 1000) + 1000
+redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl_ms))
+return 1
+";
+
+// The refunds below give back what a response did not use of its reservation, taken `age_us`
+// ago (when = Redis TIME - age), as far as the state still counts it: the filter's
+// `Algorithm::refund`. Each returns the whole tokens given back and writes nothing when it
+// gives nothing back; a write keeps the TTL rule of the algorithm's check script.
+
+/// Token bucket refund: the TAT moves back by tokens × interval, never below now (a bucket
+/// that refilled meanwhile is full: what it already earned back is not given twice).
+///
+/// KEYS[1]: the TAT of `TOKEN_BUCKET_LUA`.
+/// ARGV[1]: interval_us.   ARGV[2]: tokens (at most `store::Algorithm::refundable`).
+/// Returns the whole tokens given back (a TAT moved by part of a token is written, as the
+/// filter does, and returns 0 more).
+pub const TOKEN_BUCKET_REFUND_LUA: &str = r"
+local interval = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local before = tonumber(redis.pcall('GET', KEYS[1]))
+if before == nil or before <= now then
+  return 0
+end
+local tat = math.max(before - tokens * interval, now)
+local ttl_ms = math.ceil((tat - now) / 1000) + 1000
+redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', ttl_ms))
+return math.floor((before - tat) / interval)
+";
+
+/// Fixed window refund: only while the window that counted the tokens is the current one.
+///
+/// KEYS[1]: `<window index>:<count>` of `FIXED_WINDOW_LUA`.
+/// ARGV[1]: window_us.   ARGV[2]: tokens.   ARGV[3]: age_us.
+/// Returns min(tokens, count) if the tokens were taken in this window, else 0.
+pub const FIXED_WINDOW_REFUND_LUA: &str = r"
+local window = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local age = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local start = now - math.fmod(now, window)
+local index = start / window
+local taken_at = math.max(now - age, 0)
+if (taken_at - math.fmod(taken_at, window)) / window ~= index then
+  return 0
+end
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) ~= 'string' then
+  return 0
+end
+local stored_index, count = string.match(stored, '^(%d+):(%d+)$')
+if tonumber(stored_index) ~= index then
+  return 0
+end
+local back = math.min(tokens, tonumber(count))
+if back == 0 then
+  return 0
+end
+local ttl_ms = math.ceil((start + window - now) / 1000) + 1000
+local state = string.format('%d:%d', index, tonumber(count) - back)
+redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
+return back
+";
+
+/// Sliding window refund: from the count of the window that took the tokens, the current or
+/// the previous one, while it still counts.
+///
+/// KEYS[1]: `<window index>:<current>:<previous>` of `SLIDING_WINDOW_LUA`.
+/// ARGV[1]: window_us.   ARGV[2]: tokens.   ARGV[3]: age_us.
+/// Returns min(tokens, that count), or 0 if the tokens were taken two windows ago or more.
+pub const SLIDING_WINDOW_REFUND_LUA: &str = r"
+local window = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local age = tonumber(ARGV[3])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local elapsed = math.fmod(now, window)
+local index = (now - elapsed) / window
+local taken_at = math.max(now - age, 0)
+local taken = (taken_at - math.fmod(taken_at, window)) / window
+local current, previous = 0, 0
+local stored = redis.pcall('GET', KEYS[1])
+if type(stored) == 'string' then
+  local i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+  i = tonumber(i)
+  if i == index then
+    current, previous = tonumber(c), tonumber(p)
+  elseif i ~= nil and i + 1 == index then
+    previous = tonumber(c)
+  end
+end
+local back = 0
+if taken == index then
+  back = math.min(tokens, current)
+  current = current - back
+elseif taken + 1 == index then
+  back = math.min(tokens, previous)
+  previous = previous - back
+end
+if back == 0 then
+  return 0
+end
+local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
+local state = string.format('%d:%d:%d', index, current, previous)
+redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
+return back
+";
+
 /// Bound on every Redis operation, retries and reconnects included.
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bound on a `PING`: short, so that readiness follows Redis within a second (`health`).
@@ -496,13 +780,20 @@ enum Connection {
     Cluster(ClusterConnection),
 }
 
-/// One script per algorithm, each known to Redis by its SHA1.
+/// One script per algorithm, and one per way of settling, each known to Redis by its SHA1.
 struct Scripts {
     token_bucket: Script,
     fixed_window: Script,
     sliding_window: Script,
     sliding_log: Script,
     leaky_bucket: Script,
+    concurrency: Script,
+    give_back: Script,
+    release: Script,
+    renew: Script,
+    token_bucket_refund: Script,
+    fixed_window_refund: Script,
+    sliding_window_refund: Script,
 }
 
 impl Scripts {
@@ -513,27 +804,125 @@ impl Scripts {
             sliding_window: Script::new(SLIDING_WINDOW_LUA),
             sliding_log: Script::new(SLIDING_LOG_LUA),
             leaky_bucket: Script::new(LEAKY_BUCKET_LUA),
+            concurrency: Script::new(CONCURRENCY_LUA),
+            give_back: Script::new(CONCURRENCY_GIVE_BACK_LUA),
+            release: Script::new(SLOT_RELEASE_LUA),
+            renew: Script::new(SLOT_RENEW_LUA),
+            token_bucket_refund: Script::new(TOKEN_BUCKET_REFUND_LUA),
+            fixed_window_refund: Script::new(FIXED_WINDOW_REFUND_LUA),
+            sliding_window_refund: Script::new(SLIDING_WINDOW_REFUND_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
+    fn all(&self) -> [&Script; 12] {
         [
             &self.token_bucket,
             &self.fixed_window,
             &self.sliding_window,
             &self.sliding_log,
             &self.leaky_bucket,
+            &self.concurrency,
+            &self.give_back,
+            &self.release,
+            &self.renew,
+            &self.token_bucket_refund,
+            &self.fixed_window_refund,
+            &self.sliding_window_refund,
         ]
     }
 
-    fn of(&self, algorithm: &Algorithm) -> &Script {
-        match algorithm {
-            Algorithm::TokenBucket { .. } => &self.token_bucket,
-            Algorithm::FixedWindow { .. } => &self.fixed_window,
-            Algorithm::SlidingWindow { .. } => &self.sliding_window,
-            Algorithm::SlidingLog { .. } => &self.sliding_log,
-            Algorithm::LeakyBucket { .. } => &self.leaky_bucket,
+    /// The script that decides `check`, and its ARGV (see each script's documentation).
+    fn check(&self, check: &Check) -> Eval<'_> {
+        let (cost, take, debt) = (check.cost, check.take, check.debt);
+        let numbers = |script, args: &[u64]| Eval::new(script, state_key(check), args);
+        match check.algorithm {
+            Algorithm::TokenBucket { interval_us, burst } => {
+                numbers(&self.token_bucket, &[interval_us, burst, cost, take, debt])
+            }
+            Algorithm::FixedWindow { limit, window_us } => {
+                numbers(&self.fixed_window, &[window_us, limit, cost, take, debt])
+            }
+            Algorithm::SlidingWindow { limit, window_us } => {
+                numbers(&self.sliding_window, &[window_us, limit, cost, take, debt])
+            }
+            Algorithm::SlidingLog { limit, window_us } => {
+                numbers(&self.sliding_log, &[window_us, limit, cost, take, debt])
+            }
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us,
+            } => numbers(&self.leaky_bucket, &[interval_us, max_delay_us, cost]),
+            Algorithm::Concurrency { limit, lease_us } => match &check.slots {
+                Slots::GiveBack => numbers(&self.give_back, &[limit, take]),
+                Slots::Anonymous => {
+                    numbers(&self.concurrency, &[limit, lease_us, cost, take]).with(String::new())
+                }
+                Slots::Named(name) => {
+                    numbers(&self.concurrency, &[limit, lease_us, cost, take]).with(name.clone())
+                }
+            },
         }
+    }
+
+    /// The script that applies `settlement`, and its ARGV; `None` for an operation the
+    /// algorithm has none for (`settle::parse` refuses those).
+    fn settle(&self, settlement: &Settlement) -> Option<Eval<'_>> {
+        let key = settled_key(settlement);
+        let eval = match (&settlement.op, settlement.algorithm) {
+            (&SettleOp::Charge { tokens, max_debt }, _) => {
+                let charge = Check {
+                    namespace: settlement.namespace,
+                    key: settlement.key.clone(),
+                    algorithm: settlement.algorithm,
+                    cost: tokens,
+                    take: tokens,
+                    debt: max_debt,
+                    slots: Slots::Anonymous,
+                };
+                self.check(&charge)
+            }
+            (&SettleOp::Refund { tokens, .. }, Algorithm::TokenBucket { interval_us, .. }) => {
+                Eval::new(&self.token_bucket_refund, key, &[interval_us, tokens])
+            }
+            (&SettleOp::Refund { tokens, age_us }, Algorithm::FixedWindow { window_us, .. }) => {
+                Eval::new(&self.fixed_window_refund, key, &[window_us, tokens, age_us])
+            }
+            (&SettleOp::Refund { tokens, age_us }, Algorithm::SlidingWindow { window_us, .. }) => {
+                Eval::new(
+                    &self.sliding_window_refund,
+                    key,
+                    &[window_us, tokens, age_us],
+                )
+            }
+            (SettleOp::Release { slot }, Algorithm::Concurrency { .. }) => {
+                Eval::new(&self.release, key, &[]).with(slot.clone())
+            }
+            (SettleOp::Renew { slot }, Algorithm::Concurrency { limit, lease_us }) => {
+                Eval::new(&self.renew, key, &[limit, lease_us]).with(slot.clone())
+            }
+            _ => return None,
+        };
+        Some(eval)
+    }
+}
+
+/// One script to run on one key, with its ARGV.
+struct Eval<'s> {
+    script: &'s Script,
+    key: String,
+    args: Vec<String>,
+}
+
+impl<'s> Eval<'s> {
+    fn new(script: &'s Script, key: String, numbers: &[u64]) -> Eval<'s> {
+        let args = numbers.iter().map(u64::to_string).collect();
+        Eval { script, key, args }
+    }
+
+    /// With one more argument after the numbers.
+    fn with(mut self, text: String) -> Eval<'s> {
+        self.args.push(text);
+        self
     }
 }
 
@@ -570,29 +959,51 @@ impl RedisStore {
     }
 
     async fn decide(&self, checks: &[Check]) -> RedisResult<Vec<Decision>> {
-        let replies = match self.link.connection()? {
-            Connection::Single(con) => self.eval_pipelined(&con, checks).await?,
-            Connection::Cluster(con) => self.eval_concurrently(&con, checks).await?,
-        };
-        if replies.len() != checks.len() {
-            let detail = format!("{} replies for {} checks", replies.len(), checks.len());
-            return Err(unexpected_reply(detail));
-        }
+        let evals: Vec<Eval> = checks
+            .iter()
+            .map(|check| self.scripts.check(check))
+            .collect();
+        let replies = self.run(&evals, Order::Any).await?;
         (checks.iter().zip(replies))
             .map(|(check, reply)| decision_from_reply(&check.algorithm, reply))
             .collect()
     }
 
-    /// One node: all checks in one pipeline. Checks that met NOSCRIPT (the script cache was
-    /// flushed, or Redis restarted) are run again, once, after loading the scripts. One round
-    /// trip of the request that lost its connection is sent again (`Retry`).
+    async fn apply(&self, settlements: &[Settlement]) -> RedisResult<Vec<u64>> {
+        let evals = (settlements.iter())
+            .map(|settlement| self.scripts.settle(settlement))
+            .collect::<Option<Vec<Eval>>>()
+            .ok_or_else(|| unexpected_reply("a settlement no script applies".into()))?;
+        let replies = self.run(&evals, Order::AsGiven).await?;
+        (settlements.iter().zip(replies))
+            .map(|(settlement, reply)| settled_from_reply(settlement, reply))
+            .collect()
+    }
+
+    /// Runs every eval, one reply each, in order.
+    async fn run(&self, evals: &[Eval<'_>], order: Order) -> RedisResult<Vec<Value>> {
+        let replies = match self.link.connection()? {
+            Connection::Single(con) => self.eval_pipelined(&con, evals).await?,
+            Connection::Cluster(con) => self.eval_on_cluster(&con, evals, order).await?,
+        };
+        if replies.len() != evals.len() {
+            let detail = format!("{} replies for {} scripts", replies.len(), evals.len());
+            return Err(unexpected_reply(detail));
+        }
+        Ok(replies)
+    }
+
+    /// One node: all evals in one pipeline, which Redis runs in order. Evals that met NOSCRIPT
+    /// (the script cache was flushed, or Redis restarted) are run again, once, after loading
+    /// the scripts. One round trip of the request that lost its connection is sent again
+    /// (`Retry`).
     async fn eval_pipelined(
         &self,
         con: &ConnectionManager,
-        checks: &[Check],
+        evals: &[Eval<'_>],
     ) -> RedisResult<Vec<Value>> {
         let mut retry = Retry::once();
-        let mut replies = query(con, &self.pipeline(checks.iter()), &mut retry).await?;
+        let mut replies = query(con, &pipeline(evals.iter()), &mut retry).await?;
         let missing: Vec<usize> = (replies.iter().enumerate())
             .filter(|(_, reply)| is_noscript(reply))
             .map(|(i, _)| i)
@@ -601,8 +1012,8 @@ impl RedisStore {
             return Ok(replies);
         }
         retry.run(|| self.load_scripts()).await?;
-        let again = missing.iter().filter_map(|&i| checks.get(i));
-        let rerun = query(con, &self.pipeline(again), &mut retry).await?;
+        let again = missing.iter().filter_map(|&i| evals.get(i));
+        let rerun = query(con, &pipeline(again), &mut retry).await?;
         for (i, reply) in missing.into_iter().zip(rerun) {
             if let Some(slot) = replies.get_mut(i) {
                 *slot = reply;
@@ -611,37 +1022,27 @@ impl RedisStore {
         Ok(replies)
     }
 
-    /// Cluster: every check in flight at once. The client multiplexes them over one connection
+    /// Cluster: checks all in flight at once. The client multiplexes them over one connection
     /// per node, so each node gets its checks in one round trip; it follows MOVED/ASK per command,
     /// retries after a lost connection by itself (up to `retries` times, see `open`), and
     /// `invoke_async` reloads the script on NOSCRIPT. (A redis-rs pipeline must stay within one
-    /// slot, and checks of one request are in different slots.)
-    async fn eval_concurrently(
+    /// slot, and checks of one request are in different slots.) Settlements one after another:
+    /// a renewal and the release that follows it must reach their key in that order, and
+    /// nothing waits for them.
+    async fn eval_on_cluster(
         &self,
         con: &ClusterConnection,
-        checks: &[Check],
+        evals: &[Eval<'_>],
+        order: Order,
     ) -> RedisResult<Vec<Value>> {
-        try_join_all(checks.iter().map(|check| {
-            let mut con = con.clone();
-            let mut invocation = self.scripts.of(&check.algorithm).key(state_key(check));
-            invocation.arg(&script_args(check)[..]);
-            async move { invocation.invoke_async::<Value>(&mut con).await }
-        }))
-        .await
-    }
-
-    /// EVALSHA per check; errors stay in the replies so NOSCRIPT can be told from the rest.
-    fn pipeline<'a>(&self, checks: impl Iterator<Item = &'a Check>) -> Pipeline {
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for check in checks {
-            pipe.cmd("EVALSHA")
-                .arg(self.scripts.of(&check.algorithm).get_hash())
-                .arg(1)
-                .arg(state_key(check))
-                .arg(&script_args(check)[..]);
+        if order == Order::Any {
+            return try_join_all(evals.iter().map(|eval| invoke(con, eval))).await;
         }
-        pipe
+        let mut replies = Vec::with_capacity(evals.len());
+        for eval in evals {
+            replies.push(invoke(con, eval).await?);
+        }
+        Ok(replies)
     }
 
     /// On a single node, a ping that meets the failure of the last reconnection (Redis was down)
@@ -665,6 +1066,10 @@ impl RedisStore {
 impl Store for RedisStore {
     async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
         bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
+    }
+
+    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<u64>, StoreError> {
+        bounded(COMMAND_TIMEOUT, async { self.apply(settlements).await }).await
     }
 
     /// Opening a Cluster connection has a bound of its own: a ping's would cut it short every
@@ -743,21 +1148,47 @@ async fn query(
         .await
 }
 
-/// ARGV of the check's script (see each script's documentation).
-fn script_args(check: &Check) -> Vec<u64> {
-    let (cost, take, debt) = (check.cost, check.take, check.debt);
-    match check.algorithm {
-        Algorithm::TokenBucket { interval_us, burst } => {
-            vec![interval_us, burst, cost, take, debt]
-        }
-        Algorithm::FixedWindow { limit, window_us }
-        | Algorithm::SlidingWindow { limit, window_us }
-        | Algorithm::SlidingLog { limit, window_us } => vec![window_us, limit, cost, take, debt],
-        Algorithm::LeakyBucket {
-            interval_us,
-            max_delay_us,
-        } => vec![interval_us, max_delay_us, cost],
+/// EVALSHA (EVAL after NOSCRIPT) of one eval on a Cluster.
+async fn invoke(con: &ClusterConnection, eval: &Eval<'_>) -> RedisResult<Value> {
+    let mut con = con.clone();
+    let mut invocation = eval.script.key(&eval.key);
+    invocation.arg(&eval.args[..]);
+    invocation.invoke_async::<Value>(&mut con).await
+}
+
+/// Whether evals may run in any order (checks: each on its own key's state, every one
+/// answered) or must run as given (settlements: several may settle one key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    Any,
+    AsGiven,
+}
+
+/// EVALSHA per eval; errors stay in the replies so NOSCRIPT can be told from the rest.
+fn pipeline<'a, 's: 'a>(evals: impl Iterator<Item = &'a Eval<'s>>) -> Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors();
+    for eval in evals {
+        pipe.cmd("EVALSHA")
+            .arg(eval.script.get_hash())
+            .arg(1)
+            .arg(&eval.key)
+            .arg(&eval.args[..]);
     }
+    pipe
+}
+
+/// What a settlement changed: a charge's `granted` (the tokens charged), the number a refund,
+/// release or renewal script returns.
+fn settled_from_reply(settlement: &Settlement, reply: Value) -> RedisResult<u64> {
+    if let Value::ServerError(error) = reply {
+        return Err(error.into());
+    }
+    if let SettleOp::Charge { .. } = settlement.op {
+        return Ok(decision_from_reply(&settlement.algorithm, reply)?.granted);
+    }
+    let n: i64 = redis::from_redis_value(reply)?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 fn is_noscript(reply: &Value) -> bool {

@@ -1,5 +1,6 @@
 //! The seam between HTTP and storage: what one check asks of a key, what the store decided,
-//! and the trait a store implements (Redis in production, anything in tests).
+//! what a request settles after its admission, and the trait a store implements (Redis in
+//! production, anything in tests).
 
 use std::future::Future;
 use std::hash::Hasher;
@@ -20,8 +21,9 @@ pub struct Check {
     /// Tokens (requests) the request needs: at least 1 on `/v1/check`; 0 from the RLS protocol
     /// (`hits_addend` 0) asks whether the key is over its limit without charging it.
     pub cost: u64,
-    /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity.
-    /// Always `cost` for the leaky bucket.
+    /// Tokens to take when at least `cost` are available (a lease); `cost..=` the capacity, or
+    /// below `cost` (0: reserve nothing, a response's usage is settled later). Always `cost` for
+    /// the leaky bucket; for concurrency, the slots to take (0: only ask), or to give back.
     pub take: u64,
     /// The most tokens the key may owe past its limit: a check whose `cost` does not fit is
     /// charged anyway, up to that bound, and answered refused with `granted` = the tokens
@@ -29,6 +31,23 @@ pub struct Check {
     /// leaky bucket never owes. The RLS gives a limit's capacity (envoyproxy/ratelimit charges
     /// every hit); `/v1/check` gives 0.
     pub debt: u64,
+    /// Concurrency only (other algorithms ignore it): whose slots `take` names.
+    pub slots: Slots,
+}
+
+/// Which slots a concurrency check takes (`cost` of them must be free, `take` are taken) or
+/// gives back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Slots {
+    /// Slots the store names itself, each unique: the RLS's hits.
+    #[default]
+    Anonymous,
+    /// The one slot of this name (`/v1/check`: unique per request, by which the filter releases
+    /// and renews it). A check that names a slot already live takes it again, counted once.
+    Named(String),
+    /// Gives back `take` slots, those that expire soonest: the RLS's negative hits (Envoy's
+    /// `is_negative_hits` when a stream is done). Always admitted.
+    GiveBack,
 }
 
 /// Who named a key: `POST /v1/check` callers or the RLS.
@@ -44,11 +63,20 @@ pub enum Namespace {
 /// and the algorithm's `identity` makes a counter the state of the algorithm and numbers that
 /// wrote it alone: a check with other numbers on the same caller key has a state of its own.
 pub fn state_key(check: &Check) -> String {
-    let prefix = match check.namespace {
+    key_of(check.namespace, &check.key, &check.algorithm)
+}
+
+/// `state_key` of the state a settlement settles: the one its check wrote.
+pub fn settled_key(settlement: &Settlement) -> String {
+    key_of(settlement.namespace, &settlement.key, &settlement.algorithm)
+}
+
+fn key_of(namespace: Namespace, key: &str, algorithm: &Algorithm) -> String {
+    let prefix = match namespace {
         Namespace::Http => "sluice:",
         Namespace::Rls => "sluice:rls:",
     };
-    format!("{prefix}{{{}}}:{}", check.key, check.algorithm.identity())
+    format!("{prefix}{{{key}}}:{}", algorithm.identity())
 }
 
 /// A caller key for a limit named by arbitrary bytes (an RLS descriptor's values, which may hold
@@ -80,6 +108,9 @@ pub enum Algorithm {
     /// Requests leave one per `interval_us`; one that would wait more than `max_delay_us` for
     /// its turn is denied, the others are admitted with their wait as a delay.
     LeakyBucket { interval_us: u64, max_delay_us: u64 },
+    /// At most `limit` slots live at once, each a lease of `lease_us` from when it was taken or
+    /// last renewed.
+    Concurrency { limit: u64, lease_us: u64 },
 }
 
 impl Algorithm {
@@ -90,6 +121,7 @@ impl Algorithm {
             Algorithm::SlidingWindow { .. } => Kind::SlidingWindow,
             Algorithm::SlidingLog { .. } => Kind::SlidingLog,
             Algorithm::LeakyBucket { .. } => Kind::LeakyBucket,
+            Algorithm::Concurrency { .. } => Kind::Concurrency,
         }
     }
 
@@ -98,8 +130,13 @@ impl Algorithm {
         self.kind().name()
     }
 
-    /// The algorithm and every number of it, `<name>/<n>/<n>`: part of the state's key.
+    /// The algorithm and every number of it, `<name>/<n>/<n>`: part of the state's key. Slots
+    /// are the algorithm alone (`concurrency`): a change of the limit or of the lease keeps the
+    /// slots in use.
     pub fn identity(&self) -> String {
+        if let Algorithm::Concurrency { .. } = self {
+            return self.name().to_string();
+        }
         let (a, b) = self.numbers();
         format!("{}/{a}/{b}", self.name())
     }
@@ -114,6 +151,7 @@ impl Algorithm {
                 interval_us,
                 max_delay_us,
             } => (interval_us, max_delay_us),
+            Algorithm::Concurrency { limit, lease_us } => (lease_us, limit),
         }
     }
 
@@ -129,6 +167,7 @@ impl Algorithm {
                 interval_us,
                 max_delay_us,
             } => max_delay_us / interval_us.max(1) + 1,
+            Algorithm::Concurrency { limit, .. } => limit,
         }
     }
 
@@ -156,6 +195,7 @@ impl Algorithm {
                 interval_us,
                 max_delay_us,
             } => max_delay_us.saturating_add(interval_us.saturating_mul(self.capacity())),
+            Algorithm::Concurrency { lease_us, .. } => lease_us,
         }
     }
 
@@ -164,8 +204,68 @@ impl Algorithm {
     /// 2^64 - 1 is one bounded call).
     pub fn chargeable(&self, debt: u64) -> u64 {
         match self {
-            Algorithm::LeakyBucket { .. } => self.capacity(),
+            Algorithm::LeakyBucket { .. } | Algorithm::Concurrency { .. } => self.capacity(),
             _ => self.capacity().saturating_add(debt),
+        }
+    }
+
+    /// The most tokens a state can hold that a refund could give back: a bucket's TAT is never
+    /// ahead of now by more than `check::MAX_CAPACITY_US` (`check::Bounds`), a window counts at
+    /// most its limit and the debt a check may carry. A refund of more gives back the same, and
+    /// one within it keeps the scripts' numbers exact.
+    pub fn refundable(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { interval_us, .. } => {
+                crate::check::MAX_CAPACITY_US / interval_us.max(1)
+            }
+            _ => self.capacity().saturating_add(crate::check::MAX_DEBT),
+        }
+    }
+
+    /// Whether a response's usage can be settled against it (`SettleOp::Charge`, `Refund`): the
+    /// filter's `sluice::algorithm::Algorithm::meters`.
+    pub fn meters(&self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket { .. }
+                | Algorithm::FixedWindow { .. }
+                | Algorithm::SlidingWindow { .. }
+        )
+    }
+}
+
+/// What a request owes one key after its admission (`POST /v1/settle`), validated
+/// (`settle::parse`): the key's state is the one its check wrote (`settled_key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    pub namespace: Namespace,
+    pub key: String,
+    pub algorithm: Algorithm,
+    pub op: SettleOp,
+}
+
+/// What to do to the state, durations in microseconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettleOp {
+    /// Takes `tokens` whatever is left, the key owing at most `max_debt` past its limit: a
+    /// check of cost = take = `tokens` with that debt. Metering algorithms only.
+    Charge { tokens: u64, max_debt: u64 },
+    /// Gives back `tokens` taken `age_us` ago, as far as the state still counts them.
+    Refund { tokens: u64, age_us: u64 },
+    /// Frees the slot.
+    Release { slot: String },
+    /// The slot's lease starts again; one that expired is taken again if a slot is free.
+    Renew { slot: String },
+}
+
+impl SettleOp {
+    /// The name on the wire and in the metrics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SettleOp::Charge { .. } => "charge",
+            SettleOp::Refund { .. } => "refund",
+            SettleOp::Release { .. } => "release",
+            SettleOp::Renew { .. } => "renew",
         }
     }
 }
@@ -233,6 +333,13 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
+    /// Applies every settlement, in order, each atomically on its own. Returns for each what it
+    /// changed: tokens charged or given back, slots released or renewed (0: nothing).
+    fn settle(
+        &self,
+        settlements: &[Settlement],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
     /// Whether the store answers at all; the readiness probe (`health`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -244,6 +351,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
         checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send {
         S::check(self, checks)
+    }
+
+    fn settle(
+        &self,
+        settlements: &[Settlement],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
+        S::settle(self, settlements)
     }
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
@@ -288,6 +402,7 @@ mod tests {
             cost: 1,
             take: 1,
             debt: 0,
+            slots: Slots::Anonymous,
         }
     }
 
@@ -322,6 +437,16 @@ mod tests {
                 http
             );
         }
+    }
+
+    #[test]
+    fn slots_keep_their_state_key_when_the_limit_or_the_lease_changes() {
+        let slots = |limit, lease_us| {
+            let algorithm = Algorithm::Concurrency { limit, lease_us };
+            state_key(&check(Namespace::Http, "streams/00ff", algorithm))
+        };
+        assert_eq!(slots(4, 10_000_000), "sluice:{streams/00ff}:concurrency");
+        assert_eq!(slots(4, 10_000_000), slots(8, 60_000_000));
     }
 
     #[test]

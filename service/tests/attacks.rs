@@ -671,6 +671,34 @@ async fn one_rls_call_of_150000_descriptors_is_refused_without_touching_redis() 
     assert_eq!(keys(&redis, "*").len(), 1);
 }
 
+/// Slots are sorted-set members, as sliding-log entries are: a call that asks for 64 users'
+/// 10,000 slots each (640,000 members) is refused before Redis, and so is one of 1,001.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_rls_call_adds_at_most_a_thousand_slots_whatever_its_hits() {
+    let redis = RedisServer::start();
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {algorithm: concurrency, requests_per_unit: 10000}\n";
+    let rls = rls_on(Launcher::default(), &redis, yaml, &[]);
+    let mut client = rls.client().await;
+    let users: Vec<String> = (0..64).map(|n| format!("u{n}")).collect();
+    let flood = RateLimitRequest {
+        descriptors: users.iter().map(|u| descriptor(&[("user", u)])).collect(),
+        ..request("api", &[], 10_000)
+    };
+    let status = client.should_rate_limit(flood).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unknown);
+    assert_eq!(
+        status.message(),
+        "the sliding_log and concurrency limits of one call may take 1000 hits in all, got 640000"
+    );
+    let one_over = request("api", &[&[("user", "u0")]], 1_001);
+    assert!(client.should_rate_limit(one_over).await.is_err());
+    assert!(keys(&redis, "*").is_empty(), "nothing reached Redis");
+    let thousand = request("api", &[&[("user", "u0")]], 1_000);
+    assert_eq!(overall(&ask(&mut client, thousand).await), Code::Ok);
+    let members = redis.client().cmd(&["ZCARD", &keys(&redis, "*")[0]]).int();
+    assert_eq!(members, 1_000);
+}
+
 // ---- 8. An --rls-config directory left with no YAML file --------------------------------------
 
 #[tokio::test(flavor = "multi_thread")]

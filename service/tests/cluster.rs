@@ -180,3 +180,40 @@ fn a_service_started_while_the_cluster_is_frozen_becomes_ready_once_it_answers()
     assert_eq!(response.status, 200, "{response:?}");
     assert_eq!(response.json()["results"][0]["remaining"], 2);
 }
+
+/// A concurrency check of key `streams/<key>` with N = 1, for the slot named `slot`.
+fn slot(key: &str, slot: &str) -> Value {
+    serde_json::json!({"key": key, "algorithm": "concurrency", "requests": 1, "per_ms": 10_000,
+        "burst": 1, "cost": 1, "take": 1, "slot": slot})
+}
+
+#[test]
+fn cluster_settlements_of_many_slots_are_applied_in_order() {
+    let cluster = RedisCluster::start();
+    let service = Service::start_cluster(&cluster.urls());
+    let keys: Vec<String> = (0..32).map(|i| format!("streams/{i:016x}")).collect();
+    let (mine, other) = ("00000000000000a1", "00000000000000a2");
+    for chunk in keys.chunks(16) {
+        let checks: Vec<Value> = chunk.iter().map(|key| slot(key, mine)).collect();
+        assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
+    }
+    // Each key renewed, then released, in one batch across every node: in that order, each
+    // key's slot is free afterwards.
+    let settlements: Vec<Value> = (keys.iter())
+        .flat_map(|key| {
+            let check = slot(key, mine);
+            ["renew", "release"].map(|op| {
+                serde_json::json!({"key": key, "algorithm": "concurrency", "requests": 1,
+                    "per_ms": check["per_ms"], "burst": 1, "op": op, "slot": mine})
+            })
+        })
+        .collect();
+    let body = serde_json::json!({ "settlements": settlements }).to_string();
+    let response = sluice_testkit::http::post_json(service.addr, "/v1/settle", &body);
+    assert_eq!(response.status, 200, "{response:?}");
+    assert_eq!(response.json()["settled"], 64);
+    for chunk in keys.chunks(16) {
+        let checks: Vec<Value> = chunk.iter().map(|key| slot(key, other)).collect();
+        assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
+    }
+}

@@ -603,6 +603,15 @@ impl Envoy {
     }
 }
 
+impl Envoy {
+    /// Kills the process with SIGKILL, as a crash would: nothing of it is shut down, no request
+    /// it holds ends, nothing it owes anyone is sent.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 impl Drop for Envoy {
     fn drop(&mut self) {
         self.stop();

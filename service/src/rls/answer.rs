@@ -9,9 +9,14 @@
 //! leaky bucket, and hits a sliding log can never hold are refused without being charged: their
 //! check only reads the counter.
 //!
+//! A concurrency limit counts slots in use: each hit takes one, and the negative hits of
+//! Envoy's call when a stream is done (`is_negative_hits`) give them back; a slot whose −1 is
+//! lost frees itself when its lease ends.
+//!
 //! A call's work is bounded whatever it asks: at most `MAX_DESCRIPTORS` descriptors of
-//! `MAX_ENTRIES` entries, and a check's cost at most what its limit can ever be charged
-//! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call.
+//! `MAX_ENTRIES` entries, a check's cost at most what its limit can ever be charged
+//! (`Algorithm::chargeable`), so a `hits_addend` of 2^64 - 1 is one bounded call, and at most
+//! `MAX_LOG_ENTRIES` sorted-set members added (sliding-log entries and slots).
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -30,8 +35,8 @@ use sluice::key::HashSecret;
 
 use super::config::{Config, Limit, Node, Rate, Rule, Unit};
 use super::matching::{find, Entry};
-use crate::check::{log_entries, MAX_LOG_ENTRIES};
-use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace};
+use crate::check::{members_added, MAX_LOG_ENTRIES};
+use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace, Slots};
 
 /// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
 /// (a few); more is refused, as envoyproxy/ratelimit refuses what it cannot answer.
@@ -135,10 +140,10 @@ pub fn plan<'c>(
             planned(&keys, matched.as_ref(), &replaced, hits, &mut checks)
         })
         .collect();
-    let entries = log_entries(&checks);
+    let entries = members_added(&checks);
     if entries > MAX_LOG_ENTRIES {
         return Err(Invalid(format!(
-            "the sliding_log limits of one call may take {MAX_LOG_ENTRIES} hits in all, got {entries}"
+            "the sliding_log and concurrency limits of one call may take {MAX_LOG_ENTRIES} hits in all, got {entries}"
         )));
     }
     Ok(Plan {
@@ -277,16 +282,36 @@ fn override_limit<'c>(
     })
 }
 
-/// The descriptor's own `hits_addend` (0 allowed: only asks), else the request's (0 means 1).
-/// Negative hits (Envoy's refunds) only ask: the store takes tokens and never gives them back,
-/// and asking writes nothing.
-fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> u64 {
-    if descriptor.is_negative_hits {
-        return 0;
+/// What a descriptor adds to its limits: its own `hits_addend` (0 allowed: only asks), else the
+/// request's (0 means 1); with `is_negative_hits` (Envoy's call when a stream is done), that
+/// many taken away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Hits {
+    count: u64,
+    negative: bool,
+}
+
+impl Hits {
+    /// The hits a limit is charged and the metrics count. Negative hits charge nothing and only
+    /// ask: a window or bucket takes tokens and never gives them back, and asking writes
+    /// nothing. (A concurrency limit gives slots back instead: `planned`.)
+    fn charged(self) -> u64 {
+        if self.negative {
+            0
+        } else {
+            self.count
+        }
     }
-    match &descriptor.hits_addend {
+}
+
+fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> Hits {
+    let count = match &descriptor.hits_addend {
         Some(own) => own.value,
         None => u64::from(request.hits_addend.max(1)),
+    };
+    Hits {
+        count,
+        negative: descriptor.is_negative_hits,
     }
 }
 
@@ -300,9 +325,10 @@ fn planned<'c>(
     keys: &Keys,
     matched: Option<&Matched<'c>>,
     replaced: &HashSet<&str>,
-    hits: u64,
+    given: Hits,
     checks: &mut Vec<Check>,
 ) -> Planned<'c> {
+    let hits = given.charged();
     let Some(matched) = matched else {
         return Planned::Free;
     };
@@ -318,21 +344,12 @@ fn planned<'c>(
         };
         let mut parts: Vec<&[u8]> = vec![keys.domain.as_bytes(), limit.identity.as_bytes()];
         parts.extend(matched.counted.iter().map(String::as_bytes));
-        let debt = rate.debt(limit.charge_refused);
-        let beyond_capacity = hits > rate.capacity() && (debt == 0 || holds_each_hit(rate));
-        let (cost, debt) = if beyond_capacity {
-            (0, 0)
-        } else {
-            (hits.min(rate.algorithm.chargeable(debt)), debt)
+        let key = hashed_key(keys.secret, &parts);
+        let (check, beyond_capacity) = match rate.algorithm {
+            Algorithm::Concurrency { .. } if given.negative => (give_back(key, rate, given), false),
+            _ => charge(key, rate, limit.charge_refused, hits),
         };
-        checks.push(Check {
-            namespace: Namespace::Rls,
-            key: hashed_key(keys.secret, &parts),
-            algorithm: rate.algorithm,
-            cost,
-            take: cost,
-            debt,
-        });
+        checks.push(check);
         limits.push(Applied {
             label: label(matched, limit),
             limit: limit.clone(),
@@ -344,6 +361,42 @@ fn planned<'c>(
         Planned::Free
     } else {
         Planned::Limited { hits, limits }
+    }
+}
+
+/// The check that charges `hits` to a limit, and whether they are beyond its capacity (then it
+/// only reads).
+fn charge(key: String, rate: &Rate, charge_refused: bool, hits: u64) -> (Check, bool) {
+    let debt = rate.debt(charge_refused);
+    let beyond_capacity = hits > rate.capacity() && (debt == 0 || holds_each_hit(rate));
+    let (cost, debt) = if beyond_capacity {
+        (0, 0)
+    } else {
+        (hits.min(rate.algorithm.chargeable(debt)), debt)
+    };
+    let check = Check {
+        namespace: Namespace::Rls,
+        key,
+        algorithm: rate.algorithm,
+        cost,
+        take: cost,
+        debt,
+        slots: Slots::Anonymous,
+    };
+    (check, beyond_capacity)
+}
+
+/// A concurrency limit's negative hits: that many slots given back, the ones that expire
+/// soonest (more than the limit holds give back every slot).
+fn give_back(key: String, rate: &Rate, hits: Hits) -> Check {
+    Check {
+        namespace: Namespace::Rls,
+        key,
+        algorithm: rate.algorithm,
+        cost: 0,
+        take: hits.count.min(rate.capacity()),
+        debt: 0,
+        slots: Slots::GiveBack,
     }
 }
 
@@ -435,12 +488,19 @@ impl Outcome<'_, '_> {
     }
 
     /// For a denial, until the request would pass; else until the limit is back to its best.
+    /// Nobody knows when a slot frees, so a concurrency limit gives until its newest slot's
+    /// lease ends (when every slot is free at the latest, if none is renewed), either way.
     fn until_reset_us(&self) -> u64 {
-        if self.decision.allowed {
+        if self.decision.allowed || !self.knows_retry() {
             self.decision.reset_us
         } else {
             self.decision.retry_after_us
         }
+    }
+
+    /// Whether a denial says when to retry: all but concurrency.
+    fn knows_retry(&self) -> bool {
+        !matches!(self.rate.algorithm, Algorithm::Concurrency { .. })
     }
 }
 
@@ -589,7 +649,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
         per_nanos: outcome.rate.window_ms.saturating_mul(1_000_000),
         remaining: decision.remaining,
         reset_after: decision.reset_us.saturating_mul(1000),
-        retry_after: (!decision.allowed).then_some(retry_after),
+        retry_after: (!decision.allowed && outcome.knows_retry()).then_some(retry_after),
         unit: QuotaUnit::Requests,
     };
     let mut add = |key: &str, value: &str| {
@@ -600,7 +660,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
         });
     };
     each_rate_limit_header(style, &quota, now_ns, &mut add);
-    if over {
+    if over && outcome.knows_retry() {
         add("retry-after", &retry_after_secs(retry_after).to_string());
     }
     headers
@@ -692,6 +752,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10, charge_refused: false}
   - key: logged
     rate_limit: {algorithm: sliding_log, unit: minute, requests_per_unit: 10}
+  - key: streams
+    rate_limit: {algorithm: concurrency, requests_per_unit: 3}
 ";
 
     fn config() -> Config {
@@ -758,6 +820,50 @@ descriptors:
 
     fn overall(answer: &Answer) -> Code {
         Code::try_from(answer.response.overall_code).unwrap()
+    }
+
+    #[test]
+    fn negative_hits_give_a_concurrency_limits_slots_back_and_only_ask_a_window() {
+        let config = config();
+        let negative = |key: &str, hits: u64| {
+            let mut one = descriptor(&[(key, "a")]);
+            one.hits_addend = Some(UInt64Value { value: hits });
+            one.is_negative_hits = true;
+            one
+        };
+        let call = request(vec![negative("streams", 5), negative("strict", 5)]);
+        let plan = plan_public(&config, &call).unwrap();
+        let ops: Vec<(u64, u64, &Slots)> = (plan.checks.iter())
+            .map(|c| (c.cost, c.take, &c.slots))
+            .collect();
+        assert_eq!(
+            ops,
+            [(0, 3, &Slots::GiveBack), (0, 0, &Slots::Anonymous)],
+            "every slot of three at most; the window only asked"
+        );
+        let taking = request(vec![descriptor(&[("streams", "a")])]);
+        let check = &plan_public(&config, &taking).unwrap().checks[0];
+        assert_eq!((check.cost, check.take, check.debt), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_refused_slot_says_no_retry_and_resets_when_the_newest_lease_ends() {
+        let config = config();
+        let call = request(vec![descriptor(&[("streams", "a")])]);
+        let plan = plan_public(&config, &call).unwrap();
+        let refused = Decision {
+            retry_after_us: 0,
+            reset_us: 4_000_000,
+            ..denied()
+        };
+        let answer = answer(&plan, &[refused], HeaderStyle::Both, 0);
+        let status = &answer.response.statuses[0];
+        assert_eq!(status.duration_until_reset.unwrap().seconds, 4);
+        let headers = &answer.response.response_headers_to_add;
+        assert!(
+            headers.iter().all(|h| h.key != "retry-after"),
+            "{headers:?}"
+        );
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! One YAML file holds one `domain` and its `descriptors`, nested to any depth, each with a
 //! `key`, an optional `value` (absent: every value gets its own counters; `*` matches any run of
 //! characters) and an optional `rate_limit`. Every key envoyproxy/ratelimit accepts is accepted
-//! and means the same; sluice adds `algorithm`, `burst`, `per` and `max_delay` to `rate_limit`,
-//! and `charge_refused` to `rate_limit`, and lets a descriptor repeat at one level: its limits and children then add up (a burst and a
+//! and means the same; sluice adds `algorithm`, `burst`, `per`, `max_delay`, `lease` and
+//! `charge_refused` to `rate_limit`, and lets a descriptor repeat at one level: its limits and children then add up (a burst and a
 //! sustained limit on one descriptor) where envoyproxy/ratelimit refuses a "duplicate composite
 //! key". Errors name the file, the line and the field (`ConfigError`).
 
@@ -129,10 +129,10 @@ impl Rate {
 
     /// The most tokens a key may owe past this limit (`store::Check::debt`): one limit's worth
     /// when refused hits are charged, so a key is at most one more window or bucket behind; a
-    /// leaky bucket never owes.
+    /// leaky bucket and slots never owe.
     pub fn debt(&self, charge_refused: bool) -> u64 {
         match self.algorithm {
-            Algorithm::LeakyBucket { .. } => 0,
+            Algorithm::LeakyBucket { .. } | Algorithm::Concurrency { .. } => 0,
             _ if charge_refused => self.capacity(),
             _ => 0,
         }
@@ -488,11 +488,14 @@ impl TryFrom<RawRateLimit> for ParsedRateLimit {
         } else {
             Rule::Limited(rate(&raw)?)
         };
-        if raw.charge_refused.is_some() && raw.algorithm == Some(Kind::LeakyBucket) {
-            return Err(
-                "rate_limit.charge_refused: not with leaky_bucket, which never charges a refused request"
-                    .into(),
-            );
+        let never_owes = [Kind::LeakyBucket, Kind::Concurrency];
+        if let Some(name) = raw.algorithm.filter(|a| never_owes.contains(a)) {
+            if raw.charge_refused.is_some() {
+                return Err(format!(
+                    "rate_limit.charge_refused: not with {}, which never charges a refused request",
+                    name.name()
+                ));
+            }
         }
         let name = raw.name.filter(|n| !n.is_empty());
         Ok(ParsedRateLimit {
@@ -529,6 +532,7 @@ fn unlimited(raw: &RawRateLimit) -> Result<Rule, String> {
         ("algorithm", raw.algorithm.is_some()),
         ("burst", raw.burst.is_some()),
         ("max_delay", raw.max_delay.is_some()),
+        ("lease", raw.lease.is_some()),
         ("charge_refused", raw.charge_refused.is_some()),
     ];
     match extensions.iter().find(|(_, given)| *given) {
@@ -538,8 +542,17 @@ fn unlimited(raw: &RawRateLimit) -> Result<Rule, String> {
 }
 
 fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
-    let (unit, window_ms) = window(raw)?;
     let name = raw.algorithm.unwrap_or(Kind::FixedWindow);
+    if name == Kind::Concurrency {
+        return slots(raw);
+    }
+    if raw.lease.is_some() {
+        return Err(format!(
+            "rate_limit.lease: only for concurrency, not {}",
+            name.name()
+        ));
+    }
+    let (unit, window_ms) = window(raw)?;
     let requests = raw.requests_per_unit.unwrap_or(0);
     if raw.burst.is_some() && name != Kind::TokenBucket {
         return Err(format!(
@@ -599,6 +612,49 @@ fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
         unit,
     })
 }
+
+/// A concurrency limit: `requests_per_unit` slots in use at once, each a lease (`lease`,
+/// sluice's, default `DEFAULT_LEASE`) that frees itself if the hit that gives it back is lost.
+/// It has no window and owes nothing, so the fields of windows and buckets are refused.
+fn slots(raw: &RawRateLimit) -> Result<Rate, String> {
+    let windowed = [
+        ("unit", raw.unit.is_some()),
+        ("per", raw.per.is_some()),
+        ("burst", raw.burst.is_some()),
+        ("max_delay", raw.max_delay.is_some()),
+    ];
+    if let Some((field, _)) = windowed.iter().find(|(_, given)| *given) {
+        return Err(format!(
+            "rate_limit.{field}: not with concurrency, whose slots last a lease (lease, default {DEFAULT_LEASE})"
+        ));
+    }
+    let lease = raw.lease.as_deref().unwrap_or(DEFAULT_LEASE);
+    let lease_ms = whole_ms(lease, "lease", false)?;
+    let requests = raw.requests_per_unit.unwrap_or(0);
+    let shape = Shape {
+        name: Kind::Concurrency,
+        requests: u64::from(requests),
+        per_ms: lease_ms,
+        burst: u64::from(requests),
+        max_delay_ms: None,
+    };
+    let lease_field = |field: &str| match field {
+        "per_ms" => "lease".to_string(),
+        other => field_name(other),
+    };
+    let algorithm =
+        (shape.algorithm(&lease_field)).map_err(|bad| format!("rate_limit.{}", bad.detail))?;
+    Ok(Rate {
+        algorithm,
+        requests,
+        window_ms: lease_ms,
+        unit: Unit::Unknown,
+    })
+}
+
+/// A concurrency limit's lease when the file gives none: long enough for most streams, short
+/// enough that a slot whose −1 is lost comes back the same hour.
+pub const DEFAULT_LEASE: &str = "5m";
 
 /// The configuration's names for `Shape`'s fields, in errors.
 fn field_name(field: &str) -> String {
@@ -721,6 +777,7 @@ struct RawRateLimit {
     burst: Option<u64>,
     per: Option<String>,
     max_delay: Option<String>,
+    lease: Option<String>,
     charge_refused: Option<bool>,
 }
 
@@ -938,6 +995,52 @@ mod tests {
                 "{yaml}\n  gave {got:?}\n  expected {expected:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_concurrency_limit_has_requests_per_unit_slots_of_a_lease() {
+        let config = load(
+            "domain: d\ndescriptors:\n  - key: streams\n    rate_limit: {algorithm: concurrency, requests_per_unit: 3}\n  - key: long\n    rate_limit: {algorithm: concurrency, requests_per_unit: 3, lease: 1h}\n",
+        )
+        .unwrap();
+        let lease = |key| match &limits(&config, &[key])[0].rule {
+            Rule::Limited(rate) => rate.algorithm,
+            Rule::Unlimited => panic!(),
+        };
+        let slots = |lease_us| Algorithm::Concurrency { limit: 3, lease_us };
+        assert_eq!(lease("streams"), slots(300_000_000), "5m by default");
+        assert_eq!(lease("long"), slots(3_600_000_000));
+    }
+
+    #[test]
+    fn a_concurrency_limit_refuses_the_fields_of_windows_naming_them() {
+        let file = |fields: &str| {
+            format!("domain: d\ndescriptors:\n  - key: streams\n    rate_limit: {{algorithm: concurrency, requests_per_unit: 3{fields}}}\n")
+        };
+        let cases = [
+            (", unit: second", "rate_limit.unit: not with concurrency"),
+            (", per: 1s", "rate_limit.per: not with concurrency"),
+            (", burst: 3", "rate_limit.burst: not with concurrency"),
+            (
+                ", max_delay: 1s",
+                "rate_limit.max_delay: not with concurrency",
+            ),
+            (
+                ", charge_refused: false",
+                "rate_limit.charge_refused: not with concurrency",
+            ),
+            (", lease: 3s", "rate_limit.lease: 3000 is not in 4000..="),
+        ];
+        for (fields, expected) in cases {
+            let got = refused(&file(fields));
+            assert!(got.contains(expected), "{fields}: {got}");
+        }
+        let many = file("").replace("requests_per_unit: 3", "requests_per_unit: 10001");
+        assert!(refused(&many).contains("rate_limit.requests_per_unit: 10001 is not in 1..=10000"));
+        let windowed = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 5, lease: 1m}\n";
+        assert!(
+            refused(windowed).contains("rate_limit.lease: only for concurrency, not fixed_window")
+        );
     }
 
     #[test]

@@ -1,0 +1,134 @@
+//! Global concurrency policies (`"scope": "global"`, `"algorithm": "concurrency"`) through two
+//! real Envoys, the real sluice-service and a real Redis, in front of a slow upstream (the test
+//! kit's LLM upstream, whose `/slow?ms=N` answers after N ms): one key's N slots shared by both
+//! Envoys, renewed while their requests live, and the slots of an Envoy killed with SIGKILL
+//! (never released) free again within their lease.
+
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+use serde_json::json;
+use sluice_testkit::envoy::Envoy;
+use sluice_testkit::llm::LlmUpstream;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
+use sluice_testkit::wait_for;
+use std::net::SocketAddr;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+const ALICE: [(&str, &[u8]); 1] = [("x-user-id", b"alice")];
+/// The slots' lease: the shortest there is, so that a lost slot frees itself soon.
+const LEASE: Duration = Duration::from_secs(4);
+
+/// At most two of a user's requests in flight across every Envoy, slots of a 4 s lease.
+fn config() -> String {
+    json!({
+        "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"},
+        "policies": [{"name": "streams", "scope": "global", "key": ["header:x-user-id"],
+            "algorithm": "concurrency", "requests": 2, "lease": "4s", "failure_mode": "closed"}],
+    })
+    .to_string()
+}
+
+fn envoy(service: SocketAddr, upstream: &LlmUpstream) -> Envoy {
+    Envoy::options(&config())
+        .service(&[service])
+        .upstream(upstream.addr())
+        .start()
+}
+
+/// A request of alice's answered after `ms`, on a thread of its own: its status when joined
+/// (0 if the connection broke first).
+fn in_flight(envoy: &Envoy, ms: u64) -> JoinHandle<u16> {
+    let addr = envoy.addr();
+    std::thread::spawn(move || {
+        let path = format!("/slow?ms={ms}");
+        sluice_testkit::http::http_request(addr, "GET", &path, &ALICE).map_or(0, |r| r.status)
+    })
+}
+
+/// Waits until the upstream has seen `n` calls in all (the requests are in flight there).
+fn wait_for_calls(upstream: &LlmUpstream, n: usize) {
+    let seen = wait_for(Duration::from_secs(5), || {
+        (upstream.calls().len() >= n).then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "the upstream saw {} calls",
+        upstream.calls().len()
+    );
+}
+
+/// A request of alice's answered after `ms`, sent again until one is admitted (within 5 s):
+/// the slot that a quick request took is given back from its Envoy's timer, a moment after it
+/// ends.
+fn admitted_in_flight(envoy: &Envoy, upstream: &LlmUpstream, ms: u64) -> JoinHandle<u16> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let calls = upstream.calls().len();
+        let request = in_flight(envoy, ms);
+        let reached = wait_for(Duration::from_secs(1), || {
+            (upstream.calls().len() > calls || request.is_finished()).then_some(())
+        });
+        if reached.is_some() && upstream.calls().len() > calls {
+            return request;
+        }
+        assert_eq!(request.join().unwrap(), 429, "refused, or nothing");
+        assert!(Instant::now() < deadline, "no slot came back within 5 s");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Alice's quick request: its status.
+fn quick(envoy: &Envoy) -> u16 {
+    envoy.get("/slow?ms=0", &ALICE).status
+}
+
+#[test]
+fn two_envoys_share_one_keys_slots_and_a_killed_envoys_slots_free_within_their_lease() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    let upstream = LlmUpstream::start();
+    let mut first = envoy(service.addr, &upstream);
+    let second = envoy(service.addr, &upstream);
+
+    // One request in flight through each Envoy: the key's two slots are taken. 9 s: past the
+    // lease, within the test kit's 10 s to read an answer.
+    let lost = in_flight(&first, 9_000);
+    let long = in_flight(&second, 9_000);
+    wait_for_calls(&upstream, 2);
+    assert_eq!(
+        quick(&first),
+        429,
+        "both slots held, one through each Envoy"
+    );
+    assert_eq!(quick(&second), 429);
+
+    // The first Envoy dies with its request: its slot is never given back.
+    first.kill();
+    let killed = Instant::now();
+    assert_eq!(lost.join().unwrap(), 0, "the connection died with Envoy");
+    assert_eq!(quick(&second), 429, "the lost slot is still counted");
+    let freed = wait_for(LEASE + Duration::from_secs(3), || {
+        (quick(&second) == 200).then(|| killed.elapsed())
+    });
+    let freed = freed.expect("the lost slot freed itself within its lease");
+    assert!(
+        freed <= LEASE + Duration::from_secs(1),
+        "freed after {freed:?}"
+    );
+
+    // The second Envoy's request, past its own lease by now, still holds its slot: renewed.
+    let again = admitted_in_flight(&second, &upstream, 3_000);
+    assert_eq!(
+        quick(&second),
+        429,
+        "the long request and the new one hold both slots"
+    );
+    assert_eq!((again.join().unwrap(), long.join().unwrap()), (200, 200));
+    let back = wait_for(Duration::from_secs(3), || {
+        (quick(&second) == 200).then_some(())
+    });
+    assert!(back.is_some(), "every slot back once the requests are done");
+}
