@@ -202,3 +202,168 @@ fn a_100_mib_stream_is_read_as_it_passes_without_growing_envoy_or_delaying_its_f
         "first byte after {first:?}: held back"
     );
 }
+
+/// The RLS pair: sluice reads the usage and publishes it as filter state; Envoy's own ratelimit
+/// filter charges it to `sluice-service --rls` when the stream is done
+/// (`apply_on_stream_done`, `hits_addend` from `%FILTER_STATE(wasm.sluice.tokens.llm:PLAIN)%`),
+/// and refuses the next request of the key once the count is over (`hits_addend` 0 before it).
+const RLS_PAIR: &str = r#"
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } }
+static_resources:
+  listeners:
+  - name: front
+    address: { socket_address: { address: 127.0.0.1, port_value: {port} } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          route_config:
+            virtual_hosts:
+            - name: front
+              domains: ["*"]
+              routes:
+              - match: { prefix: / }
+                route: { cluster: upstream }
+                typed_per_filter_config:
+                  envoy.filters.http.ratelimit:
+                    "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute
+                    rate_limits:
+                    - actions: [{ request_headers: { header_name: x-api-key, descriptor_key: user } }]
+                      hits_addend: { number: 0 }
+                    - actions: [{ request_headers: { header_name: x-api-key, descriptor_key: user } }]
+                      apply_on_stream_done: true
+                      hits_addend: { format: "%FILTER_STATE(wasm.sluice.tokens.llm:PLAIN)%" }
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config: {sluice}
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: tokens
+              timeout: 1s
+              failure_mode_deny: true
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: { envoy_grpc: { cluster_name: sluice_rls, authority: sluice-rls } }
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 0.25s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {upstream_port} } } }
+  - name: sluice_rls
+    type: STATIC
+    connect_timeout: 0.25s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: sluice_rls
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } }
+"#;
+
+#[test]
+fn envoys_own_ratelimit_filter_charges_the_usage_sluice_read_when_the_stream_is_done() {
+    use sluice_testkit::envoy::{wasm_path, EnvoyOptions};
+    let redis = sluice_testkit::redis::RedisServer::start();
+    let dir = sluice_testkit::TempDir::new("rls-pair");
+    let limits = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+    std::fs::write(dir.path().join("tokens.yaml"), limits).unwrap();
+    let config = dir.path().to_string_lossy().into_owned();
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--rls",
+        "127.0.0.1:0",
+        "--rls-config",
+        &config,
+    ];
+    let service = sluice_testkit::service::Service::start_rls(&args, &[]);
+    let upstream = LlmUpstream::start();
+    // sluice only meters here: a shadow policy with room for anything.
+    let mut meter = budget("llm", 1_000_000_000, 0, json!({}));
+    meter["mode"] = json!("shadow");
+    let plugin = json!({"policies": [meter]}).to_string();
+    let sluice = json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+        "config": {"name": "sluice", "root_id": "sluice", "vm_config": {"vm_id": "sluice",
+        "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": wasm_path()}}},
+        "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
+        "value": plugin}}});
+    let bootstrap = RLS_PAIR
+        .replace("{sluice}", &sluice.to_string())
+        .replace("{rls_port}", &service.rls.unwrap().port().to_string())
+        .replace("{upstream_port}", &upstream.addr().port().to_string());
+    let envoy = EnvoyOptions::bootstrap(&bootstrap).start();
+    let ask = |usage: &str| {
+        let headers = [("x-api-key", "alice"), ("x-test-usage", usage)];
+        sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &headers).status
+    };
+    assert_eq!(ask("total=1500"), 200, "within the limit when it starts");
+    let refused = sluice_testkit::wait_for(Duration::from_secs(5), || {
+        (ask("total=1") == 429).then_some(())
+    });
+    assert!(
+        refused.is_some(),
+        "the 1,500 tokens charged after the stream refuse the next"
+    );
+}
+
+#[test]
+fn a_global_budget_is_exact_across_two_envoys_its_usage_settled_after_the_response() {
+    let redis = sluice_testkit::redis::RedisServer::start();
+    let service = sluice_testkit::service::Service::start(&redis.url());
+    let upstream = LlmUpstream::start();
+    // 1,000 tokens a day: no refill to speak of during the test.
+    let mut policy = budget("llm", 1000, 100, json!({}));
+    (policy["per"], policy["scope"]) = (json!("1d"), json!("global"));
+    policy["failure_mode"] = json!("closed");
+    let config = json!({"headers": "both", "policies": [policy],
+        "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"}})
+    .to_string();
+    let envoy = || {
+        Envoy::options(&config)
+            .service(&[service.addr])
+            .upstream(upstream.addr())
+            .start()
+    };
+    let (first, second) = (envoy(), envoy());
+    let ask = |envoy: &Envoy, usage: &str| {
+        let headers = [("x-api-key", "alice"), ("x-test-usage", usage)];
+        sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, false, &headers)
+    };
+    assert_eq!(ask(&first, "total=800").status, 200);
+    // The 700 beyond its reservation leave the first Envoy's outbox after the response, from
+    // its next tick: the second Envoy then finds 200 left, and reserves 100 of them.
+    let settled = sluice_testkit::wait_for(Duration::from_secs(5), || {
+        let metrics = sluice_testkit::http::get(service.addr, "/metrics").text();
+        metrics
+            .contains(r#"sluice_service_settlements_total{op="charge",result="applied"} 1"#)
+            .then_some(())
+    });
+    assert!(
+        settled.is_some(),
+        "the first Envoy's usage settled within 5 s"
+    );
+    let second_ask = ask(&second, "total=500");
+    assert_eq!(second_ask.status, 200);
+    assert_eq!(second_ask.header("x-ratelimit-remaining"), Some("100"));
+    let refused = sluice_testkit::wait_for(Duration::from_secs(5), || {
+        (ask(&first, "total=1").status == 429).then_some(())
+    });
+    assert!(
+        refused.is_some(),
+        "owing 400 after the second's usage, through either Envoy"
+    );
+}
