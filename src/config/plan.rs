@@ -213,6 +213,11 @@ impl Policy {
         matches!(self.scope, Scope::Global(_)) && service.is_some_and(rls)
     }
 
+    /// Whether the policy rewrites a streaming request to ask for its usage (`ask_stream_usage`).
+    pub fn asks_stream_usage(&self) -> bool {
+        self.metered.as_ref().is_some_and(|m| m.ask_stream_usage)
+    }
+
     /// Whether the policy counts requests in flight (the concurrency algorithm): its slots are
     /// given back when its requests end.
     pub fn holds_slots(&self) -> bool {

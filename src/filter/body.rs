@@ -1,0 +1,48 @@
+//! A request decided from its body: when a policy keys on a field of the JSON request body
+//! (`body:model`) or reserves what it asks for (`max_tokens`), the glue takes a `snapshot` of
+//! what the policies read of the headers (the host stops showing them once they go on), holds
+//! the body until its start has come, and decides from both. A policy may also ask a stream for
+//! its usage, rewriting the body (`ask_stream_usage`).
+
+use super::{Filter, Host, Verdict};
+use crate::config::Policy;
+use crate::request::{Attributes, Snapshot};
+use crate::tab::{Entry, Tab};
+
+impl Filter {
+    /// Whether a request with a body is decided once its body has come (`Plan::reads_body`):
+    /// the glue then holds its headers and hands over the body's start (`on_request_body`).
+    pub fn reads_body(&self) -> bool {
+        self.plan.reads_body
+    }
+
+    /// What the policies read of the request's headers and properties, read now: the glue
+    /// takes it before the headers go on, for `on_request_body`.
+    pub fn snapshot(&self, host: &impl Host) -> Snapshot {
+        Attributes::new(host, &self.plan.attrs).snapshot()
+    }
+
+    /// Whether some policy may rewrite a request's body (`ask_stream_usage`).
+    pub fn rewrites_body(&self) -> bool {
+        self.plan.policies.iter().any(Policy::asks_stream_usage)
+    }
+
+    /// Decides a request from its `snapshot` and the start of its body (at most `BODY_BYTES`).
+    pub fn on_request_body(&self, host: &impl Host, snapshot: Snapshot, body: &[u8]) -> Verdict {
+        let attrs = &self.plan.attrs;
+        self.decide(host, Attributes::of_snapshot(host, attrs, snapshot, body))
+    }
+
+    /// The body to send upstream instead of `body` (the whole of it), when a policy that admitted
+    /// the request asks a stream for its usage (`ask_stream_usage`) and the request does not.
+    pub fn stream_usage_body(&self, tab: Option<&Tab>, body: &[u8]) -> Option<Vec<u8>> {
+        let asks = |entry: &Entry| {
+            let policy = self.plan.policies.get(entry.policy);
+            policy.is_some_and(Policy::asks_stream_usage)
+        };
+        if !tab?.entries.iter().any(asks) {
+            return None;
+        }
+        crate::usage::request::ask_stream_usage(body)
+    }
+}

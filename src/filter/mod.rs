@@ -1,0 +1,543 @@
+//! The filter's behaviour for one HTTP request, written against the `Host` seam so it runs
+//! natively in tests; `wasm` implements `Host` over proxy-wasm and only maps the verdict to
+//! Envoy's actions (continue, pause, resume). A request whose policies read its body is decided
+//! once the body has come (`body`); its response half is `response`'s.
+
+mod body;
+
+use crate::access_log;
+use crate::algorithm::Algorithm;
+use crate::breaker::Breaker;
+use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
+use crate::duration::NANOS_PER_SEC;
+use crate::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
+use crate::key::{HashSecret, Keying};
+use crate::ledger::Ledger;
+use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
+use crate::metrics::{Counters, Metrics};
+use crate::protocol::{self, SettleOp, Settlement};
+use crate::reply::{self, Denial, LocalReply, Refusal, Said};
+use crate::request::{Attributes, RequestSource};
+use crate::rls;
+use crate::store::{Store, ABSENT};
+use crate::tab::{Entry, Op, Tab};
+use crate::table;
+use crate::time::WorkerClock;
+use std::cell::{Cell, RefCell};
+
+/// The spacing of the log lines that would otherwise repeat with every request.
+const MINUTE: u64 = 60 * NANOS_PER_SEC;
+/// The gRPC status of a call that succeeded.
+pub const GRPC_OK: u32 = 0;
+
+/// What the filter needs from the proxy.
+pub trait Host: RequestSource + Store {
+    /// Wall-clock time, Unix nanoseconds.
+    fn now(&self) -> u64;
+    /// Sends a local reply instead of forwarding the request.
+    fn send_response(&self, reply: &LocalReply);
+    /// Puts the request's record where the access log reads it (`access_log::PROPERTY`).
+    fn record(&self, record: &str);
+    /// Starts a call to the rate-limit service, as its protocol says (an HTTP POST of the body,
+    /// or a gRPC `ShouldRateLimit` carrying it); false if it could not be started. The answer
+    /// comes back through `Filter::on_service_response`.
+    fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
+    /// Hands what a request owes a global policy after its admission to the worker's outbox
+    /// (`outbox`), which sends it to the service later, off every request's path.
+    fn report(&self, service: &GlobalService, settlement: Settlement);
+    /// A header of the response, as it passes through (`response`).
+    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// A trailer of the response.
+    fn response_trailer(&self, name: &str) -> Option<Vec<u8>>;
+    /// Sets filter state other filters and the access log read (`wasm.<name>`).
+    fn publish(&self, name: &str, value: &str);
+}
+
+/// What the filter reads from the proxy once, when it is configured.
+pub trait Environment {
+    /// A variable of the VM's environment (Envoy: `vm_config.environment_variables`).
+    fn var(&self, name: &str) -> Option<String>;
+    /// Random bytes from the host: for a hash secret of this Envoy's own.
+    fn random(&self) -> Option<[u8; 16]>;
+}
+
+/// What to do with a request.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Forward it.
+    Continue(Admitted),
+    /// A local reply (429, or 503 for a policy that fails closed) has been sent.
+    Denied,
+    /// Hold it until the service answers.
+    Waiting(Pending),
+    /// Forward it after `delay` nanoseconds (a leaky bucket's turn).
+    Hold { delay: u64, admitted: Admitted },
+}
+
+/// What an admitted request takes with it.
+#[derive(Debug, Default)]
+pub struct Admitted {
+    /// The policy whose rate-limit headers the response gets, if any.
+    pub reported: Option<Reported>,
+    /// What the request owes its policies when it ends (`tab`), if anything: the glue keeps it
+    /// and hands it to `response::Response`.
+    pub tab: Option<Tab>,
+    /// What the admission put in the access log, which the request's end completes.
+    pub record: Option<String>,
+}
+
+/// The policy whose state the response headers report, as decided at `now`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    applied: Applied,
+    now: u64,
+}
+
+/// The configured filter, shared read-only by every request of one worker.
+#[derive(Debug)]
+pub struct Filter {
+    plan: Plan,
+    keying: Keying,
+    prefix: String,
+    counters: Counters,
+    breaker: Breaker,
+    /// This worker's leases on local buckets.
+    ledger: RefCell<Ledger>,
+    clock: WorkerClock,
+    /// When a degraded decision was last logged: at most one line a second.
+    last_degraded_log: Cell<u64>,
+    /// When ignored route metadata was last logged: at most one line a minute.
+    last_route_metadata_log: Cell<u64>,
+    /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
+    /// expiry has been.
+    bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
+    /// The name of the next slot this worker asks the service for: counting up from a random
+    /// start, so that no two workers' names meet.
+    next_slot: Cell<u64>,
+}
+
+impl Filter {
+    /// Parses the configuration, creates the shared-data slots and the counters.
+    /// `plugin` namespaces the shared data, which Envoy shares per VM id.
+    pub fn configure(
+        json: &[u8],
+        plugin: &str,
+        store: &impl Store,
+        metrics: &impl Metrics,
+        env: &impl Environment,
+    ) -> Result<Filter, ConfigError> {
+        let plan = config::parse_with_env(json, &|name| env.var(name))?;
+        let keying = match plan.hash_secret {
+            Some(secret) => Keying {
+                slots: secret,
+                shared: secret,
+            },
+            None => Keying {
+                slots: own_secret(store, env, plugin)?,
+                shared: HashSecret::PUBLIC,
+            },
+        };
+        let prefix = table::prefix(plugin);
+        let counters = Counters::define(metrics, &plan);
+        let bypass_logged = plan.bypass.iter().map(|_| Default::default()).collect();
+        let start = env.random().map_or(0, |bytes| {
+            u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
+        });
+        Ok(Filter {
+            next_slot: Cell::new(start),
+            bypass_logged,
+            plan,
+            keying,
+            prefix,
+            counters,
+            breaker: Breaker::default(),
+            ledger: RefCell::default(),
+            clock: WorkerClock::default(),
+            last_degraded_log: Cell::new(0),
+            last_route_metadata_log: Cell::new(0),
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// Decides a request from its headers; sends a denial itself.
+    pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
+        self.decide(host, Attributes::new(host, &self.plan.attrs))
+    }
+
+    /// Decides a request from its attributes, the request body's start among them when the
+    /// decision waited for it (`body`).
+    fn decide<H: Host>(&self, host: &H, mut request: Attributes<'_, H>) -> Verdict {
+        let now = self.now(host);
+        let service_up = self.breaker.allows(now);
+        let step = self.limiter(host, |l| l.evaluate(&mut request, now, service_up));
+        self.proceed(host, step, now)
+    }
+
+    /// Continues a held request with the service's reply: its status (HTTP for sluice-service,
+    /// gRPC for an RLS) and body, or `None` when the call failed (timeout, reset, no healthy
+    /// endpoint).
+    pub fn on_service_response(
+        &self,
+        host: &impl Host,
+        pending: Pending,
+        reply: Option<(u32, Vec<u8>)>,
+    ) -> Verdict {
+        let protocol = self.plan.global.as_ref().map(|s| &s.protocol);
+        let answers = match (protocol, reply) {
+            (Some(Protocol::Sluice { .. }), Some((200, body))) => {
+                protocol::decode(&body, pending.checks())
+            }
+            (Some(Protocol::Rls { .. }), Some((GRPC_OK, body))) => {
+                rls::decode(&body, pending.checks())
+            }
+            _ => None,
+        };
+        let now = self.now(host);
+        self.record_call(answers.is_some(), now);
+        let step = self.limiter(host, |l| l.resume(pending, answers));
+        self.proceed(host, step, now)
+    }
+
+    /// Calls `emit` with each rate-limit header to add to the response.
+    pub fn each_response_header(&self, reported: &Reported, emit: impl FnMut(&'static str, &str)) {
+        if let Some(quota) = self.quota(&reported.applied) {
+            each_rate_limit_header(self.plan.headers, &quota, reported.now, emit);
+        }
+    }
+
+    /// Settles one entry of an admitted request's tab (`response`).
+    pub fn settle(&self, host: &impl Host, entry: &mut Entry, op: Op) -> Settled {
+        let now = self.now(host);
+        self.limiter(host, |l| l.settle(entry, op, now))
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// What an entry of a global policy owes its service, with `op`, as the service names it.
+    pub fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)> {
+        let service = self.plan.global.as_ref()?;
+        let policy = self.plan.policies.get(entry.policy)?;
+        let tier = entry.tier;
+        let settlement = Settlement {
+            key: protocol::key(&policy.name, entry.key.unwrap_or(entry.hash)),
+            algorithm: tier.algorithm.kind(),
+            requests: tier.requests,
+            per_ms: protocol::per_ms(tier.per_nanos),
+            burst: tier.algorithm.capacity(),
+            op,
+        };
+        Some((service, settlement))
+    }
+
+    /// Hands the counts gathered since the last flush to the host.
+    pub fn flush_counters(&self, metrics: &impl Metrics) {
+        self.counters.flush(metrics);
+    }
+
+    /// Runs `step` with a limiter over this worker's loans and the host's shared data.
+    fn limiter<H: Host, T>(&self, host: &H, step: impl FnOnce(&mut Limiter<H>) -> T) -> T {
+        let run = |ledger: &mut Ledger| {
+            step(&mut Limiter {
+                plan: &self.plan,
+                keying: &self.keying,
+                prefix: &self.prefix,
+                store: host,
+                ledger,
+            })
+        };
+        match self.ledger.try_borrow_mut() {
+            Ok(mut ledger) => run(&mut ledger),
+            // Unreachable (a worker runs one callback at a time); lending nothing is safe.
+            Err(_) => run(&mut Ledger::default()),
+        }
+    }
+
+    /// This worker's clock: the host's, never going back.
+    pub fn now(&self, host: &impl Host) -> u64 {
+        self.clock.now(host.now())
+    }
+
+    /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
+    fn proceed(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
+        loop {
+            match step {
+                Step::Done(outcome) => return self.finish(host, &outcome, now),
+                Step::Callout(mut pending) => {
+                    self.counters.callouts.add(1);
+                    pending.name_slots(|| {
+                        let id = self.next_slot.get().wrapping_add(1);
+                        self.next_slot.set(id);
+                        id
+                    });
+                    let dispatched = self.plan.global.as_ref().is_some_and(|service| {
+                        let body = match &service.protocol {
+                            Protocol::Sluice { .. } => protocol::encode(pending.checks()),
+                            Protocol::Rls { domain, .. } => rls::encode(domain, pending.checks()),
+                        };
+                        host.dispatch(service, &body)
+                    });
+                    if dispatched {
+                        return Verdict::Waiting(pending);
+                    }
+                    self.record_call(false, now);
+                    step = self.limiter(host, |l| l.resume(pending, None));
+                }
+            }
+        }
+    }
+
+    fn record_call(&self, succeeded: bool, now: u64) {
+        self.breaker.record(succeeded, now);
+        if !succeeded {
+            self.counters.callout_failures.add(1);
+        }
+    }
+
+    fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
+        self.counters.count(&self.plan, outcome);
+        self.log_degraded(outcome, now);
+        self.log_bypass(outcome, now);
+        self.log_route_metadata(outcome, now);
+        let denial = outcome.refused_by();
+        let record = access_log::record(&self.plan, outcome, denial.as_ref());
+        if let Some(record) = &record {
+            host.record(record);
+        }
+        match denial {
+            Some(denial) => {
+                self.deny(host, &denial, now);
+                Verdict::Denied
+            }
+            None => {
+                let reported = self
+                    .most_restrictive(outcome)
+                    .map(|applied| Reported { applied, now });
+                let admitted = Admitted {
+                    reported,
+                    tab: outcome.tab.clone(),
+                    record,
+                };
+                match self.delay(outcome) {
+                    0 => Verdict::Continue(admitted),
+                    delay => Verdict::Hold { delay, admitted },
+                }
+            }
+        }
+    }
+
+    /// The longest wait an enforcing policy put on an admitted request.
+    fn delay(&self, outcome: &Outcome) -> u64 {
+        let enforcing = outcome.applied.iter().filter(|a| a.enforced);
+        enforcing.map(|a| a.decision.delay).max().unwrap_or(0)
+    }
+
+    /// Whether some policy holds requests for their turn, so held ones need releasing.
+    pub fn shapes_traffic(&self) -> bool {
+        let holds =
+            |p: &crate::config::Policy| p.limits().any(|t| t.algorithm.max_delay().is_some());
+        self.plan.policies.iter().any(holds)
+    }
+
+    fn log_degraded(&self, outcome: &Outcome, now: u64) {
+        let degraded = outcome
+            .applied
+            .iter()
+            .find(|a| matches!(a.basis, Basis::Emergency | Basis::Unavailable));
+        if let Some(applied) = degraded {
+            if now >= self.last_degraded_log.get().saturating_add(NANOS_PER_SEC) {
+                self.last_degraded_log.set(now);
+                let name = self.policy_name(applied.policy);
+                log::warn!(
+                    "rate-limit service unavailable: policy {name} decided {:?} (logged at most once a second)",
+                    applied.basis
+                );
+            }
+        }
+    }
+
+    /// A route whose `filter_metadata.sluice` sluice could not use (every policy applied to it):
+    /// at most one warning a minute per worker.
+    fn log_route_metadata(&self, outcome: &Outcome, now: u64) {
+        let Some(why) = outcome.ignored_route_metadata else {
+            return;
+        };
+        let last = self.last_route_metadata_log.get();
+        if last == 0 || now >= last.saturating_add(MINUTE) {
+            self.last_route_metadata_log.set(now);
+            log::warn!(
+                "route metadata filter_metadata.sluice ignored, every policy applies: {why} (logged at most once a minute)"
+            );
+        }
+    }
+
+    /// The audit trail of bypasses: each entry's use at most once a minute (per worker), and
+    /// its expiry once.
+    fn log_bypass(&self, outcome: &Outcome, now: u64) {
+        for &i in &outcome.bypassed {
+            let (Some(b), Some((last, _))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
+            else {
+                continue;
+            };
+            if last.get() == 0 || now >= last.get().saturating_add(MINUTE) {
+                last.set(now);
+                log::info!(
+                    "bypass: policy {} not applied to key {:016x} for {} ({}), until {}",
+                    self.policy_name(b.policy),
+                    b.key,
+                    b.owner,
+                    b.reason,
+                    b.expires / NANOS_PER_SEC
+                );
+            }
+        }
+        for &i in &outcome.expired_bypass {
+            let (Some(b), Some((_, told))) = (self.plan.bypass.get(i), self.bypass_logged.get(i))
+            else {
+                continue;
+            };
+            if !told.replace(true) {
+                log::info!(
+                    "bypass of policy {} for key {:016x} ({}, {}) expired at {}: ignored",
+                    self.policy_name(b.policy),
+                    b.key,
+                    b.owner,
+                    b.reason,
+                    b.expires / NANOS_PER_SEC
+                );
+            }
+        }
+    }
+
+    /// Refuses the request as the client's protocol expects (gRPC or plain HTTP): a policy's
+    /// `denial` with the rate-limit headers, or a 503 when a policy that fails closed could not
+    /// ask the service.
+    fn deny(&self, host: &impl Host, denial: &Applied, now: u64) {
+        let policy = self.plan.policies.get(denial.policy);
+        let name = policy.map_or("", |p| p.name.as_str());
+        log::debug!(
+            "denied by policy {name}, version {}, key {:016x}",
+            self.plan.version,
+            denial.key.unwrap_or_default()
+        );
+        let refusal = Refusal::of(denial);
+        let grpc = host
+            .header("content-type")
+            .is_some_and(|value| reply::is_grpc(&value));
+        // The policy is the plan's own; the default stands in for it all the same.
+        let default;
+        let answer = match policy {
+            Some(p) => &p.denial,
+            None => {
+                default = Denial::default();
+                &default
+            }
+        };
+        // A wait of 0: nobody can say when (a concurrency policy that sets no `retry_after`).
+        let retry = denial.decision.retry_after;
+        let said = Said {
+            retry_secs: (retry > 0).then(|| retry_after_secs(retry)),
+            reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
+        };
+        let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
+        if refusal == Refusal::RateLimited {
+            let reported = Reported {
+                applied: *denial,
+                now,
+            };
+            self.each_response_header(&reported, |name, value| reply.add_header(name, value));
+        }
+        host.send_response(&reply);
+    }
+
+    /// The enforcing policy with the fewest tokens left: the limit the client meets first.
+    fn most_restrictive(&self, outcome: &Outcome) -> Option<Applied> {
+        outcome
+            .applied
+            .iter()
+            .filter(|a| a.enforced)
+            .min_by_key(|a| {
+                (
+                    a.decision.remaining,
+                    std::cmp::Reverse(a.decision.reset_after),
+                )
+            })
+            .copied()
+    }
+
+    fn policy_name(&self, policy: usize) -> &str {
+        self.plan
+            .policies
+            .get(policy)
+            .map_or("", |p| p.name.as_str())
+    }
+
+    fn quota(&self, applied: &Applied) -> Option<Quota<'_>> {
+        let policy = self.plan.policies.get(applied.policy)?;
+        let decision = &applied.decision;
+        Some(Quota {
+            policy: &policy.name,
+            limit: applied.tier.algorithm.capacity(),
+            requests: applied.tier.requests,
+            per_nanos: applied.tier.per_nanos,
+            remaining: decision.remaining,
+            reset_after: decision.reset_after,
+            retry_after: (!decision.allowed && decision.retry_after > 0)
+                .then_some(decision.retry_after),
+            unit: match applied.tier.algorithm {
+                Algorithm::Concurrency(_) => QuotaUnit::ConcurrentRequests,
+                _ if policy.metered.is_some() => QuotaUnit::Tokens,
+                _ => QuotaUnit::Requests,
+            },
+        })
+    }
+}
+
+/// This Envoy's own secret for slot hashes, when the operator gives none: random, made by the
+/// first VM configured and kept in shared data, where every worker's VM finds it (created at
+/// `ABSENT`, so that of two VMs configured at once, one keeps the other's). It outlives
+/// configuration changes, as the tables do.
+fn own_secret(
+    store: &impl Store,
+    env: &impl Environment,
+    plugin: &str,
+) -> Result<HashSecret, ConfigError> {
+    let name = format!("sluice/{plugin}/hash-secret");
+    let stored = || {
+        let (bytes, cas) = store.get(&name)?;
+        Some((
+            <[u8; 16]>::try_from(bytes.as_slice())
+                .ok()
+                .map(HashSecret::from_bytes),
+            cas,
+        ))
+    };
+    let cas = match stored() {
+        Some((Some(secret), _)) => return Ok(secret),
+        Some((None, cas)) => cas,
+        None => ABSENT,
+    };
+    let fresh = env
+        .random()
+        .map(HashSecret::from_bytes)
+        .ok_or_else(|| ConfigError {
+            field: "hash_secret_env".into(),
+            reason: "not given, and the host gave no random bytes for a secret of this Envoy's own"
+                .into(),
+        })?;
+    let _ = store.set(&name, &fresh.to_bytes(), cas);
+    let secret = stored().and_then(|(secret, _)| secret).unwrap_or(fresh);
+    if secret == fresh {
+        log::warn!(
+            "no hash_secret_env: slots are keyed with a random secret of this Envoy's own, but global keys, bypass key_hash entries and log lines use the public key, under which anyone can hash keys (see the README, Key hashing)"
+        );
+    }
+    Ok(secret)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,931 @@
+use super::*;
+use crate::duration::NANOS_PER_SEC as SEC;
+use crate::exact::ExactStore;
+use crate::limiter::PolicyOutcome::{Allowed, Bypassed, CanaryShadowDenied, Denied, ShadowDenied};
+use crate::metrics::{degraded_counter, requests_counter};
+use crate::protocol::{CheckRequest, CheckResponse};
+use crate::store::MemoryStore;
+use crate::testing::{FakeHost, FakeRequest};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+const T0: u64 = 1_800_000_000 * SEC;
+
+/// The rate-limit headers the glue would add to the response.
+fn response_headers(filter: &Filter, reported: &Reported) -> Vec<(&'static str, String)> {
+    let mut headers = Vec::new();
+    filter.each_response_header(reported, |name, value| {
+        headers.push((name, value.to_string()));
+    });
+    headers
+}
+
+/// A filter on its own worker and store.
+fn setup(config: Value) -> (Filter, FakeHost) {
+    let host = FakeHost::new(Arc::default(), T0);
+    (configure(&config, &host), host)
+}
+
+fn configure(config: &Value, host: &FakeHost) -> Filter {
+    Filter::configure(config.to_string().as_bytes(), "test", host, host, host).unwrap()
+}
+
+fn send(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> Verdict {
+    *host.request.borrow_mut() =
+        FakeRequest::new(headers).with_property("source.address", "10.0.0.1:5555");
+    filter.on_request_headers(host)
+}
+
+fn statuses(filter: &Filter, host: &FakeHost, n: usize, headers: &[(&str, &str)]) -> Vec<u16> {
+    (0..n)
+        .map(|_| match send(filter, host, headers) {
+            Verdict::Continue(_) => 200,
+            Verdict::Denied => 429,
+            Verdict::Waiting(_) | Verdict::Hold { .. } => {
+                panic!("only for policies that neither call nor hold")
+            }
+        })
+        .collect()
+}
+
+fn per_user(burst: u64) -> Value {
+    json!({"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": burst})
+}
+
+const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+
+#[test]
+fn eight_rapid_requests_with_burst_five_give_five_200s_then_three_429s() {
+    let (filter, host) = setup(json!({"policies": [per_user(5)]}));
+    assert_eq!(
+        statuses(&filter, &host, 8, ALICE),
+        [200, 200, 200, 200, 200, 429, 429, 429]
+    );
+    host.now.set(T0 + 2 * SEC);
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+}
+
+#[test]
+fn a_denial_is_a_json_429_with_retry_after_and_headers() {
+    let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
+    statuses(&filter, &host, 2, ALICE);
+    assert_eq!(host.replies.get(), 1);
+    let reply = host.reply.borrow();
+    let reply = reply.as_ref().unwrap();
+    assert_eq!((reply.status, reply.details), (429, "sluice_rate_limited"));
+    assert_eq!(
+        reply.body,
+        r#"{"error":"too_many_requests","policy":"per-user","retry_after":1}"#
+    );
+    let header = |name: &str| reply.header(name);
+    assert_eq!(header("content-type"), Some("application/json"));
+    assert_eq!(header("retry-after"), Some("1"));
+    assert_eq!(header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header("ratelimit"), Some(r#""per-user";r=0;t=1"#));
+}
+
+#[test]
+fn a_grpc_denial_is_resource_exhausted_with_the_rate_limit_headers_and_no_content_type() {
+    let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
+    let grpc = &[("x-user-id", "alice"), ("content-type", "application/grpc")];
+    assert_eq!(statuses(&filter, &host, 2, grpc), [200, 429]);
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(reply.grpc_status.code(), 8);
+    assert_eq!(
+        reply.body,
+        "too_many_requests: policy per-user, retry after 1s"
+    );
+    assert_eq!(reply.header("content-type"), None);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.header("ratelimit"), Some(r#""per-user";r=0;t=1"#));
+}
+
+#[test]
+fn a_policys_denial_overrides_the_top_level_one_field_by_field() {
+    let mut own = per_user(1);
+    own["denial"] = json!({"status": 503, "grpc_status": "unavailable"});
+    let mut other = per_user(1);
+    other["name"] = json!("other");
+    other["key"] = json!(["header:x-other"]);
+    let config = json!({"denial": {"status": 420, "body": "calm down", "content_type": "text/plain"},
+        "policies": [own, other]});
+    let (filter, host) = setup(config);
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!((reply.status, reply.body.as_str()), (503, "calm down"));
+    assert_eq!(reply.header("content-type"), Some("text/plain"));
+    assert_eq!(reply.grpc_status.code(), 14);
+    let other_user = &[("x-other", "o")];
+    assert_eq!(statuses(&filter, &host, 2, other_user), [200, 429]);
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!((reply.status, reply.grpc_status.code()), (420, 8));
+}
+
+#[test]
+fn denials_shadow_denials_and_bypasses_are_recorded_for_the_access_log_and_nothing_else() {
+    let mut shadow = per_user(1);
+    (shadow["name"], shadow["mode"]) = (json!("trial"), json!("shadow"));
+    let config = json!({"policies": [per_user(2), shadow], "bypass": [{"key": ["carol"],
+        "policies": ["per-user"], "owner": "o", "reason": "r", "expires": "2030-01-01T00:00:00Z"}]});
+    let (filter, host) = setup(config);
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    statuses(&filter, &host, 1, &[("x-user-id", "carol")]);
+    let records = host.records.borrow().clone();
+    let fields = |r: &str| r.rsplit_once(" key=").unwrap().0.to_string();
+    let fields: Vec<String> = records.iter().map(|r| fields(r)).collect();
+    assert_eq!(
+        fields,
+        [
+            "outcome=shadow_denied policy=trial mode=shadow",
+            "outcome=denied policy=per-user mode=enforce",
+            "outcome=bypassed policy=per-user mode=enforce",
+        ],
+        "the first request had nothing to record"
+    );
+}
+
+#[test]
+fn an_allowed_request_reads_no_content_type_and_records_nothing() {
+    let (filter, host) = setup(json!({"policies": [per_user(5)]}));
+    send(&filter, &host, ALICE);
+    assert_eq!(host.request.borrow().reads.get(), 1, "x-user-id only");
+    assert!(host.records.borrow().is_empty());
+}
+
+#[test]
+fn allowed_responses_report_the_most_restrictive_policy() {
+    let config = json!({"policies": [
+        {"name": "roomy", "key": ["header:x-user-id"], "requests": 100, "per": "1s"},
+        {"name": "tight", "key": ["ip"], "requests": 1, "per": "1s", "burst": 3},
+    ]});
+    let (filter, host) = setup(config);
+    let Verdict::Continue(Admitted {
+        reported: Some(reported),
+        ..
+    }) = send(&filter, &host, ALICE)
+    else {
+        panic!("allowed")
+    };
+    let headers = response_headers(&filter, &reported);
+    assert_eq!(headers[0], ("x-ratelimit-limit", "3".to_string()));
+    assert_eq!(headers[1], ("x-ratelimit-remaining", "2".to_string()));
+}
+
+#[test]
+fn keys_are_isolated() {
+    let (filter, host) = setup(json!({"policies": [per_user(2)]}));
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    assert_eq!(
+        statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+        [200, 200]
+    );
+}
+
+#[test]
+fn a_request_without_the_key_passes_unless_missing_keys_share_a_bucket() {
+    let (filter, host) = setup(json!({"policies": [per_user(1)]}));
+    assert_eq!(statuses(&filter, &host, 3, &[]), [200, 200, 200]);
+    let mut shared = per_user(1);
+    shared["missing_key"] = json!("shared");
+    let (filter, host) = setup(json!({"policies": [shared]}));
+    assert_eq!(
+        statuses(&filter, &host, 2, &[("x-user-id", "")]),
+        [200, 429]
+    );
+    assert_eq!(statuses(&filter, &host, 1, ALICE), [200]);
+}
+
+#[test]
+fn a_layered_denial_charges_no_other_policy() {
+    let config = json!({"policies": [
+        {"name": "per-second", "key": ["header:x-user-id"], "requests": 2, "per": "1s"},
+        {"name": "per-minute", "key": ["header:x-user-id"], "requests": 3, "per": "1m"},
+        {"name": "per-ip", "key": ["ip"], "requests": 10, "per": "1m"},
+    ]});
+    let (filter, host) = setup(config);
+    assert_eq!(statuses(&filter, &host, 4, ALICE), [200, 200, 429, 429]);
+    host.now.set(T0 + 1_100 * SEC / 1000);
+    assert_eq!(
+        statuses(&filter, &host, 2, ALICE),
+        [200, 429],
+        "per-minute has one left"
+    );
+    filter.flush_counters(&host);
+    assert_eq!(host.counter(&requests_counter("per-ip", Allowed)), 3);
+    let Verdict::Continue(Admitted {
+        reported: Some(r), ..
+    }) = send(&filter, &host, &[("x-user-id", "bob")])
+    else {
+        panic!()
+    };
+    let remaining_ip = response_headers(&filter, &r);
+    assert_eq!(
+        remaining_ip[1].1, "1",
+        "bob's per-second bucket is the tightest"
+    );
+    assert_eq!(host.counter(&requests_counter("per-minute", Denied)), 1);
+}
+
+#[test]
+fn shadow_policies_count_but_never_deny_or_report() {
+    let mut shadow = per_user(1);
+    shadow["mode"] = json!("shadow");
+    let (filter, host) = setup(json!({"policies": [shadow]}));
+    let verdicts: Vec<Verdict> = (0..3).map(|_| send(&filter, &host, ALICE)).collect();
+    assert!(verdicts
+        .iter()
+        .all(|v| matches!(v, Verdict::Continue(Admitted { reported: None, .. }))));
+    filter.flush_counters(&host);
+    assert_eq!(host.counter(&requests_counter("per-user", ShadowDenied)), 2);
+    assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
+    assert_eq!(host.replies.get(), 0);
+}
+
+/// The first user ids whose keys a rollout of `percent` enforces for, and does not.
+fn canary_and_rest(percent: u32) -> (String, String) {
+    let inside = |id: &String| {
+        let key =
+            crate::key::hash_values(std::slice::from_ref(id), &crate::key::HashSecret::PUBLIC);
+        crate::key::rollout_position(key) < percent * 10_000
+    };
+    let ids = || (0..).map(|i| format!("user-{i}"));
+    (
+        ids().find(inside).unwrap(),
+        ids().find(|id| !inside(id)).unwrap(),
+    )
+}
+
+#[test]
+fn a_rollout_enforces_for_its_keys_and_runs_in_shadow_for_the_rest_which_the_default_limits() {
+    let mut canary_policy = per_user(1);
+    canary_policy["rollout"] = json!({"enforce_percent": 30});
+    let baseline = json!({"name": "baseline", "key": ["header:x-user-id"], "requests": 1,
+        "per": "1s", "burst": 3});
+    let (filter, host) = setup(json!({"policies": [canary_policy], "default": baseline}));
+    let (canary, rest) = canary_and_rest(30);
+    assert_eq!(
+        statuses(&filter, &host, 3, &[("x-user-id", &canary)]),
+        [200, 429, 429]
+    );
+    assert_eq!(
+        statuses(&filter, &host, 4, &[("x-user-id", &rest)]),
+        [200, 200, 200, 429],
+        "outside the canary the new limit is shadow, and the default still limits"
+    );
+    filter.flush_counters(&host);
+    let count = |policy, outcome| host.counter(&requests_counter(policy, outcome));
+    assert_eq!(count("per-user", Denied), 2);
+    assert_eq!(count("per-user", CanaryShadowDenied), 3);
+    assert_eq!(count("per-user", ShadowDenied), 0);
+    assert_eq!(count("baseline", Denied), 1);
+    let records = host.records.borrow();
+    let modes: Vec<&str> = records
+        .iter()
+        .map(|r| r.split(' ').nth(2).unwrap())
+        .collect();
+    assert_eq!(
+        modes,
+        [
+            "mode=canary",
+            "mode=canary",
+            "mode=canary_shadow",
+            "mode=canary_shadow",
+            "mode=enforce"
+        ],
+        "the access log tells the canary from the rest"
+    );
+}
+
+#[test]
+fn tiers_give_premium_keys_their_own_rate() {
+    let mut tiered = per_user(1);
+    tiered["tiers"] = json!({"by": "header:x-plan", "values": {"premium": {"requests": 10, "per": "1s", "burst": 3}}});
+    let (filter, host) = setup(json!({"policies": [tiered]}));
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+    let premium = &[("x-user-id", "carol"), ("x-plan", "premium")];
+    assert_eq!(statuses(&filter, &host, 4, premium), [200, 200, 200, 429]);
+    let unknown = &[("x-user-id", "dave"), ("x-plan", "gold")];
+    assert_eq!(statuses(&filter, &host, 2, unknown), [200, 429]);
+}
+
+#[test]
+fn cost_takes_several_tokens() {
+    let mut costly = per_user(5);
+    costly["cost"] = json!(2);
+    let (filter, host) = setup(json!({"policies": [costly]}));
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+}
+
+#[test]
+fn the_default_policy_applies_only_when_nothing_matched() {
+    let mut api = per_user(1);
+    api["match"] = json!({"path_prefix": "/api/"});
+    let config = json!({"policies": [api], "default": {"name": "baseline", "key": ["ip"], "requests": 1, "per": "1s", "burst": 2}});
+    let (filter, host) = setup(config);
+    let other = &[(":path", "/static/x"), ("x-user-id", "alice")];
+    assert_eq!(statuses(&filter, &host, 3, other), [200, 200, 429]);
+    let api = &[(":path", "/api/x"), ("x-user-id", "alice")];
+    assert_eq!(statuses(&filter, &host, 2, api), [200, 429]);
+}
+
+#[test]
+fn each_attribute_is_read_once_per_request() {
+    let mut p = per_user(5);
+    p["match"] = json!({"path_prefix": "/api/", "methods": ["GET"], "headers": [{"name": "x-user-id", "present": true}]});
+    let mut q = p.clone();
+    q["name"] = json!("again");
+    let (filter, host) = setup(json!({"policies": [p, q]}));
+    send(
+        &filter,
+        &host,
+        &[(":path", "/api/x"), (":method", "GET"), ("x-user-id", "a")],
+    );
+    assert_eq!(host.request.borrow().reads.get(), 3);
+}
+
+#[test]
+fn a_clock_stepping_back_gives_no_extra_tokens() {
+    let (filter, host) = setup(json!({"policies": [per_user(2)]}));
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 200]);
+    host.now.set(T0 + 5 * SEC);
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 200]);
+    host.now.set(T0);
+    assert_eq!(statuses(&filter, &host, 1, ALICE), [429]);
+}
+
+#[test]
+fn counters_reach_the_host_only_when_flushed() {
+    let (filter, host) = setup(json!({"policies": [per_user(1)]}));
+    statuses(&filter, &host, 3, ALICE);
+    assert_eq!(host.counter(&requests_counter("per-user", Denied)), 0);
+    filter.flush_counters(&host);
+    assert_eq!(host.counter(&requests_counter("per-user", Denied)), 2);
+    assert_eq!(host.counter(&requests_counter("per-user", Allowed)), 1);
+}
+
+/// `workers` filters on their own threads and one store, each sending `each` requests for
+/// alice at once; what `report` makes of each one's admitted count and host.
+// wasm32-wasip1 has no threads; Envoy's own workers race in the integration tests.
+#[cfg(not(target_arch = "wasm32"))]
+fn race<T: Send + 'static>(
+    config: &Value,
+    workers: usize,
+    each: usize,
+    report: fn(usize, &Filter, &FakeHost) -> T,
+) -> Vec<T> {
+    let store = Arc::new(MemoryStore::default());
+    configure(config, &FakeHost::new(store.clone(), T0));
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let (store, config) = (store.clone(), config.clone());
+            std::thread::spawn(move || {
+                let host = FakeHost::new(store, T0);
+                let filter = configure(&config, &host);
+                let statuses = statuses(&filter, &host, each, ALICE);
+                report(
+                    statuses.iter().filter(|&&s| s == 200).count(),
+                    &filter,
+                    &host,
+                )
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn workers_racing_on_one_fresh_key_never_over_admit() {
+    let results = race(
+        &json!({"policies": [per_user(50)]}),
+        4,
+        500,
+        |admitted, filter, host| {
+            filter.flush_counters(host);
+            let counter = |name| host.counter(name);
+            (
+                admitted,
+                counter("sluice.cas_retries"),
+                counter("sluice.cas_exhausted"),
+            )
+        },
+    );
+    let admitted: usize = results.iter().map(|r| r.0).sum();
+    assert_eq!(admitted, 50, "{results:?}");
+}
+
+/// 64 keys, five tokens an hour per user: no refill gets in the way.
+fn small_table() -> Value {
+    json!({"policies": [{"name": "per-user", "key": ["header:x-user-id"], "requests": 1,
+        "per": "1h", "burst": 5, "max_keys": 64}]})
+}
+
+#[test]
+fn a_flood_of_new_keys_frees_no_drained_key_and_gives_every_newcomer_its_burst() {
+    let (filter, host) = setup(small_table());
+    assert_eq!(
+        statuses(&filter, &host, 6, ALICE),
+        [200, 200, 200, 200, 200, 429]
+    );
+    for i in 0..5_000u64 {
+        host.now.set(T0 + i * 100_000);
+        statuses(
+            &filter,
+            &host,
+            1,
+            &[("x-user-id", &format!("attacker-{i}"))],
+        );
+        if i % 1_000 == 500 {
+            let newcomer = format!("newcomer-{i}");
+            let got = statuses(&filter, &host, 8, &[("x-user-id", &newcomer)]);
+            assert_eq!(
+                got,
+                [200, 200, 200, 200, 200, 429, 429, 429],
+                "newcomer {i}"
+            );
+        }
+    }
+    let entries = host.store.entry_count();
+    assert_eq!(
+        entries,
+        2 + 1,
+        "two pages of 32 keys whatever the number of keys, and the hash secret"
+    );
+    assert_eq!(
+        statuses(&filter, &host, 1, ALICE),
+        [429],
+        "alice stays drained"
+    );
+    filter.flush_counters(&host);
+    let evictions = host.counter("sluice.evictions");
+    assert!(evictions > 4_000, "{evictions}");
+    assert_eq!(
+        host.counter("sluice.forgiven"),
+        evictions,
+        "only attackers were forgotten, each owing its one request"
+    );
+}
+
+#[test]
+fn a_slot_whose_bucket_is_full_again_is_reused_without_counting_an_eviction() {
+    let mut one_slot = per_user(1);
+    one_slot["max_keys"] = json!(1);
+    let (filter, host) = setup(json!({ "policies": [one_slot] }));
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+    host.now.set(T0 + SEC);
+    assert_eq!(
+        statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+        [200, 429]
+    );
+    filter.flush_counters(&host);
+    assert_eq!(host.counter("sluice.evictions"), 0, "alice owed nothing");
+    assert_eq!(
+        statuses(&filter, &host, 1, ALICE),
+        [200],
+        "bob's slot was the only one"
+    );
+    filter.flush_counters(&host);
+    assert_eq!(
+        (
+            host.counter("sluice.evictions"),
+            host.counter("sluice.forgiven")
+        ),
+        (1, 1)
+    );
+}
+
+#[test]
+fn configure_refuses_bad_json() {
+    let host = FakeHost::new(Arc::default(), T0);
+    let err = Filter::configure(
+        br#"{"policies": [{"name": "x"}]}"#,
+        "t",
+        &host,
+        &host,
+        &host,
+    )
+    .unwrap_err();
+    assert!(err.to_string().starts_with("policies[0]"), "{err}");
+}
+
+/// The rate-limit service, answering in its wire format as the exact store decides.
+#[derive(Default)]
+struct FakeService(RefCell<ExactStore>);
+
+impl FakeService {
+    fn answer(&self, body: &[u8], now: u64) -> Vec<u8> {
+        let request: CheckRequest = serde_json::from_slice(body).unwrap();
+        let mut store = self.0.borrow_mut();
+        let results = request.checks.iter().map(|c| store.check(c, now).unwrap());
+        let response = CheckResponse {
+            results: results.collect(),
+        };
+        serde_json::to_vec(&response).unwrap()
+    }
+}
+
+/// Sends one request through the filter, answering its calls from `service` (or failing
+/// them when `service` is `None`). Returns the final status.
+fn serve(
+    filter: &Filter,
+    host: &FakeHost,
+    service: Option<&FakeService>,
+    headers: &[(&str, &str)],
+) -> u16 {
+    let mut verdict = send(filter, host, headers);
+    loop {
+        match verdict {
+            Verdict::Continue(_) | Verdict::Hold { .. } => return 200,
+            Verdict::Denied => return host.reply.borrow().as_ref().unwrap().status as u16,
+            Verdict::Waiting(pending) => {
+                let body = host.call.borrow().clone().unwrap();
+                let reply = service.map(|s| (200, s.answer(&body, host.now.get())));
+                verdict = filter.on_service_response(host, pending, reply);
+            }
+        }
+    }
+}
+
+fn global(policy: Value) -> Value {
+    json!({"global": {"cluster": "ratelimit", "authority": "ratelimit"}, "policies": [policy]})
+}
+
+fn global_per_user(burst: u64) -> Value {
+    let mut p = per_user(burst);
+    p["scope"] = json!("global");
+    p
+}
+
+#[test]
+fn a_strict_global_policy_asks_the_service_then_remembers_a_denial() {
+    let (filter, host) = setup(global(global_per_user(3)));
+    let service = FakeService::default();
+    let statuses: Vec<u16> = (0..5)
+        .map(|_| serve(&filter, &host, Some(&service), ALICE))
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    assert_eq!(
+        host.calls.get(),
+        4,
+        "the fifth is denied from the over-limit cache"
+    );
+    host.now.set(T0 + SEC);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(host.calls.get(), 5);
+}
+
+#[test]
+fn envoys_sharing_the_service_admit_exactly_the_global_limit() {
+    let service = FakeService::default();
+    let envoys: Vec<(Filter, FakeHost)> =
+        (0..3).map(|_| setup(global(global_per_user(10)))).collect();
+    let admitted = (0..40)
+        .filter(|i| {
+            let (filter, host) = &envoys[i % 3];
+            serve(filter, host, Some(&service), ALICE) == 200
+        })
+        .count();
+    assert_eq!(admitted, 10);
+}
+
+#[test]
+fn a_lease_serves_a_hot_key_with_one_call_per_lease() {
+    let mut p = global_per_user(10);
+    p["lease"] = json!(5);
+    let (filter, host) = setup(global(p));
+    let service = FakeService::default();
+    let statuses: Vec<u16> = (0..12)
+        .map(|_| serve(&filter, &host, Some(&service), ALICE))
+        .collect();
+    assert_eq!(statuses, [vec![200; 10], vec![429; 2]].concat());
+    assert_eq!(
+        host.calls.get(),
+        3,
+        "two leases of 5, then one denial cached"
+    );
+}
+
+#[test]
+fn leased_tokens_lapse_rather_than_outlive_their_ttl() {
+    let mut p = global_per_user(10);
+    p["lease"] = json!(5);
+    let (filter, host) = setup(global(p));
+    let service = FakeService::default();
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    host.now.set(T0 + crate::limiter::GRANT_TTL);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(host.calls.get(), 2, "the lapsed lease was not spent");
+}
+
+#[test]
+fn a_fixed_window_lease_ends_with_its_window() {
+    let mut p = global_per_user(10);
+    (p["algorithm"], p["burst"], p["requests"]) = (json!("fixed_window"), Value::Null, json!(10));
+    p["lease"] = json!(5);
+    let (filter, host) = setup(global(p));
+    let service = FakeService::default();
+    // Half-way through a one-second window: it ends 500 ms later, before the lease's 1 s.
+    let ms = 1_000_000;
+    host.now.set(T0 + 500 * ms);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    host.now.set(T0 + 900 * ms);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(host.calls.get(), 1, "spent from the lease");
+    host.now.set(T0 + 1_100 * ms);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(host.calls.get(), 2, "the lease ended with the window");
+}
+
+#[test]
+fn a_service_that_cannot_be_reached_fails_open_to_the_emergency_budget() {
+    let mut p = global_per_user(10);
+    p["emergency"] = json!({"requests": 1, "per": "1s", "burst": 2});
+    let (filter, host) = setup(global(p));
+    host.service_reachable.set(false);
+    let statuses: Vec<u16> = (0..3).map(|_| serve(&filter, &host, None, ALICE)).collect();
+    assert_eq!(statuses, [200, 200, 429]);
+    filter.flush_counters(&host);
+    assert_eq!(host.counter(&degraded_counter("per-user")), 3);
+    assert_eq!(host.counter("sluice.callout_failures"), 3);
+}
+
+#[test]
+fn a_policy_that_fails_closed_answers_503() {
+    let mut p = global_per_user(10);
+    p["failure_mode"] = json!("closed");
+    let (filter, host) = setup(global(p));
+    assert_eq!(serve(&filter, &host, None, ALICE), 503);
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(
+        reply.body,
+        r#"{"error":"rate_limit_unavailable","policy":"per-user","retry_after":1}"#
+    );
+    assert_eq!(reply.details, "sluice_unavailable");
+    assert_eq!(reply.header("retry-after"), Some("1"));
+}
+
+#[test]
+fn a_non_200_or_garbled_reply_is_a_failure() {
+    let mut p = global_per_user(10);
+    p["failure_mode"] = json!("closed");
+    let (filter, host) = setup(global(p));
+    for reply in [(503, b"{}".to_vec()), (200, b"not json".to_vec())] {
+        let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+            panic!()
+        };
+        assert!(matches!(
+            filter.on_service_response(&host, pending, Some(reply)),
+            Verdict::Denied
+        ));
+    }
+}
+
+#[test]
+fn after_repeated_failures_the_service_is_left_alone_for_a_backoff() {
+    let (filter, host) = setup(global(global_per_user(100)));
+    host.service_reachable.set(false);
+    for _ in 0..10 {
+        serve(&filter, &host, None, ALICE);
+    }
+    assert_eq!(host.calls.get(), crate::breaker::FAILURES_TO_OPEN as usize);
+    host.service_reachable.set(true);
+    host.now.set(T0 + crate::breaker::BACKOFF);
+    assert_eq!(
+        serve(&filter, &host, Some(&FakeService::default()), ALICE),
+        200
+    );
+    assert_eq!(host.calls.get(), 4, "one probe");
+}
+
+#[test]
+fn a_local_denial_spares_the_service_a_call() {
+    let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [
+        per_user(1),
+        {"name": "global-user", "scope": "global", "key": ["header:x-user-id"], "requests": 10, "per": "1s"},
+    ]});
+    let (filter, host) = setup(config);
+    let service = FakeService::default();
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 429);
+    assert_eq!(host.calls.get(), 1);
+}
+
+#[test]
+fn a_global_denial_charges_no_local_bucket() {
+    let config = json!({"global": {"cluster": "c", "authority": "a"}, "policies": [
+        {"name": "per-user", "key": ["header:x-user-id"], "requests": 1, "per": "1m", "burst": 5},
+        {"name": "global-user", "scope": "global", "key": ["header:x-user-id"], "requests": 1, "per": "1s", "burst": 1},
+    ]});
+    let (filter, host) = setup(config);
+    let service = FakeService::default();
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(
+        serve(&filter, &host, Some(&service), ALICE),
+        429,
+        "denied by the service"
+    );
+    host.now.set(T0 + SEC);
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    let fresh_service_each_time =
+        (0..5).filter(|_| serve(&filter, &host, Some(&FakeService::default()), ALICE) == 200);
+    assert_eq!(
+        fresh_service_each_time.count(),
+        3,
+        "the local bucket was charged twice, not three times"
+    );
+}
+
+fn bypassed_alice(expires: &str) -> Value {
+    json!({"policies": [per_user(1)], "bypass": [{"key": ["alice"], "policies": ["per-user"],
+        "owner": "oncall@example.com", "reason": "INC-42 migration", "expires": expires}]})
+}
+
+#[test]
+fn a_bypassed_key_passes_and_is_counted_until_the_entry_expires() {
+    let (filter, host) = setup(bypassed_alice("2027-06-01T00:00:00Z"));
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 200]);
+    assert_eq!(
+        statuses(&filter, &host, 2, &[("x-user-id", "bob")]),
+        [200, 429]
+    );
+    filter.flush_counters(&host);
+    assert_eq!(host.counter(&requests_counter("per-user", Bypassed)), 3);
+    let (filter, host) = setup(bypassed_alice("2020-01-01T00:00:00Z"));
+    assert_eq!(
+        statuses(&filter, &host, 2, ALICE),
+        [200, 429],
+        "expired: ignored"
+    );
+}
+
+#[test]
+fn a_key_that_takes_another_keys_slot_never_spends_its_grant() {
+    let mut p = global_per_user(20);
+    (p["lease"], p["max_keys"]) = (json!(5), json!(1));
+    let (filter, host) = setup(global(p));
+    let service = FakeService::default();
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    assert_eq!(host.calls.get(), 1, "alice holds four granted tokens");
+    let bob = &[("x-user-id", "bob")];
+    assert_eq!(serve(&filter, &host, Some(&service), bob), 200);
+    assert_eq!(
+        host.calls.get(),
+        2,
+        "bob took the slot, but not alice's tokens"
+    );
+    filter.flush_counters(&host);
+    assert_eq!(
+        (
+            host.counter("sluice.evictions"),
+            host.counter("sluice.forgiven")
+        ),
+        (1, 0),
+        "forgetting a grant forgives nothing: the service decides"
+    );
+}
+
+/// `per_user(burst)` refilling one token an hour, leasing `lease` tokens to a worker.
+fn leasing(burst: u64, lease: u64) -> Value {
+    let mut p = per_user(burst);
+    (p["per"], p["lease"]) = (json!("1h"), json!(lease));
+    json!({ "policies": [p] })
+}
+
+fn remaining(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> String {
+    let Verdict::Continue(Admitted {
+        reported: Some(reported),
+        ..
+    }) = send(filter, host, headers)
+    else {
+        panic!("not admitted");
+    };
+    let headers = response_headers(filter, &reported);
+    headers
+        .into_iter()
+        .find(|(n, _)| *n == "x-ratelimit-remaining")
+        .unwrap()
+        .1
+}
+
+#[test]
+fn a_local_lease_serves_a_hot_key_with_one_read_and_write_per_lease() {
+    let (filter, host) = setup(leasing(50, 10));
+    assert_eq!(
+        remaining(&filter, &host, ALICE),
+        "49",
+        "a first visit takes no lease"
+    );
+    host.store_calls.set(0);
+    let left: Vec<String> = (0..11).map(|_| remaining(&filter, &host, ALICE)).collect();
+    assert_eq!(
+        left,
+        ["48", "47", "46", "45", "44", "43", "42", "41", "40", "39", "38"]
+    );
+    assert_eq!(
+        host.store_calls.get(),
+        4,
+        "a read and a CAS per lease of 10"
+    );
+}
+
+#[test]
+fn tokens_a_worker_still_holds_go_back_to_the_bucket() {
+    let (filter, host) = setup(leasing(20, 10));
+    assert_eq!(
+        statuses(&filter, &host, 2, ALICE),
+        [200, 200],
+        "the second leases 10"
+    );
+    host.now.set(T0 + crate::ledger::LOAN_TTL);
+    let later = statuses(&filter, &host, 25, ALICE);
+    assert_eq!(later, [vec![200; 18], vec![429; 7]].concat(), "none lost");
+}
+
+#[test]
+fn more_hot_keys_than_the_ledger_holds_each_get_exactly_their_burst() {
+    let (filter, host) = setup(leasing(10, 5));
+    let users: Vec<String> = (0..40).map(|i| format!("user-{i}")).collect();
+    let mut admitted = vec![0; users.len()];
+    for _ in 0..15 {
+        for (user, count) in users.iter().zip(&mut admitted) {
+            host.now.set(host.now.get() + 1_000_000);
+            if let Verdict::Continue(_) = send(&filter, &host, &[("x-user-id", user)]) {
+                *count += 1;
+            }
+        }
+    }
+    assert_eq!(admitted, vec![10; users.len()]);
+}
+
+#[test]
+fn a_key_that_comes_back_later_than_a_lease_lasts_takes_none() {
+    let (filter, host) = setup(leasing(20, 10));
+    for left in (15..20).rev() {
+        host.store_calls.set(0);
+        assert_eq!(remaining(&filter, &host, ALICE), left.to_string());
+        assert!(
+            host.store_calls.get() >= 2,
+            "every request visits the bucket"
+        );
+        host.now.set(host.now.get() + crate::ledger::LOAN_TTL);
+    }
+}
+
+#[test]
+fn a_request_denied_by_another_policy_gives_its_leased_token_back() {
+    let per_key = json!({"name": "per-key", "key": ["header:x-api-key"], "requests": 1,
+        "per": "1h", "burst": 2});
+    let mut config = leasing(10, 5);
+    config["policies"].as_array_mut().unwrap().push(per_key);
+    let (filter, host) = setup(config);
+    let with_key = &[("x-user-id", "alice"), ("x-api-key", "k1")];
+    assert_eq!(statuses(&filter, &host, 3, with_key), [200, 200, 429]);
+    // alice's bucket: 10, less 1, then a lease of 5 (one spent; the denied request's token
+    // came back): 4 held, 4 left.
+    let alone = statuses(&filter, &host, 10, ALICE);
+    assert_eq!(alone, [vec![200; 8], vec![429; 2]].concat());
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+#[test]
+fn workers_racing_with_leases_never_over_admit() {
+    let results = race(&leasing(50, 4), 4, 500, |admitted, _, _| admitted);
+    let admitted: usize = results.iter().sum();
+    assert!((50 - 4 * 3..=50).contains(&admitted), "{results:?}");
+}
+
+proptest::proptest! {
+    /// Workers leasing from one bucket at random moments, handing back what they hold when
+    /// leases expire: what they admit never exceeds what the bucket gives (its burst plus the
+    /// refill so far). (`workers_racing_with_leases_never_over_admit` bounds the shortfall.)
+    #[test]
+    fn leasing_workers_admit_what_the_bucket_gives(
+        lease in 1u64..8,
+        extra in 0u64..20,
+        steps in proptest::collection::vec((0usize..3, 0u64..400), 1..300),
+    ) {
+        let (burst, rate_per_sec) = (lease + extra, 10);
+        let mut p = per_user(burst);
+        (p["requests"], p["lease"], p["max_keys"]) = (json!(rate_per_sec), json!(lease), json!(4));
+        let config = json!({ "policies": [p] });
+        let store = Arc::new(MemoryStore::default());
+        let workers: Vec<(Filter, FakeHost)> = (0..3)
+            .map(|_| {
+                let host = FakeHost::new(store.clone(), T0);
+                (configure(&config, &host), host)
+            })
+            .collect();
+        let (mut now, mut admitted) = (T0, 0);
+        for (worker, ms) in steps {
+            now += ms * 1_000_000;
+            let (filter, host) = &workers[worker];
+            host.now.set(now);
+            if matches!(send(filter, host, ALICE), Verdict::Continue(_)) {
+                admitted += 1;
+            }
+            let given = burst + (now - T0) * rate_per_sec / SEC;
+            proptest::prop_assert!(admitted <= given, "{admitted} > {given}");
+        }
+    }
+}
