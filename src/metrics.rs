@@ -118,7 +118,8 @@ impl UsageUnknown {
 
 /// The name of the counter of tokens `policy`'s responses were charged in the end, with `base`:
 /// `tokens_charged_total` (what they used, or what `on_unknown` charges), `tokens_refunded_total`
-/// (reserved and not used), `tokens_owed_total` (charged past the limit: the debt run up).
+/// (reserved and not used), `tokens_owed_total` (charged past the limit: the debt run up),
+/// `tokens_unknown_total` (charged to responses whose usage never came).
 pub fn tokens_counter(policy: &str, base: &str) -> String {
     labelled_name(&[(POLICY_LABEL, policy)], base)
 }
@@ -213,6 +214,8 @@ struct TokenCounters {
     charged: Counter,
     refunded: Counter,
     owed: Counter,
+    /// Of `charged`: what responses whose usage never came were charged (`on_unknown`).
+    charged_unknown: Counter,
     /// By `UsageUnknown`, in the order of `UsageUnknown::ALL`.
     unknown: [Counter; UsageUnknown::ALL.len()],
 }
@@ -258,6 +261,7 @@ impl Counters {
                     charged: counter(tokens_counter(&p.name, "tokens_charged_total")),
                     refunded: counter(tokens_counter(&p.name, "tokens_refunded_total")),
                     owed: counter(tokens_counter(&p.name, "tokens_owed_total")),
+                    charged_unknown: counter(tokens_counter(&p.name, "tokens_unknown_total")),
                     unknown: UsageUnknown::ALL.map(|w| counter(usage_unknown_counter(&p.name, w))),
                 }),
             })
@@ -340,15 +344,16 @@ impl Counters {
         }
     }
 
-    /// Counts a response whose usage never came, for `why` (what `on_unknown` charged it is
-    /// counted with the rest by `tokens_settled`).
-    pub fn usage_unknown(&self, policy: usize, why: UsageUnknown) {
-        let counter = self
-            .tokens(policy)
-            .and_then(|t| t.unknown.get(why as usize));
-        if let Some(counter) = counter {
+    /// Counts a response whose usage never came, for `why`, and the `charged` tokens
+    /// `on_unknown` charged it (also counted with the rest by `tokens_settled`).
+    pub fn usage_unknown(&self, policy: usize, why: UsageUnknown, charged: u64) {
+        let Some(tokens) = self.tokens(policy) else {
+            return;
+        };
+        if let Some(counter) = tokens.unknown.get(why as usize) {
             counter.add(1);
         }
+        tokens.charged_unknown.add(charged);
     }
 
     fn slots(&self, policy: usize) -> Option<&SlotCounters> {
@@ -391,7 +396,12 @@ impl Counters {
             slots.ended.iter().for_each(|c| c.flush(metrics));
         }
         for tokens in self.policies.iter().filter_map(|p| p.tokens.as_ref()) {
-            let counters = [&tokens.charged, &tokens.refunded, &tokens.owed];
+            let counters = [
+                &tokens.charged,
+                &tokens.refunded,
+                &tokens.owed,
+                &tokens.charged_unknown,
+            ];
             counters
                 .into_iter()
                 .chain(&tokens.unknown)

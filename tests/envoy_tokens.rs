@@ -105,7 +105,7 @@ fn a_debt_is_refused_until_refill_covers_the_reservation_and_unused_tokens_come_
 }
 
 #[test]
-fn an_aborted_stream_is_charged_as_on_unknown_says() {
+fn a_stream_cut_by_the_upstream_or_left_by_the_client_is_charged_as_on_unknown_says() {
     let policy = budget("llm", 10_000, 100, json!({"on_unknown": 700}));
     let (envoy, _upstream) = start(json!([policy]));
     let cut = [
@@ -119,6 +119,24 @@ fn an_aborted_stream_is_charged_as_on_unknown_says() {
     assert_eq!(envoy.wait_for_wasm_counter(&reset, 1), 1);
     let charged = tokens_counter("llm", "tokens_charged_total");
     assert_eq!(envoy.wait_for_wasm_counter(&charged, 700), 700);
+    // The client leaves mid-stream, after its first event.
+    let mut client = std::net::TcpStream::connect(envoy.addr()).unwrap();
+    let body = Api::ChatCompletions.body(true);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nx-api-key: bob\r\nx-test-events: 20\r\nx-test-event-ms: 200\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    std::io::Write::write_all(&mut client, request.as_bytes()).unwrap();
+    let mut first = [0u8; 512];
+    let read = std::io::Read::read(&mut client, &mut first).unwrap();
+    assert!(read > 0, "the stream began");
+    drop(client);
+    assert_eq!(
+        envoy.wait_for_wasm_counter(&reset, 2),
+        2,
+        "the client's leaving too"
+    );
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 1400), 1400);
     let none = [("x-api-key", "alice"), ("x-test-usage", "none")];
     sluice_testkit::llm::call(envoy.addr(), Api::Messages, false, &none);
     let missing = usage_unknown_counter("llm", UsageUnknown::Missing);

@@ -1,6 +1,7 @@
 //! Settling a tab's entries (`tab`) against this Envoy's shared data: the entry's words of its
 //! key's slot, read and written with compare-and-swap as a decision's are, read again after a
-//! lost race. A key whose state the table forgot meanwhile has nothing left to settle.
+//! lost race. A key whose state the table forgot meanwhile has nothing left to give back, but is
+//! still charged what its response used.
 
 use super::{Basis, Limiter, MAX_ATTEMPTS};
 use crate::algorithm::{concurrency, Algorithm};
@@ -44,7 +45,9 @@ impl<S: Store> Limiter<'_, S> {
             let Some(slot) = self.find(entry.table, entry.hash, now) else {
                 return Settled::Gone;
             };
-            if slot.takeover.is_some() {
+            // A key without a record has nothing to give back; but a charge is owed whatever
+            // the table holds (a reservation of 0 left no record to find).
+            if slot.takeover.is_some() && !matches!(op, Op::Charge(_)) {
                 return Settled::Gone;
             }
             let now = slot.time(now);

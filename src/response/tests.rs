@@ -248,11 +248,13 @@ fn usage_that_never_comes_is_charged_as_on_unknown_says() {
         (unknown(UsageUnknown::Reset), unknown(UsageUnknown::Invalid)),
         (1, 1)
     );
-    let charged = host.counter(&crate::metrics::tokens_counter(
-        "llm",
-        "tokens_charged_total",
-    ));
-    assert_eq!(charged, 1400);
+    let charged = |base| host.counter(&crate::metrics::tokens_counter("llm", base));
+    assert_eq!(charged("tokens_charged_total"), 1400);
+    assert_eq!(
+        charged("tokens_unknown_total"),
+        1400,
+        "both on on_unknown's 700"
+    );
 }
 
 #[test]
@@ -352,4 +354,83 @@ fn a_global_budget_settles_through_the_outbox() {
             age_ms: 2000
         }]
     );
+}
+
+/// A token budget as a balance: refilled one token a millisecond up to `burst`, a request
+/// admitted while its reservation is covered (a reservation of 0: while a token is left), its
+/// usage beyond the reservation owed down to `-max_debt` (the rest forgiven), what it did not use
+/// given back up to `burst`.
+struct Balance {
+    tokens: i64,
+    burst: i64,
+    max_debt: i64,
+    at: u64,
+}
+
+impl Balance {
+    fn refill(&mut self, now_ms: u64) {
+        let elapsed = i64::try_from(now_ms - self.at).unwrap();
+        self.tokens = (self.tokens + elapsed).min(self.burst);
+        self.at = now_ms;
+    }
+
+    fn admit(&mut self, reserve: i64) -> bool {
+        let covered = self.tokens >= reserve.max(1);
+        if covered {
+            self.tokens -= reserve;
+        }
+        covered
+    }
+
+    fn settle(&mut self, reserved: i64, used: i64) {
+        if used >= reserved {
+            let owed = (used - reserved).min(self.tokens + self.max_debt);
+            self.tokens -= owed.max(0);
+        } else {
+            self.tokens = (self.tokens + reserved - used).min(self.burst);
+        }
+    }
+}
+
+proptest::proptest! {
+    /// Requests of one key reserve what they ask for (`max_tokens`), overlap, and settle what
+    /// their responses used: the filter admits exactly the requests the balance admits, so a
+    /// key's charge never exceeds its refill plus its burst plus `max_debt`.
+    #[test]
+    fn reserve_and_settle_match_a_balance_of_tokens(
+        steps in proptest::collection::vec((0u64..40, 0u64..3, 0i64..80, 0i64..160), 1..120),
+    ) {
+        let (burst, max_debt) = (50, 30);
+        let policy = json!({"name": "llm", "key": ["header:x-user-id"], "requests": 1000,
+            "per": "1s", "burst": burst, "cost": {"from_response": {"usage": "total_tokens"},
+            "reserve": {"request": "max_tokens", "default": 0}, "max_debt": max_debt}});
+        let (filter, host) = setup(json!([policy]));
+        let mut model = Balance { tokens: burst, burst, max_debt, at: 0 };
+        let mut open: Vec<(Response, i64, i64)> = Vec::new();
+        let mut now_ms = 0;
+        for (gap, action, asked, used) in steps {
+            now_ms += gap;
+            host.now.set(T0 + now_ms * 1_000_000);
+            model.refill(now_ms);
+            if action == 0 && !open.is_empty() {
+                let (response, reserved, used) = open.remove(0);
+                *host.response.borrow_mut() = FakeRequest::new(&[("content-type", OPENAI_JSON)]);
+                let mut response = response;
+                response.on_headers(&filter, &host);
+                response.on_body(format!(r#"{{"usage":{{"total_tokens":{used}}}}}"#).as_bytes());
+                response.end(&filter, &host, Ending::Completed);
+                model.settle(reserved, used);
+                continue;
+            }
+            *host.request.borrow_mut() = FakeRequest::new(ALICE);
+            let body = format!(r#"{{"model":"m","max_tokens":{asked}}}"#);
+            let reserve = asked.min(burst);
+            let verdict = filter.on_request_body(&host, filter.snapshot(&host), body.as_bytes());
+            let admitted = matches!(verdict, Verdict::Continue(_));
+            proptest::prop_assert_eq!(admitted, model.admit(reserve), "at {} ms", now_ms);
+            if let Verdict::Continue(Admitted { tab: Some(tab), record, .. }) = verdict {
+                open.push((Response::new(tab, record), reserve, used));
+            }
+        }
+    }
 }

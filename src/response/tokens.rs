@@ -142,7 +142,7 @@ pub(super) fn settle(
                     OnUnknown::Reserve => reserved,
                     OnUnknown::Tokens(tokens) => tokens,
                 };
-                counters.usage_unknown(entry.policy, why);
+                counters.usage_unknown(entry.policy, why, charged);
                 charged
             }
         };
