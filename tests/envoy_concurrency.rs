@@ -7,12 +7,14 @@
 
 use sluice::metrics::{slots_released_counter, SlotEnd};
 use sluice_testkit::envoy::Envoy;
-use sluice_testkit::llm::LlmUpstream;
+use sluice_testkit::llm::{slow_in_flight, LlmUpstream};
 use sluice_testkit::wait_for;
 use std::io::Write;
 use std::net::TcpStream;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Alice, as `slow_in_flight` sends her.
+const ALICE_IN_FLIGHT: &[(&str, &str)] = &[("x-user-id", "alice")];
 
 /// At most `requests` of one user in flight, with a lease of `lease`.
 fn streams(requests: u64, lease: &str) -> String {
@@ -30,27 +32,6 @@ fn start(config: &str) -> (Envoy, LlmUpstream) {
 
 const ALICE: [(&str, &[u8]); 1] = [("x-user-id", b"alice")];
 
-/// A request of alice's on a thread of its own, answered after `ms`: its status when joined.
-fn in_flight(envoy: &Envoy, ms: u64) -> JoinHandle<u16> {
-    let addr = envoy.addr();
-    std::thread::spawn(move || {
-        let path = format!("/slow?ms={ms}");
-        sluice_testkit::http::http_request(addr, "GET", &path, &ALICE).map_or(0, |r| r.status)
-    })
-}
-
-/// Waits until the upstream has seen `n` calls in all (the requests are in flight there).
-fn wait_for_calls(upstream: &LlmUpstream, n: usize) {
-    let seen = wait_for(Duration::from_secs(5), || {
-        (upstream.calls().len() >= n).then_some(())
-    });
-    assert!(
-        seen.is_some(),
-        "the upstream saw {} calls, not {n}",
-        upstream.calls().len()
-    );
-}
-
 /// Alice's quick request: its status.
 fn quick(envoy: &Envoy) -> u16 {
     envoy.get("/slow?ms=0", &ALICE).status
@@ -67,8 +48,11 @@ fn admitted_again(envoy: &Envoy) -> bool {
 #[test]
 fn three_requests_in_flight_of_one_key_get_two_slots_and_the_third_is_refused() {
     let (envoy, upstream) = start(&streams(2, "5m"));
-    let running = [in_flight(&envoy, 2_000), in_flight(&envoy, 2_000)];
-    wait_for_calls(&upstream, 2);
+    let running = [
+        slow_in_flight(envoy.addr(), 2_000, ALICE_IN_FLIGHT),
+        slow_in_flight(envoy.addr(), 2_000, ALICE_IN_FLIGHT),
+    ];
+    upstream.wait_for_calls(2);
     let refused = envoy.get("/slow?ms=0", &ALICE);
     assert_eq!(refused.status, 429, "{refused:?}");
     assert_eq!(refused.json()["policy"], "streams");
@@ -95,7 +79,7 @@ fn a_slot_comes_back_when_the_client_leaves_mid_request() {
     let mut client = TcpStream::connect(envoy.addr()).unwrap();
     let request = "GET /slow?ms=10000 HTTP/1.1\r\nhost: test\r\nx-user-id: alice\r\n\r\n";
     client.write_all(request.as_bytes()).unwrap();
-    wait_for_calls(&upstream, 1);
+    upstream.wait_for_calls(1);
     assert_eq!(quick(&envoy), 429, "the slot is held");
     drop(client);
     assert!(admitted_again(&envoy), "the slot came back");
@@ -122,8 +106,8 @@ fn a_slot_comes_back_when_the_upstream_resets_or_times_out() {
 fn a_request_longer_than_its_lease_keeps_its_slot() {
     let (envoy, upstream) = start(&streams(1, "4s"));
     let start = Instant::now();
-    let long = in_flight(&envoy, 9_000);
-    wait_for_calls(&upstream, 1);
+    let long = slow_in_flight(envoy.addr(), 9_000, ALICE_IN_FLIGHT);
+    upstream.wait_for_calls(1);
     for second in [3, 6, 8] {
         std::thread::sleep(
             (start + Duration::from_secs(second)).saturating_duration_since(Instant::now()),
@@ -141,8 +125,11 @@ fn a_reload_keeps_the_slots_in_use() {
         .upstream(upstream.addr())
         .ecds_from_file()
         .start();
-    let running = [in_flight(&envoy, 3_000), in_flight(&envoy, 3_000)];
-    wait_for_calls(&upstream, 2);
+    let running = [
+        slow_in_flight(envoy.addr(), 3_000, ALICE_IN_FLIGHT),
+        slow_in_flight(envoy.addr(), 3_000, ALICE_IN_FLIGHT),
+    ];
+    upstream.wait_for_calls(2);
     let reloaded = streams(2, "5m").replace(
         r#""policies": ["#,
         r#""version": "v2", "policies": [{"name": "per-ip", "key": ["ip"], "requests": 100, "per": "1s"}, "#,

@@ -9,13 +9,16 @@
 
 use serde_json::json;
 use sluice_testkit::envoy::Envoy;
-use sluice_testkit::llm::LlmUpstream;
+use sluice_testkit::llm::{slow_in_flight, LlmUpstream};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
 use sluice_testkit::wait_for;
 use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Alice, as `slow_in_flight` sends her.
+const ALICE_IN_FLIGHT: &[(&str, &str)] = &[("x-user-id", "alice")];
 
 const ALICE: [(&str, &[u8]); 1] = [("x-user-id", b"alice")];
 /// The slots' lease: the shortest there is, so that a lost slot frees itself soon.
@@ -38,28 +41,6 @@ fn envoy(service: SocketAddr, upstream: &LlmUpstream) -> Envoy {
         .start()
 }
 
-/// A request of alice's answered after `ms`, on a thread of its own: its status when joined
-/// (0 if the connection broke first).
-fn in_flight(envoy: &Envoy, ms: u64) -> JoinHandle<u16> {
-    let addr = envoy.addr();
-    std::thread::spawn(move || {
-        let path = format!("/slow?ms={ms}");
-        sluice_testkit::http::http_request(addr, "GET", &path, &ALICE).map_or(0, |r| r.status)
-    })
-}
-
-/// Waits until the upstream has seen `n` calls in all (the requests are in flight there).
-fn wait_for_calls(upstream: &LlmUpstream, n: usize) {
-    let seen = wait_for(Duration::from_secs(5), || {
-        (upstream.calls().len() >= n).then_some(())
-    });
-    assert!(
-        seen.is_some(),
-        "the upstream saw {} calls",
-        upstream.calls().len()
-    );
-}
-
 /// A request of alice's answered after `ms`, sent again until one is admitted (within 5 s):
 /// the slot that a quick request took is given back from its Envoy's timer, a moment after it
 /// ends.
@@ -67,7 +48,7 @@ fn admitted_in_flight(envoy: &Envoy, upstream: &LlmUpstream, ms: u64) -> JoinHan
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let calls = upstream.calls().len();
-        let request = in_flight(envoy, ms);
+        let request = slow_in_flight(envoy.addr(), ms, ALICE_IN_FLIGHT);
         let reached = wait_for(Duration::from_secs(1), || {
             (upstream.calls().len() > calls || request.is_finished()).then_some(())
         });
@@ -95,9 +76,9 @@ fn two_envoys_share_one_keys_slots_and_a_killed_envoys_slots_free_within_their_l
 
     // One request in flight through each Envoy: the key's two slots are taken. 9 s: past the
     // lease, within the test kit's 10 s to read an answer.
-    let lost = in_flight(&first, 9_000);
-    let long = in_flight(&second, 9_000);
-    wait_for_calls(&upstream, 2);
+    let lost = slow_in_flight(first.addr(), 9_000, ALICE_IN_FLIGHT);
+    let long = slow_in_flight(second.addr(), 9_000, ALICE_IN_FLIGHT);
+    upstream.wait_for_calls(2);
     assert_eq!(
         quick(&first),
         429,

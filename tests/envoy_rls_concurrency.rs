@@ -11,10 +11,13 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
-use sluice_testkit::llm::LlmUpstream;
+use sluice_testkit::llm::{slow_in_flight, LlmUpstream};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
 use sluice_testkit::{wait_for, TempDir};
+
+/// Alice, as `slow_in_flight` sends her.
+const ALICE_IN_FLIGHT: &[(&str, &str)] = &[("x-user-id", "alice")];
 
 /// A front listener on `{port}` whose route asks the RLS at `{rls_port}` for a slot of
 /// (user=<x-user-id>) before the request and gives it back when its stream is done, and sends
@@ -130,16 +133,6 @@ fn setup() -> Setup {
     }
 }
 
-/// A request of alice's answered after `ms`, on a thread of its own: its status when joined.
-fn in_flight(envoy: &Envoy, ms: u64) -> JoinHandle<u16> {
-    let addr = envoy.addr();
-    std::thread::spawn(move || {
-        let path = format!("/slow?ms={ms}");
-        let alice: &[(&str, &[u8])] = &[("x-user-id", b"alice")];
-        sluice_testkit::http::http_request(addr, "GET", &path, alice).map_or(0, |r| r.status)
-    })
-}
-
 /// The slots the RLS holds in Redis, live or not: the members of its concurrency keys.
 fn slots_in_redis(redis: &RedisServer) -> i64 {
     let mut client = redis.client();
@@ -154,7 +147,9 @@ fn slots_in_redis(redis: &RedisServer) -> i64 {
 
 /// N + 1 slow requests at once, whose statuses are counted when they are done.
 fn n_plus_one_at_once(setup: &Setup) -> (usize, usize) {
-    let running: Vec<JoinHandle<u16>> = (0..=N).map(|_| in_flight(&setup.envoy, 2_000)).collect();
+    let running: Vec<JoinHandle<u16>> = (0..=N)
+        .map(|_| slow_in_flight(setup.envoy.addr(), 2_000, ALICE_IN_FLIGHT))
+        .collect();
     let statuses: Vec<u16> = running.into_iter().map(|r| r.join().unwrap()).collect();
     let count = |status| statuses.iter().filter(|&&s| s == status).count();
     assert_eq!(count(200) + count(429), N + 1, "{statuses:?}");

@@ -23,6 +23,7 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// The longest wait for one byte of an answer.
@@ -53,6 +54,19 @@ impl LlmUpstream {
     /// Its resident memory (VmRSS), in KiB: flat however long its streams.
     pub fn rss_kib(&self) -> u64 {
         self.peer.rss_kib()
+    }
+
+    /// Waits (5 s at most) until it has received `n` requests in all: requests sent to it
+    /// through Envoy are then in flight here. Panics when they do not come.
+    pub fn wait_for_calls(&self, n: usize) {
+        let seen = crate::wait_for(Duration::from_secs(5), || {
+            (self.calls().len() >= n).then_some(())
+        });
+        assert!(
+            seen.is_some(),
+            "the upstream saw {} calls, not {n}",
+            self.calls().len()
+        );
     }
 
     /// The requests it has received, oldest first (`GET /_calls`).
@@ -227,6 +241,23 @@ pub fn sse_events(text: &str) -> Vec<SseEvent> {
         SseEvent { event, data }
     });
     events.collect()
+}
+
+/// A `GET /slow?ms=<ms>` to `addr` with `headers`, on a thread of its own, which the upstream
+/// answers after `ms`: its status when joined (0 when no answer came: Envoy died, say).
+pub fn slow_in_flight(addr: SocketAddr, ms: u64, headers: &[(&str, &str)]) -> JoinHandle<u16> {
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    std::thread::spawn(move || {
+        let path = format!("/slow?ms={ms}");
+        let headers: Vec<(&str, &[u8])> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_bytes()))
+            .collect();
+        crate::http::http_request(addr, "GET", &path, &headers).map_or(0, |r| r.status)
+    })
 }
 
 /// `api`'s small request (`Api::body`) with `headers` to `addr` (an Envoy, or the upstream
