@@ -12,11 +12,12 @@
 
 use std::num::NonZeroU64;
 
+use super::periods::{self, counts, store};
 use super::{invalid, within, Debt, Decision, Invalid, Param, MAX_PERIOD};
 use crate::duration::NANOS_PER_SEC;
 
-/// State: the epoch of `newer`, the slots counted in the epoch before it, the slots of it.
-pub const COLUMNS: usize = 3;
+/// State: the current epoch, the slots counted in it, and those counted in the one before.
+pub const COLUMNS: usize = periods::COLUMNS;
 /// The most requests of one key in flight a policy may allow.
 pub const MAX_SLOTS: u64 = 1_000_000;
 /// The shortest lease: renewals run on a timer of a second, at least twice an epoch.
@@ -52,25 +53,10 @@ impl Slots {
     }
 }
 
-/// The counts (older, newer) as of `epoch`, from the stored ones.
-fn counts(state: &[u64], epoch: u64) -> (u64, u64) {
-    match state {
-        [stored, older, newer] if *stored == epoch => (*older, *newer),
-        [stored, _, newer] if stored.checked_add(1) == Some(epoch) => (*newer, 0),
-        _ => (0, 0),
-    }
-}
-
-fn store(state: &mut [u64], epoch: u64, (older, newer): (u64, u64)) {
-    if let [stored, stored_older, stored_newer] = state {
-        (*stored, *stored_older, *stored_newer) = (epoch, older, newer);
-    }
-}
-
 /// Slots in use at `now`.
 pub fn in_use(slots: &Slots, state: &[u64], now: u64) -> u64 {
-    let (older, newer) = counts(state, slots.epoch_of(now));
-    older.saturating_add(newer)
+    let (newer, older) = counts(state, slots.epoch_of(now));
+    newer.saturating_add(older)
 }
 
 /// Takes `cost` slots (one per request) if that many are free at `now`. Nobody can say when a
@@ -78,8 +64,8 @@ pub fn in_use(slots: &Slots, state: &[u64], now: u64) -> u64 {
 /// are forgotten at the latest.
 pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision {
     let epoch = slots.epoch_of(now);
-    let (older, newer) = counts(state, epoch);
-    let used = older.saturating_add(newer);
+    let (newer, older) = counts(state, epoch);
+    let used = newer.saturating_add(older);
     let reset_after = (epoch + 2).saturating_mul(slots.epoch.get()) - now;
     if used.saturating_add(cost) > slots.limit {
         return Decision {
@@ -89,7 +75,7 @@ pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision 
             ..Decision::default()
         };
     }
-    store(state, epoch, (older, newer + cost));
+    store(state, epoch, (newer + cost, older));
     Decision {
         allowed: true,
         remaining: slots.limit - used - cost,
@@ -101,19 +87,7 @@ pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision 
 /// Gives back the slot counted in epoch `taken`; false if it had expired (it is counted nowhere
 /// any more, and nothing is taken from the slots of others).
 pub fn release(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> bool {
-    let epoch = slots.epoch_of(now);
-    let (mut older, mut newer) = counts(state, epoch);
-    let count = if taken == epoch {
-        &mut newer
-    } else if taken.checked_add(1) == Some(epoch) {
-        &mut older
-    } else {
-        return false;
-    };
-    let released = *count > 0;
-    *count = count.saturating_sub(1);
-    store(state, epoch, (older, newer));
-    released
+    periods::take_back(state, slots.epoch_of(now), taken, 1) == Some(1)
 }
 
 /// Moves the slot counted in epoch `taken` to the epoch of `now`, if it is behind: the epoch it
@@ -125,8 +99,8 @@ pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> Option<u
         return Some(taken);
     }
     if release(slots, state, now, taken) {
-        let (older, newer) = counts(state, epoch);
-        store(state, epoch, (older, newer + 1));
+        let (newer, older) = counts(state, epoch);
+        store(state, epoch, (newer + 1, older));
         return Some(epoch);
     }
     admit(slots, state, now, 1).allowed.then_some(epoch)
@@ -135,13 +109,7 @@ pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> Option<u
 /// Slots the stored state counts that are forgotten at `now`: taken, never given back, and not
 /// renewed for a lease. Releases that never came: a crashed worker, VM or Envoy.
 pub fn expired(slots: &Slots, state: &[u64], now: u64) -> u64 {
-    let epoch = slots.epoch_of(now);
-    match state {
-        [stored, ..] if *stored == epoch => 0,
-        [stored, older, _] if stored.checked_add(1) == Some(epoch) => *older,
-        [stored, older, newer] if *stored < epoch => older.saturating_add(*newer),
-        _ => 0,
-    }
+    periods::gone(state, slots.epoch_of(now))
 }
 
 /// What forgetting the state forgives: the slots in use, which would be free for others.

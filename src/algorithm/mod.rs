@@ -22,6 +22,7 @@
 pub mod concurrency;
 pub mod fixed_window;
 pub mod leaky_bucket;
+mod periods;
 pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;

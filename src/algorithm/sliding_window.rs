@@ -3,10 +3,11 @@
 //! 2 × limit burst at a boundary; the estimate assumes the previous window's requests were
 //! spread evenly.
 
+use super::periods::{self, counts};
 use super::{Debt, Decision, Window};
 
 /// State: the current window index, its count, and the previous window's count.
-pub const COLUMNS: usize = 3;
+pub const COLUMNS: usize = periods::COLUMNS;
 
 /// Admits `cost` if `previous × (1 - elapsed/window) + current + cost <= limit`. Products are
 /// taken in u128: counts times nanoseconds overflow u64.
@@ -62,22 +63,8 @@ pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u6
 /// Gives back `tokens` taken at `taken_at` from the window that counted them, the current or the
 /// previous one; a count older than that has faded. Returns the tokens given back.
 pub fn refund(window: &Window, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {
-    let index = now / window.length;
-    let taken = taken_at / window.length;
-    let (mut current, mut previous) = counts(state, index);
-    let count = if taken == index {
-        &mut current
-    } else if taken.checked_add(1) == Some(index) {
-        &mut previous
-    } else {
-        return 0;
-    };
-    let back = tokens.min(*count);
-    *count -= back;
-    if let [stored, stored_current, stored_previous] = state {
-        (*stored, *stored_current, *stored_previous) = (index, current, previous);
-    }
-    back
+    let (index, taken) = (now / window.length, taken_at / window.length);
+    periods::take_back(state, index, taken, tokens).unwrap_or(0)
 }
 
 /// Until the estimate has room for `cost`: later in this window if only the previous window's
@@ -112,15 +99,6 @@ fn retry_after(
 
 fn to_u64(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// The counts (current, previous) of window `index` and the one before, from the stored ones.
-fn counts(state: &[u64], index: u64) -> (u64, u64) {
-    match state {
-        [stored, current, previous] if *stored == index => (*current, *previous),
-        [stored, current, _] if stored.checked_add(1) == Some(index) => (0, *current),
-        _ => (0, 0),
-    }
 }
 
 /// The estimate of the last window's count, times the window's length: the previous window's
