@@ -381,6 +381,7 @@ impl RootContext for Root {
             reported: None,
             pending: None,
             completed: false,
+            live: false,
             awaiting_body: None,
         }))
     }
@@ -429,6 +430,8 @@ struct Exchange {
     pending: Option<Pending>,
     /// The response reached its end of stream: the request completed.
     completed: bool,
+    /// Whether it has a live response in `LIVE` (most requests have none: no lookup then).
+    live: bool,
     /// The request is decided once its body has come (`Filter::reads_body`), from this
     /// snapshot of its headers.
     awaiting_body: Option<Snapshot>,
@@ -467,11 +470,15 @@ impl Exchange {
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
             let live = (filter.clone(), Response::new(tab, admitted.record));
             LIVE.with(|l| l.borrow_mut().insert(self.id, live));
+            self.live = true;
         }
     }
 
     /// Runs `f` on this request's live response, if it has one.
     fn with_response<T>(&self, f: impl FnOnce(&Filter, &mut Response) -> T) -> Option<T> {
+        if !self.live {
+            return None;
+        }
         LIVE.with(|live| {
             let mut live = live.try_borrow_mut().ok()?;
             let (filter, response) = live.get_mut(&self.id)?;
@@ -481,6 +488,9 @@ impl Exchange {
 
     /// The request ended: what it owed is settled, once.
     fn end(&mut self) {
+        if !std::mem::take(&mut self.live) {
+            return;
+        }
         let ended = LIVE.with(|live| live.try_borrow_mut().ok()?.remove(&self.id));
         if let Some((filter, response)) = ended {
             let ending = if self.completed {
