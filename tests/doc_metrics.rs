@@ -3,7 +3,8 @@
 //! a series of the filter or of the service, or the start of some (`sluice_service_rls_*`).
 //!
 //! The exported names come from the code, not from a list here: the filter's counters as
-//! `Counters::define` names them for each shipped configuration (and the one counted on a refused
+//! `Counters::define` names them for each shipped configuration and for a concurrency and a
+//! metered policy, whose series no other kind has (and the one counted on a refused
 //! configuration), under the names Envoy's `/stats/prometheus` gives them with the bootstraps'
 //! `stats_tags` and without them; the service's series as its registry holds them once its
 //! `Metrics` and the RLS have registered (read from the registry, as its encoder skips a family
@@ -151,7 +152,10 @@ impl Metrics for Recorder {
 /// and whole without them (`sluice_sluice_policy___per_user___…`).
 fn filter_series() -> BTreeSet<String> {
     let host = Recorder::default();
-    for plan in shipped_plans() {
+    for plan in shipped_plans()
+        .into_iter()
+        .chain([plan_with_slots_and_tokens()])
+    {
         Counters::define(&host, &plan);
     }
     count_config_error(&host);
@@ -177,6 +181,17 @@ fn shipped_plans() -> Vec<sluice::config::Plan> {
     }
     assert!(plans.len() >= 2, "{plans:?}");
     plans
+}
+
+/// A concurrency policy and a metered one: the series of their slots and tokens are the
+/// code's whether or not a shipped configuration has such a policy.
+fn plan_with_slots_and_tokens() -> sluice::config::Plan {
+    let config = serde_json::json!({"policies": [
+        {"name": "slots", "key": ["ip"], "algorithm": "concurrency", "requests": 1},
+        {"name": "tokens", "key": ["ip"], "requests": 1000, "per": "1m",
+         "cost": {"from_response": {"usage": "total_tokens"}}},
+    ]});
+    sluice::config::parse_with_env(config.to_string().as_bytes(), &|_| None).unwrap()
 }
 
 /// A counter's name with its `<label>=.=<value>;.;` pairs taken out, as `stats_tags` does.

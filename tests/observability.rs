@@ -11,11 +11,13 @@
 //! - Every metric name, label name and `=`-matched label value that a rule, a panel or a
 //!   variable uses appears in what the real processes print after real traffic: an Envoy
 //!   running the filter (local, shadow and global policies, labels from the stats_tags of
-//!   envoy/global.yaml) with Envoy's own ratelimit filter in front of the RLS, a second Envoy
-//!   that refused a configuration, and sluice-service with `--rls` after a Redis outage and a
-//!   bad RLS configuration. Names are read from the PromQL by a small lexer, not a parser of
-//!   PromQL's grammar: identifiers that are not functions, keywords or inside `{}`, `[]` and
-//!   grouping lists are metric names. The labels a scrape adds (`job`, `instance`, and the
+//!   envoy/global.yaml) with Envoy's own ratelimit filter in front of the RLS, and in front of
+//!   the test kit's LLM upstream a metered, a concurrency and a global metered policy (usage
+//!   refunded, owed, missing, invalid, a stream cut, a slot refused, settlements applied and
+//!   one failing on Redis); a second Envoy that refused a configuration; and sluice-service with
+//!   `--rls` after a Redis outage and a bad RLS configuration. Names are read from the PromQL
+//!   by a small lexer, not a parser of PromQL's grammar: identifiers that are not functions,
+//!   keywords or inside `{}`, `[]` and grouping lists are metric names. The labels a scrape adds (`job`, `instance`, and the
 //!   `namespace` of Istio's scrape configurations) need not appear. Values matched by regex
 //!   (`=~`) are not checked, nor whether a query returns what its panel says.
 //!
@@ -38,6 +40,7 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_testkit::envoy::{wasm_path, Envoy, EnvoyOptions};
 use sluice_testkit::http::get;
+use sluice_testkit::llm::{self, Api, LlmUpstream};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
 use sluice_testkit::{wait_for, TempDir};
@@ -618,10 +621,11 @@ fn the_check_reports_unknown_metrics_labels_and_values_and_the_rate_of_a_gauge()
     }
 }
 
-/// One Envoy with sluice (`{plugin}`: a local, a shadow and a global policy on /api/) and
-/// Envoy's own ratelimit filter (on /rls/, the descriptors of envoy/rls-config/demo.yaml),
-/// calling the service (`{service_port}`) and the RLS (`{rls_port}`); the backend is a second
-/// listener. The harness fills in `{port}`, `{admin_port}` and `{backend_port}`.
+/// One Envoy with sluice (`{plugin}`: a local, a shadow and a global policy on /api/; token
+/// budgets and a concurrency limit on /v1/, the LLM upstream at `{llm_port}`) and Envoy's own
+/// ratelimit filter (on /rls/, the descriptors of envoy/rls-config/demo.yaml), calling the
+/// service (`{service_port}`) and the RLS (`{rls_port}`); the backend is a second listener. The
+/// harness fills in `{port}`, `{admin_port}` and `{backend_port}`.
 const BOOTSTRAP: &str = r#"
 admin:
   address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } }
@@ -649,6 +653,8 @@ static_resources:
                     - generic_key: { descriptor_value: api }
                     - request_headers: { header_name: x-user-id, descriptor_key: user }
                   - actions: [{ request_headers: { header_name: x-plan, descriptor_key: plan } }]
+              - match: { prefix: /v1/ }
+                route: { cluster: llm }
               - match: { prefix: / }
                 route: { cluster: backend }
           http_filters:
@@ -705,6 +711,12 @@ static_resources:
     load_assignment:
       cluster_name: sluice_rls
       endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } } }] }]
+  - name: llm
+    type: STATIC
+    connect_timeout: 0.25s
+    load_assignment:
+      cluster_name: llm
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {llm_port} } } } }] }]
   - name: backend
     type: STATIC
     connect_timeout: 0.25s
@@ -718,9 +730,10 @@ fn flow(value: &impl serde::Serialize) -> String {
     serde_json::to_string(value).unwrap()
 }
 
-/// `BOOTSTRAP` for this service, with the stats_tags of envoy/global.yaml.
-fn bootstrap(service: &Service) -> String {
+/// `BOOTSTRAP` for this service and LLM upstream, with the stats_tags of envoy/global.yaml.
+fn bootstrap(service: &Service, upstream: &LlmUpstream) -> String {
     let global = yaml(&repo().join("envoy/global.yaml"));
+    let tokens = |reserve: u64| serde_json::json!({"from_response": {"usage": "total_tokens"}, "reserve": reserve});
     let plugin = serde_json::json!({
         "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"},
         "policies": [
@@ -729,7 +742,13 @@ fn bootstrap(service: &Service) -> String {
             {"name": "trial", "mode": "shadow", "match": {"path_prefix": "/api/"},
              "key": ["header:x-user-id"], "requests": 1, "per": "1m", "burst": 1},
             {"name": "global-user", "scope": "global", "match": {"path_prefix": "/api/"},
-             "key": ["header:x-user-id"], "requests": 100, "per": "1m", "burst": 100}]
+             "key": ["header:x-user-id"], "requests": 100, "per": "1m", "burst": 100},
+            {"name": "llm", "match": {"path_prefix": "/v1/chat/"}, "key": ["header:x-api-key"],
+             "requests": 1000, "per": "1m", "cost": tokens(100)},
+            {"name": "llm-streams", "algorithm": "concurrency", "match": {"path_prefix": "/v1/chat/"},
+             "key": ["header:x-api-key"], "requests": 1},
+            {"name": "llm-global", "scope": "global", "match": {"path_prefix": "/v1/responses"},
+             "key": ["header:x-api-key"], "requests": 100000, "per": "1d", "cost": tokens(100)}]
     });
     BOOTSTRAP
         .replace("{stats_config}", &flow(&global["stats_config"]))
@@ -737,6 +756,7 @@ fn bootstrap(service: &Service) -> String {
         .replace("{wasm}", &flow(&wasm_path()))
         .replace("{service_port}", &service.addr.port().to_string())
         .replace("{rls_port}", &service.rls.unwrap().port().to_string())
+        .replace("{llm_port}", &upstream.addr().port().to_string())
 }
 
 /// Sends `n` GETs of `path` to `envoy` with these headers; the statuses.
@@ -755,6 +775,68 @@ fn scrape_until(what: &str, wanted: &[&str], scrape: impl Fn() -> String) -> Str
         let absent: Vec<_> = wanted.iter().filter(|w| !text.contains(*w)).collect();
         panic!("{what} still lacks {absent:?} after {STATS_WITHIN:?}:\n{text}")
     })
+}
+
+/// A chat completion through `envoy` for API key `key`, with these test headers: its status.
+fn chat(envoy: &Envoy, key: &str, stream: bool, test: &[(&str, &str)]) -> u16 {
+    let headers = [&[("x-api-key", key)][..], test].concat();
+    llm::call(envoy.addr(), Api::ChatCompletions, stream, &headers).status
+}
+
+/// A response (OpenAI's Responses API, the global `llm-global`) using `usage`, its first byte
+/// `delay_ms` late: its status.
+fn response(envoy: &Envoy, key: &str, usage: &str, delay_ms: u64) -> u16 {
+    let delay = delay_ms.to_string();
+    let headers = [
+        ("x-api-key", key),
+        ("x-test-usage", usage),
+        ("x-test-first-byte-ms", delay.as_str()),
+    ];
+    llm::call(envoy.addr(), Api::Responses, false, &headers).status
+}
+
+/// Waits until `upstream` has received `n` requests: the last one was admitted.
+fn wait_for_calls(upstream: &LlmUpstream, n: usize) {
+    let arrived = wait_for(STATS_WITHIN, || (upstream.calls().len() >= n).then_some(()));
+    assert!(arrived.is_some(), "the upstream did not get request {n}");
+}
+
+/// The token budget `llm` and the concurrency limit `llm-streams` (one request a key) on chat
+/// completions, each case a key of its own: usage under the reservation (refunded), over the
+/// limit (owed), none, nonsense, a stream cut short (unknown, its slot reset), and a key's second
+/// request while its first holds the slot (refused). Then `llm-global`'s usage settled with the
+/// service: a charge and a refund.
+fn llm_traffic(envoy: &Envoy, upstream: &LlmUpstream, service: &Service) {
+    // 100 reserved each: 70 refunded; 1,000 owed (one burst past the limit); unknown twice.
+    let usages = [
+        ("under", "total=30"),
+        ("over", "total=3000"),
+        ("none", "none"),
+        ("bad", "bad"),
+    ];
+    for (key, usage) in usages {
+        let status = chat(envoy, key, false, &[("x-test-usage", usage)]);
+        assert_eq!(status, 200, "{key}");
+    }
+    std::thread::scope(|s| {
+        let first = s.spawn(|| chat(envoy, "busy", false, &[("x-test-first-byte-ms", "3000")]));
+        wait_for_calls(upstream, 5);
+        assert_eq!(chat(envoy, "busy", false, &[]), 429, "its slot is taken");
+        assert_eq!(first.join().unwrap(), 200);
+    });
+    let cut = [("x-test-events", "10"), ("x-test-cut-after", "3")];
+    chat(envoy, "cut", true, &cut);
+
+    assert_eq!(response(envoy, "global", "total=300", 0), 200);
+    assert_eq!(response(envoy, "global", "total=30", 0), 200);
+    scrape_until(
+        "the service's /metrics",
+        &[
+            r#"sluice_service_settlements_total{op="charge",result="applied"} 1"#,
+            r#"sluice_service_settlements_total{op="refund",result="applied"} 1"#,
+        ],
+        || get(service.addr, "/metrics").text(),
+    );
 }
 
 /// A second Envoy, its filter's configuration delivered by ECDS as Istio does: a good one, then
@@ -790,8 +872,9 @@ fn break_redis_and_the_rls_config(
     std::fs::write(rls_dir.join("bad.yaml"), "domain: [not, a, domain]\n").unwrap();
 }
 
-/// The real outputs: the traffic `BOOTSTRAP` describes, then `break_redis_and_the_rls_config`;
-/// Envoy's, the refusing Envoy's and the service's scrapes.
+/// The real outputs: the traffic `BOOTSTRAP` describes, then `break_redis_and_the_rls_config`
+/// while a response of `llm-global` is under way (its settlement fails on Redis); Envoy's, the
+/// refusing Envoy's and the service's scrapes.
 fn real_scrapes() -> Vec<String> {
     let mut redis = RedisServer::start();
     let rls_dir = TempDir::new("observability-rls");
@@ -803,7 +886,8 @@ fn real_scrapes() -> Vec<String> {
         &[&listen[..], &["--redis", &url, "--rls-config", config]].concat(),
         &[],
     );
-    let mut options = EnvoyOptions::bootstrap(&bootstrap(&service));
+    let upstream = LlmUpstream::start();
+    let mut options = EnvoyOptions::bootstrap(&bootstrap(&service, &upstream));
     options.concurrency = 1;
     let envoy = options.start();
 
@@ -812,7 +896,13 @@ fn real_scrapes() -> Vec<String> {
     let bob: &[(&str, &[u8])] = &[("x-user-id", b"bob"), ("x-plan", b"basic")];
     let statuses = send(&envoy, "/rls/x", 7, bob);
     assert_eq!(statuses, [200, 200, 200, 200, 200, 429, 429]);
-    break_redis_and_the_rls_config(&mut redis, &service, &envoy, rls_dir.path());
+    llm_traffic(&envoy, &upstream, &service);
+    std::thread::scope(|s| {
+        let late = s.spawn(|| response(&envoy, "late", "total=300", 4000));
+        wait_for_calls(&upstream, 9);
+        break_redis_and_the_rls_config(&mut redis, &service, &envoy, rls_dir.path());
+        assert_eq!(late.join().unwrap(), 200);
+    });
 
     let service_text = scrape_until(
         "the service's /metrics",
@@ -820,12 +910,21 @@ fn real_scrapes() -> Vec<String> {
             "sluice_service_redis_errors_total{kind=\"connection\"}",
             "sluice_service_rls_errors_total{kind=\"redis\"}",
             "sluice_service_rls_config_loads_total{result=\"error\"}",
+            "sluice_service_settlements_total{op=\"charge\",result=\"error\"}",
         ],
         || get(service.addr, "/metrics").text(),
     );
     let envoy_text = scrape_until(
         "Envoy's /stats/prometheus",
-        &["sluice_degraded_total{sluice_policy=\"global-user\"} 2"],
+        &[
+            r#"sluice_degraded_total{sluice_policy="global-user"} 2"#,
+            r#"sluice_tokens_owed_total{sluice_policy="llm"} 1000"#,
+            r#"sluice_usage_unknown_total{sluice_policy="llm",sluice_reason="missing"} 1"#,
+            r#"sluice_usage_unknown_total{sluice_policy="llm",sluice_reason="invalid"} 1"#,
+            r#"sluice_usage_unknown_total{sluice_policy="llm",sluice_reason="reset"} 1"#,
+            r#"sluice_slots_released_total{sluice_policy="llm-streams",sluice_reason="reset"} 1"#,
+            r#"sluice_requests_total{sluice_policy="llm-streams",sluice_outcome="denied"} 1"#,
+        ],
         || envoy.prometheus(),
     );
     vec![
