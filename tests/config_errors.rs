@@ -10,14 +10,14 @@
 //! `sluice::config::parse` must not panic, and if it refuses the document, the `ConfigError`
 //! must name the mutated place:
 //!
-//! * its `field` is the mutated path, written as `config.rs` writes paths
+//! * its `field` is the mutated path, written as `src/config/` writes paths
 //!   (`policies[0].match.headers[1].name`, `policies[0].tiers.values.gold.burst`); or
 //! * an enclosing object or array, at a path-segment boundary (a member now missing, a rule over
 //!   the object such as "exactly one of present or equals"); or
 //! * something inside the value the mutation put there (only when that value is an array or an
 //!   object); or
 //! * one of the documented cross-field consequences listed in [`consequences`], each with the
-//!   rule in `src/config.rs` that reports it there and the reason it reports.
+//!   rule in `src/config/compile.rs` that reports it there and the reason it reports.
 //!
 //! Its `reason` must not be empty, and what Envoy logs (`Display`) must contain the field.
 #![cfg(not(target_arch = "wasm32"))]
@@ -232,6 +232,21 @@ const KNOWN_MEMBERS: &[&str] = &[
     "equals",
     "by",
     "values",
+    // Concurrency limits and token budgets.
+    "retry_after",
+    "from_response",
+    "usage",
+    "header",
+    "reserve",
+    "max_debt",
+    "on_unknown",
+    "ask_stream_usage",
+    "request",
+    "input_tokens",
+    "prompt_tokens",
+    "output_tokens",
+    "completion_tokens",
+    "total_tokens",
 ];
 
 /// Strings that are almost what some field wants: durations, timestamps, key parts, methods,
@@ -281,6 +296,7 @@ fn nearly_valid() -> Vec<String> {
         "sliding_window",
         "sliding_log",
         "leaky_bucket",
+        "concurrency",
         "local",
         "open",
         "closed",
@@ -315,6 +331,18 @@ fn nearly_valid() -> Vec<String> {
         "+7af12e58ae350d9",
         "7af12e58ae350d9a0",
         "renamed-policy",
+        "body:",
+        "body:model",
+        "body:a b",
+        "3s",
+        "4s",
+        "5m",
+        "total_tokens",
+        "input_tokens",
+        "output_tokens",
+        "max_tokens",
+        "reserve",
+        "x-usage-total-tokens",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -555,7 +583,7 @@ fn policies(doc: &Value) -> Vec<Vec<Seg>> {
 }
 
 /// The rates of policy `p` in `doc`: its own, each tier's, its emergency budget. Each validates
-/// `requests`, `per` and `burst` together (`Shape::tier` in config.rs).
+/// `requests`, `per` and `burst` together (`Shape::tier` in src/config/compile.rs).
 fn rates(doc: &Value, p: &[Seg]) -> Vec<Vec<Seg>> {
     let values = join(p, &[key("tiers"), key("values")]);
     let tiers = at(doc, &values)
@@ -571,7 +599,7 @@ fn rates(doc: &Value, p: &[Seg]) -> Vec<Vec<Seg>> {
 }
 
 /// Errors a mutation may cause away from the mutated place: `(field, text its reason
-/// contains, the rule in config.rs that reports it there)`.
+/// contains, the rule in src/config/compile.rs that reports it there)`.
 #[derive(Default)]
 struct Allowed(Vec<(String, &'static str, &'static str)>);
 
@@ -597,6 +625,21 @@ impl Allowed {
         }
     }
 
+    /// What an RLS cannot decide for a global policy `p` (`Compiler::policy`): a cost read from
+    /// the response, refused on `cost`, and requests in flight, refused on `scope`.
+    fn rls_refusals(&mut self, p: &[Seg]) {
+        self.add(
+            &join(p, &[key("cost")]),
+            "an RLS is charged a response's usage",
+            "a global token budget needs sluice-service, not an RLS: refused on `cost`",
+        );
+        self.add(
+            &join(p, &[key("scope")]),
+            "an RLS counts requests in flight",
+            "a global concurrency policy needs sluice-service, not an RLS: refused on `scope`",
+        );
+    }
+
     /// Every bypass entry's `key`.
     fn bypass_keys(&mut self, doc: &Value) {
         for j in 0..array(doc, &[key("bypass")]).len() {
@@ -616,7 +659,7 @@ fn array<'a>(doc: &'a Value, path: &[Seg]) -> &'a [Value] {
 }
 
 /// The cross-field consequences of a mutation at `m`, computed on the mutated document `doc`:
-/// the errors config.rs reports on another field than the mutated one because its rule spans
+/// the errors src/config/compile.rs reports on another field than the mutated one because its rule spans
 /// both. Anything not listed here, nor at, around or inside `m`, fails the property.
 fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
     let mut allowed = Allowed::default();
@@ -664,6 +707,7 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
             for p in policies(doc) {
                 let rule = "an RLS grants no leases: refused on each policy's `lease`";
                 a.add(&join(&p, &[key("lease")]), "grants no tokens ahead", rule);
+                a.rls_refusals(&p);
             }
         }
         // A policy removed (or the whole list): bypass entries that named it.
@@ -714,28 +758,57 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
     if starts("key") {
         a.bypass_keys(doc);
     }
-    if is("cost") {
+    // `cost`, or a token budget's reservation inside it (`cost.reserve`, its `default`).
+    if starts("cost") {
         for r in &rates {
             for f in ["requests", "burst"] {
                 a.add(
                     &join(r, &[key(f)]),
                     "must be >= cost",
-                    "each rate's burst (token bucket) or requests (windows) holds one request's cost",
+                    "each rate's burst (token bucket) or requests (windows) holds one request's cost \
+                     or reservation",
                 );
             }
         }
         a.add(&lease, "must be between cost", lease_rule);
+        a.add(
+            &lease,
+            "cannot be lent ahead",
+            "a cost read from the response is settled per request: no `lease`",
+        );
     }
     if is("algorithm") {
         for r in &rates {
-            for f in ["requests", "burst"] {
+            for f in ["requests", "burst", "per"] {
                 a.add(
                     &join(r, &[key(f)]),
                     "",
                     "the algorithm decides which rate fields apply and their bounds",
                 );
             }
+            a.add(
+                r,
+                "missing field `per`",
+                "a concurrency policy's tiers and emergency budget take no `per`, the others' need it",
+            );
         }
+        a.add(
+            &field("cost"),
+            "has no cost",
+            "a concurrency policy takes no `cost` but 1",
+        );
+        a.add(
+            &join(&p, &[key("cost"), key("from_response")]),
+            "which can owe and refund tokens",
+            "a cost read from the response needs token_bucket or a window, reported on \
+             `cost.from_response`",
+        );
+        a.add(
+            &field("retry_after"),
+            "does not apply to the",
+            "`retry_after` is a concurrency policy's only",
+        );
+        a.rls_refusals(&p);
         a.add(
             &field("max_delay"),
             "",
@@ -791,6 +864,7 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
         a.add(&lease, "must be between cost", lease_rule);
     }
     if is("scope") {
+        a.rls_refusals(&p);
         for f in ["failure_mode", "emergency"] {
             a.add(
                 &field(f),
@@ -899,6 +973,8 @@ fn every_example_is_valid() {
         "per-user.json",
         "shadow.json",
         "tiers-cost.json",
+        "tokens.json",
+        "concurrency.json",
     ] {
         assert!(
             names.contains(&expected),

@@ -1,8 +1,9 @@
 //! Every request example in the docs, run against the real thing, so that the docs stay true:
 //! each `curl` of docs/service-api.md (checks and settlements) against a real sluice-service and
 //! Redis (its answers are the ```json block after it, one line per call, the same command sent
-//! again for each), and the README's 429 against a real Envoy with envoy/demo.yaml's
-//! configuration.
+//! again for each), the README's 429 against a real Envoy with envoy/demo.yaml's
+//! configuration, and each whole configuration the README and docs/algorithms.md show against the
+//! filter's parser.
 //!
 //! Durations (`*_ms`) depend on when a call lands: they must agree within `SLACK_MS`, and for
 //! epoch-aligned windows the test first waits for the moment of the window the example was taken
@@ -206,6 +207,31 @@ fn every_service_api_example_gives_the_answers_the_doc_shows() {
         "docs/service-api.md is wrong:\n{}",
         wrong.join("\n\n")
     );
+}
+
+/// Every ```` ```json ```` block of the README and docs/algorithms.md that is a whole
+/// configuration (an object with `policies`) is one the filter takes, every variable it names
+/// set. Fragments (a `"tiers"` member, a `"global"` one) are left to the schema's examples.
+#[test]
+fn every_whole_configuration_the_docs_show_is_one_the_filter_takes() {
+    let algorithms = std::fs::read_to_string(repo_root().join("docs/algorithms.md")).unwrap();
+    let env = |_: &str| Some("a-secret-from-the-deployment, 32 bytes or more".to_string());
+    let mut checked = 0;
+    for (page, markdown) in [("README.md", README), ("docs/algorithms.md", &algorithms)] {
+        for (lang, text) in blocks(markdown) {
+            let Ok(config) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            if lang != "json" || config.get("policies").is_none() {
+                continue;
+            }
+            if let Err(e) = sluice::config::parse_with_env(text.as_bytes(), &env) {
+                panic!("{page}: the filter refuses {text}: {e}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 6, "only {checked} configurations found");
 }
 
 /// The configuration in envoy/demo.yaml, as `make run` starts it.

@@ -439,6 +439,8 @@ fn key_parts_and_fallback_chains() {
         "header:X-Api-Key",
         "header:x-user-id|header:x-api-key|ip",
         "route|global",
+        "body:model",
+        "body:user|header:x-user-id",
     ] {
         assert!(validator.is_valid(&with_key(part)), "{part:?} rejected");
     }
@@ -453,9 +455,106 @@ fn key_parts_and_fallback_chains() {
         "ip,path",
         "ip | path",
         "query:page",
+        "body:",
+        "body:messages[0]",
     ] {
         assert!(!validator.is_valid(&with_key(part)), "{part:?} accepted");
     }
+}
+
+/// A concurrency policy and a token budget, valid; each negative case below breaks one of them
+/// in one place.
+fn streams_and_budget() -> Value {
+    json!({"policies": [
+        {"name": "streams", "key": ["header:x-api-key"], "algorithm": "concurrency",
+         "requests": 4, "lease": "10m", "retry_after": "2s",
+         "tiers": {"by": "header:x-plan", "values": {"pro": {"requests": 16}}}},
+        {"name": "llm", "key": ["header:x-api-key", "body:model"], "requests": 10000, "per": "1m",
+         "cost": {"from_response": {"usage": "total_tokens"},
+                  "reserve": {"request": "max_tokens", "default": 500}}}
+    ]})
+}
+
+#[test]
+fn concurrency_and_token_budget_mistakes_are_rejected_where_they_are() {
+    let base = streams_and_budget();
+    assert!(filter_accepts(&base).is_ok());
+    assert_eq!(violations(&validator(), &base), Vec::<String>::new());
+    type Edit = fn(&mut Value);
+    let cases: &[(&str, &str, Edit)] = &[
+        ("a window on slots", "/policies/0/per", |c| {
+            c["policies"][0]["per"] = json!("1s");
+        }),
+        ("a burst of slots", "/policies/0/burst", |c| {
+            c["policies"][0]["burst"] = json!(8);
+        }),
+        ("a cost of slots", "/policies/0/cost", |c| {
+            c["policies"][0]["cost"] = json!(2);
+        }),
+        ("a slot lease in tokens", "/policies/0/lease", |c| {
+            c["policies"][0]["lease"] = json!(3);
+        }),
+        (
+            "a window on a tier of slots",
+            "/policies/0/tiers/values/pro/per",
+            |c| {
+                c["policies"][0]["tiers"]["values"]["pro"]["per"] = json!("1m");
+            },
+        ),
+        (
+            "more slots than a key can hold",
+            "/policies/0/requests",
+            |c| {
+                c["policies"][0]["requests"] = json!(1_000_001);
+            },
+        ),
+        ("retry_after on a rate", "/policies/1/retry_after", |c| {
+            c["policies"][1]["retry_after"] = json!("2s");
+        }),
+        ("a token lease on a budget", "/policies/1/lease", |c| {
+            c["policies"][1]["lease"] = json!(10);
+        }),
+        ("a budget that cannot owe", "/policies/1/algorithm", |c| {
+            c["policies"][1]["algorithm"] = json!("sliding_log");
+        }),
+        ("an unknown count", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"]["from_response"]["usage"] = json!("tokens");
+        }),
+        ("usage and header", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"]["from_response"]["header"] = json!("x-usage");
+        }),
+        ("every weight 0", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"]["from_response"]["usage"] =
+                json!({"input_tokens": 0, "output_tokens": 0});
+        }),
+        (
+            "a reservation from another field",
+            "/policies/1/cost",
+            |c| {
+                c["policies"][1]["cost"]["reserve"]["request"] = json!("model");
+            },
+        ),
+        ("on_unknown forgiven", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"]["on_unknown"] = json!("forgive");
+        }),
+    ];
+    let validator = validator();
+    let mut wrong = Vec::new();
+    for (what, expected_path, edit) in cases {
+        let mut config = streams_and_budget();
+        edit(&mut config);
+        assert!(filter_accepts(&config).is_err(), "the filter takes {what}");
+        let errors = violations(&validator, &config);
+        if !errors
+            .iter()
+            .any(|e| e.starts_with(&format!("{expected_path}: ")))
+        {
+            wrong.push(format!(
+                "{what}: expected an error at {expected_path:?}, got {errors:#?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[test]
