@@ -8,6 +8,7 @@
 //! A tab is made by the limiter with the decision, kept by the glue for the request's life, and
 //! settled through the limiter again (`limiter::settle` for state in this Envoy's shared data).
 
+use crate::algorithm::concurrency::Taken;
 use crate::config::Tier;
 use crate::limiter::Basis;
 use smallvec::SmallVec;
@@ -27,7 +28,7 @@ impl Tab {
     pub fn holds_slots(&self) -> bool {
         self.entries
             .iter()
-            .any(|e| matches!(e.held, Held::Slot { .. } | Held::Lease { .. }))
+            .any(|e| matches!(e.held, Held::Slot(_) | Held::Lease { .. }))
     }
 }
 
@@ -51,8 +52,8 @@ pub struct Entry {
 /// What a policy holds of a request until it ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Held {
-    /// A slot in this Envoy's shared data, counted in this epoch (`algorithm::concurrency`).
-    Slot { epoch: u64 },
+    /// A slot in this Envoy's shared data, counted where this says (`algorithm::concurrency`).
+    Slot(Taken),
     /// A slot the service keeps, by its name, last renewed at `renewed`.
     Lease { id: u64, renewed: u64 },
     /// Tokens reserved at admission, at `at` (Unix nanoseconds, the slot's time).

@@ -6,9 +6,11 @@
 //! epoch and the counts of it and the one before. A slot is counted in the epoch it was taken or
 //! last renewed in, and is forgotten when the second epoch after that one starts: between half a
 //! lease and a lease after its last renewal. A live request renews its slot once its epoch is
-//! behind (see `renew`), so a stream of any length keeps it. Releasing and renewing name the
-//! epoch the slot is counted in, which the request keeps: each is exact, and a slot that expired
-//! meanwhile is not taken from another request.
+//! behind (see `renew`), so a stream of any length keeps it. Releasing and renewing name where
+//! the slot is counted (`Taken`), which the request keeps: each is exact, and a slot that
+//! expired meanwhile is not taken from another request. Nor is one the key's state counted
+//! before its table forgot it: a state knows when it was first written (`born`), and a request
+//! gives back only to the state it took from.
 
 use std::num::NonZeroU64;
 
@@ -16,8 +18,9 @@ use super::periods::{self, counts, store};
 use super::{invalid, within, Debt, Decision, Invalid, Param, MAX_PERIOD};
 use crate::duration::NANOS_PER_SEC;
 
-/// State: the current epoch, the slots counted in it, and those counted in the one before.
-pub const COLUMNS: usize = periods::COLUMNS;
+/// State: the current epoch, the slots counted in it and in the one before, and when the state
+/// was first written.
+pub const COLUMNS: usize = periods::COLUMNS + 1;
 /// The most requests of one key in flight a policy may allow.
 pub const MAX_SLOTS: u64 = 1_000_000;
 /// The shortest lease: renewals run on a timer of a second, at least twice an epoch.
@@ -53,9 +56,36 @@ impl Slots {
     }
 }
 
+/// Where a request's slot is counted: the epoch it was taken or last renewed in, and when the
+/// state that counts it was first written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub epoch: u64,
+    pub born: u64,
+}
+
+/// The state's counts: the periods' words.
+fn counted(state: &[u64]) -> &[u64] {
+    state.get(..periods::COLUMNS).unwrap_or_default()
+}
+
+/// The state's counts and its birth: the periods' words, and the last.
+fn split(state: &mut [u64]) -> Option<(&mut [u64], &mut u64)> {
+    let (counts, born) = state.split_at_mut_checked(periods::COLUMNS)?;
+    Some((counts, born.first_mut()?))
+}
+
+/// Where a slot taken or renewed at `now` in `state` is counted.
+pub fn taken(slots: &Slots, state: &[u64], now: u64) -> Taken {
+    Taken {
+        epoch: slots.epoch_of(now),
+        born: state.get(periods::COLUMNS).copied().unwrap_or(0),
+    }
+}
+
 /// Slots in use at `now`.
 pub fn in_use(slots: &Slots, state: &[u64], now: u64) -> u64 {
-    let (newer, older) = counts(state, slots.epoch_of(now));
+    let (newer, older) = counts(counted(state), slots.epoch_of(now));
     newer.saturating_add(older)
 }
 
@@ -64,7 +94,7 @@ pub fn in_use(slots: &Slots, state: &[u64], now: u64) -> u64 {
 /// are forgotten at the latest.
 pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision {
     let epoch = slots.epoch_of(now);
-    let (newer, older) = counts(state, epoch);
+    let (newer, older) = counts(counted(state), epoch);
     let used = newer.saturating_add(older);
     let reset_after = (epoch + 2).saturating_mul(slots.epoch.get()) - now;
     if used.saturating_add(cost) > slots.limit {
@@ -75,7 +105,12 @@ pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision 
             ..Decision::default()
         };
     }
-    store(state, epoch, (newer + cost, older));
+    if let Some((counts, born)) = split(state) {
+        store(counts, epoch, (newer + cost, older));
+        if *born == 0 {
+            *born = now.max(1);
+        }
+    }
     Decision {
         allowed: true,
         remaining: slots.limit - used - cost,
@@ -84,32 +119,42 @@ pub fn admit(slots: &Slots, state: &mut [u64], now: u64, cost: u64) -> Decision 
     }
 }
 
-/// Gives back the slot counted in epoch `taken`; false if it had expired (it is counted nowhere
-/// any more, and nothing is taken from the slots of others).
-pub fn release(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> bool {
-    periods::take_back(state, slots.epoch_of(now), taken, 1) == Some(1)
+/// Gives back the slot counted where `taken` says; false if it had expired (it is counted
+/// nowhere any more), or the state is another than the one it was taken from: nothing is taken
+/// from the slots of others.
+pub fn release(slots: &Slots, state: &mut [u64], now: u64, taken: Taken) -> bool {
+    match split(state) {
+        Some((counts, born)) if *born == taken.born => {
+            periods::take_back(counts, slots.epoch_of(now), taken.epoch, 1) == Some(1)
+        }
+        _ => false,
+    }
 }
 
-/// Moves the slot counted in epoch `taken` to the epoch of `now`, if it is behind: the epoch it
-/// is counted in from now on. A slot that expired meanwhile (its renewal came over half a lease
-/// late) is taken again if one is free; `None` if none is: the request runs on uncounted.
-pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: u64) -> Option<u64> {
+/// Moves the slot counted where `taken` says to the epoch of `now`, if it is behind: where it is
+/// counted from now on. A slot that expired meanwhile (its renewal came over half a lease late),
+/// or that the key's forgotten state counted, is taken again if one is free; `None` if none is:
+/// the request runs on uncounted.
+pub fn renew(slots: &Slots, state: &mut [u64], now: u64, taken: Taken) -> Option<Taken> {
     let epoch = slots.epoch_of(now);
-    if taken >= epoch {
+    if taken.epoch >= epoch {
         return Some(taken);
     }
     if release(slots, state, now, taken) {
-        let (newer, older) = counts(state, epoch);
-        store(state, epoch, (newer + 1, older));
-        return Some(epoch);
+        if let Some((counts, _)) = split(state) {
+            let (newer, older) = self::counts(counts, epoch);
+            store(counts, epoch, (newer + 1, older));
+        }
+        return Some(Taken { epoch, ..taken });
     }
-    admit(slots, state, now, 1).allowed.then_some(epoch)
+    let admitted = admit(slots, state, now, 1).allowed;
+    admitted.then(|| self::taken(slots, state, now))
 }
 
 /// Slots the stored state counts that are forgotten at `now`: taken, never given back, and not
 /// renewed for a lease. Releases that never came: a crashed worker, VM or Envoy.
 pub fn expired(slots: &Slots, state: &[u64], now: u64) -> u64 {
-    periods::gone(state, slots.epoch_of(now))
+    periods::gone(counted(state), slots.epoch_of(now))
 }
 
 /// What forgetting the state forgives: the slots in use, which would be free for others.
@@ -136,7 +181,8 @@ mod tests {
             .map(|_| admit(&four, &mut state, T0, 1).allowed)
             .collect();
         assert_eq!(taken, [true, true, true, true, false]);
-        assert!(release(&four, &mut state, T0 + SEC, four.epoch_of(T0)));
+        let first = super::taken(&four, &state, T0);
+        assert!(release(&four, &mut state, T0 + SEC, first));
         assert!(admit(&four, &mut state, T0 + SEC, 1).allowed);
         assert_eq!(in_use(&four, &state, T0 + SEC), 4);
     }
@@ -161,16 +207,16 @@ mod tests {
     #[test]
     fn a_renewed_slot_outlives_its_lease_and_a_late_release_takes_nothing_from_others() {
         let (one, mut state) = (slots(1), [0; COLUMNS]);
-        let mut epoch = one.epoch_of(T0);
         admit(&one, &mut state, T0, 1);
+        let mut taken = super::taken(&one, &state, T0);
         for minute in 1..=10 {
             let now = T0 + minute * 31 * SEC;
-            epoch = renew(&one, &mut state, now, epoch).unwrap();
+            taken = renew(&one, &mut state, now, taken).unwrap();
             assert!(!admit(&one, &mut state, now, 1).allowed, "still held");
         }
         let later = T0 + 10 * 31 * SEC + one.lease();
         assert!(admit(&one, &mut state, later, 1).allowed, "expired at last");
-        assert!(!release(&one, &mut state, later, epoch), "not another's");
+        assert!(!release(&one, &mut state, later, taken), "not another's");
         assert_eq!(in_use(&one, &state, later), 1);
     }
 
@@ -187,17 +233,45 @@ mod tests {
     }
 
     #[test]
+    fn a_release_to_a_state_forgotten_and_made_again_takes_nothing_from_it() {
+        let (two, mut state) = (slots(2), [0; COLUMNS]);
+        admit(&two, &mut state, T0, 1);
+        let before = super::taken(&two, &state, T0);
+        let mut again = [0; COLUMNS];
+        admit(&two, &mut again, T0 + 1, 1);
+        assert!(!release(&two, &mut again, T0 + 2, before));
+        assert_eq!(
+            in_use(&two, &again, T0 + 2),
+            1,
+            "the new request's slot stays"
+        );
+    }
+
+    #[test]
     fn a_corrupt_state_never_overflows() {
-        let mut state = [u64::MAX, u64::MAX, u64::MAX];
+        let mut state = [u64::MAX; COLUMNS];
         let (two, now) = (slots(2), u64::MAX - 1);
+        let corrupt = Taken {
+            epoch: u64::MAX,
+            born: u64::MAX,
+        };
         admit(&two, &mut state, now, 1);
-        release(&two, &mut state, now, u64::MAX);
-        renew(&two, &mut state, now, 0);
+        release(&two, &mut state, now, corrupt);
+        renew(
+            &two,
+            &mut state,
+            now,
+            Taken {
+                epoch: 0,
+                ..corrupt
+            },
+        );
         debt(&two, &state, now);
     }
 
-    /// One request of the model: its epoch while it holds a slot, `None` once refused or ended.
-    type Held = Option<u64>;
+    /// One request of the model: where its slot is counted while it holds one, `None` once
+    /// refused or ended.
+    type Held = Option<Taken>;
 
     proptest! {
         /// Against a model that knows every request: the slots in use are exactly the live
@@ -215,7 +289,7 @@ mod tests {
                 now += gap * SEC;
                 let current = four.epoch_of(now);
                 for held in requests.iter_mut() {
-                    if held.is_some_and(|e| e + 2 <= current) {
+                    if held.is_some_and(|t| t.epoch + 2 <= current) {
                         *held = None;
                     }
                 }
@@ -227,14 +301,14 @@ mod tests {
                     (0, _) => {
                         let d = admit(&four, &mut state, now, 1);
                         prop_assert_eq!(d.allowed, live < limit);
-                        requests.push(d.allowed.then_some(current));
+                        requests.push(d.allowed.then(|| taken(&four, &state, now)));
                     }
-                    (1, Some(held @ Some(_))) => {
-                        prop_assert!(release(&four, &mut state, now, held.unwrap_or(0)));
+                    (1, Some(held)) if held.is_some() => {
+                        prop_assert!(held.is_some_and(|t| release(&four, &mut state, now, t)));
                         *held = None;
                     }
-                    (2, Some(held @ Some(_))) => {
-                        *held = renew(&four, &mut state, now, held.unwrap_or(0));
+                    (2, Some(held)) if held.is_some() => {
+                        *held = held.and_then(|t| renew(&four, &mut state, now, t));
                     }
                     _ => {}
                 }

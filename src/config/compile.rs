@@ -246,9 +246,15 @@ impl Compiler {
             ));
         }
         policy.take = take(at, raw, &policy, grants)?;
-        let own = raw.algorithm == Kind::Concurrency;
+        // A concurrency policy's table is its own, and its layout names its lease: the epochs
+        // its state counts in are half of it, so a reload that changes the lease starts afresh
+        // rather than read those counts in epochs of another length.
+        let (own, layout_name) = match policy.tier.algorithm {
+            Algorithm::Concurrency(slots) => (true, format!("{}@{}", raw.name, slots.lease())),
+            _ => (false, raw.name.clone()),
+        };
         (policy.table, policy.words) =
-            self.place(key, &raw.name, policy.columns(), raw.max_keys, own);
+            self.place(key, layout_name, policy.columns(), raw.max_keys, own);
         if policy.words.end > MAX_WIDTH {
             return Err(error(
                 format!("{at}.key"),
@@ -280,12 +286,12 @@ impl Compiler {
     fn place(
         &mut self,
         key: Vec<KeyPart>,
-        name: &str,
+        name: String,
         columns: usize,
         max_keys: u32,
         own: bool,
     ) -> (usize, Range<usize>) {
-        let member = (name.to_string(), columns);
+        let member = (name, columns);
         let shared = |t: &TableDraft| !own && !t.own && t.key == key;
         if let Some(index) = self.tables.iter().position(shared) {
             if let Some(table) = self.tables.get_mut(index) {
@@ -820,11 +826,7 @@ fn retry_after(at: &str, raw: &RawPolicy) -> Result<Option<u64>, ConfigError> {
     let field = format!("{at}.retry_after");
     match (&raw.retry_after, raw.algorithm) {
         (None, _) => Ok(None),
-        (Some(text), Kind::Concurrency) => match parse_nanos(text) {
-            Ok(0) => Err(error(field, "must be at least 1s")),
-            Ok(nanos) => Ok(Some(nanos)),
-            Err(reason) => Err(error(field, reason)),
-        },
+        (Some(text), Kind::Concurrency) => parse_nanos(text).map(Some).map_err(|r| error(field, r)),
         (Some(_), kind) => Err(not_for(&field, kind)),
     }
 }

@@ -124,13 +124,13 @@ fn apply(
     (op, max_debt): (Op, u64),
 ) -> (Option<u64>, Held) {
     match (algorithm, held, op) {
-        (Algorithm::Concurrency(slots), Held::Slot { epoch }, Op::Release) => {
-            let released = concurrency::release(slots, state, now, epoch);
+        (Algorithm::Concurrency(slots), Held::Slot(taken), Op::Release) => {
+            let released = concurrency::release(slots, state, now, taken);
             (released.then_some(1), held)
         }
-        (Algorithm::Concurrency(slots), Held::Slot { epoch }, Op::Renew) => {
-            match concurrency::renew(slots, state, now, epoch) {
-                Some(epoch) => (Some(1), Held::Slot { epoch }),
+        (Algorithm::Concurrency(slots), Held::Slot(taken), Op::Renew) => {
+            match concurrency::renew(slots, state, now, taken) {
+                Some(taken) => (Some(1), Held::Slot(taken)),
                 None => (None, held),
             }
         }

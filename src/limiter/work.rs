@@ -3,8 +3,8 @@
 
 use super::global::{self, Service};
 use super::{local, Applied, Basis};
-use crate::algorithm::{Algorithm, Decision};
-use crate::config::{Plan, Policy, Scope, Tier};
+use crate::algorithm::{concurrency, Algorithm, Decision};
+use crate::config::{Plan, Policy, Scope, Tier, GLOBAL_COLUMNS};
 use crate::ledger::{Ledger, Loan};
 use crate::tab::{Entry, Held, Tab};
 use crate::table::{Slot, Words};
@@ -199,7 +199,7 @@ pub(super) fn open_tab(works: &[Work], plan: &Plan) -> Option<Tab> {
             let Some(held) = plan
                 .policies
                 .get(member.policy)
-                .and_then(|policy| held(policy, member, basis, work.now))
+                .and_then(|policy| held(policy, member, basis, work))
             else {
                 continue;
             };
@@ -220,9 +220,10 @@ pub(super) fn open_tab(works: &[Work], plan: &Plan) -> Option<Tab> {
     (!tab.is_empty()).then_some(tab)
 }
 
-/// What a policy that admitted a request (on `basis`, at `now`) holds of it until it ends: a
+/// What a policy that admitted a request of `work` (on `basis`) holds of it until it ends: a
 /// metered policy its reservation, a concurrency policy its slot; `None` for the others.
-fn held(policy: &Policy, member: &Member, basis: Basis, now: u64) -> Option<Held> {
+fn held(policy: &Policy, member: &Member, basis: Basis, work: &Work) -> Option<Held> {
+    let now = work.now;
     if policy.metered.is_some() {
         return Some(Held::Reserved {
             tokens: member.cost,
@@ -232,21 +233,18 @@ fn held(policy: &Policy, member: &Member, basis: Basis, now: u64) -> Option<Held
     if !policy.holds_slots() {
         return None;
     }
-    match (basis, member.slot) {
-        (Basis::Service, Some(id)) => Some(Held::Lease { id, renewed: now }),
-        (Basis::Bucket, _) => Some(slot_of(&member.tier, now)),
-        (Basis::Emergency, _) => Some(slot_of(&member.emergency, now)),
-        _ => None,
-    }
-}
-
-/// A slot taken from the local state of `tier` at `now`.
-fn slot_of(tier: &Tier, now: u64) -> Held {
-    let epoch = match tier.algorithm {
-        Algorithm::Concurrency(slots) => slots.epoch_of(now),
-        _ => 0,
+    let (tier, offset) = match (basis, member.slot) {
+        (Basis::Service, Some(id)) => return Some(Held::Lease { id, renewed: now }),
+        (Basis::Bucket, _) => (member.tier, 0),
+        (Basis::Emergency, _) => (member.emergency, GLOBAL_COLUMNS),
+        _ => return None,
     };
-    Held::Slot { epoch }
+    let Algorithm::Concurrency(slots) = tier.algorithm else {
+        return None;
+    };
+    let start = policy.words.start + offset;
+    let state = work.next.get(start..).unwrap_or_default();
+    Some(Held::Slot(concurrency::taken(&slots, state, now)))
 }
 
 /// A concurrency policy's refusal waits as long as the policy says, if it says: nobody knows

@@ -25,7 +25,7 @@ pub(super) fn renew(tab: &mut Tab, filter: &Filter, host: &impl Host) {
                 entry.held = Held::Lease { id, renewed: now };
                 return true;
             }
-            Held::Slot { epoch } => epoch,
+            Held::Slot(taken) => taken.epoch,
             _ => return true,
         };
         if epoch >= slots.epoch_of(now) {
@@ -58,7 +58,7 @@ pub(super) fn release(tab: &mut Tab, filter: &Filter, host: &impl Host, ending: 
                 report(filter, host, entry, SettleOp::Release { slot });
                 counters.slots_ended(entry.policy, reason, 1);
             }
-            Held::Slot { .. } => match filter.settle(host, entry, Op::Release) {
+            Held::Slot(_) => match filter.settle(host, entry, Op::Release) {
                 Settled::Done { expired, .. } => {
                     counters.slots_ended(entry.policy, reason, 1);
                     counters.slots_ended(entry.policy, SlotEnd::Expired, expired);
