@@ -13,7 +13,7 @@
 //! | sliding_window | 3 words (window, cur, prev)| estimates the last `per`: caps even bursts |
 //! | sliding_log    | `requests` words (times)   | exact over any span of `per`            |
 //! | leaky_bucket   | 1 word (GCRA TAT)          | none: requests are delayed to the rate  |
-//! | concurrency    | 3 words (epoch, 2 counts)  | none: at most `requests` in flight      |
+//! | concurrency    | 4 words (epoch, 2 counts, birth) | none: at most `requests` in flight |
 //!
 //! All but the leaky bucket can also be charged past their limit (`owe`: a refused hit that
 //! envoyproxy/ratelimit counts anyway, what a response used beyond what its request reserved),
