@@ -103,22 +103,24 @@ lint: deps
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
-# Lint first so that cargo test's summary is the last thing printed. The core's unit tests
-# also run compiled for wasm32, under Node's WASI (.cargo/config.toml; Node 18.17 or newer, which
-# scripts/ensure-deps checks); tests/readme_commands.rs runs make run, make run-global and
-# make run-rls and sends them the README's curl commands; tests/doc_commands.rs and
-# replay/tests/docs.rs run the docs' console transcripts, tests/doc_metrics.rs and
-# tests/doc_logs.rs check every metric name and log event of the docs against the code; the gRPC
-# tests
-# (tests/envoy_native.rs) use grpcio from .venv, the LLM tests (testkit/tests/llm.rs) the official
-# openai SDK from .venv; tests/observability.rs checks the alerts with promtool (Debian's
-# prometheus package, about 20 MB; on a machine with systemd, Debian also starts its Prometheus
-# server on :9090).
+# Lint first so that the tests' summary is the last thing printed. The workspace's tests run
+# under cargo-nextest where it is installed, four at once (.config/nextest.toml), else under
+# cargo test. The core's unit tests also run compiled for wasm32, under Node's WASI
+# (.cargo/config.toml; Node 18.17 or newer, which scripts/ensure-deps checks);
+# tests/readme_commands.rs runs make run, make run-global and make run-rls and sends them the
+# README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the docs' console
+# transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name and log event
+# of the docs against the code; the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
+# LLM tests (testkit/tests/llm.rs, tests/envoy_tokens.rs) the official openai SDK from .venv;
+# tests/observability.rs checks the alerts with promtool (Debian's prometheus package, about
+# 20 MB; on a machine with systemd, Debian also starts its Prometheus server on :9090).
 NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio openai promtool
 test: lint build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
-	cargo test --workspace --all-targets
+	if cargo nextest --version >/dev/null 2>&1; \
+	then cargo nextest run --workspace --all-targets; \
+	else cargo test --workspace --all-targets; fi
 
 clean:
 	cd $(ROOT) && cargo clean

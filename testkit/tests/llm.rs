@@ -387,7 +387,8 @@ fn a_route_timeout_cuts_a_slow_upstream() {
     let waited = started.elapsed();
     assert_eq!(r.status, 504, "{}", r.text());
     assert!(
-        waited >= Duration::from_secs(1) && waited < Duration::from_secs(4),
+        // Envoy's timers may fire a millisecond or so before the second is up.
+        waited >= Duration::from_millis(950) && waited < Duration::from_secs(4),
         "{waited:?}"
     );
 }
