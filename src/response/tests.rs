@@ -461,3 +461,15 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
     assert_eq!(settle_op(100, 130), Some(Op::Charge(30)));
     assert_eq!(settle_op(100, 100), None);
 }
+
+#[test]
+fn a_key_that_reserves_nothing_is_charged_its_usage_all_the_same() {
+    // A reservation of 0 writes no record for a new key: its first charge makes one.
+    let (filter, host) = setup(json!([budget(json!({"reserve": 0}))]));
+    respond(&filter, &host, OPENAI_JSON, &usage_json(600)).unwrap();
+    respond(&filter, &host, OPENAI_JSON, &usage_json(600)).unwrap();
+    assert!(
+        start(&filter, &host, ALICE).is_none(),
+        "1,200 of 1,000 used"
+    );
+}
