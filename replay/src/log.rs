@@ -6,14 +6,21 @@
 //! A line's fields: `start_time` (RFC 3339; required), `method`, `path`, `authority`,
 //! `remote_address` (no port), `route_name`, `headers` (names in any case), `metadata`
 //! (dynamic metadata namespaces to objects), `route_metadata` (the selected route's metadata
-//! namespaces to objects), `response_code`, `response_code_details`. Unknown fields are ignored; `null`
-//! is an absent value, as Envoy writes one.
+//! namespaces to objects), `response_code`, `response_code_details`; and for what a request owes
+//! its policies until it ends: `duration` (milliseconds), `usage` (what the response's body said
+//! it used, `sluice::response::usage_text`), `response_headers` and `response_trailers` (names
+//! in any case), `body` (the request body's fields, by name as written) and `max_output_tokens`.
+//! Unknown fields are ignored; `null` is an absent value, as Envoy writes one.
 
 use crate::scan::{unescape, Scan, ScanError, Scanner, Text};
 use crate::times::StartTimes;
 use serde_json::Value;
-use sluice::request::{Attr, RequestSource};
+use sluice::config::{Plan, UsageSource};
+use sluice::duration::NANOS_PER_SEC;
+use sluice::request::{Attr, BodyField, RequestSource};
+use sluice::response::{read_usage_text, BodyUsage};
 use sluice::route::{envoy_list, envoy_map};
+use sluice::usage::count_from_header;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::fmt;
@@ -90,6 +97,10 @@ pub struct Wanted {
     texts: [bool; TEXTS],
     /// The headers kept, by lower-case name.
     headers: Vec<String>,
+    /// The request body's fields kept, by name as written.
+    body: Vec<String>,
+    /// The response headers and trailers kept, by lower-case name.
+    responses: Vec<String>,
     metadata: bool,
     route_metadata: bool,
 }
@@ -109,11 +120,25 @@ impl Wanted {
                 Attr::Route => wanted.keep_text(ROUTE_NAME, true),
                 Attr::RouteMetadata => wanted.route_metadata = true,
                 Attr::Metadata { .. } => wanted.metadata = true,
-                // The request body is not in the log: such a key part is missing.
-                Attr::Body(_) => {}
+                Attr::Body(BodyField::String(name)) => wanted.body.push(name.clone()),
+                Attr::Body(BodyField::MaxOutputTokens) => {
+                    wanted.keep_text(MAX_OUTPUT_TOKENS, true);
+                }
             }
         }
         wanted
+    }
+
+    /// Also what settling `plan`'s token budgets takes: the usage a response's body reported,
+    /// and the headers and trailers some policy reads its usage from.
+    pub fn settling(mut self, plan: &Plan) -> Wanted {
+        for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
+            match &metered.source {
+                UsageSource::Body(_) => self.keep_text(USAGE, true),
+                UsageSource::Header(name) => self.responses.push(name.clone()),
+            }
+        }
+        self
     }
 
     fn keep_text(&mut self, field: usize, keep: bool) {
@@ -126,9 +151,18 @@ impl Wanted {
         self.texts.get(field).copied().unwrap_or(false)
     }
 
-    fn header(&self, name: &[u8]) -> bool {
-        let wanted = |w: &String| w.len() == name.len() && name.eq_ignore_ascii_case(w.as_bytes());
-        self.headers.iter().any(wanted)
+    /// Whether the value named `name` in a line's `object` is kept.
+    fn named(&self, object: Named, name: &[u8]) -> bool {
+        let (names, any_case) = match object {
+            Named::Header => (&self.headers, true),
+            Named::Body => (&self.body, false),
+            Named::ResponseHeader | Named::ResponseTrailer => (&self.responses, true),
+        };
+        let wanted = |w: &String| match any_case {
+            true => w.len() == name.len() && name.eq_ignore_ascii_case(w.as_bytes()),
+            false => w.as_bytes() == name,
+        };
+        names.iter().any(wanted)
     }
 }
 
@@ -162,6 +196,10 @@ impl Parser {
         let start = start.ok_or(LineError::NoStartTime)?;
         record.time = self.times.parse(&start).map_err(LineError::BadStartTime)?;
         record.response_code = record.fields.response_code;
+        record.duration = record
+            .fields
+            .duration_ms
+            .map(|ms| ms.saturating_mul(NANOS_PER_MS));
         Ok(())
     }
 }
@@ -176,8 +214,13 @@ pub struct Record {
     /// `start_time`, Unix nanoseconds.
     pub time: u64,
     pub response_code: Option<u32>,
+    /// `duration`, in nanoseconds: how long the request took, from its start to its response's
+    /// last byte (Envoy's `%DURATION%`, whole milliseconds).
+    pub duration: Option<u64>,
     fields: Fields,
 }
+
+const NANOS_PER_MS: u64 = NANOS_PER_SEC / 1000;
 
 /// A field of a line, by its name in the log format.
 #[derive(Debug, Clone, Copy)]
@@ -185,10 +228,24 @@ enum Field {
     StartTime,
     /// A text field, by its index in `Fields::texts`.
     Text(usize),
-    Headers,
+    /// An object of named values.
+    Named(Named),
     Metadata,
     RouteMetadata,
     ResponseCode,
+    Duration,
+}
+
+/// The objects of a line whose members are named values (strings or `null`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Named {
+    /// `headers`: the request's, names in any case.
+    Header,
+    /// `body`: the request body's fields, names as written.
+    Body,
+    /// `response_headers`, `response_trailers`: names in any case.
+    ResponseHeader,
+    ResponseTrailer,
 }
 
 /// The text fields a record keeps, as indices of `Fields::texts`.
@@ -198,7 +255,9 @@ const AUTHORITY: usize = 2;
 const REMOTE_ADDRESS: usize = 3;
 const ROUTE_NAME: usize = 4;
 const RESPONSE_CODE_DETAILS: usize = 5;
-const TEXTS: usize = 6;
+const USAGE: usize = 6;
+const MAX_OUTPUT_TOKENS: usize = 7;
+const TEXTS: usize = 8;
 
 /// The field named `name`, if the replay knows it.
 fn field(name: &[u8]) -> Option<Field> {
@@ -210,10 +269,16 @@ fn field(name: &[u8]) -> Option<Field> {
         b"remote_address" => Field::Text(REMOTE_ADDRESS),
         b"route_name" => Field::Text(ROUTE_NAME),
         b"response_code_details" => Field::Text(RESPONSE_CODE_DETAILS),
-        b"headers" => Field::Headers,
+        b"headers" => Field::Named(Named::Header),
         b"metadata" => Field::Metadata,
         b"route_metadata" => Field::RouteMetadata,
         b"response_code" => Field::ResponseCode,
+        b"duration" => Field::Duration,
+        b"usage" => Field::Text(USAGE),
+        b"max_output_tokens" => Field::Text(MAX_OUTPUT_TOKENS),
+        b"body" => Field::Named(Named::Body),
+        b"response_headers" => Field::Named(Named::ResponseHeader),
+        b"response_trailers" => Field::Named(Named::ResponseTrailer),
         _ => return None,
     })
 }
@@ -230,13 +295,14 @@ struct Fields {
     values: Values,
     /// The text fields, by index.
     texts: [Option<Span>; TEXTS],
-    /// Header names, lower-cased, and values.
-    headers: SmallVec<[(Span, Span); 2]>,
+    /// Named values: headers (names lower-cased), body fields, response headers and trailers.
+    named: SmallVec<[(Named, Span, Span); 2]>,
     /// The `metadata` and `route_metadata` objects' JSON, read when a policy asks for a value
     /// in them.
     metadata: Option<Span>,
     route_metadata: Option<Span>,
     response_code: Option<u32>,
+    duration_ms: Option<u64>,
 }
 
 impl Record {
@@ -250,6 +316,27 @@ impl Record {
     /// filter off).
     pub fn route_name(&self) -> Option<&[u8]> {
         self.text(ROUTE_NAME)
+    }
+
+    /// `usage`: what the response's body said it used, when the replay keeps it (a policy reads
+    /// its usage there) and the line says it the way the filter writes it.
+    pub fn usage(&self) -> Option<BodyUsage> {
+        self.text(USAGE).and_then(read_usage_text)
+    }
+
+    /// The count of tokens a response reported in the header or trailer `name` (lower case), as
+    /// the filter reads it: the trailer's when it has one, else the header's.
+    pub fn response_count(&self, name: &str) -> Option<u64> {
+        let count = |object| self.named(object, name).and_then(count_from_header);
+        count(Named::ResponseTrailer).or_else(|| count(Named::ResponseHeader))
+    }
+
+    /// The value named `name` in the line's `object`, when kept.
+    fn named(&self, object: Named, name: &str) -> Option<&[u8]> {
+        self.fields.named.iter().find_map(|(o, n, v)| {
+            let found = *o == object && self.bytes(&Some(n.clone())) == Some(name.as_bytes());
+            found.then(|| self.bytes(&Some(v.clone()))).flatten()
+        })
     }
 
     fn bytes(&self, span: &Option<Span>) -> Option<&[u8]> {
@@ -286,9 +373,10 @@ impl Fields {
     /// Forgets the previous line, keeping the buffers.
     fn clear(&mut self) {
         self.values.clear();
-        self.headers.clear();
+        self.named.clear();
         self.texts = Default::default();
         (self.metadata, self.route_metadata, self.response_code) = (None, None, None);
+        self.duration_ms = None;
     }
 
     /// Reads the JSON object `line`, keeping the `wanted` values; returns the text of its
@@ -312,7 +400,7 @@ impl Fields {
                 }
                 Ok(())
             }
-            Some(Field::Headers) => self.headers(line, s, wanted),
+            Some(Field::Named(object)) => self.named(line, s, wanted, object),
             Some(Field::Metadata) => {
                 self.metadata = self.keep_json(line, s.raw_value()?, wanted.metadata)?;
                 Ok(())
@@ -327,14 +415,19 @@ impl Fields {
                 self.response_code = code.filter(|&c| c > 0);
                 Ok(())
             }
+            Some(Field::Duration) => {
+                self.duration_ms = s.code()?;
+                Ok(())
+            }
             None => s.skip(),
         })?;
         scanner.end()?;
         Ok(start)
     }
 
-    /// The `headers` object: the wanted ones kept, names lower-cased, `null` values left out.
-    fn headers(&mut self, line: &[u8], s: &mut Scanner, wanted: &Wanted) -> Scan<()> {
+    /// An object of named values (`headers`...): the wanted ones kept, header names
+    /// lower-cased, `null` values left out.
+    fn named(&mut self, line: &[u8], s: &mut Scanner, wanted: &Wanted, object: Named) -> Scan<()> {
         if s.null()? {
             return Ok(());
         }
@@ -343,17 +436,18 @@ impl Fields {
             let Some(value) = s.string_or_null()? else {
                 return Ok(());
             };
-            if !wanted.header(name.text) {
+            if !wanted.named(object, name.text) {
                 return self.keep(line, value, false).map(drop);
             }
-            let name = if name.text.iter().any(u8::is_ascii_uppercase) {
+            let lower = object != Named::Body;
+            let name = if lower && name.text.iter().any(u8::is_ascii_uppercase) {
                 let lower = name.text.iter().map(u8::to_ascii_lowercase);
                 self.keep_bytes(|values| values.extend(lower))?
             } else {
                 self.keep_bytes(|values| values.extend_from_slice(name.text))?
             };
             if let Some(value) = self.keep(line, value, true)? {
-                self.headers.push((name, value));
+                self.named.push((object, name, value));
             }
             Ok(())
         })
@@ -469,10 +563,16 @@ impl RequestSource for Record {
             ":method" => self.text(METHOD),
             ":path" => self.text(PATH),
             ":authority" => self.text(AUTHORITY),
-            _ => self.fields.headers.iter().find_map(|(n, v)| {
-                let found = self.bytes(&Some(n.clone())) == Some(name.as_bytes());
-                found.then(|| self.bytes(&Some(v.clone()))).flatten()
-            }),
+            _ => self.named(Named::Header, name),
+        };
+        value.map(<[u8]>::to_vec)
+    }
+
+    /// What the filter read of the request's body, as its access log recorded it.
+    fn body_field(&self, field: &BodyField) -> Option<Vec<u8>> {
+        let value = match field {
+            BodyField::String(name) => self.named(Named::Body, name),
+            BodyField::MaxOutputTokens => self.text(MAX_OUTPUT_TOKENS),
         };
         value.map(<[u8]>::to_vec)
     }
@@ -570,6 +670,64 @@ mod tests {
         let list = envoy_list(&["a", "b"]);
         let expected = envoy_map(&[(b"disabled", &[1]), (b"policies", &list)]);
         assert_eq!(sluice, Some(expected));
+    }
+
+    #[test]
+    fn what_a_request_holds_until_it_ends_is_read_as_the_filter_wrote_it() {
+        let config = r#"{"policies": [{"name": "llm", "key": ["body:model", "body:Team"],
+            "requests": 1000, "per": "1h", "cost": {"from_response": {"usage": "total_tokens"},
+            "reserve": {"request": "max_tokens", "default": 5}}},
+            {"name": "h", "key": ["body:model"], "requests": 1000, "per": "1h",
+            "cost": {"from_response": {"header": "x-usage"}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
+        let line = r#"{"start_time":"2026-11-30T17:44:57Z","duration":1234,"usage":"input=3 total=9","body":{"model":"gpt-4o","team":"lower","Team":"a"},"max_output_tokens":"300","response_headers":{"X-Usage":"17"},"response_trailers":{"x-usage":null}}"#;
+        let r = parsed(line, wanted).unwrap();
+        assert_eq!(r.duration, Some(1_234_000_000));
+        let counts = sluice::usage::Counts {
+            input: Some(3),
+            output: None,
+            total: Some(9),
+        };
+        assert_eq!(r.usage(), Some(Ok(counts)));
+        let model = r.body_field(&BodyField::String("model".into()));
+        assert_eq!(text(model).as_deref(), Some("gpt-4o"));
+        let team = r.body_field(&BodyField::String("Team".into()));
+        assert_eq!(
+            text(team).as_deref(),
+            Some("a"),
+            "body fields are named as written"
+        );
+        let asked = r.body_field(&BodyField::MaxOutputTokens);
+        assert_eq!(text(asked).as_deref(), Some("300"));
+        assert_eq!(r.response_count("x-usage"), Some(17));
+        let r = record(
+            r#"{"start_time":"2026-11-30T17:44:57Z","duration":"7","usage":"unknown=reset"}"#,
+        );
+        let r = r.unwrap();
+        assert_eq!(r.duration, Some(7_000_000));
+        assert_eq!(r.usage(), None, "not kept: no policy here reads it");
+    }
+
+    #[test]
+    fn a_trailers_count_wins_over_the_headers_as_in_the_filter() {
+        let config = r#"{"policies": [{"name": "h", "key": ["global"], "requests": 9, "per": "1h",
+            "cost": {"from_response": {"header": "x-usage"}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
+        let line = |header: &str, trailer: &str| {
+            format!(
+                r#"{{"start_time":"2026-11-30T17:44:57Z","response_headers":{{"x-usage":{header}}},"response_trailers":{{"x-usage":{trailer}}}}}"#
+            )
+        };
+        let count = |header, trailer| {
+            parsed(&line(header, trailer), wanted.clone())
+                .unwrap()
+                .response_count("x-usage")
+        };
+        assert_eq!(count(r#""5""#, r#""8""#), Some(8));
+        assert_eq!(count(r#""5""#, r#""many""#), Some(5));
+        assert_eq!(count("null", "null"), None);
     }
 
     #[test]

@@ -106,9 +106,11 @@ impl<S: Store> Limiter<'_, S> {
             return false;
         };
         let start = policy.words.start;
-        let words = slot.state.get(start..start + tier.algorithm.columns());
-        let mut probe: crate::table::Words = words.unwrap_or_default().iter().copied().collect();
-        !words.is_none() && !tier.algorithm.admit(&mut probe, slot.time(now), 0).allowed
+        let Some(words) = slot.state.get(start..start + tier.algorithm.columns()) else {
+            return false;
+        };
+        let mut probe: crate::table::Words = words.iter().copied().collect();
+        !tier.algorithm.admit(&mut probe, slot.time(now), 0).allowed
     }
 }
 
