@@ -28,7 +28,7 @@ use sluice::metrics::UsageUnknown;
 use sluice::protocol::{self, Answer, Check};
 use sluice::request::Attributes;
 use sluice::response::{charge_of, cost, settle_op, BodyUsage};
-use sluice::store::LocalStore;
+use sluice::store::{LocalStore, Store, StoreError};
 use sluice::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::time::WorkerClock;
 use smallvec::SmallVec;
@@ -66,14 +66,34 @@ struct Worker {
 }
 
 impl Worker {
-    fn limiter<'a>(&'a mut self, plan: &'a Plan) -> Limiter<'a, LocalStore> {
-        Limiter {
+    /// What happens to requests after their decision, through the limiter: settling what they
+    /// owe when they end (`Limiter::settle`), or finding a key's debt (`Limiter::owes`).
+    fn after<T>(&mut self, plan: &Plan, run: impl FnOnce(&mut Limiter<'_, Settling>) -> T) -> T {
+        let store = Settling(&self.store);
+        run(&mut Limiter {
             plan,
             keying: &self.keying,
             prefix: PREFIX,
-            store: &self.store,
+            store: &store,
             ledger: &mut self.ledger,
-        }
+        })
+    }
+}
+
+/// The worker's shared data as the limiter sees it after a decision: the same store, under a
+/// type of its own, so that the limiter's code for settling is compiled apart from its code for
+/// deciding. Sharing one copy, the compiler no longer inlined the slot lookup into decisions,
+/// whose slot then came back as a copy of a few hundred bytes, read at once: a replay without a
+/// single settlement took 10 to 20 per cent more CPU time on the benchmark VM.
+struct Settling<'a>(&'a LocalStore);
+
+impl Store for Settling<'_> {
+    fn get(&self, key: &str) -> Option<(Vec<u8>, u32)> {
+        self.0.get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        self.0.set(key, value, cas)
     }
 }
 
@@ -138,23 +158,19 @@ impl Engine {
     /// requests in flight that ended by then have been settled.
     pub fn decide(&mut self, record: &Record) -> Decided {
         let now = self.clock.now(record.time);
-        self.land(now);
+        if !self.flights.is_empty() {
+            self.land(now);
+        }
         if now >= self.next_forget {
             self.worker.global.forget_idle(now);
             self.next_forget = now.saturating_add(FORGET_EVERY);
         }
-        let mut outcome = self.evaluate(record, now);
-        if self.metered && outcome.is_denied() {
-            self.count_debts(&outcome, now);
-        }
-        if let Some(tab) = outcome.tab.take() {
-            self.take_off(tab, record, now);
-        }
-        Decided { outcome, now }
+        self.evaluate(record, now)
     }
 
-    /// The filter's decision, the exact store answering for the service.
-    fn evaluate(&mut self, record: &Record, now: u64) -> Outcome {
+    /// The filter's decision, the exact store answering for the service; then what it leaves to
+    /// do (`follow`). The outcome goes straight out: each move of it is a copy of 400 bytes.
+    fn evaluate(&mut self, record: &Record, now: u64) -> Decided {
         let worker = &mut self.worker;
         let mut request = Attributes::new(record, &self.plan.attrs);
         let mut limiter = Limiter {
@@ -167,7 +183,11 @@ impl Engine {
         let mut step = limiter.evaluate(&mut request, now, true);
         loop {
             match step {
-                Step::Done(outcome) => return outcome,
+                // Most requests of most configurations owe nothing: they pass by.
+                Step::Done(outcome) if outcome.tab.is_none() && !self.metered => {
+                    return Decided { outcome, now };
+                }
+                Step::Done(outcome) => return self.follow(outcome, record, now),
                 Step::Callout(mut pending) => {
                     // As the filter names them, for the slots of global concurrency policies.
                     pending.name_slots(|| {
@@ -186,11 +206,23 @@ impl Engine {
         }
     }
 
+    /// What a request's outcome leaves to do: its refusal looked at for debt, or its tab taken
+    /// in flight.
+    #[inline(never)]
+    fn follow(&mut self, mut outcome: Outcome, record: &Record, now: u64) -> Decided {
+        if self.metered && outcome.is_denied() {
+            self.count_debts(&outcome, now);
+        }
+        if let Some(tab) = outcome.tab.take() {
+            self.take_off(tab, record, now);
+        }
+        Decided { outcome, now }
+    }
+
     /// Counts the refusals of metered policies whose key owed (local policies: the service
     /// keeps a global key's state).
     fn count_debts(&mut self, outcome: &Outcome, now: u64) {
-        let plan = &self.plan;
-        let limiter = self.worker.limiter(plan);
+        let (plan, worker) = (&self.plan, &mut self.worker);
         for a in outcome.applied.iter().filter(|a| !a.decision.allowed) {
             let metered = plan
                 .policies
@@ -199,7 +231,7 @@ impl Engine {
             let Some(key) = a.key.filter(|_| metered && a.basis == Basis::Bucket) else {
                 continue;
             };
-            if limiter.owes(a.policy, key, &a.tier, now) {
+            if worker.after(plan, |l| l.owes(a.policy, key, &a.tier, now)) {
                 if let Some(tally) = self.tokens.get_mut(a.policy) {
                     tally.refused_in_debt += 1;
                 }
@@ -209,7 +241,7 @@ impl Engine {
 
     /// Puts an admitted request in flight until its end, its charges priced now.
     fn take_off(&mut self, tab: Tab, record: &Record, now: u64) {
-        let end = match record.duration {
+        let end = match record.duration() {
             Some(duration) => record.time.saturating_add(duration).max(now),
             None => {
                 self.no_duration += 1;
@@ -262,7 +294,7 @@ impl Engine {
                     true
                 }
                 Held::Slot { epoch } if epoch < slots.epoch_of(now) => {
-                    let renewed = worker.limiter(plan).settle(entry, Op::Renew, now);
+                    let renewed = worker.after(plan, |l| l.settle(entry, Op::Renew, now));
                     matches!(renewed, Settled::Done { .. })
                 }
                 _ => true,
@@ -277,7 +309,7 @@ impl Engine {
         for entry in flight.tab.entries.iter_mut() {
             match entry.held {
                 Held::Slot { .. } => {
-                    worker.limiter(plan).settle(entry, Op::Release, now);
+                    worker.after(plan, |l| l.settle(entry, Op::Release, now));
                 }
                 Held::Lease { renewed, .. } => {
                     if let Some((key, limit)) = global_limit(plan, entry) {
@@ -327,7 +359,7 @@ impl Engine {
             }
             return;
         }
-        let settled = worker.limiter(plan).settle(entry, op, now);
+        let settled = worker.after(plan, |l| l.settle(entry, op, now));
         if let (
             Op::Charge(tokens),
             Settled::Done {

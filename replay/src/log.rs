@@ -103,6 +103,10 @@ pub struct Wanted {
     responses: Vec<String>,
     metadata: bool,
     route_metadata: bool,
+    /// `duration`, `usage` and `max_output_tokens`.
+    duration: bool,
+    usage: bool,
+    max_output_tokens: bool,
 }
 
 impl Wanted {
@@ -121,20 +125,21 @@ impl Wanted {
                 Attr::RouteMetadata => wanted.route_metadata = true,
                 Attr::Metadata { .. } => wanted.metadata = true,
                 Attr::Body(BodyField::String(name)) => wanted.body.push(name.clone()),
-                Attr::Body(BodyField::MaxOutputTokens) => {
-                    wanted.keep_text(MAX_OUTPUT_TOKENS, true);
-                }
+                Attr::Body(BodyField::MaxOutputTokens) => wanted.max_output_tokens = true,
             }
         }
         wanted
     }
 
-    /// Also what settling `plan`'s token budgets takes: the usage a response's body reported,
-    /// and the headers and trailers some policy reads its usage from.
+    /// Also what the requests `plan`'s policies hold until they end take: their duration, and
+    /// for token budgets the usage a response's body reported, or the headers and trailers some
+    /// policy reads its usage from.
     pub fn settling(mut self, plan: &Plan) -> Wanted {
+        let holds = |p: &sluice::config::Policy| p.holds_slots() || p.metered.is_some();
+        self.duration |= plan.policies.iter().any(holds);
         for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
             match &metered.source {
-                UsageSource::Body(_) => self.keep_text(USAGE, true),
+                UsageSource::Body(_) => self.usage = true,
                 UsageSource::Header(name) => self.responses.push(name.clone()),
             }
         }
@@ -151,19 +156,25 @@ impl Wanted {
         self.texts.get(field).copied().unwrap_or(false)
     }
 
-    /// Whether the value named `name` in a line's `object` is kept.
-    fn named(&self, object: Named, name: &[u8]) -> bool {
-        let (names, any_case) = match object {
+    /// The names of the values kept of a line's `object`, and whether they are names in any
+    /// case (headers, lower-cased) or as written (body fields).
+    fn names(&self, object: Named) -> (&[String], bool) {
+        match object {
             Named::Header => (&self.headers, true),
             Named::Body => (&self.body, false),
             Named::ResponseHeader | Named::ResponseTrailer => (&self.responses, true),
-        };
-        let wanted = |w: &String| match any_case {
-            true => w.len() == name.len() && name.eq_ignore_ascii_case(w.as_bytes()),
-            false => w.as_bytes() == name,
-        };
-        names.iter().any(wanted)
+        }
     }
+}
+
+/// Whether `name` is one of `names` (in any case, if `any_case`).
+#[inline]
+fn is_named(names: &[String], any_case: bool, name: &[u8]) -> bool {
+    let same = |wanted: &String| match any_case {
+        true => wanted.len() == name.len() && name.eq_ignore_ascii_case(wanted.as_bytes()),
+        false => wanted.as_bytes() == name,
+    };
+    names.iter().any(same)
 }
 
 /// How a replay reads its lines: what it keeps of them, and the last second their start times
@@ -196,10 +207,6 @@ impl Parser {
         let start = start.ok_or(LineError::NoStartTime)?;
         record.time = self.times.parse(&start).map_err(LineError::BadStartTime)?;
         record.response_code = record.fields.response_code;
-        record.duration = record
-            .fields
-            .duration_ms
-            .map(|ms| ms.saturating_mul(NANOS_PER_MS));
         Ok(())
     }
 }
@@ -214,9 +221,6 @@ pub struct Record {
     /// `start_time`, Unix nanoseconds.
     pub time: u64,
     pub response_code: Option<u32>,
-    /// `duration`, in nanoseconds: how long the request took, from its start to its response's
-    /// last byte (Envoy's `%DURATION%`, whole milliseconds).
-    pub duration: Option<u64>,
     fields: Fields,
 }
 
@@ -234,6 +238,8 @@ enum Field {
     RouteMetadata,
     ResponseCode,
     Duration,
+    Usage,
+    MaxOutputTokens,
 }
 
 /// The objects of a line whose members are named values (strings or `null`).
@@ -255,9 +261,7 @@ const AUTHORITY: usize = 2;
 const REMOTE_ADDRESS: usize = 3;
 const ROUTE_NAME: usize = 4;
 const RESPONSE_CODE_DETAILS: usize = 5;
-const USAGE: usize = 6;
-const MAX_OUTPUT_TOKENS: usize = 7;
-const TEXTS: usize = 8;
+const TEXTS: usize = 6;
 
 /// The field named `name`, if the replay knows it.
 fn field(name: &[u8]) -> Option<Field> {
@@ -273,9 +277,17 @@ fn field(name: &[u8]) -> Option<Field> {
         b"metadata" => Field::Metadata,
         b"route_metadata" => Field::RouteMetadata,
         b"response_code" => Field::ResponseCode,
+        _ => return field_at_the_end(name),
+    })
+}
+
+/// The fields of what a request holds until it ends: apart, so that the lines of
+/// configurations without any are read as fast as before they came.
+fn field_at_the_end(name: &[u8]) -> Option<Field> {
+    Some(match name {
         b"duration" => Field::Duration,
-        b"usage" => Field::Text(USAGE),
-        b"max_output_tokens" => Field::Text(MAX_OUTPUT_TOKENS),
+        b"usage" => Field::Usage,
+        b"max_output_tokens" => Field::MaxOutputTokens,
         b"body" => Field::Named(Named::Body),
         b"response_headers" => Field::Named(Named::ResponseHeader),
         b"response_trailers" => Field::Named(Named::ResponseTrailer),
@@ -295,14 +307,34 @@ struct Fields {
     values: Values,
     /// The text fields, by index.
     texts: [Option<Span>; TEXTS],
-    /// Named values: headers (names lower-cased), body fields, response headers and trailers.
-    named: SmallVec<[(Named, Span, Span); 2]>,
+    /// Header names, lower-cased, and values.
+    headers: SmallVec<[(Span, Span); 2]>,
     /// The `metadata` and `route_metadata` objects' JSON, read when a policy asks for a value
     /// in them.
     metadata: Option<Span>,
     route_metadata: Option<Span>,
     response_code: Option<u32>,
+    /// What the line says of the end of its request, when kept: boxed, so that the records of
+    /// configurations without policies that hold anything until then stay as small as before
+    /// (a record waiting for its turn is a cache miss or more).
+    ends: Option<Box<Ends>>,
+}
+
+/// What a line says of what its request held until it ended.
+#[derive(Debug, Default, Clone)]
+struct Ends {
     duration_ms: Option<u64>,
+    usage: Option<Span>,
+    max_output_tokens: Option<Span>,
+    /// Body fields (names as written), response headers and trailers (names lower-cased).
+    named: SmallVec<[(Named, Span, Span); 2]>,
+}
+
+impl Ends {
+    fn clear(&mut self) {
+        (self.duration_ms, self.usage, self.max_output_tokens) = (None, None, None);
+        self.named.clear();
+    }
 }
 
 impl Record {
@@ -321,7 +353,15 @@ impl Record {
     /// `usage`: what the response's body said it used, when the replay keeps it (a policy reads
     /// its usage there) and the line says it the way the filter writes it.
     pub fn usage(&self) -> Option<BodyUsage> {
-        self.text(USAGE).and_then(read_usage_text)
+        let usage = self.fields.ends.as_ref()?.usage.clone();
+        self.bytes(&usage).and_then(read_usage_text)
+    }
+
+    /// `duration`, in nanoseconds, when the replay keeps it: how long the request took, from its
+    /// start to its response's last byte (Envoy's `%DURATION%`, whole milliseconds).
+    pub fn duration(&self) -> Option<u64> {
+        let ms = self.fields.ends.as_ref()?.duration_ms?;
+        Some(ms.saturating_mul(NANOS_PER_MS))
     }
 
     /// The count of tokens a response reported in the header or trailer `name` (lower case), as
@@ -333,10 +373,16 @@ impl Record {
 
     /// The value named `name` in the line's `object`, when kept.
     fn named(&self, object: Named, name: &str) -> Option<&[u8]> {
-        self.fields.named.iter().find_map(|(o, n, v)| {
-            let found = *o == object && self.bytes(&Some(n.clone())) == Some(name.as_bytes());
+        let value = |(n, v): &(Span, Span)| {
+            let found = self.bytes(&Some(n.clone())) == Some(name.as_bytes());
             found.then(|| self.bytes(&Some(v.clone()))).flatten()
-        })
+        };
+        if object == Named::Header {
+            return self.fields.headers.iter().find_map(value);
+        }
+        let ends = self.fields.ends.as_ref()?;
+        let mut named = ends.named.iter().filter(|(o, ..)| *o == object);
+        named.find_map(|(_, n, v)| value(&(n.clone(), v.clone())))
     }
 
     fn bytes(&self, span: &Option<Span>) -> Option<&[u8]> {
@@ -373,10 +419,12 @@ impl Fields {
     /// Forgets the previous line, keeping the buffers.
     fn clear(&mut self) {
         self.values.clear();
-        self.named.clear();
+        self.headers.clear();
         self.texts = Default::default();
         (self.metadata, self.route_metadata, self.response_code) = (None, None, None);
-        self.duration_ms = None;
+        if let Some(ends) = &mut self.ends {
+            ends.clear();
+        }
     }
 
     /// Reads the JSON object `line`, keeping the `wanted` values; returns the text of its
@@ -416,7 +464,22 @@ impl Fields {
                 Ok(())
             }
             Some(Field::Duration) => {
-                self.duration_ms = s.code()?;
+                let ms = s.code()?;
+                if wanted.duration {
+                    self.ends().duration_ms = ms;
+                }
+                Ok(())
+            }
+            Some(Field::Usage) => {
+                if let Some(kept) = self.string(line, s, wanted.usage)? {
+                    self.ends().usage = Some(kept);
+                }
+                Ok(())
+            }
+            Some(Field::MaxOutputTokens) => {
+                if let Some(kept) = self.string(line, s, wanted.max_output_tokens)? {
+                    self.ends().max_output_tokens = Some(kept);
+                }
                 Ok(())
             }
             None => s.skip(),
@@ -432,25 +495,41 @@ impl Fields {
             return Ok(());
         }
         let mut name_scratch = Vec::new();
+        let (names, any_case) = wanted.names(object);
         s.object(&mut name_scratch, |s, name| {
             let Some(value) = s.string_or_null()? else {
                 return Ok(());
             };
-            if !wanted.named(object, name.text) {
+            if !is_named(names, any_case, name.text) {
                 return self.keep(line, value, false).map(drop);
             }
-            let lower = object != Named::Body;
-            let name = if lower && name.text.iter().any(u8::is_ascii_uppercase) {
+            let name = if any_case && name.text.iter().any(u8::is_ascii_uppercase) {
                 let lower = name.text.iter().map(u8::to_ascii_lowercase);
                 self.keep_bytes(|values| values.extend(lower))?
             } else {
                 self.keep_bytes(|values| values.extend_from_slice(name.text))?
             };
             if let Some(value) = self.keep(line, value, true)? {
-                self.named.push((object, name, value));
+                match object {
+                    Named::Header => self.headers.push((name, value)),
+                    _ => self.ends().named.push((object, name, value)),
+                }
             }
             Ok(())
         })
+    }
+
+    /// Where what the line says of its request's end goes.
+    fn ends(&mut self) -> &mut Ends {
+        self.ends.get_or_insert_with(Box::default)
+    }
+
+    /// A string value (or `null`), kept if `wanted`.
+    fn string(&mut self, line: &[u8], s: &mut Scanner, wanted: bool) -> Scan<Option<Span>> {
+        match s.string_or_null()? {
+            Some(text) => self.keep(line, text, wanted),
+            None => Ok(None),
+        }
     }
 
     /// Keeps a string value's text, escapes undone, if `wanted`; either way, a bad escape is an
@@ -572,7 +651,10 @@ impl RequestSource for Record {
     fn body_field(&self, field: &BodyField) -> Option<Vec<u8>> {
         let value = match field {
             BodyField::String(name) => self.named(Named::Body, name),
-            BodyField::MaxOutputTokens => self.text(MAX_OUTPUT_TOKENS),
+            BodyField::MaxOutputTokens => {
+                let ends = self.fields.ends.as_ref()?;
+                self.bytes(&ends.max_output_tokens)
+            }
         };
         value.map(<[u8]>::to_vec)
     }
@@ -683,7 +765,7 @@ mod tests {
         let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
         let line = r#"{"start_time":"2026-11-30T17:44:57Z","duration":1234,"usage":"input=3 total=9","body":{"model":"gpt-4o","team":"lower","Team":"a"},"max_output_tokens":"300","response_headers":{"X-Usage":"17"},"response_trailers":{"x-usage":null}}"#;
         let r = parsed(line, wanted).unwrap();
-        assert_eq!(r.duration, Some(1_234_000_000));
+        assert_eq!(r.duration(), Some(1_234_000_000));
         let counts = sluice::usage::Counts {
             input: Some(3),
             output: None,
@@ -705,7 +787,7 @@ mod tests {
             r#"{"start_time":"2026-11-30T17:44:57Z","duration":"7","usage":"unknown=reset"}"#,
         );
         let r = r.unwrap();
-        assert_eq!(r.duration, Some(7_000_000));
+        assert_eq!(r.duration(), None, "not kept either");
         assert_eq!(r.usage(), None, "not kept: no policy here reads it");
     }
 

@@ -46,6 +46,8 @@ pub struct Report {
     pub no_duration: Option<u64>,
     /// Whether top keys carry their values (`--show-keys`), not only their hashes.
     pub show_keys: bool,
+    /// Whether some policy is a concurrency limit (its requests in flight are counted).
+    slots: bool,
 }
 
 /// One policy's findings, overall and per tier.
@@ -212,6 +214,7 @@ impl Report {
             denied: 0,
             no_duration: plan.policies.iter().any(holds).then_some(0),
             show_keys,
+            slots: plan.policies.iter().any(Policy::holds_slots),
         }
     }
 
@@ -241,14 +244,20 @@ impl Report {
         self.denied += u64::from(decided.outcome.is_denied());
         let tiers = self.add_matched(plan, record, decided);
         self.add_counts(plan, record, decided, &tiers);
-        if !decided.outcome.is_denied() {
-            self.add_in_flight(plan, record, decided);
-        }
+    }
+
+    /// Whether some policy is a concurrency limit, whose requests in flight `add_in_flight`
+    /// counts.
+    pub fn counts_in_flight(&self) -> bool {
+        self.slots
     }
 
     /// The requests of its key each concurrency policy that admitted the request holds in
     /// flight, this one included.
-    fn add_in_flight(&mut self, plan: &Plan, record: &Record, decided: &Decided) {
+    pub fn add_in_flight(&mut self, plan: &Plan, record: &Record, decided: &Decided) {
+        if decided.outcome.is_denied() {
+            return;
+        }
         let show_keys = self.show_keys;
         for a in decided
             .outcome

@@ -122,6 +122,9 @@ impl Pass {
     fn count(&mut self, record: &Record, decided: &Decided, after: Option<Decided>) {
         let plan = &self.engine.plan;
         self.replay.report.add(plan, record, decided);
+        if self.replay.report.counts_in_flight() {
+            self.replay.report.add_in_flight(plan, record, decided);
+        }
         if let Some(check) = &mut self.replay.check {
             check.add(plan, record, decided);
         }
