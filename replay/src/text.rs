@@ -86,7 +86,7 @@ fn tokens_lines(out: &mut String, name: &str, t: &TokenTally) {
     let _ = writeln!(
         out,
         "\n{name}: {} responses settled: {} tokens reserved, {} charged, {} refunded; {} owed past \
-         the limit, {} forgiven; {} refusals of a key in debt",
+         the limit, {} forgiven; refused for debt: {}",
         t.settled, t.reserved, t.charged, t.refunded, t.owed, t.forgiven, t.refused_in_debt
     );
     if t.unknown.iter().any(|&n| n > 0) || t.not_logged > 0 {
