@@ -47,7 +47,7 @@ pub struct Report {
     /// Whether top keys carry their values (`--show-keys`), not only their hashes.
     pub show_keys: bool,
     /// Whether some policy is a concurrency limit (its requests in flight are counted).
-    slots: bool,
+    in_flight: bool,
 }
 
 /// One policy's findings, overall and per tier.
@@ -214,7 +214,7 @@ impl Report {
             denied: 0,
             no_duration: plan.policies.iter().any(holds).then_some(0),
             show_keys,
-            slots: plan.policies.iter().any(Policy::holds_slots),
+            in_flight: plan.policies.iter().any(Policy::holds_slots),
         }
     }
 
@@ -249,7 +249,7 @@ impl Report {
     /// Whether some policy is a concurrency limit, whose requests in flight `add_in_flight`
     /// counts.
     pub fn counts_in_flight(&self) -> bool {
-        self.slots
+        self.in_flight
     }
 
     /// The requests of its key each concurrency policy that admitted the request holds in
