@@ -13,9 +13,14 @@
 //! cost read from the response let through gets one when it ends, with `tokens=<policy>:<reserved>
 //! :<charged>` for each such policy (`response`). Other requests get no record, and cost no
 //! hostcall for it. A later field is appended after these.
+//!
+//! What the policies read of a request's body is shown too, for every request decided with its
+//! body (`body_states`), and what a response's body said it used (`response::usage_text`): an
+//! access log that carries them lets `sluice-replay` key, reserve and charge as the filter did.
 
 use crate::config::{Plan, Policy};
 use crate::limiter::{Applied, Outcome, PolicyOutcome};
+use crate::request::{Attr, Attributes, RequestSource};
 use crate::text::push_hex16;
 
 /// The name under which the record is set (Envoy keeps it as filter state `wasm.sluice`).
@@ -51,6 +56,27 @@ pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Optio
 /// tokens a metered policy charged: `response`).
 pub fn allowed_record(plan: &Plan, policy: usize, key: Option<u64>) -> Option<String> {
     line(plan.policies.get(policy)?, PolicyOutcome::Allowed, key)
+}
+
+/// The filter state that shows what the policies read of a request's body: each value the body
+/// has of a `body:FIELD` key part or of the output a reservation asks for, under its
+/// `BodyField::state_name` (`%FILTER_STATE(wasm.sluice.body.model:PLAIN)%`). Read now if the
+/// decision has not read it yet: a replay of another configuration may need it.
+pub fn body_states<S: RequestSource + ?Sized>(
+    request: &mut Attributes<S>,
+) -> Vec<(String, String)> {
+    let mut states = Vec::new();
+    for index in 0.. {
+        let name = match request.attr(index) {
+            Some(Attr::Body(field)) => field.state_name(),
+            Some(_) => continue,
+            None => break,
+        };
+        if let Some(value) = request.get(index) {
+            states.push((name, String::from_utf8_lossy(value).into_owned()));
+        }
+    }
+    states
 }
 
 fn line(policy: &Policy, what: PolicyOutcome, key: Option<u64>) -> Option<String> {
@@ -126,6 +152,29 @@ mod tests {
             record(&plan, &outcome, Some(&denial)).as_deref(),
             Some("outcome=denied policy=per-user mode=enforce key=3f5b0c8e21d47a96")
         );
+    }
+
+    #[test]
+    fn the_body_fields_policies_read_are_shown_under_their_names_when_the_body_has_them() {
+        let config = json!({"policies": [{"name": "llm", "key": ["body:model", "body:team.id"],
+            "requests": 1000, "per": "1h", "cost": {"from_response": {"usage": "total_tokens"},
+            "reserve": {"request": "max_tokens", "default": 5}}}]});
+        let plan = crate::config::parse(config.to_string().as_bytes()).unwrap();
+        let request = crate::testing::FakeRequest::default();
+        let body = br#"{"model":"gpt-4o","max_completion_tokens":300,"messages":[]}"#;
+        let snapshot = Attributes::new(&request, &plan.attrs).snapshot();
+        let mut attributes = Attributes::of_snapshot(&request, &plan.attrs, snapshot, body);
+        let mut states = body_states(&mut attributes);
+        states.sort();
+        let expected = [
+            ("sluice.body.model", "gpt-4o"),
+            ("sluice.max_output_tokens", "300"),
+        ];
+        let expected: Vec<(String, String)> = expected
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(states, expected, "team.id is not in the body");
     }
 
     #[test]

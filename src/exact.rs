@@ -3,7 +3,7 @@
 //! the same in Redis (its tests check them against these algorithms); this stands in for it in
 //! the filter's tests and in `sluice-replay`, where one exact global store is wanted.
 
-use crate::algorithm::{Algorithm, Debt, Decision};
+use crate::algorithm::{concurrency, Algorithm, Debt, Decision};
 use crate::protocol::{Check, CheckResult};
 use std::collections::HashMap;
 
@@ -121,6 +121,31 @@ impl ExactStore {
         }
     }
 
+    /// Gives back the slot of `key` taken (or last renewed) at `taken_at` under the concurrency
+    /// `limit`: the service's release of a named slot, here counted in `limit`'s epochs as the
+    /// filter counts its own. False when it had expired, or the key holds no state of `limit`.
+    pub fn release_slot(&mut self, key: &str, limit: Algorithm, now: u64, taken_at: u64) -> bool {
+        match (self.keys.get_mut(key), limit) {
+            (Some(state), Algorithm::Concurrency(slots)) if state.limit == limit => {
+                let taken = concurrency::taken(&slots, &state.words, taken_at);
+                concurrency::release(&slots, &mut state.words, now, taken)
+            }
+            _ => false,
+        }
+    }
+
+    /// Renews that slot: counted from `now` on, as the service starts its lease again. False
+    /// when it had expired and none was free to take again.
+    pub fn renew_slot(&mut self, key: &str, limit: Algorithm, now: u64, taken_at: u64) -> bool {
+        match (self.keys.get_mut(key), limit) {
+            (Some(state), Algorithm::Concurrency(slots)) if state.limit == limit => {
+                let taken = concurrency::taken(&slots, &state.words, taken_at);
+                concurrency::renew(&slots, &mut state.words, now, taken).is_some()
+            }
+            _ => false,
+        }
+    }
+
     /// Forgets the keys whose state owes nothing at `now`: nothing is lost, and memory holds
     /// only keys still being limited.
     pub fn forget_idle(&mut self, now: u64) {
@@ -174,6 +199,29 @@ mod tests {
             slot: None,
             entries: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_slot_given_back_or_renewed_frees_or_keeps_its_place() {
+        let mut store = ExactStore::default();
+        let mut slots = check(Kind::Concurrency, 1);
+        (slots.requests, slots.per_ms, slots.burst) = (1, 10_000, 1);
+        let limit = slots.limit().unwrap();
+        let key = slots.key.clone();
+        assert!(store.check(&slots, T0).unwrap().allowed);
+        assert!(!store.check(&slots, T0).unwrap().allowed, "one in flight");
+        let sec = 1_000_000_000;
+        assert!(store.renew_slot(&key, limit, T0 + 6 * sec, T0));
+        assert!(
+            !store.check(&slots, T0 + 12 * sec).unwrap().allowed,
+            "renewed"
+        );
+        assert!(store.release_slot(&key, limit, T0 + 12 * sec, T0 + 6 * sec));
+        assert!(store.check(&slots, T0 + 12 * sec).unwrap().allowed);
+        assert!(
+            !store.release_slot(&key, limit, T0 + 60 * sec, T0 + 12 * sec),
+            "expired"
+        );
     }
 
     #[test]

@@ -38,6 +38,18 @@ pub enum BodyField {
     MaxOutputTokens,
 }
 
+impl BodyField {
+    /// The filter state that shows its value to the access log (`wasm.<name>`, see
+    /// `access_log::body_states`): `sluice.body.<FIELD>` for a string field (whose name may be
+    /// any top-level field's, `max_tokens` among them), `sluice.max_output_tokens` for the count.
+    pub fn state_name(&self) -> String {
+        match self {
+            BodyField::String(name) => format!("sluice.body.{name}"),
+            BodyField::MaxOutputTokens => "sluice.max_output_tokens".into(),
+        }
+    }
+}
+
 /// The most of a request body the filter reads: what it reserves for and keys on must be
 /// written within it.
 pub const BODY_BYTES: usize = 256 * 1024;
@@ -46,6 +58,11 @@ pub const BODY_BYTES: usize = 256 * 1024;
 pub trait RequestSource {
     fn header(&self, name: &str) -> Option<Vec<u8>>;
     fn property(&self, path: &[&str]) -> Option<Vec<u8>>;
+    /// A body field's value when the decision has no body to read it from: none in Envoy (a
+    /// request decided without its body has none); what an access log recorded in a replay.
+    fn body_field(&self, _field: &BodyField) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// A request's attributes but its body's, read while the host still shows them: what a decision
@@ -135,7 +152,10 @@ fn fetch<S: RequestSource + ?Sized>(
     attr: &Attr,
 ) -> Option<Vec<u8>> {
     match attr {
-        Attr::Body(field) => body_field(body?, field),
+        Attr::Body(field) => match body {
+            Some(body) => read_body_field(body, field),
+            None => source.body_field(field),
+        },
         Attr::Header(name) => source.header(name),
         Attr::Ip => source.property(&["source", "address"]).map(strip_port),
         Attr::Path => source.header(":path").map(strip_query),
@@ -153,7 +173,7 @@ fn fetch<S: RequestSource + ?Sized>(
     }
 }
 
-fn body_field(body: &[u8], field: &BodyField) -> Option<Vec<u8>> {
+fn read_body_field(body: &[u8], field: &BodyField) -> Option<Vec<u8>> {
     match field {
         BodyField::String(name) => {
             crate::usage::request::string_field(body, name).map(String::into_bytes)

@@ -5,9 +5,13 @@
 //!    "bypassed": N, "denied_share": F, "busiest_second": {"start": T, "requests": N},
 //!    "top_keys": [{"key": HASH, "denied": N}], "tiers": {"VALUE": {...}},
 //!    "rollout": {"enforce_percent": P, "enforced": {"matched": N, "allowed": N, "denied": N},
-//!                "shadowed": {"matched": N, "allowed": N, "would_deny": N}}}},
+//!                "shadowed": {"matched": N, "allowed": N, "would_deny": N}},
+//!    "tokens": {"settled": N, "reserved": N, "charged": N, "refunded": N, "owed": N,
+//!               "forgiven": N, "refused_in_debt": N,
+//!               "usage_unknown": {"missing": N, "invalid": N, "reset": N, "not_logged": N}},
+//!    "concurrency": {"peak": N, "top_keys": [{"key": HASH, "in_flight": N}]}}},
 //!  "lines": N, "skipped": N, "skipped_lines": [{"line": N, "reason": S}], "late": N,
-//!  "filter_off": N, "requests": N, "denied": N,
+//!  "filter_off": N, "requests": N, "denied": N, "no_duration": N,
 //!  "check": {"compared": N, "agreed": N, "disagreements": [{"line": N,
 //!    "replayed_status": N or null, "response_code": N, "response_code_details": S}]},
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
@@ -17,15 +21,20 @@
 //! list of strings, or `null` for the bucket of requests missing the key (as is a `--compare`
 //! example's). `filter_off` counts the requests of routes that switch the filter off (they count
 //! in `requests`). `tiers` is there for a policy with tiers, `rollout` for one with a rollout
-//! (its `shadowed.would_deny` is what the filter counts as `canary_shadow_denied`), `check` with
-//! `--check`, `compare` with `--compare`. `denied_share` counts would-be denials too: the share
-//! denied were the policy enforced for every key.
+//! (its `shadowed.would_deny` is what the filter counts as `canary_shadow_denied`), `tokens` for
+//! a token budget (counted as the filter's `sluice_tokens_*_total` and
+//! `sluice_usage_unknown_total`), `concurrency` for a concurrency limit, `no_duration` when some
+//! policy holds something until a request ends, `check` with `--check`, `compare` with
+//! `--compare`. `denied_share` counts would-be denials too: the share denied were the policy
+//! enforced for every key.
 
 use crate::check::Check;
 use crate::compare::{Changes, Comparison, Example};
-use crate::report::{KeyValue, Report, Stats};
+use crate::engine::TokenTally;
+use crate::report::{KeyValue, Report, SlotStats, Stats};
 use crate::run::Replay;
 use serde_json::{json, Map, Value};
+use sluice::metrics::UsageUnknown;
 use sluice::time::format_rfc3339;
 
 /// How many keys a report lists per policy and tier.
@@ -67,6 +76,12 @@ fn report(report: &Report) -> Map<String, Value> {
                     "shadowed": {"matched": s.matched, "allowed": s.allowed, "would_deny": s.denied}});
                 policy.insert("rollout".into(), rollout);
             }
+            if let Some(t) = &p.tokens {
+                policy.insert("tokens".into(), tokens(t));
+            }
+            if let Some(slots) = &p.slots {
+                policy.insert("concurrency".into(), concurrency(slots));
+            }
             (p.name.clone(), Value::Object(policy))
         })
         .collect();
@@ -75,7 +90,7 @@ fn report(report: &Report) -> Map<String, Value> {
         .iter()
         .map(|(line, reason)| json!({"line": line, "reason": reason}))
         .collect();
-    fields(json!({
+    let mut out = fields(json!({
         "policies": policies,
         "lines": report.lines,
         "skipped": report.skipped,
@@ -84,7 +99,39 @@ fn report(report: &Report) -> Map<String, Value> {
         "filter_off": report.filter_off,
         "requests": report.requests,
         "denied": report.denied,
-    }))
+    }));
+    if let Some(n) = report.no_duration {
+        out.insert("no_duration".into(), json!(n));
+    }
+    out
+}
+
+fn tokens(t: &TokenTally) -> Value {
+    let mut unknown: Map<String, Value> = UsageUnknown::ALL
+        .iter()
+        .zip(t.unknown)
+        .map(|(why, n)| (why.as_str().to_string(), json!(n)))
+        .collect();
+    unknown.insert("not_logged".into(), json!(t.not_logged));
+    json!({"settled": t.settled, "reserved": t.reserved, "charged": t.charged,
+           "refunded": t.refunded, "owed": t.owed, "forgiven": t.forgiven,
+           "refused_in_debt": t.refused_in_debt, "usage_unknown": unknown})
+}
+
+fn concurrency(slots: &SlotStats) -> Value {
+    let top_keys: Vec<Value> = slots
+        .top
+        .top(TOP_KEYS)
+        .into_iter()
+        .map(|c| {
+            let mut key = fields(json!({"key": format!("{:016x}", c.key), "in_flight": c.count}));
+            if let Some(value) = &c.value {
+                key.insert("value".into(), key_value(value));
+            }
+            Value::Object(key)
+        })
+        .collect();
+    json!({"peak": slots.peak, "top_keys": top_keys})
 }
 
 fn stats(stats: &Stats) -> Value {

@@ -14,6 +14,7 @@ pub mod check;
 pub mod compare;
 pub mod config_file;
 pub mod engine;
+pub mod flights;
 pub mod json;
 pub mod log;
 pub mod log_format;

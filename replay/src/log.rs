@@ -6,14 +6,21 @@
 //! A line's fields: `start_time` (RFC 3339; required), `method`, `path`, `authority`,
 //! `remote_address` (no port), `route_name`, `headers` (names in any case), `metadata`
 //! (dynamic metadata namespaces to objects), `route_metadata` (the selected route's metadata
-//! namespaces to objects), `response_code`, `response_code_details`. Unknown fields are ignored; `null`
-//! is an absent value, as Envoy writes one.
+//! namespaces to objects), `response_code`, `response_code_details`; and for what a request owes
+//! its policies until it ends: `duration` (milliseconds), `usage` (what the response's body said
+//! it used, `sluice::response::usage_text`), `response_headers` and `response_trailers` (names
+//! in any case), `body` (the request body's fields, by name as written) and `max_output_tokens`.
+//! Unknown fields are ignored; `null` is an absent value, as Envoy writes one.
 
 use crate::scan::{unescape, Scan, ScanError, Scanner, Text};
 use crate::times::StartTimes;
 use serde_json::Value;
-use sluice::request::{Attr, RequestSource};
+use sluice::config::{Plan, UsageSource};
+use sluice::duration::NANOS_PER_SEC;
+use sluice::request::{Attr, BodyField, RequestSource};
+use sluice::response::{read_usage_text, BodyUsage};
 use sluice::route::{envoy_list, envoy_map};
+use sluice::usage::count_from_header;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::fmt;
@@ -90,8 +97,16 @@ pub struct Wanted {
     texts: [bool; TEXTS],
     /// The headers kept, by lower-case name.
     headers: Vec<String>,
+    /// The request body's fields kept, by name as written.
+    body: Vec<String>,
+    /// The response headers and trailers kept, by lower-case name.
+    responses: Vec<String>,
     metadata: bool,
     route_metadata: bool,
+    /// `duration`, `usage` and `max_output_tokens`.
+    duration: bool,
+    usage: bool,
+    max_output_tokens: bool,
 }
 
 impl Wanted {
@@ -109,11 +124,26 @@ impl Wanted {
                 Attr::Route => wanted.keep_text(ROUTE_NAME, true),
                 Attr::RouteMetadata => wanted.route_metadata = true,
                 Attr::Metadata { .. } => wanted.metadata = true,
-                // The request body is not in the log: such a key part is missing.
-                Attr::Body(_) => {}
+                Attr::Body(BodyField::String(name)) => wanted.body.push(name.clone()),
+                Attr::Body(BodyField::MaxOutputTokens) => wanted.max_output_tokens = true,
             }
         }
         wanted
+    }
+
+    /// Also what the requests `plan`'s policies hold until they end take: their duration, and
+    /// for token budgets the usage a response's body reported, or the headers and trailers some
+    /// policy reads its usage from.
+    pub fn settling(mut self, plan: &Plan) -> Wanted {
+        let holds = |p: &sluice::config::Policy| p.holds_slots() || p.metered.is_some();
+        self.duration |= plan.policies.iter().any(holds);
+        for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
+            match &metered.source {
+                UsageSource::Body(_) => self.usage = true,
+                UsageSource::Header(name) => self.responses.push(name.clone()),
+            }
+        }
+        self
     }
 
     fn keep_text(&mut self, field: usize, keep: bool) {
@@ -126,10 +156,25 @@ impl Wanted {
         self.texts.get(field).copied().unwrap_or(false)
     }
 
-    fn header(&self, name: &[u8]) -> bool {
-        let wanted = |w: &String| w.len() == name.len() && name.eq_ignore_ascii_case(w.as_bytes());
-        self.headers.iter().any(wanted)
+    /// The names of the values kept of a line's `object`, and whether they are names in any
+    /// case (headers, lower-cased) or as written (body fields).
+    fn names(&self, object: Named) -> (&[String], bool) {
+        match object {
+            Named::Header => (&self.headers, true),
+            Named::Body => (&self.body, false),
+            Named::ResponseHeader | Named::ResponseTrailer => (&self.responses, true),
+        }
     }
+}
+
+/// Whether `name` is one of `names` (in any case, if `any_case`).
+#[inline]
+fn is_named(names: &[String], any_case: bool, name: &[u8]) -> bool {
+    let same = |wanted: &String| match any_case {
+        true => wanted.len() == name.len() && name.eq_ignore_ascii_case(wanted.as_bytes()),
+        false => wanted.as_bytes() == name,
+    };
+    names.iter().any(same)
 }
 
 /// How a replay reads its lines: what it keeps of them, and the last second their start times
@@ -179,16 +224,34 @@ pub struct Record {
     fields: Fields,
 }
 
+const NANOS_PER_MS: u64 = NANOS_PER_SEC / 1000;
+
 /// A field of a line, by its name in the log format.
 #[derive(Debug, Clone, Copy)]
 enum Field {
     StartTime,
     /// A text field, by its index in `Fields::texts`.
     Text(usize),
-    Headers,
+    /// An object of named values.
+    Named(Named),
     Metadata,
     RouteMetadata,
     ResponseCode,
+    Duration,
+    Usage,
+    MaxOutputTokens,
+}
+
+/// The objects of a line whose members are named values (strings or `null`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Named {
+    /// `headers`: the request's, names in any case.
+    Header,
+    /// `body`: the request body's fields, names as written.
+    Body,
+    /// `response_headers`, `response_trailers`: names in any case.
+    ResponseHeader,
+    ResponseTrailer,
 }
 
 /// The text fields a record keeps, as indices of `Fields::texts`.
@@ -210,10 +273,24 @@ fn field(name: &[u8]) -> Option<Field> {
         b"remote_address" => Field::Text(REMOTE_ADDRESS),
         b"route_name" => Field::Text(ROUTE_NAME),
         b"response_code_details" => Field::Text(RESPONSE_CODE_DETAILS),
-        b"headers" => Field::Headers,
+        b"headers" => Field::Named(Named::Header),
         b"metadata" => Field::Metadata,
         b"route_metadata" => Field::RouteMetadata,
         b"response_code" => Field::ResponseCode,
+        _ => return field_at_the_end(name),
+    })
+}
+
+/// The fields of what a request holds until it ends: apart, so that the lines of
+/// configurations without any are read as fast as before they came.
+fn field_at_the_end(name: &[u8]) -> Option<Field> {
+    Some(match name {
+        b"duration" => Field::Duration,
+        b"usage" => Field::Usage,
+        b"max_output_tokens" => Field::MaxOutputTokens,
+        b"body" => Field::Named(Named::Body),
+        b"response_headers" => Field::Named(Named::ResponseHeader),
+        b"response_trailers" => Field::Named(Named::ResponseTrailer),
         _ => return None,
     })
 }
@@ -237,6 +314,27 @@ struct Fields {
     metadata: Option<Span>,
     route_metadata: Option<Span>,
     response_code: Option<u32>,
+    /// What the line says of the end of its request, when kept: boxed, so that the records of
+    /// configurations without policies that hold anything until then stay as small as before
+    /// (a record waiting for its turn is a cache miss or more).
+    ends: Option<Box<Ends>>,
+}
+
+/// What a line says of what its request held until it ended.
+#[derive(Debug, Default, Clone)]
+struct Ends {
+    duration_ms: Option<u64>,
+    usage: Option<Span>,
+    max_output_tokens: Option<Span>,
+    /// Body fields (names as written), response headers and trailers (names lower-cased).
+    named: SmallVec<[(Named, Span, Span); 2]>,
+}
+
+impl Ends {
+    fn clear(&mut self) {
+        (self.duration_ms, self.usage, self.max_output_tokens) = (None, None, None);
+        self.named.clear();
+    }
 }
 
 impl Record {
@@ -250,6 +348,41 @@ impl Record {
     /// filter off).
     pub fn route_name(&self) -> Option<&[u8]> {
         self.text(ROUTE_NAME)
+    }
+
+    /// `usage`: what the response's body said it used, when the replay keeps it (a policy reads
+    /// its usage there) and the line says it the way the filter writes it.
+    pub fn usage(&self) -> Option<BodyUsage> {
+        let usage = self.fields.ends.as_ref()?.usage.clone();
+        self.bytes(&usage).and_then(read_usage_text)
+    }
+
+    /// `duration`, in nanoseconds, when the replay keeps it: how long the request took, from its
+    /// start to its response's last byte (Envoy's `%DURATION%`, whole milliseconds).
+    pub fn duration(&self) -> Option<u64> {
+        let ms = self.fields.ends.as_ref()?.duration_ms?;
+        Some(ms.saturating_mul(NANOS_PER_MS))
+    }
+
+    /// The count of tokens a response reported in the header or trailer `name` (lower case), as
+    /// the filter reads it: the trailer's when it has one, else the header's.
+    pub fn response_count(&self, name: &str) -> Option<u64> {
+        let count = |object| self.named(object, name).and_then(count_from_header);
+        count(Named::ResponseTrailer).or_else(|| count(Named::ResponseHeader))
+    }
+
+    /// The value named `name` in the line's `object`, when kept.
+    fn named(&self, object: Named, name: &str) -> Option<&[u8]> {
+        let value = |(n, v): &(Span, Span)| {
+            let found = self.bytes(&Some(n.clone())) == Some(name.as_bytes());
+            found.then(|| self.bytes(&Some(v.clone()))).flatten()
+        };
+        if object == Named::Header {
+            return self.fields.headers.iter().find_map(value);
+        }
+        let ends = self.fields.ends.as_ref()?;
+        let mut named = ends.named.iter().filter(|(o, ..)| *o == object);
+        named.find_map(|(_, n, v)| value(&(n.clone(), v.clone())))
     }
 
     fn bytes(&self, span: &Option<Span>) -> Option<&[u8]> {
@@ -289,6 +422,9 @@ impl Fields {
         self.headers.clear();
         self.texts = Default::default();
         (self.metadata, self.route_metadata, self.response_code) = (None, None, None);
+        if let Some(ends) = &mut self.ends {
+            ends.clear();
+        }
     }
 
     /// Reads the JSON object `line`, keeping the `wanted` values; returns the text of its
@@ -312,7 +448,7 @@ impl Fields {
                 }
                 Ok(())
             }
-            Some(Field::Headers) => self.headers(line, s, wanted),
+            Some(Field::Named(object)) => self.named(line, s, wanted, object),
             Some(Field::Metadata) => {
                 self.metadata = self.keep_json(line, s.raw_value()?, wanted.metadata)?;
                 Ok(())
@@ -327,36 +463,73 @@ impl Fields {
                 self.response_code = code.filter(|&c| c > 0);
                 Ok(())
             }
+            Some(Field::Duration) => {
+                let ms = s.code()?;
+                if wanted.duration {
+                    self.ends().duration_ms = ms;
+                }
+                Ok(())
+            }
+            Some(Field::Usage) => {
+                if let Some(kept) = self.string(line, s, wanted.usage)? {
+                    self.ends().usage = Some(kept);
+                }
+                Ok(())
+            }
+            Some(Field::MaxOutputTokens) => {
+                if let Some(kept) = self.string(line, s, wanted.max_output_tokens)? {
+                    self.ends().max_output_tokens = Some(kept);
+                }
+                Ok(())
+            }
             None => s.skip(),
         })?;
         scanner.end()?;
         Ok(start)
     }
 
-    /// The `headers` object: the wanted ones kept, names lower-cased, `null` values left out.
-    fn headers(&mut self, line: &[u8], s: &mut Scanner, wanted: &Wanted) -> Scan<()> {
+    /// An object of named values (`headers`...): the wanted ones kept, header names
+    /// lower-cased, `null` values left out.
+    fn named(&mut self, line: &[u8], s: &mut Scanner, wanted: &Wanted, object: Named) -> Scan<()> {
         if s.null()? {
             return Ok(());
         }
         let mut name_scratch = Vec::new();
+        let (names, any_case) = wanted.names(object);
         s.object(&mut name_scratch, |s, name| {
             let Some(value) = s.string_or_null()? else {
                 return Ok(());
             };
-            if !wanted.header(name.text) {
+            if !is_named(names, any_case, name.text) {
                 return self.keep(line, value, false).map(drop);
             }
-            let name = if name.text.iter().any(u8::is_ascii_uppercase) {
+            let name = if any_case && name.text.iter().any(u8::is_ascii_uppercase) {
                 let lower = name.text.iter().map(u8::to_ascii_lowercase);
                 self.keep_bytes(|values| values.extend(lower))?
             } else {
                 self.keep_bytes(|values| values.extend_from_slice(name.text))?
             };
             if let Some(value) = self.keep(line, value, true)? {
-                self.headers.push((name, value));
+                match object {
+                    Named::Header => self.headers.push((name, value)),
+                    _ => self.ends().named.push((object, name, value)),
+                }
             }
             Ok(())
         })
+    }
+
+    /// Where what the line says of its request's end goes.
+    fn ends(&mut self) -> &mut Ends {
+        self.ends.get_or_insert_with(Box::default)
+    }
+
+    /// A string value (or `null`), kept if `wanted`.
+    fn string(&mut self, line: &[u8], s: &mut Scanner, wanted: bool) -> Scan<Option<Span>> {
+        match s.string_or_null()? {
+            Some(text) => self.keep(line, text, wanted),
+            None => Ok(None),
+        }
     }
 
     /// Keeps a string value's text, escapes undone, if `wanted`; either way, a bad escape is an
@@ -469,10 +642,19 @@ impl RequestSource for Record {
             ":method" => self.text(METHOD),
             ":path" => self.text(PATH),
             ":authority" => self.text(AUTHORITY),
-            _ => self.fields.headers.iter().find_map(|(n, v)| {
-                let found = self.bytes(&Some(n.clone())) == Some(name.as_bytes());
-                found.then(|| self.bytes(&Some(v.clone()))).flatten()
-            }),
+            _ => self.named(Named::Header, name),
+        };
+        value.map(<[u8]>::to_vec)
+    }
+
+    /// What the filter read of the request's body, as its access log recorded it.
+    fn body_field(&self, field: &BodyField) -> Option<Vec<u8>> {
+        let value = match field {
+            BodyField::String(name) => self.named(Named::Body, name),
+            BodyField::MaxOutputTokens => {
+                let ends = self.fields.ends.as_ref()?;
+                self.bytes(&ends.max_output_tokens)
+            }
         };
         value.map(<[u8]>::to_vec)
     }
@@ -570,6 +752,64 @@ mod tests {
         let list = envoy_list(&["a", "b"]);
         let expected = envoy_map(&[(b"disabled", &[1]), (b"policies", &list)]);
         assert_eq!(sluice, Some(expected));
+    }
+
+    #[test]
+    fn what_a_request_holds_until_it_ends_is_read_as_the_filter_wrote_it() {
+        let config = r#"{"policies": [{"name": "llm", "key": ["body:model", "body:Team"],
+            "requests": 1000, "per": "1h", "cost": {"from_response": {"usage": "total_tokens"},
+            "reserve": {"request": "max_tokens", "default": 5}}},
+            {"name": "h", "key": ["body:model"], "requests": 1000, "per": "1h",
+            "cost": {"from_response": {"header": "x-usage"}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
+        let line = r#"{"start_time":"2026-11-30T17:44:57Z","duration":1234,"usage":"input=3 total=9","body":{"model":"gpt-4o","team":"lower","Team":"a"},"max_output_tokens":"300","response_headers":{"X-Usage":"17"},"response_trailers":{"x-usage":null}}"#;
+        let r = parsed(line, wanted).unwrap();
+        assert_eq!(r.duration(), Some(1_234_000_000));
+        let counts = sluice::usage::Counts {
+            input: Some(3),
+            output: None,
+            total: Some(9),
+        };
+        assert_eq!(r.usage(), Some(Ok(counts)));
+        let model = r.body_field(&BodyField::String("model".into()));
+        assert_eq!(text(model).as_deref(), Some("gpt-4o"));
+        let team = r.body_field(&BodyField::String("Team".into()));
+        assert_eq!(
+            text(team).as_deref(),
+            Some("a"),
+            "body fields are named as written"
+        );
+        let asked = r.body_field(&BodyField::MaxOutputTokens);
+        assert_eq!(text(asked).as_deref(), Some("300"));
+        assert_eq!(r.response_count("x-usage"), Some(17));
+        let r = record(
+            r#"{"start_time":"2026-11-30T17:44:57Z","duration":"7","usage":"unknown=reset"}"#,
+        );
+        let r = r.unwrap();
+        assert_eq!(r.duration(), None, "not kept either");
+        assert_eq!(r.usage(), None, "not kept: no policy here reads it");
+    }
+
+    #[test]
+    fn a_trailers_count_wins_over_the_headers_as_in_the_filter() {
+        let config = r#"{"policies": [{"name": "h", "key": ["global"], "requests": 9, "per": "1h",
+            "cost": {"from_response": {"header": "x-usage"}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
+        let line = |header: &str, trailer: &str| {
+            format!(
+                r#"{{"start_time":"2026-11-30T17:44:57Z","response_headers":{{"x-usage":{header}}},"response_trailers":{{"x-usage":{trailer}}}}}"#
+            )
+        };
+        let count = |header, trailer| {
+            parsed(&line(header, trailer), wanted.clone())
+                .unwrap()
+                .response_count("x-usage")
+        };
+        assert_eq!(count(r#""5""#, r#""8""#), Some(8));
+        assert_eq!(count(r#""5""#, r#""many""#), Some(5));
+        assert_eq!(count("null", "null"), None);
     }
 
     #[test]

@@ -1,11 +1,15 @@
 //! The Envoy access log that writes what `log` reads (`--print-log-format`): a file access log
 //! whose `json_format` has the fixed fields and, for the configuration at hand, every request
 //! header and dynamic-metadata namespace its key parts, tiers and matches read, and the route's
-//! `sluice` metadata when it reads that (`route_metadata`).
+//! `sluice` metadata when it reads that (`route_metadata`). For policies that hold something of
+//! a request until it ends (a concurrency limit's slot, a token budget's reservation), the
+//! request's `%DURATION%`; for token budgets, what the filter read: the request body's fields
+//! (filter state `wasm.sluice.body.<FIELD>`, `wasm.sluice.max_output_tokens`), the usage the
+//! response's body reported (`wasm.sluice.usage`) or the header and trailer that carry it.
 
 use serde_yaml::{Mapping, Value};
-use sluice::config::Plan;
-use sluice::request::Attr;
+use sluice::config::{Plan, UsageSource};
+use sluice::request::{Attr, BodyField};
 
 /// Where the printed access log writes: any path will do.
 pub const DEFAULT_PATH: &str = "/var/log/envoy/sluice-access.json";
@@ -52,7 +56,62 @@ pub fn json_format(plan: &Plan) -> Mapping {
         let sluice = mapping([("sluice", "%METADATA(ROUTE:sluice)%".into())]);
         format.insert("route_metadata".into(), sluice);
     }
+    request_body(plan, &mut format);
+    until_the_end(plan, &mut format);
     format
+}
+
+/// What the filter read of the request body (`body:FIELD` key parts, a reservation from
+/// `max_tokens`), from the filter state it publishes it in.
+fn request_body(plan: &Plan, format: &mut Mapping) {
+    let mut body = Mapping::new();
+    for attr in &plan.attrs {
+        let Attr::Body(field) = attr else {
+            continue;
+        };
+        let operator = filter_state(&field.state_name());
+        match field {
+            BodyField::String(name) => body.insert(name.as_str().into(), operator.into()),
+            BodyField::MaxOutputTokens => {
+                format.insert("max_output_tokens".into(), operator.into())
+            }
+        };
+    }
+    if !body.is_empty() {
+        format.insert("body".into(), Value::Mapping(body));
+    }
+}
+
+/// When each request ended, for the policies that hold something of it until then, and what
+/// its response used, for token budgets: the body's usage as the filter read it, or the header
+/// and trailer a policy reads it from.
+fn until_the_end(plan: &Plan, format: &mut Mapping) {
+    let held = |p: &&sluice::config::Policy| p.holds_slots() || p.metered.is_some();
+    if plan.policies.iter().any(|p| held(&p)) {
+        format.insert("duration".into(), "%DURATION%".into());
+    }
+    let (mut headers, mut trailers) = (Mapping::new(), Mapping::new());
+    for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
+        match &metered.source {
+            UsageSource::Body(_) => {
+                format.insert("usage".into(), filter_state("sluice.usage").into());
+            }
+            UsageSource::Header(name) => {
+                let upper = name.to_ascii_uppercase();
+                headers.insert(name.as_str().into(), format!("%RESP({upper})%").into());
+                trailers.insert(name.as_str().into(), format!("%TRAILER({upper})%").into());
+            }
+        }
+    }
+    if !headers.is_empty() {
+        format.insert("response_headers".into(), Value::Mapping(headers));
+        format.insert("response_trailers".into(), Value::Mapping(trailers));
+    }
+}
+
+/// The operator that prints the filter state the filter set as `name` (Envoy adds `wasm.`).
+fn filter_state(name: &str) -> String {
+    format!("%FILTER_STATE(wasm.{name}:PLAIN)%")
 }
 
 /// The connection manager's `access_log` list with one file logger writing to `path`.
@@ -106,7 +165,55 @@ mod tests {
         let printed = print(&plan);
         let parsed: Value = serde_yaml::from_str(&printed).unwrap();
         let logged = &parsed["access_log"][0]["typed_config"];
-        assert_eq!(logged["log_format"]["json_format"], Value::Mapping(format));
+        assert_eq!(
+            logged["log_format"]["json_format"],
+            Value::Mapping(format.clone())
+        );
         assert_eq!(logged["path"], DEFAULT_PATH);
+        for later in ["duration", "usage", "body", "response_headers"] {
+            assert!(
+                format.get(later).is_none(),
+                "{later}: nothing held until the end"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_budget_asks_for_the_duration_the_body_fields_and_usage_the_filter_read() {
+        let config = r#"{"policies": [{"name": "llm", "key": ["header:x-team", "body:model"],
+            "requests": 100000, "per": "1d", "cost": {"from_response": {"usage": "total_tokens"},
+            "reserve": {"request": "max_tokens", "default": 100}}},
+            {"name": "by-header", "key": ["header:x-team"], "requests": 1000, "per": "1m",
+            "cost": {"from_response": {"header": "X-Usage-Total-Tokens"}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let format = json_format(&plan);
+        assert_eq!(format["duration"], "%DURATION%");
+        assert_eq!(format["usage"], "%FILTER_STATE(wasm.sluice.usage:PLAIN)%");
+        assert_eq!(
+            format["body"]["model"],
+            "%FILTER_STATE(wasm.sluice.body.model:PLAIN)%"
+        );
+        assert_eq!(
+            format["max_output_tokens"],
+            "%FILTER_STATE(wasm.sluice.max_output_tokens:PLAIN)%"
+        );
+        assert_eq!(
+            format["response_headers"]["x-usage-total-tokens"],
+            "%RESP(X-USAGE-TOTAL-TOKENS)%"
+        );
+        assert_eq!(
+            format["response_trailers"]["x-usage-total-tokens"],
+            "%TRAILER(X-USAGE-TOTAL-TOKENS)%"
+        );
+    }
+
+    #[test]
+    fn a_concurrency_limit_asks_for_the_duration_only() {
+        let config = r#"{"policies": [{"name": "streams", "key": ["header:x-team"],
+            "algorithm": "concurrency", "requests": 4}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let format = json_format(&plan);
+        assert_eq!(format["duration"], "%DURATION%");
+        assert!(format.get("usage").is_none());
     }
 }

@@ -1,13 +1,16 @@
 //! What a replay found, per policy and per tier: requests matched, allowed, denied, shadow-denied
 //! and bypassed, counted from the limiter's outcome exactly as the filter's counters count them
 //! (`Outcome::by_policy`); for a policy with a rollout, the same for the keys it enforces
-//! for and the rest; the busiest second; the keys denied most; requests and denials over time. Memory does not grow with the log: counters, one `TopKeys` and one
-//! `Timeline` per policy and tier.
+//! for and the rest; the busiest second; the keys denied most; requests and denials over time;
+//! for a token budget, what its settlements charged and refunded (`engine::TokenTally`); for a
+//! concurrency limit, the most requests of a key it held in flight at once. Memory does not grow
+//! with the log: counters, one `TopKeys` and one `Timeline` per policy and tier.
 
-use crate::engine::Decided;
+use crate::engine::{Decided, Engine, TokenTally};
 use crate::log::Record;
 use crate::timeline::{Counts, Timeline};
 use crate::top::TopKeys;
+use sluice::algorithm::Algorithm;
 use sluice::config::{Plan, Policy};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::key::MISSING_KEY;
@@ -37,8 +40,14 @@ pub struct Report {
     /// Requests replayed, and those denied (a 429 from sluice).
     pub requests: u64,
     pub denied: u64,
+    /// Requests admitted with something to give back at their end (a slot, a reservation)
+    /// whose line has no `duration`: they ended when they started. `None` when no policy holds
+    /// anything until a request's end.
+    pub no_duration: Option<u64>,
     /// Whether top keys carry their values (`--show-keys`), not only their hashes.
     pub show_keys: bool,
+    /// Whether some policy is a concurrency limit (its requests in flight are counted).
+    in_flight: bool,
 }
 
 /// One policy's findings, overall and per tier.
@@ -51,6 +60,19 @@ pub struct PolicyReport {
     /// For a policy with a rollout.
     pub rollout: Option<RolloutReport>,
     pub timeline: Option<Timeline>,
+    /// For a token budget: its settlements (`Report::settled`).
+    pub tokens: Option<TokenTally>,
+    /// For a concurrency limit: its requests in flight.
+    pub slots: Option<SlotStats>,
+}
+
+/// A concurrency policy's requests in flight: the most of one key at once, over all keys and
+/// for the keys where it was highest.
+#[derive(Debug, Default)]
+pub struct SlotStats {
+    pub peak: u64,
+    /// Keys by their peak (`TopKeys::raise`).
+    pub top: TopKeys<KeyValue>,
 }
 
 #[derive(Debug, Default)]
@@ -180,6 +202,7 @@ impl Busiest {
 impl Report {
     pub fn new(plan: &Plan, show_keys: bool) -> Report {
         let policies = plan.policies.iter().map(policy_report).collect();
+        let holds = |p: &Policy| p.holds_slots() || p.metered.is_some();
         Report {
             policies,
             lines: 0,
@@ -189,7 +212,21 @@ impl Report {
             filter_off: 0,
             requests: 0,
             denied: 0,
+            no_duration: plan.policies.iter().any(holds).then_some(0),
             show_keys,
+            in_flight: plan.policies.iter().any(Policy::holds_slots),
+        }
+    }
+
+    /// Takes what `engine` (the configuration's) settled, once its requests in flight ended.
+    pub fn settled(&mut self, engine: &Engine) {
+        for (report, tally) in self.policies.iter_mut().zip(&engine.tokens) {
+            if report.tokens.is_some() {
+                report.tokens = Some(*tally);
+            }
+        }
+        if self.no_duration.is_some() {
+            self.no_duration = Some(engine.no_duration);
         }
     }
 
@@ -207,6 +244,42 @@ impl Report {
         self.denied += u64::from(decided.outcome.is_denied());
         let tiers = self.add_matched(plan, record, decided);
         self.add_counts(plan, record, decided, &tiers);
+    }
+
+    /// Whether some policy is a concurrency limit, whose requests in flight `add_in_flight`
+    /// counts.
+    pub fn counts_in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// The requests of its key each concurrency policy that admitted the request holds in
+    /// flight, this one included.
+    pub fn add_in_flight(&mut self, plan: &Plan, record: &Record, decided: &Decided) {
+        if decided.outcome.is_denied() {
+            return;
+        }
+        let show_keys = self.show_keys;
+        for a in decided
+            .outcome
+            .applied
+            .iter()
+            .filter(|a| a.decision.allowed)
+        {
+            let Algorithm::Concurrency(slots) = a.tier.algorithm else {
+                continue;
+            };
+            let stats = self
+                .policies
+                .get_mut(a.policy)
+                .and_then(|p| p.slots.as_mut());
+            let (Some(stats), Some(key)) = (stats, a.key) else {
+                continue;
+            };
+            let in_flight = slots.limit.saturating_sub(a.decision.remaining);
+            stats.peak = stats.peak.max(in_flight);
+            let value = || show_keys.then(|| key_value(plan, a.policy, key, record));
+            stats.top.raise(key, in_flight, value);
+        }
     }
 
     /// Counts the request for each policy it matched (applied, or a bypass exempted it from):
@@ -337,6 +410,8 @@ fn policy_report(policy: &Policy) -> PolicyReport {
         tiers,
         rollout,
         timeline: None,
+        tokens: policy.metered.is_some().then(TokenTally::default),
+        slots: policy.holds_slots().then(SlotStats::default),
     }
 }
 

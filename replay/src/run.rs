@@ -80,7 +80,20 @@ impl Pass {
         if !self.routes_off.is_empty() {
             attrs.push(Attr::Route);
         }
-        Wanted::new(&attrs, check)
+        let wanted = Wanted::new(&attrs, check).settling(&self.engine.plan);
+        match &self.other {
+            Some(other) => wanted.settling(&other.plan),
+            None => wanted,
+        }
+    }
+
+    /// At the end of the log: the requests still in flight end, and their settlements count.
+    fn finish(&mut self) {
+        self.engine.finish();
+        if let Some(other) = &mut self.other {
+            other.finish();
+        }
+        self.replay.report.settled(&self.engine);
     }
 
     /// Whether the filter ran for the request: not on a route that switches it off.
@@ -109,6 +122,9 @@ impl Pass {
     fn count(&mut self, record: &Record, decided: &Decided, after: Option<Decided>) {
         let plan = &self.engine.plan;
         self.replay.report.add(plan, record, decided);
+        if self.replay.report.counts_in_flight() {
+            self.replay.report.add_in_flight(plan, record, decided);
+        }
         if let Some(check) = &mut self.replay.check {
             check.add(plan, record, decided);
         }
@@ -216,6 +232,7 @@ pub fn run(options: &Options, input: impl BufRead) -> Result<Replay, RunError> {
     while let Some(record) = order.release() {
         pass.decide(&record);
     }
+    pass.finish();
     pass.replay.report.late = order.late;
     Ok(pass.replay)
 }

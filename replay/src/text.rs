@@ -1,13 +1,16 @@
 //! `--format text` (the default): the replay as an operator reads it, a table of policies (and
-//! their tiers), the groups of each rollout, each policy's most denied keys, then what `--check`
-//! and `--compare` found.
+//! their tiers), the groups of each rollout, what each token budget charged and each concurrency
+//! limit held in flight, each policy's most denied keys, then what `--check` and `--compare`
+//! found.
 
 use crate::check::Check;
 use crate::compare::Comparison;
+use crate::engine::TokenTally;
 use crate::json::TOP_KEYS;
-use crate::report::{Report, RolloutReport, Stats};
+use crate::report::{Report, RolloutReport, SlotStats, Stats};
 use crate::run::Replay;
 use sluice::duration::NANOS_PER_SEC;
+use sluice::metrics::UsageUnknown;
 use sluice::time::format_rfc3339;
 use std::fmt::Write;
 
@@ -44,6 +47,12 @@ fn report(out: &mut String, r: &Report) {
             r.skipped - r.skipped_lines.len() as u64
         );
     }
+    if let Some(n) = r.no_duration.filter(|&n| n > 0) {
+        let _ = writeln!(
+            out,
+            "  {n} requests holding a slot or reservation have no duration: they ended as they started"
+        );
+    }
     let _ = writeln!(
         out,
         "\n{:<28} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}  busiest second",
@@ -61,7 +70,46 @@ fn report(out: &mut String, r: &Report) {
         }
     }
     for policy in &r.policies {
+        if let Some(tokens) = &policy.tokens {
+            tokens_lines(out, &policy.name, tokens);
+        }
+        if let Some(slots) = &policy.slots {
+            in_flight(out, &policy.name, slots);
+        }
+    }
+    for policy in &r.policies {
         top_keys(out, &policy.name, &policy.all);
+    }
+}
+
+fn tokens_lines(out: &mut String, name: &str, t: &TokenTally) {
+    let _ = writeln!(
+        out,
+        "\n{name}: {} responses settled: {} tokens reserved, {} charged, {} refunded; {} owed past \
+         the limit, {} forgiven; refused for debt: {}",
+        t.settled, t.reserved, t.charged, t.refunded, t.owed, t.forgiven, t.refused_in_debt
+    );
+    if t.unknown.iter().any(|&n| n > 0) || t.not_logged > 0 {
+        let why = UsageUnknown::ALL.iter().zip(t.unknown);
+        let why: Vec<String> = why.map(|(w, n)| format!("{n} {}", w.as_str())).collect();
+        let _ = writeln!(
+            out,
+            "  usage unknown (charged as on_unknown says): {}; {} not in the log",
+            why.join(", "),
+            t.not_logged
+        );
+    }
+}
+
+fn in_flight(out: &mut String, name: &str, slots: &SlotStats) {
+    let _ = writeln!(
+        out,
+        "\n{name}: at most {} requests of a key in flight at once",
+        slots.peak
+    );
+    for counted in slots.top.top(TOP_KEYS) {
+        let value = counted.value.map(|v| format!("  {v}")).unwrap_or_default();
+        let _ = writeln!(out, "  {:016x} {:>10}{value}", counted.key, counted.count);
     }
 }
 

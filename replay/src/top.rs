@@ -53,6 +53,27 @@ impl<V: Clone> TopKeys<V> {
         self.counted.insert(key, counted);
     }
 
+    /// Raises `key`'s count to `count` if that is more: a peak (requests in flight at once)
+    /// rather than a sum. A key forgotten by a pruning and seen again starts from what it shows
+    /// then, so a kept peak may be below the key's true one (never above); a `TopKeys` is used
+    /// either this way or with `add`, not both.
+    pub fn raise(&mut self, key: u64, count: u64, value: impl FnOnce() -> Option<V>) {
+        if let Some(counted) = self.counted.get_mut(&key) {
+            counted.count = counted.count.max(count);
+            return;
+        }
+        if self.counted.len() >= 2 * TRACKED {
+            self.prune();
+        }
+        let counted = Counted {
+            key,
+            count,
+            error: 0,
+            value: value(),
+        };
+        self.counted.insert(key, counted);
+    }
+
     fn prune(&mut self) {
         let mut all: Vec<Counted<V>> = self.counted.drain().map(|(_, c)| c).collect();
         all.sort_unstable_by_key(|c| std::cmp::Reverse(c.count));
@@ -88,6 +109,16 @@ mod tests {
             .collect();
         assert_eq!(counts, [(2, 5, 0), (1, 3, 0)]);
         assert_eq!(top.top(1)[0].value.as_deref(), Some("k2"));
+    }
+
+    #[test]
+    fn a_raised_count_is_the_peak_seen() {
+        let mut top = TopKeys::<String>::default();
+        for (key, peak) in [(1, 2), (2, 1), (1, 5), (1, 3), (2, 4)] {
+            top.raise(key, peak, || None);
+        }
+        let peaks: Vec<_> = top.top(2).iter().map(|c| (c.key, c.count)).collect();
+        assert_eq!(peaks, [(1, 5), (2, 4)]);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! its usage, rewriting the body (`ask_stream_usage`).
 
 use super::{Filter, Host, Verdict};
+use crate::access_log;
 use crate::config::Policy;
 use crate::request::{Attributes, Snapshot};
 use crate::tab::{Entry, Tab};
@@ -28,9 +29,15 @@ impl Filter {
     }
 
     /// Decides a request from its `snapshot` and the start of its body (at most `BODY_BYTES`).
+    /// What the policies read of the body is published for the access log first
+    /// (`access_log::body_states`), refused or not.
     pub fn on_request_body(&self, host: &impl Host, snapshot: Snapshot, body: &[u8]) -> Verdict {
         let attrs = &self.plan.attrs;
-        self.decide(host, Attributes::of_snapshot(host, attrs, snapshot, body))
+        let mut request = Attributes::of_snapshot(host, attrs, snapshot, body);
+        for (name, value) in access_log::body_states(&mut request) {
+            host.publish(&name, &value);
+        }
+        self.decide(host, request)
     }
 
     /// The body to send upstream instead of `body` (the whole of it), when a policy that admitted

@@ -5,7 +5,7 @@
 
 use super::{Basis, Limiter, MAX_ATTEMPTS};
 use crate::algorithm::{concurrency, Algorithm};
-use crate::config::GLOBAL_COLUMNS;
+use crate::config::{Tier, GLOBAL_COLUMNS};
 use crate::store::{Store, StoreError};
 use crate::tab::{Entry, Held, Op};
 use crate::table;
@@ -95,6 +95,26 @@ impl<S: Store> Limiter<'_, S> {
     }
 }
 
+impl<S: Store> Limiter<'_, S> {
+    /// Whether the key `hash` owes `policy` tokens at `now`, under `tier`: responses were charged
+    /// past its limit (`Settled::Done::past_limit`) and refill has not made up for it yet. A
+    /// refusal then is for that debt, not for the reservations in flight.
+    pub fn owes(&self, policy: usize, hash: u64, tier: &Tier, now: u64) -> bool {
+        let Some(policy) = self.plan.policies.get(policy) else {
+            return false;
+        };
+        let Some(slot) = self.find(policy.table, hash, now) else {
+            return false;
+        };
+        let start = policy.words.start;
+        let Some(words) = slot.state.get(start..start + tier.algorithm.columns()) else {
+            return false;
+        };
+        let mut probe: crate::table::Words = words.iter().copied().collect();
+        !tier.algorithm.admit(&mut probe, slot.time(now), 0).allowed
+    }
+}
+
 /// Whole tokens left in a state at `now`: 0 for one that owes.
 fn left(algorithm: &Algorithm, state: &[u64], now: u64) -> u64 {
     let mut probe: crate::table::Words = state.iter().copied().collect();
@@ -141,5 +161,48 @@ fn apply(
             (Some(algorithm.refund(state, now, tokens, at)), held)
         }
         _ => (None, held),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::ledger::Ledger;
+    use crate::tab::Held;
+    use serde_json::json;
+
+    #[test]
+    fn a_key_owes_once_a_charge_takes_it_past_its_limit_until_refill_pays_it_back() {
+        let cost = json!({"from_response": {"usage": "total_tokens"}});
+        let plan = plan_of(json!([per_user(
+            "llm",
+            10,
+            json!({"per": "10s", "cost": cost})
+        )]));
+        let store = store(&plan);
+        let outcome = decide(&plan, &store, ALICE, T0);
+        let mut entry = outcome.tab.unwrap().entries[0];
+        assert!(matches!(entry.held, Held::Reserved { tokens: 0, .. }));
+        let (hash, tier) = (entry.hash, entry.tier);
+        let mut ledger = Ledger::default();
+        let mut limiter = Limiter {
+            plan: &plan,
+            keying: &keying(),
+            prefix: PREFIX,
+            store: &store,
+            ledger: &mut ledger,
+        };
+        assert!(!limiter.owes(0, hash, &tier, T0), "nothing spent");
+        limiter.settle(&mut entry, Op::Charge(10), T0);
+        assert!(!limiter.owes(0, hash, &tier, T0), "empty is not owing");
+        let settled = limiter.settle(&mut entry, Op::Charge(3), T0);
+        assert!(matches!(settled, Settled::Done { past_limit: 3, .. }));
+        assert!(limiter.owes(0, hash, &tier, T0));
+        assert!(limiter.owes(0, hash, &tier, T0 + 2 * SEC));
+        assert!(
+            !limiter.owes(0, hash, &tier, T0 + 3 * SEC),
+            "three tokens refilled"
+        );
     }
 }

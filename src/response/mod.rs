@@ -13,6 +13,8 @@ mod slots;
 mod tests;
 mod tokens;
 
+pub use tokens::{charge_of, cost, read_usage_text, settle_op, usage_text, BodyUsage};
+
 use crate::filter::{Filter, Host};
 use crate::protocol::SettleOp;
 use crate::tab::{Ending, Entry, Tab};

@@ -2,6 +2,7 @@ use super::*;
 use crate::duration::NANOS_PER_SEC as SEC;
 use crate::filter::{Admitted, Verdict};
 use crate::metrics::{requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd};
+use crate::tab::Op;
 use crate::testing::{FakeHost, FakeRequest};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -303,6 +304,15 @@ fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
         tab.entries[0].held,
         crate::tab::Held::Reserved { tokens: 400, .. }
     ));
+    let published = host.published.borrow().clone();
+    assert_eq!(
+        (
+            &published["sluice.body.model"],
+            &published["sluice.max_output_tokens"]
+        ),
+        (&"gpt-x".to_string(), &"400".to_string()),
+        "for the access log"
+    );
     assert_eq!(
         filter.stream_usage_body(Some(&tab), body),
         None,
@@ -433,4 +443,114 @@ proptest::proptest! {
             }
         }
     }
+}
+
+#[test]
+fn the_usage_a_body_reported_is_published_as_counts_and_read_back_alike() {
+    let (filter, host) = setup(json!([budget(json!({}))]));
+    respond(&filter, &host, OPENAI_JSON, &usage_json(300)).unwrap();
+    let published = host.published.borrow()["sluice.usage"].clone();
+    assert_eq!(published, "input=1 output=299 total=300");
+    let counts = crate::usage::Counts {
+        input: Some(1),
+        output: Some(299),
+        total: Some(300),
+    };
+    assert_eq!(read_usage_text(published.as_bytes()), Some(Ok(counts)));
+    let mut cut = start(&filter, &host, ALICE).unwrap();
+    cut.on_headers(&filter, &host);
+    cut.end(&filter, &host, Ending::Reset);
+    assert_eq!(host.published.borrow()["sluice.usage"], "unknown=reset");
+}
+
+#[test]
+fn usage_text_reads_back_as_written_and_nothing_else_reads() {
+    use crate::metrics::UsageUnknown;
+    use crate::usage::Counts;
+    let some = |input, output, total| Counts {
+        input,
+        output,
+        total,
+    };
+    let written = [
+        Ok(some(Some(10), Some(20), Some(30))),
+        Ok(some(None, None, Some(7))),
+        Ok(some(Some(0), None, None)),
+        Ok(some(None, Some(crate::usage::MAX_TOKENS), None)),
+        Err(UsageUnknown::Missing),
+        Err(UsageUnknown::Invalid),
+        Err(UsageUnknown::Reset),
+    ];
+    for usage in written {
+        assert_eq!(read_usage_text(usage_text(&usage).as_bytes()), Some(usage));
+    }
+    for other in [
+        "",
+        "-",
+        "unknown=",
+        "unknown=later",
+        "input=",
+        "input=-1",
+        "input=1 input=2",
+        "tokens=5",
+        "input=1  output=2",
+        "input=1.5",
+    ] {
+        assert_eq!(read_usage_text(other.as_bytes()), None, "{other:?}");
+    }
+}
+
+#[test]
+fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservation() {
+    use crate::config::{Metered, OnUnknown, Reserve, UsageSource};
+    use crate::metrics::UsageUnknown;
+    let meter = crate::usage::Meter::Weighted {
+        input: 1,
+        output: 4,
+    };
+    let metered = |on_unknown| Metered {
+        source: UsageSource::Body(meter),
+        reserve: Reserve::Tokens(100),
+        max_debt: None,
+        on_unknown,
+        ask_stream_usage: false,
+    };
+    let counts = crate::usage::Counts {
+        input: Some(10),
+        output: Some(20),
+        total: None,
+    };
+    let source = &metered(OnUnknown::Reserve).source;
+    let no_header = |_: &str| None;
+    assert_eq!(
+        cost(source, Ok(counts), no_header, Ending::Completed),
+        Ok(90)
+    );
+    let missing = Err(UsageUnknown::Missing);
+    assert_eq!(
+        cost(source, missing, no_header, Ending::Reset),
+        Err(UsageUnknown::Reset)
+    );
+    let header = UsageSource::Header("x-usage".into());
+    let found = |name: &str| (name == "x-usage").then_some(42);
+    assert_eq!(cost(&header, missing, found, Ending::Reset), Ok(42));
+    let unknown = Err(UsageUnknown::Invalid);
+    assert_eq!(charge_of(&metered(OnUnknown::Reserve), 100, unknown), 100);
+    assert_eq!(charge_of(&metered(OnUnknown::Tokens(7)), 100, unknown), 7);
+    assert_eq!(charge_of(&metered(OnUnknown::Tokens(7)), 100, Ok(90)), 90);
+    assert_eq!(settle_op(100, 90), Some(Op::Refund(10)));
+    assert_eq!(settle_op(100, 130), Some(Op::Charge(30)));
+    assert_eq!(settle_op(100, 100), None);
+}
+
+#[test]
+fn a_key_that_reserves_nothing_is_charged_its_usage_all_the_same() {
+    // A reservation of 0 writes no record for a new key: its first charge makes one.
+    let (filter, host) = setup(json!([budget(json!({"reserve": 0}))]));
+    respond(&filter, &host, OPENAI_JSON, &usage_json(600)).unwrap();
+    respond(&filter, &host, OPENAI_JSON, &usage_json(600)).unwrap();
+    assert!(
+        start(&filter, &host, ALICE).is_none(),
+        "1,200 of 1,000 used"
+    );
 }

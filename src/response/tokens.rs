@@ -4,6 +4,11 @@
 //! reserved is charged (past the limit, into a bounded debt) or given back; a usage that never
 //! came (the stream cut, the upstream failed, a body without usage or with nonsense in it) is
 //! charged as the policy's `on_unknown` says.
+//!
+//! What the body said is published for the access log (`usage_text`, `sluice.usage`), as
+//! counts rather than a charge: `sluice-replay` prices them by the meter and `on_unknown` of the
+//! configuration it replays (`cost`, `charge_of`, `settle_op`: the same code as here), which
+//! need not be the one that wrote the log.
 
 use super::report;
 use crate::config::{Metered, OnUnknown, UsageSource};
@@ -13,7 +18,7 @@ use crate::limiter::Settled;
 use crate::metrics::UsageUnknown;
 use crate::protocol::SettleOp;
 use crate::tab::{Ending, Entry, Held, Op, Tab};
-use crate::usage::{count_from_header, Format, Reading, Scanner};
+use crate::usage::{count_from_header, Counts, Format, Reading, Scanner};
 use smallvec::SmallVec;
 
 /// What the response says it used, as far as it has come.
@@ -69,27 +74,112 @@ impl Usage {
         }
     }
 
-    /// What the response cost `metered`, or why that is not known.
-    fn cost(&self, metered: &Metered, ending: Ending) -> Result<u64, UsageUnknown> {
-        let reading = match &metered.source {
-            UsageSource::Header(name) => {
-                let found = self.headers.iter().find(|(known, _)| known == name);
-                return found.map(|&(_, count)| count).ok_or(match ending {
-                    Ending::Completed => UsageUnknown::Missing,
-                    Ending::Reset => UsageUnknown::Reset,
-                });
-            }
-            UsageSource::Body(meter) => match self.body.map(|scanner| scanner.reading()) {
-                Some(Reading::Found(counts)) => meter.cost(&counts).ok_or(UsageUnknown::Missing),
-                Some(Reading::Invalid(_)) => Err(UsageUnknown::Invalid),
-                Some(Reading::Missing) | None => Err(UsageUnknown::Missing),
-            },
+    /// What the body said it used, once the request ended as `ending` says.
+    fn body_usage(&self, ending: Ending) -> BodyUsage {
+        let unknown = match self.body.map(|scanner| scanner.reading()) {
+            Some(Reading::Found(counts)) => return Ok(counts),
+            Some(Reading::Invalid(_)) => UsageUnknown::Invalid,
+            Some(Reading::Missing) | None => UsageUnknown::Missing,
         };
-        match (reading, ending) {
-            (Err(_), Ending::Reset) => Err(UsageUnknown::Reset),
-            (reading, _) => reading,
+        Err(match ending {
+            Ending::Completed => unknown,
+            Ending::Reset => UsageUnknown::Reset,
+        })
+    }
+
+    /// The count read from the header (or trailer) `name`.
+    fn header_count(&self, name: &str) -> Option<u64> {
+        let found = self.headers.iter().find(|(known, _)| known == name);
+        found.map(|&(_, count)| count)
+    }
+}
+
+/// What a response's body said it used: its counts (the total derived when it can be), or why
+/// none came.
+pub type BodyUsage = Result<Counts, UsageUnknown>;
+
+/// What a response cost a policy reading its usage from `source`: the body's counts priced by the
+/// policy's meter, or the count of a header (or trailer) as `header_count` finds it; else why
+/// that is not known (a stream reset before it came: `Reset`).
+pub fn cost(
+    source: &UsageSource,
+    body: BodyUsage,
+    header_count: impl Fn(&str) -> Option<u64>,
+    ending: Ending,
+) -> Result<u64, UsageUnknown> {
+    let reading = match source {
+        UsageSource::Header(name) => header_count(name).ok_or(UsageUnknown::Missing),
+        UsageSource::Body(meter) => {
+            body.and_then(|counts| meter.cost(&counts).ok_or(UsageUnknown::Missing))
+        }
+    };
+    match (reading, ending) {
+        (Err(_), Ending::Reset) => Err(UsageUnknown::Reset),
+        (reading, _) => reading,
+    }
+}
+
+/// What a response whose request reserved `reserved` is charged in all: its `cost`, or when that
+/// is not known what the policy's `on_unknown` says.
+pub fn charge_of(metered: &Metered, reserved: u64, cost: Result<u64, UsageUnknown>) -> u64 {
+    match (cost, metered.on_unknown) {
+        (Ok(cost), _) => cost,
+        (Err(_), OnUnknown::Reserve) => reserved,
+        (Err(_), OnUnknown::Tokens(tokens)) => tokens,
+    }
+}
+
+/// What settling a reservation of `reserved` against a charge of `charged` does to its key: the
+/// tokens used beyond it charged, or those not used refunded; `None` when they are equal.
+pub fn settle_op(reserved: u64, charged: u64) -> Option<Op> {
+    match charged.checked_sub(reserved) {
+        Some(0) => None,
+        Some(beyond) => Some(Op::Charge(beyond)),
+        None => Some(Op::Refund(reserved - charged)),
+    }
+}
+
+/// The body's usage as the access log shows it (filter state `sluice.usage`): the counts it
+/// reported, `input=N output=N total=N` (those it has), or why none came, `unknown=missing`,
+/// `unknown=invalid`, `unknown=reset`. `read_usage_text` reads it back.
+pub fn usage_text(usage: &BodyUsage) -> String {
+    let counts = match usage {
+        Ok(counts) => counts,
+        Err(why) => return format!("unknown={}", why.as_str()),
+    };
+    let named = [
+        ("input", counts.input),
+        ("output", counts.output),
+        ("total", counts.total),
+    ];
+    let present = named
+        .iter()
+        .filter_map(|(name, n)| Some(format!("{name}={}", (*n)?)));
+    present.collect::<Vec<_>>().join(" ")
+}
+
+/// What `usage_text` wrote; `None` for any other text.
+pub fn read_usage_text(text: &[u8]) -> Option<BodyUsage> {
+    let text = std::str::from_utf8(text).ok()?;
+    if let Some(why) = text.strip_prefix("unknown=") {
+        let known = UsageUnknown::ALL.into_iter().find(|w| w.as_str() == why);
+        return known.map(Err);
+    }
+    let mut counts = Counts::default();
+    for pair in text.split(' ') {
+        let (name, value) = pair.split_once('=')?;
+        let slot = match name {
+            "input" => &mut counts.input,
+            "output" => &mut counts.output,
+            "total" => &mut counts.total,
+            _ => return None,
+        };
+        let value = count_from_header(value.as_bytes())?;
+        if slot.replace(value).is_some() {
+            return None;
         }
     }
+    (counts != Counts::default()).then_some(Ok(counts))
 }
 
 /// The usage sources of the tab's metered policies.
@@ -111,7 +201,8 @@ pub(super) struct Charged {
 
 /// Settles every reservation of the tab against the usage read: locally in shared data, or
 /// through the outbox for a global policy. Each policy's charge is also published for Envoy's
-/// own filters (`sluice.tokens.<policy>`: `%FILTER_STATE(wasm.sluice.tokens.<policy>:PLAIN)%`).
+/// own filters (`sluice.tokens.<policy>`: `%FILTER_STATE(wasm.sluice.tokens.<policy>:PLAIN)%`),
+/// and when a policy read the body, what it said (`sluice.usage`: `usage_text`).
 pub(super) fn settle(
     tab: &mut Tab,
     usage: &Usage,
@@ -119,6 +210,10 @@ pub(super) fn settle(
     host: &impl Host,
     ending: Ending,
 ) -> SmallVec<[Charged; 1]> {
+    let body = usage.body_usage(ending);
+    if sources(tab, filter).any(|s| matches!(s, UsageSource::Body(_))) {
+        host.publish("sluice.usage", &usage_text(&body));
+    }
     let mut settled = SmallVec::new();
     for entry in tab.entries.iter_mut() {
         let Held::Reserved {
@@ -135,17 +230,16 @@ pub(super) fn settle(
             continue;
         };
         let counters = filter.counters();
-        let charged = match usage.cost(metered, ending) {
-            Ok(cost) => cost,
-            Err(why) => {
-                let charged = match metered.on_unknown {
-                    OnUnknown::Reserve => reserved,
-                    OnUnknown::Tokens(tokens) => tokens,
-                };
-                counters.usage_unknown(entry.policy, why, charged);
-                charged
-            }
-        };
+        let cost = cost(
+            &metered.source,
+            body,
+            |name| usage.header_count(name),
+            ending,
+        );
+        let charged = charge_of(metered, reserved, cost);
+        if let Err(why) = cost {
+            counters.usage_unknown(entry.policy, why, charged);
+        }
         counters.tokens_settled(entry.policy, charged, reserved.saturating_sub(charged));
         let mut name = String::with_capacity(14 + policy.name.len());
         name.push_str("sluice.tokens.");
@@ -171,18 +265,21 @@ fn charge(
     (reserved, charged): (u64, u64),
     at: u64,
 ) {
-    let (op, wire) = if charged >= reserved {
-        let tokens = charged - reserved;
-        let max_debt = metered.max_debt(&entry.tier);
-        (Op::Charge(tokens), SettleOp::Charge { tokens, max_debt })
-    } else {
-        let tokens = reserved - charged;
-        let age_ms = filter.now(host).saturating_sub(at) / (NANOS_PER_SEC / 1000);
-        (Op::Refund(tokens), SettleOp::Refund { tokens, age_ms })
-    };
-    if matches!(op, Op::Charge(0)) {
+    let Some(op) = settle_op(reserved, charged) else {
         return;
-    }
+    };
+    let wire = match op {
+        Op::Charge(tokens) => SettleOp::Charge {
+            tokens,
+            max_debt: metered.max_debt(&entry.tier),
+        },
+        Op::Refund(tokens) => {
+            let age_ms = filter.now(host).saturating_sub(at) / (NANOS_PER_SEC / 1000);
+            SettleOp::Refund { tokens, age_ms }
+        }
+        // Not a reservation's: `settle_op` makes neither.
+        Op::Release | Op::Renew => return,
+    };
     match entry.basis {
         crate::limiter::Basis::Service => report(filter, host, entry, wire),
         _ => {
