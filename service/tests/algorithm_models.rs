@@ -24,6 +24,7 @@ mod common;
 use std::fmt::Debug;
 
 use common::clock::redis_time_us;
+use common::lcg::Lcg;
 use sluice::algorithm::{self as filter, Decision};
 use sluice_service::redis_store::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
@@ -130,22 +131,7 @@ fn run_exact(
     (now, reply)
 }
 
-/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
-struct Lcg(u64);
-
 impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-
     /// cost in 1..=min(limit, 4) and take in cost..=limit, strict (take = cost) half the time.
     fn cost_and_take(&mut self, limit: u64) -> (u64, u64) {
         let cost = 1 + self.below(limit.min(4));

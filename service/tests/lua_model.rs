@@ -15,6 +15,7 @@ mod common;
 
 use std::time::Instant;
 
+use common::lcg::Lcg;
 use sluice::algorithm::token_bucket::{self, Rate};
 use sluice_service::check::MAX_CAPACITY_US;
 use sluice_service::redis_store::TOKEN_BUCKET_LUA;
@@ -119,19 +120,6 @@ fn redis_now_us(client: &mut Resp) -> i128 {
     };
     let [seconds, micros] = [&time[0], &time[1]].map(|r| r.text().parse::<i128>().unwrap());
     seconds * 1_000_000 + micros
-}
-
-/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
 }
 
 /// Integer fields must match exactly; durations may be short by the time elapsed since the

@@ -20,6 +20,7 @@
 mod common;
 
 use common::clock::redis_time_us;
+use common::lcg::Lcg;
 use sluice::algorithm::{Algorithm, Rate, Window};
 use sluice_service::redis_store::{
     FIXED_WINDOW_REFUND_LUA, SLIDING_WINDOW_REFUND_LUA, TOKEN_BUCKET_REFUND_LUA,
@@ -30,19 +31,6 @@ use sluice_testkit::resp::{Reply, Resp};
 const MINUTE: u64 = 60_000_000;
 const HOUR: u64 = 3_600_000_000;
 const LIMIT: u64 = 10;
-
-/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
 
 /// The state in Redis: `None` for no key.
 fn read(client: &mut Resp, key: &str) -> Option<String> {

@@ -20,6 +20,7 @@
 mod common;
 
 use common::clock::redis_time_us;
+use common::lcg::Lcg;
 use sluice_service::memory_slots::{Ask, SlotTable};
 use sluice_service::redis_store::{
     CONCURRENCY_GIVE_BACK_LUA, CONCURRENCY_LUA, SLOT_RELEASE_LUA, SLOT_RENEW_LUA,
@@ -39,19 +40,6 @@ const NAMES: [&str; 5] = [
     "00000000000000a3",
     "00000000000000a4",
 ];
-
-/// Deterministic pseudo-random numbers (a 64-bit LCG): the same sequence on every run.
-struct Lcg(u64);
-
-impl Lcg {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (self.0 >> 33) % n
-    }
-}
 
 #[derive(Debug, Clone, Copy)]
 enum Op {

@@ -1,9 +1,10 @@
 //! What the service's tests share beyond the workspace harness (`sluice-testkit`): the request
-//! bodies the filter sends, the 400s the service answers, and Redis's clock.
+//! bodies the filter sends, the 400s the service answers, Redis's clock, and seeded random numbers.
 // Each test binary uses only part of this module.
 #![allow(dead_code, clippy::panic, clippy::unwrap_used)]
 
 pub mod clock;
+pub mod lcg;
 
 use sluice_testkit::http::{post_json, Response};
 use std::net::SocketAddr;
