@@ -10,15 +10,13 @@
 #[path = "../service/tests/common/clock.rs"]
 mod clock;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use clock::{redis_time_us, window_with_left};
-use sluice_testkit::envoy::{Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{grpc_cluster, Envoy, EnvoyOptions};
 use sluice_testkit::http::Response;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
-use sluice_testkit::TempDir;
 
 /// A front listener on `{port}` whose routes send descriptors to the RLS at `{rls}`, and a
 /// backend listener on `{backend_port}` that answers 200. On `/`: (case=<x-case>),
@@ -116,65 +114,28 @@ static_resources:
       endpoints:
       - lb_endpoints:
         - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {backend_port} } } }
-  - name: sluice_rls
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: sluice_rls
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } }
-"#;
+{rls_cluster}"#;
 
-/// Redis, the service with `limits` (domain `test`) in a directory of its own, and what it
-/// was started with.
+/// Redis and the RLS over it with `limits` (domain `test`).
 struct Rls {
     redis: RedisServer,
-    service: Service,
-    dir: TempDir,
+    server: sluice_testkit::service::Rls,
 }
 
 impl Rls {
     fn start(limits: &str, extra: &[&str]) -> Rls {
         let redis = RedisServer::start();
-        let dir = TempDir::new("envoy-rls");
-        std::fs::write(dir.path().join("test.yaml"), limits).unwrap();
-        let (url, config) = (redis.url(), dir.path().to_string_lossy().into_owned());
-        let args = [
-            "--redis",
-            &url,
-            "--rls",
-            "127.0.0.1:0",
-            "--rls-config",
-            &config,
-        ];
-        let service = Service::start_rls(&[&args[..], extra].concat(), &[]);
-        Rls {
-            redis,
-            service,
-            dir,
-        }
-    }
-
-    fn address(&self) -> SocketAddr {
-        self.service.rls.unwrap()
-    }
-
-    /// Replaces the limits as a config tool should: a new file renamed over the old one.
-    fn rewrite(&self, limits: &str) {
-        let staged = self.dir.path().join(".test.yaml.new");
-        std::fs::write(&staged, limits).unwrap();
-        std::fs::rename(&staged, self.dir.path().join("test.yaml")).unwrap();
+        let server = sluice_testkit::service::Rls::start(&["--redis", &redis.url()], limits, extra);
+        Rls { redis, server }
     }
 
     /// Envoy in front of this RLS, failing closed or open when it cannot answer.
     fn envoy(&self, failure_mode_deny: bool) -> Envoy {
         let bootstrap = BOOTSTRAP
-            .replace("{rls_port}", &self.address().port().to_string())
+            .replace(
+                "{rls_cluster}",
+                &grpc_cluster("sluice_rls", self.server.address()),
+            )
             .replace("{failure_mode_deny}", &failure_mode_deny.to_string());
         EnvoyOptions::bootstrap(&bootstrap).start()
     }
@@ -248,7 +209,7 @@ fn shadow_mode_lets_everything_through_and_unlimited_never_limits() {
     assert_eq!(statuses(&envoy, "internal", None, 15), [200; 15]);
     // Every request counted against the address limit of 20 too.
     assert_eq!(statuses(&envoy, "other", None, 1), [429]);
-    let metrics = sluice_testkit::http::get(rls.service.addr, "/metrics").text();
+    let metrics = sluice_testkit::http::get(rls.server.service.addr, "/metrics").text();
     let shadow = r#"sluice_service_rls_shadow_mode_total{domain="test",descriptor="case_trial"} 4"#;
     assert!(metrics.lines().any(|l| l == shadow), "{metrics}");
 }
@@ -327,7 +288,7 @@ fn a_sliding_window_refuses_the_burst_a_fixed_window_lets_through_at_its_edge() 
     let envoy = rls.envoy(false);
     let now = redis_time_us(&mut rls.redis.client());
     let window_ms = window_with_left(now, 2_000..6_000, 900..1_300);
-    rls.rewrite(&limits(&format!(
+    rls.server.rewrite(&limits(&format!(
         "  - key: case
     value: sliding
     rate_limit: {{algorithm: sliding_window, requests_per_unit: 3, per: {window_ms}ms}}
@@ -336,7 +297,7 @@ fn a_sliding_window_refuses_the_burst_a_fixed_window_lets_through_at_its_edge() 
     rate_limit: {{requests_per_unit: 3, per: {window_ms}ms}}
 "
     )));
-    hang_up(&rls.service);
+    hang_up(&rls.server.service);
     std::thread::sleep(Duration::from_millis(200));
     let window = |rls: &Rls| redis_time_us(&mut rls.redis.client()) / 1000 / window_ms;
     let filled_in = window(&rls);
@@ -404,7 +365,7 @@ fn a_config_change_while_traffic_runs_applies_within_seconds_without_errors() {
     let started = Instant::now();
     for n in 0..400 {
         if changed_at.is_none() && n == 20 {
-            rls.rewrite(&user_limit(1));
+            rls.server.rewrite(&user_limit(1));
             changed_at = Some(Instant::now());
         }
         let user = format!("user-{n}");
@@ -413,7 +374,9 @@ fn a_config_change_while_traffic_runs_applies_within_seconds_without_errors() {
         if status == 200 && broken_at.is_none() {
             let took = changed_at.map(|at| at.elapsed()).unwrap_or_default();
             assert!(took < Duration::from_secs(3), "applied after {took:?}");
-            rls.rewrite("domain: test\ndescriptors:\n  - key: case\n    rate_limit: {unit: eon}\n");
+            rls.server.rewrite(
+                "domain: test\ndescriptors:\n  - key: case\n    rate_limit: {unit: eon}\n",
+            );
             broken_at = Some(n);
         }
         if broken_at.is_some_and(|at| n > at + 50) || started.elapsed() > Duration::from_secs(20) {

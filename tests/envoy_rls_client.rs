@@ -13,8 +13,7 @@ use sluice_testkit::envoy::Envoy;
 use sluice_testkit::grpc::RlsPeer;
 use sluice_testkit::http::Response;
 use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
-use sluice_testkit::TempDir;
+use sluice_testkit::service::Rls;
 
 /// A global policy per `x-user-id` asking the RLS of cluster `rls` about domain `edge`: 3 a
 /// minute, as the RLS's own limits say (the policy's numbers are its headers' and, failing
@@ -124,27 +123,11 @@ fn an_rls_that_fails_or_times_out_leaves_the_decision_to_the_policys_failure_mod
 /// sluice-service's RLS over Redis, with the same limits in envoyproxy/ratelimit's format.
 #[test]
 fn sluice_service_in_rls_mode_answers_the_filter_as_it_answers_envoys_own_filter() {
-    let dir = TempDir::new("rls-client");
-    std::fs::write(
-        dir.path().join("edge.yaml"),
-        "domain: edge\ndescriptors:\n  - key: generic_key\n    value: per-user\n    descriptors:\n      - key: x-user-id\n        rate_limit: {unit: minute, requests_per_unit: 3}\n",
-    )
-    .unwrap();
     let redis = RedisServer::start();
-    let config_dir = dir.path().to_string_lossy().to_string();
-    let service = Service::start_rls(
-        &[
-            "--redis",
-            &redis.url(),
-            "--rls",
-            "127.0.0.1:0",
-            "--rls-config",
-            &config_dir,
-        ],
-        &[],
-    );
+    let edge = "domain: edge\ndescriptors:\n  - key: generic_key\n    value: per-user\n    descriptors:\n      - key: x-user-id\n        rate_limit: {unit: minute, requests_per_unit: 3}\n";
+    let rls = Rls::start(&["--redis", &redis.url()], edge, &[]);
     let envoy = Envoy::options(&config(json!({})))
-        .rls(service.rls.unwrap())
+        .rls(rls.address())
         .start();
     let answers: Vec<Response> = (0..4).map(|_| get(&envoy, "alice")).collect();
     let statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();

@@ -10,16 +10,16 @@
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use sluice_testkit::envoy::{Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{grpc_cluster, Envoy, EnvoyOptions};
 use sluice_testkit::llm::{slow_in_flight, LlmUpstream};
 use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
-use sluice_testkit::{wait_for, TempDir};
+use sluice_testkit::service::Rls;
+use sluice_testkit::wait_for;
 
 /// Alice, as `slow_in_flight` sends her.
 const ALICE_IN_FLIGHT: &[(&str, &str)] = &[("x-user-id", "alice")];
 
-/// A front listener on `{port}` whose route asks the RLS at `{rls_port}` for a slot of
+/// A front listener on `{port}` whose route asks the RLS (`{rls_cluster}`) for a slot of
 /// (user=<x-user-id>) before the request and gives it back when its stream is done, and sends
 /// the request on to the upstream at `{upstream_port}`.
 const BOOTSTRAP: &str = r#"
@@ -74,19 +74,7 @@ static_resources:
       endpoints:
       - lb_endpoints:
         - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {upstream_port} } } }
-  - name: sluice_rls
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: sluice_rls
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } }
-"#;
+{rls_cluster}"#;
 
 /// Two requests of a user in flight at once.
 const LIMITS: &str = "domain: test
@@ -99,35 +87,22 @@ const N: usize = 2;
 /// Redis, the RLS with `LIMITS`, the upstream and Envoy in front of them.
 struct Setup {
     redis: RedisServer,
-    _service: Service,
-    _dir: TempDir,
+    _rls: Rls,
     upstream: LlmUpstream,
     envoy: Envoy,
 }
 
 fn setup() -> Setup {
     let redis = RedisServer::start();
-    let dir = TempDir::new("envoy-rls-concurrency");
-    std::fs::write(dir.path().join("test.yaml"), LIMITS).unwrap();
-    let (url, config) = (redis.url(), dir.path().to_string_lossy().into_owned());
-    let args = [
-        "--redis",
-        &url,
-        "--rls",
-        "127.0.0.1:0",
-        "--rls-config",
-        &config,
-    ];
-    let service = Service::start_rls(&args, &[]);
+    let rls = Rls::start(&["--redis", &redis.url()], LIMITS, &[]);
     let upstream = LlmUpstream::start();
     let bootstrap = BOOTSTRAP
-        .replace("{rls_port}", &service.rls.unwrap().port().to_string())
+        .replace("{rls_cluster}", &grpc_cluster("sluice_rls", rls.address()))
         .replace("{upstream_port}", &upstream.addr().port().to_string());
     let envoy = EnvoyOptions::bootstrap(&bootstrap).start();
     Setup {
         redis,
-        _service: service,
-        _dir: dir,
+        _rls: rls,
         upstream,
         envoy,
     }

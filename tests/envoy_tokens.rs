@@ -278,37 +278,14 @@ static_resources:
       endpoints:
       - lb_endpoints:
         - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {upstream_port} } } }
-  - name: sluice_rls
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: sluice_rls
-      endpoints:
-      - lb_endpoints:
-        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } }
-"#;
+{rls_cluster}"#;
 
 #[test]
 fn envoys_own_ratelimit_filter_charges_the_usage_sluice_read_when_the_stream_is_done() {
-    use sluice_testkit::envoy::{wasm_path, EnvoyOptions};
+    use sluice_testkit::envoy::{grpc_cluster, wasm_path, EnvoyOptions};
     let redis = sluice_testkit::redis::RedisServer::start();
-    let dir = sluice_testkit::TempDir::new("rls-pair");
     let limits = "domain: tokens\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
-    std::fs::write(dir.path().join("tokens.yaml"), limits).unwrap();
-    let config = dir.path().to_string_lossy().into_owned();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--rls",
-        "127.0.0.1:0",
-        "--rls-config",
-        &config,
-    ];
-    let service = sluice_testkit::service::Service::start_rls(&args, &[]);
+    let rls = sluice_testkit::service::Rls::start(&["--redis", &redis.url()], limits, &[]);
     let upstream = LlmUpstream::start();
     // sluice only meters here: a shadow policy with room for anything.
     let mut meter = budget("llm", 1_000_000_000, 0, json!({}));
@@ -321,7 +298,7 @@ fn envoys_own_ratelimit_filter_charges_the_usage_sluice_read_when_the_stream_is_
         "value": plugin}}});
     let bootstrap = RLS_PAIR
         .replace("{sluice}", &sluice.to_string())
-        .replace("{rls_port}", &service.rls.unwrap().port().to_string())
+        .replace("{rls_cluster}", &grpc_cluster("sluice_rls", rls.address()))
         .replace("{upstream_port}", &upstream.addr().port().to_string());
     let envoy = EnvoyOptions::bootstrap(&bootstrap).start();
     let ask = |usage: &str| {

@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls::{ask, descriptor, overall, overall_codes, request, Client, Rls};
+use rls::{ask, connect, descriptor, overall, overall_codes, request, Client, Rls};
 use sluice_testkit::http::{get, post_json};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::resp::Reply;
@@ -127,7 +127,7 @@ descriptors:
     rate_limit: {algorithm: leaky_bucket, requests_per_unit: 10, unit: second, max_delay: 500ms}
 ";
     let rls = rls_on(Launcher::default(), &redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
 
     let mut flood = request("api", &[&[("shaped", "victim")]], 0);
     flood.descriptors[0].hits_addend = Some(UInt64Value { value: u64::MAX });
@@ -164,7 +164,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1000}
 ";
     let rls = rls_on(Launcher::default(), &redis, yaml, WITH_HTTP);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let before = rls.service.rss_kib();
     for n in 0..300 {
         let value = format!("{n:05}{}", "x".repeat(60_000));
@@ -558,7 +558,7 @@ async fn an_http_check_can_neither_reach_an_rls_counter_nor_reset_another_algori
     let redis = RedisServer::start();
     let rls = rls_on(Launcher::default(), &redis, PER_USER, WITH_HTTP);
     let addr = rls.service.addr;
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let alice = request("api", &[&[("user", "alice")]], 0);
     assert_eq!(
         overall_codes(&mut client, &alice, 4).await,
@@ -631,7 +631,7 @@ async fn an_http_check_can_neither_reach_an_rls_counter_nor_reset_another_algori
 async fn one_rls_call_of_150000_descriptors_is_refused_without_touching_redis() {
     let redis = RedisServer::start();
     let rls = rls_on(Launcher::default(), &redis, PER_USER, WITH_HTTP);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let values: Vec<String> = (0..150_000).map(|n| format!("u{n}")).collect();
     let huge = RateLimitRequest {
         domain: "api".into(),
@@ -678,7 +678,7 @@ async fn one_rls_call_adds_at_most_a_thousand_slots_whatever_its_hits() {
     let redis = RedisServer::start();
     let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {algorithm: concurrency, requests_per_unit: 10000}\n";
     let rls = rls_on(Launcher::default(), &redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let users: Vec<String> = (0..64).map(|n| format!("u{n}")).collect();
     let flood = RateLimitRequest {
         descriptors: users.iter().map(|u| descriptor(&[("user", u)])).collect(),
@@ -705,7 +705,7 @@ async fn one_rls_call_adds_at_most_a_thousand_slots_whatever_its_hits() {
 async fn an_rls_config_directory_left_without_yaml_keeps_its_limits() {
     let redis = RedisServer::start();
     let rls = rls_on(Launcher::default(), &redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let alice = request("api", &[&[("user", "alice")]], 0);
     assert_eq!(
         overall_codes(&mut client, &alice, 3).await,

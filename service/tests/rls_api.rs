@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use common::clock::{redis_time_us, window_around};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit, Code};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls::{ask, codes, oks_then_over, overall, overall_codes, request, Rls};
+use rls::{ask, codes, connect, oks_then_over, overall, overall_codes, request, Rls};
 use sluice_testkit::http::get;
 use sluice_testkit::redis::{RedisCluster, RedisServer};
 use sluice_testkit::service::run_to_exit;
@@ -44,7 +44,7 @@ fn start(redis: &RedisServer, yaml: &str, extra: &[&str]) -> Rls {
 async fn an_empty_domain_or_descriptor_list_is_an_error_and_an_unknown_domain_is_ok() {
     let redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let no_domain = client
         .should_rate_limit(request("", &[&[("user", "a")]], 0))
         .await;
@@ -75,7 +75,7 @@ async fn an_empty_domain_or_descriptor_list_is_an_error_and_an_unknown_domain_is
 async fn each_value_of_a_value_less_descriptor_gets_its_own_limit_with_its_status() {
     let redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let alice = request("api", &[&[("user", "alice")]], 0);
     assert_eq!(
         overall_codes(&mut client, &alice, 4).await,
@@ -98,7 +98,7 @@ async fn each_value_of_a_value_less_descriptor_gets_its_own_limit_with_its_statu
 async fn hits_addend_charges_that_many_past_the_limit_too_and_a_hits_addend_of_zero_only_asks() {
     let redis = RedisServer::start();
     let rls = start(&redis, "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 10}\n", &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let heavy = request("api", &[&[("user", "a")]], 4);
     assert_eq!(
         overall_codes(&mut client, &heavy, 2).await,
@@ -180,7 +180,7 @@ async fn a_redis_cluster_counts_every_value_exactly_on_the_node_of_its_slot() {
     let cluster = RedisCluster::start();
     let urls = cluster.urls();
     let rls = Rls::start(&["--redis-cluster", &urls], PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let mut allowed: BTreeMap<String, usize> = BTreeMap::new();
     for round in 0..5 {
         for user in 0..20 {
@@ -207,7 +207,7 @@ async fn a_redis_cluster_counts_every_value_exactly_on_the_node_of_its_slot() {
 async fn with_redis_down_or_frozen_the_answer_is_unavailable_within_a_second_or_so() {
     let mut redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let one = request("api", &[&[("user", "a")]], 0);
     redis.freeze();
     let started = Instant::now();
@@ -234,7 +234,7 @@ async fn with_redis_down_or_frozen_the_answer_is_unavailable_within_a_second_or_
 async fn a_changed_file_applies_within_seconds_and_a_bad_one_keeps_the_previous_limits() {
     let redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let carol = request("api", &[&[("user", "carol")]], 0);
     assert_eq!(
         overall_codes(&mut client, &carol, 4).await,
@@ -292,7 +292,7 @@ async fn sighup_reloads_at_once_and_does_not_stop_the_service() {
         .service
         .event("rls configuration loaded", Duration::from_secs(2));
     assert_eq!(loaded.expect("no reload logged")["domains"], 1);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     assert_eq!(
         overall(&ask(&mut client, request("api", &[&[("user", "a")]], 0)).await),
         Code::Ok
@@ -303,7 +303,7 @@ async fn sighup_reloads_at_once_and_does_not_stop_the_service() {
 async fn response_headers_report_the_tightest_limit_when_asked_for() {
     let redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &["--rls-headers", "both"]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let one = request("api", &[&[("user", "a")]], 0);
     let headers = |response: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
         let all = response.response_headers_to_add.iter();
@@ -330,7 +330,7 @@ async fn metrics_count_hits_per_domain_and_descriptor_next_to_the_http_api() {
     let redis = RedisServer::start();
     let url = redis.url();
     let rls = Rls::start(&["--redis", &url, "--listen", "127.0.0.1:0"], PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     overall_codes(&mut client, &request("api", &[&[("user", "a")]], 0), 5).await;
     let metrics = get(rls.service.addr, "/metrics");
     assert_eq!(metrics.status, 200);
@@ -357,7 +357,7 @@ async fn a_leaky_bucket_holds_each_answer_until_the_requests_turn() {
     let redis = RedisServer::start();
     let yaml = "domain: api\ndescriptors:\n  - key: shaped\n    rate_limit: {algorithm: leaky_bucket, requests_per_unit: 5, unit: second, max_delay: 500ms}\n";
     let rls = start(&redis, yaml, &[]);
-    let client = rls.client().await;
+    let client = connect(&rls).await;
     let one = request("api", &[&[("shaped", "k")]], 0);
     let calls: Vec<_> = (0..4)
         .map(|_| {
@@ -439,7 +439,7 @@ fn the_descriptor_keys_in_redis_are_hashes_of_any_bytes() {
     let rls = start(&redis, PER_USER, &[]);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let mut client = rls.client().await;
+        let mut client = connect(&rls).await;
         let odd = request("api", &[&[("user", "{tag} \u{1F600}\n")]], 0);
         assert_eq!(
             overall_codes(&mut client, &odd, 4).await,
@@ -466,7 +466,7 @@ fn the_descriptor_keys_in_redis_are_hashes_of_any_bytes() {
 async fn a_call_that_only_asks_and_a_refund_write_nothing() {
     let redis = RedisServer::start();
     let rls = start(&redis, PER_USER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let mut asking = request("api", &[&[("user", "a")]], 0);
     asking.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
     let mut refund = request("api", &[&[("user", "b")]], 0);
@@ -489,7 +489,7 @@ async fn with_a_token_file_rls_calls_need_the_bearer_token_as_metadata() {
     let file = dir.path().join("token");
     std::fs::write(&file, "s3cret-Token_1\n").unwrap();
     let rls = start(&redis, PER_USER, &["--token-file", file.to_str().unwrap()]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let one = request("api", &[&[("user", "a")]], 0);
     for authorization in [None, Some("Bearer wrong"), Some("Basic s3cret-Token_1")] {
         let mut call = tonic::Request::new(one.clone());

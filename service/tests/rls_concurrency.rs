@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls::{ask, request, Rls};
+use rls::{ask, connect, request, Rls};
 use sluice_testkit::redis::RedisServer;
 
 const STREAMS: &str = "domain: d
@@ -57,7 +57,7 @@ fn status(answer: &RateLimitResponse) -> (Code, u32) {
 async fn hits_take_slots_up_to_the_limit_and_negative_hits_give_them_back() {
     let redis = RedisServer::start();
     let rls = start(&redis);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let mut answers = Vec::new();
     for _ in 0..4 {
         answers.push(status(&ask(&mut client, take("user", 1)).await));
@@ -98,7 +98,7 @@ async fn a_refusal_gives_no_retry_and_the_time_until_the_newest_lease_ends() {
         STREAMS,
         &["--rls-headers", "both"],
     );
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     ask(&mut client, take("short", 1)).await;
     let refused = ask(&mut client, take("short", 1)).await;
     assert_eq!(status(&refused).0, Code::OverLimit);
@@ -118,7 +118,7 @@ async fn a_refusal_gives_no_retry_and_the_time_until_the_newest_lease_ends() {
 async fn a_lost_negative_hit_costs_its_slot_only_until_the_lease_ends() {
     let redis = RedisServer::start();
     let rls = start(&redis);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let taken = Instant::now();
     assert_eq!(
         status(&ask(&mut client, take("short", 1)).await).0,
@@ -141,7 +141,7 @@ async fn a_negative_hit_for_a_window_still_only_asks() {
     let redis = RedisServer::start();
     let yaml = "domain: d\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     let rls = Rls::start(&["--redis", &redis.url()], yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     assert_eq!(
         status(&ask(&mut client, take("user", 2)).await),
         (Code::Ok, 0)
@@ -162,7 +162,7 @@ async fn a_negative_hit_for_a_window_still_only_asks() {
 async fn hits_beyond_the_limit_are_refused_and_take_no_slot() {
     let redis = RedisServer::start();
     let rls = start(&redis);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let refused = ask(&mut client, take("user", 4)).await;
     assert_eq!(status(&refused).0, Code::OverLimit, "four of three slots");
     assert_eq!(

@@ -19,7 +19,7 @@ mod rls;
 use std::path::PathBuf;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
-use rls::{ask, codes, oks_then_over, overall, overall_codes, request, Client, Rls};
+use rls::{ask, codes, connect, oks_then_over, overall, overall_codes, request, Client, Rls};
 use sluice_service::check::Bounds;
 use sluice_service::rls::config::Config;
 use sluice_testkit::http::get;
@@ -204,7 +204,7 @@ async fn serve(example: &str) -> (RedisServer, Rls, Client) {
         &in_hours(example),
         &[],
     );
-    let client = rls.client().await;
+    let client = connect(&rls).await;
     (redis, rls, client)
 }
 

@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{rate_limit, Code};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use rls::{ask, request, Client, Rls};
+use rls::{ask, connect, request, Client, Rls};
 use sluice_testkit::redis::RedisServer;
 
 fn start(redis: &RedisServer, yaml: &str, extra: &[&str]) -> Rls {
@@ -77,7 +77,7 @@ descriptors:
 async fn hits_of_3_13_3_3_on_20_leave_17_4_1_then_over_with_none_left() {
     let redis = RedisServer::start();
     let rls = start(&redis, ANOTHER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let calls = [3, 13, 3, 3, 1].map(|n| hits("key2", "x", n));
     let answers = each(&mut client, &calls).await;
     let expected = [(OK, 17), (OK, 4), (OK, 1), (OVER, 0), (OVER, 0)];
@@ -88,7 +88,7 @@ async fn hits_of_3_13_3_3_on_20_leave_17_4_1_then_over_with_none_left() {
 async fn with_charge_refused_false_a_refused_request_takes_nothing() {
     let redis = RedisServer::start();
     let rls = start(&redis, ANOTHER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let calls = [3, 13, 3, 3, 1, 21].map(|n| hits("strict", "x", n));
     let answers = each(&mut client, &calls).await;
     // The 4th leaves the count at 19; the 5th fits; more than the limit only reads.
@@ -108,7 +108,7 @@ descriptors:
 async fn a_check_of_zero_hits_is_refused_while_the_count_is_over() {
     let redis = RedisServer::start();
     let rls = start(&redis, BASIC, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let calls = [0, 1, 0, 1, 0].map(|n| own_hits(&[(&[("one_per_minute", "x")], n)]));
     let codes: Vec<Code> = (each(&mut client, &calls).await.iter())
         .map(|answer| answer[0].0)
@@ -126,7 +126,7 @@ async fn a_shadow_mode_limit_is_charged_past_its_limit_and_never_refuses() {
     let redis = RedisServer::start();
     let yaml = "domain: d\ndescriptors:\n  - key: shadow\n    shadow_mode: true\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
     let rls = start(&redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let calls = [7, 5, 0, 1].map(|n| own_hits(&[(&[("shadow", "x")], n)]));
     let answers = each(&mut client, &calls).await;
     let expected = [(OK, 3), (OK, 0), (OK, 0), (OK, 0)];
@@ -148,7 +148,7 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10}
 ";
     let rls = start(&redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let cases = [
         ("key5", "all under the limit", 2, 3, (OK, 15)),
         ("key6", "some near the limit", 5, 2, (OK, 1)),
@@ -185,7 +185,7 @@ descriptors:
         rate_limit: {unit: day, requests_per_unit: 10}
 ";
     let rls = start(&redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let sub2: &[(&str, &str)] = &[("key2", "value2"), ("subkey2", "subvalue2")];
     ask(&mut client, own_hits(&[(sub2, 10)])).await;
     let answer = ask(
@@ -225,7 +225,7 @@ async fn stop_cache_key_increment_when_overlimit_charges_only_the_limit_that_goe
         STOP_CACHE,
         &["--stop-cache-key-increment-when-overlimit"],
     );
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let answers = stop_cache_key_increment_case(&mut client).await;
     assert_eq!(
         answers[1..4],
@@ -246,7 +246,7 @@ async fn stop_cache_key_increment_when_overlimit_charges_only_the_limit_that_goe
         &STOP_CACHE.replace("domain: d", "domain: e"),
         &[],
     );
-    let mut client = plain.client().await;
+    let mut client = connect(&plain).await;
     let both = |n| {
         let mut call = own_hits(&[(&[("key4", "value4")], n), (&[("key5", "value5")], n)]);
         call.domain = "e".into();
@@ -285,7 +285,7 @@ async fn a_token_bucket_owes_its_refused_hits_and_pays_them_back_at_its_rate() {
     // 10 every 2 s, a bucket of 10: 25 at once are refused and 20 charged, 10 past empty.
     let yaml = "domain: d\ndescriptors:\n  - key: bucket\n    rate_limit: {algorithm: token_bucket, requests_per_unit: 10, per: 2s}\n";
     let rls = start(&redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let started = std::time::Instant::now();
     let answer = ask(&mut client, hits("bucket", "x", 25)).await;
     assert_eq!(statuses(&answer), [(OVER, 0)]);
@@ -306,7 +306,7 @@ async fn a_sliding_windows_debt_fades_with_the_window() {
     let redis = RedisServer::start();
     let yaml = "domain: d\ndescriptors:\n  - key: sliding\n    rate_limit: {algorithm: sliding_window, requests_per_unit: 10, per: 1s}\n  - key: strict\n    rate_limit: {algorithm: sliding_window, requests_per_unit: 10, per: 1s, charge_refused: false}\n";
     let rls = start(&redis, yaml, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let mut redis_client = redis.client();
     // Start early in a window, so that both calls fall in it.
     let now = redis_time_us(&mut redis_client);
@@ -339,7 +339,7 @@ async fn a_sliding_windows_debt_fades_with_the_window() {
 async fn a_limit_override_of_a_week_is_a_fixed_window_of_seven_days_that_charges_every_hit() {
     let redis = RedisServer::start();
     let rls = start(&redis, ANOTHER, &[]);
-    let mut client = rls.client().await;
+    let mut client = connect(&rls).await;
     let weekly = |hits_addend| {
         let mut call = hits("tenant", "acme", hits_addend);
         call.descriptors[0].limit = Some(RateLimitOverride {

@@ -967,8 +967,9 @@ fn access_log_yaml(opts: &EnvoyOptions, dir: &Path) -> Option<String> {
     ))
 }
 
-/// A cluster of plaintext HTTP/2 to one gRPC server.
-fn grpc_cluster(name: &str, server: SocketAddr) -> String {
+/// A cluster of plaintext HTTP/2 to one gRPC server, as an item of a bootstrap's cluster list
+/// (the RLS's `sluice_rls` of a test's own bootstrap, say).
+pub fn grpc_cluster(name: &str, server: SocketAddr) -> String {
     let (ip, port) = (server.ip(), server.port());
     format!(
         r#"  - name: {name}

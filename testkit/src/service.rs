@@ -98,6 +98,52 @@ impl Service {
     }
 }
 
+/// `sluice-service --rls` on a free port, its `--rls-config` a directory of its own holding
+/// `limits.yaml`.
+pub struct Rls {
+    pub service: Service,
+    pub dir: super::TempDir,
+}
+
+impl Rls {
+    /// `redis` is `["--redis", url]` or `["--redis-cluster", urls]`; `extra` more arguments.
+    pub fn start(redis: &[&str], limits: &str, extra: &[&str]) -> Rls {
+        Rls::launch(Launcher::default(), redis, limits, extra)
+    }
+
+    /// As `start`, started by `launcher` (under a file descriptor limit, say).
+    pub fn launch(launcher: Launcher, redis: &[&str], limits: &str, extra: &[&str]) -> Rls {
+        let dir = super::TempDir::new("rls-config");
+        let path = dir.path().join("limits.yaml");
+        std::fs::write(&path, limits).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        let config = dir.path().to_string_lossy().into_owned();
+        let rls = ["--rls", "127.0.0.1:0", "--rls-config", &config];
+        let service = launcher.start_rls(&[redis, &rls[..], extra].concat(), &[]);
+        Rls { service, dir }
+    }
+
+    /// Where the RLS answers gRPC.
+    pub fn address(&self) -> SocketAddr {
+        self.service
+            .rls
+            .expect("start_rls waits for the RLS address")
+    }
+
+    /// Replaces `limits.yaml` as a config tool should: a new file renamed over the old one.
+    pub fn rewrite(&self, limits: &str) {
+        self.write("limits.yaml", limits);
+    }
+
+    /// Writes `name` into the config directory the same way.
+    pub fn write(&self, name: &str, yaml: &str) {
+        let staged = self.dir.path().join(format!(".{name}.new"));
+        let path = self.dir.path().join(name);
+        std::fs::write(&staged, yaml)
+            .and_then(|()| std::fs::rename(&staged, &path))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+}
+
 /// How the binary is started: `Launcher::default()` is how `Service::start_with`, `spawn` and
 /// `start_rls` start it.
 #[derive(Debug, Clone, Copy, Default)]

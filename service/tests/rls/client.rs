@@ -1,9 +1,7 @@
-//! For the RLS tests: `sluice-service --rls` over a config directory of its own, and a tonic
-//! client of Envoy's Rate Limit Service protocol.
+//! For the RLS tests: `sluice-service --rls` over a config directory of its own (the test kit's
+//! `Rls`), and a tonic client of Envoy's Rate Limit Service protocol.
 // Included by each RLS test binary, which uses only part of it; test support code.
 #![allow(dead_code, clippy::unwrap_used, clippy::panic)]
-
-use std::path::PathBuf;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -12,48 +10,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::transport::Channel;
 
-use sluice_testkit::service::{Launcher, Service};
-use sluice_testkit::TempDir;
+pub use sluice_testkit::service::Rls;
 
 pub type Client = RateLimitServiceClient<Channel>;
 
-/// The service with `--rls` on a free port and `--rls-config` a directory holding `limits.yaml`.
-pub struct Rls {
-    pub service: Service,
-    pub dir: TempDir,
-}
-
-impl Rls {
-    /// `redis` is `["--redis", url]` or `["--redis-cluster", urls]`; `extra` more arguments.
-    pub fn start(redis: &[&str], yaml: &str, extra: &[&str]) -> Rls {
-        Rls::launch(Launcher::default(), redis, yaml, extra)
-    }
-
-    /// As `start`, started by `launcher` (under a file descriptor limit, say).
-    pub fn launch(launcher: Launcher, redis: &[&str], yaml: &str, extra: &[&str]) -> Rls {
-        let dir = TempDir::new("rls-config");
-        std::fs::write(dir.path().join("limits.yaml"), yaml).unwrap();
-        let config = dir.path().to_string_lossy().into_owned();
-        let rls = ["--rls", "127.0.0.1:0", "--rls-config", &config];
-        let service = launcher.start_rls(&[redis, &rls[..], extra].concat(), &[]);
-        Rls { service, dir }
-    }
-
-    pub async fn client(&self) -> Client {
-        let address = format!("http://{}", self.service.rls.unwrap());
-        RateLimitServiceClient::connect(address).await.unwrap()
-    }
-
-    /// Replaces `limits.yaml` as a config tool should: a new file renamed over the old one.
-    pub fn rewrite(&self, yaml: &str) {
-        self.write("limits.yaml", yaml);
-    }
-
-    pub fn write(&self, name: &str, yaml: &str) {
-        let staged: PathBuf = self.dir.path().join(format!(".{name}.new"));
-        std::fs::write(&staged, yaml).unwrap();
-        std::fs::rename(&staged, self.dir.path().join(name)).unwrap();
-    }
+/// A tonic client of `rls`.
+pub async fn connect(rls: &Rls) -> Client {
+    let address = format!("http://{}", rls.address());
+    RateLimitServiceClient::connect(address).await.unwrap()
 }
 
 /// A request in `domain` with one descriptor per entry list, and `hits_addend`.
