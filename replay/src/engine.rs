@@ -23,9 +23,9 @@ use sluice::duration::NANOS_PER_SEC;
 use sluice::exact::ExactStore;
 use sluice::key::{HashSecret, Keying};
 use sluice::ledger::Ledger;
-use sluice::limiter::{Basis, Limiter, Outcome, Settled, Step};
+use sluice::limiter::{key_check, Basis, Limiter, Outcome, Settled, Step};
 use sluice::metrics::UsageUnknown;
-use sluice::protocol::{self, Answer, Check};
+use sluice::protocol::Answer;
 use sluice::request::Attributes;
 use sluice::response::{charge_of, cost, settle_op, BodyUsage};
 use sluice::store::{LocalStore, Store, StoreError};
@@ -440,19 +440,7 @@ fn charges(plan: &Plan, tab: &Tab, record: &Record) -> SmallVec<[Charge; 1]> {
 /// A global policy's key on the exact store and its limit, as its checks name them.
 fn global_limit(plan: &Plan, entry: &Entry) -> Option<(String, Algorithm)> {
     let policy = plan.policies.get(entry.policy)?;
-    let tier = entry.tier;
-    let check = Check {
-        key: protocol::key(&policy.name, entry.key.unwrap_or(entry.hash)),
-        algorithm: tier.algorithm.kind(),
-        requests: tier.requests,
-        per_ms: protocol::per_ms(tier.per_nanos),
-        burst: tier.algorithm.capacity(),
-        cost: 1,
-        take: None,
-        max_delay_ms: tier.algorithm.max_delay().map(protocol::per_ms),
-        slot: None,
-        entries: Vec::new(),
-    };
+    let check = key_check(policy, &entry.tier, entry.key.unwrap_or(entry.hash));
     let limit = check.limit()?;
     Some((check.key, limit))
 }

@@ -13,7 +13,7 @@ use crate::duration::NANOS_PER_SEC;
 use crate::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
-use crate::limiter::{Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
+use crate::limiter::{key_check, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal, Said};
@@ -222,13 +222,13 @@ impl Filter {
     pub fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)> {
         let service = self.plan.global.as_ref()?;
         let policy = self.plan.policies.get(entry.policy)?;
-        let tier = entry.tier;
+        let check = key_check(policy, &entry.tier, entry.key.unwrap_or(entry.hash));
         let settlement = Settlement {
-            key: protocol::key(&policy.name, entry.key.unwrap_or(entry.hash)),
-            algorithm: tier.algorithm.kind(),
-            requests: tier.requests,
-            per_ms: protocol::per_ms(tier.per_nanos),
-            burst: tier.algorithm.capacity(),
+            key: check.key,
+            algorithm: check.algorithm,
+            requests: check.requests,
+            per_ms: check.per_ms,
+            burst: check.burst,
             op,
         };
         Some((service, settlement))

@@ -15,7 +15,7 @@
 use super::work::{Member, Verdict, Work};
 use super::{local, Basis, Progress};
 use crate::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
-use crate::config::{OnFailure, Plan, Policy, Scope, GLOBAL_COLUMNS};
+use crate::config::{OnFailure, Plan, Policy, Scope, Tier, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
 use crate::protocol::{self, Answer, Check};
 
@@ -195,23 +195,36 @@ pub(super) fn ask(plan: &Plan, progress: &mut Progress) {
 /// The question about one member's key, named by its shared hash: the same in every Envoy (and,
 /// for an RLS, by its descriptor).
 fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
-    let algorithm = member.tier.algorithm;
+    let capacity = member.tier.algorithm.capacity();
     let entries = work.entries.as_deref();
     Check {
-        key: protocol::key(&policy.name, work.key.unwrap_or(work.hash)),
-        algorithm: algorithm.kind(),
-        requests: member.tier.requests,
-        per_ms: protocol::per_ms(member.tier.per_nanos),
-        burst: algorithm.capacity(),
         // A reservation of nothing asks whether a token is left, and takes none.
         cost: member.cost.max(1),
         take: Some(match member.cost {
             0 => 0,
-            cost => policy.take.max(cost).min(algorithm.capacity()),
+            cost => policy.take.max(cost).min(capacity),
         }),
-        max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
         slot: member.slot.map(slot_name),
         entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
+        ..key_check(policy, &member.tier, work.key.unwrap_or(work.hash))
+    }
+}
+
+/// A check of one request on the key `key` (a shared hash) of `policy` under `tier`: the key and
+/// limit that every check and settlement of that key names, as the service counts them.
+pub fn key_check(policy: &Policy, tier: &Tier, key: u64) -> Check {
+    let algorithm = tier.algorithm;
+    Check {
+        key: protocol::key(&policy.name, key),
+        algorithm: algorithm.kind(),
+        requests: tier.requests,
+        per_ms: protocol::per_ms(tier.per_nanos),
+        burst: algorithm.capacity(),
+        cost: 1,
+        take: None,
+        max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
+        slot: None,
+        entries: Vec::new(),
     }
 }
 

@@ -26,7 +26,7 @@ mod settle;
 mod work;
 mod write;
 
-pub use global::{slot_name, GRANT_TTL};
+pub use global::{key_check, slot_name, GRANT_TTL};
 pub use settle::Settled;
 
 use crate::algorithm::Decision;
