@@ -107,6 +107,16 @@ fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
     }
 }
 
+/// The `:status` of a callout's answer with `headers` headers: `None` without headers (the call
+/// failed: timeout, reset, no healthy endpoint) or without a number there.
+fn call_status<T: std::str::FromStr>(headers: usize) -> Option<T> {
+    if headers == 0 {
+        return None;
+    }
+    let status = map_value(MapType::HttpCallResponseHeaders, ":status")?;
+    std::str::from_utf8(&status).ok()?.parse().ok()
+}
+
 /// Envoy, as the filter sees it. Failed hostcalls read as absent values or failed writes.
 struct Envoy;
 
@@ -302,11 +312,7 @@ struct Root {
 impl Context for Root {
     /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx.
     fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _: usize) {
-        let status = (headers > 0)
-            .then(|| hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status"))
-            .and_then(|s| s.ok().flatten())
-            .and_then(|s| s.parse::<u32>().ok());
-        let delivered = status.is_some_and(|s| (200..300).contains(&s));
+        let delivered = call_status::<u32>(headers).is_some_and(|s| (200..300).contains(&s));
         let now = Envoy.now();
         OUTBOX.with(|outbox| {
             if let Ok(mut outbox) = outbox.try_borrow_mut() {
@@ -551,11 +557,7 @@ impl Context for Exchange {
         let (Some(filter), Some(pending)) = (self.filter.clone(), self.pending.take()) else {
             return;
         };
-        // No headers: the call failed (timeout, reset, no healthy endpoint).
-        let status = (headers > 0)
-            .then(|| hostcalls::get_map_value(MapType::HttpCallResponseHeaders, ":status"))
-            .and_then(|s| s.ok().flatten())
-            .and_then(|s| s.parse().ok());
+        let status = call_status(headers);
         let body = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
             .ok()
             .flatten()
