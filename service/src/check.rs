@@ -1,6 +1,9 @@
 //! The body of `POST /v1/check`: strict parsing and validation into `Check`s, and the response.
 //! Everything here happens before any storage is touched; a rejection names the field at fault.
 
+/// The most slots of one global concurrency key: a sorted set of that many members (16-byte
+/// names and their expiries) is about 0.5 MB in Redis. The filter refuses a policy of more.
+pub use sluice::config::MAX_GLOBAL_SLOTS;
 pub use sluice::config::MAX_SLIDING_LOG;
 /// The wire format, defined once with the filter (`sluice::protocol`).
 pub use sluice::protocol::{CheckResponse, CheckResult};
@@ -24,9 +27,6 @@ const MAX_REQUESTS: u64 = 1_000_000_000;
 const MAX_BURST: u64 = 1_000_000_000;
 /// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`).
 pub const MAX_DEBT: u64 = MAX_BURST;
-/// The most slots of one global concurrency key: a sorted set of that many members (16-byte
-/// names and their expiries) is about 0.5 MB in Redis.
-pub const MAX_GLOBAL_SLOTS: u64 = 10_000;
 /// The shortest lease of a slot: the filter renews a slot every half lease from a timer of a
 /// second, and the lease must outlast a few missed renewals.
 pub const MIN_LEASE_MS: u64 = 4_000;

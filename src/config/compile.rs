@@ -28,6 +28,9 @@ use std::ops::Range;
 pub const MAX_MAX_KEYS: u32 = 10_000_000;
 /// A sliding log keeps one timestamp per request of its limit, in every key's slot.
 pub const MAX_SLIDING_LOG: u64 = 1_000;
+/// The most requests of one key a global concurrency policy may allow in flight: sluice-service
+/// keeps a key's slots as a sorted set of at most that many.
+pub const MAX_GLOBAL_SLOTS: u64 = 10_000;
 /// A concurrency policy's `lease` when it does not say.
 pub const DEFAULT_SLOT_LEASE: &str = "5m";
 
@@ -209,6 +212,9 @@ impl Compiler {
             ));
         }
         let scope = scope(at, raw, &shape, service.is_some())?;
+        if scope != Scope::Local {
+            global_slots_fit(at, &tier, tiers.as_ref())?;
+        }
         let denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
         let mut policy = Policy {
             name: raw.name.clone(),
@@ -857,6 +863,28 @@ fn rollout(at: &str, raw: &RawPolicy) -> Result<Option<Rollout>, ConfigError> {
 
 /// Where the policy is decided; the fields that only make sense for a global policy are
 /// refused on a local one.
+/// A global concurrency limit, of the policy or of any of its tiers, within what sluice-service
+/// keeps (`MAX_GLOBAL_SLOTS`): the service would refuse every check of a larger one.
+fn global_slots_fit(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), ConfigError> {
+    let tiers = tiers.into_iter().flat_map(|t| &t.values);
+    let named = tiers.map(|(value, tier)| {
+        let value = String::from_utf8_lossy(value);
+        (format!("{at}.tiers.values.{value}"), tier)
+    });
+    for (field, tier) in std::iter::once((at.to_string(), tier)).chain(named) {
+        if matches!(tier.algorithm, Algorithm::Concurrency(s) if s.limit > MAX_GLOBAL_SLOTS) {
+            return Err(error(
+                format!("{field}.requests"),
+                format!(
+                    "sluice-service keeps at most {MAX_GLOBAL_SLOTS} requests of one key in \
+                     flight: a larger global concurrency limit would have every check refused"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn scope(
     at: &str,
     raw: &RawPolicy,

@@ -8,7 +8,7 @@ mod plan;
 #[cfg(test)]
 mod tests;
 
-pub use compile::{MAX_MAX_KEYS, MAX_SLIDING_LOG};
+pub use compile::{MAX_GLOBAL_SLOTS, MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
     Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,

@@ -1024,3 +1024,32 @@ fn a_concurrency_policy_refuses_a_window_a_burst_and_a_cost() {
         "number of tokens",
     );
 }
+
+#[test]
+fn a_global_concurrency_limit_fits_what_the_service_keeps_of_a_key() {
+    let streams = |requests: u64, tiers: Value| {
+        json!({"global": {"cluster": "c", "authority": "a"}, "policies": [{"name": "streams",
+            "key": ["header:x-user-id"], "algorithm": "concurrency", "requests": requests,
+            "scope": "global", "tiers": tiers}]})
+    };
+    let tiers =
+        |requests: u64| json!({"by": "header:x-plan", "values": {"big": {"requests": requests}}});
+    let most = crate::config::MAX_GLOBAL_SLOTS;
+    assert!(parse(streams(most, tiers(most)).to_string().as_bytes()).is_ok());
+    assert_refused(
+        streams(most + 1, tiers(1)),
+        "policies[0].requests",
+        "at most 10000 requests of one key in flight",
+    );
+    assert_refused(
+        streams(1, tiers(most + 1)),
+        "policies[0].tiers.values.big.requests",
+        "at most 10000",
+    );
+    let mut local = streams(most + 1, tiers(most + 1));
+    local["policies"][0]["scope"] = json!("local");
+    assert!(
+        parse(local.to_string().as_bytes()).is_ok(),
+        "a local one keeps its own"
+    );
+}
