@@ -105,8 +105,22 @@ def results(saved, reports):
         "requests/s to mean anything): "
         + ", ".join(f"{sid}: {100 * summary[sid]['envoy_cpu_share']:.0f}%" for sid in labels)
         + ".",
+        *others_line(summary, labels),
         "",
         f"Per round, CPU µs/request (the spread behind the medians): {per_round}.",
+    ]
+
+
+def others_line(summary, labels):
+    """What the rest of the machine took during each setup's runs (median), when measured."""
+    if not all("others_share" in summary[sid] for sid in labels):
+        return []
+    return [
+        "",
+        "The rest of the machine meanwhile, in cores (`/proc/stat` less Envoy and wrk; on 8 and 9 "
+        "sluice-service and Redis are part of it): "
+        + ", ".join(f"{sid}: {summary[sid]['others_share']:.2f}" for sid in labels)
+        + ". Other work on a shared machine shows here; the rounds it crowded are the ones to distrust.",
     ]
 
 

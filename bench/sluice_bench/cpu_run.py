@@ -97,7 +97,7 @@ def log_measurement(where, setup, result):
         f"{where}: {result['rps']:>9,.0f} req/s  "
         f"p50 {result['p50_ms']:.3f} ms  p99 {result['p99_ms']:.3f} ms  "
         f"{result['cpu_us_per_request']:6.1f} µs CPU/req  "
-        f"Envoy CPU {100 * result['envoy_cpu_share']:.0f}%  "
+        f"Envoy CPU {100 * result['envoy_cpu_share']:.0f}%  others {result['others_share']:.2f} cores  "
         f"RSS {result['rss_mib']:.1f} MiB  non-2xx {result['non2xx']}"
     )
     if result["socket_errors"]:

@@ -29,8 +29,8 @@ from .envoy import Envoy, find_envoy
 from .envoy_config import native_ratelimit_bootstrap
 from .facts import command_line, facts, machine_facts
 from .load import wrk_script
-from .processes import (ENVOY_CORE, LOAD_CORE, Child, Failure, cpu_seconds, free_ports, install_signal_handlers,
-                        launch_prefix, log, require, run)
+from .processes import (ENVOY_CORE, LOAD_CORE, Child, Failure, children_cpu_seconds, cpu_seconds, free_ports,
+                        install_signal_handlers, launch_prefix, log, machine_busy_seconds, require, run)
 from .services import Redis
 
 # The server measured gets Envoy's core of the other benchmarks.
@@ -251,14 +251,30 @@ def measure_direct(server, redis, case, load_gen, args):
     over one run of the load generator, after `args.warmup` seconds of it."""
     if args.warmup:
         load(load_gen, server, case, args.warmup, args.connections)
+    others = Others(server.pid, redis.pid)
     before = cpu_seconds(server.pid), cpu_seconds(redis.pid)
     result = load(load_gen, server, case, args.duration, args.connections)
     server_cpu, redis_cpu = (cpu_seconds(p) - b for p, b in zip((server.pid, redis.pid), before))
     calls = max(result["calls"], 1)
     result.update(server_cpu_us_per_call=server_cpu / calls * 1e6, server_cpu_share=server_cpu / result["seconds"],
                   redis_cpu_us_per_call=redis_cpu / calls * 1e6 if server.backend == "redis" else None,
-                  server_rss_mib=server.rss_mib())
+                  server_rss_mib=server.rss_mib(), others_share=others.share())
     return result
+
+
+class Others:
+    """What other work on the machine took while we measured, in cores: all the CPU time
+    /proc/stat counts, less our processes' (`pids`, and the children we waited for since)."""
+
+    def __init__(self, *pids):
+        self.pids, self.started = pids, time.monotonic()
+        self.machine, self.children = machine_busy_seconds(), children_cpu_seconds()
+        self.ours = sum(cpu_seconds(p) for p in pids)
+
+    def share(self):
+        ours = sum(cpu_seconds(p) for p in self.pids) - self.ours + children_cpu_seconds() - self.children
+        other = machine_busy_seconds() - self.machine - ours
+        return max(other, 0.0) / max(time.monotonic() - self.started, 1e-9)
 
 
 def measure_envoy(envoy, server, redis, workdir, args):
@@ -267,6 +283,7 @@ def measure_envoy(envoy, server, redis, workdir, args):
     if args.warmup:
         wrk_script(envoy.port, args.warmup, ENVOY_CONNECTIONS, 1, USERS_LUA, workdir, core=LOAD_CORE)
     pids = envoy.pid, server.pid, redis.pid
+    others = Others(*pids)
     before = [cpu_seconds(p) for p in pids]
     answers = envoy.ratelimit_counts()
     result = wrk_script(envoy.port, args.duration, ENVOY_CONNECTIONS, 1, USERS_LUA, workdir, core=LOAD_CORE)
@@ -281,15 +298,16 @@ def measure_envoy(envoy, server, redis, workdir, args):
         redis_cpu_us_per_request=redis_cpu / requests * 1e6 if server.backend == "redis" else None,
         core_share=(envoy_cpu + server_cpu) / result["seconds"],
         ratelimit={k: after[k] - answers[k] for k in after},
+        others_share=others.share(),
     )
     return result
 
 
 # The per-run figures the report takes the medians of.
 DIRECT_FIGURES = ("calls_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_call", "server_cpu_share",
-                  "redis_cpu_us_per_call", "errors", "other_code", "over_limit")
+                  "redis_cpu_us_per_call", "errors", "other_code", "over_limit", "others_share")
 ENVOY_FIGURES = ("rps", "p50_ms", "p99_ms", "envoy_cpu_us_per_request", "server_cpu_us_per_request",
-                 "redis_cpu_us_per_request", "core_share", "non2xx", "socket_errors")
+                 "redis_cpu_us_per_request", "core_share", "non2xx", "socket_errors", "others_share")
 
 
 def summarize(rows):
@@ -310,7 +328,8 @@ def log_direct(where, result):
     log(f"{where}: {result['calls_per_s']:>9,.0f} calls/s  p50 {result['p50_ms']:.3f} ms  "
         f"p99 {result['p99_ms']:.3f} ms  server {result['server_cpu_us_per_call']:.1f} µs CPU/call "
         f"({100 * result['server_cpu_share']:.0f}% of a core)"
-        + (f"  Redis {result['redis_cpu_us_per_call']:.1f} µs/call" if result["redis_cpu_us_per_call"] else ""))
+        + (f"  Redis {result['redis_cpu_us_per_call']:.1f} µs/call" if result["redis_cpu_us_per_call"] else "")
+        + f"  others {result['others_share']:.2f} cores")
     bad = result["errors"] + result["other_code"] + result["over_limit"]
     if bad:
         log(f"warning: {bad} calls not OK (errors {result['errors']}, over limit {result['over_limit']}, "
@@ -320,7 +339,7 @@ def log_direct(where, result):
 def log_envoy(where, result):
     log(f"{where}: {result['rps']:>9,.0f} req/s  p50 {result['p50_ms']:.3f} ms  p99 {result['p99_ms']:.3f} ms  "
         f"Envoy {result['envoy_cpu_us_per_request']:.1f} + RLS {result['server_cpu_us_per_request']:.1f} µs "
-        f"CPU/req  answers {result['ratelimit']}")
+        f"CPU/req  answers {result['ratelimit']}  others {result['others_share']:.2f} cores")
     if result["non2xx"] or result["socket_errors"] or result["ratelimit"]["error"]:
         log(f"warning: non-2xx {result['non2xx']}, socket errors {result['socket_errors']}, "
             f"RLS errors {result['ratelimit']['error']}")
