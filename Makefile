@@ -11,6 +11,7 @@
 #   make lint    cargo fmt --check and clippy for the host and for wasm
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
+#   make bench-rls   sluice-service --rls against Limitador (LIMITADOR=path), over gRPC and through Envoy
 #   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
 #   make siege   sluice-service under every attack of issue 20 at once (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
@@ -143,6 +144,17 @@ bench: build
 NEEDS_bench-instructions = $(NEEDS_run-global) taskset valgrind
 bench-instructions: build
 	cd $(ROOT) && python3 bench/run.py --instructions $(BENCH_ARGS)
+
+# Not part of make test: sluice-service --rls against Limitador (issue 23), directly over gRPC with
+# service/examples/rls_load.rs and through Envoy's own ratelimit filter, over Redis and in memory;
+# rewrites the rls section of BENCHMARKS.md and bench/rls.json (about 6 minutes, plus the release
+# builds the first time). Limitador's rows need LIMITADOR=/path/to/limitador-server (built
+# elsewhere: this repository neither holds nor builds it); without it only sluice's are measured.
+# Options go through RLS_ARGS (see bench/rls.py --help).
+.PHONY: bench-rls
+NEEDS_bench-rls = python-venv redis-server redis-cli wrk taskset
+bench-rls: deps
+	cd $(ROOT) && python3 bench/rls.py $(RLS_ARGS)
 
 # Not part of make test: reliability runs that rewrite their sections of docs/reliability.md.
 # make soak: a flood of 1,000,000 new keys against max_keys, then SOAK_MINUTES (default 10) of

@@ -1,6 +1,6 @@
-"""The library behind `make bench`, `make bench-instructions`, `make soak`, `make chaos` and
-`make siege` (the thin scripts bench/run.py, bench/soak.py, bench/chaos.py and bench/siege.py).
-Python 3 standard library; the siege also grpcio.
+"""The library behind `make bench`, `make bench-instructions`, `make bench-rls`, `make soak`,
+`make chaos` and `make siege` (the thin scripts bench/run.py, bench/rls.py, bench/soak.py,
+bench/chaos.py and bench/siege.py). Python 3 standard library; the siege also grpcio.
 
 Running things:
   paths          where the scripts read and write (the report files move together with --out)
@@ -16,13 +16,19 @@ Running things:
 
 The benchmark (BENCHMARKS.md, bench/results.*, bench/history.jsonl, bench/instructions.json):
   setups               the Envoy configurations measured, and the ratios and targets over them
+  llm_bodies           the LLM responses (JSON, an event stream) the token-budget setups answer
   cpu_run              make bench: the interleaved rounds under wrk, and results.json
   accuracy             a local policy's admitted requests against the ideal
+  global_traffic       a global concurrency policy's calls to sluice-service per 1,000 requests
   instruction_run      make bench-instructions: each setup under callgrind
   history              one line per full run, to tell a change from noise
   benchmarks_report    BENCHMARKS.md, from results.json
   instructions_report  its section on instructions per request, from instructions.json
   chart                bench/results.svg
+
+The RLS against Limitador (make bench-rls: BENCHMARKS.md's rls section, bench/rls.json):
+  rls_run              the servers, the load generator and Envoy's own ratelimit filter, interleaved
+  rls_report           the section, sluice's figures as ratios over Limitador's
 
 Reliability (docs/reliability.md, each script its own sections):
   reliability_run                       what soak and chaos share around their measurements

@@ -1,6 +1,6 @@
 """What the runs compile: the two wasm fixtures (an empty filter and the design's floor),
-sluice-service optimized without the filter's LTO, and the pure core's micro-benchmarks, natively
-and compiled to wasm32 under Node's V8."""
+sluice-service and its RLS load generator optimized without the filter's LTO, and the pure core's
+micro-benchmarks, natively and compiled to wasm32 under Node's V8."""
 
 import functools
 import json
@@ -29,16 +29,28 @@ def build_fixtures():
     return wasm
 
 
+# The service's release build as the runs make it: optimized, without the filter's LTO.
+_SERVICE_PROFILE = {"CARGO_PROFILE_RELEASE_LTO": "false", "CARGO_PROFILE_RELEASE_CODEGEN_UNITS": "16",
+                    "CARGO_PROFILE_RELEASE_PANIC": "unwind"}
+
+
 @functools.cache
 def build_service():
     """sluice-service optimized, without the filter's LTO (minutes of compiling on 2 cores); built
     once per run, when out of date."""
     log("building sluice-service (release)")
-    env = dict(os.environ, CARGO_PROFILE_RELEASE_LTO="false", CARGO_PROFILE_RELEASE_CODEGEN_UNITS="16",
-               CARGO_PROFILE_RELEASE_PANIC="unwind")
     run(["cargo", "build", "--release", "--quiet", "-p", "sluice-service", "--target-dir", str(SERVICE_TARGET)],
-        timeout=1800, env=env)
+        timeout=1800, env=dict(os.environ, **_SERVICE_PROFILE))
     return SERVICE_TARGET / "release" / "sluice-service"
+
+
+@functools.cache
+def build_rls_load():
+    """The RLS load generator (service/examples/rls_load.rs), built as the service is."""
+    log("building the RLS load generator (release)")
+    run(["cargo", "build", "--release", "--quiet", "-p", "sluice-service", "--example", "rls_load",
+         "--target-dir", str(SERVICE_TARGET)], timeout=1800, env=dict(os.environ, **_SERVICE_PROFILE))
+    return SERVICE_TARGET / "release" / "examples" / "rls_load"
 
 
 def service_binary():

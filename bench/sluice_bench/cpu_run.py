@@ -15,11 +15,12 @@ from .benchmarks_report import render
 from .builds import micro_benchmarks, require_wasm
 from .envoy import Envoy, find_envoy
 from .facts import command_line, facts
+from .global_traffic import global_traffic
 from .history import append_history, history_entry
 from .measure import measure, summarize
 from .paths import read_json, write_json
 from .processes import Failure, install_signal_handlers, log, require
-from .setups import chosen_setups, services_for
+from .setups import TRAFFIC_SETUP, chosen_setups, services_for
 
 
 def run_cpu(args, reports):
@@ -32,20 +33,21 @@ def run_cpu(args, reports):
     if load > 0.5:
         log(f"warning: load average {load} before the run: other work on this machine skews the figures")
     chosen, service_port = chosen_setups(args.only)
+    measured = [s for s in chosen if s.in_cpu_rounds]
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         workdir = Path(tmp)
         micro = None if args.no_micro else micro_benchmarks(workdir)
         # A bound on the whole run: the measurements plus generous start-up and slack.
-        per_round = len(chosen) * (args.duration + args.warmup + 2)
+        per_round = len(measured) * (args.duration + args.warmup + 2)
         signal.alarm(int(args.rounds * per_round + args.accuracy_seconds + 300))
-        rows = measure_rounds(envoy_bin, chosen, workdir, service_port, args)
+        rows, traffic = measure_rounds(envoy_bin, chosen, workdir, service_port, args)
         acc = accuracy(envoy_bin, workdir, args.accuracy_seconds) if args.accuracy_seconds > 0 else None
         signal.alarm(0)
     summary = summarize(rows)
     elapsed = time.monotonic() - started
     write_json(reports.results_json, {
-        "info": info, "args": vars(args), "labels": {s.id: s.label for s in chosen}, "rounds": rows,
-        "summary": summary, "accuracy": acc, "micro": micro, "elapsed_s": elapsed,
+        "info": info, "args": vars(args), "labels": {s.id: s.label for s in measured}, "rounds": rows,
+        "summary": summary, "accuracy": acc, "micro": micro, "global_traffic": traffic, "elapsed_s": elapsed,
     })
     # A run of every setup, rounds included, is one the next runs compare themselves with.
     if not args.only and not args.quick:
@@ -64,20 +66,30 @@ def check_machine():
 
 def measure_rounds(envoy_bin, chosen, workdir, service_port, args):
     """Every setup's Envoy started, then `args.rounds` rounds of one measurement each; the
-    measurements by setup id. The Envoys and services are stopped whatever happens."""
-    rows = {s.id: [] for s in chosen}
+    measurements by setup id, and (with setup 11) the global concurrency policy's traffic to the
+    service. The Envoys and services are stopped whatever happens."""
+    measured = [s for s in chosen if s.in_cpu_rounds]
+    rows = {s.id: [] for s in measured}
     with services_for(chosen, workdir, service_port), contextlib.ExitStack() as envoys:
         started = {}
         for s in chosen:
             log(f"starting Envoy for setup {s.id}: {s.label}")
-            started[s.id] = envoys.enter_context(Envoy(envoy_bin, s.id, s.filters, workdir, clusters=s.clusters))
+            started[s.id] = envoys.enter_context(Envoy(envoy_bin, s.id, s.filters, workdir, clusters=s.clusters,
+                                                         response=s.response))
             started[s.id].start()
         for r in range(1, args.rounds + 1):
-            for s in chosen:
+            for s in measured:
                 result = measure(started[s.id], args.duration, args.warmup, args.connections)
                 rows[s.id].append(result)
                 log_measurement(f"round {r}/{args.rounds} setup {s.id:>2}", s, result)
-    return rows
+        traffic = None
+        if TRAFFIC_SETUP in started:
+            traffic = global_traffic(started[TRAFFIC_SETUP], service_port, args.duration, args.connections)
+            for load, t in traffic.items():
+                log(f"setup {TRAFFIC_SETUP}, {load} ({t['load']}): {t['requests']:,} requests, {t['refused']:,} "
+                    f"refused; per 1,000: {t['per_1000']}; settlements {t['settlements']}, outbox {t['outbox']}, "
+                    f"failed calls {t['failed_calls']}")
+    return rows, traffic
 
 
 def log_measurement(where, setup, result):
@@ -85,7 +97,7 @@ def log_measurement(where, setup, result):
         f"{where}: {result['rps']:>9,.0f} req/s  "
         f"p50 {result['p50_ms']:.3f} ms  p99 {result['p99_ms']:.3f} ms  "
         f"{result['cpu_us_per_request']:6.1f} µs CPU/req  "
-        f"Envoy CPU {100 * result['envoy_cpu_share']:.0f}%  "
+        f"Envoy CPU {100 * result['envoy_cpu_share']:.0f}%  others {result['others_share']:.2f} cores  "
         f"RSS {result['rss_mib']:.1f} MiB  non-2xx {result['non2xx']}"
     )
     if result["socket_errors"]:

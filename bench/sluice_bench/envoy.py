@@ -17,13 +17,15 @@ def find_envoy():
 
 class Envoy(Child):
     """`pin`: Envoy on the benchmark's Envoy core. `wrapper`: a command Envoy runs under
-    (valgrind); its process is the one started, so its PID is still Envoy's."""
+    (valgrind); its process is the one started, so its PID is still Envoy's. `response`: what
+    its route answers (`envoy_config.Response`; by default "ok\n")."""
 
     def __init__(self, envoy, name, filters, workdir, concurrency=1, pin=True, clusters=(), access_log=None,
-                 wrapper=()):
+                 wrapper=(), response=None):
         super().__init__(workdir, core=ENVOY_CORE if pin else None)
         self.envoy, self.name, self.filters, self.concurrency = envoy, f"envoy-{name}", filters, concurrency
         self.clusters, self.access_log, self.wrapper = clusters, access_log, list(wrapper)
+        self.response = response
 
     def start(self, timeout=60):
         for _attempt in range(3):
@@ -43,7 +45,7 @@ class Envoy(Child):
         """Envoy on the bootstrap for the ports chosen, written to the run's directory."""
         config = self.workdir / f"{self.name}.json"
         config.write_text(json.dumps(bootstrap(self.port, self.admin_port, self.filters, self.clusters,
-                                               self.access_log)))
+                                               self.access_log, self.response)))
         return [self.envoy, "-c", str(config), "--concurrency", str(self.concurrency), "--disable-hot-restart",
                 "-l", "warn"]
 

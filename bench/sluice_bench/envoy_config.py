@@ -3,12 +3,23 @@ only route is a `direct_response` (no upstream cost hides the filter's), the fil
 of it (sluice, the wasm fixtures, Envoy's native local rate limit), and the cluster that leads
 to sluice-service for global policies."""
 
+import dataclasses
 import json
 
 from .paths import SLUICE_WASM
 
 # The Envoy cluster that global policies name, and its authority.
 SERVICE_CLUSTER = "sluice_service"
+# The largest body Envoy's direct_response takes unless the route configuration allows more.
+_DIRECT_BODY_DEFAULT_MAX = 4096
+
+
+@dataclasses.dataclass(frozen=True)
+class Response:
+    """What the benchmark's route answers: a body, and its content-type (None: Envoy's own)."""
+
+    body: str
+    content_type: str = None
 
 _ROUTER = {
     "name": "envoy.filters.http.router",
@@ -124,14 +135,25 @@ def access_log_to(path):
     }]
 
 
-def connection_manager(filters, access_log=None):
-    direct = {"status": 200, "body": {"inline_string": "ok\n"}}
+def connection_manager(filters, access_log=None, response=None):
+    """The listener's HTTP: `filters`, then a route that answers every request with `response`
+    (a `Response`; by default "ok\n", to which Envoy gives its text/plain)."""
+    response = response or Response("ok\n")
+    direct = {"status": 200, "body": {"inline_string": response.body}}
     route = {"name": "bench", "match": {"prefix": "/"}, "direct_response": direct}
+    if response.content_type:
+        route["response_headers_to_add"] = [{
+            "header": {"key": "content-type", "value": response.content_type},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }]
+    route_config = {"name": "bench", "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": [route]}]}
+    if len(response.body.encode()) > _DIRECT_BODY_DEFAULT_MAX:
+        route_config["max_direct_response_body_size_bytes"] = len(response.body.encode())
     hcm = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "bench",
         "use_remote_address": True,
-        "route_config": {"name": "bench", "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": [route]}]},
+        "route_config": route_config,
         "http_filters": list(filters) + [_ROUTER],
     }
     if access_log:
@@ -139,13 +161,81 @@ def connection_manager(filters, access_log=None):
     return {"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}
 
 
-def bootstrap(port, admin_port, filters, clusters=(), access_log=None):
+def bootstrap(port, admin_port, filters, clusters=(), access_log=None, response=None):
     listener = {
         "name": "bench",
         "address": address(port),
-        "filter_chains": [{"filters": [connection_manager(filters, access_log)]}],
+        "filter_chains": [{"filters": [connection_manager(filters, access_log, response)]}],
     }
     return {
         "admin": {"address": address(admin_port)},
         "static_resources": {"listeners": [listener], "clusters": list(clusters)},
+    }
+
+
+# The cluster Envoy's native ratelimit filter calls, and the upstream its route leads to.
+RLS_CLUSTER = "rls"
+BACKEND_CLUSTER = "backend"
+
+
+def native_ratelimit_bootstrap(port, admin_port, backend_port, rls_port, domain, descriptor_key):
+    """Envoy's own ratelimit filter in front of a Rate Limit Service on `rls_port` (gRPC), as
+    envoy/rls.yaml sets it up: the route's `rate_limits` send one descriptor, `(descriptor_key=
+    <x-user-id>)`, in `domain`; the route leads to a second listener of the same Envoy on
+    `backend_port` that answers "ok\\n" (the filter reads a route's `rate_limits` only on a route
+    to a cluster, never on a direct_response). An answer within 1 s, else the request goes on
+    (failure_mode_deny: false, counted in the filter's `error` and `failure_mode_allowed`)."""
+    limits = [{"actions": [{"request_headers": {"header_name": "x-user-id", "descriptor_key": descriptor_key}}]}]
+    route = {"match": {"prefix": "/"}, "route": {"cluster": BACKEND_CLUSTER, "rate_limits": limits}}
+    ratelimit = {
+        "name": "envoy.filters.http.ratelimit",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+            "domain": domain,
+            "timeout": "1s",
+            "failure_mode_deny": False,
+            "rate_limit_service": {
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": RLS_CLUSTER}},
+            },
+        },
+    }
+    hcm = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "bench",
+        "use_remote_address": True,
+        "route_config": {"name": "bench", "virtual_hosts": [{"name": "bench", "domains": ["*"], "routes": [route]}]},
+        "http_filters": [ratelimit, _ROUTER],
+    }
+    front = {
+        "name": "bench",
+        "address": address(port),
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm}]}],
+    }
+    backend = bootstrap(backend_port, admin_port, [])["static_resources"]["listeners"][0]
+    backend["name"] = BACKEND_CLUSTER
+    http2 = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    return {
+        "admin": {"address": address(admin_port)},
+        "static_resources": {
+            "listeners": [front, backend],
+            "clusters": [static_cluster(BACKEND_CLUSTER, backend_port),
+                         dict(static_cluster(RLS_CLUSTER, rls_port), typed_extension_protocol_options=http2)],
+        },
+    }
+
+
+def static_cluster(name, port):
+    """A cluster of one endpoint, 127.0.0.1:`port`."""
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "0.25s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(port)}}]}]},
     }

@@ -25,9 +25,14 @@ def git(*args):
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 
+# What the runs themselves rewrite: a change there is not a change to what they measure.
+REPORT_FILES = ("BENCHMARKS.md", "bench/*.json", "bench/*.jsonl", "bench/*.svg", "docs/reliability.md")
+
+
 def commit():
+    """HEAD, and whether anything but the report files differs from it."""
     described = git("rev-parse", "--short=12", "HEAD") or "unknown"
-    if git("status", "--porcelain", "--untracked-files=no"):
+    if git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":(exclude){p}" for p in REPORT_FILES)):
         described += " (with uncommitted changes)"
     return described
 

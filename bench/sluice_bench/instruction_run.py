@@ -86,7 +86,7 @@ def count_instructions(envoy_bin, setup, workdir, requests):
     thread (the worker's) over the requests is the figure."""
     out = workdir / f"callgrind-{setup.id}"
     envoy = Envoy(envoy_bin, setup.id, setup.filters, workdir, pin=False, clusters=setup.clusters,
-                  wrapper=CALLGRIND + [f"--callgrind-out-file={out}.%p"])
+                  wrapper=CALLGRIND + [f"--callgrind-out-file={out}.%p"], response=setup.response)
     with envoy:
         began = time.monotonic()
         envoy.start(timeout=SECONDS_PER_SETUP)

@@ -63,14 +63,14 @@ def wrk(port, duration, connections=16, threads=1, core=LOAD_CORE):
     return parse_wrk(run_wrk(port, duration, connections, threads, headers, core=core))
 
 
-def wrk_script(port, seconds, connections, threads, lua, workdir, env=None, until=None):
+def wrk_script(port, seconds, connections, threads, lua, workdir, env=None, until=None, core=None):
     """wrk with a Lua script (LUA_TOTALS, then `lua`) for at most `seconds`: parse_wrk's figures,
     the largest latency, and what the script printed (`KEY VALUE` lines) under "script".
     `until()`, polled twice a second, ends the run early when true (a Lua thread that stops
-    itself does not end wrk's run, which lasts its whole -d)."""
+    itself does not end wrk's run, which lasts its whole -d). `core`: pinned to it."""
     script = workdir / "wrk-script.lua"
     script.write_text(LUA_TOTALS + lua)
-    stdout = run_wrk(port, seconds, connections, threads, ["-s", str(script)], env=env, until=until)
+    stdout = run_wrk(port, seconds, connections, threads, ["-s", str(script)], core=core, env=env, until=until)
     result = parse_wrk(stdout)
     result["max_ms"] = to_ms(re.search(r"Latency\s+\S+\s+\S+\s+(\S+)", stdout).group(1))
     result["script"] = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\w[\w-]*) (\d+)$", stdout, re.MULTILINE)}

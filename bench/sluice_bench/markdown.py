@@ -1,6 +1,10 @@
 """The Markdown the reports are made of: tables, figures that may be missing ("n/a"), pass/fail
 verdicts, and sections of a document that a script rewrites between its markers."""
 
+import re
+
+_SECTION = re.compile(r"^<!-- ([\w-]+):begin -->$.*?^<!-- \1:end -->$", re.MULTILINE | re.DOTALL)
+
 
 def table(header, rows, align=None):
     """A Markdown table. `align`: one letter a column, "l" or "r"; by default the first column
@@ -42,3 +46,12 @@ def write_section(path, name, lines):
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def marked_sections(path):
+    """The sections of the document at `path` that other scripts write between their markers
+    (`write_section`), each as its lines, markers included, in the document's order: what a
+    script that rewrites the whole document keeps."""
+    if not path.exists():
+        return []
+    return [match.group(0).split("\n") for match in _SECTION.finditer(path.read_text())]

@@ -7,10 +7,10 @@ import threading
 import time
 
 from .load import wrk
-from .processes import cpu_seconds
+from .processes import children_cpu_seconds, cpu_seconds, machine_busy_seconds
 
 # The per-run figures the benchmark reports the median of.
-MEDIAN_FIGURES = ("rps", "p50_ms", "p99_ms", "cpu_us_per_request", "rss_mib", "envoy_cpu_share")
+MEDIAN_FIGURES = ("rps", "p50_ms", "p99_ms", "cpu_us_per_request", "rss_mib", "envoy_cpu_share", "others_share")
 
 
 def measure(envoy, duration, warmup, connections=16):
@@ -18,11 +18,14 @@ def measure(envoy, duration, warmup, connections=16):
     time per request, its share of a core, and its RSS after the run."""
     if warmup:
         wrk(envoy.port, warmup, connections)
-    cpu_before = cpu_seconds(envoy.pid)
+    cpu_before, machine_before, wrk_before = cpu_seconds(envoy.pid), machine_busy_seconds(), children_cpu_seconds()
     result = wrk(envoy.port, duration, connections)
     cpu = cpu_seconds(envoy.pid) - cpu_before
+    wrk_cpu = children_cpu_seconds() - wrk_before
     result["cpu_us_per_request"] = cpu / max(result["requests"], 1) * 1e6
     result["envoy_cpu_share"] = cpu / result["seconds"]
+    # The rest of the machine meanwhile, in cores: other work (and the global rows' service and Redis).
+    result["others_share"] = max(machine_busy_seconds() - machine_before - cpu - wrk_cpu, 0.0) / result["seconds"]
     result["rss_mib"] = envoy.rss_mib()
     return result
 
@@ -30,7 +33,7 @@ def measure(envoy, duration, warmup, connections=16):
 def summarize(rows):
     """Per setup, the median of each figure over its rounds, and of its share of non-2xx answers."""
     return {
-        sid: {key: statistics.median(s[key] for s in samples) for key in MEDIAN_FIGURES}
+        sid: {key: statistics.median(s[key] for s in samples) for key in MEDIAN_FIGURES if key in samples[0]}
         | {"non2xx_share": statistics.median(s["non2xx"] / max(s["requests"], 1) for s in samples)}
         for sid, samples in rows.items()
     }

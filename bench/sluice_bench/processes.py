@@ -5,6 +5,7 @@ log lines and how its failures end it. Everything binds 127.0.0.1 on free ports.
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -128,6 +129,20 @@ def cpu_seconds(pid):
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def machine_busy_seconds():
+    """The CPU time every process of the machine has used (/proc/stat: all but idle and iowait),
+    in seconds: less ours, what other work took."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def children_cpu_seconds():
+    """The CPU time of our children that ended and were waited for (the load generators, wrk)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def rss_mib(pid):

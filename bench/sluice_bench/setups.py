@@ -1,12 +1,14 @@
-"""The Envoy configurations the benchmark measures, 1 to 9, each defined once for the CPU run and
-the callgrind run; the services the global rows need; and what the reports compute over the
-setups: the ratios, the steps from one setup to the next, and issue 5's targets."""
+"""The Envoy configurations the benchmark measures, 1 to 13T, each defined once for the CPU run
+and the callgrind run; the services the global rows need; and what the reports compute over the
+setups: the ratios, the steps from one setup to the next, and the issues' targets (5: the cost of
+a decision; 24: token budgets; 25: concurrency limits)."""
 
 import contextlib
 import dataclasses
 
 from .builds import build_fixtures, build_service
 from .envoy_config import native_local_ratelimit, policy, service_cluster, service_settings, sluice, wasm_filter
+from .llm_bodies import event_stream_response, json_response
 from .processes import LOAD_CORE, free_ports
 from .services import redis_and_service
 
@@ -14,6 +16,10 @@ from .services import redis_and_service
 DEFAULT_MAX_KEYS = 10_000
 # Never-denying limits: a million requests per second per key, a burst of as many.
 NEVER = 1_000_000
+# A never-refusing concurrency policy: sluice-service holds at most 10,000 slots of a global key.
+SLOTS = 10_000
+# A never-denying token budget: the 4 KiB response uses 1,963 tokens, some 40 million a second.
+TOKENS = 1_000_000_000
 
 # What the ratios compare, on CPU per request (requests/s shown too).
 RATIOS = [
@@ -27,6 +33,10 @@ RATIOS = [
     ("7", "4", "a 429 over an allowed request"),
     ("9", "4", "global with leases over local"),
     ("8", "4", "strict global over local"),
+    ("10", "4", "a concurrency slot over a token bucket"),
+    ("11", "8", "global concurrency over strict global"),
+    ("12T", "12", "a token budget over a request count, 4 KiB JSON"),
+    ("13T", "13", "a token budget over a request count, 200-event stream"),
 ]
 # What each step from one setup to the next adds (a − b), in the CPU and instruction reports.
 STEPS = [
@@ -37,9 +47,21 @@ STEPS = [
     ("2", "1", "native local_ratelimit"),
     ("8", "4", "a call to sluice-service per request"),
     ("9", "4", "leases of 100: a call per 100 requests"),
+    ("10", "4", "a slot taken and given back instead of a token bucket's decision"),
+    ("12T", "12", "reading a 4 KiB JSON response's usage and settling it"),
+    ("13T", "13", "reading a 200-event stream's usage and settling it"),
 ]
-# The issue's targets, on CPU per request: numerator <= factor x denominator.
-TARGETS = [("4", "3b", 1.15), ("4L", "3b", 1.0), ("5", "4", 1.2), ("7", "4", 1.0), ("9", "4", 1.25)]
+# The issues' targets, on CPU per request: numerator <= factor x denominator, and the issue.
+TARGETS = [
+    ("4", "3b", 1.15, "5"), ("4L", "3b", 1.0, "5"), ("5", "4", 1.2, "5"), ("7", "4", 1.0, "5"),
+    ("9", "4", 1.25, "5"), ("12T", "12", 1.3, "24"), ("10", "4", 1.15, "25"),
+]
+# The global concurrency setup whose traffic to the service the CPU run counts. It is left out
+# of the CPU run's rounds: its releases go through each worker's outbox, which sends about 1,024
+# a second (global_traffic.OUTBOX_PER_TICK), so under wrk's thousands of requests a second the
+# key's slots fill up with requests long ended and most requests are refused; the CPU run loads
+# it paced instead (global_traffic), the callgrind run as every setup (a few hundred a second).
+TRAFFIC_SETUP = "11"
 # A peer's gRPC callout per request costs about +630 µs over Envoy alone (the issue's figure):
 # strict global (8) must cost at most half of that over Envoy alone (1).
 CALLOUT_BUDGET_US = 630 / 2
@@ -54,6 +76,13 @@ class Setup:
     denies: bool = False
     # The Envoy clusters its filter configuration names: the global rows' sluice-service.
     clusters: list = dataclasses.field(default_factory=list)
+    # What its route answers (envoy_config.Response): by default "ok\n".
+    response: object = None
+
+    @property
+    def in_cpu_rounds(self):
+        """Whether the CPU run measures it under wrk with the others (all but TRAFFIC_SETUP)."""
+        return self.id != TRAFFIC_SETUP
 
     @property
     def uses_service(self):
@@ -62,7 +91,7 @@ class Setup:
 
 
 def setups(fixtures, service_port, valgrind=False):
-    """The setups, 1 to 9; the global rows call sluice-service on `service_port`. `valgrind`: for a
+    """The setups, 1 to 13T; the global rows call sluice-service on `service_port`. `valgrind`: for a
     run under valgrind, where Envoy answers about 50 times slower: the denying setups (6, 7)
     refill per hour rather than per second, so that every request after the burst is denied, and
     the global rows (8, 9) give the service 5 s, not 1 s. (1 s is generous already, so that the
@@ -87,7 +116,31 @@ def setups(fixtures, service_port, valgrind=False):
         Setup("8", "sluice, global, strict (a call per request)", [sluice(strict, service=service)], clusters=calls),
         Setup("9", "sluice, global, lease of 100 on the hot key",
               [sluice(dict(strict, lease=100), service=service)], clusters=calls),
+        Setup("10", "sluice, concurrency (a slot per request)",
+              [sluice(slots("streams"))]),
+        Setup("11", "sluice, global concurrency (a check per request)",
+              [sluice(dict(slots("global-streams"), scope="global"), service=service)], clusters=calls),
+        Setup("12", "sluice, 1 policy, 4 KiB JSON response", [sluice(per_user)], response=json_response()),
+        Setup("12T", "sluice, token budget, 4 KiB JSON response", [sluice(token_budget())],
+              response=json_response()),
+        Setup("13", "sluice, 1 policy, 200-event SSE response", [sluice(per_user)],
+              response=event_stream_response()),
+        Setup("13T", "sluice, token budget, 200-event SSE response", [sluice(token_budget())],
+              response=event_stream_response()),
     ]
+
+
+def slots(name):
+    """A concurrency policy that never refuses (wrk keeps 16 requests in flight): a slot per
+    request of the user in flight, given back when the request ends."""
+    return {"name": name, "key": ["header:x-user-id"], "algorithm": "concurrency", "requests": SLOTS}
+
+
+def token_budget():
+    """A token bucket per user charged each response's usage (total_tokens, read from its body),
+    reserving nothing: never refusing, at a billion tokens a second."""
+    return dict(policy("per-user-tokens", "header:x-user-id", TOKENS, "1s", TOKENS),
+                cost={"from_response": {"usage": "total_tokens"}})
 
 
 def layered_policies():
