@@ -22,6 +22,9 @@ pub const GIVE_UP: u64 = 30 * NANOS_PER_SEC;
 pub const MAX_IN_FLIGHT: usize = 4;
 /// A call unanswered this long counts as failed (its answer, if it comes, is ignored).
 pub const CALL_TIMEOUT: u64 = 5 * NANOS_PER_SEC;
+/// After a failed call, nothing more is sent to its service for this long: a service that is
+/// down or shedding load is not hammered by every worker's timer.
+pub const BACK_OFF: u64 = NANOS_PER_SEC;
 
 /// Settlements waiting for one service, and the calls under way to it.
 #[derive(Debug)]
@@ -29,6 +32,8 @@ struct Queue {
     service: GlobalService,
     waiting: VecDeque<(Settlement, u64)>,
     in_flight: Vec<Call>,
+    /// Nothing is sent before then (`BACK_OFF` after a failure).
+    resume_at: u64,
 }
 
 /// One call under way: the host's token for it, when it was made, what it carries.
@@ -66,6 +71,7 @@ impl Outbox {
                     service: service.clone(),
                     waiting: VecDeque::new(),
                     in_flight: Vec::new(),
+                    resume_at: 0,
                 });
                 self.queues.last_mut()
             }
@@ -89,9 +95,10 @@ impl Outbox {
             .all(|q| q.waiting.is_empty() && q.in_flight.is_empty())
     }
 
-    /// Sends what waits, at most `MAX_IN_FLIGHT` calls per service: `send` makes a call and
-    /// returns the host's token for it, or `None` if it could not be made (the batch waits for
-    /// the next tick). Calls unanswered for `CALL_TIMEOUT` count as failed first.
+    /// Sends what waits, at most `MAX_IN_FLIGHT` calls per service and none to a service backing
+    /// off: `send` makes a call and returns the host's token for it, or `None` if it could not be
+    /// made (the batch waits for the next tick). Calls unanswered for `CALL_TIMEOUT` count as
+    /// failed first.
     pub fn flush(&mut self, now: u64, mut send: impl FnMut(Batch) -> Option<u32>) {
         for queue in &mut self.queues {
             let (late, on_time): (Vec<Call>, Vec<Call>) = std::mem::take(&mut queue.in_flight)
@@ -102,7 +109,8 @@ impl Outbox {
                 self.dropped += requeue(queue, call.batch, now);
             }
             self.dropped += expire(&mut queue.waiting, now);
-            while queue.in_flight.len() < MAX_IN_FLIGHT && !queue.waiting.is_empty() {
+            let ready = now >= queue.resume_at;
+            while ready && queue.in_flight.len() < MAX_IN_FLIGHT && !queue.waiting.is_empty() {
                 let take = queue.waiting.len().min(MAX_BATCH);
                 let batch: Vec<(Settlement, u64)> = queue.waiting.drain(..take).collect();
                 let settlements = batch.iter().map(|(s, _)| s.clone()).collect();
@@ -120,6 +128,7 @@ impl Outbox {
                         for entry in batch.into_iter().rev() {
                             queue.waiting.push_front(entry);
                         }
+                        queue.resume_at = now.saturating_add(BACK_OFF);
                         break;
                     }
                 }
@@ -156,9 +165,10 @@ impl Outbox {
     }
 }
 
-/// Puts a failed batch back at the front of its queue, but what is too old to try again:
-/// returns how many were dropped.
+/// Puts a failed batch back at the front of its queue, but what is too old to try again, and
+/// backs the queue off: returns how many were dropped.
 fn requeue(queue: &mut Queue, batch: Vec<(Settlement, u64)>, now: u64) -> u64 {
+    queue.resume_at = now.saturating_add(BACK_OFF);
     let mut dropped = 0;
     for (settlement, made) in batch.into_iter().rev() {
         if now.saturating_sub(made) < GIVE_UP {
@@ -241,7 +251,10 @@ mod tests {
         outbox.push(&service("a"), release(1), T0);
         flush(&mut outbox, T0, &mut tokens);
         outbox.answered(1, false, T0 + NANOS_PER_SEC);
-        assert_eq!(flush(&mut outbox, T0 + NANOS_PER_SEC, &mut tokens), [1]);
+        assert_eq!(
+            flush(&mut outbox, T0 + NANOS_PER_SEC + BACK_OFF, &mut tokens),
+            [1]
+        );
         outbox.answered(2, false, T0 + GIVE_UP);
         assert!(outbox.is_idle(), "too old to try again");
         assert_eq!(outbox.take_counts(), (1, 0));
@@ -252,9 +265,11 @@ mod tests {
         let (mut outbox, mut tokens) = (Outbox::default(), 0);
         outbox.push(&service("a"), release(1), T0);
         flush(&mut outbox, T0, &mut tokens);
-        assert_eq!(flush(&mut outbox, T0 + CALL_TIMEOUT, &mut tokens), [1]);
+        assert!(flush(&mut outbox, T0 + CALL_TIMEOUT, &mut tokens).is_empty());
         assert!(!outbox.answered(1, true, T0 + CALL_TIMEOUT), "ignored");
-        assert!(outbox.answered(2, true, T0 + CALL_TIMEOUT));
+        let again = T0 + CALL_TIMEOUT + BACK_OFF;
+        assert_eq!(flush(&mut outbox, again, &mut tokens), [1]);
+        assert!(outbox.answered(2, true, again));
     }
 
     #[test]
@@ -279,12 +294,43 @@ mod tests {
         }
         outbox.flush(T0, |_| None);
         let mut keys = Vec::new();
-        outbox.flush(T0, |batch| {
+        outbox.flush(T0 + BACK_OFF, |batch| {
             keys.extend(batch.settlements.iter().map(|s| s.key.clone()));
             Some(1)
         });
         assert_eq!(keys.len(), 3);
         assert!(keys.windows(2).all(|w| w[0] < w[1]), "{keys:?}");
+    }
+
+    #[test]
+    fn a_failed_call_backs_its_service_off_and_a_delivered_one_sends_the_next_at_once() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        for n in 0..(MAX_IN_FLIGHT * MAX_BATCH + 1) as u64 {
+            outbox.push(&service("a"), release(n), T0);
+        }
+        assert_eq!(flush(&mut outbox, T0, &mut tokens).len(), MAX_IN_FLIGHT);
+        assert!(outbox.answered(1, true, T0));
+        assert_eq!(
+            flush(&mut outbox, T0, &mut tokens),
+            [1],
+            "no wait for a tick"
+        );
+        assert!(outbox.answered(2, false, T0));
+        outbox.push(&service("b"), release(0), T0);
+        let sent = |outbox: &mut Outbox, now| {
+            let mut clusters = Vec::new();
+            outbox.flush(now, |batch| {
+                clusters.push(batch.service.cluster.clone());
+                Some(99)
+            });
+            clusters
+        };
+        assert_eq!(
+            sent(&mut outbox, T0 + BACK_OFF - 1),
+            ["b"],
+            "only a backs off"
+        );
+        assert_eq!(sent(&mut outbox, T0 + BACK_OFF), ["a"]);
     }
 
     #[test]

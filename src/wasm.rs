@@ -27,6 +27,9 @@ use std::time::{Duration, UNIX_EPOCH};
 const COUNTER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
 /// How often held requests are looked at: the timing precision of a leaky bucket.
 const HOLD_TICK: Duration = Duration::from_millis(5);
+/// How often the outbox is sent while a policy settles with sluice-service: a global slot is
+/// free again about this long after its request ends, whatever the rate of requests.
+const SETTLE_TICK: Duration = Duration::from_millis(20);
 
 thread_local! {
     /// The admitted requests of this VM (one worker) that owe their policies something when they
@@ -310,7 +313,8 @@ struct Root {
 }
 
 impl Context for Root {
-    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx.
+    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx. What waits behind it
+    /// goes at once, so a worker's releases keep up with any rate the service answers.
     fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _: usize) {
         let delivered = call_status::<u32>(headers).is_some_and(|s| (200..300).contains(&s));
         let now = Envoy.now();
@@ -319,6 +323,9 @@ impl Context for Root {
                 outbox.answered(token, delivered, now);
             }
         });
+        if delivered {
+            flush_outbox(self.filter.as_deref());
+        }
     }
 }
 
@@ -344,6 +351,8 @@ impl RootContext for Root {
                 );
                 let tick = if filter.shapes_traffic() {
                     HOLD_TICK
+                } else if filter.settles() {
+                    SETTLE_TICK
                 } else {
                     COUNTER_FLUSH_PERIOD
                 };

@@ -343,6 +343,16 @@ impl Filter {
         self.plan.policies.iter().any(holds)
     }
 
+    /// Whether some policy owes sluice-service settlements when its requests end (a global
+    /// metered or concurrency policy), so the worker's outbox needs sending soon.
+    pub fn settles(&self) -> bool {
+        // Configuration refuses such policies with an RLS, which takes no settlements.
+        let owes = |p: &config::Policy| {
+            matches!(p.scope, config::Scope::Global(_)) && (p.metered.is_some() || p.holds_slots())
+        };
+        self.plan.policies.iter().any(owes)
+    }
+
     fn log_degraded(&self, outcome: &Outcome, now: u64) {
         let degraded = outcome
             .applied

@@ -558,6 +558,23 @@ fn global_per_user(burst: u64) -> Value {
 }
 
 #[test]
+fn only_global_metered_and_concurrency_policies_owe_the_service_settlements() {
+    let streams = json!({"name": "streams", "algorithm": "concurrency", "key": ["header:x-user-id"], "requests": 4});
+    let mut global_streams = streams.clone();
+    global_streams["scope"] = json!("global");
+    let mut tokens = global_per_user(5);
+    tokens["cost"] = json!({"from_response": {"usage": "total_tokens"}});
+    let settles = |config: Value| setup(config).0.settles();
+    assert!(settles(global(global_streams)));
+    assert!(settles(global(tokens)));
+    assert!(!settles(global(global_per_user(5))));
+    assert!(
+        !settles(json!({"policies": [streams]})),
+        "local slots stay in shared data"
+    );
+}
+
+#[test]
 fn a_strict_global_policy_asks_the_service_then_remembers_a_denial() {
     let (filter, host) = setup(global(global_per_user(3)));
     let service = FakeService::default();
