@@ -1,8 +1,9 @@
 //! What this worker owes the rate-limit service once requests are admitted: the usage of their
 //! responses beyond or below their reservations, the slots of global concurrency policies given
-//! back and renewed (`protocol::Settlement`). They are sent in batches from the worker's timer,
-//! never on a request's path, and never lost silently: a batch that fails is sent again until
-//! it is `GIVE_UP` old, and what the outbox cannot hold or deliver is counted as dropped.
+//! back and renewed (`protocol::Settlement`). They are sent in batches from the worker's timer
+//! and behind each batch delivered, never on a request's path, and never lost silently: a batch
+//! that fails is sent again (after `BACK_OFF`) until it is `GIVE_UP` old, and what the outbox
+//! cannot hold or deliver is counted as dropped.
 //!
 //! The outbox is the worker's (its VM's), not a configuration's: a request admitted under a
 //! configuration that has since been replaced still settles with the service it was admitted by.
@@ -86,6 +87,11 @@ impl Outbox {
                 false
             }
         }
+    }
+
+    /// Whether some service has a whole batch waiting: more than its timer should wait for.
+    pub fn has_full_batch(&self) -> bool {
+        self.queues.iter().any(|q| q.waiting.len() >= MAX_BATCH)
     }
 
     /// Whether nothing waits or is under way.
@@ -303,18 +309,14 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_call_backs_its_service_off_and_a_delivered_one_sends_the_next_at_once() {
+    fn a_failed_call_backs_its_service_off() {
         let (mut outbox, mut tokens) = (Outbox::default(), 0);
         for n in 0..(MAX_IN_FLIGHT * MAX_BATCH + 1) as u64 {
             outbox.push(&service("a"), release(n), T0);
         }
         assert_eq!(flush(&mut outbox, T0, &mut tokens).len(), MAX_IN_FLIGHT);
         assert!(outbox.answered(1, true, T0));
-        assert_eq!(
-            flush(&mut outbox, T0, &mut tokens),
-            [1],
-            "no wait for a tick"
-        );
+        assert_eq!(flush(&mut outbox, T0, &mut tokens), [1]);
         assert!(outbox.answered(2, false, T0));
         outbox.push(&service("b"), release(0), T0);
         let sent = |outbox: &mut Outbox, now| {
@@ -331,6 +333,16 @@ mod tests {
             "only a backs off"
         );
         assert_eq!(sent(&mut outbox, T0 + BACK_OFF), ["a"]);
+    }
+
+    #[test]
+    fn a_full_batch_waiting_is_told() {
+        let mut outbox = Outbox::default();
+        for n in 0..MAX_BATCH as u64 {
+            assert!(!outbox.has_full_batch());
+            outbox.push(&service("a"), release(n), T0);
+        }
+        assert!(outbox.has_full_batch());
     }
 
     #[test]

@@ -313,17 +313,19 @@ struct Root {
 }
 
 impl Context for Root {
-    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx. What waits behind it
-    /// goes at once, so a worker's releases keep up with any rate the service answers.
+    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx. A full batch waiting
+    /// behind it goes at once, so a worker's releases keep up with any rate the service answers.
     fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _: usize) {
         let delivered = call_status::<u32>(headers).is_some_and(|s| (200..300).contains(&s));
         let now = Envoy.now();
-        OUTBOX.with(|outbox| {
-            if let Ok(mut outbox) = outbox.try_borrow_mut() {
-                outbox.answered(token, delivered, now);
-            }
+        let backlog = OUTBOX.with(|outbox| {
+            let Ok(mut outbox) = outbox.try_borrow_mut() else {
+                return false;
+            };
+            outbox.answered(token, delivered, now);
+            outbox.has_full_batch()
         });
-        if delivered {
+        if delivered && backlog {
             flush_outbox(self.filter.as_deref());
         }
     }

@@ -133,5 +133,8 @@ fn a_global_slot_is_free_again_moments_after_its_request_ends() {
     }
     let admitted = statuses.iter().filter(|&&s| s == 200).count();
     // A stalled worker or a slow call may refuse one or two on a loaded machine.
-    assert!(admitted >= requests - 3, "{admitted} of {requests} admitted: {statuses:?}");
+    assert!(
+        admitted >= requests - 3,
+        "{admitted} of {requests} admitted: {statuses:?}"
+    );
 }

@@ -33,12 +33,11 @@ def run_cpu(args, reports):
     if load > 0.5:
         log(f"warning: load average {load} before the run: other work on this machine skews the figures")
     chosen, service_port = chosen_setups(args.only)
-    measured = [s for s in chosen if s.in_cpu_rounds]
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         workdir = Path(tmp)
         micro = None if args.no_micro else micro_benchmarks(workdir)
         # A bound on the whole run: the measurements plus generous start-up and slack.
-        per_round = len(measured) * (args.duration + args.warmup + 2)
+        per_round = len(chosen) * (args.duration + args.warmup + 2)
         signal.alarm(int(args.rounds * per_round + args.accuracy_seconds + 300))
         rows, traffic = measure_rounds(envoy_bin, chosen, workdir, service_port, args)
         acc = accuracy(envoy_bin, workdir, args.accuracy_seconds) if args.accuracy_seconds > 0 else None
@@ -46,7 +45,7 @@ def run_cpu(args, reports):
     summary = summarize(rows)
     elapsed = time.monotonic() - started
     write_json(reports.results_json, {
-        "info": info, "args": vars(args), "labels": {s.id: s.label for s in measured}, "rounds": rows,
+        "info": info, "args": vars(args), "labels": {s.id: s.label for s in chosen}, "rounds": rows,
         "summary": summary, "accuracy": acc, "micro": micro, "global_traffic": traffic, "elapsed_s": elapsed,
     })
     # A run of every setup, rounds included, is one the next runs compare themselves with.
@@ -68,8 +67,7 @@ def measure_rounds(envoy_bin, chosen, workdir, service_port, args):
     """Every setup's Envoy started, then `args.rounds` rounds of one measurement each; the
     measurements by setup id, and (with setup 11) the global concurrency policy's traffic to the
     service. The Envoys and services are stopped whatever happens."""
-    measured = [s for s in chosen if s.in_cpu_rounds]
-    rows = {s.id: [] for s in measured}
+    rows = {s.id: [] for s in chosen}
     with services_for(chosen, workdir, service_port), contextlib.ExitStack() as envoys:
         started = {}
         for s in chosen:
@@ -78,7 +76,7 @@ def measure_rounds(envoy_bin, chosen, workdir, service_port, args):
                                                          response=s.response))
             started[s.id].start()
         for r in range(1, args.rounds + 1):
-            for s in measured:
+            for s in chosen:
                 result = measure(started[s.id], args.duration, args.warmup, args.connections)
                 rows[s.id].append(result)
                 log_measurement(f"round {r}/{args.rounds} setup {s.id:>2}", s, result)

@@ -1,13 +1,13 @@
 """What a global concurrency policy (setup 11) sends sluice-service per 1,000 requests: its
 checks (`POST /v1/check`, one per request, carrying the slot) and its settle calls
-(`POST /v1/settle`: the releases, sent in batches from each worker's timer), with the
-settlements they carry, read off the service's `/metrics` around the load.
+(`POST /v1/settle`: the releases, sent in batches from each worker's 20 ms timer and behind
+each batch delivered while a full one waits), with the settlements they carry, read off the service's `/metrics`
+around the load.
 
-Two loads, one after the other, through the setup's own Envoy: *paced*, a steady rate below what
-a worker's outbox sends in a second (`OUTBOX_PER_TICK`), which gives the traffic per 1,000
-requests once releases keep up; then *saturated*, wrk as the CPU rounds run it, which shows what
-happens above that rate (the releases fall behind, the key's slots fill up and requests are
-refused). The paced load comes first: the saturated one leaves slots behind."""
+Two loads, one after the other, through the setup's own Envoy: *paced*, a steady rate from
+keep-alive clients, where a batch carries the few requests that ended since the last tick; then
+*saturated*, wrk as the CPU rounds run it, where batches fill up. Releases that fell behind would
+show as refusals: the key's slots full of requests long ended."""
 
 import re
 import threading
@@ -15,9 +15,6 @@ import time
 
 from .load import CLIENT_HEADERS, PATH, PacedClients, Pacer, http_get, wrk
 
-# The filter's outbox (src/outbox.rs) sends from each worker's 1 s timer at most 4 calls of 256
-# settlements: releases beyond that a second wait for the next ticks.
-OUTBOX_PER_TICK = 4 * 256
 # The paced load: this many requests a second, from as many keep-alive clients.
 PACED_RATE = 500
 PACED_CLIENTS = 5

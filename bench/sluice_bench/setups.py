@@ -56,11 +56,8 @@ TARGETS = [
     ("4", "3b", 1.15, "5"), ("4L", "3b", 1.0, "5"), ("5", "4", 1.2, "5"), ("7", "4", 1.0, "5"),
     ("9", "4", 1.25, "5"), ("12T", "12", 1.3, "24"), ("10", "4", 1.15, "25"),
 ]
-# The global concurrency setup whose traffic to the service the CPU run counts. It is left out
-# of the CPU run's rounds: its releases go through each worker's outbox, which sends about 1,024
-# a second (global_traffic.OUTBOX_PER_TICK), so under wrk's thousands of requests a second the
-# key's slots fill up with requests long ended and most requests are refused; the CPU run loads
-# it paced instead (global_traffic), the callgrind run as every setup (a few hundred a second).
+# The global concurrency setup whose traffic to the service the CPU run also counts, after its
+# rounds (global_traffic).
 TRAFFIC_SETUP = "11"
 # A peer's gRPC callout per request costs about +630 µs over Envoy alone (the issue's figure):
 # strict global (8) must cost at most half of that over Envoy alone (1).
@@ -78,11 +75,6 @@ class Setup:
     clusters: list = dataclasses.field(default_factory=list)
     # What its route answers (envoy_config.Response): by default "ok\n".
     response: object = None
-
-    @property
-    def in_cpu_rounds(self):
-        """Whether the CPU run measures it under wrk with the others (all but TRAFFIC_SETUP)."""
-        return self.id != TRAFFIC_SETUP
 
     @property
     def uses_service(self):
