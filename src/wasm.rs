@@ -309,7 +309,8 @@ impl Metrics for Envoy {
 struct Root {
     filter: Option<Rc<Filter>>,
     held: Rc<RefCell<HoldQueue>>,
-    last_flush: u64,
+    /// When the once-a-second chores last ran: renewals and the counters' flush.
+    last_second: u64,
 }
 
 impl Context for Root {
@@ -371,22 +372,25 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        renew_live();
-        flush_outbox(self.filter.as_deref());
         let now = Envoy.now();
+        let flush_period = COUNTER_FLUSH_PERIOD.as_nanos() as u64;
+        // Once a second, however fast the timer: renewals are due every half lease (2 s at
+        // least), and looking costs a clock read per live request.
+        let second = now >= self.last_second.saturating_add(flush_period);
+        if second {
+            renew_live();
+        }
+        flush_outbox(self.filter.as_deref());
         for context in self.held.borrow_mut().due(now) {
             if hostcalls::set_effective_context(context).is_ok() {
                 let _ = hostcalls::resume_http_request();
             }
         }
-        let flush_period = COUNTER_FLUSH_PERIOD.as_nanos() as u64;
-        if let Some(filter) = self
-            .filter
-            .as_ref()
-            .filter(|_| now >= self.last_flush.saturating_add(flush_period))
-        {
-            filter.flush_counters(&Envoy);
-            self.last_flush = now;
+        if second {
+            if let Some(filter) = &self.filter {
+                filter.flush_counters(&Envoy);
+            }
+            self.last_second = now;
         }
     }
 
