@@ -38,7 +38,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_testkit::envoy::{wasm_path, Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{grpc_cluster, wasm_path, Envoy, EnvoyOptions};
 use sluice_testkit::http::get;
 use sluice_testkit::llm::{self, Api, LlmUpstream};
 use sluice_testkit::redis::RedisServer;
@@ -624,7 +624,7 @@ fn the_check_reports_unknown_metrics_labels_and_values_and_the_rate_of_a_gauge()
 /// One Envoy with sluice (`{plugin}`: a local, a shadow and a global policy on /api/; token
 /// budgets and a concurrency limit on /v1/, the LLM upstream at `{llm_port}`) and Envoy's own
 /// ratelimit filter (on /rls/, the descriptors of envoy/rls-config/demo.yaml), calling the
-/// service (`{service_port}`) and the RLS (`{rls_port}`); the backend is a second listener. The
+/// service (`{service_port}`) and the RLS (`{rls_cluster}`); the backend is a second listener. The
 /// harness fills in `{port}`, `{admin_port}` and `{backend_port}`.
 const BOOTSTRAP: &str = r#"
 admin:
@@ -701,16 +701,7 @@ static_resources:
     load_assignment:
       cluster_name: sluice_service
       endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {service_port} } } } }] }]
-  - name: sluice_rls
-    type: STATIC
-    connect_timeout: 0.25s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: sluice_rls
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: {rls_port} } } } }] }]
+{rls_cluster}
   - name: llm
     type: STATIC
     connect_timeout: 0.25s
@@ -755,7 +746,10 @@ fn bootstrap(service: &Service, upstream: &LlmUpstream) -> String {
         .replace("{plugin}", &flow(&plugin.to_string()))
         .replace("{wasm}", &flow(&wasm_path()))
         .replace("{service_port}", &service.addr.port().to_string())
-        .replace("{rls_port}", &service.rls.unwrap().port().to_string())
+        .replace(
+            "{rls_cluster}",
+            &grpc_cluster("sluice_rls", service.rls.unwrap()),
+        )
         .replace("{llm_port}", &upstream.addr().port().to_string())
 }
 
