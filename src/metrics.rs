@@ -60,6 +60,11 @@ pub fn slots_in_use_gauge(policy: &str) -> String {
     labelled_name(&[(POLICY_LABEL, policy)], "slots_in_use")
 }
 
+/// The name of the gauge of `policy`'s keys in debt in this Envoy (`sluice_keys_in_debt`).
+pub fn keys_in_debt_gauge(policy: &str) -> String {
+    labelled_name(&[(POLICY_LABEL, policy)], "keys_in_debt")
+}
+
 /// Why a slot stopped being in use: its request ended, or nobody gave it back in time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotEnd {
@@ -214,6 +219,8 @@ struct TokenCounters {
     charged: Counter,
     refunded: Counter,
     owed: Counter,
+    /// Keys this Envoy's charges put in debt that still owe (`response::Debtors`).
+    in_debt: Gauge,
     /// Of `charged`: what responses whose usage never came were charged (`on_unknown`).
     charged_unknown: Counter,
     /// By `UsageUnknown`, in the order of `UsageUnknown::ALL`.
@@ -261,6 +268,7 @@ impl Counters {
                     charged: counter(tokens_counter(&p.name, "tokens_charged_total")),
                     refunded: counter(tokens_counter(&p.name, "tokens_refunded_total")),
                     owed: counter(tokens_counter(&p.name, "tokens_owed_total")),
+                    in_debt: Gauge::define(metrics, &keys_in_debt_gauge(&p.name)),
                     charged_unknown: counter(tokens_counter(&p.name, "tokens_unknown_total")),
                     unknown: UsageUnknown::ALL.map(|w| counter(usage_unknown_counter(&p.name, w))),
                 }),
@@ -344,6 +352,13 @@ impl Counters {
         }
     }
 
+    /// Moves the gauge of `policy`'s keys in debt `by`.
+    pub fn keys_in_debt(&self, policy: usize, by: i64) {
+        if let Some(tokens) = self.tokens(policy) {
+            tokens.in_debt.add(by);
+        }
+    }
+
     /// Counts a response whose usage never came, for `why`, and the `charged` tokens
     /// `on_unknown` charged it (also counted with the rest by `tokens_settled`).
     pub fn usage_unknown(&self, policy: usize, why: UsageUnknown, charged: u64) {
@@ -396,6 +411,7 @@ impl Counters {
             slots.ended.iter().for_each(|c| c.flush(metrics));
         }
         for tokens in self.policies.iter().filter_map(|p| p.tokens.as_ref()) {
+            tokens.in_debt.flush(metrics);
             let counters = [
                 &tokens.charged,
                 &tokens.refunded,

@@ -359,7 +359,10 @@ impl RootContext for Root {
                 } else {
                     COUNTER_FLUSH_PERIOD
                 };
-                self.filter = Some(Rc::new(filter));
+                if let Some(old) = self.filter.replace(Rc::new(filter)) {
+                    old.forget_debts();
+                    old.flush_counters(&Envoy);
+                }
                 let _ = hostcalls::set_tick_period(tick);
                 true
             }
@@ -375,7 +378,7 @@ impl RootContext for Root {
         let now = Envoy.now();
         let flush_period = COUNTER_FLUSH_PERIOD.as_nanos() as u64;
         // Once a second, however fast the timer: renewals are due every half lease (2 s at
-        // least), and looking costs a clock read per live request.
+        // least), and looking for them or for debts paid back costs a hostcall per request or key.
         let second = now >= self.last_second.saturating_add(flush_period);
         if second {
             renew_live();
@@ -388,6 +391,7 @@ impl RootContext for Root {
         }
         if second {
             if let Some(filter) = &self.filter {
+                filter.review_debts(&Envoy);
                 filter.flush_counters(&Envoy);
             }
             self.last_second = now;

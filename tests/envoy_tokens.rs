@@ -8,7 +8,7 @@
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice::metrics::{tokens_counter, usage_unknown_counter, UsageUnknown};
+use sluice::metrics::{keys_in_debt_gauge, tokens_counter, usage_unknown_counter, UsageUnknown};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{openai_calls, post, Api, LlmUpstream};
 use std::time::Duration;
@@ -102,6 +102,8 @@ fn a_debt_is_refused_until_refill_covers_the_reservation_and_unused_tokens_come_
     assert!((89..=90).contains(&retry), "{retry}");
     let owed = envoy.wait_for_wasm_counter(&tokens_counter("llm", "tokens_owed_total"), 1000);
     assert_eq!(owed, 1000);
+    let in_debt = envoy.wait_for_wasm_counter(&keys_in_debt_gauge("llm"), 1);
+    assert_eq!(in_debt, 1, "alice owes");
 }
 
 #[test]

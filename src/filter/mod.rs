@@ -18,6 +18,7 @@ use crate::metrics::{Counters, Metrics};
 use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal, Said};
 use crate::request::{Attributes, RequestSource};
+use crate::response::{Debtor, Debtors};
 use crate::rls;
 use crate::store::{Store, ABSENT};
 use crate::tab::{Entry, Op, Tab};
@@ -114,6 +115,8 @@ pub struct Filter {
     /// The name of the next slot this worker asks the service for: counting up from a random
     /// start, so that no two workers' names meet.
     next_slot: Cell<u64>,
+    /// The keys of local metered policies this worker put in debt (`sluice_keys_in_debt`).
+    debtors: RefCell<Debtors>,
 }
 
 impl Filter {
@@ -145,6 +148,7 @@ impl Filter {
         });
         Ok(Filter {
             next_slot: Cell::new(start),
+            debtors: RefCell::default(),
             bypass_logged,
             plan,
             keying,
@@ -237,6 +241,48 @@ impl Filter {
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
         self.counters.flush(metrics);
+    }
+
+    /// Follows a key of a local metered policy that a charge of this worker's put in debt.
+    pub fn entered_debt(&self, entry: &Entry) {
+        let debtor = Debtor {
+            policy: entry.policy,
+            hash: entry.hash,
+            tier: entry.tier,
+        };
+        let entered = self
+            .debtors
+            .try_borrow_mut()
+            .is_ok_and(|mut d| d.enter(debtor));
+        if entered {
+            self.counters.keys_in_debt(entry.policy, 1);
+        }
+    }
+
+    /// Looks whether the keys in debt this worker follows still owe (a shared-data read each):
+    /// those paid back leave `sluice_keys_in_debt`.
+    pub fn review_debts(&self, host: &impl Host) {
+        let Ok(mut debtors) = self.debtors.try_borrow_mut() else {
+            return;
+        };
+        if debtors.is_empty() {
+            return;
+        }
+        let now = self.now(host);
+        let repaid = self.limiter(host, |limiter| {
+            debtors.review(|d| limiter.owes(d.policy, d.hash, &d.tier, now))
+        });
+        for policy in repaid {
+            self.counters.keys_in_debt(policy, -1);
+        }
+    }
+
+    /// Stops following keys in debt: this configuration is being replaced.
+    pub fn forget_debts(&self) {
+        let forgotten = self.debtors.try_borrow_mut().map(|mut d| d.forget());
+        for policy in forgotten.unwrap_or_default() {
+            self.counters.keys_in_debt(policy, -1);
+        }
     }
 
     /// Runs `step` with a limiter over this worker's loans and the host's shared data.

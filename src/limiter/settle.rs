@@ -15,10 +15,12 @@ use crate::table;
 pub enum Settled {
     /// Done: `amount` is the tokens charged or refunded, 1 for a slot released or renewed;
     /// `past_limit`, the tokens of a charge beyond what the key had left (the debt it ran up);
-    /// `expired`, the slots of others the write found forgotten (`concurrency::expired`).
+    /// `into_debt`, whether this charge is the one that put the key in debt (it owed nothing
+    /// before); `expired`, the slots of others the write found forgotten (`concurrency::expired`).
     Done {
         amount: u64,
         past_limit: u64,
+        into_debt: bool,
         expired: u64,
     },
     /// Nothing left to settle: the slot had expired, or the key's state was forgotten.
@@ -65,7 +67,7 @@ impl<S: Store> Limiter<'_, S> {
                 return Settled::Gone;
             };
             let past_limit = match op {
-                Op::Charge(_) => amount.saturating_sub(left),
+                Op::Charge(_) => left.map_or(amount, |left| amount.saturating_sub(left)),
                 _ => 0,
             };
             let free_at = slot.free_at(now).max(algorithm.idle_at(state, now));
@@ -76,6 +78,7 @@ impl<S: Store> Limiter<'_, S> {
             let settled = Settled::Done {
                 amount,
                 past_limit,
+                into_debt: past_limit > 0 && left.is_some(),
                 expired,
             };
             if next == slot.state {
@@ -115,15 +118,11 @@ impl<S: Store> Limiter<'_, S> {
     }
 }
 
-/// Whole tokens left in a state at `now`: 0 for one that owes.
-fn left(algorithm: &Algorithm, state: &[u64], now: u64) -> u64 {
+/// Whole tokens left in a state at `now`; `None` for one that owes.
+fn left(algorithm: &Algorithm, state: &[u64], now: u64) -> Option<u64> {
     let mut probe: crate::table::Words = state.iter().copied().collect();
     let decision = algorithm.admit(&mut probe, now, 0);
-    if decision.allowed {
-        decision.remaining
-    } else {
-        0
-    }
+    decision.allowed.then_some(decision.remaining)
 }
 
 /// Slots a state as read counts that are forgotten at `now` (a concurrency policy's).
@@ -197,12 +196,30 @@ mod tests {
         limiter.settle(&mut entry, Op::Charge(10), T0);
         assert!(!limiter.owes(0, hash, &tier, T0), "empty is not owing");
         let settled = limiter.settle(&mut entry, Op::Charge(3), T0);
-        assert!(matches!(settled, Settled::Done { past_limit: 3, .. }));
+        let into_debt = Settled::Done {
+            amount: 3,
+            past_limit: 3,
+            into_debt: true,
+            expired: 0,
+        };
+        assert_eq!(settled, into_debt);
         assert!(limiter.owes(0, hash, &tier, T0));
+        let deeper = limiter.settle(&mut entry, Op::Charge(2), T0);
+        assert!(
+            matches!(
+                deeper,
+                Settled::Done {
+                    past_limit: 2,
+                    into_debt: false,
+                    ..
+                }
+            ),
+            "{deeper:?}: owing already"
+        );
         assert!(limiter.owes(0, hash, &tier, T0 + 2 * SEC));
         assert!(
-            !limiter.owes(0, hash, &tier, T0 + 3 * SEC),
-            "three tokens refilled"
+            !limiter.owes(0, hash, &tier, T0 + 5 * SEC),
+            "five tokens refilled"
         );
     }
 }

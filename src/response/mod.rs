@@ -8,11 +8,13 @@
 //! headers, body chunks and trailers as they pass (never holding them back), renews it from its
 //! timer, and ends it at the response's end of stream, or when the stream is destroyed first.
 
+mod debts;
 mod slots;
 #[cfg(test)]
 mod tests;
 mod tokens;
 
+pub use debts::{Debtor, Debtors};
 pub use tokens::{charge_of, cost, read_usage_text, settle_op, usage_text, BodyUsage};
 
 use crate::filter::{Filter, Host};

@@ -1,7 +1,9 @@
 use super::*;
 use crate::duration::NANOS_PER_SEC as SEC;
 use crate::filter::{Admitted, Verdict};
-use crate::metrics::{requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd};
+use crate::metrics::{
+    keys_in_debt_gauge, requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd,
+};
 use crate::tab::Op;
 use crate::testing::{FakeHost, FakeRequest};
 use serde_json::{json, Value};
@@ -218,6 +220,15 @@ fn usage_past_the_budget_is_a_debt_refused_until_refill_covers_the_reservation()
         reply.body,
         r#"{"error":"too_many_requests","policy":"llm","retry_after":66,"reserve":100}"#
     );
+    let in_debt = |at: u64| {
+        host.now.set(at);
+        filter.review_debts(&host);
+        filter.flush_counters(&host);
+        host.gauge(&keys_in_debt_gauge("llm"))
+    };
+    assert_eq!(in_debt(T0), 1);
+    assert_eq!(in_debt(T0 + 59 * SEC), 1);
+    assert_eq!(in_debt(T0 + 60 * SEC), 0, "the 1,000 owed are paid back");
     host.now.set(T0 + 65 * SEC);
     assert!(start(&filter, &host, ALICE).is_none());
     host.now.set(T0 + 66 * SEC);

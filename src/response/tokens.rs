@@ -282,9 +282,19 @@ fn charge(
     };
     match entry.basis {
         crate::limiter::Basis::Service => report(filter, host, entry, wire),
-        _ => {
-            if let Settled::Done { past_limit, .. } = filter.settle(host, entry, op) {
+        basis => {
+            let settled = filter.settle(host, entry, op);
+            if let Settled::Done {
+                past_limit,
+                into_debt,
+                ..
+            } = settled
+            {
                 filter.counters().tokens_owed(entry.policy, past_limit);
+                // An emergency budget's state is not where `owes` looks.
+                if into_debt && basis != crate::limiter::Basis::Emergency {
+                    filter.entered_debt(entry);
+                }
             }
         }
     }
