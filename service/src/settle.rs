@@ -97,6 +97,7 @@ fn op(
         WireOp::Charge {
             tokens: t,
             max_debt,
+            ..
         } => {
             let max_debt = within(&field("max_debt"), max_debt, 0, MAX_DEBT, "")?;
             (bounds.check_lifetime_owing(algorithm, max_debt))
@@ -106,7 +107,9 @@ fn op(
                 max_debt,
             }
         }
-        WireOp::Refund { tokens: t, age_ms } => SettleOp::Refund {
+        WireOp::Refund {
+            tokens: t, age_ms, ..
+        } => SettleOp::Refund {
             tokens: tokens(t)?.min(algorithm.refundable()),
             age_us: within(&field("age_ms"), age_ms, 0, MAX_AGE_MS, "")? * 1000,
         },

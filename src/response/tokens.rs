@@ -268,26 +268,29 @@ fn charge(
     let Some(op) = settle_op(reserved, charged) else {
         return;
     };
+    if entry.basis != crate::limiter::Basis::Service {
+        if let Settled::Done { past_limit, .. } = filter.settle(host, entry, op) {
+            filter.counters().tokens_owed(entry.policy, past_limit);
+        }
+        return;
+    }
+    // Named once, here: the outbox sends this very settlement again after a failed call, and
+    // the service applies its id once.
+    let id = Some(filter.settlement_id());
     let wire = match op {
         Op::Charge(tokens) => SettleOp::Charge {
             tokens,
             max_debt: metered.max_debt(&entry.tier),
+            id,
         },
         Op::Refund(tokens) => {
             let age_ms = filter.now(host).saturating_sub(at) / (NANOS_PER_SEC / 1000);
-            SettleOp::Refund { tokens, age_ms }
+            SettleOp::Refund { tokens, age_ms, id }
         }
         // Not a reservation's: `settle_op` makes neither.
         Op::Release | Op::Renew => return,
     };
-    match entry.basis {
-        crate::limiter::Basis::Service => report(filter, host, entry, wire),
-        _ => {
-            if let Settled::Done { past_limit, .. } = filter.settle(host, entry, op) {
-                filter.counters().tokens_owed(entry.policy, past_limit);
-            }
-        }
-    }
+    report(filter, host, entry, wire);
 }
 
 /// The access-log record of a request whose metered policies settled: the admission's record,
