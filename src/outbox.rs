@@ -266,6 +266,39 @@ mod tests {
         assert_eq!(outbox.take_counts(), (1, 0));
     }
 
+    fn charge(id: &str) -> Settlement {
+        Settlement {
+            op: SettleOp::Charge {
+                tokens: 250,
+                max_debt: 1000,
+                id: Some(id.into()),
+            },
+            ..release(7)
+        }
+    }
+
+    #[test]
+    fn a_batch_sent_again_carries_the_same_ids_so_the_service_applies_it_once() {
+        let (mut outbox, mut batches) = (Outbox::default(), Vec::new());
+        let made = [charge("00000000000000a1"), charge("00000000000000a2")];
+        for settlement in &made {
+            outbox.push(&service("a"), settlement.clone(), T0);
+        }
+        let mut send = |outbox: &mut Outbox, now| {
+            outbox.flush(now, |batch| {
+                batches.push(batch.settlements);
+                Some(batches.len() as u32)
+            })
+        };
+        send(&mut outbox, T0);
+        // Its answer lost: the service may well have applied it.
+        assert!(outbox.answered(1, false, T0 + NANOS_PER_SEC));
+        send(&mut outbox, T0 + NANOS_PER_SEC + BACK_OFF);
+        assert_eq!(batches.len(), 2);
+        assert_eq!(batches[0], made, "as made");
+        assert_eq!(batches[1], made, "the same ids again");
+    }
+
     #[test]
     fn an_unanswered_call_counts_as_failed_after_its_timeout() {
         let (mut outbox, mut tokens) = (Outbox::default(), 0);

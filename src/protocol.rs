@@ -184,10 +184,23 @@ pub struct Settlement {
 pub enum SettleOp {
     /// Charge what a response used beyond its reservation, whatever is left: the key may owe
     /// up to `max_debt` tokens past its limit (the rest is forgiven).
-    Charge { tokens: u64, max_debt: u64 },
+    Charge {
+        tokens: u64,
+        max_debt: u64,
+        /// The settlement's name (16 hex digits, made when it was): the service applies it at
+        /// most once, however often a lost answer makes it come again. Absent: applied each time.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+    },
     /// Give back what a response did not use of a reservation made `age_ms` ago, as far as the
     /// window that counted it still does.
-    Refund { tokens: u64, age_ms: u64 },
+    Refund {
+        tokens: u64,
+        age_ms: u64,
+        /// As a charge's: applied at most once.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
+    },
     /// The request that holds the slot ended.
     Release { slot: String },
     /// The request that holds the slot lives on: its lease starts again.
@@ -235,6 +248,7 @@ mod tests {
             settlement(SettleOp::Charge {
                 tokens: 250,
                 max_debt: 1000,
+                id: Some("00000000000000c1".into()),
             }),
             settlement(SettleOp::Release {
                 slot: "00000000000000aa".into(),
@@ -243,10 +257,30 @@ mod tests {
         let text = String::from_utf8(body).unwrap();
         assert_eq!(
             text,
-            r#"{"settlements":[{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"charge","tokens":250,"max_debt":1000},{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"release","slot":"00000000000000aa"}]}"#
+            r#"{"settlements":[{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"charge","tokens":250,"max_debt":1000,"id":"00000000000000c1"},{"key":"llm/00000000000000ff","algorithm":"token_bucket","requests":1000,"per_ms":60000,"burst":1000,"op":"release","slot":"00000000000000aa"}]}"#
         );
         let back: SettleRequest = serde_json::from_str(&text).unwrap();
         assert_eq!(back.settlements.len(), 2);
+    }
+
+    #[test]
+    fn an_id_is_optional_and_only_charges_and_refunds_carry_one() {
+        let parse = |op: &str| {
+            let body = format!(
+                r#"{{"settlements":[{{"key":"k","algorithm":"token_bucket","requests":1,"per_ms":1,"burst":1,{op}}}]}}"#
+            );
+            serde_json::from_str::<SettleRequest>(&body)
+        };
+        let older = parse(r#""op":"refund","tokens":1,"age_ms":0"#).unwrap();
+        let refund = SettleOp::Refund {
+            tokens: 1,
+            age_ms: 0,
+            id: None,
+        };
+        assert_eq!(older.settlements[0].op, refund, "an older filter's");
+        let release = r#""op":"release","slot":"00000000000000aa","id":"00000000000000aa""#;
+        let refused = parse(release).unwrap_err().to_string();
+        assert!(refused.contains("unknown field `id`"), "{refused}");
     }
 
     #[test]

@@ -131,9 +131,9 @@ impl<S: Store> App<S> {
             Err(reply) => return reply,
         };
         match self.store.settle(&settlements).await {
-            Ok(changed) => {
-                self.metrics.record_settlements(&settlements, &changed);
-                let settled = changed.iter().filter(|&&n| n > 0).count() as u64;
+            Ok(done) => {
+                self.metrics.record_settlements(&settlements, &done);
+                let settled = done.iter().filter(|d| d.changed()).count() as u64;
                 json(StatusCode::OK, &SettleResponse { settled })
             }
             Err(failure) => {

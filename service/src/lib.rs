@@ -5,7 +5,8 @@
 //! A request flows one way: `http` (routes, the bearer token of `auth`, the body limit) →
 //! `check` (strict parsing and validation into `store::Check`s) → a `store::Store`
 //! (`redis_store`: one atomic Lua call per check, one script per algorithm; or `memory_store`,
-//! the filter's own algorithms in this process, and `memory_slots` for concurrency) →
+//! the filter's own algorithms in this process, `memory_slots` for concurrency and
+//! `settled_ids` for the settlements it applied) →
 //! `check::CheckResponse`. What requests owe after admission takes the same way through
 //! `settle` (its validation is `check`'s) to `Store::settle`. Around it: `connections` caps, times out and sheds the connections of
 //! both servers, `health` probes Redis for readiness, `metrics` holds every series in one
@@ -25,5 +26,6 @@ pub mod metrics;
 pub mod redis_store;
 pub mod rls;
 pub mod settle;
+pub mod settled_ids;
 pub mod signals;
 pub mod store;

@@ -12,9 +12,10 @@ use sluice::algorithm::{self as filter, Drain, Rate, Window};
 use sluice::exact::ExactStore;
 
 use crate::memory_slots::{Ask, SlotTable};
+use crate::settled_ids::SettledIds;
 use crate::store::{
-    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settlement, Slots,
-    Store, StoreError,
+    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settled, Settlement,
+    Slots, Store, StoreError,
 };
 
 /// Calls between two sweeps of the keys that are as good as empty.
@@ -26,11 +27,13 @@ pub struct MemoryStore {
     calls: AtomicU64,
 }
 
-/// Every key's state: the algorithms' words, and the slots of concurrency limits.
+/// Every key's state: the algorithms' words, and the slots of concurrency limits; the ids of
+/// the settlements applied lately.
 #[derive(Default)]
 struct State {
     words: ExactStore,
     slots: SlotTable,
+    settled: SettledIds,
 }
 
 impl MemoryStore {
@@ -51,10 +54,15 @@ impl MemoryStore {
             .collect()
     }
 
-    fn apply(&self, settlements: &[Settlement], now_us: u64) -> Result<Vec<u64>, StoreError> {
+    fn apply(&self, settlements: &[Settlement], now_us: u64) -> Result<Vec<Settled>, StoreError> {
         let mut state = self.state(now_us)?;
         (settlements.iter())
-            .map(|settlement| state.settle(settlement, now_us))
+            .map(|settlement| {
+                if !state.settled.first(settlement, now_us) {
+                    return Ok(Settled::Duplicate);
+                }
+                state.settle(settlement, now_us).map(Settled::Applied)
+            })
             .collect()
     }
 }
@@ -138,7 +146,7 @@ impl Store for MemoryStore {
         self.decide(checks, now_us()?)
     }
 
-    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<u64>, StoreError> {
+    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<Settled>, StoreError> {
         self.apply(settlements, now_us()?)
     }
 

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::store::{Check, Decision, FailureKind, Settlement};
+use crate::store::{Check, Decision, FailureKind, Settled, Settlement};
 
 /// The content type of `render`'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -116,7 +116,8 @@ impl Metrics {
         registry.register(
             "settlements",
             "Settlements of POST /v1/settle, by op (charge, refund, release, renew) and result \
-             (applied: tokens or a slot settled; unchanged: nothing left to settle; error)",
+             (applied: tokens or a slot settled; unchanged: nothing left to settle; duplicate: \
+             a charge or refund whose id was applied before; error)",
             self.settlements.clone(),
         );
         registry.register_with_unit(
@@ -170,10 +171,15 @@ impl Metrics {
         self.redis_errors.get_or_create(&labels).inc();
     }
 
-    /// One count per settlement: applied if it changed something (`changed` > 0).
-    pub fn record_settlements(&self, settlements: &[Settlement], changed: &[u64]) {
-        for (settlement, &n) in settlements.iter().zip(changed) {
-            let result = if n > 0 { "applied" } else { "unchanged" };
+    /// One count per settlement: applied if it changed something, duplicate if its id had been
+    /// applied before.
+    pub fn record_settlements(&self, settlements: &[Settlement], settled: &[Settled]) {
+        for (settlement, &done) in settlements.iter().zip(settled) {
+            let result = match done {
+                Settled::Duplicate => "duplicate",
+                _ if done.changed() => "applied",
+                Settled::Applied(_) => "unchanged",
+            };
             self.count_settlement(settlement, result);
         }
     }

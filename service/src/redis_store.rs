@@ -16,8 +16,8 @@ use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKin
 use tokio::sync::OnceCell;
 
 use crate::store::{
-    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settlement, Slots,
-    Store, StoreError,
+    settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp,
+    Settled, Settlement, Slots, Store, StoreError, SETTLED_TTL_MS,
 };
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
@@ -558,6 +558,21 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl_ms))
 return 1
 ";
 
+/// The start of every script a charge or refund runs (the metering algorithms' check scripts,
+/// which charge, and the refunds below; `Scripts::new`): a settlement with an id is applied at
+/// most once. Without KEYS[2] (a check, a settlement without an id) it does nothing.
+///
+/// KEYS[2]: the id's key (`store::settled_id_key`), in KEYS[1]'s Cluster slot.
+/// ARGV[#ARGV], the last: how long to remember the id, in ms (`store::SETTLED_TTL_MS`).
+/// Returns -1, writing nothing, if the id is remembered (it was applied); otherwise remembers it
+/// and the script runs on. In the same script as what it applies, so a settlement that comes
+/// again while the first is applied waits for it, and finds its id.
+pub const SETTLE_ONCE_LUA: &str = r"
+if KEYS[2] and not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[#ARGV]) then
+  return -1
+end
+";
+
 // The refunds below give back what a response did not use of its reservation, taken `age_us`
 // ago (when = Redis TIME - age), as far as the state still counts it: the filter's
 // `Algorithm::refund`. Each returns the whole tokens given back and writes nothing when it
@@ -798,19 +813,20 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Scripts {
+        let once = |script: &str| Script::new(&format!("{SETTLE_ONCE_LUA}{script}"));
         Scripts {
-            token_bucket: Script::new(TOKEN_BUCKET_LUA),
-            fixed_window: Script::new(FIXED_WINDOW_LUA),
-            sliding_window: Script::new(SLIDING_WINDOW_LUA),
+            token_bucket: once(TOKEN_BUCKET_LUA),
+            fixed_window: once(FIXED_WINDOW_LUA),
+            sliding_window: once(SLIDING_WINDOW_LUA),
             sliding_log: Script::new(SLIDING_LOG_LUA),
             leaky_bucket: Script::new(LEAKY_BUCKET_LUA),
             concurrency: Script::new(CONCURRENCY_LUA),
             give_back: Script::new(CONCURRENCY_GIVE_BACK_LUA),
             release: Script::new(SLOT_RELEASE_LUA),
             renew: Script::new(SLOT_RENEW_LUA),
-            token_bucket_refund: Script::new(TOKEN_BUCKET_REFUND_LUA),
-            fixed_window_refund: Script::new(FIXED_WINDOW_REFUND_LUA),
-            sliding_window_refund: Script::new(SLIDING_WINDOW_REFUND_LUA),
+            token_bucket_refund: once(TOKEN_BUCKET_REFUND_LUA),
+            fixed_window_refund: once(FIXED_WINDOW_REFUND_LUA),
+            sliding_window_refund: once(SLIDING_WINDOW_REFUND_LUA),
         }
     }
 
@@ -864,8 +880,8 @@ impl Scripts {
         }
     }
 
-    /// The script that applies `settlement`, and its ARGV; `None` for an operation the
-    /// algorithm has none for (`settle::parse` refuses those).
+    /// The script that applies `settlement`, and its ARGV, once if it has an id; `None` for an
+    /// operation the algorithm has none for (`settle::parse` refuses those).
     fn settle(&self, settlement: &Settlement) -> Option<Eval<'_>> {
         let key = settled_key(settlement);
         let eval = match (&settlement.op, settlement.algorithm) {
@@ -902,7 +918,10 @@ impl Scripts {
             }
             _ => return None,
         };
-        Some(eval)
+        Some(match settled_id_key(settlement) {
+            Some(id_key) => eval.once(id_key),
+            None => eval,
+        })
     }
 }
 
@@ -910,13 +929,32 @@ impl Scripts {
 struct Eval<'s> {
     script: &'s Script,
     key: String,
+    /// A settlement's id key (`SETTLE_ONCE_LUA`'s KEYS[2]).
+    id_key: Option<String>,
     args: Vec<String>,
 }
 
 impl<'s> Eval<'s> {
     fn new(script: &'s Script, key: String, numbers: &[u64]) -> Eval<'s> {
         let args = numbers.iter().map(u64::to_string).collect();
-        Eval { script, key, args }
+        Eval {
+            script,
+            key,
+            id_key: None,
+            args,
+        }
+    }
+
+    /// At most once: with the id's key and, last, how long to remember it.
+    fn once(mut self, id_key: String) -> Eval<'s> {
+        self.id_key = Some(id_key);
+        self.args.push(SETTLED_TTL_MS.to_string());
+        self
+    }
+
+    /// KEYS, in order.
+    fn keys(&self) -> impl Iterator<Item = &String> {
+        std::iter::once(&self.key).chain(&self.id_key)
     }
 
     /// With one more argument after the numbers.
@@ -969,7 +1007,7 @@ impl RedisStore {
             .collect()
     }
 
-    async fn apply(&self, settlements: &[Settlement]) -> RedisResult<Vec<u64>> {
+    async fn apply(&self, settlements: &[Settlement]) -> RedisResult<Vec<Settled>> {
         let evals = (settlements.iter())
             .map(|settlement| self.scripts.settle(settlement))
             .collect::<Option<Vec<Eval>>>()
@@ -1068,7 +1106,7 @@ impl Store for RedisStore {
         bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
     }
 
-    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<u64>, StoreError> {
+    async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<Settled>, StoreError> {
         bounded(COMMAND_TIMEOUT, async { self.apply(settlements).await }).await
     }
 
@@ -1100,7 +1138,9 @@ impl Store for RedisStore {
 /// The scripts charge tokens, so a retry is not free. A refused connection sent nothing, but a
 /// connection that died may have taken the reply with it after Redis ran the scripts: the retry
 /// then charges that request twice. That is the worst case, once per request: tokens taken
-/// twice (an under-admission), never tokens given back (an over-admission). Anything Redis
+/// twice (an under-admission), never tokens given back (an over-admission). A settlement's id
+/// is found the second time (`SETTLE_ONCE_LUA`): only one without an id, from an older filter,
+/// is applied twice, a refund then giving back twice. Anything Redis
 /// answered (a script error, OOM, ...) and timeouts (the script may still run) are not retried.
 /// Both attempts together stay within `COMMAND_TIMEOUT` (`Store::check`).
 struct Retry {
@@ -1151,7 +1191,10 @@ async fn query(
 /// EVALSHA (EVAL after NOSCRIPT) of one eval on a Cluster.
 async fn invoke(con: &ClusterConnection, eval: &Eval<'_>) -> RedisResult<Value> {
     let mut con = con.clone();
-    let mut invocation = eval.script.key(&eval.key);
+    let mut invocation = eval.script.prepare_invoke();
+    for key in eval.keys() {
+        invocation.key(key);
+    }
     invocation.arg(&eval.args[..]);
     invocation.invoke_async::<Value>(&mut con).await
 }
@@ -1169,26 +1212,31 @@ fn pipeline<'a, 's: 'a>(evals: impl Iterator<Item = &'a Eval<'s>>) -> Pipeline {
     let mut pipe = redis::pipe();
     pipe.ignore_errors();
     for eval in evals {
-        pipe.cmd("EVALSHA")
-            .arg(eval.script.get_hash())
-            .arg(1)
-            .arg(&eval.key)
-            .arg(&eval.args[..]);
+        let command = pipe.cmd("EVALSHA").arg(eval.script.get_hash());
+        command.arg(eval.keys().count());
+        for key in eval.keys() {
+            command.arg(key);
+        }
+        command.arg(&eval.args[..]);
     }
     pipe
 }
 
-/// What a settlement changed: a charge's `granted` (the tokens charged), the number a refund,
-/// release or renewal script returns.
-fn settled_from_reply(settlement: &Settlement, reply: Value) -> RedisResult<u64> {
-    if let Value::ServerError(error) = reply {
-        return Err(error.into());
+/// What a settlement did: -1 if its id had been applied (`SETTLE_ONCE_LUA`); else what it
+/// changed, a charge's `granted` (the tokens charged), the number a refund, release or renewal
+/// script returns.
+fn settled_from_reply(settlement: &Settlement, reply: Value) -> RedisResult<Settled> {
+    match reply {
+        Value::ServerError(error) => return Err(error.into()),
+        Value::Int(-1) if settlement.id.is_some() => return Ok(Settled::Duplicate),
+        _ => {}
     }
     if let SettleOp::Charge { .. } = settlement.op {
-        return Ok(decision_from_reply(&settlement.algorithm, reply)?.granted);
+        let charged = decision_from_reply(&settlement.algorithm, reply)?.granted;
+        return Ok(Settled::Applied(charged));
     }
     let n: i64 = redis::from_redis_value(reply)?;
-    Ok(u64::try_from(n).unwrap_or(0))
+    Ok(Settled::Applied(u64::try_from(n).unwrap_or(0)))
 }
 
 fn is_noscript(reply: &Value) -> bool {

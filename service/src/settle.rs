@@ -50,12 +50,19 @@ fn validate(raw: WireSettlement, at: &str, bounds: &Bounds) -> Result<Settlement
         max_delay_ms: None,
     };
     let algorithm = validate_limit(&raw.key, &shape, &field, bounds)?;
+    let id = match &raw.op {
+        WireOp::Charge { id, .. } | WireOp::Refund { id, .. } => id.clone(),
+        WireOp::Release { .. } | WireOp::Renew { .. } => None,
+    };
+    // The filter names a settlement as it names a slot.
+    let id = (id.map(|id| validate_slot(id, &field("id")))).transpose()?;
     let op = op(raw.op, &algorithm, &field, bounds)?;
     Ok(Settlement {
         namespace: Namespace::Http,
         key: raw.key,
         algorithm,
         op,
+        id,
     })
 }
 
@@ -97,6 +104,7 @@ fn op(
         WireOp::Charge {
             tokens: t,
             max_debt,
+            ..
         } => {
             let max_debt = within(&field("max_debt"), max_debt, 0, MAX_DEBT, "")?;
             (bounds.check_lifetime_owing(algorithm, max_debt))
@@ -106,7 +114,9 @@ fn op(
                 max_debt,
             }
         }
-        WireOp::Refund { tokens: t, age_ms } => SettleOp::Refund {
+        WireOp::Refund {
+            tokens: t, age_ms, ..
+        } => SettleOp::Refund {
             tokens: tokens(t)?.min(algorithm.refundable()),
             age_us: within(&field("age_ms"), age_ms, 0, MAX_AGE_MS, "")? * 1000,
         },
@@ -140,7 +150,7 @@ mod tests {
     #[test]
     fn each_op_becomes_the_store_settlement_of_the_checks_state() {
         let body = format!(
-            r#"{{"settlements": [{{{BUCKET}, "algorithm": "token_bucket", "op": "charge", "tokens": 250, "max_debt": 1000}},
+            r#"{{"settlements": [{{{BUCKET}, "algorithm": "token_bucket", "op": "charge", "tokens": 250, "max_debt": 1000, "id": "00000000000000c1"}},
                 {{{BUCKET}, "algorithm": "fixed_window", "op": "refund", "tokens": 20, "age_ms": 1500}},
                 {{{SLOTS}, "op": "release", "slot": "00000000000000aa"}},
                 {{{SLOTS}, "op": "renew", "slot": "00000000000000aa"}}]}}"#
@@ -168,6 +178,8 @@ mod tests {
             lease_us: 10_000_000,
         };
         assert_eq!(settlements[2].algorithm, expected);
+        let ids: Vec<Option<&str>> = settlements.iter().map(|s| s.id.as_deref()).collect();
+        assert_eq!(ids, [Some("00000000000000c1"), None, None, None]);
     }
 
     #[test]
@@ -216,6 +228,14 @@ mod tests {
             (
                 one(&format!(r#"{SLOTS}, "op": "renew", "slot": "AA""#)),
                 "settlements[0].slot: must be 16 lowercase hex digits",
+            ),
+            (
+                one(&format!(r#"{BUCKET}, "algorithm": "token_bucket", "op": "refund", "tokens": 1, "age_ms": 0, "id": "00000000000000C1""#)),
+                "settlements[0].id: must be 16 lowercase hex digits, got \"00000000000000C1\"",
+            ),
+            (
+                one(&format!(r#"{SLOTS}, "op": "release", "slot": "00000000000000aa", "id": "00000000000000c1""#)),
+                "settlements[0]: unknown field `id`",
             ),
             (
                 one(&format!(r#"{BUCKET}, "algorithm": "token_bucket", "op": "charge", "tokens": 0, "max_debt": 0"#)),

@@ -71,12 +71,36 @@ pub fn settled_key(settlement: &Settlement) -> String {
     key_of(settlement.namespace, &settlement.key, &settlement.algorithm)
 }
 
+/// Where a settlement's `id` is remembered once it has been applied (`SETTLED_TTL_MS`), if it
+/// has one: `sluice:{<key>}:settled/<id>`, the hash tag of the state it settles, so that one
+/// script on one Cluster slot reads and writes both. No state key ends so: `settled` is no
+/// algorithm's name.
+pub fn settled_id_key(settlement: &Settlement) -> Option<String> {
+    let id = settlement.id.as_ref()?;
+    Some(format!(
+        "{}{{{}}}:settled/{id}",
+        prefix(settlement.namespace),
+        settlement.key
+    ))
+}
+
+/// How long a settlement's `id` is remembered after it was applied: longer than it can come
+/// again. The filter sends a settlement whose answer was lost again for up to
+/// `sluice::outbox::GIVE_UP` (30 s) after it made it, each call given up after
+/// `sluice::outbox::CALL_TIMEOUT` (5 s): its last copy reaches the service within 35 s of the
+/// first, the service's own retry within a second. Twice the give-up leaves room for a late
+/// timer and a slow network; longer only costs memory, one small key per settlement.
+pub const SETTLED_TTL_MS: u64 = 2 * sluice::outbox::GIVE_UP / 1_000_000;
+
 fn key_of(namespace: Namespace, key: &str, algorithm: &Algorithm) -> String {
-    let prefix = match namespace {
+    format!("{}{{{key}}}:{}", prefix(namespace), algorithm.identity())
+}
+
+fn prefix(namespace: Namespace) -> &'static str {
+    match namespace {
         Namespace::Http => "sluice:",
         Namespace::Rls => "sluice:rls:",
-    };
-    format!("{prefix}{{{key}}}:{}", algorithm.identity())
+    }
 }
 
 /// A caller key for a limit named by arbitrary bytes (an RLS descriptor's values, which may hold
@@ -242,6 +266,27 @@ pub struct Settlement {
     pub key: String,
     pub algorithm: Algorithm,
     pub op: SettleOp,
+    /// A charge's or refund's name (16 hex digits), from a filter that sends one: the store
+    /// applies it at most once within `SETTLED_TTL_MS` (`settled_id_key`), so that one sent
+    /// again after its answer was lost changes nothing. `None`: applied each time it comes.
+    pub id: Option<String>,
+}
+
+/// What one settlement did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// Applied: what it changed, tokens charged or given back, slots released or renewed (0:
+    /// nothing was left to settle).
+    Applied(u64),
+    /// Its `id` had been applied already: skipped, nothing changed.
+    Duplicate,
+}
+
+impl Settled {
+    /// Whether it changed something.
+    pub fn changed(self) -> bool {
+        matches!(self, Settled::Applied(n) if n > 0)
+    }
 }
 
 /// What to do to the state, durations in microseconds.
@@ -333,12 +378,12 @@ pub trait Store: Send + Sync + 'static {
         checks: &[Check],
     ) -> impl Future<Output = Result<Vec<Decision>, StoreError>> + Send;
 
-    /// Applies every settlement, in order, each atomically on its own. Returns for each what it
-    /// changed: tokens charged or given back, slots released or renewed (0: nothing).
+    /// Applies every settlement, in order, each atomically on its own, and one with an `id` at
+    /// most once. Returns for each what it did.
     fn settle(
         &self,
         settlements: &[Settlement],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Settled>, StoreError>> + Send;
 
     /// Whether the store answers at all; the readiness probe (`health`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -356,7 +401,7 @@ impl<S: Store> Store for std::sync::Arc<S> {
     fn settle(
         &self,
         settlements: &[Settlement],
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
+    ) -> impl Future<Output = Result<Vec<Settled>, StoreError>> + Send {
         S::settle(self, settlements)
     }
 
@@ -437,6 +482,31 @@ mod tests {
                 http
             );
         }
+    }
+
+    #[test]
+    fn a_settlements_id_is_remembered_in_the_slot_of_the_state_it_settles() {
+        let settlement = |id: Option<&str>| Settlement {
+            namespace: Namespace::Http,
+            key: "llm/00ff".into(),
+            algorithm: Algorithm::TokenBucket {
+                interval_us: 60_000,
+                burst: 1000,
+            },
+            op: SettleOp::Refund {
+                tokens: 1,
+                age_us: 0,
+            },
+            id: id.map(String::from),
+        };
+        let with_id = settlement(Some("00000000000000a1"));
+        assert_eq!(
+            settled_id_key(&with_id).unwrap(),
+            "sluice:{llm/00ff}:settled/00000000000000a1"
+        );
+        assert!(settled_key(&with_id).starts_with("sluice:{llm/00ff}:"));
+        assert_eq!(settled_id_key(&settlement(None)), None);
+        assert_eq!(SETTLED_TTL_MS, 60_000);
     }
 
     #[test]

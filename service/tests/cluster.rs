@@ -217,3 +217,31 @@ fn cluster_settlements_of_many_slots_are_applied_in_order() {
         assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
     }
 }
+
+#[test]
+fn cluster_charges_sent_again_with_their_ids_are_charged_once() {
+    let cluster = RedisCluster::start();
+    let service = Service::start_cluster(&cluster.urls());
+    // Keys in slots on every node: each charge's id is remembered in its key's slot.
+    let charges: Vec<Value> = (keys(32).iter().enumerate())
+        .map(|(i, key)| {
+            serde_json::json!({"key": key, "algorithm": "token_bucket", "requests": 10,
+                "per_ms": 10 * MINUTE_MS, "burst": 10, "op": "charge", "tokens": 4,
+                "max_debt": 0, "id": format!("{i:016x}")})
+        })
+        .collect();
+    let body = serde_json::json!({ "settlements": charges }).to_string();
+    for expected in [32, 0] {
+        let response = sluice_testkit::http::post_json(service.addr, "/v1/settle", &body);
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(response.json()["settled"], expected);
+    }
+    for chunk in keys(32).chunks(16) {
+        let checks: Vec<Value> = (chunk.iter())
+            .map(|key| bucket(key, 10, 10 * MINUTE_MS, 10, 1, 0))
+            .collect();
+        for result in service.check(&checks) {
+            assert_eq!(result["remaining"], 6, "charged once: {result}");
+        }
+    }
+}

@@ -1,8 +1,9 @@
 //! POST /v1/settle and global concurrency through the real binary, on a real redis-server
 //! running the Lua scripts and, where it costs little, on `--memory` too: what a response's
 //! usage charges past the limit and what the wait after it is, refunds while the window that
-//! counted them lasts, slots released, renewed and lost, N+1 concurrent requests for N slots,
-//! and the same token and strict validation as /v1/check.
+//! counted them lasts, a charge or refund sent again with its id applied once, slots released,
+//! renewed and lost, N+1 concurrent requests for N slots, and the same token and strict
+//! validation as /v1/check.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -195,6 +196,88 @@ fn a_sliding_window_refunds_the_previous_window_while_it_still_counts() {
     });
 }
 
+/// A peek (take 0) at 10 tokens of `algorithm` on `key`: a budget whose usage is settled.
+fn budget_of(algorithm: &str, key: &str) -> Value {
+    match algorithm {
+        "token_bucket" => bucket(key, 10, 10 * MINUTE_MS, 10, 1, 0),
+        // An hour: a window that ends within the test is one chance in tens of thousands.
+        _ => window(algorithm, key, 10, 60 * MINUTE_MS, 1, 0),
+    }
+}
+
+fn remaining(service: &Service, check: &Value) -> Value {
+    check_one(service, check)["remaining"].clone()
+}
+
+const METERING: [&str; 3] = ["token_bucket", "fixed_window", "sliding_window"];
+
+#[test]
+fn a_batch_of_charges_sent_again_is_charged_once_and_distinct_ids_each_apply() {
+    on_each_store(|service| {
+        for (n, algorithm) in METERING.into_iter().enumerate() {
+            let budget = budget_of(algorithm, &format!("llm/00000000000000e{n}"));
+            let charge = |tokens: u64, id: &str| {
+                let op = json!({"op": "charge", "tokens": tokens, "max_debt": 0, "id": id});
+                settlement(&budget, op)
+            };
+            let batch = [charge(3, "00000000000000a1"), charge(2, "00000000000000a2")];
+            assert_eq!(
+                settle(service, &batch),
+                2,
+                "{algorithm}: two ids, both applied"
+            );
+            assert_eq!(remaining(service, &budget), 5, "{algorithm}");
+            // Its answer lost, the filter sends the batch again: nothing more is charged.
+            assert_eq!(settle(service, &batch), 0, "{algorithm}: charged already");
+            assert_eq!(remaining(service, &budget), 5, "{algorithm}");
+            let copy_and_new = [charge(2, "00000000000000a2"), charge(1, "00000000000000a3")];
+            assert_eq!(settle(service, &copy_and_new), 1, "{algorithm}");
+            assert_eq!(remaining(service, &budget), 4, "{algorithm}");
+        }
+        let metrics = get(service.addr, "/metrics").text();
+        let duplicates = r#"sluice_service_settlements_total{op="charge",result="duplicate"} 9"#;
+        assert!(metrics.contains(duplicates), "{metrics}");
+    });
+}
+
+#[test]
+fn a_refund_sent_again_gives_back_once() {
+    on_each_store(|service| {
+        for (n, algorithm) in METERING.into_iter().enumerate() {
+            let key = format!("llm/00000000000000f{n}");
+            let budget = budget_of(algorithm, &key);
+            let reserve = json!({"op": "charge", "tokens": 8, "max_debt": 0});
+            assert_eq!(settle(service, &[settlement(&budget, reserve)]), 1);
+            let refund = settlement(
+                &budget,
+                json!({"op": "refund", "tokens": 3, "age_ms": 10, "id": "00000000000000b1"}),
+            );
+            assert_eq!(settle(service, std::slice::from_ref(&refund)), 1);
+            assert_eq!(remaining(service, &budget), 5, "{algorithm}");
+            assert_eq!(settle(service, &[refund.clone(), refund]), 0, "{algorithm}");
+            assert_eq!(
+                remaining(service, &budget),
+                5,
+                "{algorithm}: given back once"
+            );
+        }
+        let metrics = get(service.addr, "/metrics").text();
+        let duplicates = r#"sluice_service_settlements_total{op="refund",result="duplicate"} 6"#;
+        assert!(metrics.contains(duplicates), "{metrics}");
+    });
+}
+
+#[test]
+fn a_settlement_without_an_id_from_an_older_filter_is_applied_each_time() {
+    on_each_store(|service| {
+        let budget = budget_of("token_bucket", "llm/00000000000000e9");
+        let charge = settlement(&budget, json!({"op": "charge", "tokens": 3, "max_debt": 0}));
+        assert_eq!(settle(service, std::slice::from_ref(&charge)), 1);
+        assert_eq!(settle(service, &[charge]), 1);
+        assert_eq!(remaining(service, &budget), 4);
+    });
+}
+
 #[test]
 fn a_released_slot_is_free_again_and_a_refusal_says_no_time_to_retry() {
     on_each_store(|service| {
@@ -355,6 +438,13 @@ fn a_bad_settlement_is_refused_naming_its_field() {
         (
             vec![release.clone(), one(json!({"op": "renew", "slot": "7"}))],
             "settlements[1].slot: must be 16 lowercase hex digits",
+        ),
+        (
+            vec![settlement(
+                &bucket("llm/00000000000000d7", 10, 60_000, 10, 1, 0),
+                json!({"op": "charge", "tokens": 1, "max_debt": 0, "id": "e1"}),
+            )],
+            "settlements[0].id: must be 16 lowercase hex digits, got \"e1\"",
         ),
         (
             vec![settlement(

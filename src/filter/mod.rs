@@ -13,7 +13,9 @@ use crate::duration::NANOS_PER_SEC;
 use crate::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
-use crate::limiter::{key_check, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
+use crate::limiter::{
+    key_check, slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step,
+};
 use crate::metrics::{Counters, Metrics};
 use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal, Said};
@@ -112,9 +114,9 @@ pub struct Filter {
     /// Per bypass entry: when its use was last logged (at most once a minute), and whether its
     /// expiry has been.
     bypass_logged: Vec<(Cell<u64>, Cell<bool>)>,
-    /// The name of the next slot this worker asks the service for: counting up from a random
-    /// start, so that no two workers' names meet.
-    next_slot: Cell<u64>,
+    /// The last name this worker gave a slot it asks the service for, or a settlement it sends
+    /// (`settlement_id`): counting up from a random start, so that no two workers' names meet.
+    last_id: Cell<u64>,
     /// The keys of local metered policies this worker put in debt (`sluice_keys_in_debt`).
     debtors: RefCell<Debtors>,
 }
@@ -147,7 +149,7 @@ impl Filter {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
         Ok(Filter {
-            next_slot: Cell::new(start),
+            last_id: Cell::new(start),
             debtors: RefCell::default(),
             bypass_logged,
             plan,
@@ -303,6 +305,20 @@ impl Filter {
         }
     }
 
+    /// A name no other of this worker's slots or settlements has, nor, from its random start,
+    /// another worker's.
+    fn next_id(&self) -> u64 {
+        let id = self.last_id.get().wrapping_add(1);
+        self.last_id.set(id);
+        id
+    }
+
+    /// The id of a charge or refund made now (`protocol::SettleOp`), 16 hex digits: the service
+    /// applies it once, however often the outbox sends it again.
+    pub fn settlement_id(&self) -> String {
+        slot_name(self.next_id())
+    }
+
     /// This worker's clock: the host's, never going back.
     pub fn now(&self, host: &impl Host) -> u64 {
         self.clock.now(host.now())
@@ -315,11 +331,7 @@ impl Filter {
                 Step::Done(outcome) => return self.finish(host, &outcome, now),
                 Step::Callout(mut pending) => {
                     self.counters.callouts.add(1);
-                    pending.name_slots(|| {
-                        let id = self.next_slot.get().wrapping_add(1);
-                        self.next_slot.set(id);
-                        id
-                    });
+                    pending.name_slots(|| self.next_id());
                     let dispatched = self.plan.global.as_ref().is_some_and(|service| {
                         let body = match &service.protocol {
                             Protocol::Sluice { .. } => protocol::encode(pending.checks()),

@@ -339,16 +339,19 @@ fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
     );
 }
 
-#[test]
-fn a_global_budget_settles_through_the_outbox() {
-    let host = FakeHost::new(Arc::default(), T0);
+/// A filter whose one policy is a global budget of `budget`'s.
+fn global_budget(host: &FakeHost) -> Filter {
     let mut policy = budget(json!({}));
     policy["scope"] = json!("global");
     let config = json!({"global": {"cluster": "sluice"}, "policies": [policy]});
-    let filter =
-        Filter::configure(config.to_string().as_bytes(), "test", &host, &host, &host).unwrap();
+    Filter::configure(config.to_string().as_bytes(), "test", host, host, host).unwrap()
+}
+
+/// A request of `global_budget` admitted by the service with its reservation of 100 tokens,
+/// whose response used `used`, ending 2 s after `host`'s now.
+fn serve_globally(filter: &Filter, host: &FakeHost, used: u64) {
     *host.request.borrow_mut() = FakeRequest::new(ALICE);
-    let Verdict::Waiting(pending) = filter.on_request_headers(&host) else {
+    let Verdict::Waiting(pending) = filter.on_request_headers(host) else {
         panic!("asks the service");
     };
     assert_eq!(
@@ -357,23 +360,61 @@ fn a_global_budget_settles_through_the_outbox() {
     );
     let answer = br#"{"results":[{"allowed":true,"granted":100,"remaining":900,"reset_ms":6000,"retry_after_ms":0}]}"#;
     let Verdict::Continue(Admitted { tab: Some(tab), .. }) =
-        filter.on_service_response(&host, pending, Some((200, answer.to_vec())))
+        filter.on_service_response(host, pending, Some((200, answer.to_vec())))
     else {
         panic!("admitted");
     };
     let mut response = Response::new(tab, None);
     *host.response.borrow_mut() = FakeRequest::new(&[("content-type", OPENAI_JSON)]);
-    response.on_headers(&filter, &host);
-    response.on_body(usage_json(30).as_bytes());
-    host.now.set(T0 + 2 * SEC);
-    response.end(&filter, &host, Ending::Completed);
+    response.on_headers(filter, host);
+    response.on_body(usage_json(used).as_bytes());
+    host.now.set(host.now.get() + 2 * SEC);
+    response.end(filter, host, Ending::Completed);
+}
+
+/// The id of a charge or refund.
+fn id_of(op: &SettleOp) -> Option<String> {
+    match op {
+        SettleOp::Charge { id, .. } | SettleOp::Refund { id, .. } => id.clone(),
+        _ => None,
+    }
+}
+
+#[test]
+fn a_global_budget_settles_through_the_outbox() {
+    let host = FakeHost::new(Arc::default(), T0);
+    let filter = global_budget(&host);
+    serve_globally(&filter, &host, 30);
     let ops: Vec<SettleOp> = host.reports.borrow().iter().map(|s| s.op.clone()).collect();
+    let id = ops.first().and_then(id_of).expect("an id");
     assert_eq!(
         ops,
         [SettleOp::Refund {
             tokens: 70,
-            age_ms: 2000
+            age_ms: 2000,
+            id: Some(id),
         }]
+    );
+}
+
+#[test]
+fn each_settlement_of_usage_is_named_by_an_id_of_its_own() {
+    let host = FakeHost::new(Arc::default(), T0);
+    let filter = global_budget(&host);
+    serve_globally(&filter, &host, 30);
+    serve_globally(&filter, &host, 250);
+    serve_globally(&filter, &host, 250);
+    let ids: Vec<String> = (host.reports.borrow().iter())
+        .map(|s| id_of(&s.op).expect("an id"))
+        .collect();
+    assert_eq!(ids.len(), 3, "a refund, then two charges");
+    for id in &ids {
+        let hex = id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        assert!(id.len() == 16 && hex, "{id:?}: 16 lowercase hex digits");
+    }
+    assert!(
+        ids[0] != ids[1] && ids[1] != ids[2] && ids[0] != ids[2],
+        "{ids:?}: the same usage twice is two settlements"
     );
 }
 

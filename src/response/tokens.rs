@@ -268,36 +268,40 @@ fn charge(
     let Some(op) = settle_op(reserved, charged) else {
         return;
     };
+    let basis = entry.basis;
+    if basis != crate::limiter::Basis::Service {
+        let settled = filter.settle(host, entry, op);
+        if let Settled::Done {
+            past_limit,
+            into_debt,
+            ..
+        } = settled
+        {
+            filter.counters().tokens_owed(entry.policy, past_limit);
+            // An emergency budget's state is not where `owes` looks.
+            if into_debt && basis != crate::limiter::Basis::Emergency {
+                filter.entered_debt(entry);
+            }
+        }
+        return;
+    }
+    // Named once, here: the outbox sends this very settlement again after a failed call, and
+    // the service applies its id once.
+    let id = Some(filter.settlement_id());
     let wire = match op {
         Op::Charge(tokens) => SettleOp::Charge {
             tokens,
             max_debt: metered.max_debt(&entry.tier),
+            id,
         },
         Op::Refund(tokens) => {
             let age_ms = filter.now(host).saturating_sub(at) / (NANOS_PER_SEC / 1000);
-            SettleOp::Refund { tokens, age_ms }
+            SettleOp::Refund { tokens, age_ms, id }
         }
         // Not a reservation's: `settle_op` makes neither.
         Op::Release | Op::Renew => return,
     };
-    match entry.basis {
-        crate::limiter::Basis::Service => report(filter, host, entry, wire),
-        basis => {
-            let settled = filter.settle(host, entry, op);
-            if let Settled::Done {
-                past_limit,
-                into_debt,
-                ..
-            } = settled
-            {
-                filter.counters().tokens_owed(entry.policy, past_limit);
-                // An emergency budget's state is not where `owes` looks.
-                if into_debt && basis != crate::limiter::Basis::Emergency {
-                    filter.entered_debt(entry);
-                }
-            }
-        }
-    }
+    report(filter, host, entry, wire);
 }
 
 /// The access-log record of a request whose metered policies settled: the admission's record,
