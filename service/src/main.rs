@@ -27,10 +27,7 @@ fn main() -> ExitCode {
         eprintln!("sluice-service: {message}");
         return ExitCode::FAILURE;
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|failure| format!("cannot start the async runtime: {failure}"));
+    let runtime = runtime().map_err(|failure| format!("cannot start the async runtime: {failure}"));
     match runtime.and_then(|runtime| runtime.block_on(run(args))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -38,6 +35,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The async runtime: on one core (a `taskset`, a container's CPU quota) the current-thread
+/// scheduler, else the multi-thread one with a worker per core (or `TOKIO_WORKER_THREADS`).
+///
+/// One core gains nothing from a multi-thread runtime, and costs a write per call: its worker
+/// runs a task woken by the running one next (tokio's LIFO slot), so each call that completes
+/// has its connection's task send that one answer at once. The current-thread scheduler runs
+/// woken tasks in turn, so the calls that were ready together go out in one write.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let one_core = std::env::var_os("TOKIO_WORKER_THREADS").is_none()
+        && std::thread::available_parallelism().is_ok_and(|cores| cores.get() == 1);
+    let mut builder = if one_core {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    };
+    builder.enable_all().build()
 }
 
 /// The store the command line chose.
