@@ -66,7 +66,12 @@ impl<S: Store> RlsService<S> {
                 Status::unavailable(format!("redis: {failure}"))
             })?
         };
-        let answer = answer(&plan, &decisions, self.headers, now_ns());
+        // Only the legacy reset header reads the clock here.
+        let now = match self.headers {
+            HeaderStyle::None => 0,
+            _ => now_ns(),
+        };
+        let answer = answer(&plan, &decisions, self.headers, now);
         self.metrics.record(&request.domain, &answer.tallies);
         if !answer.hold.is_zero() {
             tokio::time::sleep(answer.hold).await;
