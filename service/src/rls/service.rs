@@ -97,8 +97,10 @@ impl<S: Store> RateLimitService for RlsService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let activity = request.extensions().get::<Activity>().cloned();
-        let _answering = activity.as_ref().map(Activity::answering);
+        let _answering = request
+            .extensions()
+            .get::<Activity>()
+            .map(Activity::answering);
         self.authorized(request.metadata())?;
         self.decide(request.get_ref()).await.map(Response::new)
     }
