@@ -14,8 +14,8 @@ use sluice::exact::ExactStore;
 use crate::memory_slots::{Ask, SlotTable};
 use crate::settled_ids::SettledIds;
 use crate::store::{
-    settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settled, Settlement,
-    Slots, Store, StoreError,
+    settled_key, write_state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settled,
+    Settlement, Slots, Store, StoreError,
 };
 
 /// Calls between two sweeps of the keys that are as good as empty.
@@ -34,6 +34,8 @@ struct State {
     words: ExactStore,
     slots: SlotTable,
     settled: SettledIds,
+    /// The state key of the check being decided (`write_state_key`), kept for the next.
+    key: String,
 }
 
 impl MemoryStore {
@@ -69,13 +71,25 @@ impl MemoryStore {
 
 impl State {
     fn decide(&mut self, check: &Check, now_us: u64) -> Result<Decision, StoreError> {
-        let key = state_key(check);
+        let mut key = std::mem::take(&mut self.key);
+        write_state_key(&mut key, check);
+        let decision = self.decide_key(&key, check, now_us);
+        self.key = key;
+        decision
+    }
+
+    fn decide_key(
+        &mut self,
+        key: &str,
+        check: &Check,
+        now_us: u64,
+    ) -> Result<Decision, StoreError> {
         if let Algorithm::Concurrency { limit, lease_us } = check.algorithm {
-            return Ok(self.take_slots(&key, check, limit, lease_us, now_us));
+            return Ok(self.take_slots(key, check, limit, lease_us, now_us));
         }
         let limit = filter_limit(&check.algorithm)?;
         let cost = (check.cost, check.take);
-        let (d, granted) = (self.words).decide_owing(&key, limit, now_us, cost, check.debt);
+        let (d, granted) = (self.words).decide_owing(key, limit, now_us, cost, check.debt);
         Ok(Decision {
             allowed: d.allowed,
             granted,

@@ -2,6 +2,7 @@
 //! what a request settles after its admission, and the trait a store implements (Redis in
 //! production, anything in tests).
 
+use std::fmt::Write;
 use std::future::Future;
 use std::hash::Hasher;
 
@@ -63,12 +64,23 @@ pub enum Namespace {
 /// and the algorithm's `identity` makes a counter the state of the algorithm and numbers that
 /// wrote it alone: a check with other numbers on the same caller key has a state of its own.
 pub fn state_key(check: &Check) -> String {
-    key_of(check.namespace, &check.key, &check.algorithm)
+    let mut key = String::new();
+    write_state_key(&mut key, check);
+    key
+}
+
+/// `state_key` written over `out`: a store that looks states up by it can keep one buffer
+/// rather than allocate a key per check.
+pub fn write_state_key(out: &mut String, check: &Check) {
+    write_key(out, check.namespace, &check.key, &check.algorithm);
 }
 
 /// `state_key` of the state a settlement settles: the one its check wrote.
 pub fn settled_key(settlement: &Settlement) -> String {
-    key_of(settlement.namespace, &settlement.key, &settlement.algorithm)
+    let mut key = String::new();
+    let (namespace, algorithm) = (settlement.namespace, &settlement.algorithm);
+    write_key(&mut key, namespace, &settlement.key, algorithm);
+    key
 }
 
 /// Where a settlement's `id` is remembered once it has been applied (`SETTLED_TTL_MS`), if it
@@ -92,8 +104,13 @@ pub fn settled_id_key(settlement: &Settlement) -> Option<String> {
 /// timer and a slow network; longer only costs memory, one small key per settlement.
 pub const SETTLED_TTL_MS: u64 = 2 * sluice::outbox::GIVE_UP / 1_000_000;
 
-fn key_of(namespace: Namespace, key: &str, algorithm: &Algorithm) -> String {
-    format!("{}{{{key}}}:{}", prefix(namespace), algorithm.identity())
+fn write_key(out: &mut String, namespace: Namespace, key: &str, algorithm: &Algorithm) {
+    out.clear();
+    out.push_str(prefix(namespace));
+    out.push('{');
+    out.push_str(key);
+    out.push_str("}:");
+    algorithm.write_identity(out);
 }
 
 fn prefix(namespace: Namespace) -> &'static str {
@@ -109,12 +126,22 @@ fn prefix(namespace: Namespace) -> &'static str {
 /// concatenation, and the hash keeps the raw values (user ids, addresses) out of Redis; under an
 /// operator's secret nobody else can compute which key is whose.
 pub fn hashed_key(secret: &HashSecret, parts: &[&[u8]]) -> String {
+    hashed_key_of(secret, parts.iter().copied())
+}
+
+/// `hashed_key` of the parts one at a time, as they come.
+pub fn hashed_key_of<'p>(secret: &HashSecret, parts: impl Iterator<Item = &'p [u8]>) -> String {
     let mut hasher = SipHasher13::new_with_key(&secret.to_bytes());
     for part in parts {
         hasher.write_u64(part.len() as u64);
         hasher.write(part);
     }
-    format!("{:032x}", hasher.finish128().as_u128())
+    let hash = hasher.finish128().as_u128();
+    // `{:032x}`, without the formatting machinery.
+    (0..32)
+        .rev()
+        .map(|digit| char::from_digit(((hash >> (digit * 4)) & 0xf) as u32, 16).unwrap_or('0'))
+        .collect()
 }
 
 /// An algorithm with its numbers; durations in microseconds. Windows are aligned to the Unix
@@ -158,11 +185,20 @@ impl Algorithm {
     /// are the algorithm alone (`concurrency`): a change of the limit or of the lease keeps the
     /// slots in use.
     pub fn identity(&self) -> String {
+        let mut identity = String::new();
+        self.write_identity(&mut identity);
+        identity
+    }
+
+    /// `identity` added to `out`.
+    fn write_identity(&self, out: &mut String) {
+        out.push_str(self.name());
         if let Algorithm::Concurrency { .. } = self {
-            return self.name().to_string();
+            return;
         }
         let (a, b) = self.numbers();
-        format!("{}/{a}/{b}", self.name())
+        // Writing to a String cannot fail.
+        let _ = write!(out, "/{a}/{b}");
     }
 
     fn numbers(&self) -> (u64, u64) {

@@ -34,9 +34,9 @@ use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quo
 use sluice::key::HashSecret;
 
 use super::config::{Config, Limit, Node, Rate, Rule, Unit};
-use super::matching::{find, Entry};
+use super::matching::{find, Entry, Match};
 use crate::check::{members_added, MAX_LOG_ENTRIES};
-use crate::store::{hashed_key, Algorithm, Check, Decision, Namespace, Slots};
+use crate::store::{hashed_key_of, Algorithm, Check, Decision, Namespace, Slots};
 
 /// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
 /// (a few); more is refused, as envoyproxy/ratelimit refuses what it cannot answer.
@@ -79,16 +79,16 @@ struct Applied<'c> {
     /// check only reads).
     beyond_capacity: bool,
     /// The metrics label with the request's values where the configuration asks for them.
-    label: String,
+    label: Cow<'c, str>,
 }
 
 /// What the metrics count for one limit of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tally {
+pub struct Tally<'p> {
     /// With request values when the configuration asks (`detailed_metric`, `value_to_metric`).
-    pub label: String,
+    pub label: &'p str,
     /// The label made of the configuration alone, for when request values must not be used.
-    pub fallback: String,
+    pub fallback: &'p str,
     pub hits: u64,
     pub over_limit: bool,
     pub shadow_mode: bool,
@@ -96,13 +96,13 @@ pub struct Tally {
     pub near_limit: u64,
 }
 
-/// The response, and what goes with it.
+/// The response, and what goes with it (the tallies borrow the plan's labels).
 #[derive(Debug)]
-pub struct Answer {
+pub struct Answer<'p> {
     pub response: RateLimitResponse,
     /// A leaky bucket's turn: how long to wait before answering OK.
     pub hold: Duration,
-    pub tallies: Vec<Tally>,
+    pub tallies: Vec<Tally<'p>>,
 }
 
 /// Validates `request` and matches each descriptor against `config`; keys are hashed under
@@ -129,7 +129,7 @@ pub fn plan<'c>(
         .flat_map(|m| m.limits.iter().flat_map(|l| l.replaces.iter()))
         .map(String::as_str)
         .collect();
-    let mut checks = Vec::new();
+    let mut checks = Vec::with_capacity(request.descriptors.len());
     let descriptors = (request.descriptors.iter().zip(&matched))
         .map(|(descriptor, matched)| {
             let hits = hits(request, descriptor);
@@ -182,39 +182,57 @@ fn validate(request: &RateLimitRequest) -> Result<(), Invalid> {
 
 /// A descriptor's limits: the configured ones it matches, or the override Envoy sent with it.
 #[derive(Debug)]
-struct Matched<'c> {
-    limits: Vec<Cow<'c, Limit>>,
+struct Matched<'c, 'r> {
+    limits: Cow<'c, [Limit]>,
     /// Keys and values for the counters' store key (`matching::Match::counted`).
-    counted: Vec<String>,
-    /// The metrics labels with request values (`matching::Match`) and without.
-    detailed_label: String,
-    value_label: String,
-    path: String,
+    counted: Vec<&'r str>,
+    /// The configured descriptor matched, whose limits' metrics labels may take request values;
+    /// `None` for an override, whose label is its own.
+    found: Option<Match<'c, 'r>>,
 }
 
-fn match_descriptor<'c>(
+impl<'c> Matched<'c, '_> {
+    /// Each limit with its metrics label.
+    fn labelled(&self) -> impl Iterator<Item = (Cow<'c, Limit>, Cow<'c, str>)> + '_ {
+        let (configured, given) = match &self.limits {
+            Cow::Borrowed(limits) => (*limits, &[][..]),
+            Cow::Owned(limits) => (&[][..], limits.as_slice()),
+        };
+        let configured = configured.iter().map(|limit| {
+            let label = match &self.found {
+                Some(found) => found.label_of(limit),
+                None => Cow::Borrowed(limit.label.as_str()),
+            };
+            (Cow::Borrowed(limit), label)
+        });
+        let given = (given.iter()).map(|limit| {
+            let label = Cow::Owned(limit.label.clone());
+            (Cow::Owned(limit.clone()), label)
+        });
+        configured.chain(given)
+    }
+}
+
+fn match_descriptor<'c: 'r, 'r>(
     config: &Config,
     root: &'c Node,
-    descriptor: &RateLimitDescriptor,
+    descriptor: &'r RateLimitDescriptor,
     index: usize,
-) -> Result<Option<Matched<'c>>, Invalid> {
-    let entries: Vec<Entry> = (descriptor.entries.iter())
-        .map(|e| Entry {
-            key: &e.key,
-            value: &e.value,
-        })
-        .collect();
+) -> Result<Option<Matched<'c, 'r>>, Invalid> {
+    let entries = (descriptor.entries.iter()).map(|e| Entry {
+        key: &e.key,
+        value: &e.value,
+    });
     if let Some(limit) = &descriptor.limit {
         let at = format!("descriptors[{index}].limit");
+        let entries: Vec<Entry> = entries.collect();
         return override_limit(config, &entries, limit.requests_per_unit, limit.unit, &at)
             .map(Some);
     }
-    Ok(find(root, &entries).map(|found| Matched {
-        limits: found.node.limits.iter().map(Cow::Borrowed).collect(),
-        counted: found.counted,
-        detailed_label: found.detailed_label,
-        value_label: found.value_label,
-        path: found.node.path.clone(),
+    Ok(find(root, entries).map(|found| Matched {
+        limits: Cow::Borrowed(&found.node.limits),
+        counted: found.counted().collect(),
+        found: Some(found),
     }))
 }
 
@@ -223,13 +241,13 @@ fn match_descriptor<'c>(
 /// every hit charged, counted under the descriptor's keys and values. Its numbers come from the request, so its
 /// metrics label is the descriptor's keys alone, and a window longer than `--max-key-ttl` is
 /// refused.
-fn override_limit<'c>(
+fn override_limit<'c, 'r>(
     config: &Config,
-    entries: &[Entry],
+    entries: &[Entry<'r>],
     requests: u32,
     unit: i32,
     at: &str,
-) -> Result<Matched<'c>, Invalid> {
+) -> Result<Matched<'c, 'r>, Invalid> {
     // envoy.type.v3.RateLimitUnit: 1 second .. 4 day, 5 month, 6 year, 7 week.
     let unit = match unit {
         1 => Unit::Second,
@@ -271,14 +289,9 @@ fn override_limit<'c>(
         identity: "override".into(),
     };
     Ok(Matched {
-        path: limit.label.clone(),
-        detailed_label: limit.label.clone(),
-        value_label: limit.label.clone(),
-        limits: vec![Cow::Owned(limit)],
-        counted: entries
-            .iter()
-            .flat_map(|e| [e.key.to_string(), e.value.to_string()])
-            .collect(),
+        limits: Cow::Owned(vec![limit]),
+        counted: entries.iter().flat_map(|e| [e.key, e.value]).collect(),
+        found: None,
     })
 }
 
@@ -323,7 +336,7 @@ struct Keys<'r> {
 
 fn planned<'c>(
     keys: &Keys,
-    matched: Option<&Matched<'c>>,
+    matched: Option<&Matched<'c, '_>>,
     replaced: &HashSet<&str>,
     given: Hits,
     checks: &mut Vec<Check>,
@@ -335,24 +348,24 @@ fn planned<'c>(
     if matched.limits.iter().any(|l| l.rule == Rule::Unlimited) {
         return Planned::Unlimited;
     }
-    let kept = (matched.limits.iter())
-        .filter(|l| !l.name.as_deref().is_some_and(|n| replaced.contains(n)));
+    let kept = (matched.labelled())
+        .filter(|(l, _)| !l.name.as_deref().is_some_and(|n| replaced.contains(n)));
     let mut limits = Vec::new();
-    for limit in kept {
+    for (limit, label) in kept {
         let Rule::Limited(rate) = &limit.rule else {
             continue;
         };
-        let mut parts: Vec<&[u8]> = vec![keys.domain.as_bytes(), limit.identity.as_bytes()];
-        parts.extend(matched.counted.iter().map(String::as_bytes));
-        let key = hashed_key(keys.secret, &parts);
+        let parts = [keys.domain, limit.identity.as_str()].into_iter();
+        let parts = parts.chain(matched.counted.iter().copied());
+        let key = hashed_key_of(keys.secret, parts.map(str::as_bytes));
         let (check, beyond_capacity) = match rate.algorithm {
             Algorithm::Concurrency { .. } if given.negative => (give_back(key, rate, given), false),
             _ => charge(key, rate, limit.charge_refused, hits),
         };
         checks.push(check);
         limits.push(Applied {
-            label: label(matched, limit),
-            limit: limit.clone(),
+            label,
+            limit,
             check: checks.len() - 1,
             beyond_capacity,
         });
@@ -462,18 +475,6 @@ impl Plan<'_> {
     }
 }
 
-/// The limit's metrics label: its own (the node's path, and `#n` after a node's first limit)
-/// with the request's values where `detailed_metric` or `value_to_metric` asks.
-fn label(matched: &Matched, limit: &Limit) -> String {
-    let suffix = limit.label.strip_prefix(&matched.path).unwrap_or("");
-    let base = if limit.detailed_metric {
-        &matched.detailed_label
-    } else {
-        &matched.value_label
-    };
-    format!("{base}{suffix}")
-}
-
 /// How a decided limit came out.
 struct Outcome<'a, 'c> {
     applied: &'a Applied<'c>,
@@ -506,10 +507,15 @@ impl Outcome<'_, '_> {
 
 /// Builds the response from the store's `decisions` (one per `plan.checks`, in order).
 /// `now_ns` is Unix time in nanoseconds, for the legacy reset header.
-pub fn answer(plan: &Plan, decisions: &[Decision], style: HeaderStyle, now_ns: u64) -> Answer {
+pub fn answer<'p>(
+    plan: &'p Plan,
+    decisions: &[Decision],
+    style: HeaderStyle,
+    now_ns: u64,
+) -> Answer<'p> {
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
-    let mut outcomes = Vec::new();
-    let mut tallies = Vec::new();
+    let mut outcomes = Vec::with_capacity(plan.checks.len());
+    let mut tallies = Vec::with_capacity(plan.checks.len());
     for planned in &plan.descriptors {
         let status = match planned {
             Planned::Free => DescriptorStatus {
@@ -522,11 +528,11 @@ pub fn answer(plan: &Plan, decisions: &[Decision], style: HeaderStyle, now_ns: u
                 ..Default::default()
             },
             Planned::Limited { hits, limits } => {
-                let decided = decide(limits, decisions);
+                let first = outcomes.len();
+                outcomes.extend(decide(limits, decisions));
+                let decided = outcomes.get(first..).unwrap_or_default();
                 tallies.extend(decided.iter().map(|o| tally(o, *hits)));
-                let status = descriptor_status(&decided);
-                outcomes.extend(decided);
-                status
+                descriptor_status(decided)
             }
         };
         statuses.push(status);
@@ -550,24 +556,24 @@ pub fn answer(plan: &Plan, decisions: &[Decision], style: HeaderStyle, now_ns: u
     }
 }
 
-fn decide<'a, 'c>(limits: &'a [Applied<'c>], decisions: &[Decision]) -> Vec<Outcome<'a, 'c>> {
-    limits
-        .iter()
-        .filter_map(|applied| {
-            let Rule::Limited(rate) = &applied.limit.rule else {
-                return None;
-            };
-            let mut decision = *decisions.get(applied.check)?;
-            if applied.beyond_capacity {
-                decision = beyond_capacity(decision, rate);
-            }
-            Some(Outcome {
-                applied,
-                rate,
-                decision,
-            })
+fn decide<'a, 'c, 'd>(
+    limits: &'a [Applied<'c>],
+    decisions: &'d [Decision],
+) -> impl Iterator<Item = Outcome<'a, 'c>> + use<'a, 'c, 'd> {
+    limits.iter().filter_map(|applied| {
+        let Rule::Limited(rate) = &applied.limit.rule else {
+            return None;
+        };
+        let mut decision = *decisions.get(applied.check)?;
+        if applied.beyond_capacity {
+            decision = beyond_capacity(decision, rate);
+        }
+        Some(Outcome {
+            applied,
+            rate,
+            decision,
         })
-        .collect()
+    })
 }
 
 /// What the counter said, as a refusal: nothing taken, nothing held. The hits never fit, so the
@@ -675,7 +681,7 @@ fn hold(outcomes: &[Outcome]) -> Duration {
         .map_or(Duration::ZERO, Duration::from_micros)
 }
 
-fn tally(outcome: &Outcome, hits: u64) -> Tally {
+fn tally<'p>(outcome: &Outcome<'p, '_>, hits: u64) -> Tally<'p> {
     let (decision, rate) = (&outcome.decision, outcome.rate);
     let capacity = rate.capacity();
     let used = capacity.saturating_sub(decision.remaining);
@@ -686,8 +692,8 @@ fn tally(outcome: &Outcome, hits: u64) -> Tally {
         0
     };
     Tally {
-        label: outcome.applied.label.clone(),
-        fallback: outcome.applied.limit.label.clone(),
+        label: &outcome.applied.label,
+        fallback: &outcome.applied.limit.label,
         hits,
         over_limit: !decision.allowed,
         shadow_mode: !decision.allowed && outcome.applied.limit.shadow_mode,

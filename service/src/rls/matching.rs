@@ -3,7 +3,9 @@
 //! value, then the value-less `key`), and a limit applies only if it sits at the request
 //! descriptor's last entry.
 
-use super::config::Node;
+use std::borrow::Cow;
+
+use super::config::{Limit, Node};
 
 /// One entry of a request's descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,62 +14,140 @@ pub struct Entry<'r> {
     pub value: &'r str,
 }
 
-/// A request descriptor that reached a node with limits.
+/// A request descriptor that reached a node with limits. Its counters' key parts and metrics
+/// labels are read from it when needed: most labels are the configuration's own, and making
+/// them from the request each call would cost for nothing.
 #[derive(Debug)]
-pub struct Match<'c> {
+pub struct Match<'c, 'r> {
     pub node: &'c Node,
-    /// Key and value of each entry as the counters know them: the request's value, or the
-    /// pattern of a `share_threshold` wildcard (all its values share the counters).
-    pub counted: Vec<String>,
-    /// The metrics label with every value the request sent (`detailed_metric`).
-    pub detailed_label: String,
-    /// The metrics label with the request's values only where `value_to_metric` asks: equal to
-    /// the node's path when it asks nowhere.
-    pub value_label: String,
+    /// How each entry found its node, from the domain down.
+    steps: Vec<Step<'c, 'r>>,
+}
+
+/// One entry and the node it took.
+#[derive(Debug, Clone, Copy)]
+struct Step<'c, 'r> {
+    entry: Entry<'r>,
+    node: &'c Node,
+    found: Found,
 }
 
 /// How an entry found its node.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
     Exact,
     Wildcard,
     KeyOnly,
 }
 
-/// The node whose limits apply to `entries`, if any.
-pub fn find<'c>(root: &'c Node, entries: &[Entry]) -> Option<Match<'c>> {
-    let mut level = root;
-    let mut counted = Vec::with_capacity(entries.len() * 2);
-    let mut detailed = Vec::with_capacity(entries.len());
-    let mut valued = Vec::with_capacity(entries.len());
-    for (i, entry) in entries.iter().enumerate() {
-        let key_value = format!("{}_{}", entry.key, entry.value);
-        let (node, found) = step(level, entry, &key_value)?;
-        let shared = found == Found::Wildcard && node.share_threshold;
-        let counted_value = if shared {
-            node.label
-                .strip_prefix(entry.key)
-                .and_then(|v| v.strip_prefix('_'))
+impl<'c: 'r, 'r> Step<'c, 'r> {
+    /// A `share_threshold` wildcard: all its values share the counters and the labels.
+    fn shared(&self) -> bool {
+        self.found == Found::Wildcard && self.node.share_threshold
+    }
+
+    /// The value as the counters know it: the request's, or the shared wildcard's pattern.
+    fn counted_value(&self) -> &'r str {
+        let pattern = (self.node.label.strip_prefix(self.entry.key))
+            .and_then(|v| v.strip_prefix('_'))
+            .filter(|_| self.shared());
+        pattern.unwrap_or(self.entry.value)
+    }
+
+    /// Whether the detailed label (`detailed_metric`) takes the request's `key_value` here
+    /// rather than the node's label (which an exact value or a shared wildcard is).
+    fn detailed_from_request(&self) -> bool {
+        self.found != Found::Exact && !self.shared()
+    }
+
+    /// Whether the label takes the request's `key_value` here: where `value_to_metric` asks
+    /// (an exact value is the node's label anyway; a shared wildcard keeps its pattern).
+    fn valued_from_request(&self) -> bool {
+        self.node.value_to_metric && self.detailed_from_request()
+    }
+}
+
+impl<'c: 'r, 'r> Match<'c, 'r> {
+    /// Key and value of each entry as the counters know them: the request's value, or the
+    /// pattern of a `share_threshold` wildcard (all its values share the counters).
+    pub fn counted(&self) -> impl Iterator<Item = &'r str> + '_ {
+        (self.steps.iter()).flat_map(|step| [step.entry.key, step.counted_value()])
+    }
+
+    /// The metrics label with every value the request sent (`detailed_metric`).
+    pub fn detailed_label(&self) -> Cow<'c, str> {
+        self.label_with(Step::detailed_from_request)
+    }
+
+    /// The metrics label with the request's values only where `value_to_metric` asks: the
+    /// node's path when it asks nowhere.
+    pub fn value_label(&self) -> Cow<'c, str> {
+        self.label_with(Step::valued_from_request)
+    }
+
+    /// `limit`'s metrics label (one of the node's limits): its own (the node's path, and `#n`
+    /// after a node's first limit) with the request's values where `detailed_metric` or
+    /// `value_to_metric` asks.
+    pub fn label_of(&self, limit: &'c Limit) -> Cow<'c, str> {
+        let base = if limit.detailed_metric {
+            self.detailed_label()
         } else {
-            None
+            self.value_label()
         };
-        counted.push(entry.key.to_string());
-        counted.push(counted_value.unwrap_or(entry.value).to_string());
-        let request_label = if shared { &node.label } else { &key_value };
-        detailed.push(request_label.clone());
-        valued.push(match found {
-            Found::Exact => key_value.clone(),
-            _ if node.value_to_metric && !shared => key_value.clone(),
-            Found::Wildcard => node.label.clone(),
-            Found::KeyOnly => entry.key.to_string(),
-        });
-        if i + 1 == entries.len() && !node.limits.is_empty() {
-            return Some(Match {
-                node,
-                counted,
-                detailed_label: detailed.join("."),
-                value_label: valued.join("."),
-            });
+        match base {
+            // The node's path: the limit's label is that and its suffix.
+            Cow::Borrowed(_) => Cow::Borrowed(&limit.label),
+            Cow::Owned(mut label) => {
+                label.push_str(limit.label.strip_prefix(&self.node.path).unwrap_or(""));
+                Cow::Owned(label)
+            }
+        }
+    }
+
+    /// The node labels joined by `.` (the node's path), with the request's `key_value` at the
+    /// steps `from_request` picks.
+    fn label_with(&self, from_request: fn(&Step<'c, 'r>) -> bool) -> Cow<'c, str> {
+        if !self.steps.iter().any(from_request) {
+            return Cow::Borrowed(&self.node.path);
+        }
+        let mut label = String::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            if i > 0 {
+                label.push('.');
+            }
+            if from_request(step) {
+                push_key_value(&mut label, &step.entry);
+            } else {
+                label.push_str(&step.node.label);
+            }
+        }
+        Cow::Owned(label)
+    }
+}
+
+/// `<key>_<value>`, as the configuration names its nodes.
+fn push_key_value(text: &mut String, entry: &Entry) {
+    text.push_str(entry.key);
+    text.push('_');
+    text.push_str(entry.value);
+}
+
+/// The node whose limits apply to `entries`, if any.
+pub fn find<'c: 'r, 'r>(
+    root: &'c Node,
+    entries: impl ExactSizeIterator<Item = Entry<'r>>,
+) -> Option<Match<'c, 'r>> {
+    let last = entries.len().checked_sub(1)?;
+    let mut level = root;
+    let mut steps = Vec::with_capacity(last + 1);
+    let mut key_value = String::new();
+    for (i, entry) in entries.enumerate() {
+        key_value.clear();
+        push_key_value(&mut key_value, &entry);
+        let (node, found) = step(level, &entry, &key_value)?;
+        steps.push(Step { entry, node, found });
+        if i == last && !node.limits.is_empty() {
+            return Some(Match { node, steps });
         }
         if node.children.is_empty() {
             return None;
@@ -108,7 +188,7 @@ mod tests {
         let entries: Vec<Entry> = (entries.iter())
             .map(|&(key, value)| Entry { key, value })
             .collect();
-        find(config.domain("d").unwrap(), &entries).map(|m| m.node.path.clone())
+        find(config.domain("d").unwrap(), entries.into_iter()).map(|m| m.node.path.clone())
     }
 
     const LIMIT: &str = "rate_limit: {unit: second, requests_per_unit: 1}";
@@ -172,14 +252,15 @@ mod tests {
         let root = config.domain("d").unwrap();
         let shared = find(
             root,
-            &[Entry {
+            [Entry {
                 key: "files",
                 value: "files/a.pdf",
-            }],
+            }]
+            .into_iter(),
         )
         .unwrap();
-        assert_eq!(shared.counted, ["files", "files/*"]);
-        assert_eq!(shared.detailed_label, "files_files/*");
+        assert_eq!(shared.counted().collect::<Vec<_>>(), ["files", "files/*"]);
+        assert_eq!(shared.detailed_label(), "files_files/*");
         let entries = [
             Entry {
                 key: "user",
@@ -190,10 +271,11 @@ mod tests {
                 value: "read",
             },
         ];
-        let valued = find(root, &entries).unwrap();
-        assert_eq!(valued.counted, ["user", "alice", "action", "read"]);
-        assert_eq!(valued.value_label, "user_alice.action");
-        assert_eq!(valued.detailed_label, "user_alice.action_read");
+        let valued = find(root, entries.into_iter()).unwrap();
+        let counted: Vec<&str> = valued.counted().collect();
+        assert_eq!(counted, ["user", "alice", "action", "read"]);
+        assert_eq!(valued.value_label(), "user_alice.action");
+        assert_eq!(valued.detailed_label(), "user_alice.action_read");
         assert_eq!(valued.node.path, "user.action");
     }
 }

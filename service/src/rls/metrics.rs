@@ -9,10 +9,10 @@
 //! a hash of the whole, and at most `MAX_VALUE_SERIES` of them are ever created (later ones
 //! count under the configured label). Counters saturate instead of wrapping.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hasher;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -46,6 +46,34 @@ struct ResultLabels {
 
 type PerDescriptor = Family<DescriptorLabels, Counter>;
 
+/// The counters of one label set, each taken from its family the first time it counts (as
+/// the family would create it), then added to directly.
+struct Series {
+    labels: DescriptorLabels,
+    total_hits: OnceLock<Counter>,
+    over_limit: OnceLock<Counter>,
+    near_limit: OnceLock<Counter>,
+    within_limit: OnceLock<Counter>,
+    shadow_mode: OnceLock<Counter>,
+}
+
+impl Series {
+    fn new(labels: DescriptorLabels) -> Series {
+        Series {
+            labels,
+            total_hits: OnceLock::new(),
+            over_limit: OnceLock::new(),
+            near_limit: OnceLock::new(),
+            within_limit: OnceLock::new(),
+            shadow_mode: OnceLock::new(),
+        }
+    }
+}
+
+/// The series of labels from the configuration alone, by domain and descriptor: as many as
+/// configured limits, found without building a label set.
+type Configured = HashMap<String, HashMap<String, Arc<Series>>>;
+
 /// Why a call was answered with an error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {
@@ -69,6 +97,7 @@ pub struct RlsMetrics {
     domains: Gauge,
     /// The labels made of request values created so far.
     value_labels: Mutex<HashSet<DescriptorLabels>>,
+    configured: RwLock<Configured>,
 }
 
 impl RlsMetrics {
@@ -86,6 +115,7 @@ impl RlsMetrics {
             config_loads: Family::default(),
             domains: Gauge::default(),
             value_labels: Mutex::new(HashSet::new()),
+            configured: RwLock::default(),
         };
         // prometheus-client ends each help text with a full stop itself.
         for (name, help, family) in [
@@ -144,47 +174,76 @@ impl RlsMetrics {
     /// Counts one call's limits in `domain`.
     pub fn record(&self, domain: &str, tallies: &[Tally]) {
         for tally in tallies {
-            let labels = self.labels(domain, tally);
-            let add =
-                |family: &PerDescriptor, n: u64| saturating_add(&family.get_or_create(&labels), n);
-            add(&self.total_hits, tally.hits);
-            if tally.over_limit {
-                add(&self.over_limit, tally.hits);
+            if tally.label == tally.fallback {
+                self.add(&self.configured(domain, tally.label), tally);
             } else {
-                add(&self.within_limit, tally.hits);
-            }
-            if tally.near_limit > 0 {
-                add(&self.near_limit, tally.near_limit);
-            }
-            if tally.shadow_mode {
-                add(&self.shadow_mode, tally.hits);
+                self.add(&Series::new(self.value_labels(domain, tally)), tally);
             }
         }
     }
 
+    fn add(&self, series: &Series, tally: &Tally) {
+        let add = |counter: &OnceLock<Counter>, family: &PerDescriptor, n: u64| {
+            let counter = counter.get_or_init(|| family.get_or_create(&series.labels).clone());
+            saturating_add(counter, n);
+        };
+        add(&series.total_hits, &self.total_hits, tally.hits);
+        if tally.over_limit {
+            add(&series.over_limit, &self.over_limit, tally.hits);
+        } else {
+            add(&series.within_limit, &self.within_limit, tally.hits);
+        }
+        if tally.near_limit > 0 {
+            add(&series.near_limit, &self.near_limit, tally.near_limit);
+        }
+        if tally.shadow_mode {
+            add(&series.shadow_mode, &self.shadow_mode, tally.hits);
+        }
+    }
+
+    /// The series of a label from the configuration alone.
+    fn configured(&self, domain: &str, label: &str) -> Arc<Series> {
+        let known = (self
+            .configured
+            .read()
+            .unwrap_or_else(PoisonError::into_inner))
+        .get(domain)
+        .and_then(|descriptors| descriptors.get(label))
+        .cloned();
+        if let Some(series) = known {
+            return series;
+        }
+        let mut configured = self
+            .configured
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let descriptors = configured.entry(domain.to_string()).or_default();
+        let series = descriptors.entry(label.to_string()).or_insert_with(|| {
+            Arc::new(Series::new(DescriptorLabels {
+                domain: domain.to_string(),
+                descriptor: label.to_string(),
+            }))
+        });
+        Arc::clone(series)
+    }
+
     /// The tally's label with request values (cut to `MAX_LABEL_BYTES`) while fewer than
     /// `MAX_VALUE_SERIES` exist.
-    fn labels(&self, domain: &str, tally: &Tally) -> DescriptorLabels {
-        if tally.label == tally.fallback {
-            return DescriptorLabels {
-                domain: domain.to_string(),
-                descriptor: tally.label.clone(),
-            };
-        }
+    fn value_labels(&self, domain: &str, tally: &Tally) -> DescriptorLabels {
         let labels = DescriptorLabels {
             domain: domain.to_string(),
-            descriptor: bounded_label(&tally.label),
+            descriptor: bounded_label(tally.label),
         };
         let mut seen = self
             .value_labels
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .unwrap_or_else(PoisonError::into_inner);
         if seen.contains(&labels) || seen.len() < MAX_VALUE_SERIES && seen.insert(labels.clone()) {
             return labels;
         }
         DescriptorLabels {
             domain: domain.to_string(),
-            descriptor: tally.fallback.clone(),
+            descriptor: tally.fallback.to_string(),
         }
     }
 
@@ -248,10 +307,10 @@ mod tests {
     use super::*;
     use prometheus_client::encoding::text::encode;
 
-    fn tally(label: &str, fallback: &str, hits: u64, over_limit: bool) -> Tally {
+    fn tally<'a>(label: &'a str, fallback: &'a str, hits: u64, over_limit: bool) -> Tally<'a> {
         Tally {
-            label: label.into(),
-            fallback: fallback.into(),
+            label,
+            fallback,
             hits,
             over_limit,
             shadow_mode: false,

@@ -5,9 +5,10 @@
 use std::convert::Infallible;
 use std::task::{Context, Poll};
 
+use futures_util::future::Either;
 use tonic::body::Body;
 use tonic::codegen::http::{Request, Response};
-use tonic::codegen::{BoxFuture, Service};
+use tonic::codegen::Service;
 
 const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
 
@@ -20,13 +21,12 @@ pub struct Route<R, H> {
 impl<R, H> Service<Request<Body>> for Route<R, H>
 where
     R: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    R::Future: Send + 'static,
     H: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-    H::Future: Send + 'static,
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = BoxFuture<Response<Body>, Infallible>;
+    /// Either service's own future: no allocation per call to choose.
+    type Future = Either<R::Future, H::Future>;
 
     /// Both services are always ready (tonic's generated servers are).
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
@@ -35,9 +35,9 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         if request.uri().path().starts_with(HEALTH_PATH) {
-            Box::pin(self.health.call(request))
+            Either::Right(self.health.call(request))
         } else {
-            Box::pin(self.rls.call(request))
+            Either::Left(self.rls.call(request))
         }
     }
 }

@@ -66,7 +66,12 @@ impl<S: Store> RlsService<S> {
                 Status::unavailable(format!("redis: {failure}"))
             })?
         };
-        let answer = answer(&plan, &decisions, self.headers, now_ns());
+        // Only the legacy reset header reads the clock here.
+        let now = match self.headers {
+            HeaderStyle::None => 0,
+            _ => now_ns(),
+        };
+        let answer = answer(&plan, &decisions, self.headers, now);
         self.metrics.record(&request.domain, &answer.tallies);
         if !answer.hold.is_zero() {
             tokio::time::sleep(answer.hold).await;
@@ -92,8 +97,10 @@ impl<S: Store> RateLimitService for RlsService<S> {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let activity = request.extensions().get::<Activity>().cloned();
-        let _answering = activity.as_ref().map(Activity::answering);
+        let _answering = request
+            .extensions()
+            .get::<Activity>()
+            .map(Activity::answering);
         self.authorized(request.metadata())?;
         self.decide(request.get_ref()).await.map(Response::new)
     }
