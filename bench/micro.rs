@@ -191,93 +191,24 @@ fn policy(name: &str, key: &str, requests: u64, per: &str) -> String {
 }
 
 /// A 4 KiB OpenAI Chat Completions response, pretty-printed as OpenAI sends it: mostly the
-/// answer's text, escapes included.
-fn openai_response() -> Vec<u8> {
-    const SENTENCE: &str = "A token budget charges each call what it used: the \\\"usage\\\" \
-                            object at the end of the response says how much.\\n";
-    let head = r#"{
-  "id": "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG",
-  "object": "chat.completion",
-  "created": 1741570283,
-  "model": "gpt-4o-2024-08-06",
-  "choices": [
-    {
-      "index": 0,
-      "message": {
-        "role": "assistant",
-        "content": ""#;
-    let tail = r#"",
-        "refusal": null,
-        "annotations": []
-      },
-      "logprobs": null,
-      "finish_reason": "stop"
-    }
-  ],
-  "usage": {
-    "prompt_tokens": 1117,
-    "completion_tokens": 846,
-    "total_tokens": 1963,
-    "prompt_tokens_details": {
-      "cached_tokens": 0,
-      "audio_tokens": 0
-    },
-    "completion_tokens_details": {
-      "reasoning_tokens": 0,
-      "audio_tokens": 0,
-      "accepted_prediction_tokens": 0,
-      "rejected_prediction_tokens": 0
-    }
-  },
-  "service_tier": "default",
-  "system_fingerprint": "fp_fc9f1d7035"
-}
-"#;
-    let room = 4096 - head.len() - tail.len();
-    let content: String = SENTENCE.chars().cycle().take(room).collect();
-    // Never end the text on half an escape.
-    let content = content.trim_end_matches('\\');
-    let padding = " ".repeat(room - content.len());
-    format!("{head}{content}{padding}{tail}").into_bytes()
-}
+/// answer's text, escapes included. `make bench`'s setup 12 answers with the same file.
+const OPENAI_RESPONSE: &[u8] = include_bytes!("fixtures/llm/openai-chat-4k.json");
 
 /// An OpenAI chat stream of 200 events, as with `stream_options.include_usage`: 198 chunks of a
-/// word or two, the chunk that finishes, the chunk with the usage, then `[DONE]`; an event per
-/// element, as Envoy hands them over from a streaming upstream.
-fn openai_event_stream() -> Vec<Vec<u8>> {
-    const WORDS: [&str; 8] = [
-        "A",
-        " token",
-        " budget",
-        " charges",
-        " each call",
-        " what",
-        " it used",
-        ".\\n",
-    ];
-    let chunk = |choices: &str, usage: &str| {
-        format!(
-            r#"data: {{"id":"chatcmpl-AqN3bH0uDq4kq7vRc9fgx0Yx2Ezal","object":"chat.completion.chunk","created":1737037735,"model":"gpt-4o-mini-2024-07-18","service_tier":"default","system_fingerprint":"fp_72ed7ab54c","choices":[{choices}],"usage":{usage}}}"#
-        ) + "\n\n"
-    };
-    let delta = |content: &str, finish: &str| {
-        format!(
-            r#"{{"index":0,"delta":{{"content":"{content}"}},"logprobs":null,"finish_reason":{finish}}}"#
-        )
-    };
-    let mut stream: Vec<String> = WORDS
-        .iter()
-        .cycle()
-        .take(198)
-        .map(|word| chunk(&delta(word, "null"), "null"))
-        .collect();
-    stream.push(chunk(&delta("", r#""stop""#), "null"));
-    stream.push(chunk(
-        "",
-        r#"{"prompt_tokens":19,"completion_tokens":198,"total_tokens":217,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#,
-    ));
-    stream.push("data: [DONE]\n\n".into());
-    stream.into_iter().map(String::into_bytes).collect()
+/// word or two, the chunk that finishes, the chunk with the usage, then `[DONE]`. Setup 13
+/// answers with the same file.
+const OPENAI_EVENT_STREAM: &[u8] = include_bytes!("fixtures/llm/openai-chat-200-events.txt");
+
+/// The stream an event per element, as Envoy hands them over from a streaming upstream.
+fn openai_events() -> Vec<Vec<u8>> {
+    let mut events = Vec::new();
+    let mut rest = OPENAI_EVENT_STREAM;
+    while let Some(end) = rest.windows(2).position(|w| w == b"\n\n") {
+        let (event, tail) = rest.split_at(end + 2);
+        events.push(event.to_vec());
+        rest = tail;
+    }
+    events
 }
 
 /// Reads a whole response body per call, fed in `chunks` as the filter feeds them. The body must
@@ -479,12 +410,12 @@ fn main() {
         results.push(bench_scan(
             "usage::Scanner on a 4 KiB OpenAI JSON response",
             Format::Json,
-            &[openai_response()],
+            &[OPENAI_RESPONSE.to_vec()],
         ));
         results.push(bench_scan(
             "usage::Scanner on a 200-event SSE stream",
             Format::EventStream,
-            &openai_event_stream(),
+            &openai_events(),
         ));
     }
 
