@@ -53,6 +53,8 @@ pub struct App<S> {
     guard: Guard,
     limits: Limits,
     redis_warnings: Throttle,
+    /// Settlements refused one by one (`settle::Parsed::rejected`).
+    rejection_warnings: Throttle,
 }
 
 impl<S: Store> App<S> {
@@ -70,6 +72,7 @@ impl<S: Store> App<S> {
             guard,
             limits,
             redis_warnings: Throttle::new(WARN_EVERY),
+            rejection_warnings: Throttle::new(WARN_EVERY),
         }
     }
 
@@ -126,15 +129,27 @@ impl<S: Store> App<S> {
     /// As `check`: the same token, body limits and strictness. Settlements are not on a
     /// request's path: no latency is observed, and the filter retries a 503.
     async fn settle(&self, request: Request<Incoming>) -> Reply {
-        let settlements = match self.admit(request, settle::parse).await {
-            Ok(settlements) => settlements,
+        let parsed = match self.admit(request, settle::parse).await {
+            Ok(parsed) => parsed,
             Err(reply) => return reply,
         };
+        let rejected = parsed.rejected.len() as u64;
+        self.metrics.record_rejected(&parsed.rejected);
+        if let Some((op, error)) = parsed.rejected.first() {
+            if let Some(others) = self.rejection_warnings.pass() {
+                let error = error.detail.as_str();
+                warn!(op, error, rejected, others, "settlements rejected");
+            }
+        }
+        if let Some(refusal) = parsed.refusal() {
+            return error(StatusCode::BAD_REQUEST, "bad_request", &refusal.detail);
+        }
+        let settlements = parsed.settlements;
         match self.store.settle(&settlements).await {
             Ok(done) => {
                 self.metrics.record_settlements(&settlements, &done);
                 let settled = done.iter().filter(|d| d.changed()).count() as u64;
-                json(StatusCode::OK, &SettleResponse { settled })
+                json(StatusCode::OK, &SettleResponse { settled, rejected })
             }
             Err(failure) => {
                 self.metrics

@@ -8,10 +8,13 @@ use std::collections::HashMap;
 use crate::store::Decision;
 
 /// Every key's slots: state key → slot name → expiry (µs since the epoch). A slot is live while
-/// its expiry is after now.
+/// its expiry is after now. And the names released before any check took them (a check the
+/// filter gave up on, overtaken by its release): state key → slot name → until when a check
+/// naming it is refused (`released_key`'s tombstone in Redis).
 #[derive(Debug, Default)]
 pub struct SlotTable {
     keys: HashMap<String, HashMap<String, u64>>,
+    released: HashMap<String, HashMap<String, u64>>,
 }
 
 /// How many slots, and which, a check takes.
@@ -28,13 +31,22 @@ pub struct Ask<'a> {
 }
 
 impl SlotTable {
-    /// Takes the slots if they are free at `now` (`CONCURRENCY_LUA`).
+    /// Takes the slots if they are free at `now` (`CONCURRENCY_LUA`). A named slot released
+    /// before (a tombstone) is refused, and nothing is written.
     pub fn acquire(&mut self, key: &str, ask: Ask, now: u64) -> Decision {
+        let buried = ask
+            .name
+            .is_some_and(|name| self.is_released(key, name, now));
         let slots = self.keys.entry(key.to_string()).or_default();
         let mine = ask
             .name
             .is_some_and(|n| slots.get(n).is_some_and(|&e| e > now));
         let live = live(slots, now) - u64::from(mine);
+        if buried {
+            let decision = answer(false, 0, ask.limit.saturating_sub(live), slots, now);
+            self.forget_if_empty(key);
+            return decision;
+        }
         if live + ask.cost > ask.limit || ask.take == 0 {
             let allowed = live + ask.cost <= ask.limit;
             let decision = answer(allowed, 0, ask.limit.saturating_sub(live), slots, now);
@@ -81,32 +93,63 @@ impl SlotTable {
         decision
     }
 
-    /// Frees the slot: 1 if it was live, else 0 (`SLOT_RELEASE_LUA`).
-    pub fn release(&mut self, key: &str, slot: &str, now: u64) -> u64 {
+    /// Frees the slot: 1 if it was live, else 0 (`SLOT_RELEASE_LUA`). A slot that was not there
+    /// at all is buried for `lease_us`: its check may still come (the filter gave up on it), and
+    /// must not take it then.
+    pub fn release(&mut self, key: &str, slot: &str, lease_us: u64, now: u64) -> u64 {
         let removed = self.keys.get_mut(key).and_then(|slots| slots.remove(slot));
         self.forget_if_empty(key);
+        if removed.is_none() {
+            let buried = self.released.entry(key.to_string()).or_default();
+            buried.insert(slot.to_string(), now.saturating_add(lease_us));
+        }
         u64::from(removed.is_some_and(|expiry| expiry > now))
     }
 
-    /// Starts the slot's lease again, or takes it again if it expired and a slot is free: 1,
-    /// else 0 (`SLOT_RENEW_LUA`).
-    pub fn renew(&mut self, key: &str, limit: u64, lease_us: u64, slot: &str, now: u64) -> u64 {
-        let slots = self.keys.entry(key.to_string()).or_default();
-        let held = slots.get(slot).is_some_and(|&expiry| expiry > now);
-        if !held {
-            if live(slots, now) >= limit {
-                self.forget_if_empty(key);
-                return 0;
+    /// Starts a live slot's lease again: 1, else 0 (`SLOT_RENEW_LUA`). A slot that expired, was
+    /// released or never taken stays so: a renewal that comes late, after its release, must not
+    /// take it back.
+    pub fn renew(&mut self, key: &str, lease_us: u64, slot: &str, now: u64) -> u64 {
+        let held = self.keys.get_mut(key).and_then(|slots| slots.get_mut(slot));
+        match held {
+            Some(expiry) if *expiry > now => {
+                *expiry = now + lease_us;
+                1
             }
-            slots.retain(|_, &mut expiry| expiry > now);
+            _ => 0,
         }
-        slots.insert(slot.to_string(), now + lease_us);
-        1
     }
 
-    /// Forgets the keys with no live slot: memory holds only keys whose slots are in use.
+    /// Live slots of every key, and those of them whose lease ends within `due_us`: slots
+    /// taken or renewed longer ago than their request would renew them (`unrenewed`).
+    pub fn count_unrenewed(&self, now: u64, due: impl Fn(&str) -> u64) -> Vec<(String, u64)> {
+        let mut found = Vec::new();
+        for (key, slots) in &self.keys {
+            let within = due(key);
+            let n = slots
+                .values()
+                .filter(|&&e| e > now && e <= now.saturating_add(within))
+                .count() as u64;
+            if n > 0 {
+                found.push((key.clone(), n));
+            }
+        }
+        found
+    }
+
+    /// Forgets the keys with no live slot, and tombstones past their time: memory holds only
+    /// keys whose slots are in use.
     pub fn forget_idle(&mut self, now: u64) {
         self.keys.retain(|_, slots| live(slots, now) > 0);
+        self.released.retain(|_, buried| {
+            buried.retain(|_, &mut until| until > now);
+            !buried.is_empty()
+        });
+    }
+
+    fn is_released(&self, key: &str, slot: &str, now: u64) -> bool {
+        let until = self.released.get(key).and_then(|buried| buried.get(slot));
+        until.is_some_and(|&until| until > now)
     }
 
     fn forget_if_empty(&mut self, key: &str) {
@@ -166,7 +209,7 @@ mod tests {
         assert!(table.acquire("k", named("a"), 10).allowed);
         assert_eq!(table.acquire("k", named("b"), 10).remaining, 0);
         assert!(!table.acquire("k", named("c"), 10).allowed);
-        assert_eq!(table.release("k", "a", 11), 1);
+        assert_eq!(table.release("k", "a", LEASE, 11), 1);
         assert!(table.acquire("k", named("c"), 11).allowed);
     }
 
@@ -184,10 +227,38 @@ mod tests {
         let mut table = SlotTable::default();
         table.acquire("k", named("a"), 0);
         table.acquire("k", named("b"), 0);
-        assert_eq!(table.renew("k", 2, LEASE, "a", LEASE - 1), 1);
+        assert_eq!(table.renew("k", LEASE, "a", LEASE - 1), 1);
         assert!(!table.acquire("k", named("c"), LEASE - 1).allowed);
         assert!(table.acquire("k", named("c"), LEASE).allowed, "b expired");
-        assert_eq!(table.release("k", "b", LEASE), 0, "b had expired");
+        assert_eq!(table.release("k", "b", LEASE, LEASE), 0, "b had expired");
+        assert_eq!(table.renew("k", LEASE, "b", LEASE), 0, "not taken back");
+    }
+
+    #[test]
+    fn a_check_that_comes_after_its_slots_release_takes_nothing() {
+        let mut table = SlotTable::default();
+        assert_eq!(table.release("k", "a", LEASE, 10), 0, "never taken");
+        let late = table.acquire("k", named("a"), 20);
+        assert!(!late.allowed);
+        assert_eq!(late.remaining, 2, "nothing taken");
+        assert!(
+            table.acquire("k", named("b"), 20).allowed,
+            "other names are free"
+        );
+        assert!(
+            table.acquire("k", named("a"), 10 + LEASE).allowed,
+            "the tombstone lasts a lease"
+        );
+    }
+
+    #[test]
+    fn a_renewal_that_comes_after_its_slots_release_does_not_take_it_back() {
+        let mut table = SlotTable::default();
+        table.acquire("k", named("a"), 10);
+        assert_eq!(table.release("k", "a", LEASE, 11), 1);
+        assert_eq!(table.renew("k", LEASE, "a", 12), 0);
+        assert_eq!(table.acquire("k", named("b"), 13).remaining, 1, "a is free");
+        assert_eq!(table.renew("k", LEASE, "never", 14), 0, "never created");
     }
 
     #[test]

@@ -138,11 +138,13 @@ impl State {
                 let taken_at = now_us.saturating_sub(age_us);
                 (self.words).refund(&key, limit, now_us, tokens, taken_at)
             }
-            (SettleOp::Release { slot }, _) => self.slots.release(&key, slot, now_us),
-            (SettleOp::Renew { slot }, Algorithm::Concurrency { limit, lease_us }) => {
-                (self.slots).renew(&key, limit, lease_us, slot, now_us)
+            (SettleOp::Release { slot }, Algorithm::Concurrency { lease_us, .. }) => {
+                self.slots.release(&key, slot, lease_us, now_us)
             }
-            (SettleOp::Renew { .. }, _) => 0,
+            (SettleOp::Renew { slot }, Algorithm::Concurrency { lease_us, .. }) => {
+                (self.slots).renew(&key, lease_us, slot, now_us)
+            }
+            (SettleOp::Release { .. } | SettleOp::Renew { .. }, _) => 0,
         })
     }
 }

@@ -117,7 +117,8 @@ impl Metrics {
             "settlements",
             "Settlements of POST /v1/settle, by op (charge, refund, release, renew) and result \
              (applied: tokens or a slot settled; unchanged: nothing left to settle; duplicate: \
-             a charge or refund whose id was applied before; error)",
+             a charge or refund whose id was applied before; rejected: refused and dropped, the \
+             others of its call applied; error)",
             self.settlements.clone(),
         );
         registry.register_with_unit(
@@ -181,6 +182,17 @@ impl Metrics {
                 Settled::Applied(_) => "unchanged",
             };
             self.count_settlement(settlement, result);
+        }
+    }
+
+    /// Settlements refused one by one and dropped (`settle::Parsed::rejected`), by op.
+    pub fn record_rejected(&self, rejected: &[(&'static str, crate::check::BadRequest)]) {
+        for &(op, _) in rejected {
+            let labels = SettlementLabels {
+                op,
+                result: "rejected",
+            };
+            self.settlements.get_or_create(&labels).inc();
         }
     }
 

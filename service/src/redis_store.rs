@@ -16,8 +16,8 @@ use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKin
 use tokio::sync::OnceCell;
 
 use crate::store::{
-    settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind, SettleOp,
-    Settled, Settlement, Slots, Store, StoreError, SETTLED_TTL_MS,
+    released_key, settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind,
+    SettleOp, Settled, Settlement, Slots, Store, StoreError, SETTLED_TTL_MS,
 };
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
@@ -392,9 +392,11 @@ return {1, cost, remaining, reset, 0, delay}
 /// ARGV[4]: take, slots to take (0..=cost: 0 only asks).
 /// ARGV[5]: the slot's name, or '' for `take` slots the script names itself: `<now>-<n>`, the
 /// first n whose name is not taken (unique, and never a filter's name of 16 hex digits).
+/// KEYS[2], with a name only: the name's tombstone (`store::released_key`).
 /// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
 ///
-/// A named slot that is already live is the same request asking again (a retried check): it is
+/// A named slot whose tombstone is there was released before this check came (the filter gave
+/// up on the check, and sent the release): refused, nothing written. A named slot that is already live is the same request asking again (a retried check): it is
 /// not counted against itself, and taking it again only moves its expiry. Refuses if live +
 /// cost > limit, writing nothing; retry_after is 0 (nobody knows when a slot frees). Otherwise
 /// drops the expired members, adds the slots at now + lease, and sets the key's TTL to cover
@@ -432,7 +434,7 @@ local function newest_expires()
   end
   return 0
 end
-if live + cost > limit then
+if live + cost > limit or (KEYS[2] and redis.call('EXISTS', KEYS[2]) == 1) then
   return {0, 0, math.max(limit - live, 0), newest_expires(), 0}
 end
 if take == 0 then
@@ -501,21 +503,27 @@ end
 return {1, given, math.max(limit - live, 0), reset, 0}
 ";
 
-/// Concurrency: the request that held the slot ended.
+/// Concurrency: the request that held the slot ended, or the filter gave up on its check.
 ///
-/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.   ARGV[1]: the slot's name.
+/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.   KEYS[2]: the name's tombstone
+/// (`store::released_key`).   ARGV[1]: the slot's name.   ARGV[2]: lease_us.
 /// Returns 1 if the slot was live and is free now, 0 if it was not there or had expired (it is
-/// removed all the same). State of another type is left alone.
+/// removed all the same). A slot that was not there at all may still be asked for by a check
+/// that comes late: its tombstone is set for a lease, and `CONCURRENCY_LUA` refuses that name
+/// meanwhile. State of another type is left alone.
 pub const SLOT_RELEASE_LUA: &str = r"
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local score = nil
+if kind == 'zset' then
+  score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+end
+if score == nil then
+  local ttl_ms = math.max(math.ceil(tonumber(ARGV[2]) / 1000), 1)
+  redis.call('SET', KEYS[2], '1', 'PX', string.format('%d', ttl_ms))
   return 0
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local score = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-if score == nil then
-  return 0
-end
 redis.call('ZREM', KEYS[1], ARGV[1])
 if score > now then
   return 1
@@ -526,32 +534,26 @@ return 0
 /// Concurrency: the request that holds the slot lives on; its lease starts again.
 ///
 /// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.
-/// ARGV[1]: limit.   ARGV[2]: lease_us.   ARGV[3]: the slot's name.
-/// Returns 1 if the slot is live until now + lease, 0 if it had expired and no slot was free.
+/// ARGV[1]: lease_us.   ARGV[2]: the slot's name.
+/// Returns 1 if the slot was live and is now live until now + lease, else 0.
 ///
-/// A live slot's expiry becomes now + lease. One that expired (or was never there) is taken
-/// again, as `CONCURRENCY_LUA` takes a slot, if fewer than `limit` are live; otherwise nothing
-/// is written and its request runs on without one. The key's TTL covers the newest expiry plus
-/// 1 s. State of another type reads as no slots.
+/// Only a live slot is renewed (`ZADD XX`): one that expired, was released or never taken is
+/// left so, and its request runs on without one. A renewal that comes after its release (the
+/// filter's settle calls run side by side) thus never takes a slot back. The key's TTL covers
+/// the newest expiry plus 1 s.
 pub const SLOT_RENEW_LUA: &str = r"
-local limit = tonumber(ARGV[1])
-local lease = tonumber(ARGV[2])
-local name = ARGV[3]
+local lease = tonumber(ARGV[1])
+local name = ARGV[2]
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+  return 0
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'zset' and kind ~= 'none' then
-  redis.call('DEL', KEYS[1])
-end
 local score = tonumber(redis.call('ZSCORE', KEYS[1], name))
 if score == nil or score <= now then
-  local live_from = '(' .. string.format('%d', now)
-  if redis.call('ZCOUNT', KEYS[1], live_from, '+inf') >= limit then
-    return 0
-  end
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now))
+  return 0
 end
-redis.call('ZADD', KEYS[1], string.format('%d', now + lease), name)
+redis.call('ZADD', KEYS[1], 'XX', string.format('%d', now + lease), name)
 local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local ttl_ms = math.ceil((tonumber(newest[2]) - now) / 1000) + 1000
 redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl_ms))
@@ -874,7 +876,9 @@ impl Scripts {
                     numbers(&self.concurrency, &[limit, lease_us, cost, take]).with(String::new())
                 }
                 Slots::Named(name) => {
-                    numbers(&self.concurrency, &[limit, lease_us, cost, take]).with(name.clone())
+                    let eval = numbers(&self.concurrency, &[limit, lease_us, cost, take]);
+                    let tombstone = released_key(check.namespace, &check.key, name);
+                    eval.with(name.clone()).and_key(tombstone)
                 }
             },
         }
@@ -910,11 +914,13 @@ impl Scripts {
                     &[window_us, tokens, age_us],
                 )
             }
-            (SettleOp::Release { slot }, Algorithm::Concurrency { .. }) => {
-                Eval::new(&self.release, key, &[]).with(slot.clone())
+            (SettleOp::Release { slot }, Algorithm::Concurrency { lease_us, .. }) => {
+                let tombstone = released_key(settlement.namespace, &settlement.key, slot);
+                let eval = Eval::new(&self.release, key, &[]).with(slot.clone());
+                eval.with(lease_us.to_string()).and_key(tombstone)
             }
-            (SettleOp::Renew { slot }, Algorithm::Concurrency { limit, lease_us }) => {
-                Eval::new(&self.renew, key, &[limit, lease_us]).with(slot.clone())
+            (SettleOp::Renew { slot }, Algorithm::Concurrency { lease_us, .. }) => {
+                Eval::new(&self.renew, key, &[lease_us]).with(slot.clone())
             }
             _ => return None,
         };
@@ -929,7 +935,7 @@ impl Scripts {
 struct Eval<'s> {
     script: &'s Script,
     key: String,
-    /// A settlement's id key (`SETTLE_ONCE_LUA`'s KEYS[2]).
+    /// KEYS[2]: a settlement's id key (`SETTLE_ONCE_LUA`), or a slot's tombstone.
     id_key: Option<String>,
     args: Vec<String>,
 }
@@ -955,6 +961,12 @@ impl<'s> Eval<'s> {
     /// KEYS, in order.
     fn keys(&self) -> impl Iterator<Item = &String> {
         std::iter::once(&self.key).chain(&self.id_key)
+    }
+
+    /// With a second key (KEYS[2]) in the first's Cluster slot: a slot's tombstone.
+    fn and_key(mut self, key: String) -> Eval<'s> {
+        self.id_key = Some(key);
+        self
     }
 
     /// With one more argument after the numbers.

@@ -24,19 +24,66 @@ pub struct SettleResponse {
     /// or renewed. The others found nothing to settle (a window that ended, a slot that had
     /// expired), which is not an error.
     pub settled: u64,
+    /// How many the service refused (`Parsed::rejected`) and dropped, the others applied; left
+    /// out when none were.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub rejected: u64,
 }
 
-/// Parses and validates a request body into the settlements to apply, in request order.
-pub fn parse(body: &[u8], bounds: &Bounds) -> Result<Vec<Settlement>, BadRequest> {
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// A body's settlements: those to apply, in request order, and those refused. Each settlement
+/// is judged on its own: one the service can never take (a debt that would outlive
+/// `--max-key-ttl`, numbers out of bounds) is dropped and counted, and never holds back the
+/// others of its batch, which a filter would otherwise send again and again.
+#[derive(Debug)]
+pub struct Parsed {
+    pub settlements: Vec<Settlement>,
+    /// Each refused settlement's op (its wire name) and what is wrong with it.
+    pub rejected: Vec<(&'static str, BadRequest)>,
+}
+
+/// Parses a request body and validates each settlement. A body that is not a list of
+/// well-formed settlements (broken JSON, an unknown field or op, too many) is refused whole;
+/// so is one whose every settlement is refused (`Parsed::refusal`).
+pub fn parse(body: &[u8], bounds: &Bounds) -> Result<Parsed, BadRequest> {
     let raw: SettleRequest = deserialize(body)?;
     let count = raw.settlements.len();
     if !(1..=MAX_SETTLEMENTS).contains(&count) {
         let reason = format!("must hold 1 to {MAX_SETTLEMENTS} settlements, got {count}");
         return Err(BadRequest::new("settlements", reason));
     }
-    (raw.settlements.into_iter().enumerate())
-        .map(|(i, settlement)| validate(settlement, &format!("settlements[{i}]"), bounds))
-        .collect()
+    let mut parsed = Parsed {
+        settlements: Vec::with_capacity(count),
+        rejected: Vec::new(),
+    };
+    for (i, settlement) in raw.settlements.into_iter().enumerate() {
+        let op = wire_name(&settlement.op);
+        match validate(settlement, &format!("settlements[{i}]"), bounds) {
+            Ok(settlement) => parsed.settlements.push(settlement),
+            Err(error) => parsed.rejected.push((op, error)),
+        }
+    }
+    Ok(parsed)
+}
+
+impl Parsed {
+    /// The first settlement's error when none is left to apply: the 400 of the whole call.
+    pub fn refusal(&self) -> Option<&BadRequest> {
+        let first = self.rejected.first().map(|(_, error)| error);
+        first.filter(|_| self.settlements.is_empty())
+    }
+}
+
+fn wire_name(op: &WireOp) -> &'static str {
+    match op {
+        WireOp::Charge { .. } => "charge",
+        WireOp::Refund { .. } => "refund",
+        WireOp::Release { .. } => "release",
+        WireOp::Renew { .. } => "renew",
+    }
 }
 
 fn validate(raw: WireSettlement, at: &str, bounds: &Bounds) -> Result<Settlement, BadRequest> {
@@ -134,9 +181,10 @@ mod tests {
     use super::*;
 
     fn detail(body: &str) -> String {
-        parse(body.as_bytes(), &Bounds::default())
-            .unwrap_err()
-            .detail
+        match parse(body.as_bytes(), &Bounds::default()) {
+            Err(error) => error.detail,
+            Ok(parsed) => parsed.refusal().unwrap().detail.clone(),
+        }
     }
 
     fn one(fields: &str) -> String {
@@ -155,7 +203,9 @@ mod tests {
                 {{{SLOTS}, "op": "release", "slot": "00000000000000aa"}},
                 {{{SLOTS}, "op": "renew", "slot": "00000000000000aa"}}]}}"#
         );
-        let settlements = parse(body.as_bytes(), &Bounds::default()).unwrap();
+        let settlements = parse(body.as_bytes(), &Bounds::default())
+            .unwrap()
+            .settlements;
         let ops: Vec<&SettleOp> = settlements.iter().map(|s| &s.op).collect();
         let slot = || "00000000000000aa".to_string();
         assert_eq!(
@@ -187,7 +237,9 @@ mod tests {
         let body = one(&format!(
             r#"{BUCKET}, "algorithm": "sliding_window", "op": "charge", "tokens": 18446744073709551615, "max_debt": 10"#
         ));
-        let settlements = parse(body.as_bytes(), &Bounds::default()).unwrap();
+        let settlements = parse(body.as_bytes(), &Bounds::default())
+            .unwrap()
+            .settlements;
         let charged = SettleOp::Charge {
             tokens: 1010,
             max_debt: 10,
@@ -279,6 +331,27 @@ mod tests {
         assert_eq!(
             detail(&body),
             "settlements[0].max_debt: its key would live 70d, more than --max-key-ttl 62d"
+        );
+    }
+
+    /// Issue 31: a charge the service can never take once held back every settlement of its
+    /// batch, the filter sending it again and again.
+    #[test]
+    fn a_settlement_the_service_refuses_is_dropped_and_the_others_are_applied() {
+        let body = format!(
+            r#"{{"settlements": [{{"key": "k", "algorithm": "token_bucket", "requests": 1, "per_ms": 86400000, "burst": 30, "op": "charge", "tokens": 1, "max_debt": 40}},
+                {{{SLOTS}, "op": "release", "slot": "00000000000000aa"}}]}}"#
+        );
+        let parsed = parse(body.as_bytes(), &Bounds::default()).unwrap();
+        assert_eq!(parsed.settlements.len(), 1);
+        assert!(matches!(parsed.settlements[0].op, SettleOp::Release { .. }));
+        let [(op, error)] = &parsed.rejected[..] else {
+            panic!("one rejected: {:?}", parsed.rejected);
+        };
+        assert_eq!(*op, "charge");
+        assert!(
+            error.detail.starts_with("settlements[0].max_debt: "),
+            "{error:?}"
         );
     }
 }

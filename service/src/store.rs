@@ -96,6 +96,15 @@ pub fn settled_id_key(settlement: &Settlement) -> Option<String> {
     ))
 }
 
+/// A named slot's tombstone: `sluice:{<key>}:released/<slot>`, in the Cluster slot of the
+/// slots' state (the same hash tag). Set when a slot is released that no check had taken (the
+/// filter gave up on the check and released its slot before the check came), for a lease: a
+/// check naming it meanwhile takes nothing. No state key ends so: `released` is no algorithm's
+/// name.
+pub fn released_key(namespace: Namespace, key: &str, slot: &str) -> String {
+    format!("{}{{{key}}}:released/{slot}", prefix(namespace))
+}
+
 /// How long a settlement's `id` is remembered after it was applied: longer than it can come
 /// again. The filter sends a settlement whose answer was lost again for up to
 /// `sluice::outbox::GIVE_UP` (30 s) after it made it, each call given up after

@@ -368,29 +368,80 @@ fn a_renewed_slot_outlives_its_lease_until_it_is_released() {
 }
 
 #[test]
-fn a_renewal_of_an_expired_slot_takes_it_again_only_if_one_is_free() {
+fn a_renewal_of_an_expired_or_released_slot_never_takes_it_again() {
     on_each_store(|service| {
         let key = "streams/00000000000000d5";
         let (lost, other) = (slot_name(1), slot_name(2));
         assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &lost))));
         std::thread::sleep(Duration::from_millis(4_100));
-        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
         let renew = settlement(
             &slot(key, 1, 4_000, &lost),
             json!({"op": "renew", "slot": lost}),
         );
-        assert_eq!(
-            settle(service, std::slice::from_ref(&renew)),
-            0,
-            "its slot is another's now"
-        );
+        assert_eq!(settle(service, std::slice::from_ref(&renew)), 0, "expired");
+        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
         let release = settlement(
             &slot(key, 1, 4_000, &other),
             json!({"op": "release", "slot": other}),
         );
-        settle(service, &[release]);
-        assert_eq!(settle(service, &[renew]), 1, "taken again");
-        assert!(!allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
+        assert_eq!(settle(service, &[release]), 1);
+        assert_eq!(settle(service, &[renew]), 0, "not taken again");
+        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
+    });
+}
+
+/// Issue 31: settle calls run side by side, so a renewal may come after its release, and a
+/// check the filter gave up on (a reset, a timeout) may come after the release the filter sent
+/// for it. Neither takes the slot.
+#[test]
+fn a_late_renewal_or_a_check_after_its_release_takes_no_slot() {
+    on_each_store(|service| {
+        let key = "streams/00000000000000da";
+        let (mine, late, other) = (slot_name(1), slot_name(2), slot_name(3));
+        let op = |name: &str, op: &str| {
+            settlement(&slot(key, 1, 4_000, name), json!({"op": op, "slot": name}))
+        };
+        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &mine))));
+        assert_eq!(
+            settle(service, &[op(&mine, "release"), op(&mine, "renew")]),
+            1
+        );
+        assert_eq!(settle(service, &[op(&late, "release")]), 0, "never taken");
+        let refused = check_one(service, &slot(key, 1, 4_000, &late));
+        assert!(!allowed(&refused), "the late check: {refused}");
+        assert_eq!(refused["remaining"], 1, "the slot is free");
+        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &other))));
+    });
+}
+
+/// Issue 31: a charge whose debt would outlive --max-key-ttl was refused with its whole batch
+/// (400), which the filter sent again until it gave up, releases and all.
+#[test]
+fn a_settlement_the_service_refuses_is_dropped_and_counted_and_the_rest_applied() {
+    on_each_store(|service| {
+        let key = "streams/00000000000000db";
+        let mine = slot_name(1);
+        assert!(allowed(&check_one(service, &slot(key, 1, 4_000, &mine))));
+        let forever = settlement(
+            &bucket("llm/00000000000000db", 1, 86_400_000, 30, 1, 0),
+            json!({"op": "charge", "tokens": 1, "max_debt": 40, "id": slot_name(9)}),
+        );
+        let release = settlement(
+            &slot(key, 1, 4_000, &mine),
+            json!({"op": "release", "slot": mine}),
+        );
+        let response = post_settle(service.addr, &[forever.clone(), release]);
+        assert_eq!(response.status, 200, "{response:?}");
+        assert_eq!(response.json(), json!({"settled": 1, "rejected": 1}));
+        assert!(allowed(&check_one(
+            service,
+            &slot(key, 1, 4_000, &slot_name(2))
+        )));
+        post_settle(service.addr, &[forever])
+            .assert_bad_request("settlements[0].max_debt: its key would live 70d");
+        let metrics = get(service.addr, "/metrics").text();
+        let rejected = r#"sluice_service_settlements_total{op="charge",result="rejected"} 2"#;
+        assert!(metrics.contains(rejected), "{metrics}");
     });
 }
 
@@ -436,8 +487,8 @@ fn a_bad_settlement_is_refused_naming_its_field() {
             "settlements[0].op: refund is only for token_bucket, fixed_window and sliding_window, not concurrency",
         ),
         (
-            vec![release.clone(), one(json!({"op": "renew", "slot": "7"}))],
-            "settlements[1].slot: must be 16 lowercase hex digits",
+            vec![one(json!({"op": "renew", "slot": "7"})), one(json!({"op": "renew", "slot": "8"}))],
+            "settlements[0].slot: must be 16 lowercase hex digits",
         ),
         (
             vec![settlement(
