@@ -65,22 +65,32 @@ pub fn keys_in_debt_gauge(policy: &str) -> String {
     labelled_name(&[(POLICY_LABEL, policy)], "keys_in_debt")
 }
 
-/// Why a slot stopped being in use: its request ended, or nobody gave it back in time.
+/// Why a slot stopped being in use: its request ended, or nobody gave it back in time; or, for
+/// a global policy, it was never used: the service's slot for a request that did not run on it
+/// (refused by another policy, its check failed or timed out, or the request ended while its
+/// check was under way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotEnd {
     Completed,
     Reset,
     Expired,
+    Unused,
 }
 
 impl SlotEnd {
-    pub const ALL: [SlotEnd; 3] = [SlotEnd::Completed, SlotEnd::Reset, SlotEnd::Expired];
+    pub const ALL: [SlotEnd; 4] = [
+        SlotEnd::Completed,
+        SlotEnd::Reset,
+        SlotEnd::Expired,
+        SlotEnd::Unused,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             SlotEnd::Completed => "completed",
             SlotEnd::Reset => "reset",
             SlotEnd::Expired => "expired",
+            SlotEnd::Unused => "unused",
         }
     }
 }
@@ -391,7 +401,7 @@ impl Counters {
         if let Some(counter) = slots.ended.get(reason as usize) {
             counter.add(n);
         }
-        if reason != SlotEnd::Expired {
+        if matches!(reason, SlotEnd::Completed | SlotEnd::Reset) {
             slots.in_use.add(-i64::try_from(n).unwrap_or(i64::MAX));
         }
     }

@@ -556,6 +556,11 @@ impl Exchange {
 impl Context for Exchange {
     fn on_done(&mut self) -> bool {
         self.held.borrow_mut().drop_context(self.id);
+        // Ended while its check was under way (a reset, a worker stopping): the service may take
+        // the slots it named, now or when the check comes; they are given back.
+        if let (Some(filter), Some(pending)) = (&self.filter, self.pending.take()) {
+            filter.abandon(&Envoy, pending);
+        }
         self.end();
         true
     }

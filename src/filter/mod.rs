@@ -16,14 +16,14 @@ use crate::ledger::Ledger;
 use crate::limiter::{
     key_check, slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step,
 };
-use crate::metrics::{Counters, Metrics};
+use crate::metrics::{Counters, Metrics, SlotEnd};
 use crate::protocol::{self, SettleOp, Settlement};
 use crate::reply::{self, Denial, LocalReply, Refusal, Said};
 use crate::request::{Attributes, RequestSource};
 use crate::response::{Debtor, Debtors};
 use crate::rls;
 use crate::store::{Store, ABSENT};
-use crate::tab::{Entry, Op, Tab};
+use crate::tab::{Entry, Held, Op, Tab};
 use crate::table;
 use crate::time::WorkerClock;
 use std::cell::{Cell, RefCell};
@@ -356,7 +356,32 @@ impl Filter {
         }
     }
 
+    /// A request that waited for the service ended before its answer (reset, destroyed): the
+    /// slots its checks may take are given back.
+    pub fn abandon(&self, host: &impl Host, pending: Pending) {
+        self.give_back(host, &pending.abandon());
+    }
+
+    /// Releases slots the service may hold for a request that keeps none of them, through the
+    /// outbox. The service applies a release that comes before its check by refusing the check
+    /// (a tombstone), so the order they arrive in does not matter.
+    fn give_back(&self, host: &impl Host, unkept: &[Entry]) {
+        for entry in unkept {
+            let Held::Lease { id, .. } = entry.held else {
+                continue;
+            };
+            let slot = slot_name(id);
+            let settlement = self.settlement(entry, SettleOp::Release { slot });
+            let settled = settlement.filter(|(s, _)| s.protocol.settle_path().is_some());
+            if let Some((service, settlement)) = settled {
+                host.report(service, settlement);
+                self.counters.slots_ended(entry.policy, SlotEnd::Unused, 1);
+            }
+        }
+    }
+
     fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
+        self.give_back(host, &outcome.unkept_slots);
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);

@@ -946,3 +946,105 @@ proptest::proptest! {
         }
     }
 }
+
+/// Global slots, 2 per user, failing closed; with `other`, a second global policy.
+fn global_streams(other: Option<Value>) -> Value {
+    let streams = json!({"name": "streams", "scope": "global", "algorithm": "concurrency",
+        "key": ["header:x-user-id"], "requests": 2, "failure_mode": "closed"});
+    let policies: Vec<Value> = std::iter::once(streams).chain(other).collect();
+    json!({"global": {"cluster": "ratelimit", "authority": "ratelimit"}, "policies": policies})
+}
+
+/// The slot the request's call names, and the reply that answers its checks `allowed` each.
+fn slot_and_reply(host: &FakeHost, allowed: &[bool]) -> (String, (u32, Vec<u8>)) {
+    let request: CheckRequest =
+        serde_json::from_slice(&host.call.borrow().clone().unwrap()).unwrap();
+    let slot = request.checks[0].slot.clone().expect("a named slot");
+    let results = allowed
+        .iter()
+        .map(|&allowed| crate::protocol::CheckResult {
+            allowed,
+            granted: u64::from(allowed),
+            remaining: 0,
+            reset_ms: 1_000,
+            retry_after_ms: if allowed { 0 } else { 1_000 },
+            delay_ms: None,
+        })
+        .collect();
+    let body = serde_json::to_vec(&CheckResponse { results }).unwrap();
+    (slot, (200, body))
+}
+
+/// The slots released through the outbox, by name.
+fn released(host: &FakeHost) -> Vec<String> {
+    let reports = host.reports.borrow();
+    let releases = reports.iter().filter_map(|s| match &s.op {
+        SettleOp::Release { slot } => Some(slot.clone()),
+        _ => None,
+    });
+    releases.collect()
+}
+
+/// Issue 31, finding 1: the call failed or timed out, but the service may have taken the slot
+/// (or may yet, when the check comes late): the slot is released.
+#[test]
+fn a_check_that_fails_gives_back_the_slot_it_named() {
+    let (filter, host) = setup(global_streams(None));
+    let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+        panic!("asks the service")
+    };
+    let (slot, _) = slot_and_reply(&host, &[true]);
+    assert!(matches!(
+        filter.on_service_response(&host, pending, None),
+        Verdict::Denied
+    ));
+    assert_eq!(released(&host), [slot]);
+    filter.flush_counters(&host);
+    let unused = crate::metrics::slots_released_counter("streams", SlotEnd::Unused);
+    assert_eq!(host.counter(&unused), 1);
+}
+
+/// Issue 31, finding 1: the request ended (a reset) while its check was under way.
+#[test]
+fn a_request_that_ends_while_its_check_is_under_way_gives_back_its_slot() {
+    let (filter, host) = setup(global_streams(None));
+    let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+        panic!("asks the service")
+    };
+    let (slot, _) = slot_and_reply(&host, &[true]);
+    filter.abandon(&host, pending);
+    assert_eq!(released(&host), [slot]);
+}
+
+/// Issue 31, finding 2: the service granted the slot, another global policy refused.
+#[test]
+fn a_request_another_policy_refuses_gives_back_the_slot_it_was_granted() {
+    let tight = json!({"name": "tight", "scope": "global", "key": ["header:x-user-id"],
+        "requests": 1, "per": "1h"});
+    let (filter, host) = setup(global_streams(Some(tight)));
+    let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+        panic!("asks the service")
+    };
+    let (slot, reply) = slot_and_reply(&host, &[true, false]);
+    assert!(matches!(
+        filter.on_service_response(&host, pending, Some(reply)),
+        Verdict::Denied
+    ));
+    assert_eq!(host.reply.borrow().as_ref().unwrap().status, 429);
+    assert_eq!(released(&host), [slot]);
+}
+
+/// An admitted request keeps its slot (renewed, released when it ends); one the service
+/// refused has none to give back.
+#[test]
+fn an_admitted_request_keeps_its_slot_and_a_refused_check_took_none() {
+    let (filter, host) = setup(global_streams(None));
+    for allowed in [true, false] {
+        let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+            panic!("asks the service")
+        };
+        let (_, reply) = slot_and_reply(&host, &[allowed]);
+        filter.on_service_response(&host, pending, Some(reply));
+    }
+    assert!(released(&host).is_empty(), "{:?}", host.reports.borrow());
+}

@@ -18,6 +18,7 @@ use crate::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, Tier, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
 use crate::protocol::{self, Answer, Check};
+use crate::tab::{Entry, Held, Tab};
 
 /// How long tokens granted by the service stay spendable here: unused ones are lost
 /// (under-admission), never spent twice.
@@ -245,6 +246,39 @@ pub(super) fn name_slots(progress: &mut Progress, mut next: impl FnMut() -> u64)
             check.slot = Some(slot_name(id));
         }
     }
+}
+
+/// The slots named for a request's members (`name_slots`) that the service may hold for it
+/// and that `kept` (its tab, if admitted) does not: every named slot but those the service
+/// refused, as leases to give back. A request refused by another policy, one whose call failed
+/// or timed out, one abandoned while it waited: the service may have taken the slot (or may yet
+/// take it, when a late check comes, which the release it gets first then refuses).
+pub(super) fn unkept_slots(works: &[Work], kept: Option<&Tab>, now: u64) -> Vec<Entry> {
+    let leased = |id: u64| {
+        kept.is_some_and(|tab| {
+            (tab.entries.iter())
+                .any(|e| matches!(e.held, Held::Lease { id: held, .. } if held == id))
+        })
+    };
+    let mut unkept = Vec::new();
+    for work in works {
+        for member in &work.members {
+            let refused = matches!(member.service, Service::Answered(a) if !a.allowed);
+            let Some(id) = member.slot.filter(|&id| !refused && !leased(id)) else {
+                continue;
+            };
+            unkept.push(Entry {
+                policy: member.policy,
+                table: work.table,
+                hash: work.hash,
+                key: work.key,
+                tier: member.tier,
+                basis: Basis::Service,
+                held: Held::Lease { id, renewed: now },
+            });
+        }
+    }
+    unkept
 }
 
 /// After the last call: members still waiting for the service count it as failed.

@@ -109,6 +109,9 @@ pub struct Outcome {
     /// Slots of concurrency policies its writes found forgotten, by policy: releases that never
     /// came.
     pub expired_slots: Vec<(usize, u64)>,
+    /// Slots the service may hold for this request that it does not keep (a refused request's,
+    /// one whose call failed): to give back at once (`global::unkept_slots`).
+    pub unkept_slots: Vec<crate::tab::Entry>,
 }
 
 impl Outcome {
@@ -240,6 +243,12 @@ impl Pending {
     pub fn name_slots(&mut self, next: impl FnMut() -> u64) {
         global::name_slots(&mut self.0, next);
     }
+
+    /// The slots the service may take for this request, which nobody will renew if it is
+    /// abandoned while it waits (the stream reset, the worker stopping): to give back.
+    pub fn abandon(self) -> Vec<crate::tab::Entry> {
+        global::unkept_slots(&self.0.works, None, self.0.now)
+    }
 }
 
 /// Where a request stands.
@@ -330,6 +339,8 @@ impl<S: Store> Limiter<'_, S> {
         } else {
             outcome.tab = work::open_tab(&progress.works, self.plan);
         }
+        let kept = outcome.tab.as_ref();
+        outcome.unkept_slots = global::unkept_slots(&progress.works, kept, progress.now);
         outcome
     }
 }
