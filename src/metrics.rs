@@ -256,6 +256,8 @@ pub struct Counters {
     /// Settlements the service took, and those given up (`outbox`).
     settlements_delivered: Counter,
     settlements_dropped: Counter,
+    /// Settlements the service refused: dropped, never sent again.
+    settlements_rejected: Counter,
 }
 
 impl Counters {
@@ -294,6 +296,7 @@ impl Counters {
             callout_failures: counter("sluice.callout_failures".into()),
             settlements_delivered: counter("sluice.settlements_delivered".into()),
             settlements_dropped: counter("sluice.settlements_dropped".into()),
+            settlements_rejected: counter("sluice.settlements_rejected".into()),
         }
     }
 
@@ -337,9 +340,10 @@ impl Counters {
     }
 
     /// Counts settlements the outbox delivered and gave up.
-    pub fn settlements(&self, delivered: u64, dropped: u64) {
-        self.settlements_delivered.add(delivered);
-        self.settlements_dropped.add(dropped);
+    pub fn settlements(&self, counts: crate::outbox::Counts) {
+        self.settlements_delivered.add(counts.delivered);
+        self.settlements_dropped.add(counts.dropped);
+        self.settlements_rejected.add(counts.rejected);
     }
 
     fn tokens(&self, policy: usize) -> Option<&TokenCounters> {
@@ -445,6 +449,7 @@ impl Counters {
                 &self.callout_failures,
                 &self.settlements_delivered,
                 &self.settlements_dropped,
+                &self.settlements_rejected,
             ])
             .for_each(|c| c.flush(metrics));
     }

@@ -59,6 +59,45 @@ pub struct Outbox {
     /// Settlements given up: the outbox was full, or they could not be delivered in time.
     dropped: u64,
     delivered: u64,
+    /// Settlements the service refused: never sent again.
+    rejected: u64,
+}
+
+/// How the service answered a call (`Outbox::answered`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// A 2xx: applied, but `rejected` of them, which the service refused one by one.
+    Delivered { rejected: u64 },
+    /// A 4xx but 408 and 429: the service refuses the call as it is, and would again. Sent
+    /// again, it would only hold back the settlements behind it (issue 31): dropped, counted as
+    /// rejected.
+    Refused,
+    /// No answer, a timeout, a 5xx, a 408 or 429: sent again while young enough.
+    Failed,
+}
+
+impl Delivery {
+    /// The answer of a call with this HTTP status (`None`: no answer) and, for a 2xx, the
+    /// settlements the body says it refused.
+    pub fn of(status: Option<u32>, rejected: u64) -> Delivery {
+        match status {
+            Some(200..=299) => Delivery::Delivered { rejected },
+            Some(408 | 429) => Delivery::Failed,
+            Some(400..=499) => Delivery::Refused,
+            _ => Delivery::Failed,
+        }
+    }
+}
+
+/// How many settlements a 2xx answer of `POST /v1/settle` says the service refused
+/// (`{"settled": n, "rejected": m}`): 0 when it does not say.
+pub fn rejected_in(body: &[u8]) -> u64 {
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        #[serde(default)]
+        rejected: u64,
+    }
+    serde_json::from_slice::<Answer>(body).map_or(0, |a| a.rejected)
 }
 
 impl Outbox {
@@ -144,31 +183,46 @@ impl Outbox {
             .retain(|q| !q.waiting.is_empty() || !q.in_flight.is_empty());
     }
 
-    /// The answer to the call `token`: delivered, or failed (sent again while young enough).
-    /// False if no call under way has that token.
-    pub fn answered(&mut self, token: u32, delivered: bool, now: u64) -> bool {
+    /// The answer to the call `token`: delivered, refused (dropped, never sent again: the
+    /// service would refuse it again), or failed (sent again while young enough). False if no
+    /// call under way has that token.
+    pub fn answered(&mut self, token: u32, delivery: Delivery, now: u64) -> bool {
         for queue in &mut self.queues {
             let Some(i) = queue.in_flight.iter().position(|c| c.token == token) else {
                 continue;
             };
             let call = queue.in_flight.swap_remove(i);
-            if delivered {
-                self.delivered += call.batch.len() as u64;
-            } else {
-                self.dropped += requeue(queue, call.batch, now);
+            let sent = call.batch.len() as u64;
+            match delivery {
+                Delivery::Delivered { rejected } => {
+                    let rejected = rejected.min(sent);
+                    self.delivered += sent - rejected;
+                    self.rejected += rejected;
+                }
+                Delivery::Refused => self.rejected += sent,
+                Delivery::Failed => self.dropped += requeue(queue, call.batch, now),
             }
             return true;
         }
         false
     }
 
-    /// Settlements given up and delivered since the last call: for the counters.
-    pub fn take_counts(&mut self) -> (u64, u64) {
-        (
-            std::mem::take(&mut self.dropped),
-            std::mem::take(&mut self.delivered),
-        )
+    /// Settlements given up, delivered and rejected since the last call: for the counters.
+    pub fn take_counts(&mut self) -> Counts {
+        Counts {
+            dropped: std::mem::take(&mut self.dropped),
+            delivered: std::mem::take(&mut self.delivered),
+            rejected: std::mem::take(&mut self.rejected),
+        }
     }
+}
+
+/// What became of settlements since the counts were last taken.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub dropped: u64,
+    pub delivered: u64,
+    pub rejected: u64,
 }
 
 /// Puts a failed batch back at the front of its queue, but what is too old to try again, and
@@ -201,6 +255,7 @@ mod tests {
     use crate::protocol::SettleOp;
 
     const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
+    const OK: Delivery = Delivery::Delivered { rejected: 0 };
 
     fn service(cluster: &str) -> GlobalService {
         GlobalService {
@@ -211,6 +266,7 @@ mod tests {
             protocol: Protocol::Sluice {
                 path: "/v1/check".into(),
             },
+            max_key_ttl_ms: crate::protocol::SERVICE_MAX_KEY_TTL_MS,
         }
     }
 
@@ -245,10 +301,10 @@ mod tests {
             assert!(outbox.push(&service("a"), release(n), T0));
         }
         assert_eq!(flush(&mut outbox, T0, &mut tokens), [MAX_BATCH, 10]);
-        assert!(outbox.answered(1, true, T0));
-        assert!(outbox.answered(2, true, T0));
+        assert!(outbox.answered(1, OK, T0));
+        assert!(outbox.answered(2, OK, T0));
         assert!(outbox.is_idle());
-        assert_eq!(outbox.take_counts(), (0, MAX_BATCH as u64 + 10));
+        assert_eq!(outbox.take_counts().delivered, MAX_BATCH as u64 + 10);
     }
 
     #[test]
@@ -256,14 +312,14 @@ mod tests {
         let (mut outbox, mut tokens) = (Outbox::default(), 0);
         outbox.push(&service("a"), release(1), T0);
         flush(&mut outbox, T0, &mut tokens);
-        outbox.answered(1, false, T0 + NANOS_PER_SEC);
+        outbox.answered(1, Delivery::Failed, T0 + NANOS_PER_SEC);
         assert_eq!(
             flush(&mut outbox, T0 + NANOS_PER_SEC + BACK_OFF, &mut tokens),
             [1]
         );
-        outbox.answered(2, false, T0 + GIVE_UP);
+        outbox.answered(2, Delivery::Failed, T0 + GIVE_UP);
         assert!(outbox.is_idle(), "too old to try again");
-        assert_eq!(outbox.take_counts(), (1, 0));
+        assert_eq!(outbox.take_counts().dropped, 1);
     }
 
     fn charge(id: &str) -> Settlement {
@@ -292,7 +348,7 @@ mod tests {
         };
         send(&mut outbox, T0);
         // Its answer lost: the service may well have applied it.
-        assert!(outbox.answered(1, false, T0 + NANOS_PER_SEC));
+        assert!(outbox.answered(1, Delivery::Failed, T0 + NANOS_PER_SEC));
         send(&mut outbox, T0 + NANOS_PER_SEC + BACK_OFF);
         assert_eq!(batches.len(), 2);
         assert_eq!(batches[0], made, "as made");
@@ -305,10 +361,10 @@ mod tests {
         outbox.push(&service("a"), release(1), T0);
         flush(&mut outbox, T0, &mut tokens);
         assert!(flush(&mut outbox, T0 + CALL_TIMEOUT, &mut tokens).is_empty());
-        assert!(!outbox.answered(1, true, T0 + CALL_TIMEOUT), "ignored");
+        assert!(!outbox.answered(1, OK, T0 + CALL_TIMEOUT), "ignored");
         let again = T0 + CALL_TIMEOUT + BACK_OFF;
         assert_eq!(flush(&mut outbox, again, &mut tokens), [1]);
-        assert!(outbox.answered(2, true, again));
+        assert!(outbox.answered(2, OK, again));
     }
 
     #[test]
@@ -348,9 +404,9 @@ mod tests {
             outbox.push(&service("a"), release(n), T0);
         }
         assert_eq!(flush(&mut outbox, T0, &mut tokens).len(), MAX_IN_FLIGHT);
-        assert!(outbox.answered(1, true, T0));
+        assert!(outbox.answered(1, OK, T0));
         assert_eq!(flush(&mut outbox, T0, &mut tokens), [1]);
-        assert!(outbox.answered(2, false, T0));
+        assert!(outbox.answered(2, Delivery::Failed, T0));
         outbox.push(&service("b"), release(0), T0);
         let sent = |outbox: &mut Outbox, now| {
             let mut clusters = Vec::new();
@@ -385,6 +441,45 @@ mod tests {
             outbox.push(&service("a"), release(n), T0);
         }
         assert!(!outbox.push(&service("a"), release(0), T0));
-        assert_eq!(outbox.take_counts().0, 1);
+        assert_eq!(outbox.take_counts().dropped, 1);
+    }
+
+    /// Issue 31, finding 3: a batch the service refuses (a 400: a charge whose debt would
+    /// outlive its --max-key-ttl) went back to the front of the queue, again and again, and the
+    /// releases behind it were lost with it.
+    #[test]
+    fn a_batch_the_service_refuses_is_dropped_at_once_and_holds_nothing_back() {
+        let (mut outbox, mut tokens) = (Outbox::default(), 0);
+        outbox.push(&service("a"), charge("00000000000000a1"), T0);
+        assert_eq!(flush(&mut outbox, T0, &mut tokens), [1]);
+        outbox.push(&service("a"), release(2), T0);
+        assert!(outbox.answered(1, Delivery::of(Some(400), 0), T0));
+        assert_eq!(
+            flush(&mut outbox, T0, &mut tokens),
+            [1],
+            "no back-off: the release goes"
+        );
+        assert!(outbox.answered(2, Delivery::of(Some(200), 0), T0));
+        assert!(outbox.is_idle(), "the refused batch is not sent again");
+        let counts = outbox.take_counts();
+        assert_eq!(
+            (counts.rejected, counts.delivered, counts.dropped),
+            (1, 1, 0)
+        );
+    }
+
+    #[test]
+    fn what_an_answer_says_of_its_settlements() {
+        assert_eq!(
+            Delivery::of(Some(200), 2),
+            Delivery::Delivered { rejected: 2 }
+        );
+        assert_eq!(Delivery::of(Some(401), 0), Delivery::Refused);
+        assert_eq!(Delivery::of(Some(429), 0), Delivery::Failed);
+        assert_eq!(Delivery::of(Some(503), 0), Delivery::Failed);
+        assert_eq!(Delivery::of(None, 0), Delivery::Failed);
+        assert_eq!(rejected_in(br#"{"settled":1,"rejected":2}"#), 2);
+        assert_eq!(rejected_in(br#"{"settled":1}"#), 0);
+        assert_eq!(rejected_in(b"garbled"), 0);
     }
 }

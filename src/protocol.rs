@@ -157,6 +157,32 @@ pub fn decode(body: &[u8], checks: &[Check]) -> Option<Vec<Answer>> {
     response.results.into_iter().zip(checks).map(sane).collect()
 }
 
+/// The longest `sluice-service` keeps a key unless told otherwise: its `--max-key-ttl` default,
+/// 62 days (`sluice_service::check::DEFAULT_MAX_KEY_TTL_MS` is this). A check or settlement
+/// whose key would live longer is refused; the filter refuses such a global policy when it is
+/// configured (`global.max_key_ttl`, this by default).
+pub const SERVICE_MAX_KEY_TTL_MS: u64 = 62 * 86_400_000;
+
+/// How long sluice-service keeps the state of `check`'s limit when its key may owe `debt`
+/// tokens past it, in ms: `store::Algorithm::lifetime_owing_us` of the numbers the service reads
+/// from the check (a bucket refills its burst and its debt, a window lasts its window, two for
+/// the sliding window, a queue its longest wait and its drain, a slot its lease).
+pub fn key_lifetime_ms(check: &Check, debt: u64) -> u64 {
+    let window_us = check.per_ms.saturating_mul(1000);
+    let interval_us = (window_us / check.requests.max(1)).max(1);
+    let lifetime_us = match check.algorithm {
+        Kind::TokenBucket => interval_us.saturating_mul(check.burst.saturating_add(debt)),
+        Kind::FixedWindow | Kind::SlidingLog | Kind::Concurrency => window_us,
+        Kind::SlidingWindow => window_us.saturating_mul(2),
+        Kind::LeakyBucket => {
+            let max_delay_us = check.max_delay_ms.unwrap_or(0).saturating_mul(1000);
+            let capacity = max_delay_us / interval_us + 1;
+            max_delay_us.saturating_add(interval_us.saturating_mul(capacity))
+        }
+    };
+    lifetime_us.div_ceil(1000)
+}
+
 /// The body of `POST /v1/settle`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

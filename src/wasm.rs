@@ -7,7 +7,7 @@ use crate::filter::{Admitted, Environment, Filter, Host, Reported, Verdict};
 use crate::hold::HoldQueue;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
-use crate::outbox::{Batch, Outbox};
+use crate::outbox::{self, Batch, Delivery, Outbox};
 use crate::protocol::{self, Settlement};
 use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::{RequestSource, Snapshot, BODY_BYTES};
@@ -25,6 +25,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 /// Counters reach Envoy's stats at most this late.
 const COUNTER_FLUSH_PERIOD: Duration = Duration::from_secs(1);
+/// Refused settlements are logged at most this often.
+const MINUTE: u64 = 60 * 1_000_000_000;
 /// How often held requests are looked at: the timing precision of a leaky bucket.
 const HOLD_TICK: Duration = Duration::from_millis(5);
 /// How often the outbox is sent while a policy settles with sluice-service: a global slot is
@@ -311,23 +313,60 @@ struct Root {
     held: Rc<RefCell<HoldQueue>>,
     /// When the once-a-second chores last ran: renewals and the counters' flush.
     last_second: u64,
+    /// When refused settlements were last logged (`log_refused_settlements`).
+    last_rejection_log: u64,
 }
 
 impl Context for Root {
-    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx. A full batch waiting
-    /// behind it goes at once, so a worker's releases keep up with any rate the service answers.
-    fn on_http_call_response(&mut self, token: u32, headers: usize, _body: usize, _: usize) {
-        let delivered = call_status::<u32>(headers).is_some_and(|s| (200..300).contains(&s));
+    /// A batch of settlements answered (`flush_outbox`): delivered on a 2xx (but those its body
+    /// says the service refused), refused on a 4xx, else failed (`Delivery::of`). A full batch
+    /// waiting behind it goes at once, so a worker's releases keep up with any rate the service
+    /// answers.
+    fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
+        let status = call_status::<u32>(headers);
+        let delivered = status.is_some_and(|s| (200..300).contains(&s));
+        let rejected = match status {
+            Some(200..=299) if body > 0 => {
+                let answer = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body);
+                outbox::rejected_in(&answer.ok().flatten().unwrap_or_default())
+            }
+            _ => 0,
+        };
+        let delivery = Delivery::of(status, rejected);
+        if delivery != (Delivery::Delivered { rejected: 0 }) && delivery != Delivery::Failed {
+            self.log_refused_settlements(status, rejected);
+        }
         let now = Envoy.now();
         let backlog = OUTBOX.with(|outbox| {
             let Ok(mut outbox) = outbox.try_borrow_mut() else {
                 return false;
             };
-            outbox.answered(token, delivered, now);
+            outbox.answered(token, delivery, now);
             outbox.has_full_batch()
         });
         if delivered && backlog {
             flush_outbox(self.filter.as_deref());
+        }
+    }
+}
+
+impl Root {
+    /// Settlements the service refused: logged once a minute at most (the counter
+    /// `sluice.settlements_rejected` counts each).
+    fn log_refused_settlements(&mut self, status: Option<u32>, rejected: u64) {
+        let now = Envoy.now();
+        if self.last_rejection_log != 0 && now < self.last_rejection_log.saturating_add(MINUTE) {
+            return;
+        }
+        self.last_rejection_log = now;
+        match status {
+            Some(200..=299) => log::warn!(
+                "sluice-service refused {rejected} settlements of a batch and applied the others; they are dropped (its log names why: settlements rejected)"
+            ),
+            Some(status) => log::warn!(
+                "sluice-service refused a batch of settlements with status {status}; it is dropped, never sent again (its log names why)"
+            ),
+            None => {}
         }
     }
 }
@@ -426,9 +465,9 @@ fn flush_outbox(filter: Option<&Filter>) {
         if !outbox.is_idle() {
             outbox.flush(Envoy.now(), |batch| Envoy::settle(&batch));
         }
-        let (dropped, delivered) = outbox.take_counts();
+        let counts = outbox.take_counts();
         if let Some(filter) = filter {
-            filter.counters().settlements(delivered, dropped);
+            filter.counters().settlements(counts);
         }
     });
 }

@@ -20,7 +20,7 @@ pub const MAX_CHECKS: usize = 16;
 pub const MAX_LOG_ENTRIES: u64 = MAX_SLIDING_LOG;
 /// `--max-key-ttl`'s default: a monthly quota of any algorithm (a sliding window of 31 days
 /// keeps its state for two windows).
-pub const DEFAULT_MAX_KEY_TTL_MS: u64 = 62 * DAY_MS;
+pub const DEFAULT_MAX_KEY_TTL_MS: u64 = sluice::protocol::SERVICE_MAX_KEY_TTL_MS;
 const DAY_MS: u64 = 86_400_000;
 pub const MAX_KEY_BYTES: usize = 200;
 const MAX_REQUESTS: u64 = 1_000_000_000;

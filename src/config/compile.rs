@@ -252,6 +252,9 @@ impl Compiler {
             ));
         }
         policy.take = take(at, raw, &policy, grants)?;
+        if let Some(service) = service.filter(|_| grants && policy.scope != Scope::Local) {
+            global_keys_live_within(at, &policy, service.max_key_ttl_ms)?;
+        }
         // A concurrency policy's table is its own, and its layout names its lease: the epochs
         // its state counts in are half of it, so a reload that changes the lease starts afresh
         // rather than read those counts in epochs of another length.
@@ -620,6 +623,15 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
             .transpose()?
             .map(|token| Secret::new(format!("Bearer {}", token.expose()))),
         protocol,
+        max_key_ttl_ms: match &raw.max_key_ttl {
+            Some(ttl) => {
+                let nanos = parse_nanos(ttl).map_err(|r| error("global.max_key_ttl", r))?;
+                nanos
+                    .div_ceil(1_000_000)
+                    .max(crate::protocol::SERVICE_MAX_KEY_TTL_MS)
+            }
+            None => crate::protocol::SERVICE_MAX_KEY_TTL_MS,
+        },
     })
 }
 
@@ -883,6 +895,54 @@ fn global_slots_fit(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), 
         }
     }
     Ok(())
+}
+
+/// sluice-service refuses a check or a charge whose key would outlive its `--max-key-ttl`
+/// (`protocol::key_lifetime_ms`): a global policy of such a limit would have every check
+/// refused, or every charge dropped, so it is refused here, naming the field that makes the key
+/// live so long.
+fn global_keys_live_within(at: &str, policy: &Policy, max_ms: u64) -> Result<(), ConfigError> {
+    let tiers = policy.tiers.iter().flat_map(|t| &t.values);
+    let named = tiers.map(|(value, tier)| {
+        let value = String::from_utf8_lossy(value);
+        (format!("{at}.tiers.values.{value}"), tier)
+    });
+    for (field, tier) in std::iter::once((at.to_string(), &policy.tier)).chain(named) {
+        let check = crate::limiter::key_check(policy, tier, 0);
+        let debt = policy.metered.as_ref().map_or(0, |m| m.max_debt(tier));
+        let (plain, owing) = (
+            crate::protocol::key_lifetime_ms(&check, 0),
+            crate::protocol::key_lifetime_ms(&check, debt),
+        );
+        let (field, lifetime) = match tier.algorithm.kind() {
+            _ if plain <= max_ms && owing > max_ms => (format!("{at}.cost.max_debt"), owing),
+            _ if plain <= max_ms => continue,
+            Kind::TokenBucket => (format!("{field}.burst"), plain),
+            Kind::LeakyBucket => (format!("{field}.max_delay"), plain),
+            Kind::Concurrency => (format!("{field}.lease"), plain),
+            _ => (format!("{field}.per"), plain),
+        };
+        return Err(error(
+            field,
+            format!(
+                "its key would live {}, more than sluice-service keeps a key ({}, global.max_key_ttl: \
+                 the service's --max-key-ttl): the service would refuse its checks or charges",
+                days(lifetime),
+                days(max_ms)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Milliseconds as whole days, rounded up, or seconds below a day.
+fn days(ms: u64) -> String {
+    const DAY_MS: u64 = 86_400_000;
+    if ms >= DAY_MS {
+        format!("{}d", ms.div_ceil(DAY_MS))
+    } else {
+        format!("{}s", ms.div_ceil(1000))
+    }
 }
 
 fn scope(

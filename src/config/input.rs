@@ -73,6 +73,8 @@ pub(super) struct RawGlobal {
     pub(super) timeout: String,
     /// The environment variable that holds the service's bearer token.
     pub(super) token_env: Option<String>,
+    /// The service's `--max-key-ttl`, when it runs with more than its default (62d).
+    pub(super) max_key_ttl: Option<String>,
 }
 
 /// What the service speaks: sluice-service's `/v1/check`, or Envoy's Rate Limit Service.

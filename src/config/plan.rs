@@ -297,6 +297,10 @@ pub struct GlobalService {
     /// The `authorization` header's value (`Bearer <token>`), when the service requires a token.
     pub authorization: Option<Secret>,
     pub protocol: Protocol,
+    /// The longest sluice-service keeps a key (its `--max-key-ttl`, `global.max_key_ttl`): a
+    /// global policy whose key would live longer is refused here, as the service would refuse
+    /// its checks or charges.
+    pub max_key_ttl_ms: u64,
 }
 
 /// What the service speaks.

@@ -1053,3 +1053,56 @@ fn a_global_concurrency_limit_fits_what_the_service_keeps_of_a_key() {
         "a local one keeps its own"
     );
 }
+
+/// Issue 31, finding 3: sluice-service refuses a check or a charge whose key would outlive its
+/// --max-key-ttl (62 days unless told), so a global policy of such a limit is refused here,
+/// naming the field; `global.max_key_ttl` says the service keeps keys longer.
+#[test]
+fn a_global_policy_whose_key_would_outlive_the_services_max_key_ttl_is_refused() {
+    let budget = |policy: Value, max_key_ttl: Option<&str>| {
+        let mut global = json!({"cluster": "c", "authority": "a"});
+        if let Some(ttl) = max_key_ttl {
+            global["max_key_ttl"] = json!(ttl);
+        }
+        let mut p = json!({"name": "llm", "key": ["header:x-user-id"], "scope": "global"});
+        for (k, v) in policy.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        json!({"global": global, "policies": [p]})
+    };
+    let metered = json!({"requests": 30, "per": "40d",
+        "cost": {"from_response": {"usage": "total_tokens"}}});
+    // 40 days to refill the burst, and as long again for a debt of a burst: 80 days.
+    assert_refused(
+        budget(metered.clone(), None),
+        "policies[0].cost.max_debt",
+        "its key would live 80d, more than sluice-service keeps a key (62d",
+    );
+    assert!(parse(budget(metered, Some("90d")).to_string().as_bytes()).is_ok());
+    assert_refused(
+        budget(json!({"requests": 10, "per": "70d"}), None),
+        "policies[0].burst",
+        "70d",
+    );
+    assert_refused(
+        budget(
+            json!({"algorithm": "sliding_window", "requests": 10, "per": "40d"}),
+            None,
+        ),
+        "policies[0].per",
+        "80d",
+    );
+    let flat = json!({"algorithm": "fixed_window", "requests": 10, "per": "40d"});
+    assert!(parse(budget(flat, None).to_string().as_bytes()).is_ok());
+    assert_refused(
+        budget(json!({"requests": 10, "per": "1d"}), Some("tomorrow")),
+        "global.max_key_ttl",
+        "",
+    );
+    let mut local = budget(json!({"requests": 10, "per": "70d"}), None);
+    local["policies"][0]["scope"] = json!("local");
+    assert!(
+        parse(local.to_string().as_bytes()).is_ok(),
+        "a local key lives in shared data"
+    );
+}
