@@ -24,6 +24,7 @@ use crate::health::{NotReady, Readiness};
 use crate::logging::Throttle;
 use crate::metrics::{self, Metrics};
 use crate::settle::{self, SettleResponse};
+use crate::slot_watch::SlotWatch;
 use crate::store::{Check, Store, StoreError};
 
 /// `--max-request-bytes`'s default: the largest body of a check, and of an RLS call.
@@ -55,6 +56,8 @@ pub struct App<S> {
     redis_warnings: Throttle,
     /// Settlements refused one by one (`settle::Parsed::rejected`).
     rejection_warnings: Throttle,
+    /// The keys of the slots granted lately, looked at for renewals.
+    watch: Arc<SlotWatch>,
 }
 
 impl<S: Store> App<S> {
@@ -64,6 +67,7 @@ impl<S: Store> App<S> {
         readiness: Arc<Readiness>,
         guard: Guard,
         limits: Limits,
+        watch: Arc<SlotWatch>,
     ) -> Self {
         App {
             store,
@@ -73,6 +77,7 @@ impl<S: Store> App<S> {
             limits,
             redis_warnings: Throttle::new(WARN_EVERY),
             rejection_warnings: Throttle::new(WARN_EVERY),
+            watch,
         }
     }
 
@@ -119,6 +124,7 @@ impl<S: Store> App<S> {
         match decided {
             Ok(decisions) => {
                 self.metrics.record_decisions(&checks, &decisions);
+                self.watch.note(&checks, &decisions);
                 let results = decisions.into_iter().map(CheckResult::from).collect();
                 json(StatusCode::OK, &CheckResponse { results })
             }

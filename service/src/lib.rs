@@ -10,7 +10,8 @@
 //! `check::CheckResponse`. What requests owe after admission takes the same way through
 //! `settle` (its validation is `check`'s) to `Store::settle`. Around it: `connections` caps, times out and sheds the connections of
 //! both servers, `health` probes Redis for readiness, `metrics` holds every series in one
-//! registry, `logging` writes JSON lines, `signals` and `cli` are the process's inputs. `rls`
+//! registry, `logging` writes JSON lines, `slot_watch` counts the
+//! slots nobody renews, `signals` and `cli` are the process's inputs. `rls`
 //! serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
 
 pub mod auth;
@@ -28,4 +29,5 @@ pub mod rls;
 pub mod settle;
 pub mod settled_ids;
 pub mod signals;
+pub mod slot_watch;
 pub mod store;

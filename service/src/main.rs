@@ -16,6 +16,7 @@ use sluice_service::memory_store::MemoryStore;
 use sluice_service::metrics::Metrics;
 use sluice_service::redis_store::RedisStore;
 use sluice_service::rls::{self, Rls};
+use sluice_service::slot_watch::SlotWatch;
 use sluice_service::store::Store;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
@@ -144,6 +145,8 @@ async fn serve_with<S: Store>(
         Arc::clone(&metrics),
     );
     tokio::spawn(probe);
+    let watch = Arc::new(SlotWatch::default());
+    tokio::spawn(Arc::clone(&watch).run(Arc::clone(&store), Arc::clone(&metrics)));
     if let Some(tokens) = &tokens {
         tokio::spawn(auth::keep_current(Arc::clone(tokens), signals.hangup));
     }
@@ -181,7 +184,7 @@ async fn serve_with<S: Store>(
             bounds,
             max_body_bytes: max_request_bytes,
         };
-        let app = App::new(store, metrics, Arc::clone(&readiness), guard, limits);
+        let app = App::new(store, metrics, Arc::clone(&readiness), guard, limits, watch);
         let gate = Arc::clone(&gate);
         serve(listener, Arc::new(app), gate, stopping.clone(), drain).await
     };

@@ -120,21 +120,16 @@ impl SlotTable {
         }
     }
 
-    /// Live slots of every key, and those of them whose lease ends within `due_us`: slots
-    /// taken or renewed longer ago than their request would renew them (`unrenewed`).
-    pub fn count_unrenewed(&self, now: u64, due: impl Fn(&str) -> u64) -> Vec<(String, u64)> {
-        let mut found = Vec::new();
-        for (key, slots) in &self.keys {
-            let within = due(key);
-            let n = slots
-                .values()
-                .filter(|&&e| e > now && e <= now.saturating_add(within))
-                .count() as u64;
-            if n > 0 {
-                found.push((key.clone(), n));
-            }
-        }
-        found
+    /// The key's live named slots whose lease ends within `within` of `now` (`UNRENEWED_LUA`):
+    /// slots not renewed in time. Anonymous slots (`<now>-<n>`, the RLS's) are never renewed.
+    pub fn stale(&self, key: &str, now: u64, within: u64) -> u64 {
+        let Some(slots) = self.keys.get(key) else {
+            return 0;
+        };
+        let stale = slots.iter().filter(|(name, &expiry)| {
+            !name.contains('-') && expiry > now && expiry <= now.saturating_add(within)
+        });
+        stale.count() as u64
     }
 
     /// Forgets the keys with no live slot, and tombstones past their time: memory holds only

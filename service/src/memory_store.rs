@@ -15,7 +15,7 @@ use crate::memory_slots::{Ask, SlotTable};
 use crate::settled_ids::SettledIds;
 use crate::store::{
     settled_key, write_state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settled,
-    Settlement, Slots, Store, StoreError,
+    Settlement, Slots, Store, StoreError, Watched,
 };
 
 /// Calls between two sweeps of the keys that are as good as empty.
@@ -168,6 +168,14 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    async fn unrenewed(&self, keys: &[Watched]) -> Result<Vec<u64>, StoreError> {
+        let now = now_us()?;
+        let state = self.state(now)?;
+        Ok((keys.iter())
+            .map(|w| state.slots.stale(&w.key, now, w.stale_within_us))
+            .collect())
     }
 }
 

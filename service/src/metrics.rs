@@ -75,6 +75,7 @@ pub struct Metrics {
     check_duration: Histogram,
     redis_errors: Family<RedisErrorLabels, Counter>,
     redis_up: Gauge,
+    slots_unrenewed: Gauge,
     http_requests: Family<HttpLabels, Counter>,
     policies: PolicyNames,
 }
@@ -95,6 +96,7 @@ impl Metrics {
             check_duration: Histogram::new(LATENCY_BOUNDS),
             redis_errors: Family::default(),
             redis_up: Gauge::default(),
+            slots_unrenewed: Gauge::default(),
             http_requests: Family::default(),
             policies: PolicyNames {
                 listed: listed.iter().cloned().collect(),
@@ -136,6 +138,14 @@ impl Metrics {
             "redis_up",
             "1 while Redis answers the readiness probe, else 0",
             self.redis_up.clone(),
+        );
+        registry.register(
+            "slots_unrenewed",
+            "Live slots of global concurrency limits whose request has not renewed them in \
+             time (half a lease, plus 5 s at most a quarter lease, since the last renewal): \
+             leaks, or filters that cannot reach the service. Keys of slots this process \
+             granted lately, looked at every 2 s",
+            self.slots_unrenewed.clone(),
         );
         registry.register(
             "http_requests",
@@ -223,6 +233,11 @@ impl Metrics {
 
     pub fn observe_check_duration(&self, elapsed: Duration) {
         self.check_duration.observe(elapsed.as_secs_f64());
+    }
+
+    pub fn set_slots_unrenewed(&self, slots: u64) {
+        self.slots_unrenewed
+            .set(i64::try_from(slots).unwrap_or(i64::MAX));
     }
 
     pub fn set_redis_up(&self, up: bool) {

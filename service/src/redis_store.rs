@@ -17,7 +17,7 @@ use tokio::sync::OnceCell;
 
 use crate::store::{
     released_key, settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind,
-    SettleOp, Settled, Settlement, Slots, Store, StoreError, SETTLED_TTL_MS,
+    SettleOp, Settled, Settlement, Slots, Store, StoreError, Watched, SETTLED_TTL_MS,
 };
 
 // Every script below reads the clock with `TIME` (the only clock: µs since the epoch), keeps its
@@ -560,6 +560,28 @@ redis.call('PEXPIRE', KEYS[1], string.format('%d', ttl_ms))
 return 1
 ";
 
+/// Concurrency: the slots nobody renewed in time (`slot_watch`).
+///
+/// KEYS[1]: the sorted set of `CONCURRENCY_LUA`.   ARGV[1]: stale_within_us.
+/// Returns how many live named slots (a filter's names: 16 hex digits, never `<now>-<n>`) have
+/// a lease that ends within ARGV[1] of now. Writes nothing.
+pub const UNRENEWED_LUA: &str = r"
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then
+  return 0
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local until_ = string.format('%d', now + tonumber(ARGV[1]))
+local stale = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. string.format('%d', now), until_)
+local n = 0
+for _, name in ipairs(stale) do
+  if not string.find(name, '-', 1, true) then
+    n = n + 1
+  end
+end
+return n
+";
+
 /// The start of every script a charge or refund runs (the metering algorithms' check scripts,
 /// which charge, and the refunds below; `Scripts::new`): a settlement with an id is applied at
 /// most once. Without KEYS[2] (a check, a settlement without an id) it does nothing.
@@ -808,6 +830,7 @@ struct Scripts {
     give_back: Script,
     release: Script,
     renew: Script,
+    unrenewed: Script,
     token_bucket_refund: Script,
     fixed_window_refund: Script,
     sliding_window_refund: Script,
@@ -826,13 +849,14 @@ impl Scripts {
             give_back: Script::new(CONCURRENCY_GIVE_BACK_LUA),
             release: Script::new(SLOT_RELEASE_LUA),
             renew: Script::new(SLOT_RENEW_LUA),
+            unrenewed: Script::new(UNRENEWED_LUA),
             token_bucket_refund: once(TOKEN_BUCKET_REFUND_LUA),
             fixed_window_refund: once(FIXED_WINDOW_REFUND_LUA),
             sliding_window_refund: once(SLIDING_WINDOW_REFUND_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 12] {
+    fn all(&self) -> [&Script; 13] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -843,6 +867,7 @@ impl Scripts {
             &self.give_back,
             &self.release,
             &self.renew,
+            &self.unrenewed,
             &self.token_bucket_refund,
             &self.fixed_window_refund,
             &self.sliding_window_refund,
@@ -1113,9 +1138,31 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    async fn count_unrenewed(&self, keys: &[Watched]) -> RedisResult<Vec<u64>> {
+        let evals: Vec<Eval> = (keys.iter())
+            .map(|w| Eval::new(&self.scripts.unrenewed, w.key.clone(), &[w.stale_within_us]))
+            .collect();
+        let replies = self.run(&evals, Order::Any).await?;
+        (replies.into_iter())
+            .map(|reply| match reply {
+                Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+                other => Err(unexpected_reply(format!("{other:?}"))),
+            })
+            .collect()
+    }
+}
+
 impl Store for RedisStore {
     async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
         bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
+    }
+
+    async fn unrenewed(&self, keys: &[Watched]) -> Result<Vec<u64>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        bounded(COMMAND_TIMEOUT, async { self.count_unrenewed(keys).await }).await
     }
 
     async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<Settled>, StoreError> {

@@ -415,6 +415,14 @@ impl std::fmt::Display for StoreError {
     }
 }
 
+/// A key whose named slots are looked at for renewals (`slot_watch`): its state key, and how
+/// far ahead of now a live slot's lease may end before it counts as unrenewed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Watched {
+    pub key: String,
+    pub stale_within_us: u64,
+}
+
 /// Where limits live. Every call is bounded in time: it returns an error rather than hang.
 pub trait Store: Send + Sync + 'static {
     /// Decides every check, in order, each atomically on its own (no atomicity across checks).
@@ -432,6 +440,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers at all; the readiness probe (`health`).
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// For each key, its live named slots whose lease ends within its `stale_within_us`: slots
+    /// nobody renewed in time (`slot_watch`).
+    fn unrenewed(
+        &self,
+        keys: &[Watched],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -452,6 +467,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send {
         S::ping(self)
+    }
+
+    fn unrenewed(
+        &self,
+        keys: &[Watched],
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
+        S::unrenewed(self, keys)
     }
 }
 

@@ -555,3 +555,60 @@ fn settling_needs_the_bearer_token_and_a_redis_that_answers() {
     assert_eq!(unavailable.status, 503, "{unavailable:?}");
     assert_eq!(unavailable.json()["error"], "redis_unavailable");
 }
+
+/// Issue 31, "a leak would show": a slot its request stopped renewing (a check the filter gave
+/// up on and whose release was lost, say) is counted in sluice_service_slots_unrenewed and
+/// logged once, while a renewed one never is.
+#[test]
+fn a_slot_nobody_renews_is_counted_and_logged_once_while_it_lasts() {
+    on_each_store(|service| {
+        let key = "streams/00000000000000dc";
+        let (renewed, lost) = (slot_name(1), slot_name(2));
+        let taken = Instant::now();
+        assert!(allowed(&check_one(
+            service,
+            &slot(key, 2, 10_000, &renewed)
+        )));
+        assert!(allowed(&check_one(service, &slot(key, 2, 10_000, &lost))));
+        let renew = settlement(
+            &slot(key, 2, 10_000, &renewed),
+            json!({"op": "renew", "slot": renewed}),
+        );
+        let gauge = || {
+            let metrics = get(service.addr, "/metrics").text();
+            let line = metrics
+                .lines()
+                .find(|l| l.starts_with("sluice_service_slots_unrenewed "));
+            line.and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        };
+        let mut seen = Vec::new();
+        let (mut logged, mut events) = (None, 0);
+        while taken.elapsed() < Duration::from_secs(13) {
+            settle(service, std::slice::from_ref(&renew));
+            if let Some(event) = service.event("slots not renewed", Duration::from_millis(500)) {
+                events += 1;
+                logged.get_or_insert((taken.elapsed(), event));
+            }
+            seen.push((taken.elapsed().as_millis(), gauge().unwrap()));
+        }
+        let (when, event) = logged.expect("the lost slot was logged");
+        // Unrenewed 7.5 s after it was taken (half its 10 s lease, and a quarter), until it
+        // expires at 10 s; swept every 2 s.
+        assert!(
+            (Duration::from_millis(7_400)..Duration::from_millis(10_100)).contains(&when),
+            "logged after {when:?}"
+        );
+        assert_eq!(
+            (event["slots"].as_u64(), event["lease_ms"].as_u64()),
+            (Some(1), Some(10_000))
+        );
+        assert!(event["key"].as_str().unwrap().contains(key), "{event}");
+        assert_eq!(events, 1, "logged once while it lasts");
+        assert!(seen.iter().any(|&(_, n)| n == 1), "{seen:?}");
+        assert!(
+            seen.iter().all(|&(_, n)| n <= 1),
+            "the renewed slot never counts: {seen:?}"
+        );
+        assert_eq!(seen.last().unwrap().1, 0, "expired: {seen:?}");
+    });
+}
