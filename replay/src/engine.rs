@@ -184,7 +184,11 @@ impl Engine {
         loop {
             match step {
                 // Most requests of most configurations owe nothing: they pass by.
-                Step::Done(outcome) if outcome.tab.is_none() && !self.metered => {
+                Step::Done(outcome)
+                    if outcome.tab.is_none()
+                        && !self.metered
+                        && outcome.unkept_slots.is_empty() =>
+                {
                     return Decided { outcome, now };
                 }
                 Step::Done(outcome) => return self.follow(outcome, record, now),
@@ -210,6 +214,16 @@ impl Engine {
     /// in flight.
     #[inline(never)]
     fn follow(&mut self, mut outcome: Outcome, record: &Record, now: u64) -> Decided {
+        // Slots the service granted a request that does not run on them (another policy
+        // refused it): given back at once, as the filter does.
+        for entry in &outcome.unkept_slots {
+            let Held::Lease { renewed, .. } = entry.held else {
+                continue;
+            };
+            if let Some((key, limit)) = global_limit(&self.plan, entry) {
+                self.worker.global.release_slot(&key, limit, now, renewed);
+            }
+        }
         if self.metered && outcome.is_denied() {
             self.count_debts(&outcome, now);
         }
@@ -637,6 +651,25 @@ mod tests {
             }
             assert!(replay.passes(60.0, alices(0, json!({}))), "{scope}");
         }
+    }
+
+    /// Issue 31: a slot the service granted to a request another policy refuses is given back
+    /// at once, as the filter does, not held until its lease ends.
+    #[test]
+    fn a_global_slot_granted_to_a_refused_request_is_given_back() {
+        let policies = json!([
+            {"name": "streams", "key": ["header:x-tenant"], "algorithm": "concurrency",
+                "requests": 1, "lease": "10s", "scope": "global"},
+            {"name": "hourly", "scope": "global", "key": ["header:x-user-id"], "requests": 1,
+                "per": "1h"}]);
+        let mut replay = Replayed::new(policies);
+        let of = |user: &str| json!({"headers": {"x-user-id": user, "x-tenant": "acme"}, "duration": 100});
+        assert!(replay.passes(0.0, of("alice")));
+        assert!(!replay.passes(1.0, of("alice")), "alice's hour is used");
+        assert!(
+            replay.passes(1.5, of("bob")),
+            "the tenant's one slot is free"
+        );
     }
 
     #[test]
