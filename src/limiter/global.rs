@@ -135,9 +135,12 @@ pub(super) fn judge(
 }
 
 /// For a request denied by another policy: what the service said stays, and the cost it
-/// granted for this request is not spent, so it joins this Envoy's grant.
+/// granted for this request is not spent, so it joins this Envoy's grant. Not a slot: it is
+/// named, and given back (`unkept_slots`); kept as a grant, it would admit another request
+/// without a slot of its own while the service still held this one.
 pub(super) fn keep_unspent(member: &Member, next: &mut [u64]) {
-    let granted_here = matches!(member.service, Service::Answered(a) if a.allowed);
+    let slot = member.tier.algorithm.kind() == Kind::Concurrency;
+    let granted_here = !slot && matches!(member.service, Service::Answered(a) if a.allowed);
     if let (true, Some((marks, _))) = (granted_here, Marks::split(next)) {
         *marks.granted = marks.granted.saturating_add(member.cost);
     }
