@@ -985,7 +985,7 @@ fn a_concurrency_policy_refuses_a_window_a_burst_and_a_cost() {
     };
     assert_eq!(
         (slots.limit, slots.lease()),
-        (4, 300 * crate::duration::NANOS_PER_SEC)
+        (4, 60 * crate::duration::NANOS_PER_SEC)
     );
     assert_refused(
         streams(json!({"per": "1s"})),
