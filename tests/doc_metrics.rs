@@ -1,7 +1,7 @@
-//! Every metric name the docs give is one the code exports, and every series the code exports is
-//! named in README.md or docs/*.md: each `sluice_…` name in README.md,
+//! Every metric name the docs give is one the code exports: each `sluice_…` name in README.md,
 //! docs/, envoy/ and deploy/observability/ (alerts, their tests, the rule, the dashboard) must be
-//! a series of the filter or of the service, or the start of some (`sluice_service_rls_*`).
+//! a series of the filter or of the service, or the start of some (`sluice_service_rls_*`). And
+//! the other way round: every series the code exports is named in README.md or docs/*.md.
 //!
 //! The exported names come from the code, not from a list here: the filter's counters as
 //! `Counters::define` names them for each shipped configuration and for a concurrency and a
