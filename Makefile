@@ -3,6 +3,7 @@
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make run-llm  build, then start Envoy with envoy/llm.yaml: a token budget per API key
 #   make run-rls  redis-server, sluice-service --rls and Envoy's own ratelimit filter (envoy/rls.yaml)
 #   make image   OCI images of the filter and of sluice-service under target/oci/ (docs/istio.md)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
@@ -34,7 +35,7 @@ MUSL_TARGET := x86_64-unknown-linux-musl
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(ROOT)/Cargo.toml | head -n 1)
 
 .DEFAULT_GOAL := build
-.PHONY: build service run run-global run-rls image test lint deps clean
+.PHONY: build service run run-llm run-global run-rls image test lint links deps clean
 
 # The ports written in envoy/demo.yaml and envoy/global.yaml; scripts/run-envoy gives Envoy
 # others when these are set to others.
@@ -97,6 +98,17 @@ run: build
 	  "  curl -s localhost:$(ADMIN_PORT)/stats/prometheus | grep sluice_requests_total   # counters reach Envoy's stats up to 2 s after the requests" \
 	  "Ctrl-C stops Envoy."
 	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/demo.yaml
+
+# An LLM gateway: the route answers every /v1/ call with an OpenAI body whose usage says 1,500
+# tokens, and a token budget per x-api-key charges each call what it used.
+NEEDS_run-llm = $(NEEDS_run)
+run-llm: build
+	@printf '%s\n' \
+	  "Listener http://127.0.0.1:$(LISTEN_PORT), admin http://127.0.0.1:$(ADMIN_PORT). Try, in another shell:" \
+	  "  for i in \$$(seq 6); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-api-key: team-a' localhost:$(LISTEN_PORT)/v1/chat/completions; done" \
+	  "  curl -s localhost:$(ADMIN_PORT)/stats/prometheus | grep sluice_tokens_charged_total   # up to 2 s after the calls" \
+	  "Ctrl-C stops Envoy."
+	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/llm.yaml
 
 NEEDS_lint = wasm32-wasip1 clippy rustfmt
 lint: deps
