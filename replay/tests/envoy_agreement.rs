@@ -59,7 +59,7 @@ fn config() -> Value {
 }
 
 /// The route `static` switches the filter off, so `static-cap` never applies (Envoy's own
-/// per-route scope, the README's first).
+/// per-route scope, the first of docs/configuration.md#per-route-scope).
 fn static_route() -> (&'static str, &'static str, [&'static str; 1]) {
     (
         "static",

@@ -239,15 +239,15 @@ impl Compiler {
             return Err(error(
                 format!("{at}.cost"),
                 "an RLS is charged a response's usage by Envoy's own ratelimit filter \
-                 (apply_on_stream_done, hits_addend from the usage this filter writes: README, \
-                 Token budgets): meter with a local policy",
+                 (apply_on_stream_done, hits_addend from the usage this filter writes: \
+                 docs/token-budgets.md#local-global-or-envoys-own-filter): meter with a local policy",
             ));
         }
         if raw.algorithm == Kind::Concurrency && policy.asks_rls(service) {
             return Err(error(
                 format!("{at}.scope"),
                 "an RLS counts requests in flight through Envoy's own ratelimit filter \
-                 (is_negative_hits on stream done, docs/rls.md): a global concurrency policy \
+                 (is_negative_hits on stream done, docs/rls.md#concurrency-limits): a global concurrency policy \
                  needs sluice-service",
             ));
         }
