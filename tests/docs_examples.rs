@@ -213,7 +213,11 @@ fn every_service_api_example_gives_the_answers_the_doc_shows() {
 /// README.md and docs/*.md: each page's path from the repo root, and its text.
 fn pages() -> Vec<(String, String)> {
     let docs = files("docs", &["md"]).into_iter().map(|path| {
-        let page = path.strip_prefix(repo_root()).unwrap().display().to_string();
+        let page = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
         (page, std::fs::read_to_string(&path).unwrap())
     });
     std::iter::once(("README.md".to_string(), README.to_string()))
@@ -272,7 +276,11 @@ fn the_docs_429_is_what_the_demo_answers_alice_sixth_request() {
                 .take(1)
         })
         .collect();
-    assert_eq!(examples.len(), 2, "the README and docs/responses.md each show a 429");
+    assert_eq!(
+        examples.len(),
+        2,
+        "the README and docs/responses.md each show a 429"
+    );
     let envoy = Envoy::start(&demo_configuration());
     let alice: &[(&str, &[u8])] = &[("x-user-id", b"alice")];
     for _ in 0..5 {

@@ -24,8 +24,7 @@ const ALICE_SEVEN: &str = r"for i in $(seq 7); do curl -s -o /dev/null -w '%{htt
 const BOB: &str = "curl -si -H 'x-user-id: bob' localhost:10000/api/hello";
 const STATS: &str = "curl -s localhost:9901/stats/prometheus | grep sluice_requests_total";
 const TEAM_A_SIX: &str = r"for i in $(seq 6); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: team-a' localhost:10000/v1/chat/completions; done";
-const TOKENS: &str =
-    "curl -s localhost:9901/stats/prometheus | grep sluice_tokens_charged_total";
+const TOKENS: &str = "curl -s localhost:9901/stats/prometheus | grep sluice_tokens_charged_total";
 const METRICS: &str = "curl -s localhost:8080/metrics | grep sluice_";
 
 /// The filter hands its counters to Envoy once a second; the README says up to about 2 s.
