@@ -130,9 +130,9 @@ links: deps
 # cargo test. The core's unit tests also run compiled for wasm32, under Node's WASI
 # (.cargo/config.toml; Node 18.17 or newer, which scripts/ensure-deps checks);
 # tests/readme_commands.rs runs make run, make run-llm, make run-global and make run-rls and
-# sends them the README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the docs' console
-# transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name and log event
-# of the docs against the code; the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
+# sends them the README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the
+# docs' console transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name
+# and log event of the docs against the code (and every series of the code against the docs); the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
 # LLM tests (testkit/tests/llm.rs, tests/envoy_tokens.rs) the official openai SDK from .venv;
 # tests/observability.rs checks the alerts with promtool (Debian's prometheus package, about
 # 20 MB; on a machine with systemd, Debian also starts its Prometheus server on :9090).
