@@ -11,11 +11,11 @@ use crate::outbox::{Batch, Outbox};
 use crate::protocol::{self, Settlement};
 use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::{RequestSource, Snapshot, BODY_BYTES};
-use crate::usage::request::asks_stream_usage_on;
 use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
 use crate::tab::Ending;
+use crate::usage::request::asks_stream_usage_on;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
@@ -364,8 +364,13 @@ impl BodyWait {
 
 /// The bytes Envoy received of the current request so far, headers included.
 fn received() -> u64 {
-    let size = Envoy.property(&["request", "total_size"]).unwrap_or_default();
-    let bytes: [u8; 8] = size.get(..8).and_then(|b| b.try_into().ok()).unwrap_or_default();
+    let size = Envoy
+        .property(&["request", "total_size"])
+        .unwrap_or_default();
+    let bytes: [u8; 8] = size
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or_default();
     u64::from_le_bytes(bytes)
 }
 
@@ -481,6 +486,7 @@ impl RootContext for Root {
             stream_path: false,
             chunked: false,
             body: None,
+            denied: false,
         }))
     }
 
@@ -542,6 +548,8 @@ struct Exchange {
     chunked: bool,
     /// Its body, kept while the decision waits for the service when it may be rewritten.
     body: Option<Vec<u8>>,
+    /// A local reply refused it.
+    denied: bool,
 }
 
 impl Exchange {
@@ -555,7 +563,10 @@ impl Exchange {
                 }
                 Action::Continue
             }
-            Verdict::Denied => Action::Pause,
+            Verdict::Denied => {
+                self.denied = true;
+                Action::Pause
+            }
             Verdict::Waiting(pending) => {
                 self.pending = Some(pending);
                 Action::Pause
@@ -614,6 +625,13 @@ impl Exchange {
     fn complete(&mut self) {
         self.completed = true;
         self.end();
+    }
+
+    /// Whether the request stays stopped where the filter stopped it: refused, waiting for the
+    /// service, or held for its turn. Envoy (holding headers) still passes its body and
+    /// trailers as they come; they must wait too.
+    fn stopped(&self) -> bool {
+        self.denied || self.pending.is_some() || self.held.borrow().holds(self.id)
     }
 
     /// Decides a request whose decision waited for its whole body (buffered by Envoy).
@@ -737,6 +755,9 @@ impl HttpContext for Exchange {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.stopped() {
+            return Action::Pause;
+        }
         let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body.is_some()) else {
             return Action::Continue;
         };
@@ -761,6 +782,9 @@ impl HttpContext for Exchange {
     }
 
     fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if self.stopped() {
+            return Action::Pause;
+        }
         match self.filter.clone().filter(|_| self.awaiting_body.is_some()) {
             Some(filter) => self.decide_with_body(&filter),
             None => Action::Continue,

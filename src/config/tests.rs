@@ -870,7 +870,8 @@ fn with_cost(cost: Value) -> Value {
 }
 
 #[test]
-fn a_cost_read_from_the_response_reserves_nothing_owes_a_burst_and_charges_the_most_unknown_by_default() {
+fn a_cost_read_from_the_response_reserves_nothing_owes_a_burst_and_charges_the_most_unknown_by_default(
+) {
     let config = with_cost(json!({"from_response": {"usage": "total_tokens"}}));
     let plan = parse(config.to_string().as_bytes()).unwrap();
     let policy = &plan.policies[0];

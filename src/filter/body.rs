@@ -8,9 +8,9 @@ use super::{Filter, Host, Verdict};
 use crate::access_log;
 use crate::config::Policy;
 use crate::reply::{self, GrpcStatus, LocalReply};
-use crate::usage::request as request_body;
 use crate::request::{Attributes, Snapshot};
 use crate::tab::{Entry, Tab};
+use crate::usage::request as request_body;
 
 impl Filter {
     /// Whether a request with a body is decided once its body has come (`Plan::reads_body`):

@@ -428,7 +428,12 @@ mod tests {
         assert_eq!(read(r#"{"model": 5}"#).model, None);
         // Read as leniently as pydantic reads them; what no reader takes for a number asks for
         // no limit.
-        let caps = [("1.5", 2), ("1e3", 1000), (r#""100""#, 100), ("5000.0", 5000)];
+        let caps = [
+            ("1.5", 2),
+            ("1e3", 1000),
+            (r#""100""#, 100),
+            ("5000.0", 5000),
+        ];
         for (cap, tokens) in caps {
             let body = format!(r#"{{"max_tokens": {cap}}}"#);
             assert_eq!(read(&body).max_output_tokens, Some(tokens), "{cap}");

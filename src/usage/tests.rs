@@ -176,7 +176,8 @@ fn usage_is_read_at_the_top_level_or_under_response_or_message_only() {
     }
     let one_level_down = r#"{"type": "message_start", "message": {"usage": {"input_tokens": 3}}}"#;
     assert_eq!(json(one_level_down), Reading::Missing, "a first guess only");
-    let confirmed = r#"[{"message": {"usage": {"input_tokens": 3}}}, {"usage": {"output_tokens": 2}}]"#;
+    let confirmed =
+        r#"[{"message": {"usage": {"input_tokens": 3}}}, {"usage": {"output_tokens": 2}}]"#;
     assert_eq!(json(confirmed), found(Some(3), Some(2), Some(5)));
     let gemini = r#"{"response": {"usageMetadata": {"totalTokenCount": 4}}}"#;
     assert_eq!(json(gemini), found(None, None, Some(4)));
@@ -568,7 +569,8 @@ fn expected_document(document: &Map<String, Value>, counts: &mut Counts) -> Resu
             }
             ("response" | "message", Value::Object(wrapper)) => {
                 for (inner, value) in wrapper {
-                    if let ("usage" | "usageMetadata", Value::Object(usage)) = (inner.as_str(), value)
+                    if let ("usage" | "usageMetadata", Value::Object(usage)) =
+                        (inner.as_str(), value)
                     {
                         expected_usage(usage, counts, key == "message")?;
                     }
