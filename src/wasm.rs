@@ -587,7 +587,11 @@ impl Exchange {
         self.ask_stream_usage(&admitted);
         self.reported = admitted.reported;
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
-            let live = (filter.clone(), Response::new(tab, admitted.record));
+            let response = Response::new(tab, admitted.record);
+            if let Some(record) = response.record_if_reset(filter) {
+                Envoy.record(&record);
+            }
+            let live = (filter.clone(), response);
             LIVE.with(|l| l.borrow_mut().insert(self.id, live));
             self.live = true;
         }

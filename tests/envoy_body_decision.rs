@@ -43,7 +43,11 @@ fn a_thousand_refused_requests_open_no_upstream_request() {
         *statuses.entry(r.status).or_insert(0) += 1;
     }
     assert_eq!(statuses, [(200, 2), (429, 1000)].into());
-    assert_eq!(upstream_requests(&envoy), 2, "only the admitted went upstream");
+    assert_eq!(
+        upstream_requests(&envoy),
+        2,
+        "only the admitted went upstream"
+    );
 }
 
 /// Sends a request's head and the first half of its body, and stalls.
@@ -68,7 +72,9 @@ fn status_of(mut client: TcpStream) -> u16 {
     let _ = client.read_to_end(&mut answer);
     let text = String::from_utf8_lossy(&answer);
     let status = text.split(' ').nth(1).unwrap_or_default();
-    status.parse().unwrap_or_else(|_| panic!("no status in {text:?}"))
+    status
+        .parse()
+        .unwrap_or_else(|_| panic!("no status in {text:?}"))
 }
 
 #[test]

@@ -84,7 +84,10 @@ impl Global {
         let metrics = sluice_testkit::http::get(self.service.addr, "/metrics").text();
         let settlements = metrics.lines().filter(|l| l.contains("settlements"));
         let settlements: Vec<&str> = settlements.collect();
-        assert!(done.is_some(), "{n} {op} settlements applied within 5 s: {settlements:#?}");
+        assert!(
+            done.is_some(),
+            "{n} {op} settlements applied within 5 s: {settlements:#?}"
+        );
     }
 }
 
@@ -115,7 +118,10 @@ fn a_global_budget_asks_the_service_for_every_request_whatever_it_reserves() {
     let allowed = g.service_count("sluice_service_checks_total", &[r#"result="allowed""#]);
     assert_eq!(allowed, 3, "every request admitted was asked about");
     let denied = g.service_count("sluice_service_checks_total", &[r#"result="denied""#]);
-    assert_eq!(denied, 1, "later ones wait out the refusal's retry-after here");
+    assert_eq!(
+        denied, 1,
+        "later ones wait out the refusal's retry-after here"
+    );
 }
 
 #[test]
@@ -299,4 +305,32 @@ fn a_per_model_key_cannot_be_hidden_by_the_shape_of_the_body() {
         before,
         "and never reaches the upstream"
     );
+}
+
+#[test]
+fn a_stream_its_client_leaves_is_logged_with_what_it_was_charged() {
+    let upstream = LlmUpstream::start();
+    let policy = budget(10_000, json!({"reserve": 100, "on_unknown": 700}));
+    let config = json!({"policies": [policy]}).to_string();
+    let envoy = Envoy::options(&config)
+        .upstream(upstream.addr())
+        .access_log(r#"{"text_format": "%FILTER_STATE(wasm.sluice:PLAIN)%\n"}"#)
+        .start();
+    let mut client = std::net::TcpStream::connect(envoy.addr()).unwrap();
+    let body = Api::ChatCompletions.body(true);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nx-api-key: bob\r\nx-test-events: 20\r\n\
+         x-test-event-ms: 200\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    std::io::Write::write_all(&mut client, request.as_bytes()).unwrap();
+    let mut first = [0u8; 512];
+    assert!(
+        std::io::Read::read(&mut client, &mut first).unwrap() > 0,
+        "the stream began"
+    );
+    drop(client);
+    let lines = envoy.access_log(1);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("tokens=llm:100:700"), "{lines:?}");
 }

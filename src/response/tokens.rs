@@ -281,6 +281,25 @@ pub(super) fn settle(
     settled
 }
 
+/// What each metered policy of the tab charges a request that ends before its usage comes.
+pub(super) fn unknown_charges(tab: &Tab, filter: &Filter) -> SmallVec<[Charged; 1]> {
+    let reserved = tab.entries.iter().filter_map(|entry| match entry.held {
+        Held::Reserved { tokens, .. } => Some((entry, tokens)),
+        _ => None,
+    });
+    let charged = reserved.filter_map(|(entry, reserved)| {
+        let policy = filter.plan().policies.get(entry.policy)?;
+        let metered = policy.metered.as_ref()?;
+        Some(Charged {
+            policy: entry.policy,
+            key: entry.key,
+            reserved,
+            charged: charge_of(metered, &entry.tier, reserved, Err(UsageUnknown::Reset)),
+        })
+    });
+    charged.collect()
+}
+
 /// Charges what `entry`'s request used beyond its reservation, or gives back what it did not use.
 fn charge(
     entry: &mut Entry,
