@@ -52,18 +52,19 @@ fn a_thousand_refused_requests_open_no_upstream_request() {
 
 /// Sends a request's head and the first half of its body, and stalls.
 fn stalled(envoy: &Envoy) -> TcpStream {
-    let mut client = TcpStream::connect(envoy.addr()).unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
+    fn fail<T>(e: std::io::Error) -> T {
+        panic!("stalled request: {e}")
+    }
+    let mut client = TcpStream::connect(envoy.addr()).unwrap_or_else(fail);
+    (client.set_read_timeout(Some(Duration::from_secs(30)))).unwrap_or_else(fail);
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nx-test-first-byte-ms: 2000\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         BODY.len()
     );
     let half = &BODY[..BODY.len() / 2];
-    client.write_all(head.as_bytes()).unwrap();
-    client.write_all(half.as_bytes()).unwrap();
+    client.write_all(head.as_bytes()).unwrap_or_else(fail);
+    client.write_all(half.as_bytes()).unwrap_or_else(fail);
     client
 }
 

@@ -98,7 +98,7 @@ fn chat(envoy: &Envoy, headers: &[(&str, &str)], body: &Value) -> LlmResponse {
         headers,
         &body.to_string(),
     )
-    .unwrap()
+    .unwrap_or_else(|e| panic!("POST: {e}"))
 }
 
 #[test]
