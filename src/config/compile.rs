@@ -815,12 +815,14 @@ fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigE
 
 fn on_unknown(at: &str, raw: Option<&serde_json::Value>) -> Result<OnUnknown, ConfigError> {
     match raw {
-        None => Ok(OnUnknown::Reserve),
+        None => Ok(OnUnknown::Max),
+        Some(value) if value.as_str() == Some("max") => Ok(OnUnknown::Max),
         Some(value) if value.as_str() == Some("reserve") => Ok(OnUnknown::Reserve),
         Some(value) => value.as_u64().map(OnUnknown::Tokens).ok_or_else(|| {
             error(
                 format!("{at}.on_unknown"),
-                "\"reserve\" (the reservation stays charged) or a number of tokens",
+                "\"max\" (as much as the key can owe, the default), \"reserve\" (the \
+                 reservation stays charged) or a number of tokens",
             )
         }),
     }
