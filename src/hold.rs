@@ -32,6 +32,11 @@ impl HoldQueue {
         due.into_iter().map(|(_, context)| context).collect()
     }
 
+    /// Whether the request `context` waits here.
+    pub fn holds(&self, context: u32) -> bool {
+        self.held.iter().any(|&(_, c)| c == context)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }

@@ -16,6 +16,11 @@ pub const RATE_LIMITED: &str = "sluice_rate_limited";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused because a policy that fails closed could not
 /// ask the rate-limit service.
 pub const UNAVAILABLE: &str = "sluice_unavailable";
+/// `%RESPONSE_CODE_DETAILS%` of a request refused because a policy needs its body, which is not
+/// one JSON document the filter can read.
+pub const UNREADABLE_BODY: &str = "sluice_unreadable_body";
+/// `%RESPONSE_CODE_DETAILS%` of a request whose body is larger than the filter reads.
+pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
 pub const NOT_CONFIGURED: &str = "sluice_not_configured";
 

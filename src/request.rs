@@ -23,7 +23,7 @@ pub enum Attr {
         namespace: String,
         path: Vec<String>,
     },
-    /// What the JSON request body says, read from its first `BODY_BYTES` (`usage::request`):
+    /// What the JSON request body says, read from the whole of it (`usage::request`):
     /// only requests whose decision waits for their body have one.
     Body(BodyField),
 }
@@ -50,9 +50,10 @@ impl BodyField {
     }
 }
 
-/// The most of a request body the filter reads: what it reserves for and keys on must be
-/// written within it.
-pub const BODY_BYTES: usize = 256 * 1024;
+/// The largest request body the filter reads, whole, when a policy needs it: a larger one is
+/// refused (413). Envoy's own buffer limit (`per_connection_buffer_limit_bytes`, 1 MiB by
+/// default) refuses a body larger than it first.
+pub const BODY_BYTES: usize = 16 * 1024 * 1024;
 
 /// The host's view of one request: raw bytes, as Envoy holds them.
 pub trait RequestSource {
@@ -91,8 +92,7 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
         }
     }
 
-    /// The attributes of `snapshot`, with the start of the request body (at most
-    /// `BODY_BYTES`) for its `Attr::Body` fields.
+    /// The attributes of `snapshot`, with the request body for its `Attr::Body` fields.
     pub fn of_snapshot(
         source: &'a S,
         attrs: &'a [Attr],

@@ -15,6 +15,7 @@ use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
 use crate::tab::Ending;
+use crate::usage::request::asks_stream_usage_on;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
@@ -307,10 +308,79 @@ impl Metrics for Envoy {
     }
 }
 
+/// Whether Envoy holds a request's headers while the filter reads its body. It does when the
+/// plugin sets `allow_on_headers_stop_iteration` (Envoy 1.35 and later): then no request reaches
+/// the upstream before every policy decided. Without it, pausing at the headers stops the body
+/// too and no body callback comes; the filter finds out from the first such request (its bytes
+/// received grow while no body reaches it), says so in Envoy's log, and lets headers go ahead of
+/// the decision from then on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum HeadersHold {
+    #[default]
+    Unknown,
+    Works,
+    Blocked,
+}
+
+/// What a plugin knows of `HeadersHold`, and the requests paused at their headers while it does
+/// not know: each with the bytes Envoy had received of it then.
+#[derive(Debug, Default)]
+struct BodyWait {
+    hold: HeadersHold,
+    probes: Vec<(u32, u64)>,
+}
+
+impl BodyWait {
+    /// A body callback came to a request paused at its headers: Envoy holds headers.
+    fn body_came(&mut self) {
+        if self.hold == HeadersHold::Unknown {
+            self.hold = HeadersHold::Works;
+            self.probes.clear();
+        }
+    }
+
+    /// Looks at the requests paused at their headers while `hold` is unknown: if Envoy received
+    /// more of one without a body callback, it cannot hold headers; the paused requests go on.
+    fn probe(&mut self) {
+        if self.hold != HeadersHold::Unknown || self.probes.is_empty() {
+            return;
+        }
+        let grew = self.probes.iter().any(|&(context, size)| {
+            hostcalls::set_effective_context(context).is_ok() && received() > size
+        });
+        if !grew {
+            return;
+        }
+        self.hold = HeadersHold::Blocked;
+        log::error!(
+            "requests whose body a policy reads go upstream before their decision: set \
+             allow_on_headers_stop_iteration: true in the wasm filter's config (Envoy 1.35+)"
+        );
+        for (context, _) in self.probes.drain(..) {
+            if hostcalls::set_effective_context(context).is_ok() {
+                let _ = hostcalls::resume_http_request();
+            }
+        }
+    }
+}
+
+/// The bytes Envoy received of the current request so far, headers included.
+fn received() -> u64 {
+    let size = Envoy
+        .property(&["request", "total_size"])
+        .unwrap_or_default();
+    let bytes: [u8; 8] = size
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .unwrap_or_default();
+    u64::from_le_bytes(bytes)
+}
+
 #[derive(Default)]
 struct Root {
     filter: Option<Rc<Filter>>,
     held: Rc<RefCell<HoldQueue>>,
+    body_wait: Rc<RefCell<BodyWait>>,
     /// When the once-a-second chores last ran: renewals and the counters' flush.
     last_second: u64,
     /// When refused settlements were last logged (`log_refused_settlements`).
@@ -423,6 +493,9 @@ impl RootContext for Root {
             renew_live();
         }
         flush_outbox(self.filter.as_deref());
+        if let Ok(mut wait) = self.body_wait.try_borrow_mut() {
+            wait.probe();
+        }
         for context in self.held.borrow_mut().due(now) {
             if hostcalls::set_effective_context(context).is_ok() {
                 let _ = hostcalls::resume_http_request();
@@ -442,11 +515,17 @@ impl RootContext for Root {
             id: context_id,
             filter: self.filter.clone(),
             held: self.held.clone(),
+            body_wait: self.body_wait.clone(),
             reported: None,
             pending: None,
             completed: false,
             live: false,
             awaiting_body: None,
+            headers_held: false,
+            stream_path: false,
+            chunked: false,
+            body: None,
+            denied: false,
         }))
     }
 
@@ -496,9 +575,20 @@ struct Exchange {
     completed: bool,
     /// Whether it has a live response in `LIVE` (most requests have none: no lookup then).
     live: bool,
+    body_wait: Rc<RefCell<BodyWait>>,
     /// The request is decided once its body has come (`Filter::reads_body`), from this
     /// snapshot of its headers.
     awaiting_body: Option<Snapshot>,
+    /// Its headers wait for the decision with its body (`HeadersHold`): they can still change.
+    headers_held: bool,
+    /// Its path is one where `ask_stream_usage` applies (`usage::request::asks_stream_usage_on`).
+    stream_path: bool,
+    /// Its headers went ahead without a `content-length`, so that its body may change.
+    chunked: bool,
+    /// Its body, kept while the decision waits for the service when it may be rewritten.
+    body: Option<Vec<u8>>,
+    /// A local reply refused it.
+    denied: bool,
 }
 
 impl Exchange {
@@ -512,7 +602,10 @@ impl Exchange {
                 }
                 Action::Continue
             }
-            Verdict::Denied => Action::Pause,
+            Verdict::Denied => {
+                self.denied = true;
+                Action::Pause
+            }
             Verdict::Waiting(pending) => {
                 self.pending = Some(pending);
                 Action::Pause
@@ -530,9 +623,14 @@ impl Exchange {
 impl Exchange {
     /// Keeps what an admitted request takes with it until its response and its end.
     fn admit(&mut self, admitted: Admitted) {
+        self.ask_stream_usage(&admitted);
         self.reported = admitted.reported;
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
-            let live = (filter.clone(), Response::new(tab, admitted.record));
+            let response = Response::new(tab, admitted.record);
+            if let Some(record) = response.record_if_reset(filter) {
+                Envoy.record(&record);
+            }
+            let live = (filter.clone(), response);
             LIVE.with(|l| l.borrow_mut().insert(self.id, live));
             self.live = true;
         }
@@ -572,23 +670,50 @@ impl Exchange {
         self.end();
     }
 
-    /// Decides a request whose headers waited for its body, from the body's start; rewrites the
-    /// whole body when a policy asks the stream for its usage.
-    fn decide_with_body(&mut self, filter: &Filter, size: usize, whole: bool) -> Action {
+    /// Whether the request stays stopped where the filter stopped it: refused, waiting for the
+    /// service, or held for its turn. Envoy (holding headers) still passes its body and
+    /// trailers as they come; they must wait too.
+    fn stopped(&self) -> bool {
+        self.denied || self.pending.is_some() || self.held.borrow().holds(self.id)
+    }
+
+    /// Decides a request whose decision waited for its whole body (buffered by Envoy).
+    fn decide_with_body(&mut self, filter: &Filter) -> Action {
         let snapshot = self.awaiting_body.take().unwrap_or_default();
-        let read = size.min(BODY_BYTES);
-        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, read)
+        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, BODY_BYTES + 1)
             .ok()
             .flatten()
             .unwrap_or_default();
+        if body.len() > BODY_BYTES {
+            filter.refuse_body(&Envoy, 413, reply::BODY_TOO_LARGE, "request_body_too_large");
+            return Action::Pause;
+        }
         let verdict = filter.on_request_body(&Envoy, snapshot, &body);
-        if let Verdict::Continue(admitted) = &verdict {
-            let rewritten = whole.then(|| filter.stream_usage_body(admitted.tab.as_ref(), &body));
-            if let Some(new) = rewritten.flatten() {
-                let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, size, &new);
-            }
+        if self.stream_path {
+            self.body = Some(body);
         }
         self.act(verdict, false)
+    }
+
+    /// Rewrites the body of an admitted request that a policy asks a stream for its usage of
+    /// (`Filter::stream_usage_body`): the body is Envoy's buffered one, whenever the decision
+    /// came (at once, or after a call to the service).
+    fn ask_stream_usage(&mut self, admitted: &Admitted) {
+        let (Some(filter), Some(body)) = (&self.filter, self.body.take()) else {
+            return;
+        };
+        let Some(new) = filter.stream_usage_body(admitted.tab.as_ref(), &body) else {
+            return;
+        };
+        let _ = hostcalls::set_buffer(BufferType::HttpRequestBody, 0, body.len(), &new);
+        if self.headers_held {
+            let length = new.len().to_string();
+            let _ = hostcalls::set_map_value(
+                MapType::HttpRequestHeaders,
+                "content-length",
+                Some(length.as_str()),
+            );
+        }
     }
 }
 
@@ -599,6 +724,9 @@ impl Context for Exchange {
         // the slots it named, now or when the check comes; they are given back.
         if let (Some(filter), Some(pending)) = (&self.filter, self.pending.take()) {
             filter.abandon(&Envoy, pending);
+        }
+        if let Ok(mut wait) = self.body_wait.try_borrow_mut() {
+            wait.probes.retain(|&(context, _)| context != self.id);
         }
         self.end();
         true
@@ -642,34 +770,71 @@ impl HttpContext for Exchange {
             return Action::Pause;
         };
         if filter.reads_body() && !end_of_stream {
-            // Paused headers would hold the body back too (proxy-wasm stops all iteration), so
-            // the headers go on and the body is held until the decision: a refused request
-            // never reaches the upstream with its body.
             self.awaiting_body = Some(filter.snapshot(&Envoy));
-            if filter.rewrites_body() {
-                // The body may grow; the upstream then takes it chunked.
-                let _ =
-                    hostcalls::set_map_value(MapType::HttpRequestHeaders, "content-length", None);
+            self.stream_path = filter.rewrites_body()
+                && Envoy
+                    .header(":path")
+                    .is_some_and(|path| asks_stream_usage_on(&path));
+            let Ok(mut wait) = self.body_wait.try_borrow_mut() else {
+                return Action::Continue;
+            };
+            match wait.hold {
+                HeadersHold::Blocked => {
+                    // The headers go ahead; the body is held until the decision. A body that
+                    // may grow goes chunked.
+                    if self.stream_path {
+                        let _ = hostcalls::set_map_value(
+                            MapType::HttpRequestHeaders,
+                            "content-length",
+                            None,
+                        );
+                        self.chunked = true;
+                    }
+                    return Action::Continue;
+                }
+                HeadersHold::Unknown => wait.probes.push((self.id, received())),
+                HeadersHold::Works => {}
             }
-            return Action::Continue;
+            self.headers_held = true;
+            return Action::Pause;
         }
         let verdict = filter.on_request_headers(&Envoy);
         self.act(verdict, false)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if self.stopped() {
+            return Action::Pause;
+        }
         let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body.is_some()) else {
             return Action::Continue;
         };
-        if !end_of_stream && body_size < BODY_BYTES {
+        if let Ok(mut wait) = self.body_wait.try_borrow_mut() {
+            // Headers let go when Envoy could not hold them can no longer change.
+            self.headers_held &= wait.hold != HeadersHold::Blocked;
+            if self.headers_held {
+                wait.body_came();
+            }
+        }
+        // Headers let go with the body's length (found out too late) keep the body as sent.
+        self.stream_path &= self.headers_held || self.chunked;
+        if body_size > BODY_BYTES {
+            filter.refuse_body(&Envoy, 413, reply::BODY_TOO_LARGE, "request_body_too_large");
+            self.awaiting_body = None;
             return Action::Pause;
         }
-        self.decide_with_body(&filter, body_size, end_of_stream && body_size <= BODY_BYTES)
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        self.decide_with_body(&filter)
     }
 
     fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if self.stopped() {
+            return Action::Pause;
+        }
         match self.filter.clone().filter(|_| self.awaiting_body.is_some()) {
-            Some(filter) => self.decide_with_body(&filter, BODY_BYTES, false),
+            Some(filter) => self.decide_with_body(&filter),
             None => Action::Continue,
         }
     }

@@ -1,6 +1,7 @@
 //! Every metric name the docs give is one the code exports: each `sluice_…` name in README.md,
 //! docs/, envoy/ and deploy/observability/ (alerts, their tests, the rule, the dashboard) must be
-//! a series of the filter or of the service, or the start of some (`sluice_service_rls_*`).
+//! a series of the filter or of the service, or the start of some (`sluice_service_rls_*`). And
+//! the other way round: every series the code exports is named in README.md or docs/*.md.
 //!
 //! The exported names come from the code, not from a list here: the filter's counters as
 //! `Counters::define` names them for each shipped configuration and for a concurrency and a
@@ -76,6 +77,36 @@ fn every_metric_name_in_the_docs_is_one_the_code_exports() {
     assert!(
         checked > 100,
         "only {checked} metric names found in the docs"
+    );
+}
+
+/// The other way round: every series the code exports is named in README.md or docs/*.md, where
+/// an operator looks for what it counts: the filter's as `/stats/prometheus` names them with the
+/// bootstraps' `stats_tags`, the service's families with any of their samples' suffixes.
+#[test]
+fn every_metric_the_code_exports_is_named_in_the_docs() {
+    let pages: Vec<String> = std::iter::once(repo_root().join("README.md"))
+        .chain(files("docs", &["md"]))
+        .map(|path| std::fs::read_to_string(path).unwrap())
+        .collect();
+    let named: BTreeSet<&str> = (pages.iter())
+        .flat_map(|text| sluice_names(text))
+        .map(|(_, name, _)| name)
+        .collect();
+    let mut missing: Vec<String> = filter_tagged_series()
+        .into_iter()
+        .filter(|series| !named.contains(series.as_str()))
+        .collect();
+    for family in service_families() {
+        let with = |suffix: &&str| named.contains(format!("{family}{suffix}").as_str());
+        if !SAMPLE_SUFFIXES.iter().any(with) {
+            missing.push(family);
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "series the code exports that no page of the docs names:\n  {}",
+        missing.join("\n  ")
     );
 }
 
@@ -181,6 +212,25 @@ fn shipped_plans() -> Vec<sluice::config::Plan> {
     }
     assert!(plans.len() >= 2, "{plans:?}");
     plans
+}
+
+/// The filter's series as `/stats/prometheus` names them with the bootstraps' `stats_tags`
+/// (`sluice_requests_total`), for the shipped configurations and a concurrency and a metered
+/// policy.
+fn filter_tagged_series() -> BTreeSet<String> {
+    let host = Recorder::default();
+    for plan in shipped_plans()
+        .into_iter()
+        .chain([plan_with_slots_and_tokens()])
+    {
+        Counters::define(&host, &plan);
+    }
+    count_config_error(&host);
+    let names = host.0.into_inner();
+    names
+        .iter()
+        .map(|name| prometheus_name(&without_labels(name)))
+        .collect()
 }
 
 /// A concurrency policy and a metered one: the series of their slots and tokens are the

@@ -1,9 +1,9 @@
 //! Every request example in the docs, run against the real thing, so that the docs stay true:
 //! each `curl` of docs/service-api.md (checks and settlements) against a real sluice-service and
 //! Redis (its answers are the ```json block after it, one line per call, the same command sent
-//! again for each), the README's 429 against a real Envoy with envoy/demo.yaml's
-//! configuration, and each whole configuration the README and docs/algorithms.md show against the
-//! filter's parser.
+//! again for each), the 429 of the README and docs/responses.md against a real Envoy with
+//! envoy/demo.yaml's configuration, and each whole configuration the README and docs/*.md show
+//! against the filter's parser.
 //!
 //! Durations (`*_ms`) depend on when a call lands: they must agree within `SLACK_MS`, and for
 //! epoch-aligned windows the test first waits for the moment of the window the example was taken
@@ -19,6 +19,7 @@
 )]
 
 use serde_json::Value;
+use sluice_testkit::docs::files;
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::http::{http_request, post_json};
 use sluice_testkit::redis::RedisServer;
@@ -209,16 +210,30 @@ fn every_service_api_example_gives_the_answers_the_doc_shows() {
     );
 }
 
-/// Every ```` ```json ```` block of the README and docs/algorithms.md that is a whole
-/// configuration (an object with `policies`) is one the filter takes, every variable it names
-/// set. Fragments (a `"tiers"` member, a `"global"` one) are left to the schema's examples.
+/// README.md and docs/*.md: each page's path from the repo root, and its text.
+fn pages() -> Vec<(String, String)> {
+    let docs = files("docs", &["md"]).into_iter().map(|path| {
+        let page = path
+            .strip_prefix(repo_root())
+            .unwrap()
+            .display()
+            .to_string();
+        (page, std::fs::read_to_string(&path).unwrap())
+    });
+    std::iter::once(("README.md".to_string(), README.to_string()))
+        .chain(docs)
+        .collect()
+}
+
+/// Every ```` ```json ```` block of the README and docs/*.md that is a whole configuration (an
+/// object with `policies`) is one the filter takes, every variable it names set. Fragments (a
+/// `"tiers"` member, a `"global"` one) are left to the schema's examples.
 #[test]
 fn every_whole_configuration_the_docs_show_is_one_the_filter_takes() {
-    let algorithms = std::fs::read_to_string(repo_root().join("docs/algorithms.md")).unwrap();
     let env = |_: &str| Some("a-secret-from-the-deployment, 32 bytes or more".to_string());
     let mut checked = 0;
-    for (page, markdown) in [("README.md", README), ("docs/algorithms.md", &algorithms)] {
-        for (lang, text) in blocks(markdown) {
+    for (page, markdown) in pages() {
+        for (lang, text) in blocks(&markdown) {
             let Ok(config) = serde_json::from_str::<Value>(&text) else {
                 continue;
             };
@@ -248,25 +263,39 @@ fn demo_configuration() -> String {
     value.as_str().unwrap().to_string()
 }
 
+/// The README and docs/responses.md show the 429 that `make run` gives alice's sixth request.
 #[test]
-fn the_readmes_429_is_what_the_demo_answers_alice_sixth_request() {
-    let (_, example) = blocks(README)
+fn the_docs_429_is_what_the_demo_answers_alice_sixth_request() {
+    let responses = std::fs::read_to_string(repo_root().join("docs/responses.md")).unwrap();
+    let examples: Vec<String> = [README, responses.as_str()]
         .into_iter()
-        .find(|(lang, text)| *lang == "http" && text.contains(" 429 "))
-        .expect("the README shows a 429");
-    let (head, body) = example.split_once("\n\n").unwrap();
+        .flat_map(|page| {
+            let http = blocks(page).into_iter();
+            http.filter(|(lang, text)| *lang == "http" && text.contains(" 429 "))
+                .map(|(_, text)| text)
+                .take(1)
+        })
+        .collect();
+    assert_eq!(
+        examples.len(),
+        2,
+        "the README and docs/responses.md each show a 429"
+    );
     let envoy = Envoy::start(&demo_configuration());
     let alice: &[(&str, &[u8])] = &[("x-user-id", b"alice")];
     for _ in 0..5 {
         assert_eq!(envoy.get("/api/hello", alice).status, 200);
     }
     let denied = envoy.get("/api/hello", alice);
-    let mut lines = head.lines();
-    assert_eq!(lines.next(), Some("HTTP/1.1 429 Too Many Requests"));
     assert_eq!(denied.status, 429);
-    for line in lines {
-        let (name, value) = line.split_once(": ").unwrap();
-        assert_eq!(denied.header(name), Some(value), "{name} in {denied:?}");
+    for example in examples {
+        let (head, body) = example.split_once("\n\n").unwrap();
+        let mut lines = head.lines();
+        assert_eq!(lines.next(), Some("HTTP/1.1 429 Too Many Requests"));
+        for line in lines {
+            let (name, value) = line.split_once(": ").unwrap();
+            assert_eq!(denied.header(name), Some(value), "{name} in {denied:?}");
+        }
+        assert_eq!(denied.text(), body.trim_end());
     }
-    assert_eq!(denied.text(), body.trim_end());
 }

@@ -302,7 +302,7 @@ fn the_access_log_shows_a_denials_details_policy_and_key_which_a_bypass_then_tak
 
 // --- Labelled metrics.
 
-/// With the demo's stats tags and the stats matcher the README gives Istio users
+/// With the demo's stats tags and the stats matcher docs/deployment.md#istio gives Istio users
 /// (`proxyStatsMatcher`), which keeps sluice's counters and drops Envoy's own.
 #[test]
 fn prometheus_labels_each_policy_apart_even_names_that_flatten_alike() {

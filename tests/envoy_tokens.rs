@@ -294,7 +294,8 @@ fn envoys_own_ratelimit_filter_charges_the_usage_sluice_read_when_the_stream_is_
     meter["mode"] = json!("shadow");
     let plugin = json!({"policies": [meter]}).to_string();
     let sluice = json!({"@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-        "config": {"name": "sluice", "root_id": "sluice", "vm_config": {"vm_id": "sluice",
+        "config": {"name": "sluice", "root_id": "sluice",
+        "allow_on_headers_stop_iteration": true, "vm_config": {"vm_id": "sluice",
         "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": wasm_path()}}},
         "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue",
         "value": plugin}}});

@@ -1,5 +1,5 @@
-//! The README's commands as a user runs them: `make run`, `make run-global` and `make run-rls`, each serving on
-//! free ports for a few seconds, get the README's curl commands (its ports replaced by theirs)
+//! The README's commands as a user runs them: `make run`, `make run-llm`, `make run-global` and
+//! `make run-rls`, each serving on free ports for a few seconds, get the README's curl commands (its ports replaced by theirs)
 //! and must give the answers the README promises. `make test` has built the wasm and the
 //! service before the tests run, so the targets' build steps are no-ops here.
 
@@ -23,6 +23,8 @@ const ALICE_EIGHT: &str = r"for i in $(seq 8); do curl -s -o /dev/null -w '%{htt
 const ALICE_SEVEN: &str = r"for i in $(seq 7); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user-id: alice' localhost:10000/api/hello; done";
 const BOB: &str = "curl -si -H 'x-user-id: bob' localhost:10000/api/hello";
 const STATS: &str = "curl -s localhost:9901/stats/prometheus | grep sluice_requests_total";
+const TEAM_A_SIX: &str = r"for i in $(seq 6); do curl -s -o /dev/null -w '%{http_code}\n' -H 'x-api-key: team-a' localhost:10000/v1/chat/completions; done";
+const TOKENS: &str = "curl -s localhost:9901/stats/prometheus | grep sluice_tokens_charged_total";
 const METRICS: &str = "curl -s localhost:8080/metrics | grep sluice_";
 
 /// The filter hands its counters to Envoy once a second; the README says up to about 2 s.
@@ -46,6 +48,24 @@ fn make_run_gives_alice_five_200s_then_429s_bob_a_200_and_the_counters() {
     assert!(bob.starts_with("HTTP/1.1 200"), "bob: {bob}");
     assert!(stats.is_some(), "{}", last_stats(&run));
     run.printed_the_commands(&[ALICE_EIGHT, BOB, STATS]);
+}
+
+#[test]
+fn make_run_llm_gives_team_a_four_calls_on_its_token_budget_then_429s() {
+    let run = Serving::start("run-llm");
+
+    let team_a = sh(&run, TEAM_A_SIX);
+    let charged = wait_for(COUNTERS_WITHIN, || {
+        let stats = sh(&run, TOKENS);
+        let line = r#"sluice_tokens_charged_total{sluice_policy="llm-tokens"} 6000"#;
+        stats.lines().any(|l| l == line).then_some(stats)
+    });
+
+    // 5,000 tokens a minute, 500 reserved and 1,500 charged a call: three calls leave 500, the
+    // fourth reserves them and leaves the key about 1,000 in debt.
+    assert_eq!(team_a, "200\n200\n200\n200\n429\n429\n");
+    assert!(charged.is_some(), "{}", sh(&run, TOKENS));
+    run.printed_the_commands(&[TEAM_A_SIX, TOKENS]);
 }
 
 #[test]

@@ -35,6 +35,7 @@ def wasm_filter(filename, configuration=None, root_id=""):
     config = {
         "name": "bench",
         "root_id": root_id,
+        "allow_on_headers_stop_iteration": True,
         "vm_config": {
             "vm_id": "bench",
             "runtime": "envoy.wasm.runtime.v8",

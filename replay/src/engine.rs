@@ -444,7 +444,7 @@ fn charges(plan: &Plan, tab: &Tab, record: &Record) -> SmallVec<[Charge; 1]> {
         });
         charges.push(Charge {
             policy: entry.policy,
-            tokens: charge_of(metered, reserved, cost),
+            tokens: charge_of(metered, &entry.tier, reserved, cost),
             unknown,
         });
     }

@@ -620,7 +620,7 @@ fn the_replay_honours_a_rollout_none_and_all_exactly_and_counts_its_two_groups()
     );
 }
 
-/// The workspace root, where the README's commands run.
+/// The workspace root, where the docs' commands run.
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

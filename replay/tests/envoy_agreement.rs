@@ -59,7 +59,7 @@ fn config() -> Value {
 }
 
 /// The route `static` switches the filter off, so `static-cap` never applies (Envoy's own
-/// per-route scope, the README's first).
+/// per-route scope, the first of docs/configuration.md#per-route-scope).
 fn static_route() -> (&'static str, &'static str, [&'static str; 1]) {
     (
         "static",
@@ -335,7 +335,8 @@ fn token_budget() -> Value {
     json!({"policies": [{"name": "llm", "key": ["header:x-team", "body:model"],
         "requests": 1000, "per": "1d",
         "cost": {"from_response": {"usage": "total_tokens"},
-                 "reserve": {"request": "max_tokens", "default": 100}, "max_debt": 500}}]})
+                 "reserve": {"request": "max_tokens", "default": 100}, "max_debt": 500,
+                 "on_unknown": "reserve"}}]})
 }
 
 /// One chat completion: the team, the model, its `max_tokens`, the upstream's `x-test-usage`,
@@ -471,7 +472,7 @@ fn a_token_budget_per_team_and_model_replays_as_envoy_charged_it_request_by_requ
     // (the reservation: none here).
     let looser = json!({"policies": [{"name": "llm", "key": ["header:x-team", "body:model"],
         "requests": 100000, "per": "1d", "cost": {"from_response":
-        {"usage": {"input_tokens": 1, "output_tokens": 4}}}}]});
+        {"usage": {"input_tokens": 1, "output_tokens": 4}}, "on_unknown": "reserve"}}]});
     let looser_path = dir.path().join("looser.json");
     std::fs::write(&looser_path, looser.to_string()).unwrap();
     let log_path = dir.path().join("access.json");

@@ -136,7 +136,7 @@ impl Args {
 }
 
 /// How many connections, and how long each may wait: defaults that hold on a process limit of
-/// 1,024 file descriptors (docs/service-api.md, "Connections").
+/// 1,024 file descriptors (docs/service-api.md#connections).
 #[derive(ClapArgs, Debug)]
 pub struct ConnectionArgs {
     /// Connections open at once, both servers together; at the cap the idle connection that did

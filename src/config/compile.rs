@@ -245,15 +245,15 @@ impl Compiler {
             return Err(error(
                 format!("{at}.cost"),
                 "an RLS is charged a response's usage by Envoy's own ratelimit filter \
-                 (apply_on_stream_done, hits_addend from the usage this filter writes: README, \
-                 Token budgets): meter with a local policy",
+                 (apply_on_stream_done, hits_addend from the usage this filter writes: \
+                 docs/token-budgets.md#local-global-or-envoys-own-filter): meter with a local policy",
             ));
         }
         if raw.algorithm == Kind::Concurrency && policy.asks_rls(service) {
             return Err(error(
                 format!("{at}.scope"),
                 "an RLS counts requests in flight through Envoy's own ratelimit filter \
-                 (is_negative_hits on stream done, docs/rls.md): a global concurrency policy \
+                 (is_negative_hits on stream done, docs/rls.md#concurrency-limits): a global concurrency policy \
                  needs sluice-service",
             ));
         }
@@ -833,12 +833,14 @@ fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigE
 
 fn on_unknown(at: &str, raw: Option<&serde_json::Value>) -> Result<OnUnknown, ConfigError> {
     match raw {
-        None => Ok(OnUnknown::Reserve),
+        None => Ok(OnUnknown::Max),
+        Some(value) if value.as_str() == Some("max") => Ok(OnUnknown::Max),
         Some(value) if value.as_str() == Some("reserve") => Ok(OnUnknown::Reserve),
         Some(value) => value.as_u64().map(OnUnknown::Tokens).ok_or_else(|| {
             error(
                 format!("{at}.on_unknown"),
-                "\"reserve\" (the reservation stays charged) or a number of tokens",
+                "\"max\" (as much as the key can owe, the default), \"reserve\" (the \
+                 reservation stays charged) or a number of tokens",
             )
         }),
     }

@@ -31,6 +31,23 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Whether `policy` reads the request body: a key part from it, a reservation from
+    /// `max_tokens`, or `ask_stream_usage`.
+    pub fn policy_reads_body(&self, policy: &Policy) -> bool {
+        let is_body = |source: &crate::key::Source| match source {
+            crate::key::Source::Attr(i) => matches!(self.attrs.get(*i), Some(Attr::Body(_))),
+            crate::key::Source::Global => false,
+        };
+        let keyed = self.tables.get(policy.table).is_some_and(|table| {
+            let mut sources = table.key.iter().flat_map(|part| &part.alternatives);
+            sources.any(is_body)
+        });
+        let metered = policy.metered.as_ref().is_some_and(|m| {
+            m.ask_stream_usage || matches!(m.reserve, Reserve::MaxOutputTokens { .. })
+        });
+        keyed || metered
+    }
+
     /// The policy named `name`.
     pub fn policy_index(&self, name: &[u8]) -> Option<usize> {
         self.policies.iter().position(|p| p.name.as_bytes() == name)
@@ -155,6 +172,9 @@ impl Reserve {
 /// What a response whose usage never comes (aborted, failed, unreadable) is charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnUnknown {
+    /// As much as the key can owe: its capacity and its debt (the default). No call whose usage
+    /// is read could cost the key more, so hiding the usage never costs a client less.
+    Max,
     /// Its reservation stays charged.
     Reserve,
     Tokens(u64),

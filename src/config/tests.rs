@@ -870,13 +870,14 @@ fn with_cost(cost: Value) -> Value {
 }
 
 #[test]
-fn a_cost_read_from_the_response_reserves_nothing_and_owes_a_burst_by_default() {
+fn a_cost_read_from_the_response_reserves_nothing_owes_a_burst_and_charges_the_most_unknown_by_default(
+) {
     let config = with_cost(json!({"from_response": {"usage": "total_tokens"}}));
     let plan = parse(config.to_string().as_bytes()).unwrap();
     let policy = &plan.policies[0];
     let metered = policy.metered.as_ref().unwrap();
     assert_eq!(metered.reserve, Reserve::Tokens(0));
-    assert_eq!(metered.on_unknown, OnUnknown::Reserve);
+    assert_eq!(metered.on_unknown, OnUnknown::Max);
     assert_eq!(metered.max_debt(&policy.tier), 1000, "one burst");
     assert_eq!(policy.cost, 0);
     assert!(!metered.ask_stream_usage);

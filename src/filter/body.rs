@@ -7,8 +7,10 @@
 use super::{Filter, Host, Verdict};
 use crate::access_log;
 use crate::config::Policy;
+use crate::reply::{self, GrpcStatus, LocalReply};
 use crate::request::{Attributes, Snapshot};
 use crate::tab::{Entry, Tab};
+use crate::usage::request as request_body;
 
 impl Filter {
     /// Whether a request with a body is decided once its body has come (`Plan::reads_body`):
@@ -28,20 +30,45 @@ impl Filter {
         self.plan.policies.iter().any(Policy::asks_stream_usage)
     }
 
-    /// Decides a request from its `snapshot` and the start of its body (at most `BODY_BYTES`).
+    /// Decides a request from its `snapshot` and its whole body (at most `BODY_BYTES`), read as
+    /// a JSON reader that skips a byte-order mark reads it. A body that is not one JSON document
+    /// is refused (400) when a policy that reads it applies.
     /// What the policies read of the body is published for the access log first
     /// (`access_log::body_states`), refused or not.
     pub fn on_request_body(&self, host: &impl Host, snapshot: Snapshot, body: &[u8]) -> Verdict {
         let attrs = &self.plan.attrs;
+        let body = request_body::without_bom(body);
         let mut request = Attributes::of_snapshot(host, attrs, snapshot, body);
+        if !body.is_empty() && !request_body::readable(body) && self.body_needed(&mut request) {
+            self.refuse_body(host, 400, reply::UNREADABLE_BODY, "unreadable_request_body");
+            return Verdict::Denied;
+        }
         for (name, value) in access_log::body_states(&mut request) {
             host.publish(&name, &value);
         }
         self.decide(host, request)
     }
 
+    /// Whether a policy that reads the body applies to the request, by its matcher (whatever
+    /// its key): a body it cannot read must not let the request pass unlimited.
+    fn body_needed<H: Host>(&self, request: &mut Attributes<'_, H>) -> bool {
+        let plan = &self.plan;
+        let mut reading = plan.policies.iter().filter(|p| plan.policy_reads_body(p));
+        reading.any(|policy| policy.matcher.matches(request))
+    }
+
+    /// Refuses a request for its body (`status`, `details`), with a JSON `error`.
+    pub fn refuse_body(&self, host: &impl Host, status: u32, details: &'static str, error: &str) {
+        let body = format!(r#"{{"error":"{error}"}}"#);
+        let mut reply = LocalReply::new(status, details, GrpcStatus::InvalidArgument, body);
+        reply.add_header("content-type", "application/json");
+        host.send_response(&reply);
+    }
+
     /// The body to send upstream instead of `body` (the whole of it), when a policy that admitted
     /// the request asks a stream for its usage (`ask_stream_usage`) and the request does not.
+    /// The glue asks only for requests to an API that defines how
+    /// (`usage::request::asks_stream_usage_on`).
     pub fn stream_usage_body(&self, tab: Option<&Tab>, body: &[u8]) -> Option<Vec<u8>> {
         let asks = |entry: &Entry| {
             let policy = self.plan.policies.get(entry.policy);
@@ -50,6 +77,6 @@ impl Filter {
         if !tab?.entries.iter().any(asks) {
             return None;
         }
-        crate::usage::request::ask_stream_usage(body)
+        request_body::ask_stream_usage(request_body::without_bom(body))
     }
 }

@@ -626,7 +626,7 @@ fn own_secret(
     let secret = stored().and_then(|(secret, _)| secret).unwrap_or(fresh);
     if secret == fresh {
         log::warn!(
-            "no hash_secret_env: slots are keyed with a random secret of this Envoy's own, but global keys, bypass key_hash entries and log lines use the public key, under which anyone can hash keys (see the README, Key hashing)"
+            "no hash_secret_env: slots are keyed with a random secret of this Envoy's own, but global keys, bypass key_hash entries and log lines use the public key, under which anyone can hash keys (see docs/configuration.md#key-hashing)"
         );
     }
     Ok(secret)

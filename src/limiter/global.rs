@@ -75,9 +75,14 @@ impl<'a> Marks<'a> {
 }
 
 /// Judges a global member on its words of the slot. `None`: only the service can answer.
+///
+/// `from_grant`: whether tokens granted earlier may pay for the request. A metered policy's may
+/// not: what its request takes is only a reservation against a usage not known yet, which only
+/// the service can settle, so every such request is asked about (and its usage reaches the
+/// service).
 pub(super) fn judge(
     on_failure: OnFailure,
-    cost: u64,
+    (cost, from_grant): (u64, bool),
     member: &Member,
     state: &mut [u64],
     now: u64,
@@ -117,7 +122,7 @@ pub(super) fn judge(
             let wait = *marks.blocked - now;
             Some((denied(wait, wait), Basis::OverLimit))
         }
-        _ if spendable >= cost => {
+        _ if from_grant && spendable >= cost => {
             *marks.granted = spendable - cost;
             let reset_after = marks.reset_at.saturating_sub(now);
             let decision = allowed(marks.remaining.saturating_add(*marks.granted), reset_after);
@@ -204,8 +209,11 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
     Check {
         // A reservation of nothing asks whether a token is left, and takes none.
         cost: member.cost.max(1),
+        // A metered policy's reservation is taken exactly: settled against the usage later, a
+        // grant beyond it would be spent without the service.
         take: Some(match member.cost {
             0 => 0,
+            cost if policy.metered.is_some() => cost.min(capacity),
             cost => policy.take.max(cost).min(capacity),
         }),
         slot: member.slot.map(slot_name),
@@ -356,7 +364,7 @@ mod tests {
         let Scope::Global(on_failure) = plan.policies[0].scope else {
             panic!("a global policy");
         };
-        judge(on_failure, 1, &member(plan, service), state, now)
+        judge(on_failure, (1, true), &member(plan, service), state, now)
     }
 
     fn basis(verdict: Verdict) -> Option<(bool, Basis)> {

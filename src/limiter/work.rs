@@ -281,7 +281,8 @@ fn judge_member(
             (decision.map(|d| (d, Basis::Bucket)), None)
         }
         Scope::Global(on_failure) => {
-            let verdict = global::judge(on_failure, member.cost, member, state, now);
+            let from_grant = policy.metered.is_none();
+            let verdict = global::judge(on_failure, (member.cost, from_grant), member, state, now);
             (verdict, None)
         }
     }

@@ -40,6 +40,15 @@ impl Response {
         }
     }
 
+    /// The access-log record of the request should it end before its response: Envoy writes a
+    /// reset stream's access log before the filter learns of its end, so the admission leaves
+    /// what such an ending charges (`None` without a metered policy); the end writes the
+    /// record again with what it did charge.
+    pub fn record_if_reset(&self, filter: &Filter) -> Option<String> {
+        let charged = tokens::unknown_charges(&self.tab, filter);
+        tokens::record(self.record.clone(), &charged, filter)
+    }
+
     /// Whether it holds slots, to be renewed while it lives.
     pub fn holds_slots(&self) -> bool {
         self.tab.holds_slots()

@@ -507,6 +507,7 @@ fn the_usage_a_body_reported_is_published_as_counts_and_read_back_alike() {
         input: Some(1),
         output: Some(299),
         total: Some(300),
+        provisional: false,
     };
     assert_eq!(read_usage_text(published.as_bytes()), Some(Ok(counts)));
     let mut cut = start(&filter, &host, ALICE).unwrap();
@@ -523,6 +524,7 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
         input,
         output,
         total,
+        provisional: false,
     };
     let written = [
         Ok(some(Some(10), Some(20), Some(30))),
@@ -571,6 +573,7 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
         input: Some(10),
         output: Some(20),
         total: None,
+        provisional: false,
     };
     let source = &metered(OnUnknown::Reserve).source;
     let no_header = |_: &str| None;
@@ -587,9 +590,16 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
     let found = |name: &str| (name == "x-usage").then_some(42);
     assert_eq!(cost(&header, missing, found, Ending::Reset), Ok(42));
     let unknown = Err(UsageUnknown::Invalid);
-    assert_eq!(charge_of(&metered(OnUnknown::Reserve), 100, unknown), 100);
-    assert_eq!(charge_of(&metered(OnUnknown::Tokens(7)), 100, unknown), 7);
-    assert_eq!(charge_of(&metered(OnUnknown::Tokens(7)), 100, Ok(90)), 90);
+    let (filter, _) = setup(json!([budget(json!({}))]));
+    let tier = &filter.plan().policies[0].tier;
+    let charge = |on_unknown, cost| charge_of(&metered(on_unknown), tier, 100, cost);
+    assert_eq!(charge(OnUnknown::Reserve, unknown), 100);
+    assert_eq!(charge(OnUnknown::Tokens(7), unknown), 7);
+    assert_eq!(charge(OnUnknown::Tokens(7), Ok(90)), 90);
+    // As much as the key can owe: its capacity and, by default, as much again in debt.
+    let capacity = tier.algorithm.capacity();
+    assert_eq!(charge(OnUnknown::Max, unknown), 2 * capacity);
+    assert_eq!(charge(OnUnknown::Max, Ok(90)), 90);
     assert_eq!(settle_op(100, 90), Some(Op::Refund(10)));
     assert_eq!(settle_op(100, 130), Some(Op::Charge(30)));
     assert_eq!(settle_op(100, 100), None);

@@ -11,10 +11,10 @@
 //! need not be the one that wrote the log.
 
 use super::report;
-use crate::config::{Metered, OnUnknown, UsageSource};
+use crate::config::{Metered, OnUnknown, Tier, UsageSource};
 use crate::duration::NANOS_PER_SEC;
 use crate::filter::{Filter, Host};
-use crate::limiter::Settled;
+use crate::limiter::{Basis, Settled};
 use crate::metrics::UsageUnknown;
 use crate::protocol::SettleOp;
 use crate::tab::{Ending, Entry, Held, Op, Tab};
@@ -29,6 +29,9 @@ pub(super) struct Usage {
     body: Option<Scanner>,
     /// Counts read from headers, then trailers, by header name.
     headers: SmallVec<[(String, u64); 1]>,
+    /// The upstream itself answered with an error (a 4xx or 5xx it sent, not one of Envoy's):
+    /// it generated nothing, so a response without usage costs nothing.
+    upstream_error: bool,
 }
 
 impl Usage {
@@ -41,6 +44,7 @@ impl Usage {
                 .map(Scanner::new);
         }
         self.read(sources(), |name| host.response_header(name));
+        self.upstream_error = upstream_error(host);
     }
 
     pub(super) fn on_trailers(&mut self, tab: &Tab, filter: &Filter, host: &impl Host) {
@@ -94,6 +98,15 @@ impl Usage {
     }
 }
 
+/// Whether the response is an error status the upstream sent: Envoy's own replies (a timeout,
+/// an upstream reset) say nothing of what the upstream did, and are charged as unknown.
+fn upstream_error(host: &impl Host) -> bool {
+    let status = host.response_header(":status");
+    let status = status.and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+    status.is_some_and(|s| s >= 400)
+        && host.property(&["response", "code_details"]).as_deref() == Some(b"via_upstream")
+}
+
 /// What a response's body said it used: its counts (the total derived when it can be), or why
 /// none came.
 pub type BodyUsage = Result<Counts, UsageUnknown>;
@@ -121,9 +134,18 @@ pub fn cost(
 
 /// What a response whose request reserved `reserved` is charged in all: its `cost`, or when that
 /// is not known what the policy's `on_unknown` says.
-pub fn charge_of(metered: &Metered, reserved: u64, cost: Result<u64, UsageUnknown>) -> u64 {
+pub fn charge_of(
+    metered: &Metered,
+    tier: &Tier,
+    reserved: u64,
+    cost: Result<u64, UsageUnknown>,
+) -> u64 {
     match (cost, metered.on_unknown) {
         (Ok(cost), _) => cost,
+        (Err(_), OnUnknown::Max) => tier
+            .algorithm
+            .capacity()
+            .saturating_add(metered.max_debt(tier)),
         (Err(_), OnUnknown::Reserve) => reserved,
         (Err(_), OnUnknown::Tokens(tokens)) => tokens,
     }
@@ -230,13 +252,16 @@ pub(super) fn settle(
             continue;
         };
         let counters = filter.counters();
-        let cost = cost(
+        let cost = match cost(
             &metered.source,
             body,
             |name| usage.header_count(name),
             ending,
-        );
-        let charged = charge_of(metered, reserved, cost);
+        ) {
+            Err(_) if usage.upstream_error => Ok(0),
+            cost => cost,
+        };
+        let charged = charge_of(metered, &entry.tier, reserved, cost);
         if let Err(why) = cost {
             counters.usage_unknown(entry.policy, why, charged);
         }
@@ -256,6 +281,25 @@ pub(super) fn settle(
     settled
 }
 
+/// What each metered policy of the tab charges a request that ends before its usage comes.
+pub(super) fn unknown_charges(tab: &Tab, filter: &Filter) -> SmallVec<[Charged; 1]> {
+    let reserved = tab.entries.iter().filter_map(|entry| match entry.held {
+        Held::Reserved { tokens, .. } => Some((entry, tokens)),
+        _ => None,
+    });
+    let charged = reserved.filter_map(|(entry, reserved)| {
+        let policy = filter.plan().policies.get(entry.policy)?;
+        let metered = policy.metered.as_ref()?;
+        Some(Charged {
+            policy: entry.policy,
+            key: entry.key,
+            reserved,
+            charged: charge_of(metered, &entry.tier, reserved, Err(UsageUnknown::Reset)),
+        })
+    });
+    charged.collect()
+}
+
 /// Charges what `entry`'s request used beyond its reservation, or gives back what it did not use.
 fn charge(
     entry: &mut Entry,
@@ -265,11 +309,27 @@ fn charge(
     (reserved, charged): (u64, u64),
     at: u64,
 ) {
+    let basis = entry.basis;
+    if basis == Basis::Emergency && charged > 0 {
+        // Admitted while the service could not answer: the service never saw the reservation,
+        // so it is told the whole charge, and the key's budget across Envoys pays for it.
+        // Under the limit the service knows: the request's own, not an emergency budget's.
+        let service_entry = Entry {
+            tier: filter
+                .plan()
+                .policies
+                .get(entry.policy)
+                .filter(|policy| policy.emergency().is_some())
+                .map_or(entry.tier, |policy| policy.tier),
+            ..*entry
+        };
+        let op = charge_op(metered, filter, &service_entry, charged);
+        report(filter, host, &service_entry, op);
+    }
     let Some(op) = settle_op(reserved, charged) else {
         return;
     };
-    let basis = entry.basis;
-    if basis != crate::limiter::Basis::Service {
+    if basis != Basis::Service {
         let settled = filter.settle(host, entry, op);
         if let Settled::Done {
             past_limit,
@@ -279,29 +339,34 @@ fn charge(
         {
             filter.counters().tokens_owed(entry.policy, past_limit);
             // An emergency budget's state is not where `owes` looks.
-            if into_debt && basis != crate::limiter::Basis::Emergency {
+            if into_debt && basis != Basis::Emergency {
                 filter.entered_debt(entry);
             }
         }
         return;
     }
-    // Named once, here: the outbox sends this very settlement again after a failed call, and
-    // the service applies its id once.
-    let id = Some(filter.settlement_id());
     let wire = match op {
-        Op::Charge(tokens) => SettleOp::Charge {
-            tokens,
-            max_debt: metered.max_debt(&entry.tier),
-            id,
-        },
+        Op::Charge(tokens) => charge_op(metered, filter, entry, tokens),
         Op::Refund(tokens) => {
             let age_ms = filter.now(host).saturating_sub(at) / (NANOS_PER_SEC / 1000);
+            // Named once, here: the outbox sends this very settlement again after a failed
+            // call, and the service applies its id once.
+            let id = Some(filter.settlement_id());
             SettleOp::Refund { tokens, age_ms, id }
         }
         // Not a reservation's: `settle_op` makes neither.
         Op::Release | Op::Renew => return,
     };
     report(filter, host, entry, wire);
+}
+
+/// A charge of `tokens` to `entry`'s key at the service, into at most the policy's debt.
+fn charge_op(metered: &Metered, filter: &Filter, entry: &Entry, tokens: u64) -> SettleOp {
+    SettleOp::Charge {
+        tokens,
+        max_debt: metered.max_debt(&entry.tier),
+        id: Some(filter.settlement_id()),
+    }
 }
 
 /// The access-log record of a request whose metered policies settled: the admission's record,

@@ -81,10 +81,15 @@ enum Role {
     DocumentList,
     /// Its `usage`, `usageMetadata`, `response` and `message` members are read.
     Document,
-    /// A document's `response` or `message`: its `usage` and `usageMetadata` are read.
+    /// A document's `response`: its `usage` and `usageMetadata` are read.
     Wrapper,
+    /// A document's `message` (Anthropic's `message_start`): read as a `Wrapper`, but its usage
+    /// is a first guess that a later `message_delta` must confirm.
+    Message,
     /// A usage object: its counts are read.
     Usage,
+    /// The usage object of a `message`: its counts are provisional (`Counts::provisional`).
+    MessageUsage,
     Other,
 }
 
@@ -93,7 +98,9 @@ enum Role {
 enum Meaning {
     Document,
     Wrapper,
+    Message,
     Usage,
+    MessageUsage,
     Count(Count),
     Nothing,
 }
@@ -103,8 +110,10 @@ impl Role {
     fn member(self, key: Option<&[u8]>) -> Meaning {
         match (self, key) {
             (Role::Document | Role::Wrapper, Some(b"usage" | b"usageMetadata")) => Meaning::Usage,
-            (Role::Document, Some(b"response" | b"message")) => Meaning::Wrapper,
-            (Role::Usage, Some(key)) => {
+            (Role::Message, Some(b"usage" | b"usageMetadata")) => Meaning::MessageUsage,
+            (Role::Document, Some(b"response")) => Meaning::Wrapper,
+            (Role::Document, Some(b"message")) => Meaning::Message,
+            (Role::Usage | Role::MessageUsage, Some(key)) => {
                 Count::of_usage_key(key).map_or(Meaning::Nothing, Meaning::Count)
             }
             _ => Meaning::Nothing,
@@ -390,7 +399,9 @@ impl Json {
             (Meaning::Document, true) => Role::Document,
             (Meaning::Document, false) if self.depth == 0 => Role::DocumentList,
             (Meaning::Wrapper, true) => Role::Wrapper,
+            (Meaning::Message, true) => Role::Message,
             (Meaning::Usage, true) => Role::Usage,
+            (Meaning::MessageUsage, true) => Role::MessageUsage,
             _ => Role::Other,
         };
         if let Some(slot) = self.roles.get_mut(usize::from(self.depth)) {
@@ -566,6 +577,7 @@ impl Json {
                 None if part.complete() => {
                     if let Meaning::Count(count) = self.meaning {
                         counts.set(count, self.number.count(part)?);
+                        counts.provisional = self.role() == Role::MessageUsage;
                     }
                     self.value_ended();
                     return Ok(bytes.get(at..).unwrap_or_default());

@@ -109,6 +109,7 @@ mod tests {
             input,
             output,
             total,
+            provisional: false,
         }
     }
 

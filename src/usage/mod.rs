@@ -84,6 +84,9 @@ pub struct Counts {
     pub input: Option<u64>,
     pub output: Option<u64>,
     pub total: Option<u64>,
+    /// The last count came from Anthropic's `message_start`, a first guess at the output that
+    /// only a later `message_delta` makes a usage: a stream left before it has no usage.
+    pub provisional: bool,
 }
 
 impl Counts {
@@ -107,7 +110,7 @@ impl Counts {
     }
 
     fn is_empty(&self) -> bool {
-        *self == Counts::default()
+        (self.input, self.output, self.total) == (None, None, None)
     }
 }
 
@@ -208,7 +211,7 @@ impl Scanner {
         let mut at_end = *self;
         match at_end.end() {
             Err(why) => Reading::Invalid(why),
-            Ok(()) if at_end.counts.is_empty() => Reading::Missing,
+            Ok(()) if at_end.counts.is_empty() || at_end.counts.provisional => Reading::Missing,
             Ok(()) => {
                 let counts = at_end.counts;
                 Reading::Found(Counts {

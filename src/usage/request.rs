@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use super::json::{is_whitespace, skip_whitespace, string_run, Run};
-use super::whole_number;
+use super::MAX_TOKENS;
 
 /// The longest model name read (once decoded); a longer one is absent.
 pub const MAX_MODEL_BYTES: usize = 256;
@@ -42,7 +42,7 @@ impl RequestFields {
             match member.name.as_deref() {
                 Some("model") => fields.model = model(value),
                 Some("max_tokens" | "max_completion_tokens" | "max_output_tokens") => {
-                    let found = whole_number(value);
+                    let found = output_limit(value);
                     fields.max_output_tokens = fields.max_output_tokens.max(found);
                 }
                 Some("stream") => fields.stream = value == b"true",
@@ -54,6 +54,49 @@ impl RequestFields {
         }
         fields
     }
+}
+
+/// Whether a request to `path` is one whose stream `ask_stream_usage` may ask for its usage:
+/// OpenAI's completions APIs (`/v1/chat/completions`, `/v1/completions`), the only ones that
+/// define `stream_options.include_usage`. Other APIs' bodies (Anthropic's `/v1/messages`
+/// refuses unknown fields) go as sent.
+pub fn asks_stream_usage_on(path: &[u8]) -> bool {
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    path.ends_with(b"/completions")
+}
+
+/// The UTF-8 byte-order mark, which Python's and other upstreams' JSON readers skip.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body as a JSON reader that skips a byte-order mark reads it: without it.
+pub fn without_bom(body: &[u8]) -> &[u8] {
+    body.strip_prefix(BOM).unwrap_or(body)
+}
+
+/// Whether `body` (without its byte-order mark) is one whole JSON document in UTF-8, as the
+/// filter reads it. An upstream may read more (UTF-16, UTF-32): what the filter cannot read the
+/// same way is refused where a policy needs it, rather than read as missing.
+pub fn readable(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+}
+
+/// The output limit a `max_tokens` value sets, read as leniently as the upstreams that honour it
+/// (pydantic's lax mode: `5000`, `5000.0`, `5e3`, `"5000"`): a fraction counts as the next whole
+/// number. `null` sets none. Any other value (negative, text, an object) is read as no limit
+/// (`MAX_TOKENS`): whatever the upstream makes of it, the request cannot reserve less by it.
+fn output_limit(value: &[u8]) -> Option<u64> {
+    if value == b"null" {
+        return None;
+    }
+    let number = match value.first() {
+        Some(b'"') => serde_json::from_slice::<String>(value).ok(),
+        _ => std::str::from_utf8(value).ok().map(str::to_owned),
+    };
+    let number = number.and_then(|n| n.trim().parse::<f64>().ok());
+    Some(match number {
+        Some(n) if n.is_finite() && n >= 0.0 && n < MAX_TOKENS as f64 => n.ceil() as u64,
+        _ => MAX_TOKENS,
+    })
 }
 
 /// The top-level field `name` of the JSON object that `prefix` starts, if it is a string of at
@@ -375,7 +418,7 @@ mod tests {
     }
 
     #[test]
-    fn fields_of_the_wrong_kind_or_too_long_are_absent() {
+    fn models_of_the_wrong_kind_or_too_long_are_absent_and_odd_output_limits_ask_the_most() {
         let longest = "m".repeat(MAX_MODEL_BYTES);
         assert_eq!(
             read(&format!(r#"{{"model": "{longest}"}}"#)).model,
@@ -383,9 +426,21 @@ mod tests {
         );
         assert_eq!(read(&format!(r#"{{"model": "{longest}x"}}"#)).model, None);
         assert_eq!(read(r#"{"model": 5}"#).model, None);
-        for cap in ["-1", "1.5", "1e3", r#""100""#, "1000000000001", "true"] {
+        // Read as leniently as pydantic reads them; what no reader takes for a number asks for
+        // no limit.
+        let caps = [
+            ("1.5", 2),
+            ("1e3", 1000),
+            (r#""100""#, 100),
+            ("5000.0", 5000),
+        ];
+        for (cap, tokens) in caps {
             let body = format!(r#"{{"max_tokens": {cap}}}"#);
-            assert_eq!(read(&body).max_output_tokens, None, "{cap}");
+            assert_eq!(read(&body).max_output_tokens, Some(tokens), "{cap}");
+        }
+        for cap in ["-1", "1000000000001", "true", r#""many""#, "{}"] {
+            let body = format!(r#"{{"max_tokens": {cap}}}"#);
+            assert_eq!(read(&body).max_output_tokens, Some(MAX_TOKENS), "{cap}");
         }
         assert!(!read(r#"{"stream": "true"}"#).stream);
         assert!(!read(r#"{"stream_options": {"include_usage": 1}}"#).include_usage);

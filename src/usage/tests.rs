@@ -18,6 +18,7 @@ const fn counts(input: u64, output: u64, total: u64) -> Counts {
         input: Some(input),
         output: Some(output),
         total: Some(total),
+        provisional: false,
     }
 }
 
@@ -81,6 +82,7 @@ fn found(input: Option<u64>, output: Option<u64>, total: Option<u64>) -> Reading
         input,
         output,
         total,
+        provisional: false,
     })
 }
 
@@ -173,7 +175,10 @@ fn usage_is_read_at_the_top_level_or_under_response_or_message_only() {
         assert_eq!(json(body), Reading::Missing, "{body}");
     }
     let one_level_down = r#"{"type": "message_start", "message": {"usage": {"input_tokens": 3}}}"#;
-    assert_eq!(json(one_level_down), found(Some(3), None, None));
+    assert_eq!(json(one_level_down), Reading::Missing, "a first guess only");
+    let confirmed =
+        r#"[{"message": {"usage": {"input_tokens": 3}}}, {"usage": {"output_tokens": 2}}]"#;
+    assert_eq!(json(confirmed), found(Some(3), Some(2), Some(5)));
     let gemini = r#"{"response": {"usageMetadata": {"totalTokenCount": 4}}}"#;
     assert_eq!(json(gemini), found(None, None, Some(4)));
 }
@@ -559,12 +564,15 @@ fn expected_counts(document: &Value, counts: &mut Counts) -> Result<(), ()> {
 fn expected_document(document: &Map<String, Value>, counts: &mut Counts) -> Result<(), ()> {
     for (key, value) in document {
         match (key.as_str(), value) {
-            ("usage" | "usageMetadata", Value::Object(usage)) => expected_usage(usage, counts)?,
+            ("usage" | "usageMetadata", Value::Object(usage)) => {
+                expected_usage(usage, counts, false)?
+            }
             ("response" | "message", Value::Object(wrapper)) => {
-                for (key, value) in wrapper {
-                    if let ("usage" | "usageMetadata", Value::Object(usage)) = (key.as_str(), value)
+                for (inner, value) in wrapper {
+                    if let ("usage" | "usageMetadata", Value::Object(usage)) =
+                        (inner.as_str(), value)
                     {
-                        expected_usage(usage, counts)?;
+                        expected_usage(usage, counts, key == "message")?;
                     }
                 }
             }
@@ -574,7 +582,12 @@ fn expected_document(document: &Map<String, Value>, counts: &mut Counts) -> Resu
     Ok(())
 }
 
-fn expected_usage(usage: &Map<String, Value>, counts: &mut Counts) -> Result<(), ()> {
+/// `provisional`: the usage of Anthropic's `message_start`, which a later count must confirm.
+fn expected_usage(
+    usage: &Map<String, Value>,
+    counts: &mut Counts,
+    provisional: bool,
+) -> Result<(), ()> {
     for (key, value) in usage {
         let Some(count) = Count::of_usage_key(key.as_bytes()) else {
             continue;
@@ -582,7 +595,8 @@ fn expected_usage(usage: &Map<String, Value>, counts: &mut Counts) -> Result<(),
         match value {
             Value::Null => {}
             Value::Number(n) => {
-                counts.set(count, n.as_u64().filter(|&n| n <= MAX_TOKENS).ok_or(())?)
+                counts.set(count, n.as_u64().filter(|&n| n <= MAX_TOKENS).ok_or(())?);
+                counts.provisional = provisional;
             }
             _ => return Err(()),
         }
@@ -597,7 +611,7 @@ fn expected_reading(documents: &[Value]) -> Reading {
             return Reading::Invalid("");
         }
     }
-    if counts.is_empty() {
+    if counts.is_empty() || counts.provisional {
         Reading::Missing
     } else {
         Reading::Found(Counts {

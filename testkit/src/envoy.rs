@@ -81,6 +81,9 @@ pub struct EnvoyOptions {
     pub ecds_default: Option<String>,
     /// The wasm plugin's `failure_policy` (`FAIL_OPEN`, ...; Istio's `failStrategy` sets it).
     pub wasm_failure_policy: Option<String>,
+    /// The wasm plugin's `allow_on_headers_stop_iteration`: on (the documented setup), Envoy
+    /// holds a request's headers while sluice reads its body.
+    pub hold_headers: bool,
     /// Environment variables set for the Envoy process and handed to the wasm VM
     /// (`vm_config.environment_variables.host_env_keys`), as an operator passes secrets.
     pub vm_env: Vec<(String, String)>,
@@ -117,6 +120,7 @@ impl EnvoyOptions {
             ecds_from_file: false,
             ecds_default: None,
             wasm_failure_policy: None,
+            hold_headers: true,
             vm_env: Vec::new(),
             stats_config: None,
             access_log_format: None,
@@ -826,6 +830,11 @@ fn wasm_typed_config(opts: &EnvoyOptions) -> Option<String> {
         .as_deref()
         .map(|policy| format!(" failure_policy: {policy},"))
         .unwrap_or_default();
+    let hold = if opts.hold_headers {
+        " allow_on_headers_stop_iteration: true,"
+    } else {
+        ""
+    };
     let names: Vec<&str> = opts.vm_env.iter().map(|(name, _)| name.as_str()).collect();
     let environment = if names.is_empty() {
         String::new()
@@ -837,7 +846,7 @@ fn wasm_typed_config(opts: &EnvoyOptions) -> Option<String> {
     };
     opts.plugin_json.as_deref().map(|json| {
         format!(
-            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8,{environment} code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
+            r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice,{failure_policy}{hold} vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8,{environment} code: {{ local: {{ filename: {wasm} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json} }} }} }}"#,
             wasm = yaml_quote(&wasm_path().to_string_lossy()),
             json = yaml_quote(json),
         )

@@ -276,6 +276,16 @@ pub fn post(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Result<LlmResponse, String> {
+    post_bytes(addr, path, headers, body.as_bytes())
+}
+
+/// `post` with a body of any bytes (a byte-order mark, UTF-16).
+pub fn post_bytes(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<LlmResponse, String> {
     let stream = TcpStream::connect_timeout(&addr, IO_TIMEOUT)
         .map_err(|e| format!("connect {addr}: {e}"))?;
     stream
@@ -290,10 +300,11 @@ pub fn post(
         request.push_str(&format!("{name}: {value}\r\n"));
     }
     request.push_str("\r\n");
-    request.push_str(body);
+    let mut request = request.into_bytes();
+    request.extend_from_slice(body);
     let started = Instant::now();
     (&stream)
-        .write_all(request.as_bytes())
+        .write_all(&request)
         .map_err(|e| format!("write: {e}"))?;
     let mut reader = Reader {
         inner: BufReader::with_capacity(64 * 1024, stream),
