@@ -198,10 +198,22 @@ async fn decide(core: &Core, checks: &[&Check]) -> RedisResult<Vec<RedisResult<D
             continue;
         };
         let tag = if cluster { check.key.as_str() } else { "" };
-        let g = *by_tag.entry(tag).or_insert_with(|| {
-            groups.push(Group::default());
-            groups.len() - 1
-        });
+        let g = match by_tag.get(tag) {
+            // A call of at most `MAX_BATCH` checks: Lua's `unpack` of its keys and numbers
+            // stays far within its stack.
+            Some(&g)
+                if groups
+                    .get(g)
+                    .is_some_and(|group| group.keys.len() < MAX_BATCH) =>
+            {
+                g
+            }
+            _ => {
+                groups.push(Group::default());
+                by_tag.insert(tag, groups.len() - 1);
+                groups.len() - 1
+            }
+        };
         let Some(group) = groups.get_mut(g) else {
             return Err(unexpected_reply("a batch without its group".into()));
         };

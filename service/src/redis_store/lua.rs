@@ -8,8 +8,11 @@
 //! Every function is `name(stored, now, a1, a2, cost, take, debt)` where `stored` is what `GET`
 //! (or `MGET`) answered for the key (a string, or anything else for no state), `now` the time in
 //! µs since the epoch, `a1, a2` the algorithm's numbers (as in `Algorithm::numbers`), and returns
-//! `allowed (1|0), granted, remaining, reset_us, retry_after_us, delay_us, state, ttl_ms`: the
-//! state to `SET` with `PX ttl_ms`, or nil to write nothing. The numbers are Lua doubles, exact
+//! `allowed (1|0), granted, remaining, reset_us, retry_after_us, delay_us, state, ttl_ms, kept`:
+//! the state to `SET` with `PX ttl_ms`, or nil to write nothing; `kept` true when the state read
+//! was written in the same window (fixed and sliding window), so that the key's TTL is already
+//! the one `ttl_ms` gives it (both end at a time the window fixes: to the ms, as `PX` rounds).
+//! The numbers are Lua doubles, exact
 //! below 2^53 (`check` bounds the inputs; see `super`'s comment over the scripts).
 
 /// Token bucket as GCRA: the whole state is the bucket's theoretical arrival time (TAT).
@@ -74,11 +77,12 @@ macro_rules! fixed_window_fn {
 local function fixed_window(stored, now, window, limit, cost, take, debt)
   local start = now - math.fmod(now, window)
   local index = start / window
-  local count = 0
+  local count, kept = 0, false
   if type(stored) == 'string' then
     local stored_index, stored_count = string.match(stored, '^(%d+):(%d+)$')
-    if tonumber(stored_index) == index then
-      count = tonumber(stored_count)
+    -- `+ 0` reads the digits as `tonumber` does, without a function call.
+    if stored_index and stored_index + 0 == index then
+      count, kept = stored_count + 0, true
     end
   end
   local reset = start + window - now
@@ -93,14 +97,14 @@ local function fixed_window(stored, now, window, limit, cost, take, debt)
       count = count + charged
       state = string.format('%d:%d', index, count)
     end
-    return 0, charged, math.max(limit - count, 0), reset, reset, 0, state, ttl_ms
+    return 0, charged, math.max(limit - count, 0), reset, reset, 0, state, ttl_ms, kept
   end
   local granted = math.min(take, limit - count)
   if granted == 0 then
     return 1, 0, limit - count, reset, 0, 0
   end
   count = count + granted
-  return 1, granted, limit - count, reset, 0, 0, string.format('%d:%d', index, count), ttl_ms
+  return 1, granted, limit - count, reset, 0, 0, string.format('%d:%d', index, count), ttl_ms, kept
 end
 "
     };
@@ -168,14 +172,16 @@ macro_rules! sliding_window_fn {
 local function sliding_window(stored, now, window, limit, cost, take, debt)
   local elapsed = math.fmod(now, window)
   local index = (now - elapsed) / window
-  local current, previous = 0, 0
+  local current, previous, kept = 0, 0, false
   if type(stored) == 'string' then
     local i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    i = tonumber(i)
-    if i == index then
-      current, previous = tonumber(c), tonumber(p)
-    elseif i ~= nil and i + 1 == index then
-      previous = tonumber(c)
+    if i then
+      i = i + 0
+      if i == index then
+        current, previous, kept = c + 0, p + 0, true
+      elseif i + 1 == index then
+        previous = c + 0
+      end
     end
   end
   local room = limit - current - ceil_muldiv(previous, window - elapsed, window)
@@ -218,14 +224,14 @@ local function sliding_window(stored, now, window, limit, cost, take, debt)
         retry_after = 2 * window - elapsed
       end
     end
-    return 0, charged, math.max(room, 0), reset, retry_after, 0, state, ttl_ms
+    return 0, charged, math.max(room, 0), reset, retry_after, 0, state, ttl_ms, kept
   end
   local granted = math.min(take, room)
   if granted == 0 then
     return 1, 0, room, current > 0 and 2 * window - elapsed or window - elapsed, 0, 0
   end
   local state = string.format('%d:%d:%d', index, current + granted, previous)
-  return 1, granted, room - granted, 2 * window - elapsed, 0, 0, state, ttl_ms
+  return 1, granted, room - granted, 2 * window - elapsed, 0, 0, state, ttl_ms, kept
 end
 "
     };
@@ -360,7 +366,9 @@ pub const DECISION_BYTES: usize = 6 * 8;
 
 /// A batch of checks in one call, read from one clock: `TIME` once, every state read with one
 /// `MGET`, each check decided by its algorithm's function in order (a key's later checks see
-/// its earlier ones' state), and each key's last state written once, with its TTL, at the end.
+/// its earlier ones' state), and each key's last state written once, with its TTL, at the end
+/// (`KEEPTTL` where the key already has that TTL: a `SET` of fewer arguments, and no expiry to
+/// write). `struct` unpacks every record in one call and packs every decision in one.
 /// What Redis holds afterwards, and every answer, are those of the one-check scripts run one
 /// after another at that time: one `SET` of a key's last state and TTL leaves what its
 /// successive `SET`s would have.
@@ -381,34 +389,60 @@ pub const CHECKS_LUA: &str = concat!(
     now_lua!(),
     r"
 local decide = {token_bucket, fixed_window, sliding_window, leaky_bucket}
+local n = #KEYS
 local stored = redis.call('MGET', unpack(KEYS))
-local states, ttls, written = {}, {}, {}
+local records = {struct.unpack(string.rep('Bddddd', n, ''), ARGV[1])}
+local states, ttls, keep, written = {}, {}, {}, {}
 local out = {}
-local records = ARGV[1]
-local at = 1
-local unpack_record, pack = struct.unpack, struct.pack
-for i = 1, #KEYS do
+for i = 1, n do
   local key = KEYS[i]
-  local kind, a1, a2, cost, take, debt
-  kind, a1, a2, cost, take, debt, at = unpack_record('<Bddddd', records, at)
+  local r = 6 * i - 5
   local current = states[key]
   if current == nil then
     current = stored[i]
   end
-  local allowed, granted, remaining, reset, retry_after, delay, state, ttl_ms =
-    decide[kind](current, now, a1, a2, cost, take, debt)
+  local allowed, granted, remaining, reset, retry_after, delay, state, ttl_ms, kept =
+    decide[records[r]](current, now, records[r + 1], records[r + 2], records[r + 3], records[r + 4], records[r + 5])
   if state then
     if states[key] == nil then
       written[#written + 1] = key
+      keep[key] = kept
     end
     states[key], ttls[key] = state, ttl_ms
   end
-  out[i] = pack('<dddddd', allowed, granted, remaining, reset, retry_after, delay)
+  out[r], out[r + 1], out[r + 2], out[r + 3], out[r + 4], out[r + 5] =
+    allowed, granted, remaining, reset, retry_after, delay
 end
 for i = 1, #written do
   local key = written[i]
-  redis.call('SET', key, states[key], 'PX', string.format('%d', ttls[key]))
+  if keep[key] then
+    redis.call('SET', key, states[key], 'KEEPTTL')
+  else
+    redis.call('SET', key, states[key], 'PX', string.format('%d', ttls[key]))
+  end
 end
-return table.concat(out)
+return struct.pack(string.rep('d', 6 * n, ''), unpack(out))
 "
 );
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `SLUICE_DUMP_LUA=dir cargo test -p sluice-service --lib dump_the_scripts -- --ignored`:
+    /// the scripts as Redis gets them, to measure them alone (`redis-benchmark`, `SLOWLOG`).
+    #[test]
+    #[ignore]
+    fn dump_the_scripts() {
+        let dir = std::env::var("SLUICE_DUMP_LUA").unwrap();
+        for (name, script) in [
+            ("token_bucket", TOKEN_BUCKET_LUA),
+            ("fixed_window", FIXED_WINDOW_LUA),
+            ("sliding_window", SLIDING_WINDOW_LUA),
+            ("leaky_bucket", LEAKY_BUCKET_LUA),
+            ("checks", CHECKS_LUA),
+        ] {
+            std::fs::write(format!("{dir}/{name}.lua"), script).unwrap();
+        }
+    }
+}
