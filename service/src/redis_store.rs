@@ -1,5 +1,8 @@
-//! The `Store` over Redis (one node or a Cluster): one atomic Lua call per check (one script per
-//! algorithm), Redis TIME as the only clock, every call bounded by `COMMAND_TIMEOUT`. Connections
+//! The `Store` over Redis (one node or a Cluster): atomic Lua calls, Redis TIME as the only clock,
+//! every call bounded by `COMMAND_TIMEOUT`. Checks go in batches (`batch`): the checks that are
+//! ready together, of the algorithms whose state is one string, in one `CHECKS_LUA` call (`lua`);
+//! the sliding log's and concurrency's one script call per check, in the same round trip.
+//! Settlements are one script call each, pipelined. Connections
 //! are made and remade in the background: the store starts whether or not Redis answers, and a
 //! check while it does not fails within its bound instead of waiting for it.
 
