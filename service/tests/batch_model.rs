@@ -111,16 +111,25 @@ fn one_by_one(con: &mut redis::Connection, checks: &[Check], prefix: &str) -> Ve
 
 fn batched(con: &mut redis::Connection, checks: &[Check], prefix: &str) -> Vec<[i64; 6]> {
     let mut records = Vec::new();
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(CHECKS_LUA).arg(checks.len());
+    let mut keys: Vec<String> = Vec::new();
     for check in checks {
-        eval.arg(format!("{prefix}{}", check.key));
+        let key = format!("{prefix}{}", check.key);
+        let index = match keys.iter().position(|k| *k == key) {
+            Some(i) => i + 1,
+            None => {
+                keys.push(key);
+                keys.len()
+            }
+        };
         records.push(ALGORITHMS[check.algorithm].0);
+        records.extend_from_slice(&(index as u16).to_le_bytes());
         for n in check.numbers {
             records.extend_from_slice(&(n as f64).to_le_bytes());
         }
     }
     assert_eq!(records.len(), checks.len() * RECORD_BYTES);
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(CHECKS_LUA).arg(keys.len()).arg(&keys[..]);
     let reply: Vec<u8> = eval.arg(records).query(con).unwrap();
     assert_eq!(reply.len(), checks.len() * DECISION_BYTES);
     reply

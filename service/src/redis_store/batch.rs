@@ -172,11 +172,14 @@ struct Place {
     position: Option<usize>,
 }
 
-/// The checks' keys and records of one `CHECKS_LUA` call.
+/// The keys (each once) and the records of one `CHECKS_LUA` call.
 #[derive(Default)]
 struct Group {
     keys: Vec<String>,
+    /// Each key's index in `keys`, from 1 (Lua's).
+    index: HashMap<String, u16>,
     records: Vec<u8>,
+    checks: usize,
 }
 
 /// Every check's decision (or the error of the call that had it), in order; an error for all if
@@ -201,13 +204,7 @@ async fn decide(core: &Core, checks: &[&Check]) -> RedisResult<Vec<RedisResult<D
         let g = match by_tag.get(tag) {
             // A call of at most `MAX_BATCH` checks: Lua's `unpack` of its keys and numbers
             // stays far within its stack.
-            Some(&g)
-                if groups
-                    .get(g)
-                    .is_some_and(|group| group.keys.len() < MAX_BATCH) =>
-            {
-                g
-            }
+            Some(&g) if groups.get(g).is_some_and(|group| group.checks < MAX_BATCH) => g,
             _ => {
                 groups.push(Group::default());
                 by_tag.insert(tag, groups.len() - 1);
@@ -219,11 +216,22 @@ async fn decide(core: &Core, checks: &[&Check]) -> RedisResult<Vec<RedisResult<D
         };
         places.push(Place {
             eval: g,
-            position: Some(group.keys.len()),
+            position: Some(group.checks),
         });
+        group.checks += 1;
+        let key = state_key(check);
+        let next = u16::try_from(group.keys.len() + 1).unwrap_or(u16::MAX);
+        let index = match group.index.get(&key) {
+            Some(&index) => index,
+            None => {
+                group.index.insert(key.clone(), next);
+                group.keys.push(key);
+                next
+            }
+        };
         group.records.reserve(RECORD_BYTES);
-        group.keys.push(state_key(check));
         group.records.push(kind as u8);
+        group.records.extend_from_slice(&index.to_le_bytes());
         for n in numbers {
             // Below 2^53 (`check` bounds every number): exact as a double.
             group.records.extend_from_slice(&(n as f64).to_le_bytes());
@@ -327,6 +335,7 @@ fn decode(reply: Value, position: usize) -> RedisResult<Vec<Decision>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis_store::lua::CHECKS_LUA;
 
     #[test]
     fn a_batch_reply_becomes_decisions() {
@@ -351,7 +360,8 @@ mod tests {
     }
 
     #[test]
-    fn a_record_is_its_kind_and_five_doubles() {
-        assert_eq!(RECORD_BYTES, 41);
+    fn a_record_is_its_kind_its_key_and_five_doubles() {
+        assert_eq!(RECORD_BYTES, 43);
+        assert!(CHECKS_LUA.contains("local n = #records / 43\n"));
     }
 }

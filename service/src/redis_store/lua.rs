@@ -357,9 +357,10 @@ pub enum Kind {
     LeakyBucket = 4,
 }
 
-/// Bytes of one check's record in `CHECKS_LUA`'s ARGV[1]: its `Kind`, then a1, a2, cost, take,
-/// debt as little-endian doubles.
-pub const RECORD_BYTES: usize = 1 + 5 * 8;
+/// Bytes of one check's record in `CHECKS_LUA`'s ARGV[1]: its `Kind` (a byte), its key's index
+/// in KEYS (from 1, a little-endian u16), then a1, a2, cost, take, debt as little-endian doubles
+/// (`struct` format `<BHddddd`; the script counts its records by this size).
+pub const RECORD_BYTES: usize = 1 + 2 + 5 * 8;
 /// Bytes of one decision in `CHECKS_LUA`'s reply: allowed, granted, remaining, reset_us,
 /// retry_after_us, delay_us as little-endian doubles.
 pub const DECISION_BYTES: usize = 6 * 8;
@@ -373,9 +374,9 @@ pub const DECISION_BYTES: usize = 6 * 8;
 /// after another at that time: one `SET` of a key's last state and TTL leaves what its
 /// successive `SET`s would have.
 ///
-/// KEYS: the checks' state keys, one per check, in order (a key may come more than once).
-/// ARGV[1]: the checks' records, `RECORD_BYTES` each, in the same order (`struct` format
-/// `<Bddddd`).
+/// KEYS: the checks' state keys, each once (a hot key's checks name it by its index: the
+/// request, the `MGET` and the script's tables hold it once).
+/// ARGV[1]: the checks' records, `RECORD_BYTES` each, in order.
 /// Returns one string: the decisions, `DECISION_BYTES` each, in order (`<dddddd`).
 ///
 /// `MGET` answers nil for a key of another type, as the one-check scripts' `GET` (by `pcall`)
@@ -389,36 +390,32 @@ pub const CHECKS_LUA: &str = concat!(
     now_lua!(),
     r"
 local decide = {token_bucket, fixed_window, sliding_window, leaky_bucket}
-local n = #KEYS
-local stored = redis.call('MGET', unpack(KEYS))
-local records = {struct.unpack(string.rep('Bddddd', n, ''), ARGV[1])}
-local states, ttls, keep, written = {}, {}, {}, {}
+local records = ARGV[1]
+local n = #records / 43
+local states = redis.call('MGET', unpack(KEYS))
+local fields = {struct.unpack(string.rep('BHddddd', n, ''), records)}
+-- Per key index: its TTL to write, and whether it keeps the one it has (nil: nothing to write).
+local ttls, keep = {}, {}
 local out = {}
 for i = 1, n do
-  local key = KEYS[i]
-  local r = 6 * i - 5
-  local current = states[key]
-  if current == nil then
-    current = stored[i]
-  end
+  local r, o = 7 * i - 6, 6 * i - 5
+  local k = fields[r + 1]
   local allowed, granted, remaining, reset, retry_after, delay, state, ttl_ms, kept =
-    decide[records[r]](current, now, records[r + 1], records[r + 2], records[r + 3], records[r + 4], records[r + 5])
+    decide[fields[r]](states[k], now, fields[r + 2], fields[r + 3], fields[r + 4], fields[r + 5], fields[r + 6])
   if state then
-    if states[key] == nil then
-      written[#written + 1] = key
-      keep[key] = kept
+    if keep[k] == nil then
+      keep[k] = kept or false
     end
-    states[key], ttls[key] = state, ttl_ms
+    states[k], ttls[k] = state, ttl_ms
   end
-  out[r], out[r + 1], out[r + 2], out[r + 3], out[r + 4], out[r + 5] =
+  out[o], out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
     allowed, granted, remaining, reset, retry_after, delay
 end
-for i = 1, #written do
-  local key = written[i]
-  if keep[key] then
-    redis.call('SET', key, states[key], 'KEEPTTL')
-  else
-    redis.call('SET', key, states[key], 'PX', string.format('%d', ttls[key]))
+for k = 1, #KEYS do
+  if keep[k] then
+    redis.call('SET', KEYS[k], states[k], 'KEEPTTL')
+  elseif keep[k] == false then
+    redis.call('SET', KEYS[k], states[k], 'PX', string.format('%d', ttls[k]))
   end
 end
 return struct.pack(string.rep('d', 6 * n, ''), unpack(out))
