@@ -74,11 +74,23 @@ end
 macro_rules! fixed_window_fn {
     () => {
         r"
+-- The state `fixed_window` wrote last, and what it holds: a key's next check in a batch reads
+-- it without parsing it again.
+local fixed_window_text, fixed_window_index, fixed_window_count
+local function fixed_window_state(index, count)
+  local text = string.format('%d:%d', index, count)
+  fixed_window_text, fixed_window_index, fixed_window_count = text, index, count
+  return text
+end
 local function fixed_window(stored, now, window, limit, cost, take, debt)
   local start = now - math.fmod(now, window)
   local index = start / window
   local count, kept = 0, false
-  if type(stored) == 'string' then
+  if stored == fixed_window_text then
+    if fixed_window_index == index then
+      count, kept = fixed_window_count, true
+    end
+  elseif type(stored) == 'string' then
     local stored_index, stored_count = string.match(stored, '^(%d+):(%d+)$')
     -- `+ 0` reads the digits as `tonumber` does, without a function call.
     if stored_index and stored_index + 0 == index then
@@ -95,7 +107,7 @@ local function fixed_window(stored, now, window, limit, cost, take, debt)
     local state
     if charged > 0 then
       count = count + charged
-      state = string.format('%d:%d', index, count)
+      state = fixed_window_state(index, count)
     end
     return 0, charged, math.max(limit - count, 0), reset, reset, 0, state, ttl_ms, kept
   end
@@ -104,7 +116,7 @@ local function fixed_window(stored, now, window, limit, cost, take, debt)
     return 1, 0, limit - count, reset, 0, 0
   end
   count = count + granted
-  return 1, granted, limit - count, reset, 0, 0, string.format('%d:%d', index, count), ttl_ms, kept
+  return 1, granted, limit - count, reset, 0, 0, fixed_window_state(index, count), ttl_ms, kept
 end
 "
     };
@@ -169,19 +181,30 @@ end
 macro_rules! sliding_window_fn {
     () => {
         r"
+-- The state `sliding_window` wrote last, and what it holds (as `fixed_window_text`).
+local sliding_window_text, sliding_window_index, sliding_window_current, sliding_window_previous
+local function sliding_window_state(index, current, previous)
+  local text = string.format('%d:%d:%d', index, current, previous)
+  sliding_window_text, sliding_window_index = text, index
+  sliding_window_current, sliding_window_previous = current, previous
+  return text
+end
 local function sliding_window(stored, now, window, limit, cost, take, debt)
   local elapsed = math.fmod(now, window)
   local index = (now - elapsed) / window
   local current, previous, kept = 0, 0, false
-  if type(stored) == 'string' then
-    local i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-    if i then
-      i = i + 0
-      if i == index then
-        current, previous, kept = c + 0, p + 0, true
-      elseif i + 1 == index then
-        previous = c + 0
-      end
+  local i, c, p
+  if stored == sliding_window_text then
+    i, c, p = sliding_window_index, sliding_window_current, sliding_window_previous
+  elseif type(stored) == 'string' then
+    i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
+  end
+  if i then
+    i = i + 0
+    if i == index then
+      current, previous, kept = c + 0, p + 0, true
+    elseif i + 1 == index then
+      previous = c + 0
     end
   end
   local room = limit - current - ceil_muldiv(previous, window - elapsed, window)
@@ -194,7 +217,7 @@ local function sliding_window(stored, now, window, limit, cost, take, debt)
     local state
     if charged > 0 then
       current, room = current + charged, room - charged
-      state = string.format('%d:%d:%d', index, current, previous)
+      state = sliding_window_state(index, current, previous)
     end
     local reset = window - elapsed
     if current > 0 then
@@ -230,7 +253,7 @@ local function sliding_window(stored, now, window, limit, cost, take, debt)
   if granted == 0 then
     return 1, 0, room, current > 0 and 2 * window - elapsed or window - elapsed, 0, 0
   end
-  local state = string.format('%d:%d:%d', index, current + granted, previous)
+  local state = sliding_window_state(index, current + granted, previous)
   return 1, granted, room - granted, 2 * window - elapsed, 0, 0, state, ttl_ms, kept
 end
 "
