@@ -1,7 +1,8 @@
 //! Checks that are ready together, decided in one call. Every `Store::check` puts its checks on
-//! one queue; a task takes what is there, up to `MAX_BATCH` checks, and sends it while fewer than
-//! `MAX_IN_FLIGHT` batches are in flight. So under load the checks that wait meanwhile go as one
-//! batch, and alone a check goes at once. A batch is one `CHECKS_LUA` call for the algorithms whose
+//! one queue; a task takes what is there, up to `MAX_BATCH` checks, and sends it at once if no
+//! batch is in flight, or when it has `FILL` checks while one is, or when that one is answered
+//! (at most `MAX_IN_FLIGHT`). So under load the checks that wait meanwhile go as one batch, and
+//! alone a check goes at once. A batch is one `CHECKS_LUA` call for the algorithms whose
 //! state is one string (one per hash tag on a Cluster: one slot per call), pipelined with one
 //! script call per check of the others (sliding log, concurrency) — one round trip. Redis pays one
 //! `EVALSHA`, one `TIME` and one `MGET` for the whole batch, and one `SET` per key it changes, where
@@ -15,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use redis::{RedisError, RedisResult, Value};
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
 
 use super::lua::{Kind, DECISION_BYTES, RECORD_BYTES};
 use super::{
@@ -27,6 +28,10 @@ use crate::store::{Algorithm, Check, Decision};
 pub const MAX_IN_FLIGHT: usize = 2;
 /// Checks in one batch, at most (a call of more goes alone).
 pub const MAX_BATCH: usize = 128;
+/// Checks that send a batch while another is in flight; fewer wait for that one's answer (or
+/// for more checks). One batch is then in flight under light load, two under heavy load: the
+/// batches are larger for the same calls, and Redis pays each batch's cost fewer times.
+pub const FILL: usize = 32;
 
 /// One `Store::check` call waiting for its batch.
 struct Job {
@@ -78,6 +83,8 @@ fn gone() -> RedisError {
 /// The queue's task: batches of the jobs waiting, at most `MAX_IN_FLIGHT` in flight.
 async fn send_batches(core: Arc<Core>, mut jobs: mpsc::UnboundedReceiver<Job>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    // Told when a batch is answered.
+    let answered = Arc::new(Notify::new());
     let mut next: Option<Job> = None;
     loop {
         let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else {
@@ -90,31 +97,69 @@ async fn send_batches(core: Arc<Core>, mut jobs: mpsc::UnboundedReceiver<Job>) {
                 None => return,
             },
         };
-        let mut size = first.checks.len();
-        let mut batch = vec![first];
-        while size < MAX_BATCH {
-            match jobs.try_recv() {
-                Ok(job) if job.reply.is_closed() => {}
-                Ok(job) if size + job.checks.len() > MAX_BATCH => {
-                    next = Some(job);
+        let mut batch = Batch::new(first);
+        loop {
+            while let Ok(job) = jobs.try_recv() {
+                if let Some(over) = batch.add(job) {
+                    next = Some(over);
                     break;
                 }
-                Ok(job) => {
-                    size += job.checks.len();
-                    batch.push(job);
-                }
-                Err(_) => break,
+            }
+            // Goes now if it is full enough, or nothing else is in flight; else grows until
+            // the batch in flight is answered (as Nagle's algorithm does with a segment).
+            let others = MAX_IN_FLIGHT - 1 - in_flight.available_permits();
+            if batch.size >= FILL || next.is_some() || others == 0 {
+                break;
+            }
+            tokio::select! {
+                () = answered.notified() => break,
+                job = jobs.recv() => match job {
+                    Some(job) => next = batch.add(job),
+                    None => break,
+                },
             }
         }
-        batch.retain(|job| !job.reply.is_closed());
-        if batch.is_empty() {
+        let mut jobs_of_batch = batch.jobs;
+        jobs_of_batch.retain(|job| !job.reply.is_closed());
+        if jobs_of_batch.is_empty() {
             continue;
         }
-        let core = Arc::clone(&core);
+        let (core, answered) = (Arc::clone(&core), Arc::clone(&answered));
         tokio::spawn(async move {
-            answer(&core, batch).await;
+            answer(&core, jobs_of_batch).await;
             drop(permit);
+            answered.notify_one();
         });
+    }
+}
+
+/// The jobs of the next batch.
+struct Batch {
+    jobs: Vec<Job>,
+    /// Their checks.
+    size: usize,
+}
+
+impl Batch {
+    fn new(first: Job) -> Batch {
+        Batch {
+            size: first.checks.len(),
+            jobs: vec![first],
+        }
+    }
+
+    /// Adds `job` if it fits within `MAX_BATCH` (a job whose caller gave up is dropped); else
+    /// gives it back, for the next batch.
+    fn add(&mut self, job: Job) -> Option<Job> {
+        if job.reply.is_closed() {
+            return None;
+        }
+        if self.size + job.checks.len() > MAX_BATCH {
+            return Some(job);
+        }
+        self.size += job.checks.len();
+        self.jobs.push(job);
+        None
     }
 }
 
