@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """`make bench-rls`: sluice-service --rls side by side with Limitador, the Rate Limit Service
 Kuadrant runs behind Envoy (issue 23). Both get the same limit on the same Redis (and each in
-memory), the same load generator (service/examples/rls_load.rs, over gRPC) in two cases (1,000
-keys at 32 calls in flight; one hot key at 128), and the same Envoy whose own ratelimit filter
-asks them under wrk; interleaved rounds, medians, and sluice's figures as ratios over Limitador's.
+memory), the same load generator (service/examples/rls_load.rs, over gRPC) in four cases (1,000
+keys and one hot key, each at 32 and at 128 calls in flight), and the same Envoy whose own
+ratelimit filter asks them under wrk; interleaved rounds, medians, and sluice's figures as ratios
+over Limitador's: calls/s, and CPU per call of the server, of Redis and of the load generator
+(the figures that travel between machines; issue 37).
 Rewrites the "rls" section of BENCHMARKS.md and bench/rls.json. Python 3 standard library only
 (the library is bench/sluice_bench/).
 

@@ -56,7 +56,7 @@ def rls_section(saved):
     if any("/envoy/" in key for key in summary):
         lines += ["", *envoy_table(summary, saved["servers"])]
     if with_limitador:
-        lines += ["", *claims(summary)]
+        lines += ["", *claims(summary), "", *targets(summary, saved["rows"])]
     return lines
 
 
@@ -73,7 +73,7 @@ def method(args):
         f"{SERVER_CORE} (`taskset`); the load and Redis run on core {LOAD_CORE}. **Direct**: the same "
         "tonic load generator (`service/examples/rls_load.rs`: `ShouldRateLimit` with one "
         f"descriptor `({DESCRIPTOR_KEY}=user-<n>)`, a value at random among the keys, over "
-        f"{args.get('connections', 4)} HTTP/2 connections) in two cases: {cases}; "
+        f"{args.get('connections', 4)} HTTP/2 connections) in {len(CASES)} cases: {cases}; "
         f"{args['duration']} s measured after {args['warmup']} s of warm-up. **Through Envoy**: wrk "
         f"(`-t1 -c{ENVOY_CONNECTIONS}`, an `x-user-id` at random among {ENVOY_KEYS:,}) through an Envoy "
         "(one worker) whose own ratelimit filter (`envoy.filters.http.ratelimit`, as `envoy/rls.yaml` "
@@ -84,7 +84,10 @@ def method(args):
         "**CPU per call** is the process's utime+stime (`/proc/<pid>/stat`, all threads) over the "
         "run, divided by the calls answered; *core* is that CPU time over the run's seconds (near "
         "100%: the server was the bottleneck; well below, the calls waited on something else: the "
-        "load generator and Redis sharing a core, the round trips, or other work). *Others* is the CPU "
+        "load generator and Redis sharing a core, the round trips, or other work). *Redis CPU per call* is the "
+        "same of the `redis-server` process (each server has it to itself while it is measured). The *load "
+        "generator*'s CPU is its utime+stime as a child waited for (`RUSAGE_CHILDREN`): it shares core "
+        f"{LOAD_CORE} with Redis, so where it takes most of that core, calls/s measure the core and not the server, and CPU per call is the figure to read. *Others* is the CPU "
         "the rest of the machine took meanwhile (`/proc/stat` less our processes), in cores: on a "
         "machine shared with other work, the rounds where it is high are the ones to distrust, and "
         "CPU per call moves less with it than calls/s do."
@@ -107,13 +110,20 @@ def direct_table(summary, servers):
                 rows.append([BACKENDS[backend], case.label, SERVERS[server], f"{s['calls_per_s']:,.0f}",
                              f"{s['p50_ms']:.3f}", f"{s['p99_ms']:.3f}", f"{s['server_cpu_us_per_call']:.1f}",
                              f"{100 * s['server_cpu_share']:.0f}%", figure(s["redis_cpu_us_per_call"], ".1f"),
-                             figure(s.get("others_share"), ".2f"), f"{not_ok:,.0f}"])
+                             share(s.get("redis_cpu_share")), figure(s.get("load_cpu_us_per_call"), ".1f"),
+                             share(s.get("load_cpu_share")), figure(s.get("others_share"), ".2f"), f"{not_ok:,.0f}"])
     return [
         "### Direct gRPC calls",
         "",
         *table(["Storage", "Case", "Server", "calls/s", "p50 ms", "p99 ms", "server CPU µs/call", "core",
-                "Redis CPU µs/call", "others (cores)", "not OK"], rows, "lllrrrrrrrr"),
+                "Redis CPU µs/call", "Redis core", "load gen. CPU µs/call", "load gen. core", "others (cores)",
+                "not OK"], rows, "lllrrrrrrrrrrr"),
     ]
+
+
+def share(value):
+    """A share of a core as a percentage, or n/a."""
+    return "n/a" if value is None else f"{100 * value:.0f}%"
 
 
 def ratio_of(summary, backend, case_id, name):
@@ -132,20 +142,21 @@ def per_round(rows, backend, case_id, name):
 
 
 def direct_ratios(summary, rows):
-    names = ["calls_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_call"]
+    names = ["calls_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_call", "redis_cpu_us_per_call"]
     table_rows = []
     for backend in BACKENDS:
         for case in CASES:
             values = [ratio_of(summary, backend, case.id, n) for n in names]
-            table_rows.append([*row_label(backend, case.id), *(f"{figure(v, '.2f')}×" for v in values),
+            table_rows.append([*row_label(backend, case.id),
+                               *(f"{figure(v, '.2f')}×" if v is not None else "n/a" for v in values),
                                per_round(rows, backend, case.id, "calls_per_s"),
                                lead(values[0], True) + ", " + lead(values[3], False)])
     return [
         "sluice over Limitador (Limitador's figure = 1; *per round*: the calls/s ratio within each round, "
         "its median and range):",
         "",
-        *table(["Storage", "Case", "calls/s", "p50 latency", "p99 latency", "server CPU/call", "calls/s per round",
-                "lead (calls/s, CPU)"], table_rows, "llrrrrrl"),
+        *table(["Storage", "Case", "calls/s", "p50 latency", "p99 latency", "server CPU/call", "Redis CPU/call",
+                "calls/s per round", "lead (calls/s, CPU)"], table_rows, "llrrrrrrl"),
     ]
 
 
@@ -202,4 +213,30 @@ def claims(summary):
         "The issue's figures (sluice over Limitador, measured there) beside this run's:",
         "",
         *table(["Figure", "Issue 23", "This run", "Lead"], rows, "lrrl"),
+    ]
+
+
+# Issue 37's targets: sluice's figure over Limitador's, at most this.
+TARGETS = [
+    *((("redis", case.id, "redis_cpu_us_per_call"), 1.0) for case in CASES),
+    *((("redis", case.id, "server_cpu_us_per_call"), 0.5) for case in CASES),
+    *((("memory", case.id, "server_cpu_us_per_call"), 0.9) for case in CASES),
+]
+
+
+def targets(summary, rows):
+    """Issue 37's targets (CPU per call, the figures that travel between machines), and this run's."""
+    meaning = {"redis_cpu_us_per_call": "Redis CPU per call", "server_cpu_us_per_call": "server CPU per call"}
+    table_rows = []
+    for (backend, case_id, name), bound in TARGETS:
+        value = ratio_of(summary, backend, case_id, name)
+        where = ", ".join(row_label(backend, case_id))
+        met = "n/a" if value is None else ("met" if value <= bound else "**missed**")
+        table_rows.append([f"{meaning[name]}: {where}", f"≤ {bound:.1f}×", f"{figure(value, '.2f')}×",
+                           per_round(rows, backend, case_id, name), met])
+    return [
+        "Issue 37's targets (sluice over Limitador; *per round*: the ratio within each round, its median and "
+        "range):",
+        "",
+        *table(["Figure", "Target", "This run", "per round", ""], table_rows, "lrrrl"),
     ]

@@ -82,6 +82,8 @@ class Case:
 
 CASES = [
     Case("keys", "1,000 keys, 32 in flight", 1000, 32),
+    Case("keys128", "1,000 keys, 128 in flight", 1000, 128),
+    Case("hot32", "one hot key, 32 in flight", 1, 32),
     Case("hot", "one hot key, 128 in flight", 1, 128),
 ]
 # Where the servers keep their counters.
@@ -253,11 +255,16 @@ def measure_direct(server, redis, case, load_gen, args):
         load(load_gen, server, case, args.warmup, args.connections)
     others = Others(server.pid, redis.pid)
     before = cpu_seconds(server.pid), cpu_seconds(redis.pid)
+    load_before = children_cpu_seconds()
     result = load(load_gen, server, case, args.duration, args.connections)
+    # The load generator is the one child waited for meanwhile (RUSAGE_CHILDREN).
+    load_cpu = children_cpu_seconds() - load_before
     server_cpu, redis_cpu = (cpu_seconds(p) - b for p, b in zip((server.pid, redis.pid), before))
     calls = max(result["calls"], 1)
     result.update(server_cpu_us_per_call=server_cpu / calls * 1e6, server_cpu_share=server_cpu / result["seconds"],
                   redis_cpu_us_per_call=redis_cpu / calls * 1e6 if server.backend == "redis" else None,
+                  redis_cpu_share=redis_cpu / result["seconds"] if server.backend == "redis" else None,
+                  load_cpu_us_per_call=load_cpu / calls * 1e6, load_cpu_share=load_cpu / result["seconds"],
                   server_rss_mib=server.rss_mib(), others_share=others.share())
     return result
 
@@ -305,7 +312,7 @@ def measure_envoy(envoy, server, redis, workdir, args):
 
 # The per-run figures the report takes the medians of.
 DIRECT_FIGURES = ("calls_per_s", "p50_ms", "p99_ms", "server_cpu_us_per_call", "server_cpu_share",
-                  "redis_cpu_us_per_call", "errors", "other_code", "over_limit", "others_share")
+                  "redis_cpu_us_per_call", "redis_cpu_share", "load_cpu_us_per_call", "load_cpu_share", "errors", "other_code", "over_limit", "others_share")
 ENVOY_FIGURES = ("rps", "p50_ms", "p99_ms", "envoy_cpu_us_per_request", "server_cpu_us_per_request",
                  "redis_cpu_us_per_request", "core_share", "non2xx", "socket_errors", "others_share")
 
@@ -329,6 +336,7 @@ def log_direct(where, result):
         f"p99 {result['p99_ms']:.3f} ms  server {result['server_cpu_us_per_call']:.1f} µs CPU/call "
         f"({100 * result['server_cpu_share']:.0f}% of a core)"
         + (f"  Redis {result['redis_cpu_us_per_call']:.1f} µs/call" if result["redis_cpu_us_per_call"] else "")
+        + f"  load {100 * result['load_cpu_share']:.0f}% of a core"
         + f"  others {result['others_share']:.2f} cores")
     bad = result["errors"] + result["other_code"] + result["over_limit"]
     if bad:

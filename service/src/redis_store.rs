@@ -1,19 +1,35 @@
-//! The `Store` over Redis (one node or a Cluster): one atomic Lua call per check (one script per
-//! algorithm), Redis TIME as the only clock, every call bounded by `COMMAND_TIMEOUT`. Connections
+//! The `Store` over Redis (one node or a Cluster): atomic Lua calls, Redis TIME as the only clock,
+//! every call bounded by `COMMAND_TIMEOUT`. Checks go in batches (`batch`): the checks that are
+//! ready together, of the algorithms whose state is one string, in one `CHECKS_LUA` call (`lua`);
+//! the sliding log's and concurrency's one script call per check, in the same round trip.
+//! Settlements are one script call each, pipelined. Connections
 //! are made and remade in the background: the store starts whether or not Redis answers, and a
 //! check while it does not fails within its bound instead of waiting for it.
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, Pipeline, RedisError, RedisResult, Script, ServerErrorKind, Value};
+use redis::io::tcp::TcpSettings;
+use redis::{
+    ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Script, ServerErrorKind,
+    Value,
+};
 
 use tokio::sync::OnceCell;
+
+mod batch;
+mod lua;
+
+pub use lua::{
+    CHECKS_LUA, DECISION_BYTES, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, RECORD_BYTES,
+    SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
+};
 
 use crate::store::{
     released_key, settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind,
@@ -30,235 +46,6 @@ use crate::store::{
 // Lua doubles, exact below 2^53: `check` bounds the inputs so that every intermediate stays
 // below it (the sliding window's products use `muldiv`). `%d` formats numbers without exponents.
 // State of another type under the key reads as no state and is overwritten by the next grant.
-
-/// Token bucket as GCRA: the whole state is the bucket's theoretical arrival time (TAT).
-/// The bucket is full when TAT <= now; each token taken moves TAT one interval later.
-///
-/// KEYS[1]: the TAT in µs since the epoch (decimal string; absent = full).
-/// ARGV[1]: interval_us, µs per token (>= 1).   ARGV[2]: burst, capacity in tokens.
-/// ARGV[3]: cost, tokens needed.                ARGV[4]: take, tokens wanted (cost..=burst).
-/// ARGV[5]: debt, tokens the bucket may owe past empty.
-/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
-///
-/// A denial without debt or a grant of 0 writes nothing. A denial with debt moves the TAT by the
-/// tokens owed, whole ones, never past now + (burst + debt) × interval: the debt refills at the
-/// rate. Every write sets the TAT with a TTL of the time until the bucket is full again plus 1 s.
-/// Exact because the caller keeps (burst + debt) × interval below `check::MAX_CAPACITY_US`.
-pub const TOKEN_BUCKET_LUA: &str = r"
-local interval = tonumber(ARGV[1])
-local burst = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local take = tonumber(ARGV[4])
-local debt = tonumber(ARGV[5]) or 0
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local capacity = burst * interval
--- A TAT in the past means a full bucket: elapsed time beyond that is not credited.
-local tat = math.max(tonumber(redis.pcall('GET', KEYS[1])) or 0, now)
-local available = math.floor((capacity - (tat - now)) / interval)
-if available < cost then
-  local charged = 0
-  if debt > 0 and cost > 0 then
-    local room = math.floor((now + capacity + debt * interval - tat) / interval)
-    charged = math.min(cost, math.max(room, 0))
-  end
-  if charged > 0 then
-    tat = tat + charged * interval
-    available = math.floor((capacity - (tat - now)) / interval)
-    local ttl_ms = math.ceil((tat - now) / 1000) + 1000
-    redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', ttl_ms))
-  end
-  local retry_after = tat + cost * interval - capacity - now
-  return {0, charged, math.max(available, 0), tat - now, retry_after}
-end
-local granted = math.min(take, available)
-if granted == 0 then
-  return {1, 0, available, tat - now, 0}
-end
-tat = tat + granted * interval
-local reset = tat - now
-local ttl_ms = math.ceil(reset / 1000) + 1000
-redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', string.format('%d', ttl_ms))
-return {1, granted, available - granted, reset, 0}
-";
-
-/// Fixed window: at most `limit` tokens per window, windows aligned to the epoch
-/// (index = floor(now / window)). Up to 2 × limit can pass across a boundary, as locally.
-///
-/// KEYS[1]: `<window index>:<count>` (a count of another window is 0).
-/// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
-/// ARGV[5]: debt.
-/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}: reset and retry_after
-/// are both the time to the window's end.
-///
-/// Admits if count + cost <= limit, granting min(take, limit - count). A denial with debt counts
-/// the cost anyway, count = min(count + cost, limit + debt): while count > limit even a cost of 0
-/// is refused (envoyproxy/ratelimit's `after > limit`). TTL: to the window's end plus 1 s; a
-/// grant of 0 writes nothing. `math.fmod` is exact on doubles, so the window's start is too.
-pub const FIXED_WINDOW_LUA: &str = r"
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local take = tonumber(ARGV[4])
-local debt = tonumber(ARGV[5]) or 0
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local start = now - math.fmod(now, window)
-local index = start / window
-local count = 0
-local stored = redis.pcall('GET', KEYS[1])
-if type(stored) == 'string' then
-  local stored_index, stored_count = string.match(stored, '^(%d+):(%d+)$')
-  if tonumber(stored_index) == index then
-    count = tonumber(stored_count)
-  end
-end
-local reset = start + window - now
-if count + cost > limit then
-  local charged = 0
-  if debt > 0 and cost > 0 then
-    charged = math.max(math.min(count + cost, limit + debt) - count, 0)
-  end
-  if charged > 0 then
-    count = count + charged
-    local ttl_ms = math.ceil(reset / 1000) + 1000
-    redis.call('SET', KEYS[1], string.format('%d:%d', index, count), 'PX', string.format('%d', ttl_ms))
-  end
-  return {0, charged, math.max(limit - count, 0), reset, reset}
-end
-local granted = math.min(take, limit - count)
-if granted == 0 then
-  return {1, 0, limit - count, reset, 0}
-end
-count = count + granted
-local ttl_ms = math.ceil(reset / 1000) + 1000
-redis.call('SET', KEYS[1], string.format('%d:%d', index, count), 'PX', string.format('%d', ttl_ms))
-return {1, granted, limit - count, reset, 0}
-";
-
-/// Sliding window, the two-counter estimate: this epoch-aligned window's count plus the
-/// previous window's count weighted by the part of it the last `window` still covers,
-/// `previous × (window - elapsed) / window + current`.
-///
-/// KEYS[1]: `<window index>:<current>:<previous>`.
-/// ARGV[1]: window_us.   ARGV[2]: limit.   ARGV[3]: cost.   ARGV[4]: take (cost..=limit).
-/// ARGV[5]: debt.
-/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us}.
-///
-/// With weighted = ceil(previous × (window - elapsed) / window), the tokens that fit now are
-/// room = limit - current - weighted (the estimate + t <= limit exactly when t <= room, t
-/// whole). Admits if room >= cost, granting min(take, room). retry_after is the filter's
-/// `sliding_window::retry_after`: later in this window if only the previous window's weight is
-/// in the way, else into the next window, where this window's count is the one that fades.
-/// reset is when both counts have faded: the end of the next window once this one has a count
-/// (after an admission it always has), else the end of this one, as locally. TTL: to the end of
-/// the next window plus 1 s; a grant of 0 writes nothing. A denial with debt adds
-/// min(cost, room + debt) to this window's count (the estimate at most limit + debt), which then
-/// fades as any count; its retry_after and reset are from the counts after that. Counts × µs exceed 2^53 (a billion × a year), so products go through `muldiv`.
-pub const SLIDING_WINDOW_LUA: &str = r"
-local window = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local take = tonumber(ARGV[4])
-local debt = tonumber(ARGV[5]) or 0
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local elapsed = math.fmod(now, window)
-local index = (now - elapsed) / window
-
--- ceil(a * b / c) for whole a, b, c >= 1 below 2^53 whose result is below 2^53, also when
--- a * b is not: b = q c + r, so a b / c = a q + a r / c, and a r / c is found bit by bit of a
--- (a is a count: at most 30 bits), every partial sum below 2 c.
-local function ceil_muldiv(a, b, c)
-  local product = a * b
-  if product < 9007199254740992 then
-    local rest = math.fmod(product, c)
-    return (product - rest) / c + (rest > 0 and 1 or 0)
-  end
-  local r = math.fmod(b, c)
-  local q = (b - r) / c
-  local quotient, rest, left, bit = 0, 0, a, 1
-  while bit * 2 <= a do
-    bit = bit * 2
-  end
-  while bit >= 1 do
-    quotient, rest = quotient * 2, rest * 2
-    if rest >= c then
-      quotient, rest = quotient + 1, rest - c
-    end
-    if left >= bit then
-      left = left - bit
-      rest = rest + r
-      if rest >= c then
-        quotient, rest = quotient + 1, rest - c
-      end
-    end
-    bit = bit / 2
-  end
-  return a * q + quotient + (rest > 0 and 1 or 0)
-end
-
-local current, previous = 0, 0
-local stored = redis.pcall('GET', KEYS[1])
-if type(stored) == 'string' then
-  local i, c, p = string.match(stored, '^(%d+):(%d+):(%d+)$')
-  i = tonumber(i)
-  if i == index then
-    current, previous = tonumber(c), tonumber(p)
-  elseif i ~= nil and i + 1 == index then
-    previous = tonumber(c)
-  end
-end
-local room = limit - current - ceil_muldiv(previous, window - elapsed, window)
-local ttl_ms = math.ceil((2 * window - elapsed) / 1000) + 1000
-if room < cost then
-  local charged = 0
-  if debt > 0 and cost > 0 then
-    charged = math.min(cost, math.max(room + debt, 0))
-  end
-  if charged > 0 then
-    current, room = current + charged, room - charged
-    local state = string.format('%d:%d:%d', index, current, previous)
-    redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
-  end
-  local reset = window - elapsed
-  if current > 0 then
-    reset = 2 * window - elapsed
-  end
-  -- Time into a window, with fading as the previous count and fresh as the current, from
-  -- which fading × (window - t) / window + fresh + cost <= limit; nil if never in that window.
-  local function fits_at(fading, fresh)
-    local fits = limit - fresh - cost
-    if fits < 0 then
-      return nil
-    end
-    if fading <= fits then
-      return 0
-    end
-    return ceil_muldiv(fading - fits, window, fading)
-  end
-  local retry_after
-  local t = fits_at(previous, current)
-  if t then
-    retry_after = math.max(t - elapsed, 1)
-  else
-    t = fits_at(current, 0)
-    if t then
-      retry_after = window - elapsed + t
-    else
-      retry_after = 2 * window - elapsed
-    end
-  end
-  return {0, charged, math.max(room, 0), reset, retry_after}
-end
-local granted = math.min(take, room)
-if granted == 0 then
-  return {1, 0, room, current > 0 and 2 * window - elapsed or window - elapsed, 0}
-end
-local state = string.format('%d:%d:%d', index, current + granted, previous)
-redis.call('SET', KEYS[1], state, 'PX', string.format('%d', ttl_ms))
-return {1, granted, room - granted, 2 * window - elapsed, 0}
-";
 
 /// Sliding log: the admission time of every token of the last `window`, so the limit holds
 /// exactly over any span of `window`.
@@ -345,42 +132,6 @@ if granted == 0 then
 end
 add(granted)
 return {1, granted, limit - count - granted, window, 0}
-";
-
-/// Leaky bucket, shaping: requests leave one per interval. The state is the time the queue
-/// drains (a GCRA TAT); a request's turn is max(TAT, now), its delay turn - now.
-///
-/// KEYS[1]: the TAT in µs since the epoch (decimal string; absent = empty).
-/// ARGV[1]: interval_us (>= 1).   ARGV[2]: max_delay_us.   ARGV[3]: cost (= take).
-/// Returns {allowed (1|0), granted, remaining, reset_us, retry_after_us, delay_us}.
-///
-/// delay > max_delay: denied, nothing written, retry_after = delay - max_delay. Otherwise
-/// admitted with that delay (the filter holds the request), TAT = turn + cost × interval,
-/// remaining = the cost-1 requests that could still queue behind it within max_delay
-/// (floor((max_delay - delay) / interval) + 1 - cost, at least 0), reset = until the queue
-/// drains. TTL: until it drains plus 1 s. A cost of 0 only asks: it writes nothing. It takes no
-/// debt: a queue slot it refuses is not taken (the request refused is never sent on, so it holds
-/// no turn).
-pub const LEAKY_BUCKET_LUA: &str = r"
-local interval = tonumber(ARGV[1])
-local max_delay = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local turn = math.max(tonumber(redis.pcall('GET', KEYS[1])) or 0, now)
-local delay = turn - now
-if delay > max_delay then
-  return {0, 0, 0, delay, delay - max_delay, 0}
-end
-local drained = turn + cost * interval
-local reset = drained - now
-local remaining = math.max(math.floor((max_delay - delay) / interval) + 1 - cost, 0)
-if cost == 0 then
-  return {1, 0, remaining, reset, 0, delay}
-end
-local ttl_ms = math.ceil(reset / 1000) + 1000
-redis.call('SET', KEYS[1], string.format('%d', drained), 'PX', string.format('%d', ttl_ms))
-return {1, cost, remaining, reset, 0, delay}
 ";
 
 /// Concurrency: at most `limit` slots live at once. A sorted set: member = the slot's name,
@@ -763,7 +514,8 @@ impl Link {
     fn new(target: &RedisTarget) -> RedisResult<Link> {
         match target {
             RedisTarget::Single(url) => {
-                let client = redis::Client::open(url.as_str())?;
+                let info = url.as_str().into_connection_info()?;
+                let client = redis::Client::open(info.set_tcp_settings(no_delay()))?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(COMMAND_TIMEOUT))
                     .set_response_timeout(Some(COMMAND_TIMEOUT))
@@ -780,6 +532,7 @@ impl Link {
                     .connection_timeout(COMMAND_TIMEOUT)
                     .response_timeout(COMMAND_TIMEOUT)
                     .retries(2)
+                    .tcp_settings(no_delay())
                     .build()?;
                 let connection = OnceCell::new();
                 let client = Box::new(client);
@@ -813,6 +566,13 @@ impl Link {
     }
 }
 
+/// `TCP_NODELAY`: a batch's request (10 KB and more at 100 checks) is sent whole at once, not
+/// its last segment held back until Redis acknowledges the first (which Redis delays, 40 ms,
+/// waiting for the rest of the request to answer it).
+fn no_delay() -> TcpSettings {
+    TcpSettings::default().set_nodelay(true)
+}
+
 #[derive(Clone)]
 enum Connection {
     Single(ConnectionManager),
@@ -834,6 +594,8 @@ struct Scripts {
     token_bucket_refund: Script,
     fixed_window_refund: Script,
     sliding_window_refund: Script,
+    /// `lua::CHECKS_LUA`: a batch of checks.
+    checks: Script,
 }
 
 impl Scripts {
@@ -853,10 +615,11 @@ impl Scripts {
             token_bucket_refund: once(TOKEN_BUCKET_REFUND_LUA),
             fixed_window_refund: once(FIXED_WINDOW_REFUND_LUA),
             sliding_window_refund: once(SLIDING_WINDOW_REFUND_LUA),
+            checks: Script::new(lua::CHECKS_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 13] {
+    fn all(&self) -> [&Script; 14] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -871,6 +634,7 @@ impl Scripts {
             &self.token_bucket_refund,
             &self.fixed_window_refund,
             &self.sliding_window_refund,
+            &self.checks,
         ]
     }
 
@@ -956,52 +720,68 @@ impl Scripts {
     }
 }
 
-/// One script to run on one key, with its ARGV.
+/// One script to run, with its KEYS and ARGV.
 struct Eval<'s> {
     script: &'s Script,
-    key: String,
-    /// KEYS[2]: a settlement's id key (`SETTLE_ONCE_LUA`), or a slot's tombstone.
-    id_key: Option<String>,
-    args: Vec<String>,
+    /// The key the script runs on first (in a Cluster, every key is in its slot), then a
+    /// settlement's id key (`SETTLE_ONCE_LUA`'s KEYS[2]) or a slot's tombstone.
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
 }
 
 impl<'s> Eval<'s> {
     fn new(script: &'s Script, key: String, numbers: &[u64]) -> Eval<'s> {
-        let args = numbers.iter().map(u64::to_string).collect();
+        let args = numbers.iter().map(|n| n.to_string().into_bytes()).collect();
         Eval {
             script,
-            key,
-            id_key: None,
+            keys: vec![key],
             args,
+        }
+    }
+
+    /// `CHECKS_LUA` of a batch: its keys, and its records in one argument.
+    fn batch(script: &'s Script, keys: Vec<String>, records: Vec<u8>) -> Eval<'s> {
+        Eval {
+            script,
+            keys,
+            args: vec![records],
         }
     }
 
     /// At most once: with the id's key and, last, how long to remember it.
     fn once(mut self, id_key: String) -> Eval<'s> {
-        self.id_key = Some(id_key);
-        self.args.push(SETTLED_TTL_MS.to_string());
+        self.keys.push(id_key);
+        self.args.push(SETTLED_TTL_MS.to_string().into_bytes());
         self
     }
 
     /// KEYS, in order.
     fn keys(&self) -> impl Iterator<Item = &String> {
-        std::iter::once(&self.key).chain(&self.id_key)
+        self.keys.iter()
     }
 
     /// With a second key (KEYS[2]) in the first's Cluster slot: a slot's tombstone.
     fn and_key(mut self, key: String) -> Eval<'s> {
-        self.id_key = Some(key);
+        self.keys.push(key);
         self
     }
 
     /// With one more argument after the numbers.
     fn with(mut self, text: String) -> Eval<'s> {
-        self.args.push(text);
+        self.args.push(text.into_bytes());
         self
     }
 }
 
+/// The store: its checks go through `batch::Queue`, which decides the checks that are ready
+/// together in one call (`lua::CHECKS_LUA`).
 pub struct RedisStore {
+    core: Arc<Core>,
+    queue: batch::Queue,
+}
+
+/// The link to Redis and the scripts, shared with `batch`'s task.
+struct Core {
     link: Link,
     scripts: Scripts,
     /// Whether the last ping was answered. The first answer after none (at start, or once
@@ -1015,13 +795,19 @@ impl RedisStore {
         let link = Link::new(target).map_err(|error| failure(&error))?;
         let scripts = Scripts::new();
         let answered = AtomicBool::new(false);
-        Ok(RedisStore {
+        let core = Arc::new(Core {
             link,
             scripts,
             answered,
+        });
+        Ok(RedisStore {
+            core,
+            queue: batch::Queue::new(),
         })
     }
+}
 
+impl Core {
     /// SCRIPT LOAD of every script; in a Cluster the client sends each to every node.
     async fn load_scripts(&self) -> RedisResult<()> {
         for script in self.scripts.all() {
@@ -1031,17 +817,6 @@ impl RedisStore {
             };
         }
         Ok(())
-    }
-
-    async fn decide(&self, checks: &[Check]) -> RedisResult<Vec<Decision>> {
-        let evals: Vec<Eval> = checks
-            .iter()
-            .map(|check| self.scripts.check(check))
-            .collect();
-        let replies = self.run(&evals, Order::Any).await?;
-        (checks.iter().zip(replies))
-            .map(|(check, reply)| decision_from_reply(&check.algorithm, reply))
-            .collect()
     }
 
     async fn apply(&self, settlements: &[Settlement]) -> RedisResult<Vec<Settled>> {
@@ -1141,9 +916,15 @@ impl RedisStore {
 impl RedisStore {
     async fn count_unrenewed(&self, keys: &[Watched]) -> RedisResult<Vec<u64>> {
         let evals: Vec<Eval> = (keys.iter())
-            .map(|w| Eval::new(&self.scripts.unrenewed, w.key.clone(), &[w.stale_within_us]))
+            .map(|w| {
+                Eval::new(
+                    &self.core.scripts.unrenewed,
+                    w.key.clone(),
+                    &[w.stale_within_us],
+                )
+            })
             .collect();
-        let replies = self.run(&evals, Order::Any).await?;
+        let replies = self.core.run(&evals, Order::Any).await?;
         (replies.into_iter())
             .map(|reply| match reply {
                 Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
@@ -1155,7 +936,7 @@ impl RedisStore {
 
 impl Store for RedisStore {
     async fn check(&self, checks: &[Check]) -> Result<Vec<Decision>, StoreError> {
-        bounded(COMMAND_TIMEOUT, async { self.decide(checks).await }).await
+        bounded(COMMAND_TIMEOUT, self.queue.check(&self.core, checks)).await
     }
 
     async fn unrenewed(&self, keys: &[Watched]) -> Result<Vec<u64>, StoreError> {
@@ -1166,22 +947,22 @@ impl Store for RedisStore {
     }
 
     async fn settle(&self, settlements: &[Settlement]) -> Result<Vec<Settled>, StoreError> {
-        bounded(COMMAND_TIMEOUT, async { self.apply(settlements).await }).await
+        bounded(COMMAND_TIMEOUT, self.core.apply(settlements)).await
     }
 
     /// Opening a Cluster connection has a bound of its own: a ping's would cut it short every
     /// time, and the Cluster would never be reached over a slow network.
     async fn ping(&self) -> Result<(), StoreError> {
         let answer = async {
-            let connection = bounded(CONNECT_TIMEOUT, self.link.connect()).await?;
-            bounded(PING_TIMEOUT, RedisStore::ping(connection)).await?;
-            if !self.answered.load(Relaxed) {
-                bounded(COMMAND_TIMEOUT, self.load_scripts()).await?;
+            let connection = bounded(CONNECT_TIMEOUT, self.core.link.connect()).await?;
+            bounded(PING_TIMEOUT, Core::ping(connection)).await?;
+            if !self.core.answered.load(Relaxed) {
+                bounded(COMMAND_TIMEOUT, self.core.load_scripts()).await?;
             }
             Ok(())
         }
         .await;
-        self.answered.store(answer.is_ok(), Relaxed);
+        self.core.answered.store(answer.is_ok(), Relaxed);
         answer
     }
 }
