@@ -79,6 +79,14 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
 }
 
 /// What a host call that hands back bytes returned: the bytes on `Ok`, `None` on any other
@@ -107,6 +115,36 @@ fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
         returned_bytes(|data, size| {
             proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
         })
+    }
+}
+
+/// Narrows the request's `accept-encoding` to the codings sluice decodes, so that the usage of
+/// the answer can be read (`usage::decode::narrow_accept_encoding`): one read, and a write only
+/// when something goes (the header replaced, or removed when nothing is left). Only while the
+/// request's headers have not gone on; a write the host refuses changes nothing.
+fn narrow_accept_encoding() {
+    const NAME: &str = "accept-encoding";
+    let map = MapType::HttpRequestHeaders as u32;
+    let Some(value) = map_value(MapType::HttpRequestHeaders, NAME) else {
+        return;
+    };
+    let narrowed = crate::usage::decode::narrow_accept_encoding(&value);
+    // SAFETY: every pointer is to a live buffer of the size passed with it; the host copies them.
+    let status = unsafe {
+        match narrowed {
+            Some(kept) if kept == value => return,
+            Some(kept) => proxy_replace_header_map_value(
+                map,
+                NAME.as_ptr(),
+                NAME.len(),
+                kept.as_ptr(),
+                kept.len(),
+            ),
+            None => proxy_remove_header_map_value(map, NAME.as_ptr(), NAME.len()),
+        }
+    };
+    if status != 0 {
+        log::debug!("could not narrow accept-encoding: status {status}");
     }
 }
 
@@ -408,6 +446,7 @@ impl RootContext for Root {
             completed: false,
             live: false,
             awaiting_body: None,
+            headers_sent: false,
         }))
     }
 
@@ -460,6 +499,8 @@ struct Exchange {
     /// The request is decided once its body has come (`Filter::reads_body`), from this
     /// snapshot of its headers.
     awaiting_body: Option<Snapshot>,
+    /// Its headers went on before its decision (to wait for its body): they cannot change then.
+    headers_sent: bool,
 }
 
 impl Exchange {
@@ -492,6 +533,10 @@ impl Exchange {
     /// Keeps what an admitted request takes with it until its response and its end.
     fn admit(&mut self, admitted: Admitted) {
         self.reported = admitted.reported;
+        let metered = |filter: &Filter| filter.meters_body(admitted.tab.as_ref());
+        if !self.headers_sent && self.filter.as_deref().is_some_and(metered) {
+            narrow_accept_encoding();
+        }
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
             let live = (filter.clone(), Response::new(tab, admitted.record));
             LIVE.with(|l| l.borrow_mut().insert(self.id, live));
@@ -602,6 +647,10 @@ impl HttpContext for Exchange {
             // the headers go on and the body is held until the decision: a refused request
             // never reaches the upstream with its body.
             self.awaiting_body = Some(filter.snapshot(&Envoy));
+            self.headers_sent = true;
+            if filter.meters_bodies() {
+                narrow_accept_encoding();
+            }
             if filter.rewrites_body() {
                 // The body may grow; the upstream then takes it chunked.
                 let _ =

@@ -64,7 +64,11 @@ fn a_body_split_in_two_anywhere_or_fed_a_byte_at_a_time_decodes_the_same() {
     for (coding, name, body) in encoded() {
         for cut in 0..=body.len() {
             let (head, tail) = body.split_at(cut);
-            assert_eq!(decode(coding, &[head, tail]).unwrap(), CHAT, "{name} at {cut}");
+            assert_eq!(
+                decode(coding, &[head, tail]).unwrap(),
+                CHAT,
+                "{name} at {cut}"
+            );
         }
         let bytes: Vec<&[u8]> = body.chunks(1).collect();
         assert_eq!(decode(coding, &bytes).unwrap(), CHAT, "{name} bytewise");
@@ -78,7 +82,11 @@ fn gzip_members_in_a_row_decode_as_one_body() {
     assert_eq!(decode(Coding::Gzip, &[&members]).unwrap(), CHAT);
     for cut in 0..=members.len() {
         let (head, tail) = members.split_at(cut);
-        assert_eq!(decode(Coding::Gzip, &[head, tail]).unwrap(), CHAT, "at {cut}");
+        assert_eq!(
+            decode(Coding::Gzip, &[head, tail]).unwrap(),
+            CHAT,
+            "at {cut}"
+        );
     }
 }
 
@@ -87,7 +95,11 @@ fn a_body_cut_short_anywhere_is_truncated() {
     for (coding, name, body) in encoded() {
         for end in 1..body.len() {
             let cut = body.get(..end).unwrap();
-            assert_eq!(decode(coding, &[cut]), Err(Error::Truncated), "{name} at {end}");
+            assert_eq!(
+                decode(coding, &[cut]),
+                Err(Error::Truncated),
+                "{name} at {end}"
+            );
         }
     }
     let two = [gzip(b"{}"), gzip(CHAT)].concat();
@@ -132,7 +144,10 @@ fn damaged_bodies_and_bytes_after_the_end_are_corrupt() {
     bad_adler[last] ^= 0x01;
     assert_eq!(decode(Coding::Deflate, &[&bad_adler]), Err(Error::Corrupt));
     // A block type deflate does not have (3).
-    assert_eq!(decode(Coding::Deflate, &[&[0x07, 0x00]]), Err(Error::Corrupt));
+    assert_eq!(
+        decode(Coding::Deflate, &[&[0x07, 0x00]]),
+        Err(Error::Corrupt)
+    );
 }
 
 #[test]
@@ -162,11 +177,18 @@ fn past_max_decoded_a_body_is_too_large_and_expands_in_small_pieces_until_then()
     });
     assert_eq!(fed, Err(Error::TooLarge));
     assert!(largest <= PIECE, "{largest}");
-    assert!(pieces >= 100 && total <= 1 << 20, "{pieces} pieces, {total} bytes");
+    assert!(
+        pieces >= 100 && total <= 1 << 20,
+        "{pieces} pieces, {total} bytes"
+    );
     assert_eq!(decoder.finish(), Err(Error::TooLarge));
     let mut whole = Decoder::new(Coding::Gzip);
     whole.limit = 8 << 20;
-    assert_eq!(decode_with(whole, &[&bomb]).unwrap().len(), 8 << 20, "up to the bound");
+    assert_eq!(
+        decode_with(whole, &[&bomb]).unwrap().len(),
+        8 << 20,
+        "up to the bound"
+    );
     assert_eq!(Decoder::new(Coding::Gzip).limit, MAX_DECODED);
 }
 
@@ -252,7 +274,16 @@ fn content_encoding_names_one_coding_sluice_decodes_or_is_unsupported() {
         assert_eq!(of(Some(gzip)), Ok(Coding::Gzip), "{gzip:?}");
     }
     assert_eq!(of(Some("Deflate ")), Ok(Coding::Deflate));
-    for unsupported in ["br", "zstd", "compress", "gzip, gzip", "gzip,br", "deflate, gzip", "gzip;q=1", "*"] {
+    for unsupported in [
+        "br",
+        "zstd",
+        "compress",
+        "gzip, gzip",
+        "gzip,br",
+        "deflate, gzip",
+        "gzip;q=1",
+        "*",
+    ] {
         assert_eq!(of(Some(unsupported)), Err(Unsupported), "{unsupported:?}");
     }
 }
