@@ -537,3 +537,44 @@ fn the_upstream_is_asked_only_for_codings_sluice_decodes() {
         narrowed
     );
 }
+
+/// A gzip stream that decodes to 100 MiB is metered as it passes: Envoy does not grow by it (the
+/// decoder keeps its window, not the body), and no event waits for the next to be decoded.
+#[test]
+fn a_gzip_stream_is_metered_as_it_passes_without_growing_envoy_or_holding_an_event() {
+    let (envoy, _upstream) = start(json!([budget("llm", 1_000_000, 100, json!({}))]));
+    let gzip = ("x-test-content-encoding", "gzip");
+    let warm = [
+        ("x-api-key", "warm"),
+        ("x-test-stream-bytes", "1048576"),
+        gzip,
+    ];
+    sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &warm);
+    let before = envoy.rss_kib();
+    let big = [
+        ("x-api-key", "alice"),
+        ("x-test-stream-bytes", "104857600"),
+        ("x-test-usage", "total=4242"),
+        gzip,
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &big);
+    assert!(r.complete, "{} bytes", r.bytes);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let grown = envoy.rss_kib().saturating_sub(before);
+    assert!(grown < 16 * 1024, "Envoy grew {grown} KiB over the stream");
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 4242 + 30), 4242 + 30);
+    let slow = [
+        ("x-api-key", "bob"),
+        ("x-test-events", "5"),
+        ("x-test-event-ms", "400"),
+        gzip,
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &slow);
+    let first = r.first_body_byte.unwrap();
+    assert!(
+        first < Duration::from_millis(300),
+        "first byte after {first:?}"
+    );
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 4242 + 60), 4242 + 60);
+}
