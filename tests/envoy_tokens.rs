@@ -471,7 +471,9 @@ fn accept_encodings_seen(
             all.push(("accept-encoding", accept));
             let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, false, &all);
             assert_eq!(r.status, 200, "{}", r.text());
-            let last = upstream.calls().pop().unwrap();
+            let Some(last) = upstream.calls().pop() else {
+                panic!("the upstream saw no call");
+            };
             last.headers.get("accept-encoding").cloned()
         })
         .collect()
