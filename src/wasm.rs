@@ -82,6 +82,14 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
 }
 
 /// What a host call that hands back bytes returned: the bytes on `Ok`, `None` on any other
@@ -110,6 +118,36 @@ fn map_value(map: MapType, name: &str) -> Option<Vec<u8>> {
         returned_bytes(|data, size| {
             proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), data, size)
         })
+    }
+}
+
+/// Narrows the request's `accept-encoding` to the codings sluice decodes, so that the usage of
+/// the answer can be read (`usage::decode::narrow_accept_encoding`): one read, and a write only
+/// when something goes (the header replaced, or removed when nothing is left). Only while the
+/// request's headers have not gone on; a write the host refuses changes nothing.
+fn narrow_accept_encoding() {
+    const NAME: &str = "accept-encoding";
+    let map = MapType::HttpRequestHeaders as u32;
+    let Some(value) = map_value(MapType::HttpRequestHeaders, NAME) else {
+        return;
+    };
+    let narrowed = crate::usage::decode::narrow_accept_encoding(&value);
+    // SAFETY: every pointer is to a live buffer of the size passed with it; the host copies them.
+    let status = unsafe {
+        match narrowed {
+            Some(kept) if kept == value => return,
+            Some(kept) => proxy_replace_header_map_value(
+                map,
+                NAME.as_ptr(),
+                NAME.len(),
+                kept.as_ptr(),
+                kept.len(),
+            ),
+            None => proxy_remove_header_map_value(map, NAME.as_ptr(), NAME.len()),
+        }
+    };
+    if status != 0 {
+        log::debug!("could not narrow accept-encoding: status {status}");
     }
 }
 
@@ -526,6 +564,7 @@ impl RootContext for Root {
             chunked: false,
             body: None,
             denied: false,
+            headers_sent: false,
         }))
     }
 
@@ -589,6 +628,8 @@ struct Exchange {
     body: Option<Vec<u8>>,
     /// A local reply refused it.
     denied: bool,
+    /// Its headers went on before its decision (to wait for its body): they cannot change then.
+    headers_sent: bool,
 }
 
 impl Exchange {
@@ -625,6 +666,10 @@ impl Exchange {
     fn admit(&mut self, admitted: Admitted) {
         self.ask_stream_usage(&admitted);
         self.reported = admitted.reported;
+        let metered = |filter: &Filter| filter.meters_body(admitted.tab.as_ref());
+        if !self.headers_sent && self.filter.as_deref().is_some_and(metered) {
+            narrow_accept_encoding();
+        }
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
             let response = Response::new(tab, admitted.record);
             if let Some(record) = response.record_if_reset(filter) {
@@ -781,7 +826,12 @@ impl HttpContext for Exchange {
             match wait.hold {
                 HeadersHold::Blocked => {
                     // The headers go ahead; the body is held until the decision. A body that
-                    // may grow goes chunked.
+                    // may grow goes chunked; the answer may be metered, so it comes in a coding
+                    // sluice decodes.
+                    self.headers_sent = true;
+                    if filter.meters_bodies() {
+                        narrow_accept_encoding();
+                    }
                     if self.stream_path {
                         let _ = hostcalls::set_map_value(
                             MapType::HttpRequestHeaders,
@@ -812,6 +862,7 @@ impl HttpContext for Exchange {
         if let Ok(mut wait) = self.body_wait.try_borrow_mut() {
             // Headers let go when Envoy could not hold them can no longer change.
             self.headers_held &= wait.hold != HeadersHold::Blocked;
+            self.headers_sent |= !self.headers_held;
             if self.headers_held {
                 wait.body_came();
             }

@@ -1,8 +1,10 @@
 //! Token budgets in a real two-worker Envoy in front of the test kit's LLM upstream
 //! (`sluice_testkit::llm`), with the official openai SDK as the client: a policy's cost read from
 //! the response's usage, JSON or streamed, reserved before and settled after, with its debt, its
-//! refunds, what an aborted stream is charged, per-model keys, and a 100 MiB stream that neither
-//! grows Envoy nor waits.
+//! refunds, what an aborted stream is charged, per-model keys, a 100 MiB stream that neither
+//! grows Envoy nor waits, and compressed answers: gzip and deflate read as plain ones are, any
+//! other coding charged as `on_unknown` says, and the upstream asked only for codings sluice
+//! decodes.
 
 // Helpers report an unexpected response by panicking, as assertions do.
 #![allow(clippy::panic, clippy::indexing_slicing)]
@@ -364,4 +366,218 @@ fn a_global_budget_is_exact_across_two_envoys_its_usage_settled_after_the_respon
         refused.is_some(),
         "owing 400 after the second's usage, through either Envoy"
     );
+}
+
+/// Calls of each API, plain, gzip and deflate, JSON and streamed, each reporting its own total:
+/// each is charged exactly that, whatever its coding, and none is unknown.
+#[test]
+fn gzip_and_deflate_responses_are_charged_their_usage_as_plain_ones_are() {
+    let policy = budget("llm", 1_000_000, 10, json!({"on_unknown": 5000}));
+    let (envoy, _upstream) = start(json!([policy]));
+    let mut expected = 0;
+    let mut total = 100;
+    for coding in ["identity", "gzip", "x-gzip", "deflate"] {
+        for api in Api::ALL {
+            for stream in [false, true] {
+                total += 1;
+                // Input and output: Anthropic reports no total.
+                let usage = format!("input={total},output=1");
+                let mut headers = vec![("x-api-key", "alice"), ("x-test-usage", &usage)];
+                if coding != "identity" {
+                    headers.push(("x-test-content-encoding", coding));
+                }
+                let charged = total + 1;
+                let r = sluice_testkit::llm::call(envoy.addr(), api, stream, &headers);
+                assert_eq!(r.status, 200, "{coding} {api:?} {stream}");
+                let label = (coding != "identity").then_some(coding);
+                assert_eq!(r.header("content-encoding"), label, "passed on as it came");
+                expected += charged;
+            }
+        }
+    }
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, expected), expected);
+    for why in UsageUnknown::ALL {
+        let unknown = envoy.wasm_counter(&usage_unknown_counter("llm", why));
+        assert_eq!(unknown.unwrap_or(0), 0, "{why:?}");
+    }
+}
+
+/// The openai SDK asks for gzip (`accept-encoding: gzip, deflate`), and gets it from an upstream
+/// that compresses: its calls are charged their usage as uncompressed ones are.
+#[test]
+fn the_openai_sdk_is_charged_its_usage_when_the_upstream_answers_in_gzip() {
+    let policy = budget("llm", 1000, 100, json!({"on_unknown": 5000}));
+    let (envoy, upstream) = start(json!([policy]));
+    for stream in [false, true] {
+        let key = if stream { "streaming" } else { "json" };
+        let headers = [
+            ("x-api-key", key),
+            ("x-test-usage", "input=100,output=200"),
+            ("x-test-content-encoding", "negotiate"),
+        ];
+        let calls = openai_calls(envoy.addr(), 5, stream, &headers);
+        // As plain: 300 a call against 1,000, reserving 100: the fifth is refused.
+        assert_eq!(
+            statuses(&calls),
+            [200, 200, 200, 200, 429],
+            "{key}: {calls:?}"
+        );
+        assert_eq!(calls[0].usage.as_ref().unwrap()["total_tokens"], 300);
+    }
+    let asked = upstream.calls()[0].headers["accept-encoding"].clone();
+    assert!(asked.contains("gzip") && !asked.contains("br"), "{asked}");
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 2400), 2400);
+}
+
+/// A coding sluice cannot undo (`br` here), two codings stacked, or a body that is not what its
+/// `content-encoding` says: the usage is unknown, charged as `on_unknown` says.
+#[test]
+fn a_response_in_a_coding_sluice_cannot_decode_is_charged_as_on_unknown_says() {
+    let policy = budget("llm", 1_000_000, 10, json!({"on_unknown": 700}));
+    let (envoy, _upstream) = start(json!([policy]));
+    for (coding, stream) in [
+        ("br", false),
+        ("br", true),
+        ("gzip, gzip", false),
+        ("zstd", true),
+    ] {
+        let headers = [
+            ("x-api-key", "alice"),
+            ("x-test-usage", "total=30"),
+            ("x-test-content-encoding", coding),
+        ];
+        let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, stream, &headers);
+        assert_eq!(r.status, 200, "{coding}");
+    }
+    let invalid = usage_unknown_counter("llm", UsageUnknown::Invalid);
+    assert_eq!(envoy.wait_for_wasm_counter(&invalid, 4), 4);
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 2800), 2800);
+}
+
+/// What the upstream was asked for (`None`: no `accept-encoding`), for each `accept-encoding` in
+/// `asked`, sent to `envoy` with `headers`.
+fn accept_encodings_seen(
+    envoy: &Envoy,
+    upstream: &LlmUpstream,
+    headers: &[(&str, &str)],
+    asked: &[&str],
+) -> Vec<Option<String>> {
+    asked
+        .iter()
+        .map(|accept| {
+            let mut all = headers.to_vec();
+            all.push(("accept-encoding", accept));
+            let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, false, &all);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let Some(last) = upstream.calls().pop() else {
+                panic!("the upstream saw no call");
+            };
+            last.headers.get("accept-encoding").cloned()
+        })
+        .collect()
+}
+
+/// A request that a policy metering response bodies admitted asks the upstream only for codings
+/// sluice decodes, with the weights the client gave them: `br` and `zstd` never come back. A
+/// request no such policy meters is left as it was.
+#[test]
+fn the_upstream_is_asked_only_for_codings_sluice_decodes() {
+    let metered = budget("llm", 1_000_000, 10, json!({}));
+    let other = json!({"name": "rps", "key": ["header:x-user-id"], "requests": 100, "per": "1s"});
+    let asked = [
+        "br, gzip;q=0.5",
+        "gzip, deflate, br, zstd",
+        "br",
+        "identity, br;q=0.9",
+        "*",
+    ];
+    let narrowed = [
+        Some("gzip;q=0.5"),
+        Some("gzip, deflate"),
+        None,
+        Some("identity"),
+        None,
+    ];
+    let narrowed = narrowed.map(|n| n.map(String::from)).to_vec();
+    let (envoy, upstream) = start(json!([metered.clone(), other.clone()]));
+    let key = [("x-api-key", "alice")];
+    assert_eq!(
+        accept_encodings_seen(&envoy, &upstream, &key, &asked),
+        narrowed
+    );
+    let unmetered = [("x-user-id", "bob")];
+    let as_sent = asked.map(|a| Some(a.to_string())).to_vec();
+    assert_eq!(
+        accept_encodings_seen(&envoy, &upstream, &unmetered, &asked),
+        as_sent
+    );
+    // The header twice: however Envoy holds the two, no br goes on.
+    let twice = [
+        ("x-api-key", "alice"),
+        ("accept-encoding", "br"),
+        ("accept-encoding", "gzip"),
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, false, &twice);
+    assert_eq!(r.status, 200);
+    let seen = upstream
+        .calls()
+        .pop()
+        .unwrap()
+        .headers
+        .get("accept-encoding")
+        .cloned();
+    assert!(!seen.clone().unwrap_or_default().contains("br"), "{seen:?}");
+    drop(envoy);
+    // A request decided from its body: its headers go on first, narrowed then.
+    let mut per_model = metered;
+    per_model["key"] = json!(["header:x-api-key", "body:model"]);
+    let (envoy, upstream) = start(json!([per_model, other]));
+    assert_eq!(
+        accept_encodings_seen(&envoy, &upstream, &key, &asked),
+        narrowed
+    );
+}
+
+/// A gzip stream that decodes to 100 MiB is metered as it passes: Envoy does not grow by it (the
+/// decoder keeps its window, not the body), and no event waits for the next to be decoded.
+#[test]
+fn a_gzip_stream_is_metered_as_it_passes_without_growing_envoy_or_holding_an_event() {
+    let (envoy, _upstream) = start(json!([budget("llm", 1_000_000, 100, json!({}))]));
+    let gzip = ("x-test-content-encoding", "gzip");
+    let warm = [
+        ("x-api-key", "warm"),
+        ("x-test-stream-bytes", "1048576"),
+        gzip,
+    ];
+    sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &warm);
+    let before = envoy.rss_kib();
+    let big = [
+        ("x-api-key", "alice"),
+        ("x-test-stream-bytes", "104857600"),
+        ("x-test-usage", "total=4242"),
+        gzip,
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &big);
+    assert!(r.complete, "{} bytes", r.bytes);
+    assert_eq!(r.header("content-encoding"), Some("gzip"));
+    let grown = envoy.rss_kib().saturating_sub(before);
+    assert!(grown < 16 * 1024, "Envoy grew {grown} KiB over the stream");
+    let charged = tokens_counter("llm", "tokens_charged_total");
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 4242 + 30), 4242 + 30);
+    let slow = [
+        ("x-api-key", "bob"),
+        ("x-test-events", "5"),
+        ("x-test-event-ms", "400"),
+        gzip,
+    ];
+    let r = sluice_testkit::llm::call(envoy.addr(), Api::ChatCompletions, true, &slow);
+    let first = r.first_body_byte.unwrap();
+    assert!(
+        first < Duration::from_millis(300),
+        "first byte after {first:?}"
+    );
+    assert_eq!(envoy.wait_for_wasm_counter(&charged, 4242 + 60), 4242 + 60);
 }

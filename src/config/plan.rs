@@ -238,6 +238,12 @@ impl Policy {
         self.metered.as_ref().is_some_and(|m| m.ask_stream_usage)
     }
 
+    /// Whether the policy reads its cost from the usage in response bodies.
+    pub fn meters_bodies(&self) -> bool {
+        let metered = self.metered.as_ref();
+        metered.is_some_and(|m| matches!(m.source, UsageSource::Body(_)))
+    }
+
     /// Whether the policy counts requests in flight (the concurrency algorithm): its slots are
     /// given back when its requests end.
     pub fn holds_slots(&self) -> bool {

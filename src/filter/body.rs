@@ -2,7 +2,9 @@
 //! (`body:model`) or reserves what it asks for (`max_tokens`), the glue takes a `snapshot` of
 //! what the policies read of the headers (the host stops showing them once they go on), holds
 //! the body until its start has come, and decides from both. A policy may also ask a stream for
-//! its usage, rewriting the body (`ask_stream_usage`).
+//! its usage, rewriting the body (`ask_stream_usage`). A request whose response body a policy
+//! meters has its `accept-encoding` narrowed to the codings sluice decodes
+//! (`meters_body`).
 
 use super::{Filter, Host, Verdict};
 use crate::access_log;
@@ -28,6 +30,24 @@ impl Filter {
     /// Whether some policy may rewrite a request's body (`ask_stream_usage`).
     pub fn rewrites_body(&self) -> bool {
         self.plan.policies.iter().any(Policy::asks_stream_usage)
+    }
+
+    /// Whether some policy meters response bodies: a request whose headers go on before its
+    /// decision (to wait for its body) has its `accept-encoding` narrowed then
+    /// (`usage::decode::narrow_accept_encoding`), as such a policy may admit it. One that no
+    /// such policy admits gets its answer in a coding sluice decodes all the same.
+    pub fn meters_bodies(&self) -> bool {
+        self.plan.policies.iter().any(Policy::meters_bodies)
+    }
+
+    /// Whether a policy that admitted the request (its `tab`) meters its response body: its
+    /// `accept-encoding` is narrowed to what sluice decodes, so that the usage can be read.
+    pub fn meters_body(&self, tab: Option<&Tab>) -> bool {
+        let meters = |entry: &Entry| {
+            let policy = self.plan.policies.get(entry.policy);
+            policy.is_some_and(Policy::meters_bodies)
+        };
+        tab.is_some_and(|tab| tab.entries.iter().any(meters))
     }
 
     /// Decides a request from its `snapshot` and its whole body (at most `BODY_BYTES`), read as

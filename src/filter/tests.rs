@@ -1062,3 +1062,22 @@ fn an_admitted_request_keeps_its_slot_and_a_refused_check_took_none() {
     }
     assert!(released(&host).is_empty(), "{:?}", host.reports.borrow());
 }
+
+#[test]
+fn only_a_request_that_a_policy_metering_response_bodies_admitted_narrows_accept_encoding() {
+    let body = json!({"name": "llm", "key": ["header:x-api-key"], "requests": 1000, "per": "1m",
+        "cost": {"from_response": {"usage": "total_tokens"}}});
+    let header = json!({"name": "by-header", "key": ["header:x-user-id"], "requests": 1000,
+        "per": "1m", "cost": {"from_response": {"header": "x-usage"}}});
+    let rps = json!({"name": "rps", "key": ["header:x-user-id"], "requests": 10, "per": "1s"});
+    let (filter, host) = setup(json!({"policies": [body, header.clone(), rps.clone()]}));
+    assert!(filter.meters_bodies());
+    let meters = |headers: &[(&str, &str)]| match send(&filter, &host, headers) {
+        Verdict::Continue(admitted) => filter.meters_body(admitted.tab.as_ref()),
+        other => panic!("{other:?}"),
+    };
+    assert!(meters(&[("x-api-key", "k"), ("x-user-id", "alice")]));
+    assert!(!meters(&[("x-user-id", "alice")]), "llm does not apply");
+    let (filter, _) = setup(json!({"policies": [header, rps]}));
+    assert!(!filter.meters_bodies(), "a usage header needs no decoding");
+}

@@ -54,13 +54,15 @@ impl Response {
         self.tab.holds_slots()
     }
 
-    /// The response's headers have come: how its body reports usage, and usage they carry.
+    /// The response's headers have come: how its body reports usage (its content type and
+    /// coding), and usage they carry.
     pub fn on_headers(&mut self, filter: &Filter, host: &impl Host) {
         self.usage.on_headers(&self.tab, filter, host);
     }
 
-    /// Whether its body is read (a metered policy reads its usage there): the glue fetches each
-    /// chunk only then, as fetching costs a hostcall.
+    /// Whether its body is read (a metered policy reads its usage there, and it can still be
+    /// read: not once malformed or undecodable): the glue fetches each chunk only then, as
+    /// fetching costs a hostcall.
     pub fn reads_body(&self) -> bool {
         self.usage.reads_body()
     }

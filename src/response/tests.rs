@@ -269,6 +269,66 @@ fn usage_that_never_comes_is_charged_as_on_unknown_says() {
     );
 }
 
+/// Alice's request answered with `headers` and `body` fed in 7-byte chunks: what it was
+/// charged, and whether the body was still read at its end.
+fn respond_encoded(
+    filter: &Filter,
+    host: &FakeHost,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (String, bool) {
+    let mut response = start(filter, host, ALICE).unwrap();
+    *host.response.borrow_mut() = FakeRequest::new(headers);
+    response.on_headers(filter, host);
+    for chunk in body.chunks(7) {
+        if response.reads_body() {
+            response.on_body(chunk);
+        }
+    }
+    let reads = response.reads_body();
+    response.end(filter, host, Ending::Completed);
+    (host.published.borrow()["sluice.tokens.llm"].clone(), reads)
+}
+
+fn gzip(body: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(body).unwrap();
+    encoder.finish().unwrap()
+}
+
+#[test]
+fn a_gzip_response_is_charged_its_usage_and_one_sluice_cannot_decode_as_on_unknown_says() {
+    let mut policy = budget(json!({"on_unknown": 700}));
+    policy["requests"] = json!(100_000);
+    let (filter, host) = setup(json!([policy]));
+    let body = usage_json(300);
+    let gzipped = gzip(body.as_bytes());
+    let json_gzip = [("content-type", OPENAI_JSON), ("content-encoding", "gzip")];
+    let (charged, reads) = respond_encoded(&filter, &host, &json_gzip, &gzipped);
+    assert_eq!((charged.as_str(), reads), ("300", true));
+    let stream = format!("data: {body}\n\ndata: [DONE]\n\n");
+    let events_gzip = [("content-type", EVENTS), ("content-encoding", "x-gzip")];
+    let (charged, _) = respond_encoded(&filter, &host, &events_gzip, &gzip(stream.as_bytes()));
+    assert_eq!(charged, "300", "a stream");
+    let json_br = [("content-type", OPENAI_JSON), ("content-encoding", "br")];
+    let (charged, reads) = respond_encoded(&filter, &host, &json_br, body.as_bytes());
+    assert_eq!(
+        (charged.as_str(), reads),
+        ("700", false),
+        "br: not read past its first byte"
+    );
+    let (charged, _) = respond_encoded(&filter, &host, &json_gzip, body.as_bytes());
+    assert_eq!(charged, "700", "labelled gzip, not gzip");
+    let cut = gzipped.get(..gzipped.len() - 1).unwrap();
+    let (charged, _) = respond_encoded(&filter, &host, &json_gzip, cut);
+    assert_eq!(charged, "700", "cut short");
+    filter.flush_counters(&host);
+    let invalid =
+        crate::metrics::usage_unknown_counter("llm", crate::metrics::UsageUnknown::Invalid);
+    assert_eq!(host.counter(&invalid), 3);
+}
+
 #[test]
 fn usage_can_come_in_a_header_or_a_trailer() {
     let header = json!({"from_response": {"header": "x-usage-total-tokens"}});

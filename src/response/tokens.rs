@@ -18,15 +18,15 @@ use crate::limiter::{Basis, Settled};
 use crate::metrics::UsageUnknown;
 use crate::protocol::SettleOp;
 use crate::tab::{Ending, Entry, Held, Op, Tab};
-use crate::usage::{count_from_header, Counts, Format, Reading, Scanner};
+use crate::usage::{count_from_header, Counts, Format, Reader, Reading};
 use smallvec::SmallVec;
 
 /// What the response says it used, as far as it has come.
 #[derive(Debug, Default)]
 pub(super) struct Usage {
     /// The body's usage, when a metered policy of the tab reads it and the body is JSON or
-    /// server-sent events.
-    body: Option<Scanner>,
+    /// server-sent events, in its content coding.
+    body: Option<Reader>,
     /// Counts read from headers, then trailers, by header name.
     headers: SmallVec<[(String, u64); 1]>,
     /// The upstream itself answered with an error (a 4xx or 5xx it sent, not one of Envoy's):
@@ -39,9 +39,11 @@ impl Usage {
         let sources = || sources(tab, filter);
         if sources().any(|s| matches!(s, UsageSource::Body(_))) {
             let content_type = host.response_header("content-type");
-            self.body = content_type
-                .and_then(|value| Format::of_content_type(&value))
-                .map(Scanner::new);
+            let format = content_type.and_then(|value| Format::of_content_type(&value));
+            self.body = format.map(|format| {
+                let coding = host.response_header("content-encoding");
+                Reader::new(format, coding.as_deref())
+            });
         }
         self.read(sources(), |name| host.response_header(name));
         self.upstream_error = upstream_error(host);
@@ -51,13 +53,14 @@ impl Usage {
         self.read(sources(tab, filter), |name| host.response_trailer(name));
     }
 
+    /// Whether the body is read still: not once it cannot be (malformed, or not decoded).
     pub(super) fn reads_body(&self) -> bool {
-        self.body.is_some()
+        self.body.as_ref().is_some_and(Reader::reads)
     }
 
     pub(super) fn on_body(&mut self, chunk: &[u8]) {
-        if let Some(scanner) = &mut self.body {
-            scanner.feed(chunk);
+        if let Some(reader) = &mut self.body {
+            reader.feed(chunk);
         }
     }
 
@@ -80,7 +83,7 @@ impl Usage {
 
     /// What the body said it used, once the request ended as `ending` says.
     fn body_usage(&self, ending: Ending) -> BodyUsage {
-        let unknown = match self.body.map(|scanner| scanner.reading()) {
+        let unknown = match self.body.as_ref().map(Reader::reading) {
             Some(Reading::Found(counts)) => return Ok(counts),
             Some(Reading::Invalid(_)) => UsageUnknown::Invalid,
             Some(Reading::Missing) | None => UsageUnknown::Missing,

@@ -35,10 +35,15 @@
 //! event stream how much of a line's field name matches `data`. Strings are skipped, not kept: a
 //! word at a time, then with `memchr`, to the next quote or backslash.
 //!
+//! **Compressed bodies.** A `Reader` reads a body whose `content-encoding` is gzip or deflate
+//! through a `decode::Decoder`, the decoded bytes fed to the scanner as they come; a coding it
+//! cannot undo, or a body that does not decode, is invalid (`decode`).
+//!
 //! `Meter` turns counts into what a policy charges; `count_from_header` reads a count an upstream
 //! sends as a header; `request` reads what an LLM request asks for, and asks a stream to report
 //! its usage.
 
+pub mod decode;
 mod json;
 mod meter;
 pub mod request;
@@ -229,6 +234,67 @@ impl Scanner {
         match &mut self.body {
             Body::Json(json) => json.end(),
             Body::EventStream(events) => events.end(&mut self.counts),
+        }
+    }
+}
+
+/// Reads the usage of a response body in its content coding: the body decoded as it comes
+/// (`decode`), and the decoded bytes scanned (`Scanner`), never kept.
+#[derive(Debug)]
+pub struct Reader {
+    scanner: Scanner,
+    /// `Err` for a coding sluice cannot undo.
+    decoder: Result<decode::Decoder, decode::Unsupported>,
+    /// Why the body cannot be read, once known: nothing more is fed then.
+    failure: Option<&'static str>,
+}
+
+impl Reader {
+    /// A reader of a body in `format` whose `content-encoding` is `coding` (`None`: none).
+    pub fn new(format: Format, content_encoding: Option<&[u8]>) -> Reader {
+        let coding = decode::Coding::of_content_encoding(content_encoding);
+        Reader {
+            scanner: Scanner::new(format),
+            decoder: coding.map(decode::Decoder::new),
+            failure: None,
+        }
+    }
+
+    /// Whether more of the body is worth feeding: false once it cannot be read.
+    pub fn reads(&self) -> bool {
+        self.failure.is_none() && self.scanner.failure.is_none()
+    }
+
+    /// Reads the next bytes of the body. A body in a coding sluice cannot undo is invalid once
+    /// a byte of it comes (a response without a body reads as it would without a coding).
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if !self.reads() || chunk.is_empty() {
+            return;
+        }
+        let scanner = &mut self.scanner;
+        let fed = match &mut self.decoder {
+            Ok(decoder) => decoder
+                .feed(chunk, &mut |bytes| scanner.feed(bytes))
+                .map_err(decode::Error::reason),
+            Err(decode::Unsupported) => Err("unsupported content-encoding"),
+        };
+        if let Err(why) = fed {
+            self.failure = Some(why);
+        }
+        if !self.reads() {
+            // Frees the inflater.
+            self.decoder = Ok(decode::Decoder::new(decode::Coding::Identity));
+        }
+    }
+
+    /// What the body says, taking what was fed as the whole body.
+    pub fn reading(&self) -> Reading {
+        if let Some(why) = self.failure {
+            return Reading::Invalid(why);
+        }
+        match self.decoder.as_ref().map(decode::Decoder::finish) {
+            Ok(Err(error)) if self.scanner.failure.is_none() => Reading::Invalid(error.reason()),
+            _ => self.scanner.reading(),
         }
     }
 }

@@ -858,3 +858,103 @@ proptest! {
         }
     }
 }
+
+mod compressed {
+    //! `Reader`: the scanner behind the decoder, for a body in a content coding.
+    use super::*;
+    use flate2::write::{GzEncoder, ZlibEncoder};
+    use flate2::Compression;
+    use std::io::Write;
+
+    fn gzip(body: &[u8]) -> Vec<u8> {
+        let mut encoder = GzEncoder::new(Vec::new(), Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn zlib(body: &[u8]) -> Vec<u8> {
+        let mut encoder = ZlibEncoder::new(Vec::new(), Compression::fast());
+        encoder.write_all(body).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn read(format: Format, coding: Option<&str>, chunks: &[&[u8]]) -> Reading {
+        let mut reader = Reader::new(format, coding.map(str::as_bytes));
+        for chunk in chunks {
+            reader.feed(chunk);
+        }
+        reader.reading()
+    }
+
+    #[test]
+    fn every_fixture_compressed_reads_the_usage_it_reads_plain() {
+        for fixture in FIXTURES {
+            let expected = Reading::Found(fixture.counts);
+            let plain = read(fixture.format, None, &[fixture.body]);
+            assert_eq!(plain, expected, "{}", fixture.name);
+            for (coding, body) in [
+                ("gzip", gzip(fixture.body)),
+                ("x-gzip", gzip(fixture.body)),
+                ("deflate", zlib(fixture.body)),
+            ] {
+                let reading = read(fixture.format, Some(coding), &[&body]);
+                assert_eq!(reading, expected, "{} in {coding}", fixture.name);
+                let (head, tail) = body.split_at(body.len() / 2);
+                let halves = read(fixture.format, Some(coding), &[head, tail]);
+                assert_eq!(halves, expected, "{} in {coding}, halves", fixture.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_compressed_stream_split_anywhere_reads_the_same_usage() {
+        let fixture = FIXTURES.iter().find(|f| f.name == "anthropic_stream.sse");
+        let fixture = fixture.unwrap();
+        let body = gzip(fixture.body);
+        for cut in 0..=body.len() {
+            let (head, tail) = body.split_at(cut);
+            let reading = read(fixture.format, Some("gzip"), &[head, tail]);
+            assert_eq!(reading, Reading::Found(fixture.counts), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_body_that_does_not_decode_or_is_cut_short_is_invalid() {
+        let body = br#"{"usage": {"total_tokens": 5}}"#;
+        let gzipped = gzip(body);
+        let cut = &gzipped[..gzipped.len() - 4];
+        let truncated = read(Format::Json, Some("gzip"), &[cut]);
+        assert_eq!(truncated, Reading::Invalid("compressed body cut short"));
+        let corrupt = read(Format::Json, Some("gzip"), &[body]);
+        assert_eq!(corrupt, Reading::Invalid("corrupt compressed body"));
+        let unlabelled = read(Format::Json, None, &[&gzipped]);
+        assert_eq!(unlabelled, Reading::Invalid("malformed JSON"));
+    }
+
+    #[test]
+    fn a_coding_sluice_cannot_undo_is_invalid_once_a_byte_comes() {
+        let body = br#"{"usage": {"total_tokens": 5}}"#;
+        for coding in ["br", "zstd", "gzip, gzip", "gzip,br"] {
+            let mut reader = Reader::new(Format::Json, Some(coding.as_bytes()));
+            assert!(reader.reads());
+            reader.feed(b"");
+            assert_eq!(reader.reading(), Reading::Missing, "{coding}: no body yet");
+            reader.feed(body);
+            assert!(!reader.reads(), "{coding}: nothing more is fed");
+            let why = Reading::Invalid("unsupported content-encoding");
+            assert_eq!(reader.reading(), why, "{coding}");
+        }
+    }
+
+    #[test]
+    fn once_the_body_cannot_be_read_nothing_more_is_decoded() {
+        let mut reader = Reader::new(Format::Json, Some(b"gzip"));
+        reader.feed(&gzip(b"{\"usage\": nonsense"));
+        assert!(!reader.reads(), "malformed");
+        reader.feed(&gzip(b"more"));
+        assert_eq!(reader.reading(), Reading::Invalid("malformed JSON"));
+        let mut reader = Reader::new(Format::Json, Some(b"gzip"));
+        reader.feed(b"\x1f\x8b\x08\x00 not deflate");
+        assert!(!reader.reads(), "corrupt");
+    }
+}

@@ -48,6 +48,12 @@ Request headers that shape the answer, all optional:
   x-test-status: N   Answers status N with the API's error JSON (OpenAI's {"error": {...}},
       Anthropic's {"type": "error", ...}) and no usage; on other paths, plain text.
   x-test-usage-header: NAME   Also reports the total tokens in the response header NAME.
+  x-test-content-encoding: NAME   The answer of an API in content coding NAME: gzip or x-gzip
+      (gzip), deflate (zlib); a stream's events each compressed and flushed (Z_SYNC_FLUSH) in
+      the chunk of their own, as compressing servers stream. Any other name is only a label:
+      the body goes as it is, with content-encoding NAME (br: a coding nothing here can make).
+      negotiate: gzip or deflate, whichever accept-encoding gives the highest q (the first of
+      equals), else none.
   x-test-usage-trailer: NAME   A stream also reports the total tokens in the trailer NAME,
       announced by a Trailer header. Envoy forwards HTTP/1.1 trailers only where
       http_protocol_options has enable_trailers: true, on the upstream cluster (the testkit's
@@ -62,6 +68,7 @@ import struct
 import sys
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 from urllib.parse import parse_qs, urlsplit
@@ -111,6 +118,7 @@ class Shape:
     status: int
     usage_header: str | None
     usage_trailer: str | None
+    coding: str | None
 
     @staticmethod
     def from_headers(headers):
@@ -140,7 +148,47 @@ class Shape:
             status=number("x-test-status", 200),
             usage_header=headers.get("x-test-usage-header"),
             usage_trailer=headers.get("x-test-usage-trailer"),
+            coding=coding_of(headers),
         )
+
+
+def coding_of(headers):
+    """The content coding x-test-content-encoding asks for, None for none."""
+    coding = headers.get("x-test-content-encoding")
+    if coding != "negotiate":
+        return coding
+    best, best_q = None, 0.0
+    for item in headers.get("accept-encoding", "").split(","):
+        name, *params = [part.strip() for part in item.split(";")]
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if name.lower() in ("gzip", "deflate") and q > best_q:
+            best, best_q = name.lower(), q
+    return best
+
+
+class Encoder:
+    """Compresses an answer in its coding, part by part, each part flushed (identity: as is)."""
+
+    WBITS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
+
+    def __init__(self, coding):
+        wbits = self.WBITS.get(coding)
+        self.stream = zlib.compressobj(6, zlib.DEFLATED, wbits) if wbits else None
+
+    def part(self, data):
+        if self.stream is None:
+            return data
+        return self.stream.compress(data) + self.stream.flush(zlib.Z_SYNC_FLUSH)
+
+    def end(self):
+        return self.stream.flush() if self.stream is not None else b""
 
 
 @dataclasses.dataclass
@@ -441,11 +489,16 @@ class Handler(BaseHTTPRequestHandler):
 
     def send_bytes(self, status, content_type, text, shape=None):
         body = text.encode()
+        if shape is not None:
+            encoder = Encoder(shape.coding)
+            body = encoder.part(body) + encoder.end()
         self.send_response(status)
         self.send_header("content-type", content_type)
         self.send_header("content-length", str(len(body)))
         if shape is not None:
             self.usage_header(shape)
+            if shape.coding:
+                self.send_header("content-encoding", shape.coding)
         self.end_headers()
         if shape is not None and shape.cut_after is not None:
             self.wfile.write(body[:shape.cut_after])
@@ -465,24 +518,32 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.send_header("transfer-encoding", "chunked")
+        if shape.coding:
+            self.send_header("content-encoding", shape.coding)
         self.usage_header(shape)
         trailer = shape.usage_trailer if shape.usage is not None else None
         if trailer:
             self.send_header("trailer", trailer)
         self.end_headers()
-        if not self.send_events(api.stream(reply), shape):
+        encoder = Encoder(shape.coding)
+        if not self.send_events(api.stream(reply), shape, encoder):
             return
+        end = encoder.end()
+        if end:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(end), end))
         last = f"{trailer}: {shape.usage['total']}\r\n" if trailer else ""
         self.wfile.write(f"0\r\n{last}\r\n".encode())
 
-    def send_events(self, events, shape):
-        """Sends the events, one chunk each; False when it cut the stream (x-test-cut-after)."""
+    def send_events(self, events, shape, encoder):
+        """Sends the events, one chunk each, in the encoder's coding; False when it cut the
+        stream (x-test-cut-after)."""
         for index, event in enumerate(events):
             if index == shape.cut_after:
                 self.close_connection = True
                 return False
             if index > 0 and shape.event_ms:
                 time.sleep(shape.event_ms / 1000)
+            event = encoder.part(event)
             self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
         return True
 
