@@ -724,7 +724,9 @@ fn flow(value: &impl serde::Serialize) -> String {
 /// `BOOTSTRAP` for this service and LLM upstream, with the stats_tags of envoy/global.yaml.
 fn bootstrap(service: &Service, upstream: &LlmUpstream) -> String {
     let global = yaml(&repo().join("envoy/global.yaml"));
-    let tokens = |reserve: u64| serde_json::json!({"from_response": {"usage": "total_tokens"}, "reserve": reserve});
+    // Unknown usages charged their reservation: the counters below count one of each reason.
+    let tokens = |reserve: u64| serde_json::json!({"from_response": {"usage": "total_tokens"},
+        "reserve": reserve, "on_unknown": "reserve"});
     let plugin = serde_json::json!({
         "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"},
         "policies": [
