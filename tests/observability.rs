@@ -725,8 +725,10 @@ fn flow(value: &impl serde::Serialize) -> String {
 fn bootstrap(service: &Service, upstream: &LlmUpstream) -> String {
     let global = yaml(&repo().join("envoy/global.yaml"));
     // Unknown usages charged their reservation: the counters below count one of each reason.
-    let tokens = |reserve: u64| serde_json::json!({"from_response": {"usage": "total_tokens"},
-        "reserve": reserve, "on_unknown": "reserve"});
+    let tokens = |reserve: u64| {
+        serde_json::json!({"from_response": {"usage": "total_tokens"},
+        "reserve": reserve, "on_unknown": "reserve"})
+    };
     let plugin = serde_json::json!({
         "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"},
         "policies": [

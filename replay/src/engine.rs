@@ -185,9 +185,7 @@ impl Engine {
             match step {
                 // Most requests of most configurations owe nothing: they pass by.
                 Step::Done(outcome)
-                    if outcome.tab.is_none()
-                        && !self.metered
-                        && outcome.unkept_slots.is_empty() =>
+                    if outcome.tab.is_none() && !self.metered && outcome.unkept.is_empty() =>
                 {
                     return Decided { outcome, now };
                 }
@@ -214,14 +212,21 @@ impl Engine {
     /// in flight.
     #[inline(never)]
     fn follow(&mut self, mut outcome: Outcome, record: &Record, now: u64) -> Decided {
-        // Slots the service granted a request that does not run on them (another policy
-        // refused it): given back at once, as the filter does.
-        for entry in &outcome.unkept_slots {
-            let Held::Lease { renewed, .. } = entry.held else {
+        // What the service granted a request that does not run on it (another policy refused
+        // it), slots and reservations: given back at once, as the filter does.
+        for entry in &outcome.unkept {
+            let Some((key, limit)) = global_limit(&self.plan, entry) else {
                 continue;
             };
-            if let Some((key, limit)) = global_limit(&self.plan, entry) {
-                self.worker.global.release_slot(&key, limit, now, renewed);
+            let global = &mut self.worker.global;
+            match entry.held {
+                Held::Lease { renewed, .. } => {
+                    global.release_slot(&key, limit, now, renewed);
+                }
+                Held::Reserved { tokens, at } => {
+                    global.refund(&key, limit, now, tokens, at);
+                }
+                Held::Slot(_) => {}
             }
         }
         if self.metered && outcome.is_denied() {

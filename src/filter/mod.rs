@@ -367,21 +367,30 @@ impl Filter {
     /// (a tombstone), so the order they arrive in does not matter.
     fn give_back(&self, host: &impl Host, unkept: &[Entry]) {
         for entry in unkept {
-            let Held::Lease { id, .. } = entry.held else {
-                continue;
+            let op = match entry.held {
+                Held::Lease { id, .. } => SettleOp::Release {
+                    slot: slot_name(id),
+                },
+                Held::Reserved { tokens, .. } => SettleOp::Refund {
+                    tokens,
+                    age_ms: 0,
+                    id: Some(self.settlement_id()),
+                },
+                Held::Slot(_) => continue,
             };
-            let slot = slot_name(id);
-            let settlement = self.settlement(entry, SettleOp::Release { slot });
+            let settlement = self.settlement(entry, op);
             let settled = settlement.filter(|(s, _)| s.protocol.settle_path().is_some());
             if let Some((service, settlement)) = settled {
                 host.report(service, settlement);
-                self.counters.slots_ended(entry.policy, SlotEnd::Unused, 1);
+                if matches!(entry.held, Held::Lease { .. }) {
+                    self.counters.slots_ended(entry.policy, SlotEnd::Unused, 1);
+                }
             }
         }
     }
 
     fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
-        self.give_back(host, &outcome.unkept_slots);
+        self.give_back(host, &outcome.unkept);
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);

@@ -1081,3 +1081,42 @@ fn only_a_request_that_a_policy_metering_response_bodies_admitted_narrows_accept
     let (filter, _) = setup(json!({"policies": [header, rps]}));
     assert!(!filter.meters_bodies(), "a usage header needs no decoding");
 }
+
+/// A global budget's reservation the service took for a request another policy refused is
+/// refunded at once: kept as a grant it would never be spent, as no grant pays a budget.
+#[test]
+fn a_request_another_policy_refuses_gives_back_the_reservation_it_was_granted() {
+    let budget = json!({"name": "llm", "scope": "global", "key": ["header:x-user-id"],
+        "requests": 1000, "per": "1m", "failure_mode": "closed",
+        "cost": {"from_response": {"usage": "total_tokens"}, "reserve": 300}});
+    let tight = json!({"name": "tight", "scope": "global", "key": ["header:x-user-id"],
+        "requests": 1, "per": "1h", "failure_mode": "closed"});
+    let config = json!({"global": {"cluster": "ratelimit", "authority": "ratelimit"},
+        "policies": [budget, tight]});
+    let (filter, host) = setup(config);
+    let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
+        panic!("asks the service")
+    };
+    let results = [true, false].map(|allowed| crate::protocol::CheckResult {
+        allowed,
+        granted: if allowed { 300 } else { 0 },
+        remaining: 0,
+        reset_ms: 1_000,
+        retry_after_ms: if allowed { 0 } else { 1_000 },
+        delay_ms: None,
+    });
+    let body = serde_json::to_vec(&CheckResponse {
+        results: results.to_vec(),
+    })
+    .unwrap();
+    let verdict = filter.on_service_response(&host, pending, Some((200, body)));
+    assert!(matches!(verdict, Verdict::Denied));
+    let reports = host.reports.borrow();
+    let refunds: Vec<u64> = (reports.iter())
+        .filter_map(|s| match s.op {
+            SettleOp::Refund { tokens, .. } => Some(tokens),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(refunds, [300]);
+}

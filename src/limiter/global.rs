@@ -143,9 +143,12 @@ pub(super) fn judge(
 /// granted for this request is not spent, so it joins this Envoy's grant. Not a slot: it is
 /// named, and given back (`unkept_slots`); kept as a grant, it would admit another request
 /// without a slot of its own while the service still held this one.
-pub(super) fn keep_unspent(member: &Member, next: &mut [u64]) {
+///
+/// Nor a metered policy's reservation: it is refunded (`unkept`), as no grant pays for one.
+pub(super) fn keep_unspent(policy: &Policy, member: &Member, next: &mut [u64]) {
     let slot = member.tier.algorithm.kind() == Kind::Concurrency;
-    let granted_here = !slot && matches!(member.service, Service::Answered(a) if a.allowed);
+    let spendable = !slot && policy.metered.is_none();
+    let granted_here = spendable && matches!(member.service, Service::Answered(a) if a.allowed);
     if let (true, Some((marks, _))) = (granted_here, Marks::split(next)) {
         *marks.granted = marks.granted.saturating_add(member.cost);
     }
@@ -287,6 +290,40 @@ pub(super) fn unkept_slots(works: &[Work], kept: Option<&Tab>, now: u64) -> Vec<
                 basis: Basis::Service,
                 held: Held::Lease { id, renewed: now },
             });
+        }
+    }
+    unkept
+}
+
+/// What the service holds for a request that keeps none of it: `unkept_slots`, and for a refused
+/// request the reservations of metered policies the service admitted it on, to refund (kept as
+/// a grant they would never be spent: a metered policy pays from none).
+pub(super) fn unkept(plan: &Plan, works: &[Work], kept: Option<&Tab>, now: u64) -> Vec<Entry> {
+    let mut unkept = unkept_slots(works, kept, now);
+    if kept.is_some() {
+        return unkept;
+    }
+    for work in works {
+        for member in &work.members {
+            let metered = plan
+                .policies
+                .get(member.policy)
+                .is_some_and(|p| p.metered.is_some());
+            let admitted = matches!(member.service, Service::Answered(a) if a.allowed);
+            if metered && admitted && member.cost > 0 {
+                unkept.push(Entry {
+                    policy: member.policy,
+                    table: work.table,
+                    hash: work.hash,
+                    key: work.key,
+                    tier: member.tier,
+                    basis: Basis::Service,
+                    held: Held::Reserved {
+                        tokens: member.cost,
+                        at: now,
+                    },
+                });
+            }
         }
     }
     unkept
@@ -436,7 +473,7 @@ mod tests {
         let plan = global(json!({}));
         let mut next = [3, T0 + GRANT_TTL, 0, 0, 0, 0];
         let granted = member(&plan, answered(true, 5, 0));
-        keep_unspent(&granted, &mut next);
+        keep_unspent(&plan.policies[0], &granted, &mut next);
         assert_eq!(
             next[0], 4,
             "the grant, not its expiry, takes the unspent token"

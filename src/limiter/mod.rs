@@ -109,9 +109,10 @@ pub struct Outcome {
     /// Slots of concurrency policies its writes found forgotten, by policy: releases that never
     /// came.
     pub expired_slots: Vec<(usize, u64)>,
-    /// Slots the service may hold for this request that it does not keep (a refused request's,
-    /// one whose call failed): to give back at once (`global::unkept_slots`).
-    pub unkept_slots: Vec<crate::tab::Entry>,
+    /// What the service may hold for this request that it does not keep (a refused request's
+    /// slots and the reservations the service took, a failed call's slots): to give back at
+    /// once (`global::unkept`).
+    pub unkept: Vec<crate::tab::Entry>,
 }
 
 impl Outcome {
@@ -340,7 +341,7 @@ impl<S: Store> Limiter<'_, S> {
             outcome.tab = work::open_tab(&progress.works, self.plan);
         }
         let kept = outcome.tab.as_ref();
-        outcome.unkept_slots = global::unkept_slots(&progress.works, kept, progress.now);
+        outcome.unkept = global::unkept(self.plan, &progress.works, kept, progress.now);
         outcome
     }
 }

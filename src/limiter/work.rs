@@ -165,7 +165,7 @@ impl Work {
                 continue;
             };
             match verdict {
-                Some((_, Basis::Service)) => global::keep_unspent(member, next),
+                Some((_, Basis::Service)) => global::keep_unspent(policy, member, next),
                 _ => next.copy_from_slice(read),
             }
         }
