@@ -163,12 +163,13 @@ fn once_failed_the_decoder_decodes_nothing_more() {
 
 #[test]
 fn past_max_decoded_a_body_is_too_large_and_expands_in_small_pieces_until_then() {
-    // A bomb: 8 MiB of zeros in about 8 KiB, in one chunk.
-    let zeros = vec![0u8; 8 << 20];
+    // A bomb: 2 MiB of zeros in about 2 KiB, in one chunk. Kept small: with 8 MiB, Node 20
+    // crashed (SIGSEGV) as it exited the wasm32 run of the tests, every test passed.
+    let zeros = vec![0u8; 2 << 20];
     let bomb = gzip(&zeros);
     assert!(bomb.len() < 16 << 10, "{}", bomb.len());
     let mut decoder = Decoder::new(Coding::Gzip);
-    decoder.limit = 1 << 20;
+    decoder.limit = 512 << 10;
     let (mut pieces, mut largest, mut total) = (0, 0, 0);
     let fed = decoder.feed(&bomb, &mut |bytes| {
         pieces += 1;
@@ -178,15 +179,15 @@ fn past_max_decoded_a_body_is_too_large_and_expands_in_small_pieces_until_then()
     assert_eq!(fed, Err(Error::TooLarge));
     assert!(largest <= PIECE, "{largest}");
     assert!(
-        pieces >= 100 && total <= 1 << 20,
+        pieces >= 50 && total <= 512 << 10,
         "{pieces} pieces, {total} bytes"
     );
     assert_eq!(decoder.finish(), Err(Error::TooLarge));
     let mut whole = Decoder::new(Coding::Gzip);
-    whole.limit = 8 << 20;
+    whole.limit = 2 << 20;
     assert_eq!(
         decode_with(whole, &[&bomb]).unwrap().len(),
-        8 << 20,
+        2 << 20,
         "up to the bound"
     );
     assert_eq!(Decoder::new(Coding::Gzip).limit, MAX_DECODED);
