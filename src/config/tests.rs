@@ -1107,3 +1107,21 @@ fn a_global_policy_whose_key_would_outlive_the_services_max_key_ttl_is_refused()
         "a local key lives in shared data"
     );
 }
+
+#[test]
+fn a_policys_api_wins_over_the_top_level_one_which_wins_over_generic() {
+    use crate::reply::Api;
+    let mut config = with(json!({"api": "anthropic", "denial": {"status": 503}}));
+    config["api"] = json!("openai");
+    let mut other = policy();
+    other["name"] = json!("other");
+    config["policies"].as_array_mut().unwrap().push(other);
+    let plan = parse(config.to_string().as_bytes()).unwrap();
+    assert_eq!(plan.policies[0].denial.api, Api::Anthropic);
+    assert_eq!(plan.policies[0].denial.status, 503);
+    assert_eq!(plan.policies[1].denial.api, Api::Openai);
+    let plain = parse(with(json!({})).to_string().as_bytes()).unwrap();
+    assert_eq!(plain.policies[0].denial.api, Api::Generic);
+    let e = refused(with(json!({"api": "cohere"})));
+    assert!(e.reason.contains("unknown variant"), "{e}");
+}
