@@ -892,10 +892,13 @@ fn a_metered_cost_takes_weights_a_header_and_a_reservation_from_the_request() {
     let metered = plan.policies[0].metered.clone().unwrap();
     assert_eq!(
         metered.source,
-        UsageSource::Body(crate::usage::Meter::Weighted {
+        UsageSource::Body(crate::usage::Meter::Weighted(crate::usage::Weights {
             input: 1,
-            output: 4
-        })
+            output: 4,
+            cache_read: 1,
+            cache_write: 1,
+            reasoning: 4,
+        }))
     );
     assert!(matches!(
         metered.reserve,
