@@ -162,3 +162,70 @@ fn a_gemini_route_refuses_with_googles_resource_exhausted_and_a_policys_api_wins
     assert_eq!(refused.status, 429);
     assert_eq!(refused.json()["error"]["type"], "requests");
 }
+
+/// What one call answered with usage `shape` is charged, JSON and streamed, by a daily budget
+/// metering `usage`: the token balance the provider headers give before it less the one after.
+fn charged_by_weights(api: &str, usage: Value, shape: &str, path_api: Api) -> Vec<u64> {
+    let upstream = LlmUpstream::start();
+    let config = json!({"api": api, "policies": [
+        {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": 1_000_000, "per": "1d",
+            "algorithm": "fixed_window", "cost": {"from_response": {"usage": usage}, "reserve": 1}}
+    ]})
+    .to_string();
+    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
+    let mut remaining: Vec<u64> = Vec::new();
+    for stream in [false, true] {
+        let key = if stream { "stream" } else { "json" };
+        let headers = [("x-api-key", key), ("x-test-usage", shape)];
+        let body = path_api.body(stream);
+        for _ in 0..2 {
+            let r = post(envoy.addr(), path_api.path(), &headers, &body).unwrap();
+            assert_eq!(r.status, 200, "{}", r.text());
+            let name = match api {
+                "anthropic" => "anthropic-ratelimit-tokens-remaining",
+                _ => "x-ratelimit-remaining-tokens",
+            };
+            remaining.push(r.header(name).unwrap().parse().unwrap());
+        }
+    }
+    // The second call's reservation of 1 replaces the first's, settled.
+    remaining.chunks(2).map(|pair| pair[0] - pair[1]).collect()
+}
+
+#[test]
+fn anthropic_cache_tokens_are_charged_apart_from_the_input_by_their_weights() {
+    let shape = "input=20,output=30,cache_read=5000,cache_write=1000";
+    // By default every token Anthropic counts: 6,050 (the response was charged 50).
+    let plain = json!({"input_tokens": 1, "output_tokens": 1});
+    assert_eq!(
+        charged_by_weights("anthropic", plain, shape, Api::Messages),
+        [6050, 6050]
+    );
+    // Cache reads at a tenth of the input, writes at 1.25 times, in tenths of a token.
+    let priced = json!({"input_tokens": 10, "output_tokens": 10,
+        "cache_read_input_tokens": 1, "cache_creation_input_tokens": 12});
+    let expected = 200 + 300 + 5000 + 12_000;
+    assert_eq!(
+        charged_by_weights("anthropic", priced, shape, Api::Messages),
+        [expected, expected]
+    );
+}
+
+#[test]
+fn openai_cached_and_reasoning_tokens_are_charged_once_by_their_weights() {
+    let shape = "input=1000,output=500,cached=800,reasoning=300";
+    let plain = json!({"prompt_tokens": 1, "completion_tokens": 1});
+    assert_eq!(
+        charged_by_weights("openai", plain, shape, Api::ChatCompletions),
+        [1500, 1500]
+    );
+    let priced = json!({"prompt_tokens": 4, "cached_tokens": 1, "completion_tokens": 16});
+    let expected = 200 * 4 + 800 + 500 * 16;
+    for api in [Api::ChatCompletions, Api::Responses] {
+        assert_eq!(
+            charged_by_weights("openai", priced.clone(), shape, api),
+            [expected, expected],
+            "{api:?}"
+        );
+    }
+}
