@@ -352,10 +352,18 @@ fn the_access_log_record_carries_what_each_metered_policy_reserved_and_charged()
     let records = host.records.borrow();
     let record = records.last().unwrap();
     assert!(
-        record.starts_with("outcome=allowed policy=llm mode=enforce"),
+        record.starts_with("outcome=allowed policy=llm mode=enforce key="),
         "{record}"
     );
     assert!(record.ends_with(" tokens=llm:100:42"), "{record}");
+    // The key by its hash as the logs and bypass entries name it, the same for every request
+    // of the key.
+    let key = |record: &str| record.split(' ').nth(3).unwrap().to_string();
+    let first = key(record);
+    assert_eq!(first.len(), "key=".len() + 16, "{record}");
+    drop(records);
+    respond(&filter, &host, OPENAI_JSON, &usage_json(7)).unwrap();
+    assert_eq!(key(host.records.borrow().last().unwrap()), first);
 }
 
 #[test]
