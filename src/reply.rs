@@ -264,6 +264,7 @@ impl LocalReply {
 ///   `requests`, as OpenAI's own 429s say; `code` is `rate_limit_exceeded`.
 /// - Anthropic: `{"type":"error","error":{"type":"rate_limit_error","message"}}`.
 /// - Gemini: Google's `{"error":{"code":429,"message","status":"RESOURCE_EXHAUSTED"}}`.
+///
 /// A policy that fails closed answers 503 in each provider's shape of an unavailable service.
 fn provider_body(api: Api, refusal: Refusal, status: u32, policy: &str, said: Said) -> String {
     let limited = refusal == Refusal::RateLimited;

@@ -5,7 +5,12 @@
 //! answer, requests and tokens apart, whatever other policy (a concurrency limit) applies.
 
 // Helpers report an unexpected response by panicking, as assertions do.
-#![allow(clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
