@@ -49,6 +49,7 @@
 pub mod decode;
 mod json;
 mod meter;
+pub mod price;
 pub mod request;
 mod sse;
 #[cfg(test)]
