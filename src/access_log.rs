@@ -10,7 +10,7 @@
 //! or a quote. `outcome` is the `sluice_outcome` of the counters, `mode` the policy's (for a
 //! policy with a rollout, `canary` or `canary_shadow` as it enforces for the key or not), `key`
 //! the hash of its key as the logs and `bypass.key_hash` write it. A request that a policy with a
-//! cost read from the response let through gets one when it ends, with `tokens=<policy>:<reserved>
+//! cost read from the response let through gets one when it ends, naming its key, with `tokens=<policy>:<reserved>
 //! :<charged>` for each such policy (`response`). Other requests get no record, and cost no
 //! hostcall for it. A later field is appended after these.
 //!

@@ -5,7 +5,9 @@
 //! `r`emaining quota and effective window `t` in seconds in the service limit.
 
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
+use crate::reply::Api;
 use crate::text::push_decimal;
+use crate::time::format_rfc3339;
 use serde::Deserialize;
 
 /// Which rate-limit headers responses carry.
@@ -56,7 +58,7 @@ pub enum QuotaUnit {
 impl Quota<'_> {
     /// What is left, never more than the most the key can have: tokens a worker or an Envoy
     /// still holds can come on top of a bucket that refilled meanwhile.
-    fn left(&self) -> u64 {
+    pub fn left(&self) -> u64 {
         self.remaining.min(self.limit)
     }
 
@@ -169,6 +171,94 @@ pub fn each_rate_limit_header(
             emit(name, &value);
         }
     }
+}
+
+/// Calls `emit` with each of `api`'s own rate-limit headers: requests from `requests`, the
+/// enforcing request-counting policy with the fewest left, tokens from `tokens`, the enforcing
+/// metered policy with the fewest left. Either family is left out when no such policy applied.
+/// - OpenAI: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`, the reset the time until
+///   the bucket is full again as Go writes a duration (`1s`, `6m0s`, `1h2m3s`, `250ms`).
+/// - Anthropic: `anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`, the reset the
+///   instant it is full again in RFC 3339 (`2026-12-05T06:40:59Z`), whole seconds.
+/// - Gemini and generic: none.
+pub fn each_provider_header(
+    api: Api,
+    requests: Option<&Quota>,
+    tokens: Option<&Quota>,
+    now: u64,
+    mut emit: impl FnMut(&'static str, &str),
+) {
+    let names: [[&'static str; 3]; 2] = match api {
+        Api::Openai => [
+            [
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-reset-requests",
+            ],
+            [
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-reset-tokens",
+            ],
+        ],
+        Api::Anthropic => [
+            [
+                "anthropic-ratelimit-requests-limit",
+                "anthropic-ratelimit-requests-remaining",
+                "anthropic-ratelimit-requests-reset",
+            ],
+            [
+                "anthropic-ratelimit-tokens-limit",
+                "anthropic-ratelimit-tokens-remaining",
+                "anthropic-ratelimit-tokens-reset",
+            ],
+        ],
+        Api::Gemini | Api::Generic => return,
+    };
+    let mut value = String::with_capacity(24);
+    for ([limit, remaining, reset], quota) in names.into_iter().zip([requests, tokens]) {
+        let Some(quota) = quota else { continue };
+        for (name, n) in [(limit, quota.limit), (remaining, quota.left())] {
+            value.clear();
+            push_decimal(&mut value, n);
+            emit(name, &value);
+        }
+        value.clear();
+        if api == Api::Openai {
+            push_go_duration(&mut value, quota.reset_after);
+        } else {
+            let at = ceil_secs(now.saturating_add(quota.reset_after));
+            value.push_str(&format_rfc3339(at.saturating_mul(NANOS_PER_SEC)));
+        }
+        emit(reset, &value);
+    }
+}
+
+/// A duration as Go's `time.Duration` writes it, which OpenAI's reset headers are: under a
+/// second in whole milliseconds rounded up (`0s` for none), else whole seconds rounded up with
+/// the larger units before them (`34s`, `6m0s`, `1h0m5s`).
+fn push_go_duration(value: &mut String, nanos: u64) {
+    if nanos == 0 {
+        value.push_str("0s");
+        return;
+    }
+    if nanos < NANOS_PER_SEC {
+        push_decimal(value, nanos.div_ceil(1_000_000));
+        value.push_str("ms");
+        return;
+    }
+    let secs = ceil_secs(nanos);
+    let (hours, minutes, seconds) = (secs / 3600, secs / 60 % 60, secs % 60);
+    if hours > 0 {
+        push_decimal(value, hours);
+        value.push('h');
+    }
+    if hours > 0 || minutes > 0 {
+        push_decimal(value, minutes);
+        value.push('m');
+    }
+    push_decimal(value, seconds);
+    value.push('s');
 }
 
 /// A parameter's value in a draft field: an Integer or a String.
@@ -432,5 +522,80 @@ mod tests {
         );
         let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(parsed["retry_after"], 3);
+    }
+
+    fn provider_headers(
+        api: Api,
+        requests: Option<&Quota>,
+        tokens: Option<&Quota>,
+    ) -> Vec<(&'static str, String)> {
+        let mut headers = Vec::new();
+        each_provider_header(api, requests, tokens, NOW, |name, value| {
+            headers.push((name, value.to_string()));
+        });
+        headers
+    }
+
+    const TOKENS: Quota = Quota {
+        policy: "tokens",
+        limit: 10_000,
+        requests: 10_000,
+        per_nanos: 60 * NANOS_PER_SEC,
+        remaining: 9_950,
+        reset_after: 300_000_000,
+        retry_after: None,
+        unit: QuotaUnit::Tokens,
+    };
+
+    #[test]
+    fn openai_headers_give_requests_and_tokens_apart_with_go_durations() {
+        let headers = provider_headers(Api::Openai, Some(&QUOTA), Some(&TOKENS));
+        let expected = [
+            ("x-ratelimit-limit-requests", "20"),
+            ("x-ratelimit-remaining-requests", "7"),
+            ("x-ratelimit-reset-requests", "3s"),
+            ("x-ratelimit-limit-tokens", "10000"),
+            ("x-ratelimit-remaining-tokens", "9950"),
+            ("x-ratelimit-reset-tokens", "300ms"),
+        ];
+        let expected: Vec<_> = expected.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        assert_eq!(headers, expected);
+    }
+
+    #[test]
+    fn anthropic_headers_give_the_reset_as_an_rfc3339_instant() {
+        // NOW is 2023-11-14T22:13:20.25Z; the requests bucket is full 2.5 s later.
+        let headers = provider_headers(Api::Anthropic, Some(&QUOTA), None);
+        let expected = [
+            ("anthropic-ratelimit-requests-limit", "20"),
+            ("anthropic-ratelimit-requests-remaining", "7"),
+            ("anthropic-ratelimit-requests-reset", "2023-11-14T22:13:23Z"),
+        ];
+        let expected: Vec<_> = expected.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        assert_eq!(headers, expected);
+    }
+
+    #[test]
+    fn gemini_and_generic_have_no_headers_of_their_own() {
+        for api in [Api::Gemini, Api::Generic] {
+            assert!(provider_headers(api, Some(&QUOTA), Some(&TOKENS)).is_empty());
+        }
+    }
+
+    #[test]
+    fn go_durations_are_written_as_go_writes_them() {
+        for (nanos, text) in [
+            (0, "0s"),
+            (1, "1ms"),
+            (12_000_000, "12ms"),
+            (NANOS_PER_SEC, "1s"),
+            (34 * NANOS_PER_SEC, "34s"),
+            (360 * NANOS_PER_SEC, "6m0s"),
+            (3_725 * NANOS_PER_SEC - 1, "1h2m5s"),
+        ] {
+            let mut value = String::new();
+            push_go_duration(&mut value, nanos);
+            assert_eq!(value, text, "{nanos}");
+        }
     }
 }

@@ -54,6 +54,23 @@ impl GrpcStatus {
     }
 }
 
+/// The API a route speaks (`api`, on a policy or at the top of the configuration): a provider's
+/// answers carry its error shape and its rate-limit headers, so that its SDK reads them as the
+/// provider's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// sluice's own JSON body and the `headers` style alone.
+    #[default]
+    Generic,
+    /// OpenAI's `{"error":{"message","type","param","code"}}` and `x-ratelimit-*-requests|tokens`.
+    Openai,
+    /// Anthropic's `{"type":"error","error":{"type","message"}}` and `anthropic-ratelimit-*`.
+    Anthropic,
+    /// Google's `{"error":{"code","message","status"}}`; Gemini sends no rate-limit headers.
+    Gemini,
+}
+
 /// How a policy answers the requests it denies: its `denial` settings over the top-level ones
 /// over these defaults (429, the JSON body, `RESOURCE_EXHAUSTED`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +81,8 @@ pub struct Denial {
     pub body: Option<String>,
     pub content_type: String,
     pub grpc_status: GrpcStatus,
+    /// Whose error shape the default body takes.
+    pub api: Api,
 }
 
 impl Default for Denial {
@@ -73,6 +92,7 @@ impl Default for Denial {
             body: None,
             content_type: "application/json".into(),
             grpc_status: GrpcStatus::ResourceExhausted,
+            api: Api::Generic,
         }
     }
 }
@@ -181,7 +201,10 @@ impl LocalReply {
         let body = match (grpc, refusal, &denial.body) {
             (true, _, _) => grpc_message(error, policy, said),
             (false, Refusal::RateLimited, Some(body)) => body.clone(),
-            (false, _, _) => denial_body(error, policy, said),
+            (false, _, _) => match denial.api {
+                Api::Generic => denial_body(error, policy, said),
+                api => provider_body(api, refusal, status, policy, said),
+            },
         };
         let mut reply = LocalReply::new(status, details, grpc_status, body);
         // A gRPC reply has Envoy's `application/grpc`: a second content-type would break it.
@@ -232,6 +255,81 @@ impl LocalReply {
         }
         out
     }
+}
+
+/// A refusal in a provider's error shape, as its SDK parses it, the message naming the policy
+/// and the wait (`grpc_message`'s text; policy names need no JSON escaping).
+/// - OpenAI: `{"error":{"message","type","param","code"}}`; the SDK's `APIError` takes `type`
+///   and `code` from the `error` object. `type` is `tokens` for a metered policy, else
+///   `requests`, as OpenAI's own 429s say; `code` is `rate_limit_exceeded`.
+/// - Anthropic: `{"type":"error","error":{"type":"rate_limit_error","message"}}`.
+/// - Gemini: Google's `{"error":{"code":429,"message","status":"RESOURCE_EXHAUSTED"}}`.
+///
+/// A policy that fails closed answers 503 in each provider's shape of an unavailable service.
+fn provider_body(api: Api, refusal: Refusal, status: u32, policy: &str, said: Said) -> String {
+    let limited = refusal == Refusal::RateLimited;
+    let error = if limited {
+        "rate limit exceeded"
+    } else {
+        "rate limit service unavailable"
+    };
+    let message = grpc_message(error, policy, said);
+    let mut body = String::with_capacity(message.len() + 96);
+    match api {
+        Api::Openai => {
+            let (kind, code) = match (limited, said.reserve.is_some()) {
+                (true, true) => ("tokens", "rate_limit_exceeded"),
+                (true, false) => ("requests", "rate_limit_exceeded"),
+                (false, _) => ("server_error", "service_unavailable"),
+            };
+            for part in [
+                r#"{"error":{"message":""#,
+                &message,
+                r#"","type":""#,
+                kind,
+                r#"","param":null,"code":""#,
+                code,
+                r#""}}"#,
+            ] {
+                body.push_str(part);
+            }
+        }
+        Api::Anthropic => {
+            let kind = if limited {
+                "rate_limit_error"
+            } else {
+                "overloaded_error"
+            };
+            for part in [
+                r#"{"type":"error","error":{"type":""#,
+                kind,
+                r#"","message":""#,
+                &message,
+                r#""}}"#,
+            ] {
+                body.push_str(part);
+            }
+        }
+        Api::Gemini | Api::Generic => {
+            let google = if limited {
+                "RESOURCE_EXHAUSTED"
+            } else {
+                "UNAVAILABLE"
+            };
+            body.push_str(r#"{"error":{"code":"#);
+            push_decimal(&mut body, u64::from(status));
+            for part in [
+                r#","message":""#,
+                &message,
+                r#"","status":""#,
+                google,
+                r#""}}"#,
+            ] {
+                body.push_str(part);
+            }
+        }
+    }
+    body
 }
 
 /// What a gRPC client reads in `grpc-message`: the error, the policy and the wait.
@@ -311,6 +409,7 @@ mod tests {
             body: Some("teapot".into()),
             content_type: "text/plain".into(),
             grpc_status: GrpcStatus::Aborted,
+            api: Api::Generic,
         };
         let http = LocalReply::refusal(
             Refusal::Unavailable,
@@ -352,6 +451,7 @@ mod tests {
             body: Some("slow down".into()),
             content_type: "text/plain; charset=utf-8".into(),
             grpc_status: GrpcStatus::Unavailable,
+            api: Api::Generic,
         };
         let http = LocalReply::refusal(
             Refusal::RateLimited,
@@ -422,5 +522,74 @@ mod tests {
         let last: GrpcStatus = serde_json::from_str(r#""unauthenticated""#).unwrap();
         assert_eq!(last.code(), 16);
         assert!(serde_json::from_str::<GrpcStatus>(r#""ok""#).is_err());
+    }
+
+    fn provider_refusal(api: Api, reserve: Option<u64>) -> LocalReply {
+        let denial = Denial {
+            api,
+            ..Denial::default()
+        };
+        let said = Said {
+            retry_secs: Some(7),
+            reserve,
+        };
+        LocalReply::refusal(Refusal::RateLimited, &denial, "per-key", said, false)
+    }
+
+    #[test]
+    fn an_openai_refusal_is_openais_error_object_naming_the_policy_and_the_wait() {
+        assert_eq!(
+            provider_refusal(Api::Openai, None).body,
+            r#"{"error":{"message":"rate limit exceeded: policy per-key, retry after 7s","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#
+        );
+        let tokens = provider_refusal(Api::Openai, Some(500));
+        let body: serde_json::Value = serde_json::from_str(&tokens.body).unwrap();
+        assert_eq!(body["error"]["type"], "tokens");
+        assert_eq!(
+            body["error"]["message"],
+            "rate limit exceeded: policy per-key, reserving 500 tokens, retry after 7s"
+        );
+        assert_eq!(tokens.header("retry-after"), Some("7"));
+    }
+
+    #[test]
+    fn an_anthropic_refusal_is_a_rate_limit_error() {
+        assert_eq!(
+            provider_refusal(Api::Anthropic, None).body,
+            r#"{"type":"error","error":{"type":"rate_limit_error","message":"rate limit exceeded: policy per-key, retry after 7s"}}"#
+        );
+    }
+
+    #[test]
+    fn a_gemini_refusal_is_googles_resource_exhausted() {
+        assert_eq!(
+            provider_refusal(Api::Gemini, None).body,
+            r#"{"error":{"code":429,"message":"rate limit exceeded: policy per-key, retry after 7s","status":"RESOURCE_EXHAUSTED"}}"#
+        );
+    }
+
+    #[test]
+    fn a_provider_refusal_of_a_policy_that_fails_closed_is_the_providers_unavailable() {
+        let denial = Denial {
+            api: Api::Openai,
+            ..Denial::default()
+        };
+        let reply = LocalReply::refusal(Refusal::Unavailable, &denial, "g", Said::default(), false);
+        assert_eq!(reply.status, 503);
+        assert_eq!(
+            reply.body,
+            r#"{"error":{"message":"rate limit service unavailable: policy g","type":"server_error","param":null,"code":"service_unavailable"}}"#
+        );
+    }
+
+    #[test]
+    fn a_configured_body_wins_over_the_providers_shape() {
+        let denial = Denial {
+            api: Api::Anthropic,
+            body: Some("no".into()),
+            ..Denial::default()
+        };
+        let reply = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Said::default(), false);
+        assert_eq!(reply.body, "no");
     }
 }

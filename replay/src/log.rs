@@ -770,7 +770,7 @@ mod tests {
             input: Some(3),
             output: None,
             total: Some(9),
-            provisional: false,
+            ..Default::default()
         };
         assert_eq!(r.usage(), Some(Ok(counts)));
         let model = r.body_field(&BodyField::String("model".into()));

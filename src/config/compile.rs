@@ -105,6 +105,7 @@ impl Compiler {
         }
         let global = raw.global.as_ref().map(|g| service(g, env)).transpose()?;
         self.denial = denial("denial", raw.denial.as_ref(), &self.denial)?;
+        self.denial.api = raw.api.unwrap_or_default();
         let mut policies = Vec::with_capacity(raw.policies.len() + 1);
         for (i, policy) in raw.policies.iter().enumerate() {
             let at = format!("policies[{i}]");
@@ -221,7 +222,10 @@ impl Compiler {
         if scope != Scope::Local {
             global_slots_fit(at, &tier, tiers.as_ref())?;
         }
-        let denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
+        let mut denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
+        if let Some(api) = raw.api {
+            denial.api = api;
+        }
         let mut policy = Policy {
             name: raw.name.clone(),
             matcher,
@@ -668,6 +672,7 @@ fn denial(at: &str, raw: Option<&RawDenial>, fallback: &Denial) -> Result<Denial
         body: raw.body.clone().or_else(|| fallback.body.clone()),
         content_type,
         grpc_status: raw.grpc_status.unwrap_or(fallback.grpc_status),
+        api: fallback.api,
     })
 }
 

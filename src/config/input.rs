@@ -4,7 +4,7 @@
 use super::{error, ConfigError};
 use crate::algorithm::Kind;
 use crate::headers::HeaderStyle;
-use crate::reply::GrpcStatus;
+use crate::reply::{Api, GrpcStatus};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 
@@ -30,6 +30,8 @@ pub(super) struct RawConfig {
     pub(super) route_metadata: bool,
     /// How policies answer the requests they deny, unless they say otherwise.
     pub(super) denial: Option<RawDenial>,
+    /// The API the routes speak, unless a policy says otherwise.
+    pub(super) api: Option<Api>,
 }
 
 /// The answer to a denied request, each field falling back to the top-level `denial`, then to
@@ -124,6 +126,8 @@ pub(super) struct RawPolicy {
     pub(super) retry_after: Option<String>,
     pub(super) emergency: Option<RawRate>,
     pub(super) denial: Option<RawDenial>,
+    /// The API this policy's route speaks: its refusals and headers in that provider's shape.
+    pub(super) api: Option<Api>,
     pub(super) rollout: Option<RawRollout>,
 }
 

@@ -892,10 +892,13 @@ fn a_metered_cost_takes_weights_a_header_and_a_reservation_from_the_request() {
     let metered = plan.policies[0].metered.clone().unwrap();
     assert_eq!(
         metered.source,
-        UsageSource::Body(crate::usage::Meter::Weighted {
+        UsageSource::Body(crate::usage::Meter::Weighted(crate::usage::Weights {
             input: 1,
-            output: 4
-        })
+            output: 4,
+            cache_read: 1,
+            cache_write: 1,
+            reasoning: 4,
+        }))
     );
     assert!(matches!(
         metered.reserve,
@@ -1106,4 +1109,22 @@ fn a_global_policy_whose_key_would_outlive_the_services_max_key_ttl_is_refused()
         parse(local.to_string().as_bytes()).is_ok(),
         "a local key lives in shared data"
     );
+}
+
+#[test]
+fn a_policys_api_wins_over_the_top_level_one_which_wins_over_generic() {
+    use crate::reply::Api;
+    let mut config = with(json!({"api": "anthropic", "denial": {"status": 503}}));
+    config["api"] = json!("openai");
+    let mut other = policy();
+    other["name"] = json!("other");
+    config["policies"].as_array_mut().unwrap().push(other);
+    let plan = parse(config.to_string().as_bytes()).unwrap();
+    assert_eq!(plan.policies[0].denial.api, Api::Anthropic);
+    assert_eq!(plan.policies[0].denial.status, 503);
+    assert_eq!(plan.policies[1].denial.api, Api::Openai);
+    let plain = parse(with(json!({})).to_string().as_bytes()).unwrap();
+    assert_eq!(plain.policies[0].denial.api, Api::Generic);
+    let e = refused(with(json!({"api": "cohere"})));
+    assert!(e.reason.contains("unknown variant"), "{e}");
 }

@@ -10,7 +10,9 @@ use crate::algorithm::Algorithm;
 use crate::breaker::Breaker;
 use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
 use crate::duration::NANOS_PER_SEC;
-use crate::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
+use crate::headers::{
+    each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
+};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
 use crate::limiter::{
@@ -18,7 +20,7 @@ use crate::limiter::{
 };
 use crate::metrics::{Counters, Metrics, SlotEnd};
 use crate::protocol::{self, SettleOp, Settlement};
-use crate::reply::{self, Denial, LocalReply, Refusal, Said};
+use crate::reply::{self, Api, Denial, LocalReply, Refusal, Said};
 use crate::request::{Attributes, RequestSource};
 use crate::response::{Debtor, Debtors};
 use crate::rls;
@@ -94,6 +96,10 @@ pub struct Admitted {
 pub struct Reported {
     applied: Applied,
     now: u64,
+    /// For a provider's headers (`api`): the enforcing policies with the fewest left among
+    /// those that count requests over time and those that count tokens.
+    requests: Option<Applied>,
+    tokens: Option<Applied>,
 }
 
 /// The configured filter, shared read-only by every request of one worker.
@@ -209,8 +215,19 @@ impl Filter {
 
     /// Calls `emit` with each rate-limit header to add to the response.
     pub fn each_response_header(&self, reported: &Reported, emit: impl FnMut(&'static str, &str)) {
+        let mut emit = emit;
         if let Some(quota) = self.quota(&reported.applied) {
-            each_rate_limit_header(self.plan.headers, &quota, reported.now, emit);
+            each_rate_limit_header(self.plan.headers, &quota, reported.now, &mut emit);
+        }
+        let api = |a: &Applied| self.plan.policies.get(a.policy).map(|p| p.denial.api);
+        let provider = [reported.tokens, reported.requests, Some(reported.applied)]
+            .iter()
+            .flatten()
+            .find_map(|a| api(a).filter(|api| *api != Api::Generic));
+        if let Some(api) = provider {
+            let requests = reported.requests.and_then(|a| self.quota(&a));
+            let tokens = reported.tokens.and_then(|a| self.quota(&a));
+            each_provider_header(api, requests.as_ref(), tokens.as_ref(), reported.now, emit);
         }
     }
 
@@ -402,13 +419,13 @@ impl Filter {
         }
         match denial {
             Some(denial) => {
-                self.deny(host, &denial, now);
+                self.deny(host, outcome, &denial, now);
                 Verdict::Denied
             }
             None => {
                 let reported = self
                     .most_restrictive(outcome)
-                    .map(|applied| Reported { applied, now });
+                    .map(|applied| self.reported(outcome, applied, now));
                 let admitted = Admitted {
                     reported,
                     tab: outcome.tab.clone(),
@@ -518,7 +535,7 @@ impl Filter {
     /// Refuses the request as the client's protocol expects (gRPC or plain HTTP): a policy's
     /// `denial` with the rate-limit headers, or a 503 when a policy that fails closed could not
     /// ask the service.
-    fn deny(&self, host: &impl Host, denial: &Applied, now: u64) {
+    fn deny(&self, host: &impl Host, outcome: &Outcome, denial: &Applied, now: u64) {
         let policy = self.plan.policies.get(denial.policy);
         let name = policy.map_or("", |p| p.name.as_str());
         log::debug!(
@@ -547,13 +564,42 @@ impl Filter {
         };
         let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
         if refusal == Refusal::RateLimited {
-            let reported = Reported {
-                applied: *denial,
-                now,
-            };
+            let reported = self.reported(outcome, *denial, now);
             self.each_response_header(&reported, |name, value| reply.add_header(name, value));
         }
         host.send_response(&reply);
+    }
+
+    /// What the response headers report: `applied` in the `headers` style, and for a provider's
+    /// own headers the tightest enforcing policy of each unit.
+    fn reported(&self, outcome: &Outcome, applied: Applied, now: u64) -> Reported {
+        let tightest = |tokens: bool| {
+            outcome
+                .applied
+                .iter()
+                .filter(|a| a.enforced && !matches!(a.tier.algorithm, Algorithm::Concurrency(_)))
+                .filter(|a| {
+                    let metered = self
+                        .plan
+                        .policies
+                        .get(a.policy)
+                        .map(|p| p.metered.is_some());
+                    metered == Some(tokens)
+                })
+                .min_by_key(|a| {
+                    (
+                        a.decision.remaining,
+                        std::cmp::Reverse(a.decision.reset_after),
+                    )
+                })
+                .copied()
+        };
+        Reported {
+            applied,
+            now,
+            requests: tightest(false),
+            tokens: tightest(true),
+        }
     }
 
     /// The enforcing policy with the fewest tokens left: the limit the client meets first.

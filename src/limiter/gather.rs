@@ -177,7 +177,8 @@ fn shared_hash<R: RequestSource + ?Sized>(
 
 /// Names by their shared hash the keys a request ended up needing it for, which `hashes_of` left
 /// unnamed: those of policies that refused it (or would have, in shadow mode; every one when a
-/// contended slot refused it), which the access log and the logs show; and, for a request that
+/// contended slot refused it), which the access log and the logs show; those a metered policy
+/// admitted, whose charge the access log shows when the request ends; and, for a request that
 /// waits for the service, every one, since the request will not be at hand when it resumes.
 pub(super) fn name_keys<R: RequestSource + ?Sized>(
     plan: &Plan,
@@ -195,6 +196,18 @@ pub(super) fn name_keys<R: RequestSource + ?Sized>(
             let applied = outcome.applied.iter_mut().chain(outcome.denied_by.as_mut());
             for a in applied.filter(|a| a.key.is_none() && (exhausted || !a.decision.allowed)) {
                 a.key = shared(plan.policies.get(a.policy).map(|p| p.table));
+            }
+            // A metered policy's charge gets an access-log record when the request ends, which
+            // names the key it charged.
+            let tab = outcome
+                .tab
+                .iter_mut()
+                .flat_map(|tab| tab.entries.iter_mut());
+            for entry in tab.filter(|e| e.key.is_none()) {
+                let metered = plan.policies.get(entry.policy).map(|p| p.metered.is_some());
+                if metered == Some(true) {
+                    entry.key = shared(Some(entry.table));
+                }
             }
         }
         Step::Callout(pending) => {

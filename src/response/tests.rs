@@ -352,10 +352,18 @@ fn the_access_log_record_carries_what_each_metered_policy_reserved_and_charged()
     let records = host.records.borrow();
     let record = records.last().unwrap();
     assert!(
-        record.starts_with("outcome=allowed policy=llm mode=enforce"),
+        record.starts_with("outcome=allowed policy=llm mode=enforce key="),
         "{record}"
     );
     assert!(record.ends_with(" tokens=llm:100:42"), "{record}");
+    // The key by its hash as the logs and bypass entries name it, the same for every request
+    // of the key.
+    let key = |record: &str| record.split(' ').nth(3).unwrap().to_string();
+    let first = key(record);
+    assert_eq!(first.len(), "key=".len() + 16, "{record}");
+    drop(records);
+    respond(&filter, &host, OPENAI_JSON, &usage_json(7)).unwrap();
+    assert_eq!(key(host.records.borrow().last().unwrap()), first);
 }
 
 #[test]
@@ -567,7 +575,7 @@ fn the_usage_a_body_reported_is_published_as_counts_and_read_back_alike() {
         input: Some(1),
         output: Some(299),
         total: Some(300),
-        provisional: false,
+        ..crate::usage::Counts::default()
     };
     assert_eq!(read_usage_text(published.as_bytes()), Some(Ok(counts)));
     let mut cut = start(&filter, &host, ALICE).unwrap();
@@ -584,13 +592,21 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
         input,
         output,
         total,
-        provisional: false,
+        ..Counts::default()
     };
     let written = [
         Ok(some(Some(10), Some(20), Some(30))),
         Ok(some(None, None, Some(7))),
         Ok(some(Some(0), None, None)),
         Ok(some(None, Some(crate::usage::MAX_TOKENS), None)),
+        Ok(Counts {
+            cache_read: 5000,
+            cache_write: 1000,
+            cached: 3,
+            reasoning: 4,
+            thoughts: 5,
+            ..some(Some(20), Some(30), Some(6050))
+        }),
         Err(UsageUnknown::Missing),
         Err(UsageUnknown::Invalid),
         Err(UsageUnknown::Reset),
@@ -609,6 +625,8 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
         "tokens=5",
         "input=1  output=2",
         "input=1.5",
+        "cache_read=0",
+        "cache_read=1 cache_read=2",
     ] {
         assert_eq!(read_usage_text(other.as_bytes()), None, "{other:?}");
     }
@@ -618,10 +636,9 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
 fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservation() {
     use crate::config::{Metered, OnUnknown, Reserve, UsageSource};
     use crate::metrics::UsageUnknown;
-    let meter = crate::usage::Meter::Weighted {
-        input: 1,
-        output: 4,
-    };
+    let meter =
+        crate::usage::Meter::parse(&serde_json::json!({"input_tokens": 1, "output_tokens": 4}))
+            .unwrap();
     let metered = |on_unknown| Metered {
         source: UsageSource::Body(meter),
         reserve: Reserve::Tokens(100),
@@ -633,7 +650,7 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
         input: Some(10),
         output: Some(20),
         total: None,
-        provisional: false,
+        ..crate::usage::Counts::default()
     };
     let source = &metered(OnUnknown::Reserve).source;
     let no_header = |_: &str| None;

@@ -165,17 +165,24 @@ pub fn settle_op(reserved: u64, charged: u64) -> Option<Op> {
 }
 
 /// The body's usage as the access log shows it (filter state `sluice.usage`): the counts it
-/// reported, `input=N output=N total=N` (those it has), or why none came, `unknown=missing`,
+/// reported, `input=N output=N total=N` (those it has) and the priced kinds above 0
+/// (`cache_read=N cache_write=N cached=N reasoning=N thoughts=N`), or why none came, `unknown=missing`,
 /// `unknown=invalid`, `unknown=reset`. `read_usage_text` reads it back.
 pub fn usage_text(usage: &BodyUsage) -> String {
     let counts = match usage {
         Ok(counts) => counts,
         Err(why) => return format!("unknown={}", why.as_str()),
     };
+    let priced = |n: u64| (n > 0).then_some(n);
     let named = [
         ("input", counts.input),
         ("output", counts.output),
         ("total", counts.total),
+        ("cache_read", priced(counts.cache_read)),
+        ("cache_write", priced(counts.cache_write)),
+        ("cached", priced(counts.cached)),
+        ("reasoning", priced(counts.reasoning)),
+        ("thoughts", priced(counts.thoughts)),
     ];
     let present = named
         .iter()
@@ -193,13 +200,27 @@ pub fn read_usage_text(text: &[u8]) -> Option<BodyUsage> {
     let mut counts = Counts::default();
     for pair in text.split(' ') {
         let (name, value) = pair.split_once('=')?;
+        let value = count_from_header(value.as_bytes())?;
         let slot = match name {
             "input" => &mut counts.input,
             "output" => &mut counts.output,
             "total" => &mut counts.total,
-            _ => return None,
+            _ => {
+                let priced = match name {
+                    "cache_read" => &mut counts.cache_read,
+                    "cache_write" => &mut counts.cache_write,
+                    "cached" => &mut counts.cached,
+                    "reasoning" => &mut counts.reasoning,
+                    "thoughts" => &mut counts.thoughts,
+                    _ => return None,
+                };
+                if *priced > 0 || value == 0 {
+                    return None;
+                }
+                *priced = value;
+                continue;
+            }
         };
-        let value = count_from_header(value.as_bytes())?;
         if slot.replace(value).is_some() {
             return None;
         }

@@ -90,6 +90,12 @@ enum Role {
     Usage,
     /// The usage object of a `message`: its counts are provisional (`Counts::provisional`).
     MessageUsage,
+    /// OpenAI's `prompt_tokens_details` / `input_tokens_details` of a usage: its
+    /// `cached_tokens` is read.
+    InputDetails,
+    /// OpenAI's `completion_tokens_details` / `output_tokens_details` of a usage: its
+    /// `reasoning_tokens` is read.
+    OutputDetails,
     Other,
 }
 
@@ -101,6 +107,8 @@ enum Meaning {
     Message,
     Usage,
     MessageUsage,
+    InputDetails,
+    OutputDetails,
     Count(Count),
     Nothing,
 }
@@ -113,9 +121,17 @@ impl Role {
             (Role::Message, Some(b"usage" | b"usageMetadata")) => Meaning::MessageUsage,
             (Role::Document, Some(b"response")) => Meaning::Wrapper,
             (Role::Document, Some(b"message")) => Meaning::Message,
+            (Role::Usage, Some(b"prompt_tokens_details" | b"input_tokens_details")) => {
+                Meaning::InputDetails
+            }
+            (Role::Usage, Some(b"completion_tokens_details" | b"output_tokens_details")) => {
+                Meaning::OutputDetails
+            }
             (Role::Usage | Role::MessageUsage, Some(key)) => {
                 Count::of_usage_key(key).map_or(Meaning::Nothing, Meaning::Count)
             }
+            (Role::InputDetails, Some(b"cached_tokens")) => Meaning::Count(Count::Cached),
+            (Role::OutputDetails, Some(b"reasoning_tokens")) => Meaning::Count(Count::Reasoning),
             _ => Meaning::Nothing,
         }
     }
@@ -402,6 +418,8 @@ impl Json {
             (Meaning::Message, true) => Role::Message,
             (Meaning::Usage, true) => Role::Usage,
             (Meaning::MessageUsage, true) => Role::MessageUsage,
+            (Meaning::InputDetails, true) => Role::InputDetails,
+            (Meaning::OutputDetails, true) => Role::OutputDetails,
             _ => Role::Other,
         };
         if let Some(slot) = self.roles.get_mut(usize::from(self.depth)) {

@@ -4,10 +4,13 @@
 //! passes it on (the body is never buffered) and asks for the `Reading` at the end of the stream.
 //!
 //! **What is read.** A usage object's counts: input (`prompt_tokens`, `input_tokens`,
-//! `promptTokenCount`), output (`completion_tokens`, `output_tokens`, `candidatesTokenCount`) and
-//! total (`total_tokens`, `totalTokenCount`); when the total is absent it is input + output.
-//! Other members of the usage object (`prompt_tokens_details`, `cache_read_input_tokens`) are
-//! skipped.
+//! `promptTokenCount`), output (`completion_tokens`, `output_tokens`, `candidatesTokenCount`),
+//! total (`total_tokens`, `totalTokenCount`), and the priced kinds of `Count`: Anthropic's
+//! `cache_read_input_tokens` and `cache_creation_input_tokens`, Gemini's
+//! `cachedContentTokenCount` and `thoughtsTokenCount`, and one level down OpenAI's
+//! `cached_tokens` (in `prompt_tokens_details` or `input_tokens_details`) and `reasoning_tokens`
+//! (in `completion_tokens_details` or `output_tokens_details`). When the total is absent it is
+//! input + output + the counts kept apart from them. Other members are skipped.
 //!
 //! **From where.** A usage object is the value of `usage` or `usageMetadata` at a document's top
 //! level (OpenAI, Anthropic, Gemini, plain JSON) or one level down under `response` (the
@@ -46,13 +49,14 @@
 pub mod decode;
 mod json;
 mod meter;
+pub mod price;
 pub mod request;
 mod sse;
 #[cfg(test)]
 mod tests;
 
 pub use json::MAX_DEPTH;
-pub use meter::{Meter, MAX_WEIGHT};
+pub use meter::{Meter, Weights, MAX_WEIGHT};
 
 use json::{Json, Why};
 use sse::EventStream;
@@ -61,16 +65,35 @@ use sse::EventStream;
 /// upstream, and sums of a few stay far inside u64.
 pub const MAX_TOKENS: u64 = 1_000_000_000_000;
 
-/// One of the counts an upstream reports.
+/// One of the counts an upstream reports. Which count includes which differs by provider:
+/// OpenAI's `prompt_tokens` include its `cached_tokens` and its `completion_tokens` its
+/// `reasoning_tokens`; Gemini's `promptTokenCount` includes its `cachedContentTokenCount`, but
+/// its `candidatesTokenCount` leaves out its `thoughtsTokenCount`; Anthropic's `input_tokens`
+/// leave out both its cache counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Count {
     Input,
     Output,
     Total,
+    /// Input tokens read from a cache, counted apart from `Input` (Anthropic's
+    /// `cache_read_input_tokens`).
+    CacheRead,
+    /// Input tokens written to a cache, apart from `Input` (Anthropic's
+    /// `cache_creation_input_tokens`).
+    CacheWrite,
+    /// Input tokens read from a cache, among `Input` (OpenAI's `cached_tokens` in
+    /// `prompt_tokens_details` or `input_tokens_details`, Gemini's `cachedContentTokenCount`).
+    Cached,
+    /// Reasoning tokens among `Output` (OpenAI's `reasoning_tokens` in
+    /// `completion_tokens_details` or `output_tokens_details`).
+    Reasoning,
+    /// Reasoning tokens apart from `Output` (Gemini's `thoughtsTokenCount`).
+    Thoughts,
 }
 
 impl Count {
-    /// The count a usage object's member names, in any of the APIs read.
+    /// The count a usage object's member names, in any of the APIs read (the details members
+    /// `cached_tokens` and `reasoning_tokens` are read one level down, `json`).
     fn of_usage_key(key: &[u8]) -> Option<Count> {
         match key {
             b"prompt_tokens" | b"input_tokens" | b"promptTokenCount" => Some(Count::Input),
@@ -78,6 +101,10 @@ impl Count {
                 Some(Count::Output)
             }
             b"total_tokens" | b"totalTokenCount" => Some(Count::Total),
+            b"cache_read_input_tokens" => Some(Count::CacheRead),
+            b"cache_creation_input_tokens" => Some(Count::CacheWrite),
+            b"cachedContentTokenCount" => Some(Count::Cached),
+            b"thoughtsTokenCount" => Some(Count::Thoughts),
             _ => None,
         }
     }
@@ -89,20 +116,35 @@ pub struct Counts {
     pub input: Option<u64>,
     pub output: Option<u64>,
     pub total: Option<u64>,
+    /// The counts of priced kinds (`Count::CacheRead` and on), 0 when not reported.
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub cached: u64,
+    pub reasoning: u64,
+    pub thoughts: u64,
     /// The last count came from Anthropic's `message_start`, a first guess at the output that
     /// only a later `message_delta` makes a usage: a stream left before it has no usage.
     pub provisional: bool,
 }
 
 impl Counts {
-    /// `count`: the total, when not reported, is input + output if both are.
+    /// `count`: the total, when not reported, is every token the provider counts if input and
+    /// output are reported: input + output, and the counts kept apart from them (Anthropic's
+    /// cache reads and writes, Gemini's thoughts).
     pub fn get(&self, count: Count) -> Option<u64> {
         match count {
             Count::Input => self.input,
             Count::Output => self.output,
-            Count::Total => self
-                .total
-                .or_else(|| Some(self.input?.saturating_add(self.output?))),
+            Count::Total => self.total.or_else(|| {
+                let apart = [self.cache_read, self.cache_write, self.thoughts];
+                let sum = self.input?.saturating_add(self.output?);
+                Some(apart.iter().fold(sum, |sum, n| sum.saturating_add(*n)))
+            }),
+            Count::CacheRead => Some(self.cache_read),
+            Count::CacheWrite => Some(self.cache_write),
+            Count::Cached => Some(self.cached),
+            Count::Reasoning => Some(self.reasoning),
+            Count::Thoughts => Some(self.thoughts),
         }
     }
 
@@ -111,6 +153,11 @@ impl Counts {
             Count::Input => self.input = Some(value),
             Count::Output => self.output = Some(value),
             Count::Total => self.total = Some(value),
+            Count::CacheRead => self.cache_read = value,
+            Count::CacheWrite => self.cache_write = value,
+            Count::Cached => self.cached = value,
+            Count::Reasoning => self.reasoning = value,
+            Count::Thoughts => self.thoughts = value,
         }
     }
 

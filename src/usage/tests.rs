@@ -18,6 +18,11 @@ const fn counts(input: u64, output: u64, total: u64) -> Counts {
         input: Some(input),
         output: Some(output),
         total: Some(total),
+        cache_read: 0,
+        cache_write: 0,
+        cached: 0,
+        reasoning: 0,
+        thoughts: 0,
         provisional: false,
     }
 }
@@ -82,7 +87,7 @@ fn found(input: Option<u64>, output: Option<u64>, total: Option<u64>) -> Reading
         input,
         output,
         total,
-        provisional: false,
+        ..Counts::default()
     })
 }
 
@@ -184,10 +189,70 @@ fn usage_is_read_at_the_top_level_or_under_response_or_message_only() {
 }
 
 #[test]
-fn unknown_members_and_nested_details_in_usage_are_skipped() {
-    let body = r#"{"usage": {"prompt_tokens_details": {"prompt_tokens": 7}, "x": [1, {"total_tokens": 2}],
+fn unknown_members_and_nested_objects_in_usage_are_skipped_but_the_priced_details() {
+    let body = r#"{"usage": {"prompt_tokens_details": {"prompt_tokens": 7, "cached_tokens": 2},
+        "x": [1, {"total_tokens": 2}], "cache_creation": {"cache_read_input_tokens": 9},
         "cache_read_input_tokens": 100, "service_tier": "standard", "prompt_tokens": 3}}"#;
-    assert_eq!(json(body), found(Some(3), None, None));
+    let Reading::Found(counts) = json(body) else {
+        panic!("{body}")
+    };
+    assert_eq!(
+        (counts.input, counts.output, counts.total),
+        (Some(3), None, None)
+    );
+    assert_eq!((counts.cached, counts.cache_read), (2, 100));
+}
+
+#[test]
+fn every_priced_kind_is_read_where_its_provider_writes_it() {
+    let anthropic = r#"{"type": "message", "usage": {"input_tokens": 20, "output_tokens": 30,
+        "cache_creation_input_tokens": 1000, "cache_read_input_tokens": 5000,
+        "cache_creation": {"ephemeral_5m_input_tokens": 1000}}}"#;
+    let openai_chat = r#"{"usage": {"prompt_tokens": 1000, "completion_tokens": 500,
+        "total_tokens": 1500, "prompt_tokens_details": {"cached_tokens": 800, "audio_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 300}}}"#;
+    let openai_responses = concat!(
+        r#"data: {"type": "response.completed", "response": {"usage": {"input_tokens": 1000, "#,
+        r#""input_tokens_details": {"cached_tokens": 800}, "output_tokens": 500, "#,
+        r#""output_tokens_details": {"reasoning_tokens": 300}, "total_tokens": 1500}}}"#,
+        "\n\n"
+    );
+    let gemini = r#"{"usageMetadata": {"promptTokenCount": 100, "candidatesTokenCount": 30,
+        "cachedContentTokenCount": 40, "thoughtsTokenCount": 70, "totalTokenCount": 200}}"#;
+    let read = |reading: Reading| match reading {
+        Reading::Found(c) => (
+            c.input,
+            c.output,
+            c.total,
+            [
+                c.cache_read,
+                c.cache_write,
+                c.cached,
+                c.reasoning,
+                c.thoughts,
+            ],
+        ),
+        other => panic!("{other:?}"),
+    };
+    // Anthropic's total is every token it counts: the cache reads and writes are apart.
+    assert_eq!(
+        read(json(anthropic)),
+        (Some(20), Some(30), Some(6050), [5000, 1000, 0, 0, 0])
+    );
+    let openai = (Some(1000), Some(500), Some(1500), [0, 0, 800, 300, 0]);
+    assert_eq!(read(json(openai_chat)), openai);
+    assert_eq!(read(events(openai_responses)), openai);
+    assert_eq!(
+        read(json(gemini)),
+        (Some(100), Some(30), Some(200), [0, 0, 40, 0, 70])
+    );
+    // Details read only in a usage object, their counts only where they belong.
+    let elsewhere = r#"{"prompt_tokens_details": {"cached_tokens": 5}, "usage":
+        {"prompt_tokens": 1, "completion_tokens_details": {"cached_tokens": 6},
+         "prompt_tokens_details": {"reasoning_tokens": 7}}}"#;
+    assert_eq!(read(json(elsewhere)), (Some(1), None, None, [0; 5]));
+    let bad = r#"{"usage": {"prompt_tokens_details": {"cached_tokens": "5"}}}"#;
+    assert!(matches!(json(bad), Reading::Invalid(_)));
 }
 
 #[test]
@@ -384,7 +449,7 @@ fn holds_no_heap<T: Copy>() -> usize {
 #[test]
 fn the_scanner_is_a_small_fixed_size_value_whatever_it_reads() {
     assert!(
-        holds_no_heap::<Scanner>() <= 192,
+        holds_no_heap::<Scanner>() <= 232,
         "{} bytes",
         holds_no_heap::<Scanner>()
     );
@@ -589,17 +654,45 @@ fn expected_usage(
     provisional: bool,
 ) -> Result<(), ()> {
     for (key, value) in usage {
+        let details = match key.as_str() {
+            "prompt_tokens_details" | "input_tokens_details" => {
+                Some(("cached_tokens", Count::Cached))
+            }
+            "completion_tokens_details" | "output_tokens_details" => {
+                Some(("reasoning_tokens", Count::Reasoning))
+            }
+            _ => None,
+        };
+        if let (Some((name, count)), Value::Object(members), false) = (details, value, provisional)
+        {
+            for (member, value) in members {
+                if member == name {
+                    expected_count(count, value, counts, false)?;
+                }
+            }
+            continue;
+        }
         let Some(count) = Count::of_usage_key(key.as_bytes()) else {
             continue;
         };
-        match value {
-            Value::Null => {}
-            Value::Number(n) => {
-                counts.set(count, n.as_u64().filter(|&n| n <= MAX_TOKENS).ok_or(())?);
-                counts.provisional = provisional;
-            }
-            _ => return Err(()),
+        expected_count(count, value, counts, provisional)?;
+    }
+    Ok(())
+}
+
+fn expected_count(
+    count: Count,
+    value: &Value,
+    counts: &mut Counts,
+    provisional: bool,
+) -> Result<(), ()> {
+    match value {
+        Value::Null => {}
+        Value::Number(n) => {
+            counts.set(count, n.as_u64().filter(|&n| n <= MAX_TOKENS).ok_or(())?);
+            counts.provisional = provisional;
         }
+        _ => return Err(()),
     }
     Ok(())
 }
@@ -635,6 +728,9 @@ fn key() -> impl Strategy<Value = String> {
             "usage", "usageMetadata", "response", "message", "prompt_tokens", "input_tokens",
             "completion_tokens", "output_tokens", "total_tokens", "promptTokenCount",
             "candidatesTokenCount", "totalTokenCount", "choices", "prompt_tokens_details",
+            "completion_tokens_details", "input_tokens_details", "cached_tokens",
+            "reasoning_tokens", "cache_read_input_tokens", "cache_creation_input_tokens",
+            "cachedContentTokenCount", "thoughtsTokenCount",
         ])
         .prop_map(String::from),
         1 => "[a-z_\"\\\\ é]{0,40}",
@@ -671,7 +767,10 @@ fn value() -> impl Strategy<Value = Value> {
 }
 
 fn usage_object() -> impl Strategy<Value = Value> {
-    prop::collection::btree_map(key(), count_value(), 0..5)
+    let details = prop::collection::btree_map(key(), count_value(), 0..3)
+        .prop_map(|members| Value::Object(members.into_iter().collect()));
+    let member = prop_oneof![4 => count_value(), 1 => details];
+    prop::collection::btree_map(key(), member, 0..5)
         .prop_map(|members| Value::Object(members.into_iter().collect()))
 }
 

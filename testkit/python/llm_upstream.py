@@ -32,7 +32,11 @@ Request headers that shape the answer, all optional:
   x-test-usage: input=10,output=20   The usage reported; this is the default. total=N sets the
       total, otherwise input + output; a count left out is 0 (total=30 alone reports input 0,
       output 0, total 30). Any integer is taken as given: input=-5, total=99999999999999999999.
-      Anthropic has no total field: it reports input and output only.
+      Anthropic has no total field: it reports input and output only. cache_read=N and
+      cache_write=N add Anthropic's cache_read_input_tokens and cache_creation_input_tokens
+      (in message_start's usage when streamed); cached=N and reasoning=N add OpenAI's
+      cached_tokens and reasoning_tokens details (and are among input and output, as OpenAI
+      counts them).
   x-test-usage: none   No usage anywhere: no usage object, header or trailer.
   x-test-usage: bad    Every count is the JSON string "many" instead of a number.
   x-test-events: N   Content events in a stream (default 3). A JSON answer has the same text.
@@ -96,11 +100,35 @@ def parse_usage(value):
     counts = {}
     for part in value.split(","):
         name, _, number = part.partition("=")
-        if name.strip() not in ("input", "output", "total"):
+        if name.strip() not in ("input", "output", "total") + PRICED:
             raise ValueError(f"unknown count {name.strip()!r}")
         counts[name.strip()] = int(number)
     sent, received = counts.get("input", 0), counts.get("output", 0)
-    return {"input": sent, "output": received, "total": counts.get("total", sent + received)}
+    usage = {"input": sent, "output": received, "total": counts.get("total", sent + received)}
+    usage.update({name: counts[name] for name in PRICED if name in counts})
+    return usage
+
+
+# The priced kinds x-test-usage may add: Anthropic's cache reads and writes, OpenAI's cached and
+# reasoning tokens (details of its input and output).
+PRICED = ("cache_read", "cache_write", "cached", "reasoning")
+
+
+def openai_details(usage, input_name, output_name):
+    """OpenAI's details objects of the counts x-test-usage gave."""
+    details = {}
+    if "cached" in usage:
+        details[input_name] = {"cached_tokens": usage["cached"]}
+    if "reasoning" in usage:
+        details[output_name] = {"reasoning_tokens": usage["reasoning"]}
+    return details
+
+
+def anthropic_cache(usage):
+    """Anthropic's cache counts of the counts x-test-usage gave."""
+    names = (("cache_write", "cache_creation_input_tokens"),
+             ("cache_read", "cache_read_input_tokens"))
+    return {field: usage[name] for name, field in names if name in usage}
 
 
 @dataclasses.dataclass
@@ -228,7 +256,8 @@ def named_event(name, payload):
 
 def chat_usage(usage):
     return {"prompt_tokens": usage["input"], "completion_tokens": usage["output"],
-            "total_tokens": usage["total"]}
+            "total_tokens": usage["total"],
+            **openai_details(usage, "prompt_tokens_details", "completion_tokens_details")}
 
 
 def chat_json(reply):
@@ -277,8 +306,10 @@ def openai_error(status):
 # OpenAI Responses.
 
 def responses_usage(usage):
-    return {"input_tokens": usage["input"], "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": usage["output"], "output_tokens_details": {"reasoning_tokens": 0},
+    return {"input_tokens": usage["input"],
+            "input_tokens_details": {"cached_tokens": usage.get("cached", 0)},
+            "output_tokens": usage["output"],
+            "output_tokens_details": {"reasoning_tokens": usage.get("reasoning", 0)},
             "total_tokens": usage["total"]}
 
 
@@ -341,7 +372,7 @@ def messages_json(reply):
               "stop_sequence": None}
     if reply.usage is not None:
         answer["usage"] = {"input_tokens": reply.usage["input"],
-                           "output_tokens": reply.usage["output"]}
+                           "output_tokens": reply.usage["output"], **anthropic_cache(reply.usage)}
     return answer
 
 
@@ -358,7 +389,8 @@ def messages_stream(reply):
         received = reply.usage["output"]
         # Anthropic counts the first output token at once, then the cumulative output.
         message["usage"] = {"input_tokens": reply.usage["input"],
-                            "output_tokens": 1 if isinstance(received, int) else received}
+                            "output_tokens": 1 if isinstance(received, int) else received,
+                            **anthropic_cache(reply.usage)}
         delta["usage"] = {"output_tokens": received}
     yield named_event("message_start", {"type": "message_start", "message": message})
     yield named_event("content_block_start", {"type": "content_block_start", "index": 0,

@@ -10,7 +10,7 @@ tests (`scripts/ensure-deps openai` installs the SDK into the repo's .venv).
          "content": "...", "first_chunk_ms": 12.5 or null, "elapsed_ms": 20.1, "error": null}
       An answer the SDK raises for (429: RateLimitError, 503: InternalServerError, ...) has its
       status, headers (retry-after, x-ratelimit-*...) and body (`error`, parsed JSON or text),
-      `error_type` naming the exception. A call that got no answer has status 0; one whose
+      `error_type` naming the exception, `message` the exception's message. A call that got no answer has status 0; one whose
       stream broke has what it got before. Both have the exception's class in `error_type`
       (APIConnectionError, as the SDK wraps a broken connection) and its cause in `error`.
       first_chunk_ms: from the call to the first chunk of a stream out of the SDK.
@@ -38,7 +38,7 @@ def usage_of(completion):
 
 def answer(status, headers, **fields):
     return {"status": status, "error_type": None, "headers": dict(headers), "usage": None,
-            "content": "", "first_chunk_ms": None, "error": None, **fields}
+            "content": "", "first_chunk_ms": None, "error": None, "message": None, **fields}
 
 
 def failure(error):
@@ -79,7 +79,8 @@ def call(client, stream):
         result = read_stream(raw, started) if stream else read_json(raw)
     except openai.APIStatusError as error:
         result = answer(error.status_code, error.response.headers,
-                        error_type=type(error).__name__, error=error.body)
+                        error_type=type(error).__name__, error=error.body,
+                        message=error.message)
     except (openai.APIError, httpx2.HTTPError) as error:
         result = answer(0, {}, **failure(error))
     result["elapsed_ms"] = milliseconds_since(started)

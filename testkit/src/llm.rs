@@ -513,8 +513,10 @@ pub struct OpenAiCall {
     /// A stream's first chunk out of the SDK, from the call.
     pub first_chunk: Option<Duration>,
     pub elapsed: Duration,
-    /// An error answer's body (JSON as the server sent it), or why the call failed.
+    /// An error answer's body (JSON as the SDK parsed it), or why the call failed.
     pub error: Option<Value>,
+    /// The message of the SDK's exception for an error answer.
+    pub message: Option<String>,
 }
 
 impl OpenAiCall {
@@ -542,6 +544,7 @@ impl OpenAiCall {
             first_chunk: millis("first_chunk_ms"),
             elapsed: millis("elapsed_ms").unwrap_or_default(),
             error: present("error"),
+            message: v["message"].as_str().map(String::from),
         }
     }
 }
@@ -555,17 +558,38 @@ pub fn openai_calls(
     stream: bool,
     headers: &[(&str, &str)],
 ) -> Vec<OpenAiCall> {
+    sdk_calls("openai", &format!("http://{base}/v1"), n, stream, headers)
+}
+
+/// `n` messages through the official anthropic SDK (`python/anthropic_client.py`) at `base`,
+/// one after the other, in the shape `openai_calls` gives.
+pub fn anthropic_calls(
+    base: SocketAddr,
+    n: usize,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> Vec<OpenAiCall> {
+    sdk_calls("anthropic", &format!("http://{base}"), n, stream, headers)
+}
+
+fn sdk_calls(
+    sdk: &str,
+    base_url: &str,
+    n: usize,
+    stream: bool,
+    headers: &[(&str, &str)],
+) -> Vec<OpenAiCall> {
     let mode = if stream { "stream" } else { "json" };
-    let args = [format!("http://{base}/v1"), n.to_string(), mode.to_string()];
+    let args = [base_url.to_string(), n.to_string(), mode.to_string()];
     let pairs = headers.iter().map(|(k, v)| format!("{k}={v}"));
     let limit = CLIENT_START + CLIENT_CALL * u32::try_from(n).unwrap_or(u32::MAX);
-    let script = Script::with_package("openai_client.py", "openai", "openai");
+    let script = Script::with_package(&format!("{sdk}_client.py"), sdk, sdk);
     let lines = script.run(args.into_iter().chain(pairs), limit);
     let calls: Vec<OpenAiCall> = lines
         .iter()
         .map(|line| {
             let v: Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("the openai client printed {line:?}: {e}"));
+                .unwrap_or_else(|e| panic!("the {sdk} client printed {line:?}: {e}"));
             OpenAiCall::from_json(&v)
         })
         .collect();
