@@ -153,6 +153,12 @@ impl ExactStore {
             .retain(|_, state| state.limit.debt(&state.words, now) != Debt::default());
     }
 
+    /// Forgets `key`'s state: its next check finds a full bucket, an empty window. Whether it
+    /// had any.
+    pub fn forget(&mut self, key: &str) -> bool {
+        self.keys.remove(key).is_some()
+    }
+
     /// Keys held.
     pub fn len(&self) -> usize {
         self.keys.len()

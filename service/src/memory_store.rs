@@ -177,6 +177,13 @@ impl Store for MemoryStore {
             .map(|w| state.slots.stale(&w.key, now, w.stale_within_us))
             .collect())
     }
+
+    async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
+        let mut state = self.state(now_us()?)?;
+        let words = state.words.forget(state_key);
+        let slots = state.slots.forget(state_key);
+        Ok(words || slots)
+    }
 }
 
 /// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind

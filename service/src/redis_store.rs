@@ -23,6 +23,7 @@ use redis::{
 
 use tokio::sync::OnceCell;
 
+mod admin;
 mod batch;
 mod lua;
 
@@ -964,6 +965,10 @@ impl Store for RedisStore {
         .await;
         self.core.answered.store(answer.is_ok(), Relaxed);
         answer
+    }
+
+    async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.delete(state_key)).await
     }
 }
 

@@ -447,6 +447,10 @@ pub trait Store: Send + Sync + 'static {
         &self,
         keys: &[Watched],
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// Forgets the state at `state_key` (`state_key`): a full bucket, an empty window, every
+    /// slot free (the admin API's reset). Whether there was any.
+    fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -474,6 +478,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
         keys: &[Watched],
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
         S::unrenewed(self, keys)
+    }
+
+    fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::reset(self, state_key)
     }
 }
 
