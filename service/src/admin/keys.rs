@@ -1,7 +1,7 @@
 //! `/admin/v1/keys/...`: one global key's state, named as a check names it (its key and the
 //! limit's numbers, which together are where the state lives: `store::state_key`).
-//! - `show` (read): what is left, when it resets, when a refused request may retry; it charges
-//!   nothing (a check of cost 0).
+//! - `show` (read): what is left and when it is whole again (the bucket full, the window over);
+//!   it charges nothing (a check of cost 0).
 //! - `reset` (write): forgets the state: a full bucket, an empty window, every slot free.
 //! - `credit` (write): gives `tokens` back (forgiving debt first), applied once per `id` within
 //!   `store::SETTLED_TTL_MS`, as a settlement's refund is.
@@ -76,8 +76,6 @@ pub struct KeyState {
     pub remaining: u64,
     /// Until the bucket is full again, or the window ends.
     pub reset_ms: u64,
-    /// Until a request of one token would be admitted (0: now).
-    pub retry_after_ms: u64,
 }
 
 /// The answer of a write.
@@ -228,11 +226,6 @@ async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Rep
         capacity: check.algorithm.capacity(),
         remaining: decision.remaining,
         reset_ms: ceil_ms(decision.reset_us),
-        retry_after_ms: if decision.remaining > 0 {
-            0
-        } else {
-            ceil_ms(decision.retry_after_us)
-        },
         key: check.key,
     };
     json(StatusCode::OK, &state)
