@@ -80,7 +80,14 @@ impl Audit {
         outcome: &'static str,
     ) {
         let who = caller.name.as_str();
-        info!(who, action, state_key = target, reason, outcome, "admin write");
+        info!(
+            who,
+            action,
+            state_key = target,
+            reason,
+            outcome,
+            "admin write"
+        );
         self.writes
             .get_or_create(&WriteLabels { action, outcome })
             .inc();
