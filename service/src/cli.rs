@@ -56,6 +56,16 @@ pub struct Args {
     )]
     pub read_token_file: Option<PathBuf>,
 
+    /// The most overrides the admin API keeps; setting a new one past it is refused (409)
+    #[arg(
+        long,
+        env = "SLUICE_MAX_OVERRIDES",
+        value_name = "N",
+        default_value_t = crate::admin::overrides::MAX_OVERRIDES,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
+    )]
+    pub max_overrides: u64,
+
     /// Serve a non-loopback address without --token-file: only where something else
     /// authenticates every caller (a mesh's mutual TLS and authorization policy)
     #[arg(long, env = "SLUICE_ALLOW_UNAUTHENTICATED")]

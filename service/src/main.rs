@@ -8,7 +8,7 @@ use std::sync::Arc;
 use clap::Parser;
 use futures_util::FutureExt;
 use sluice_service::admin::auth::{AdminTokens, Role, TokenSource};
-use sluice_service::admin::{Admin, Audit};
+use sluice_service::admin::{overrides, Admin, Audit};
 use sluice_service::auth::{self, Guard, TokenFile};
 use sluice_service::cli::{Args, Backend};
 use sluice_service::connections::Gate;
@@ -194,7 +194,12 @@ async fn serve_with<S: Store>(
             max_body_bytes: max_request_bytes,
         };
         let admin = (admin_tokens.zip(audit))
-            .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits));
+            .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits))
+            .map(|admin| admin.with_max_overrides(args.max_overrides));
+        if let Some(admin) = &admin {
+            let table = Arc::clone(&admin.overrides);
+            tokio::spawn(overrides::keep_current(Arc::clone(&store), table, bounds));
+        }
         let app = App::new(store, metrics, Arc::clone(&readiness), guard, limits, watch);
         let app = match admin {
             Some(admin) => app.with_admin(admin),

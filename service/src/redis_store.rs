@@ -970,6 +970,18 @@ impl Store for RedisStore {
     async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.delete(state_key)).await
     }
+
+    async fn put_override(&self, name: &str, value: &str, max: u64) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.put_override(name, value, max)).await
+    }
+
+    async fn delete_override(&self, name: &str) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.delete_override(name)).await
+    }
+
+    async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.overrides()).await
+    }
 }
 
 /// A request's one retry of a round trip to Redis that lost its connection.

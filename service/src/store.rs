@@ -451,6 +451,21 @@ pub trait Store: Send + Sync + 'static {
     /// Forgets the state at `state_key` (`state_key`): a full bucket, an empty window, every
     /// slot free (the admin API's reset). Whether there was any.
     fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Keeps the override `value` under `name` (the admin API's, `admin::overrides`), replacing
+    /// one of that name; false, storing nothing, when `max` others are kept already.
+    fn put_override(
+        &self,
+        name: &str,
+        value: &str,
+        max: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Forgets the override `name`; whether there was one.
+    fn delete_override(&self, name: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every override kept, `(name, value)`.
+    fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -482,6 +497,23 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
         S::reset(self, state_key)
+    }
+
+    fn put_override(
+        &self,
+        name: &str,
+        value: &str,
+        max: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::put_override(self, name, value, max)
+    }
+
+    fn delete_override(&self, name: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::delete_override(self, name)
+    }
+
+    fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        S::overrides(self)
     }
 }
 

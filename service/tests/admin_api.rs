@@ -1,7 +1,7 @@
 //! The admin API (`/admin/v1/...`, issue 34) on the real service, over a real Redis and over
 //! memory: its tokens (401 without one, 403 for a write with a read-only one, 404 when it is not
-//! served), a key shown, reset and credited once, every write audited, and hostile input refused
-//! naming the field.
+//! served), a key shown, reset and credited once, overrides set, listed, applied on every
+//! replica, expired and deleted, every write audited, and hostile input refused naming the field.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -35,6 +35,18 @@ fn start(store: &[&str], dir: &TempDir) -> Service {
     let mut args = store.to_vec();
     args.extend(["--admin-token-file", admin, "--read-token-file", read]);
     Service::start_with(&args, &[])
+}
+
+/// Checks of `name`'s default limit (a bucket of 5, 1 a minute) until one is denied: how many
+/// were allowed, up to `most`.
+fn allowed(service: &Service, name: &str, most: u64) -> u64 {
+    for n in 0..most {
+        let result = &service.check(&[bucket(name, 1, 60_000, 5, 1, 1)])[0];
+        if result["allowed"] != true {
+            return n;
+        }
+    }
+    most
 }
 
 fn call(addr: SocketAddr, method: &str, path: &str, token: Option<&str>, body: &str) -> Response {
@@ -379,4 +391,171 @@ fn hostile_input_is_refused_naming_the_field_and_never_reaches_the_store() {
     // Nothing was written: no audit line, no count.
     let metrics = get(addr, "/metrics").text();
     assert!(!metrics.contains("admin_writes_total{"), "{metrics}");
+}
+
+fn set_override(service: &Service, name: &str, burst: u64, extra: Value) -> Response {
+    let body = with(
+        json!({"key": name, "requests": 1, "per_ms": 60_000, "burst": burst,
+               "owner": "accounts@example.com", "reason": "premium plan"}),
+        extra,
+    );
+    post(service.addr, "/admin/v1/overrides", "adm1n-token", &body)
+}
+
+#[test]
+fn an_override_applies_at_once_on_every_replica_survives_a_restart_and_is_deleted() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("admin-overrides");
+    let a = start(&["--redis", &redis.url()], &dir);
+    let b = start(&["--redis", &redis.url()], &dir);
+    let done = set_override(&a, "api/premium", 20, json!({}));
+    assert_eq!(done.status, 200, "{done:?}");
+    let audit = a.event("admin write", Duration::from_secs(5)).unwrap();
+    assert_eq!(audit["action"], "overrides.set", "{audit}");
+    assert_eq!(audit["who"], "alice", "{audit}");
+    // At once on the replica that took it; within the refresh (1 s) on the other.
+    assert_eq!(allowed(&a, "api/premium", 30), 20);
+    std::thread::sleep(Duration::from_millis(1500));
+    let listed = call(b.addr, "GET", "/admin/v1/overrides", Some("rEad-token"), "").json();
+    let o = &listed["overrides"][0];
+    assert_eq!(o["key"], "api/premium", "{listed}");
+    assert_eq!(o["burst"], 20, "{listed}");
+    assert_eq!(o["owner"], "accounts@example.com", "{listed}");
+    assert_eq!(o["set_by"], "alice", "{listed}");
+    assert_eq!(listed["max"], 10_000, "{listed}");
+    // b shares a's state under the override: nothing left.
+    assert_eq!(allowed(&b, "api/premium", 30), 0);
+    // Other keys keep the default.
+    assert_eq!(allowed(&b, "api/basic", 30), 5);
+    // A read-only token lists, never sets.
+    let body = json!({"key": "api/x", "requests": 1, "per_ms": 1000, "burst": 1, "owner": "o", "reason": "r"});
+    assert_eq!(
+        post(b.addr, "/admin/v1/overrides", "rEad-token", &body).status,
+        403
+    );
+
+    // Kept in Redis: a new replica applies it from its start.
+    drop(a);
+    let c = start(&["--redis", &redis.url()], &dir);
+    std::thread::sleep(Duration::from_millis(200));
+    let listed = call(c.addr, "GET", "/admin/v1/overrides", Some("rEad-token"), "").json();
+    assert_eq!(listed["overrides"].as_array().unwrap().len(), 1, "{listed}");
+
+    let delete = json!({"key": "api/premium", "reason": "plan cancelled"});
+    let done = post(c.addr, "/admin/v1/overrides/delete", "adm1n-token", &delete);
+    assert_eq!(done.json()["outcome"], "done", "{done:?}");
+    let again = post(c.addr, "/admin/v1/overrides/delete", "adm1n-token", &delete);
+    assert_eq!(again.json()["outcome"], "unchanged", "{again:?}");
+    // The default applies again at once: its own state, 5 left.
+    assert_eq!(allowed(&c, "api/premium", 30), 5);
+}
+
+#[test]
+fn an_override_stops_applying_when_it_expires() {
+    let dir = TempDir::new("admin-expiry");
+    let service = start(&["--memory"], &dir);
+    let done = set_override(&service, "api/trial", 1, json!({"expires_in_ms": 1000}));
+    assert_eq!(done.status, 200, "{done:?}");
+    assert_eq!(allowed(&service, "api/trial", 10), 1);
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(allowed(&service, "api/trial", 10), 5);
+    let listed = call(
+        service.addr,
+        "GET",
+        "/admin/v1/overrides",
+        Some("adm1n-token"),
+        "",
+    )
+    .json();
+    assert_eq!(listed["overrides"], json!([]), "{listed}");
+}
+
+#[test]
+fn at_the_bound_a_new_override_is_refused_and_a_replaced_one_is_not() {
+    let dir = TempDir::new("admin-bound");
+    let admin = dir.path().join("admin");
+    std::fs::write(&admin, ADMIN).unwrap();
+    let args = [
+        "--memory",
+        "--max-overrides",
+        "2",
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+    ];
+    let service = Service::start_with(&args, &[]);
+    assert_eq!(set_override(&service, "api/one", 10, json!({})).status, 200);
+    assert_eq!(set_override(&service, "api/two", 10, json!({})).status, 200);
+    let refused = set_override(&service, "api/three", 10, json!({}));
+    assert_eq!(refused.status, 409, "{refused:?}");
+    assert_eq!(refused.json()["error"], "too_many_overrides");
+    let audit = (0..3)
+        .filter_map(|_| service.event("admin write", Duration::from_secs(5)))
+        .last()
+        .unwrap();
+    assert_eq!(audit["outcome"], "refused", "{audit}");
+    assert_eq!(set_override(&service, "api/two", 12, json!({})).status, 200);
+    assert_eq!(allowed(&service, "api/two", 30), 12);
+}
+
+#[test]
+fn hostile_overrides_are_refused_naming_the_field() {
+    let dir = TempDir::new("admin-hostile-overrides");
+    let service = start(&["--memory"], &dir);
+    let cases: Vec<(Value, &str)> = vec![
+        (json!({"owner": null}), "owner: required"),
+        (json!({"owner": "o".repeat(201)}), "owner:"),
+        (json!({"owner": "a\u{1b}[31m"}), "owner:"),
+        (json!({"reason": null}), "reason: required"),
+        (json!({"requests": null}), "requests: required"),
+        (json!({"burst": 0}), "burst:"),
+        (json!({"expires_in_ms": 10}), "expires_in_ms: 10 is not in"),
+        (json!({"expires_in_ms": u64::MAX}), "expires_in_ms:"),
+        (json!({"key": "api/{x}"}), "key: character"),
+        (
+            json!({"namespace": "redis"}),
+            "namespace: must be http or rls",
+        ),
+        (json!({"set_by": "mallory"}), "unknown field `set_by`"),
+    ];
+    for (extra, expected) in cases {
+        let mut body = json!({"key": "api/h", "requests": 1, "per_ms": 60_000, "burst": 5,
+                              "owner": "o", "reason": "r"});
+        for (name, value) in extra.as_object().unwrap() {
+            if value.is_null() {
+                body.as_object_mut().unwrap().remove(name);
+            } else {
+                body[name] = value.clone();
+            }
+        }
+        let response = post(service.addr, "/admin/v1/overrides", "adm1n-token", &body);
+        assert_eq!(response.status, 400, "{body}: {response:?}");
+        let detail = response.json()["detail"].as_str().unwrap().to_string();
+        assert!(
+            detail.contains(expected),
+            "{body}: {detail:?} lacks {expected:?}"
+        );
+    }
+    let delete = json!({"key": "api/h", "reason": "r", "burst": 3});
+    let response = post(
+        service.addr,
+        "/admin/v1/overrides/delete",
+        "adm1n-token",
+        &delete,
+    );
+    assert!(
+        response.json()["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("burst: not taken"),
+        "{response:?}"
+    );
+    let listed = call(
+        service.addr,
+        "GET",
+        "/admin/v1/overrides",
+        Some("adm1n-token"),
+        "",
+    )
+    .json();
+    assert_eq!(listed["overrides"], json!([]), "{listed}");
 }

@@ -1,11 +1,12 @@
 //! The admin API, `/admin/v1/...`: JSON over the HTTP server's listener, behind tokens of its own
 //! (`auth`: an admin token writes, a read-only token only reads). Every path is a `Route` of a
-//! resource module (`keys`); a write needs a `reason` and is audited (`Audit`: the log line
+//! resource module (`keys`, `overrides`); a write needs a `reason` and is audited (`Audit`: the log line
 //! `admin write` and the metric `sluice_service_admin_writes`), whatever its outcome. Served only
 //! with `--admin-token-file`; without it every `/admin/` path is 404.
 
 pub mod auth;
 pub mod keys;
+pub mod overrides;
 
 use std::sync::Arc;
 
@@ -23,6 +24,7 @@ use crate::http::{self, error, forbidden, read_body, unauthorized, Limits, Reply
 use crate::store::Store;
 
 use self::auth::{AdminTokens, Caller, Role};
+use self::overrides::OverrideTable;
 
 /// Every admin path starts so; the HTTP server hands them all here.
 pub const PREFIX: &str = "/admin/";
@@ -42,7 +44,7 @@ pub struct Route {
 /// Every route, resource by resource: a new resource adds its module's list here and its
 /// module's `serve` to `Admin::dispatch`.
 fn routes() -> impl Iterator<Item = &'static Route> {
-    keys::ROUTES.iter()
+    keys::ROUTES.iter().chain(overrides::ROUTES.iter())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -100,6 +102,10 @@ pub struct Admin<S> {
     tokens: Arc<AdminTokens>,
     pub(crate) audit: Audit,
     pub(crate) limits: Limits,
+    /// The overrides this replica applies to its checks.
+    pub overrides: Arc<OverrideTable>,
+    /// `--max-overrides`.
+    pub max_overrides: u64,
 }
 
 impl<S: Store> Admin<S> {
@@ -109,7 +115,15 @@ impl<S: Store> Admin<S> {
             tokens,
             audit,
             limits,
+            overrides: Arc::default(),
+            max_overrides: overrides::MAX_OVERRIDES,
         }
+    }
+
+    /// Keeps at most `max` overrides.
+    pub fn with_max_overrides(mut self, max: u64) -> Self {
+        self.max_overrides = max;
+        self
     }
 
     /// The token first (401 without a valid one, even on a path that does not exist, so that
@@ -132,6 +146,9 @@ impl<S: Store> Admin<S> {
         caller: &Caller,
         request: Request<Incoming>,
     ) -> Reply {
+        if route.path.starts_with("/admin/v1/overrides") {
+            return overrides::serve(self, route, caller, request).await;
+        }
         keys::serve(self, route, caller, request).await
     }
 
