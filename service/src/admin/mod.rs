@@ -64,7 +64,7 @@ impl Audit {
         let writes = Family::<WriteLabels, Counter>::default();
         registry.register(
             "admin_writes",
-            "Writes through the admin API, by action and outcome (done, unchanged, failed); \
+            "Writes through the admin API, by action and outcome (done, unchanged, refused, failed); \
              each is also the log line `admin write`",
             writes.clone(),
         );
