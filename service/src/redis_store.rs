@@ -688,6 +688,7 @@ impl Scripts {
                     take: tokens,
                     debt: max_debt,
                     slots: Slots::Anonymous,
+                    state_of: None,
                 };
                 self.check(&charge)
             }

@@ -34,6 +34,10 @@ pub struct Check {
     pub debt: u64,
     /// Concurrency only (other algorithms ignore it): whose slots `take` names.
     pub slots: Slots,
+    /// The limit whose state this check decides when it is not `algorithm`: a check under an
+    /// override (`admin::overrides`) decides its key's state under the key's own limit, so that
+    /// the usage so far carries over when the override comes and goes. `None`: `algorithm`'s.
+    pub state_of: Option<Algorithm>,
 }
 
 /// Which slots a concurrency check takes (`cost` of them must be free, `take` are taken) or
@@ -72,7 +76,8 @@ pub fn state_key(check: &Check) -> String {
 /// `state_key` written over `out`: a store that looks states up by it can keep one buffer
 /// rather than allocate a key per check.
 pub fn write_state_key(out: &mut String, check: &Check) {
-    write_key(out, check.namespace, &check.key, &check.algorithm);
+    let algorithm = check.state_of.as_ref().unwrap_or(&check.algorithm);
+    write_key(out, check.namespace, &check.key, algorithm);
 }
 
 /// `state_key` of the state a settlement settles: the one its check wrote.
@@ -555,6 +560,7 @@ mod tests {
             take: 1,
             debt: 0,
             slots: Slots::Anonymous,
+            state_of: None,
         }
     }
 

@@ -446,8 +446,8 @@ fn an_override_applies_at_once_on_every_replica_survives_a_restart_and_is_delete
     assert_eq!(done.json()["outcome"], "done", "{done:?}");
     let again = post(c.addr, "/admin/v1/overrides/delete", "adm1n-token", &delete);
     assert_eq!(again.json()["outcome"], "unchanged", "{again:?}");
-    // The default applies again at once: its own state, 5 left.
-    assert_eq!(allowed(&c, "api/premium", 30), 5);
+    // The default applies again at once, to the same state: the 20 used are still used.
+    assert_eq!(allowed(&c, "api/premium", 30), 0);
 }
 
 #[test]
@@ -458,7 +458,8 @@ fn an_override_stops_applying_when_it_expires() {
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(allowed(&service, "api/trial", 10), 1);
     std::thread::sleep(Duration::from_millis(1200));
-    assert_eq!(allowed(&service, "api/trial", 10), 5);
+    // The default again, the one token used still counted.
+    assert_eq!(allowed(&service, "api/trial", 10), 4);
     let listed = call(
         service.addr,
         "GET",
@@ -558,4 +559,84 @@ fn hostile_overrides_are_refused_naming_the_field() {
     )
     .json();
     assert_eq!(listed["overrides"], json!([]), "{listed}");
+}
+
+/// Charges `tokens` to the limit `limit` (the key may owe up to `max_debt` past it).
+fn charge(service: &Service, limit: &Value, tokens: u64, max_debt: u64) {
+    let settlement = with(
+        limit.clone(),
+        json!({"op": "charge", "tokens": tokens, "max_debt": max_debt}),
+    );
+    let body = json!({"settlements": [settlement]}).to_string();
+    let response = sluice_testkit::http::post_json(service.addr, "/v1/settle", &body);
+    assert_eq!(response.status, 200, "{response:?}");
+}
+
+fn raising_a_limit_keeps_the_usage_so_far(store: &[&str], name: &str) {
+    let dir = TempDir::new(name);
+    let service = start(store, &dir);
+    // 1,500 used of 1,000: a token bucket (refilling one token per 36 s, too slow to matter
+    // here) and a fixed window of 10 hours.
+    let bucket =
+        json!({"key": "api/bucket", "algorithm": "token_bucket", "requests": 1000, "per_ms": 36_000_000, "burst": 1000});
+    let window = json!({"key": "api/window", "algorithm": "fixed_window", "requests": 1000, "per_ms": 36_000_000, "burst": 1000});
+    for limit in [&bucket, &window] {
+        charge(&service, limit, 1500, 500);
+        let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", limit).json();
+        assert_eq!(
+            (shown["remaining"].clone(), shown["source"].clone()),
+            (json!(0), json!("request")),
+            "{shown}"
+        );
+    }
+    // Raised to 2,000 (the bucket at the same rate per token): 500 left, not 2,000 and not 0.
+    let raised = [
+        with(
+            bucket.clone(),
+            json!({"requests": 2000, "per_ms": 72_000_000, "burst": 2000}),
+        ),
+        with(window.clone(), json!({"requests": 2000, "burst": 2000})),
+    ];
+    for (limit, raised) in [(&bucket, &raised[0]), (&window, &raised[1])] {
+        let body = with(raised.clone(), json!({"owner": "o", "reason": "upgrade"}));
+        assert_eq!(
+            post(service.addr, "/admin/v1/overrides", "adm1n-token", &body).status,
+            200
+        );
+        let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", limit).json();
+        assert_eq!(shown["source"], "override", "{shown}");
+        assert_eq!(shown["capacity"], 2000, "{shown}");
+        assert_eq!(shown["remaining"], 500, "{shown}");
+        let mut check = with(limit.clone(), json!({"cost": 500}));
+        let results = service.check(std::slice::from_ref(&check));
+        assert_eq!(results[0]["allowed"], true, "{results:?}");
+        check["cost"] = 1.into();
+        assert_eq!(service.check(&[check])[0]["allowed"], false);
+    }
+    // Lowered to 1,200: 2,000 used, nothing left.
+    let lowered = with(
+        window.clone(),
+        json!({"requests": 1200, "burst": 1200, "owner": "o", "reason": "downgrade"}),
+    );
+    assert_eq!(
+        post(service.addr, "/admin/v1/overrides", "adm1n-token", &lowered).status,
+        200
+    );
+    let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", &window).json();
+    assert_eq!(
+        (shown["capacity"].clone(), shown["remaining"].clone()),
+        (json!(1200), json!(0)),
+        "{shown}"
+    );
+}
+
+#[test]
+fn raising_a_limit_by_override_keeps_the_usage_so_far_on_redis() {
+    let redis = RedisServer::start();
+    raising_a_limit_keeps_the_usage_so_far(&["--redis", &redis.url()], "admin-raise-redis");
+}
+
+#[test]
+fn raising_a_limit_by_override_keeps_the_usage_so_far_in_memory() {
+    raising_a_limit_keeps_the_usage_so_far(&["--memory"], "admin-raise-memory");
 }

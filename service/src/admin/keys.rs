@@ -72,6 +72,8 @@ pub struct KeyState {
     pub state_key: String,
     /// The most one request can get: the bucket, the window's limit, the slots.
     pub capacity: u64,
+    /// Where the limit comes from: `request` (the numbers given, the policy's) or `override`.
+    pub source: &'static str,
     /// Whole tokens (slots) left now.
     pub remaining: u64,
     /// Until the bucket is full again, or the window ends.
@@ -146,6 +148,7 @@ fn parse<S>(raw: KeyRequest, admin: &Admin<S>, route: &Route) -> Result<Parsed, 
         take: 0,
         debt: 0,
         slots: Slots::Anonymous,
+        state_of: None,
     };
     let unwanted = |name: &str, value: bool| {
         if value {
@@ -212,7 +215,8 @@ fn namespace_name(namespace: Namespace) -> &'static str {
 }
 
 async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Reply {
-    let check = parsed.check;
+    let mut check = parsed.check;
+    let overridden = admin.overrides.apply(std::slice::from_mut(&mut check)) > 0;
     let decided = admin.store.check(std::slice::from_ref(&check)).await;
     let decision = match decided.map(|mut d| d.pop()) {
         Ok(Some(decision)) => decision,
@@ -224,6 +228,7 @@ async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Rep
         algorithm: check.algorithm.name(),
         state_key: target,
         capacity: check.algorithm.capacity(),
+        source: if overridden { "override" } else { "request" },
         remaining: decision.remaining,
         reset_ms: ceil_ms(decision.reset_us),
         key: check.key,

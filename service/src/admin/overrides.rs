@@ -100,13 +100,15 @@ struct Applied {
 }
 
 impl OverrideTable {
-    /// Replaces each check's limit by its key's live override of the same algorithm. Without
-    /// any override, one read lock and nothing else.
-    pub fn apply(&self, checks: &mut [Check]) {
+    /// Replaces each check's limit by its key's live override of the same algorithm, the check
+    /// still deciding the state of its own limit (`Check::state_of`): the usage so far carries
+    /// over. Without any override, one read lock and nothing else. How many it replaced.
+    pub fn apply(&self, checks: &mut [Check]) -> usize {
         let table = Arc::clone(&self.by_key.read().unwrap_or_else(PoisonError::into_inner));
         if table.is_empty() {
-            return;
+            return 0;
         }
+        let mut applied_to = 0;
         let now = now_ms();
         for check in checks {
             let found = table.get(&(check.namespace, check.key.clone()));
@@ -116,11 +118,14 @@ impl OverrideTable {
             if applied.algorithm.kind() != check.algorithm.kind() {
                 continue;
             }
+            check.state_of.get_or_insert(check.algorithm);
             check.algorithm = applied.algorithm;
             let capacity = applied.algorithm.capacity();
             check.cost = check.cost.min(capacity);
             check.take = check.take.min(capacity);
+            applied_to += 1;
         }
+        applied_to
     }
 
     fn replace(&self, overrides: &[Override], bounds: &Bounds) {
