@@ -577,8 +577,7 @@ fn raising_a_limit_keeps_the_usage_so_far(store: &[&str], name: &str) {
     let service = start(store, &dir);
     // 1,500 used of 1,000: a token bucket (refilling one token per 36 s, too slow to matter
     // here) and a fixed window of 10 hours.
-    let bucket =
-        json!({"key": "api/bucket", "algorithm": "token_bucket", "requests": 1000, "per_ms": 36_000_000, "burst": 1000});
+    let bucket = json!({"key": "api/bucket", "algorithm": "token_bucket", "requests": 1000, "per_ms": 36_000_000, "burst": 1000});
     let window = json!({"key": "api/window", "algorithm": "fixed_window", "requests": 1000, "per_ms": 36_000_000, "burst": 1000});
     for limit in [&bucket, &window] {
         charge(&service, limit, 1500, 500);
