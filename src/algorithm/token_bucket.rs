@@ -44,9 +44,13 @@ impl Rate {
 /// The TAT of the same usage under another rate: the tokens the bucket still counts at `now`
 /// (its debt in tokens of `from`, rounded up: what was used stays used) pushed at `to`'s
 /// interval. A limit raised or lowered keeps the usage so far: 1,500 tokens used of 1,000,
-/// raised to 2,000, leave 500, whatever the new rate. At most `to`'s capacity past `now` plus
+/// raised to 2,000, leave 500, whatever the new rate. The same interval keeps the TAT as it is
+/// (as the service's scripts do). At most `to`'s capacity past `now` plus
 /// the debt it had, so a corrupt TAT stays bounded.
 pub fn carry(tat: u64, now: u64, from: &Rate, to: &Rate) -> u64 {
+    if from.interval == to.interval {
+        return tat;
+    }
     let used = tat.saturating_sub(now).div_ceil(from.interval.get());
     now.saturating_add(used.saturating_mul(to.interval.get()))
 }
