@@ -489,10 +489,10 @@ fn at_the_bound_a_new_override_is_refused_and_a_replaced_one_is_not() {
     let refused = set_override(&service, "api/three", 10, json!({}));
     assert_eq!(refused.status, 409, "{refused:?}");
     assert_eq!(refused.json()["error"], "too_many_overrides");
-    let audit = (0..3)
+    let audits: Vec<Value> = (0..3)
         .filter_map(|_| service.event("admin write", Duration::from_secs(5)))
-        .last()
-        .unwrap();
+        .collect();
+    let audit = audits.last().unwrap().clone();
     assert_eq!(audit["outcome"], "refused", "{audit}");
     assert_eq!(set_override(&service, "api/two", 12, json!({})).status, 200);
     assert_eq!(allowed(&service, "api/two", 30), 12);

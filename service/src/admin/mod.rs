@@ -135,7 +135,16 @@ impl<S: Store> Admin<S> {
         };
         let route = match route(request.method(), request.uri().path(), &caller) {
             Ok(route) => route,
-            Err(reply) => return reply,
+            Err(Miss::NotFound) => {
+                return error(StatusCode::NOT_FOUND, "not_found", request.uri().path())
+            }
+            Err(Miss::Method) => {
+                let method = request.method().as_str();
+                return error(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", method);
+            }
+            Err(Miss::Forbidden) => {
+                return forbidden("a write needs an admin token; this one is read-only")
+            }
         };
         self.dispatch(route, &caller, request).await
     }
@@ -165,24 +174,23 @@ impl<S: Store> Admin<S> {
     }
 }
 
-/// The route of `method` and `path` for `caller`: 404 on no path, 405 on a path with no such
-/// method, 403 on a write for a read-only caller.
-fn route(method: &Method, path: &str, caller: &Caller) -> Result<&'static Route, Reply> {
+/// Why a request has no route.
+enum Miss {
+    NotFound,
+    Method,
+    Forbidden,
+}
+
+/// The route of `method` and `path` for `caller`: none on no path (404), on a path with no
+/// such method (405), or for a write of a read-only caller (403).
+fn route(method: &Method, path: &str, caller: &Caller) -> Result<&'static Route, Miss> {
     if !routes().any(|r| r.path == path) {
-        return Err(error(StatusCode::NOT_FOUND, "not_found", path));
+        return Err(Miss::NotFound);
     }
-    let Some(route) = routes().find(|r| r.path == path && r.method == method) else {
-        let method = method.as_str();
-        return Err(error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            method,
-        ));
-    };
+    let route = routes().find(|r| r.path == path && r.method == method);
+    let route = route.ok_or(Miss::Method)?;
     if route.writes && caller.role != Role::Admin {
-        return Err(forbidden(
-            "a write needs an admin token; this one is read-only",
-        ));
+        return Err(Miss::Forbidden);
     }
     Ok(route)
 }
