@@ -639,3 +639,46 @@ fn raising_a_limit_by_override_keeps_the_usage_so_far_on_redis() {
 fn raising_a_limit_by_override_keeps_the_usage_so_far_in_memory() {
     raising_a_limit_keeps_the_usage_so_far(&["--memory"], "admin-raise-memory");
 }
+
+#[test]
+fn the_admin_tokens_and_the_check_token_open_nothing_of_each_other() {
+    let dir = TempDir::new("admin-apart");
+    let (admin, check) = (dir.path().join("admin"), dir.path().join("check"));
+    std::fs::write(&admin, "adm1n-token\n").unwrap();
+    std::fs::write(&check, "ch3ck-token\n").unwrap();
+    let args = [
+        "--memory",
+        "--token-file",
+        check.to_str().unwrap(),
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+    ];
+    let service = Service::start_with(&args, &[]);
+    let shown = post(
+        service.addr,
+        "/admin/v1/keys/show",
+        "ch3ck-token",
+        &key("api/a"),
+    );
+    assert_eq!(shown.status, 401, "{shown:?}");
+    let body = json!({"checks": [bucket("api/a", 1, 60_000, 5, 1, 1)]}).to_string();
+    let checked = call(
+        service.addr,
+        "POST",
+        "/v1/check",
+        Some("adm1n-token"),
+        &body,
+    );
+    assert_eq!(checked.status, 401, "{checked:?}");
+    assert_eq!(
+        call(
+            service.addr,
+            "POST",
+            "/v1/check",
+            Some("ch3ck-token"),
+            &body
+        )
+        .status,
+        200
+    );
+}

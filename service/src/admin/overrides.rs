@@ -437,3 +437,71 @@ fn now_ms() -> u64 {
         .unwrap_or_default();
     u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{state_key, Slots};
+
+    fn check(key: &str, burst: u64) -> Check {
+        Check {
+            namespace: Namespace::Http,
+            key: key.into(),
+            algorithm: Algorithm::TokenBucket {
+                interval_us: 1_000_000,
+                burst,
+            },
+            cost: 1,
+            take: burst,
+            debt: 0,
+            slots: Slots::Anonymous,
+            state_of: None,
+        }
+    }
+
+    fn premium(key: &str, algorithm: Kind, expires_at_ms: Option<u64>) -> Override {
+        Override {
+            namespace: "http".into(),
+            key: key.into(),
+            algorithm,
+            requests: 3,
+            per_ms: 3000,
+            burst: 3,
+            max_delay_ms: None,
+            owner: "o".into(),
+            reason: "r".into(),
+            set_by: "alice".into(),
+            set_at_ms: 0,
+            expires_at_ms,
+        }
+    }
+
+    #[test]
+    fn an_override_replaces_the_limit_of_its_key_and_algorithm_and_keeps_the_state() {
+        let table = OverrideTable::default();
+        let mut checks = [check("api/a", 10), check("api/b", 10)];
+        assert_eq!(table.apply(&mut checks), 0, "no override, nothing done");
+        let expired = Some(1);
+        table.replace(
+            &[
+                premium("api/a", Kind::TokenBucket, None),
+                premium("api/b", Kind::TokenBucket, expired),
+                premium("api/c", Kind::FixedWindow, None),
+            ],
+            &Bounds::default(),
+        );
+        let mut checks = [check("api/a", 10), check("api/b", 10), check("api/c", 10)];
+        let own_state = state_key(&checks[0]);
+        assert_eq!(table.apply(&mut checks), 1);
+        let [a, b, c] = &checks;
+        assert_eq!(a.algorithm.capacity(), 3, "the override's burst");
+        assert_eq!(a.take, 3, "take cut to the override's capacity");
+        assert_eq!(state_key(a), own_state, "the state of its own limit");
+        assert_eq!(b.algorithm.capacity(), 10, "expired: the policy's");
+        assert_eq!(
+            c.algorithm.capacity(),
+            10,
+            "another algorithm: the policy's"
+        );
+    }
+}
