@@ -682,3 +682,25 @@ fn the_admin_tokens_and_the_check_token_open_nothing_of_each_other() {
         200
     );
 }
+
+#[test]
+fn every_algorithm_can_be_shown_without_being_charged() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("admin-every");
+    let service = start(&["--redis", &redis.url()], &dir);
+    let limits = [
+        json!({"key": "e/tb", "algorithm": "token_bucket", "requests": 3, "per_ms": 60_000, "burst": 3}),
+        json!({"key": "e/fw", "algorithm": "fixed_window", "requests": 3, "per_ms": 60_000, "burst": 3}),
+        json!({"key": "e/sw", "algorithm": "sliding_window", "requests": 3, "per_ms": 60_000, "burst": 3}),
+        json!({"key": "e/sl", "algorithm": "sliding_log", "requests": 3, "per_ms": 60_000, "burst": 3}),
+        json!({"key": "e/lb", "algorithm": "leaky_bucket", "requests": 3, "per_ms": 60_000, "burst": 3, "max_delay_ms": 40_000}),
+        json!({"key": "e/cc", "algorithm": "concurrency", "requests": 3, "per_ms": 60_000, "burst": 3}),
+    ];
+    for limit in limits {
+        for _ in 0..3 {
+            let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", &limit);
+            assert_eq!(shown.status, 200, "{limit}: {shown:?}");
+            assert_eq!(shown.json()["remaining"], 3, "{limit}: {:?}", shown.json());
+        }
+    }
+}
