@@ -18,15 +18,51 @@ pub enum Keys {
     Credit(Credit),
 }
 
-/// A key and its policy's limit, as the filter's checks name them.
+/// A key of a policy, by its hash or by its value.
 #[derive(Args, Debug)]
-pub struct Key {
+pub struct KeyName {
     /// The policy's name
     #[arg(long)]
     pub policy: String,
-    /// The key's hash, as the access log's `key_hash` shows it
+    /// The key's hash, 16 hex digits, as the access log shows it
+    #[arg(long, conflicts_with = "key", required_unless_present = "key")]
+    pub key_hash: Option<String>,
+    /// The key's value, one --key per key part in the policy's order (`--key acme`), hashed as
+    /// the filter hashes it
     #[arg(long)]
-    pub key_hash: String,
+    pub key: Vec<String>,
+    /// The environment variable holding the configuration's hash secret (its
+    /// `hash_secret_env`), if it has one
+    #[arg(long, value_name = "NAME")]
+    pub hash_secret_env: Option<String>,
+}
+
+impl KeyName {
+    /// `<policy>/<key hash>`, as the filter's checks name it.
+    pub fn check_key(&self) -> Result<String, String> {
+        let hash = match &self.key_hash {
+            Some(hash) => hash.clone(),
+            None => {
+                let secret = match &self.hash_secret_env {
+                    Some(name) => {
+                        let text = std::env::var(name)
+                            .map_err(|_| format!("--hash-secret-env: ${name} is not set"))?;
+                        sluice::key::HashSecret::from_text(text.as_bytes())
+                    }
+                    None => sluice::key::HashSecret::PUBLIC,
+                };
+                format!("{:016x}", sluice::key::hash_values(&self.key, &secret))
+            }
+        };
+        Ok(format!("{}/{hash}", self.policy))
+    }
+}
+
+/// A key and its policy's limit, as the filter's checks name them.
+#[derive(Args, Debug)]
+pub struct Key {
+    #[command(flatten)]
+    pub name: KeyName,
     /// The policy's algorithm
     #[arg(long, default_value = "token_bucket")]
     pub algorithm: String,
@@ -45,15 +81,15 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn body(&self) -> Value {
-        json!({
+    pub fn body(&self) -> Result<Value, String> {
+        Ok(json!({
             "namespace": self.namespace,
-            "key": format!("{}/{}", self.policy, self.key_hash),
+            "key": self.name.check_key()?,
             "algorithm": self.algorithm,
             "requests": self.requests,
             "per_ms": self.per,
             "burst": self.burst.unwrap_or(self.requests),
-        })
+        }))
     }
 }
 
@@ -109,7 +145,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
             let state = show
                 .service
                 .client()?
-                .post("/admin/v1/keys/show", &show.key.body())?;
+                .post("/admin/v1/keys/show", &show.key.body()?)?;
             table::show(show.service.json, &state, |s| {
                 let row = vec![
                     cell(&s["key"]),
@@ -124,7 +160,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
             });
         }
         Keys::Reset(reset) => {
-            let mut body = reset.key.body();
+            let mut body = reset.key.body()?;
             body["reason"] = reset.reason.into();
             let done = reset
                 .service
@@ -137,7 +173,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
                 Some(id) => id,
                 None => new_id()?,
             };
-            let mut body = credit.key.body();
+            let mut body = credit.key.body()?;
             body["reason"] = credit.reason.into();
             body["tokens"] = credit.tokens.into();
             body["id"] = id.clone().into();

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
 
-use crate::keys::per_ms;
+use crate::keys::{per_ms, KeyName};
 use crate::table::{self, cell};
 use crate::Service;
 
@@ -21,11 +21,8 @@ pub enum Overrides {
 
 #[derive(Args, Debug)]
 pub struct Set {
-    #[arg(long)]
-    policy: String,
-    /// The key's hash, as the access log's `key_hash` shows it
-    #[arg(long)]
-    key_hash: String,
+    #[command(flatten)]
+    name: KeyName,
     /// The algorithm of the policy it overrides
     #[arg(long, default_value = "token_bucket")]
     algorithm: String,
@@ -60,10 +57,8 @@ pub struct List {
 
 #[derive(Args, Debug)]
 pub struct Delete {
-    #[arg(long)]
-    policy: String,
-    #[arg(long)]
-    key_hash: String,
+    #[command(flatten)]
+    name: KeyName,
     #[arg(long)]
     reason: String,
     #[arg(long, default_value = "http")]
@@ -77,7 +72,7 @@ pub fn run(command: Overrides) -> Result<ExitCode, String> {
         Overrides::Set(set) => {
             let mut body = json!({
                 "namespace": set.namespace,
-                "key": format!("{}/{}", set.policy, set.key_hash),
+                "key": set.name.check_key()?,
                 "algorithm": set.algorithm,
                 "requests": set.requests,
                 "per_ms": set.per,
@@ -127,7 +122,7 @@ pub fn run(command: Overrides) -> Result<ExitCode, String> {
         Overrides::Delete(delete) => {
             let body = json!({
                 "namespace": delete.namespace,
-                "key": format!("{}/{}", delete.policy, delete.key_hash),
+                "key": delete.name.check_key()?,
                 "reason": delete.reason,
             });
             let done = delete
