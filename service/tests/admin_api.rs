@@ -204,8 +204,28 @@ fn without_a_token_every_admin_call_is_401_and_a_read_only_token_cannot_write() 
     }
     let response = call(addr, "GET", "/admin/v1/keys/show", Some("rEad-token"), "");
     assert_eq!(response.status, 405, "{response:?}");
-    let response = call(addr, "POST", "/admin/v1/nothing", Some("rEad-token"), "{}");
-    assert_eq!(response.status, 404, "{response:?}");
+    for path in [
+        "/admin/v1/nothing",
+        "/admin/v1/keys/show/",
+        "/admin/v1/KEYS/show",
+        "/admin/v1/keys/show%2F",
+        "/admin//v1/keys/show",
+        "/admin/v1/keys/../keys/show",
+        "/admin/v2/keys/show",
+    ] {
+        let response = call(addr, "POST", path, Some("rEad-token"), "{}");
+        assert_eq!(response.status, 404, "{path}: {response:?}");
+        assert!(response.json()["detail"].as_str().unwrap().len() <= path.len());
+    }
+    // A query string is not part of the path.
+    let shown = call(
+        addr,
+        "POST",
+        "/admin/v1/keys/show?x=1",
+        Some("rEad-token"),
+        &key("a/b").to_string(),
+    );
+    assert_eq!(shown.status, 200, "{shown:?}");
 }
 
 #[test]
