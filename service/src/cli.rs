@@ -43,7 +43,7 @@ pub struct Args {
 
     /// File of admin API tokens, which may read and write /admin/v1/... (`NAME TOKEN` or
     /// `TOKEN` per line; the name is who the audit log says wrote); without it the admin API is
-    /// not served. Re-read every 10 s
+    /// not served. Re-read every 10 s and on SIGHUP
     #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE", value_name = "PATH")]
     pub admin_token_file: Option<PathBuf>,
 

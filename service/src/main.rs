@@ -157,7 +157,7 @@ async fn serve_with<S: Store>(
         tokio::spawn(auth::keep_current(Arc::clone(tokens), signals.hangup));
     }
     if let Some(admin_tokens) = &admin_tokens {
-        tokio::spawn(Arc::clone(admin_tokens).keep_current());
+        tokio::spawn(Arc::clone(admin_tokens).keep_current()?);
     }
     if let Some(listener) = &listener {
         let address = listener

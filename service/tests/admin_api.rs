@@ -724,3 +724,30 @@ fn every_algorithm_can_be_shown_without_being_charged() {
         }
     }
 }
+
+#[test]
+fn a_rotated_admin_token_file_takes_effect_on_sighup() {
+    let dir = TempDir::new("admin-rotate");
+    let service = start(&["--memory"], &dir);
+    let admin = dir.path().join("admin");
+    let shown = |token: &str| post(service.addr, "/admin/v1/keys/show", token, &key("a/b")).status;
+    assert_eq!(shown("adm1n-token"), 200);
+    std::fs::write(&admin, "bob n3w-token\n").unwrap();
+    service.signal(sluice_testkit::SIGHUP);
+    let reloaded = service.event("admin token file reloaded", Duration::from_secs(5));
+    assert_eq!(reloaded.unwrap()["tokens"], 1);
+    assert_eq!(shown("adm1n-token"), 401);
+    assert_eq!(shown("n3w-token"), 200);
+    // A file that became malformed keeps the tokens read before.
+    std::fs::write(&admin, "a b c\n").unwrap();
+    service.signal(sluice_testkit::SIGHUP);
+    let kept = service.event(
+        "admin token file not reloaded: keeping the tokens read before",
+        Duration::from_secs(5),
+    );
+    assert!(kept.unwrap()["error"]
+        .as_str()
+        .unwrap()
+        .starts_with("line 1"));
+    assert_eq!(shown("n3w-token"), 200);
+}

@@ -1,7 +1,7 @@
 //! The admin API's bearer tokens: `--admin-token-file` (reads and writes) and
 //! `--read-token-file` (reads only). A line is `NAME TOKEN` or only `TOKEN` (then named after
 //! its file: `admin`, `read`); the name is who the audit log says wrote. Files are re-read every
-//! `auth::RELOAD_INTERVAL`; a file that became unreadable or malformed keeps what was read before.
+//! `auth::RELOAD_INTERVAL` and on SIGHUP; a file that became unreadable or malformed keeps what was read before.
 //! Tokens are compared in constant time, every one of them, and never logged.
 
 use std::path::{Path, PathBuf};
@@ -199,16 +199,50 @@ impl AdminTokens {
         }
     }
 
-    /// Re-reads both files every `RELOAD_INTERVAL`.
-    pub async fn keep_current(self: Arc<Self>) {
-        loop {
-            tokio::time::sleep(RELOAD_INTERVAL).await;
-            self.admin.reload();
-            if let Some(read) = &self.read {
-                read.reload();
+    /// Re-reads both files every `RELOAD_INTERVAL` and on SIGHUP. The signal's stream is made
+    /// here, at once, so that a SIGHUP sent once the service listens is not missed.
+    pub fn keep_current(self: Arc<Self>) -> Result<impl std::future::Future<Output = ()>, String> {
+        let mut hangups = hangups()?;
+        Ok(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(RELOAD_INTERVAL) => {},
+                    () = hangups.next() => {},
+                }
+                self.admin.reload();
+                if let Some(read) = &self.read {
+                    read.reload();
+                }
             }
-        }
+        })
     }
+}
+
+/// SIGHUPs, each wakes `next` once.
+struct Hangups(#[cfg(unix)] tokio::signal::unix::Signal);
+
+impl Hangups {
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        if self.0.recv().await.is_some() {
+            return;
+        }
+        std::future::pending::<()>().await;
+    }
+}
+
+#[cfg(unix)]
+fn hangups() -> Result<Hangups, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let stream = signal(SignalKind::hangup());
+    stream
+        .map(Hangups)
+        .map_err(|failure| format!("cannot handle SIGHUP: {failure}"))
+}
+
+#[cfg(not(unix))]
+fn hangups() -> Result<Hangups, String> {
+    Ok(Hangups())
 }
 
 /// The credentials of `Bearer <credentials>`, the scheme in any case.
