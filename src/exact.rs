@@ -22,14 +22,22 @@ struct State {
 
 impl State {
     /// The words for `limit`: afresh if another algorithm (or other numbers of its words) wrote
-    /// them; a sliding log grows to hold the entries it may owe.
-    fn fit(&mut self, limit: Algorithm, max_debt: u64) -> &mut Vec<u64> {
+    /// them; a sliding log grows to hold the entries it may owe. A bucket whose rate changed
+    /// keeps its usage (`token_bucket::carry`); a window's count is kept as it is.
+    fn fit(&mut self, limit: Algorithm, max_debt: u64, now: u64) -> &mut Vec<u64> {
         let needed = limit.columns_owing(max_debt);
         let log = matches!(limit, Algorithm::SlidingLog(_));
         if self.limit.kind() != limit.kind() || (!log && self.words.len() != needed) {
             self.words = vec![0; needed];
         } else if self.words.len() < needed {
             self.words.resize(needed, 0);
+        }
+        if let (Algorithm::TokenBucket(from), Algorithm::TokenBucket(to), [tat]) =
+            (self.limit, limit, self.words.as_mut_slice())
+        {
+            if from != to {
+                *tat = crate::algorithm::token_bucket::carry(*tat, now, &from, &to);
+            }
         }
         self.limit = limit;
         &mut self.words
@@ -88,7 +96,7 @@ impl ExactStore {
         let Some(state) = self.keys.get_mut(key) else {
             return (Decision::default(), 0);
         };
-        let words = state.fit(limit, max_debt);
+        let words = state.fit(limit, max_debt, now);
         let (decision, granted) = if take < cost {
             admit_taking_less(limit, words, now, cost, take)
         } else {
@@ -153,6 +161,12 @@ impl ExactStore {
             .retain(|_, state| state.limit.debt(&state.words, now) != Debt::default());
     }
 
+    /// Forgets `key`'s state: its next check finds a full bucket, an empty window. Whether it
+    /// had any.
+    pub fn forget(&mut self, key: &str) -> bool {
+        self.keys.remove(key).is_some()
+    }
+
     /// Keys held.
     pub fn len(&self) -> usize {
         self.keys.len()
@@ -198,6 +212,37 @@ mod tests {
             max_delay_ms: None,
             slot: None,
             entries: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_key_whose_limit_is_raised_keeps_its_usage_so_far() {
+        use crate::algorithm::{Rate, Window};
+        let hour = 3_600_000_000_000;
+        let mut store = ExactStore::default();
+        let limits = [
+            (
+                Algorithm::TokenBucket(Rate::new(1000, hour, 1000).unwrap()),
+                Algorithm::TokenBucket(Rate::new(2000, hour, 2000).unwrap()),
+            ),
+            (
+                Algorithm::FixedWindow(Window::new(1000, hour).unwrap()),
+                Algorithm::FixedWindow(Window::new(2000, hour).unwrap()),
+            ),
+            (
+                Algorithm::SlidingWindow(Window::new(1000, hour).unwrap()),
+                Algorithm::SlidingWindow(Window::new(2000, hour).unwrap()),
+            ),
+        ];
+        for (before, raised) in limits {
+            let key = format!("{:?}", before.kind());
+            // 1,500 used of 1,000: 1,000 admitted, 500 more charged as debt.
+            assert!(store.decide(&key, before, T0, 1000, 1000).0.allowed);
+            assert_eq!(store.decide_owing(&key, before, T0, (500, 500), 500).1, 500);
+            let (shown, _) = store.decide(&key, raised, T0, 0, 0);
+            assert_eq!(shown.remaining, 500, "{before:?} raised to {raised:?}");
+            assert!(store.decide(&key, raised, T0, 500, 500).0.allowed);
+            assert!(!store.decide(&key, raised, T0, 1, 1).0.allowed);
         }
     }
 

@@ -277,6 +277,7 @@ fn service_families() -> BTreeSet<String> {
         idle_timeout: std::time::Duration::from_secs(1),
     };
     sluice_service::connections::Gate::new(limits, metrics.registry_mut());
+    sluice_service::admin::Audit::new(metrics.registry_mut());
     let listing = format!("{:?}", metrics.registry_mut());
     let mut families = Vec::new();
     let mut prefix = String::new();

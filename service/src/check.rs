@@ -208,6 +208,7 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         take,
         debt: 0,
         slots,
+        state_of: None,
     })
 }
 
@@ -503,6 +504,7 @@ mod tests {
             take: 1,
             debt: 0,
             slots: Slots::Anonymous,
+            state_of: None,
         };
         assert_eq!(checks, [expected]);
     }
@@ -558,6 +560,7 @@ mod tests {
                     take: 5,
                     debt: 0,
                     slots: Slots::Anonymous,
+                    state_of: None,
                 }]
             );
         }

@@ -41,6 +41,31 @@ pub struct Args {
     #[arg(long, env = "SLUICE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
 
+    /// File of admin API tokens, which may read and write /admin/v1/... (`NAME TOKEN` or
+    /// `TOKEN` per line; the name is who the audit log says wrote); without it the admin API is
+    /// not served. Re-read every 10 s and on SIGHUP
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// File of read-only admin API tokens (as --admin-token-file's): they may show, never write
+    #[arg(
+        long,
+        env = "SLUICE_READ_TOKEN_FILE",
+        value_name = "PATH",
+        requires = "admin_token_file"
+    )]
+    pub read_token_file: Option<PathBuf>,
+
+    /// The most overrides the admin API keeps; setting a new one past it is refused (409)
+    #[arg(
+        long,
+        env = "SLUICE_MAX_OVERRIDES",
+        value_name = "N",
+        default_value_t = crate::admin::overrides::MAX_OVERRIDES,
+        value_parser = clap::value_parser!(u64).range(1..=1_000_000)
+    )]
+    pub max_overrides: u64,
+
     /// Serve a non-loopback address without --token-file: only where something else
     /// authenticates every caller (a mesh's mutual TLS and authorization policy)
     #[arg(long, env = "SLUICE_ALLOW_UNAUTHENTICATED")]

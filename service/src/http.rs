@@ -17,6 +17,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::admin::{Admin, PREFIX};
 use crate::auth::Guard;
 use crate::check::{self, BadRequest, Bounds, CheckResponse, CheckResult};
 use crate::connections::{Gate, Server};
@@ -38,7 +39,7 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The paths served; any other counts as `other` in the metrics.
 const PATHS: [&str; 5] = ["/v1/check", "/v1/settle", "/healthz", "/readyz", "/metrics"];
 
-type Reply = Response<Full<Bytes>>;
+pub type Reply = Response<Full<Bytes>>;
 
 /// What every check is bounded by: `--max-key-ttl`, `--max-request-bytes`.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +59,8 @@ pub struct App<S> {
     rejection_warnings: Throttle,
     /// The keys of the slots granted lately, looked at for renewals.
     watch: Arc<SlotWatch>,
+    /// The admin API (`/admin/...`), with `--admin-token-file`.
+    admin: Option<Admin<S>>,
 }
 
 impl<S: Store> App<S> {
@@ -78,7 +81,14 @@ impl<S: Store> App<S> {
             redis_warnings: Throttle::new(WARN_EVERY),
             rejection_warnings: Throttle::new(WARN_EVERY),
             watch,
+            admin: None,
         }
+    }
+
+    /// Serves the admin API too.
+    pub fn with_admin(mut self, admin: Admin<S>) -> Self {
+        self.admin = Some(admin);
+        self
     }
 
     /// Routes a request, then counts and (at debug level) logs it.
@@ -86,7 +96,13 @@ impl<S: Store> App<S> {
         let started = Instant::now();
         let method = request.method().clone();
         let path = PATHS.into_iter().find(|&p| p == request.uri().path());
+        let admin = (self.admin.as_ref()).filter(|_| request.uri().path().starts_with(PREFIX));
+        let path = path.or(admin.map(|_| "/admin"));
         let reply = match (&method, path) {
+            (_, Some("/admin")) => match admin {
+                Some(admin) => admin.handle(request).await,
+                None => error(StatusCode::NOT_FOUND, "not_found", "/admin"),
+            },
             (&Method::POST, Some("/v1/check")) => self.check(request).await,
             (&Method::POST, Some("/v1/settle")) => self.settle(request).await,
             (&Method::GET, Some("/healthz")) => json(StatusCode::OK, &Status { status: "ok" }),
@@ -114,10 +130,13 @@ impl<S: Store> App<S> {
     /// The token first, then validation: neither an unauthorized nor a bad request reaches the
     /// store.
     async fn check(&self, request: Request<Incoming>) -> Reply {
-        let checks = match self.admit(request, check::parse).await {
+        let mut checks = match self.admit(request, check::parse).await {
             Ok(checks) => checks,
             Err(reply) => return reply,
         };
+        if let Some(admin) = &self.admin {
+            admin.overrides.apply(&mut checks);
+        }
         let started = Instant::now();
         let decided = self.store.check(&checks).await;
         self.metrics.observe_check_duration(started.elapsed());
@@ -221,7 +240,7 @@ fn redis_unavailable(failure: &StoreError) -> Reply {
 }
 
 /// Content type, size (declared, then actual), then the JSON itself, by `parse`.
-async fn read_body<T>(
+pub(crate) async fn read_body<T>(
     request: Request<Incoming>,
     limits: &Limits,
     parse: impl FnOnce(&[u8], &Bounds) -> Result<T, BadRequest>,
@@ -276,11 +295,11 @@ struct ErrorBody<'a> {
     detail: &'a str,
 }
 
-fn error(status: StatusCode, error: &str, detail: &str) -> Reply {
+pub(crate) fn error(status: StatusCode, error: &str, detail: &str) -> Reply {
     json(status, &ErrorBody { error, detail })
 }
 
-fn json(status: StatusCode, body: &impl Serialize) -> Reply {
+pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Reply {
     match serde_json::to_vec(body) {
         Ok(bytes) => reply(status, "application/json", bytes.into()),
         Err(_) => reply(
@@ -291,8 +310,13 @@ fn json(status: StatusCode, body: &impl Serialize) -> Reply {
     }
 }
 
+/// 403: a valid token that may not do this.
+pub(crate) fn forbidden(detail: &str) -> Reply {
+    error(StatusCode::FORBIDDEN, "forbidden", detail)
+}
+
 /// 401, with the challenge RFC 6750 asks for.
-fn unauthorized() -> Reply {
+pub(crate) fn unauthorized() -> Reply {
     let detail = "a valid bearer token is required";
     let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
     (response.headers_mut()).insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -12,8 +12,10 @@
 //! both servers, `health` probes Redis for readiness, `metrics` holds every series in one
 //! registry, `logging` writes JSON lines, `slot_watch` counts the
 //! slots nobody renews, `signals` and `cli` are the process's inputs. `rls`
-//! serves Envoy's Rate Limit Service protocol (gRPC) over the same store.
+//! serves Envoy's Rate Limit Service protocol (gRPC) over the same store; `admin` the operators'
+//! API (`/admin/v1/...`) on the HTTP listener.
 
+pub mod admin;
 pub mod auth;
 pub mod check;
 pub mod cli;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use futures_util::FutureExt;
+use sluice_service::admin::auth::{AdminTokens, Role, TokenSource};
+use sluice_service::admin::{overrides, Admin, Audit};
 use sluice_service::auth::{self, Guard, TokenFile};
 use sluice_service::cli::{Args, Backend};
 use sluice_service::connections::Gate;
@@ -114,7 +116,11 @@ async fn serve_with<S: Store>(
         .map(TokenFile::load)
         .transpose()?;
     let tokens = tokens.map(Arc::new);
+    let admin_tokens = admin_tokens(&args)?;
     let mut metrics = Metrics::new(&args.metric_policies);
+    let audit = admin_tokens
+        .as_ref()
+        .map(|_| Audit::new(metrics.registry_mut()));
     let gate = Arc::new(Gate::new(args.connections.limits(), metrics.registry_mut()));
     let bounds = args.max_key_ttl;
     let max_request_bytes = args.connections.max_request_bytes;
@@ -150,6 +156,9 @@ async fn serve_with<S: Store>(
     if let Some(tokens) = &tokens {
         tokio::spawn(auth::keep_current(Arc::clone(tokens), signals.hangup));
     }
+    if let Some(admin_tokens) = &admin_tokens {
+        tokio::spawn(Arc::clone(admin_tokens).keep_current()?);
+    }
     if let Some(listener) = &listener {
         let address = listener
             .local_addr()
@@ -184,7 +193,18 @@ async fn serve_with<S: Store>(
             bounds,
             max_body_bytes: max_request_bytes,
         };
+        let admin = (admin_tokens.zip(audit))
+            .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits))
+            .map(|admin| admin.with_max_overrides(args.max_overrides));
+        if let Some(admin) = &admin {
+            let table = Arc::clone(&admin.overrides);
+            tokio::spawn(overrides::keep_current(Arc::clone(&store), table, bounds));
+        }
         let app = App::new(store, metrics, Arc::clone(&readiness), guard, limits, watch);
+        let app = match admin {
+            Some(admin) => app.with_admin(admin),
+            None => app,
+        };
         let gate = Arc::clone(&gate);
         serve(listener, Arc::new(app), gate, stopping.clone(), drain).await
     };
@@ -207,6 +227,21 @@ async fn serve_with<S: Store>(
         );
     }
     Ok(())
+}
+
+/// The admin API's tokens, if it is served (`--admin-token-file`).
+fn admin_tokens(args: &Args) -> Result<Option<Arc<AdminTokens>>, String> {
+    let Some(path) = &args.admin_token_file else {
+        return Ok(None);
+    };
+    let admin = TokenSource::load(path, "--admin-token-file", Role::Admin)?;
+    let read = (args.read_token_file.as_deref())
+        .map(|path| TokenSource::load(path, "--read-token-file", Role::Read))
+        .transpose()?;
+    Ok(Some(Arc::new(AdminTokens {
+        admin: Arc::new(admin),
+        read: read.map(Arc::new),
+    })))
 }
 
 /// The HTTP listener, unless only the RLS is served.

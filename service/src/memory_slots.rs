@@ -142,6 +142,11 @@ impl SlotTable {
         });
     }
 
+    /// Frees every slot of `key` (the admin API's reset); whether it had any.
+    pub fn forget(&mut self, key: &str) -> bool {
+        self.keys.remove(key).is_some()
+    }
+
     fn is_released(&self, key: &str, slot: &str, now: u64) -> bool {
         let until = self.released.get(key).and_then(|buried| buried.get(slot));
         until.is_some_and(|&until| until > now)

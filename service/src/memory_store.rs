@@ -24,6 +24,8 @@ const SWEEP_EVERY: u64 = 4096;
 #[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
+    /// The admin API's overrides, by name.
+    overrides: Mutex<std::collections::BTreeMap<String, String>>,
     calls: AtomicU64,
 }
 
@@ -176,6 +178,34 @@ impl Store for MemoryStore {
         Ok((keys.iter())
             .map(|w| state.slots.stale(&w.key, now, w.stale_within_us))
             .collect())
+    }
+
+    async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
+        let mut state = self.state(now_us()?)?;
+        let words = state.words.forget(state_key);
+        let slots = state.slots.forget(state_key);
+        Ok(words || slots)
+    }
+
+    async fn put_override(&self, name: &str, value: &str, max: u64) -> Result<bool, StoreError> {
+        let mut kept =
+            (self.overrides.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        if !kept.contains_key(name) && kept.len() as u64 >= max {
+            return Ok(false);
+        }
+        kept.insert(name.to_string(), value.to_string());
+        Ok(true)
+    }
+
+    async fn delete_override(&self, name: &str) -> Result<bool, StoreError> {
+        let mut kept =
+            (self.overrides.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        Ok(kept.remove(name).is_some())
+    }
+
+    async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
+        let kept = (self.overrides.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        Ok(kept.iter().map(|(n, v)| (n.clone(), v.clone())).collect())
     }
 }
 

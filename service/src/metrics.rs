@@ -311,6 +311,7 @@ mod tests {
             take: 1,
             debt: 0,
             slots: Slots::Anonymous,
+            state_of: None,
         }
     }
 

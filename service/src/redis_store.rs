@@ -23,6 +23,7 @@ use redis::{
 
 use tokio::sync::OnceCell;
 
+mod admin;
 mod batch;
 mod lua;
 
@@ -687,6 +688,7 @@ impl Scripts {
                     take: tokens,
                     debt: max_debt,
                     slots: Slots::Anonymous,
+                    state_of: None,
                 };
                 self.check(&charge)
             }
@@ -964,6 +966,22 @@ impl Store for RedisStore {
         .await;
         self.core.answered.store(answer.is_ok(), Relaxed);
         answer
+    }
+
+    async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.delete(state_key)).await
+    }
+
+    async fn put_override(&self, name: &str, value: &str, max: u64) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.put_override(name, value, max)).await
+    }
+
+    async fn delete_override(&self, name: &str) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.delete_override(name)).await
+    }
+
+    async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.overrides()).await
     }
 }
 

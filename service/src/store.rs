@@ -34,6 +34,10 @@ pub struct Check {
     pub debt: u64,
     /// Concurrency only (other algorithms ignore it): whose slots `take` names.
     pub slots: Slots,
+    /// The limit whose state this check decides when it is not `algorithm`: a check under an
+    /// override (`admin::overrides`) decides its key's state under the key's own limit, so that
+    /// the usage so far carries over when the override comes and goes. `None`: `algorithm`'s.
+    pub state_of: Option<Algorithm>,
 }
 
 /// Which slots a concurrency check takes (`cost` of them must be free, `take` are taken) or
@@ -72,7 +76,8 @@ pub fn state_key(check: &Check) -> String {
 /// `state_key` written over `out`: a store that looks states up by it can keep one buffer
 /// rather than allocate a key per check.
 pub fn write_state_key(out: &mut String, check: &Check) {
-    write_key(out, check.namespace, &check.key, &check.algorithm);
+    let algorithm = check.state_of.as_ref().unwrap_or(&check.algorithm);
+    write_key(out, check.namespace, &check.key, algorithm);
 }
 
 /// `state_key` of the state a settlement settles: the one its check wrote.
@@ -447,6 +452,25 @@ pub trait Store: Send + Sync + 'static {
         &self,
         keys: &[Watched],
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// Forgets the state at `state_key` (`state_key`): a full bucket, an empty window, every
+    /// slot free (the admin API's reset). Whether there was any.
+    fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Keeps the override `value` under `name` (the admin API's, `admin::overrides`), replacing
+    /// one of that name; false, storing nothing, when `max` others are kept already.
+    fn put_override(
+        &self,
+        name: &str,
+        value: &str,
+        max: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Forgets the override `name`; whether there was one.
+    fn delete_override(&self, name: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every override kept, `(name, value)`.
+    fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -474,6 +498,27 @@ impl<S: Store> Store for std::sync::Arc<S> {
         keys: &[Watched],
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send {
         S::unrenewed(self, keys)
+    }
+
+    fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::reset(self, state_key)
+    }
+
+    fn put_override(
+        &self,
+        name: &str,
+        value: &str,
+        max: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::put_override(self, name, value, max)
+    }
+
+    fn delete_override(&self, name: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::delete_override(self, name)
+    }
+
+    fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
+        S::overrides(self)
     }
 }
 
@@ -515,6 +560,7 @@ mod tests {
             take: 1,
             debt: 0,
             slots: Slots::Anonymous,
+            state_of: None,
         }
     }
 

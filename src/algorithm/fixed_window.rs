@@ -78,6 +78,25 @@ pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raised_limit_keeps_the_count_of_its_window() {
+        // 1,500 counted of 1,000 (500 owed), raised to 2,000 in the same window: 500 left.
+        let hour = 3_600_000_000_000;
+        let (before, raised) = (
+            Window::new(1000, hour).unwrap(),
+            Window::new(2000, hour).unwrap(),
+        );
+        let now = 10 * hour + 7;
+        let mut state = [0; COLUMNS];
+        assert!(admit(&before, &mut state, now, 1000).allowed);
+        assert_eq!(owe(&before, &mut state, now, 500, 500), 500);
+        assert_eq!(admit(&raised, &mut state.clone(), now, 0).remaining, 500);
+        assert!(admit(&raised, &mut state, now, 500).allowed);
+        assert!(!admit(&raised, &mut state, now, 1).allowed);
+        let lowered = Window::new(1200, hour).unwrap();
+        assert_eq!(admit(&lowered, &mut state, now, 0).remaining, 0);
+    }
     use crate::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 

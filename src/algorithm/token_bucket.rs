@@ -41,6 +41,20 @@ impl Rate {
     }
 }
 
+/// The TAT of the same usage under another rate: the tokens the bucket still counts at `now`
+/// (its debt in tokens of `from`, rounded up: what was used stays used) pushed at `to`'s
+/// interval. A limit raised or lowered keeps the usage so far: 1,500 tokens used of 1,000,
+/// raised to 2,000, leave 500, whatever the new rate. The same interval keeps the TAT as it is
+/// (as the service's scripts do). At most `to`'s capacity past `now` plus
+/// the debt it had, so a corrupt TAT stays bounded.
+pub fn carry(tat: u64, now: u64, from: &Rate, to: &Rate) -> u64 {
+    if from.interval == to.interval {
+        return tat;
+    }
+    let used = tat.saturating_sub(now).div_ceil(from.interval.get());
+    now.saturating_add(used.saturating_mul(to.interval.get()))
+}
+
 /// Takes `cost` tokens from the bucket whose TAT is `tat`, if it has them at `now`.
 pub fn admit(rate: &Rate, tat: &mut u64, now: u64, cost: u64) -> Decision {
     let start = (*tat).max(now);
@@ -111,6 +125,36 @@ mod tests {
     fn check(rate: &Rate, tat: u64, now: u64, cost: u64) -> (Decision, u64) {
         let mut after = tat;
         (admit(rate, &mut after, now, cost), after)
+    }
+
+    #[test]
+    fn a_raised_limit_keeps_the_usage_so_far() {
+        // 1,000 an hour, 1,500 used (500 owed): raised to 2,000 an hour, 500 are left.
+        let hour = 3600 * SEC;
+        let (before, raised) = (
+            Rate::new(1000, hour, 1000).unwrap(),
+            Rate::new(2000, hour, 2000).unwrap(),
+        );
+        let now = 10 * hour;
+        let mut tat = 0;
+        assert!(admit(&before, &mut tat, now, 1000).allowed);
+        assert_eq!(owe(&before, &mut tat, now, 500, 500), 500);
+        let mut carried = carry(tat, now, &before, &raised);
+        assert_eq!(check(&raised, carried, now, 500).0.remaining, 0);
+        assert!(admit(&raised, &mut carried, now, 500).allowed);
+        assert!(
+            !admit(&raised, &mut carried, now, 1).allowed,
+            "500 left, not 2,000"
+        );
+        // Lowered to 1,200: 1,500 used, nothing left, 300 still owed.
+        let lowered = Rate::new(1200, hour, 1200).unwrap();
+        let carried = carry(tat, now, &before, &lowered);
+        let refused = check(&lowered, carried, now, 1).0;
+        assert!(!refused.allowed);
+        assert_eq!(refused.retry_after, 301 * lowered.interval.get());
+        // The same rate carries the TAT as it is; a full bucket stays full.
+        assert_eq!(carry(tat, now, &before, &before), tat);
+        assert_eq!(carry(now - 5, now, &before, &raised), now);
     }
 
     #[test]

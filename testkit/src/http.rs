@@ -70,6 +70,20 @@ pub fn send_body(
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// `method` on `path` with these headers (a host is added) and `body`.
+pub fn send_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: &[u8],
+) -> Response {
+    let mut connection = Connection::open(addr).unwrap_or_else(|e| panic!("{e}"));
+    let request = request_bytes(addr, method, path, headers, body, "close");
+    read_response(&mut connection.stream, &request, method)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
 /// POST a JSON body to `path`.
 pub fn post_json(addr: SocketAddr, path: &str, body: &str) -> Response {
     send_body(addr, "POST", path, "application/json", body.as_bytes())

@@ -20,8 +20,11 @@ pub fn binary() -> std::path::PathBuf {
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The environment variables the binary reads, none inherited from the test's own environment.
-const SETTINGS: [&str; 21] = [
+const SETTINGS: [&str; 24] = [
+    "SLUICE_MAX_OVERRIDES",
     "SLUICE_LISTEN",
+    "SLUICE_ADMIN_TOKEN_FILE",
+    "SLUICE_READ_TOKEN_FILE",
     "SLUICE_REDIS",
     "SLUICE_REDIS_CLUSTER",
     "SLUICE_MEMORY",

@@ -395,6 +395,7 @@ fn charge(key: String, rate: &Rate, charge_refused: bool, hits: u64) -> (Check, 
         take: cost,
         debt,
         slots: Slots::Anonymous,
+        state_of: None,
     };
     (check, beyond_capacity)
 }
@@ -410,6 +411,7 @@ fn give_back(key: String, rate: &Rate, hits: Hits) -> Check {
         take: hits.count.min(rate.capacity()),
         debt: 0,
         slots: Slots::GiveBack,
+        state_of: None,
     }
 }
 

@@ -1,0 +1,225 @@
+//! The `sluice` command against the real service over a real Redis: overrides set, listed and
+//! deleted, a key shown, reset and credited once, tables by default and JSON with `--json`,
+//! errors that say what the service said, and `sluice replay` as `sluice-replay`.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
+use sluice_testkit::TempDir;
+
+fn sluice(service: &Service, token_file: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_SERVICE", format!("http://{}", service.addr))
+        .env("SLUICE_ADMIN_TOKEN_FILE", token_file)
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn ok(output: &Output) -> String {
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    stdout
+}
+
+const KEY: [&str; 8] = [
+    "--policy",
+    "api",
+    "--key-hash",
+    "00000000000000ac",
+    "--requests",
+    "5",
+    "--per",
+    "1m",
+];
+
+#[test]
+fn an_operator_overrides_shows_resets_and_credits_a_key() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("cli");
+    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
+    std::fs::write(&admin, "alice adm1n\n").unwrap();
+    std::fs::write(&read, "r3ad\n").unwrap();
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+        "--read-token-file",
+        read.to_str().unwrap(),
+    ];
+    let service = Service::start_with(&args, &[]);
+
+    let set = [
+        &["overrides", "set"][..],
+        &KEY,
+        &[
+            "--burst",
+            "8",
+            "--owner",
+            "accounts",
+            "--reason",
+            "premium",
+            "--expires",
+            "30d",
+        ],
+    ]
+    .concat();
+    let table = ok(&sluice(&service, &admin, &set));
+    assert!(
+        table.contains("api/00000000000000ac") && table.contains("done"),
+        "{table}"
+    );
+    let table = ok(&sluice(&service, &read, &["overrides", "list"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(lines[0].starts_with("KEY"), "{table}");
+    assert!(
+        lines[1].contains("accounts") && lines[1].contains("alice"),
+        "{table}"
+    );
+    assert!(
+        lines[1].contains("in 29d") || lines[1].contains("in 30d"),
+        "{table}"
+    );
+    assert_eq!(lines[2], "1 of at most 10000");
+    let json: Value = serde_json::from_str(&ok(&sluice(
+        &service,
+        &read,
+        &["overrides", "list", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(json["overrides"][0]["burst"], 8);
+
+    // The override applies: the key's limit is 8, from the override.
+    let show = [&["keys", "show", "--json"][..], &KEY].concat();
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    assert_eq!(
+        (state["capacity"].as_u64(), state["source"].as_str()),
+        (Some(8), Some("override"))
+    );
+    let checks: Vec<Value> = (0..8)
+        .map(|_| serde_json::json!({"key": "api/00000000000000ac", "requests": 5, "per_ms": 60_000, "burst": 5, "cost": 1}))
+        .collect();
+    assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
+    let table = ok(&sluice(
+        &service,
+        &read,
+        &[&["keys", "show"][..], &KEY].concat(),
+    ));
+    assert!(
+        table.lines().next().unwrap().contains("REMAINING"),
+        "{table}"
+    );
+    assert!(
+        table.lines().nth(1).unwrap().contains("override"),
+        "{table}"
+    );
+
+    // A read-only token cannot reset: the service's 403 is the command's error.
+    let reset = [&["keys", "reset"][..], &KEY, &["--reason", "INC-7"]].concat();
+    let refused = sluice(&service, &read, &reset);
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.starts_with("sluice: 403 forbidden"), "{stderr}");
+    assert!(ok(&sluice(&service, &admin, &reset)).contains("done"));
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    assert_eq!(state["remaining"], 8);
+
+    // A credit sent twice is applied once.
+    assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
+    let credit = [
+        &["keys", "credit", "--json"][..],
+        &KEY,
+        &[
+            "--tokens",
+            "3",
+            "--id",
+            "00000000000000f1",
+            "--reason",
+            "goodwill",
+        ],
+    ]
+    .concat();
+    let first: Value = serde_json::from_str(&ok(&sluice(&service, &admin, &credit))).unwrap();
+    let second: Value = serde_json::from_str(&ok(&sluice(&service, &admin, &credit))).unwrap();
+    assert_eq!(
+        (first["outcome"].as_str(), second["outcome"].as_str()),
+        (Some("done"), Some("duplicate"))
+    );
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    assert_eq!(state["remaining"], 3);
+
+    let delete = [
+        "overrides",
+        "delete",
+        "--policy",
+        "api",
+        "--key-hash",
+        "00000000000000ac",
+        "--reason",
+        "ended",
+    ];
+    assert!(ok(&sluice(&service, &admin, &delete)).contains("done"));
+    let table = ok(&sluice(&service, &read, &["overrides", "list"]));
+    assert!(table.ends_with("0 of at most 10000\n"), "{table}");
+}
+
+#[test]
+fn bad_arguments_are_refused_before_any_call() {
+    let service = Service::start_memory();
+    let nowhere = Path::new("/nonexistent/token");
+    let output = sluice(&service, nowhere, &[&["keys", "show"][..], &KEY].concat());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--token-file /nonexistent/token"),
+        "{stderr}"
+    );
+    let output = sluice(
+        &service,
+        nowhere,
+        &[
+            "keys",
+            "show",
+            "--policy",
+            "p",
+            "--key-hash",
+            "h",
+            "--requests",
+            "1",
+            "--per",
+            "1x",
+        ],
+    );
+    assert_eq!(output.status.code(), Some(2), "clap's usage error");
+}
+
+#[test]
+fn sluice_replay_is_sluice_replay() {
+    let replay =
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_sluice")).with_file_name("sluice-replay");
+    assert!(
+        replay.exists(),
+        "{} is missing: cargo build -p sluice-replay",
+        replay.display()
+    );
+    let direct = Command::new(&replay).arg("--version").output().unwrap();
+    let folded = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["replay", "--version"])
+        .output()
+        .unwrap();
+    assert!(folded.status.success());
+    assert_eq!(folded.stdout, direct.stdout);
+    assert!(String::from_utf8_lossy(&folded.stdout).starts_with("sluice-replay"));
+}

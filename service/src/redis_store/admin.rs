@@ -1,0 +1,69 @@
+//! What the admin API asks of Redis beside checks and settlements: forgetting one key's state
+//! (`Store::reset`, a plain `DEL`: every algorithm's state is one key), and the overrides, the
+//! fields of one hash, `OVERRIDES_KEY` (`PUT_OVERRIDE_LUA` keeps their number bounded).
+
+use redis::{Cmd, FromRedisValue, RedisResult, Script};
+
+use super::{Connection, Core};
+
+/// The hash of every override: field = the override's name, value = its JSON. One key, so that
+/// listing them is one `HGETALL`; in a Cluster it lives on one node.
+pub const OVERRIDES_KEY: &str = "sluice:admin:overrides";
+
+/// KEYS[1] the overrides' hash; ARGV[1] the name, ARGV[2] the value, ARGV[3] the most fields.
+/// Sets the field unless it is new and the hash holds the most already. Returns 1 if set, 0 if
+/// refused at the bound.
+pub const PUT_OVERRIDE_LUA: &str = r"
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
+   and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+";
+
+impl Core {
+    /// Deletes `key`; whether it was there.
+    pub(super) async fn delete(&self, key: &str) -> RedisResult<bool> {
+        let mut command = redis::cmd("DEL");
+        command.arg(key);
+        let deleted: i64 = self.query(&command).await?;
+        Ok(deleted > 0)
+    }
+
+    pub(super) async fn put_override(
+        &self,
+        name: &str,
+        value: &str,
+        max: u64,
+    ) -> RedisResult<bool> {
+        let script = Script::new(PUT_OVERRIDE_LUA);
+        let mut invocation = script.key(OVERRIDES_KEY);
+        invocation.arg(name).arg(value).arg(max);
+        let stored: i64 = match self.link.connect().await? {
+            Connection::Single(mut con) => invocation.invoke_async(&mut con).await?,
+            Connection::Cluster(mut con) => invocation.invoke_async(&mut con).await?,
+        };
+        Ok(stored == 1)
+    }
+
+    pub(super) async fn delete_override(&self, name: &str) -> RedisResult<bool> {
+        let mut command = redis::cmd("HDEL");
+        command.arg(OVERRIDES_KEY).arg(name);
+        let deleted: i64 = self.query(&command).await?;
+        Ok(deleted > 0)
+    }
+
+    pub(super) async fn overrides(&self) -> RedisResult<Vec<(String, String)>> {
+        let mut command = redis::cmd("HGETALL");
+        command.arg(OVERRIDES_KEY);
+        self.query(&command).await
+    }
+
+    async fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
+        match self.link.connect().await? {
+            Connection::Single(mut con) => command.query_async(&mut con).await,
+            Connection::Cluster(mut con) => command.query_async(&mut con).await,
+        }
+    }
+}
