@@ -26,6 +26,7 @@ pub mod memory_store;
 pub mod metrics;
 pub mod redis_store;
 pub mod rls;
+pub mod rlqs;
 pub mod settle;
 pub mod settled_ids;
 pub mod signals;

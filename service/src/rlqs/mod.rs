@@ -1,0 +1,7 @@
+//! The Rate Limit Quota Service (`envoy.service.rate_limit_quota.v3`, issue 36), in progress:
+//! `fair` divides a bucket's budget max-min fairly among the Envoys that report it, `ledger`
+//! keeps their recent demand by the service's clock. The stream, the Redis state and the
+//! `--rlqs` flag are not built yet (docs/rlqs.md).
+
+pub mod fair;
+pub mod ledger;
