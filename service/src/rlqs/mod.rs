@@ -3,5 +3,7 @@
 //! keeps their recent demand by the service's clock. The stream, the Redis state and the
 //! `--rlqs` flag are not built yet (docs/rlqs.md).
 
+pub mod action;
+pub mod budget;
 pub mod fair;
 pub mod ledger;
