@@ -67,7 +67,12 @@ mod tests {
 
     #[test]
     fn a_share_of_300_a_minute_is_a_bucket_of_300_refilled_every_minute() {
-        let action = assign(BucketId::default(), 300, Duration::from_secs(60), Duration::from_secs(15));
+        let action = assign(
+            BucketId::default(),
+            300,
+            Duration::from_secs(60),
+            Duration::from_secs(15),
+        );
         let Some(Strategy::TokenBucket(bucket)) = strategy(&action) else {
             panic!("{action:?}");
         };
@@ -78,7 +83,12 @@ mod tests {
 
     #[test]
     fn a_share_of_nothing_denies_all_and_intervals_are_whole_seconds() {
-        let action = assign(BucketId::default(), 0, Duration::from_millis(10), Duration::ZERO);
+        let action = assign(
+            BucketId::default(),
+            0,
+            Duration::from_millis(10),
+            Duration::ZERO,
+        );
         assert_eq!(
             strategy(&action),
             Some(Strategy::BlanketRule(BlanketRule::DenyAll as i32))
@@ -86,6 +96,9 @@ mod tests {
         let Some(Action::QuotaAssignmentAction(assignment)) = action.bucket_action else {
             panic!("{action:?}");
         };
-        assert_eq!(assignment.assignment_time_to_live.map(|d| d.seconds), Some(1));
+        assert_eq!(
+            assignment.assignment_time_to_live.map(|d| d.seconds),
+            Some(1)
+        );
     }
 }

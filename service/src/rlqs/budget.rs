@@ -86,7 +86,11 @@ descriptors:
             requests: 600,
             period: Duration::from_secs(60),
         };
-        let found = budget(&config(), "api", &bucket(&[("path", "/a"), ("tenant", "acme")]));
+        let found = budget(
+            &config(),
+            "api",
+            &bucket(&[("path", "/a"), ("tenant", "acme")]),
+        );
         assert_eq!(found, Some(per_minute));
         let other = budget(&config(), "api", &bucket(&[("tenant", "globex")]));
         assert_eq!(other.map(|b| b.requests), Some(5));
@@ -94,7 +98,10 @@ descriptors:
 
     #[test]
     fn an_unknown_domain_or_bucket_has_no_budget() {
-        assert_eq!(budget(&config(), "web", &bucket(&[("tenant", "acme")])), None);
+        assert_eq!(
+            budget(&config(), "web", &bucket(&[("tenant", "acme")])),
+            None
+        );
         assert_eq!(budget(&config(), "api", &bucket(&[("user", "x")])), None);
     }
 }

@@ -7,3 +7,4 @@ pub mod action;
 pub mod budget;
 pub mod fair;
 pub mod ledger;
+pub mod service;
