@@ -169,7 +169,11 @@ descriptors:
     fn tokens(response: &RateLimitQuotaResponse) -> Option<u32> {
         match response.bucket_action.first()?.bucket_action {
             Some(Action::QuotaAssignmentAction(a)) => match a.rate_limit_strategy?.strategy? {
-                Strategy::TokenBucket(bucket) => Some(bucket.max_tokens),
+                Strategy::TokenBucket(bucket) => {
+                    // Per minute.
+                    let fill = u32::try_from(bucket.fill_interval?.seconds).ok()?;
+                    Some(bucket.tokens_per_fill?.value * 60 / fill)
+                }
                 _ => Some(0),
             },
             _ => None,
@@ -193,7 +197,8 @@ descriptors:
         // 5 s later the idle one saw 1 request (12 a minute): the busy one has not yet said
         // otherwise, so what nobody claims is split as headroom.
         let to_idle = answer(&config, &ledger, &mut idle, &reports(1), at(5));
-        assert_eq!(tokens(&to_idle), Some(12 + 294));
+        // 12 + 294 = 306 a minute, refilled as 5 a second.
+        assert_eq!(tokens(&to_idle), Some(300));
         // The busy one saw 200 (2,400 a minute): it gets all the idle one does not use.
         let to_busy = answer(&config, &ledger, &mut busy, &reports(200), at(5));
         assert_eq!(tokens(&to_busy), Some(588));
