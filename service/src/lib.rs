@@ -27,6 +27,7 @@ pub mod memory_slots;
 pub mod memory_store;
 pub mod metrics;
 pub mod redis_store;
+pub mod rlqs;
 pub mod rls;
 pub mod settle;
 pub mod settled_ids;

@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args as ClapArgs;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
@@ -37,6 +38,8 @@ use crate::auth::Guard;
 use crate::check::Bounds;
 use crate::connections::{Gate, Server};
 use crate::health::Readiness;
+use crate::rlqs::route::WithRlqs;
+use crate::rlqs::service::RlqsService;
 use crate::store::Store;
 use metrics::RlsMetrics;
 use service::RlsService;
@@ -253,8 +256,13 @@ impl<S: Store> Rls<S> {
             let stream = gate.accept(&listener, Server::Rls).await;
             Some((Ok::<_, std::io::Error>(stream), (gate, listener)))
         });
+        let rlqs = RlqsService::new(self.service.config.clone());
+        let rlqs = RateLimitQuotaServiceServer::new(rlqs)
+            .max_decoding_message_size(self.max_request_bytes);
         let rls = RateLimitServiceServer::new(self.service)
             .max_decoding_message_size(self.max_request_bytes);
+        // The Rate Limit Quota Service (issue 36) shares the port and the limits files.
+        let rls = WithRlqs { rlqs, rest: rls };
         let (health, following) = health::probes(readiness);
         let following = tokio::spawn(following);
         let health = health.max_decoding_message_size(self.max_request_bytes);
