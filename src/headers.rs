@@ -4,24 +4,10 @@
 //! Fields list item per field, the policy name as a String, `q`uota and `w`indow in the policy,
 //! `r`emaining quota and effective window `t` in seconds in the service limit.
 
+use crate::config::{Api, HeaderStyle};
 use crate::duration::{ceil_secs, NANOS_PER_SEC};
-use crate::reply::Api;
 use crate::text::push_decimal;
 use crate::time::format_rfc3339;
-use serde::Deserialize;
-
-/// Which rate-limit headers responses carry.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum HeaderStyle {
-    /// `X-RateLimit-Limit`, `-Remaining`, `-Reset` (Unix epoch seconds).
-    #[default]
-    Legacy,
-    /// IETF httpapi-ratelimit-headers draft 11: `RateLimit-Policy` and `RateLimit`.
-    Draft,
-    Both,
-    None,
-}
 
 /// The state of one policy's bucket for one request, as the headers report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -293,25 +279,6 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
     ceil_secs(retry_after).max(1)
 }
 
-/// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
-/// (503, a policy that fails closed).
-pub fn denial_body(error: &str, policy: &str, said: crate::reply::Said) -> String {
-    let mut body = String::with_capacity(error.len() + policy.len() + 64);
-    for part in [r#"{"error":""#, error, r#"","policy":""#, policy, "\""] {
-        body.push_str(part);
-    }
-    for (name, value) in [("retry_after", said.retry_secs), ("reserve", said.reserve)] {
-        if let Some(value) = value {
-            body.push_str(",\"");
-            body.push_str(name);
-            body.push_str("\":");
-            push_decimal(&mut body, value);
-        }
-    }
-    body.push('}');
-    body
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,24 +471,6 @@ mod tests {
         assert_eq!(retry_after_secs(1), 1);
         assert_eq!(retry_after_secs(0), 1);
         assert_eq!(retry_after_secs(1_000_000_001), 2);
-    }
-
-    #[test]
-    fn denial_body_is_the_documented_json() {
-        let body = denial_body(
-            "too_many_requests",
-            "per-user",
-            crate::reply::Said {
-                retry_secs: Some(3),
-                reserve: None,
-            },
-        );
-        assert_eq!(
-            body,
-            r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#
-        );
-        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(parsed["retry_after"], 3);
     }
 
     fn provider_headers(

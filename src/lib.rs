@@ -19,6 +19,7 @@ pub mod exact;
 pub mod filter;
 pub mod headers;
 pub mod hold;
+pub mod host;
 pub mod key;
 pub mod ledger;
 pub mod limiter;
@@ -32,7 +33,6 @@ pub mod response;
 pub mod rls;
 pub mod route;
 pub mod store;
-pub mod tab;
 pub mod table;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

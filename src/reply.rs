@@ -4,10 +4,9 @@
 //! whose `grpc-message` names the policy. Also the response code details that Envoy's access
 //! log shows for each kind of refusal.
 
-use crate::headers::denial_body;
+use crate::config::{Api, Denial, GrpcStatus};
 use crate::limiter::{Applied, Basis};
 use crate::text::push_decimal;
-use serde::Deserialize;
 use smallvec::SmallVec;
 use std::ops::Range;
 
@@ -23,79 +22,6 @@ pub const UNREADABLE_BODY: &str = "sluice_unreadable_body";
 pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
 pub const NOT_CONFIGURED: &str = "sluice_not_configured";
-
-/// The gRPC status codes a refusal can carry (every one but OK), by their names in the
-/// configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GrpcStatus {
-    Cancelled = 1,
-    Unknown = 2,
-    InvalidArgument = 3,
-    DeadlineExceeded = 4,
-    NotFound = 5,
-    AlreadyExists = 6,
-    PermissionDenied = 7,
-    ResourceExhausted = 8,
-    FailedPrecondition = 9,
-    Aborted = 10,
-    OutOfRange = 11,
-    Unimplemented = 12,
-    Internal = 13,
-    Unavailable = 14,
-    DataLoss = 15,
-    Unauthenticated = 16,
-}
-
-impl GrpcStatus {
-    /// The numeric code, as `grpc-status` carries it.
-    pub fn code(self) -> i32 {
-        self as i32
-    }
-}
-
-/// The API a route speaks (`api`, on a policy or at the top of the configuration): a provider's
-/// answers carry its error shape and its rate-limit headers, so that its SDK reads them as the
-/// provider's own.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Api {
-    /// sluice's own JSON body and the `headers` style alone.
-    #[default]
-    Generic,
-    /// OpenAI's `{"error":{"message","type","param","code"}}` and `x-ratelimit-*-requests|tokens`.
-    Openai,
-    /// Anthropic's `{"type":"error","error":{"type","message"}}` and `anthropic-ratelimit-*`.
-    Anthropic,
-    /// Google's `{"error":{"code","message","status"}}`; Gemini sends no rate-limit headers.
-    Gemini,
-}
-
-/// How a policy answers the requests it denies: its `denial` settings over the top-level ones
-/// over these defaults (429, the JSON body, `RESOURCE_EXHAUSTED`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Denial {
-    /// 400-599.
-    pub status: u32,
-    /// `None`: the JSON body naming the policy and the wait.
-    pub body: Option<String>,
-    pub content_type: String,
-    pub grpc_status: GrpcStatus,
-    /// Whose error shape the default body takes.
-    pub api: Api,
-}
-
-impl Default for Denial {
-    fn default() -> Self {
-        Denial {
-            status: 429,
-            body: None,
-            content_type: "application/json".into(),
-            grpc_status: GrpcStatus::ResourceExhausted,
-            api: Api::Generic,
-        }
-    }
-}
 
 /// What a refusal tells the client besides its policy: how long to wait (nobody knows, for a
 /// concurrency policy that sets no `retry_after`), and for a policy that reads its cost from the
@@ -351,6 +277,25 @@ fn grpc_message(error: &str, policy: &str, said: Said) -> String {
     message
 }
 
+/// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
+/// (503, a policy that fails closed).
+pub fn denial_body(error: &str, policy: &str, said: Said) -> String {
+    let mut body = String::with_capacity(error.len() + policy.len() + 64);
+    for part in [r#"{"error":""#, error, r#"","policy":""#, policy, "\""] {
+        body.push_str(part);
+    }
+    for (name, value) in [("retry_after", said.retry_secs), ("reserve", said.reserve)] {
+        if let Some(value) = value {
+            body.push_str(",\"");
+            body.push_str(name);
+            body.push_str("\":");
+            push_decimal(&mut body, value);
+        }
+    }
+    body.push('}');
+    body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -591,5 +536,23 @@ mod tests {
         };
         let reply = LocalReply::refusal(Refusal::RateLimited, &denial, "p", Said::default(), false);
         assert_eq!(reply.body, "no");
+    }
+
+    #[test]
+    fn denial_body_is_the_documented_json() {
+        let body = denial_body(
+            "too_many_requests",
+            "per-user",
+            Said {
+                retry_secs: Some(3),
+                reserve: None,
+            },
+        );
+        assert_eq!(
+            body,
+            r#"{"error":"too_many_requests","policy":"per-user","retry_after":3}"#
+        );
+        let parsed: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(parsed["retry_after"], 3);
     }
 }

@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use crate::config::GlobalService;
-use crate::filter::{Environment, Host};
+use crate::host::{Environment, Host};
 use crate::metrics::Metrics;
 use crate::protocol::Settlement;
 use crate::reply::LocalReply;

@@ -2,19 +2,21 @@
 //! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
 
 use crate::access_log;
+use crate::config::GrpcStatus;
 use crate::config::{GlobalService, Protocol, Secret};
-use crate::filter::{Admitted, Environment, Filter, Host, Reported, Verdict};
+use crate::filter::{Admitted, Filter, Reported, Verdict};
 use crate::hold::HoldQueue;
+use crate::host::{Environment, Host};
+use crate::limiter::tab::Ending;
 use crate::limiter::Pending;
 use crate::metrics::{count_config_error, Metrics};
 use crate::outbox::{self, Batch, Delivery, Outbox};
 use crate::protocol::{self, Settlement};
-use crate::reply::{self, GrpcStatus, LocalReply};
+use crate::reply::{self, LocalReply};
 use crate::request::{RequestSource, Snapshot, BODY_BYTES};
 use crate::response::Response;
 use crate::rls;
 use crate::store::{Store, StoreError};
-use crate::tab::Ending;
 use crate::usage::request::asks_stream_usage_on;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -597,7 +599,7 @@ fn renew_live() {
             return;
         };
         for (filter, response) in live.values_mut().filter(|(_, r)| r.holds_slots()) {
-            response.renew(filter, &Envoy);
+            response.renew(filter.as_ref(), &Envoy);
         }
     });
 }
@@ -672,7 +674,7 @@ impl Exchange {
         }
         if let (Some(filter), Some(tab)) = (&self.filter, admitted.tab) {
             let response = Response::new(tab, admitted.record);
-            if let Some(record) = response.record_if_reset(filter) {
+            if let Some(record) = response.record_if_reset(filter.as_ref()) {
                 Envoy.record(&record);
             }
             let live = (filter.clone(), response);
@@ -705,7 +707,7 @@ impl Exchange {
             } else {
                 Ending::Reset
             };
-            response.end(&filter, &Envoy, ending);
+            response.end(filter.as_ref(), &Envoy, ending);
         }
     }
 

@@ -18,18 +18,19 @@
 use crate::flights::{Charge, Flight, Flights, Unknown};
 use crate::log::Record;
 use sluice::algorithm::Algorithm;
+use sluice::config::key_check;
 use sluice::config::{ConfigError, Metered, Plan};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::exact::ExactStore;
 use sluice::key::{HashSecret, Keying};
 use sluice::ledger::Ledger;
-use sluice::limiter::{key_check, Basis, Limiter, Outcome, Settled, Step};
+use sluice::limiter::tab::{Ending, Entry, Held, Op, Tab};
+use sluice::limiter::{Basis, Limiter, Outcome, Settled, Step};
 use sluice::metrics::UsageUnknown;
 use sluice::protocol::Answer;
 use sluice::request::Attributes;
 use sluice::response::{charge_of, cost, settle_op, BodyUsage};
 use sluice::store::{LocalStore, Store, StoreError};
-use sluice::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::time::WorkerClock;
 use smallvec::SmallVec;
 

@@ -8,8 +8,8 @@
 //! Memory: one entry per request in flight, as Envoy holds one per request.
 
 use sluice::algorithm::Algorithm;
+use sluice::limiter::tab::{Held, Tab};
 use sluice::metrics::UsageUnknown;
-use sluice::tab::{Held, Tab};
 use smallvec::SmallVec;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;

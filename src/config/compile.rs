@@ -2,6 +2,7 @@
 //! field, interns the request attributes, and places each policy's state in a shared-data
 //! table.
 
+use super::answer::Denial;
 use super::input::{
     RawBypass, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse, RawGlobal, RawLease,
     RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol, RawReserveFromRequest,
@@ -16,7 +17,6 @@ use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Wind
 use crate::duration::parse_nanos;
 use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::matcher::{HeaderRule, Matcher, PathRule};
-use crate::reply::Denial;
 use crate::request::{Attr, BodyField};
 use crate::table::{TableSpec, MAX_WIDTH};
 use siphasher::sip::SipHasher13;
@@ -921,7 +921,7 @@ fn global_keys_live_within(at: &str, policy: &Policy, max_ms: u64) -> Result<(),
         (format!("{at}.tiers.values.{value}"), tier)
     });
     for (field, tier) in std::iter::once((at.to_string(), &policy.tier)).chain(named) {
-        let check = crate::limiter::key_check(policy, tier, 0);
+        let check = super::plan::key_check(policy, tier, 0);
         let debt = policy.metered.as_ref().map_or(0, |m| m.max_debt(tier));
         let (plain, owing) = (
             crate::protocol::key_lifetime_ms(&check, 0),

@@ -1,10 +1,9 @@
 //! The configuration as users write it: the JSON format, read strictly (unknown fields are
 //! refused everywhere). Defaults live here; meaning and validation live in `compile`.
 
+use super::answer::{Api, GrpcStatus, HeaderStyle};
 use super::{error, ConfigError};
 use crate::algorithm::Kind;
-use crate::headers::HeaderStyle;
-use crate::reply::{Api, GrpcStatus};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 

@@ -2,17 +2,19 @@
 //! `compile` validates it once, at configuration time, into the `plan` that every request
 //! reads. Any error names the field and the reason; nothing half-valid gets through.
 
+mod answer;
 mod compile;
 mod input;
 mod plan;
 #[cfg(test)]
 mod tests;
 
+pub use answer::{Api, Denial, GrpcStatus, HeaderStyle};
 pub use compile::{MAX_GLOBAL_SLOTS, MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
-    Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
-    Scope, Secret, Tier, Tiers, UsageSource, GLOBAL_COLUMNS,
+    key_check, Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol,
+    Reserve, Rollout, Scope, Secret, Tier, Tiers, UsageSource, GLOBAL_COLUMNS,
 };
 
 use std::fmt;

@@ -1,11 +1,11 @@
 //! The compiled configuration: what a policy is at run time. Built once by `compile`, read by
 //! every request; nothing here parses or validates.
 
+use super::answer::{Denial, HeaderStyle};
 use crate::algorithm::Algorithm;
-use crate::headers::HeaderStyle;
 use crate::key::{HashSecret, KeyPart};
 use crate::matcher::Matcher;
-use crate::reply::Denial;
+use crate::protocol::{self, Check};
 use crate::request::{Attr, Attributes, RequestSource};
 use std::collections::HashMap;
 use std::ops::Range;
@@ -383,4 +383,22 @@ pub struct Bypass {
     pub reason: String,
     /// Unix nanoseconds.
     pub expires: u64,
+}
+
+/// A check of one request on the key `key` (a shared hash) of `policy` under `tier`: the key and
+/// limit that every check and settlement of that key names, as the service counts them.
+pub fn key_check(policy: &Policy, tier: &Tier, key: u64) -> Check {
+    let algorithm = tier.algorithm;
+    Check {
+        key: protocol::key(&policy.name, key),
+        algorithm: algorithm.kind(),
+        requests: tier.requests,
+        per_ms: protocol::per_ms(tier.per_nanos),
+        burst: algorithm.capacity(),
+        cost: 1,
+        take: None,
+        max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
+        slot: None,
+        entries: Vec::new(),
+    }
 }

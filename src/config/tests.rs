@@ -752,7 +752,7 @@ fn a_bypass_without_its_audit_trail_is_refused() {
 
 #[test]
 fn a_denial_falls_back_field_by_field_to_the_top_level_then_to_429_json_resource_exhausted() {
-    use crate::reply::{Denial, GrpcStatus};
+    use crate::config::{Denial, GrpcStatus};
     let mut config = with(json!({"denial": {"status": 503}}));
     config["denial"] = json!({"body": "slow down", "content_type": "text/plain"});
     config["default"] = json!({"name": "d", "key": ["ip"], "requests": 1, "per": "1s"});
@@ -1113,7 +1113,7 @@ fn a_global_policy_whose_key_would_outlive_the_services_max_key_ttl_is_refused()
 
 #[test]
 fn a_policys_api_wins_over_the_top_level_one_which_wins_over_generic() {
-    use crate::reply::Api;
+    use crate::config::Api;
     let mut config = with(json!({"api": "anthropic", "denial": {"status": 503}}));
     config["api"] = json!("openai");
     let mut other = policy();

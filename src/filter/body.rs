@@ -8,10 +8,11 @@
 
 use super::{Filter, Host, Verdict};
 use crate::access_log;
+use crate::config::GrpcStatus;
 use crate::config::Policy;
-use crate::reply::{self, GrpcStatus, LocalReply};
+use crate::limiter::tab::{Entry, Tab};
+use crate::reply::{self, LocalReply};
 use crate::request::{Attributes, Snapshot};
-use crate::tab::{Entry, Tab};
 use crate::usage::request as request_body;
 
 impl Filter {

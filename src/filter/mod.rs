@@ -8,24 +8,23 @@ mod body;
 use crate::access_log;
 use crate::algorithm::Algorithm;
 use crate::breaker::Breaker;
-use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
+use crate::config::{self, key_check, Api, ConfigError, Denial, GlobalService, Plan, Protocol};
 use crate::duration::NANOS_PER_SEC;
 use crate::headers::{
     each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
 };
+use crate::host::{Environment, Host};
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
-use crate::limiter::{
-    key_check, slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step,
-};
+use crate::limiter::tab::{Entry, Held, Op, Tab};
+use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::metrics::{Counters, Metrics, SlotEnd};
 use crate::protocol::{self, SettleOp, Settlement};
-use crate::reply::{self, Api, Denial, LocalReply, Refusal, Said};
-use crate::request::{Attributes, RequestSource};
-use crate::response::{Debtor, Debtors};
+use crate::reply::{self, LocalReply, Refusal, Said};
+use crate::request::Attributes;
+use crate::response::{Books, Debtor, Debtors};
 use crate::rls;
 use crate::store::{Store, ABSENT};
-use crate::tab::{Entry, Held, Op, Tab};
 use crate::table;
 use crate::time::WorkerClock;
 use std::cell::{Cell, RefCell};
@@ -34,37 +33,6 @@ use std::cell::{Cell, RefCell};
 const MINUTE: u64 = 60 * NANOS_PER_SEC;
 /// The gRPC status of a call that succeeded.
 pub const GRPC_OK: u32 = 0;
-
-/// What the filter needs from the proxy.
-pub trait Host: RequestSource + Store {
-    /// Wall-clock time, Unix nanoseconds.
-    fn now(&self) -> u64;
-    /// Sends a local reply instead of forwarding the request.
-    fn send_response(&self, reply: &LocalReply);
-    /// Puts the request's record where the access log reads it (`access_log::PROPERTY`).
-    fn record(&self, record: &str);
-    /// Starts a call to the rate-limit service, as its protocol says (an HTTP POST of the body,
-    /// or a gRPC `ShouldRateLimit` carrying it); false if it could not be started. The answer
-    /// comes back through `Filter::on_service_response`.
-    fn dispatch(&self, service: &GlobalService, body: &[u8]) -> bool;
-    /// Hands what a request owes a global policy after its admission to the worker's outbox
-    /// (`outbox`), which sends it to the service later, off every request's path.
-    fn report(&self, service: &GlobalService, settlement: Settlement);
-    /// A header of the response, as it passes through (`response`).
-    fn response_header(&self, name: &str) -> Option<Vec<u8>>;
-    /// A trailer of the response.
-    fn response_trailer(&self, name: &str) -> Option<Vec<u8>>;
-    /// Sets filter state other filters and the access log read (`wasm.<name>`).
-    fn publish(&self, name: &str, value: &str);
-}
-
-/// What the filter reads from the proxy once, when it is configured.
-pub trait Environment {
-    /// A variable of the VM's environment (Envoy: `vm_config.environment_variables`).
-    fn var(&self, name: &str) -> Option<String>;
-    /// Random bytes from the host: for a hash secret of this Envoy's own.
-    fn random(&self) -> Option<[u8; 16]>;
-}
 
 /// What to do with a request.
 #[derive(Debug)]
@@ -128,6 +96,19 @@ pub struct Filter {
 }
 
 impl Filter {
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// This worker's clock: the host's, never going back.
+    pub fn now(&self, host: &impl Host) -> u64 {
+        self.clock.now(host.now())
+    }
+
     /// Parses the configuration, creates the shared-data slots and the counters.
     /// `plugin` namespaces the shared data, which Envoy shares per VM id.
     pub fn configure(
@@ -168,10 +149,6 @@ impl Filter {
             last_degraded_log: Cell::new(0),
             last_route_metadata_log: Cell::new(0),
         })
-    }
-
-    pub fn plan(&self) -> &Plan {
-        &self.plan
     }
 
     /// Decides a request from its headers; sends a denial itself.
@@ -231,51 +208,9 @@ impl Filter {
         }
     }
 
-    /// Settles one entry of an admitted request's tab (`response`).
-    pub fn settle(&self, host: &impl Host, entry: &mut Entry, op: Op) -> Settled {
-        let now = self.now(host);
-        self.limiter(host, |l| l.settle(entry, op, now))
-    }
-
-    pub fn counters(&self) -> &Counters {
-        &self.counters
-    }
-
-    /// What an entry of a global policy owes its service, with `op`, as the service names it.
-    pub fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)> {
-        let service = self.plan.global.as_ref()?;
-        let policy = self.plan.policies.get(entry.policy)?;
-        let check = key_check(policy, &entry.tier, entry.key.unwrap_or(entry.hash));
-        let settlement = Settlement {
-            key: check.key,
-            algorithm: check.algorithm,
-            requests: check.requests,
-            per_ms: check.per_ms,
-            burst: check.burst,
-            op,
-        };
-        Some((service, settlement))
-    }
-
     /// Hands the counts gathered since the last flush to the host.
     pub fn flush_counters(&self, metrics: &impl Metrics) {
         self.counters.flush(metrics);
-    }
-
-    /// Follows a key of a local metered policy that a charge of this worker's put in debt.
-    pub fn entered_debt(&self, entry: &Entry) {
-        let debtor = Debtor {
-            policy: entry.policy,
-            hash: entry.hash,
-            tier: entry.tier,
-        };
-        let entered = self
-            .debtors
-            .try_borrow_mut()
-            .is_ok_and(|mut d| d.enter(debtor));
-        if entered {
-            self.counters.keys_in_debt(entry.policy, 1);
-        }
     }
 
     /// Looks whether the keys in debt this worker follows still owe (a shared-data read each):
@@ -328,17 +263,6 @@ impl Filter {
         let id = self.last_id.get().wrapping_add(1);
         self.last_id.set(id);
         id
-    }
-
-    /// The id of a charge or refund made now (`protocol::SettleOp`), 16 hex digits: the service
-    /// applies it once, however often the outbox sends it again.
-    pub fn settlement_id(&self) -> String {
-        slot_name(self.next_id())
-    }
-
-    /// This worker's clock: the host's, never going back.
-    pub fn now(&self, host: &impl Host) -> u64 {
-        self.clock.now(host.now())
     }
 
     /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
@@ -642,6 +566,59 @@ impl Filter {
                 _ => QuotaUnit::Requests,
             },
         })
+    }
+}
+
+impl Books for Filter {
+    fn plan(&self) -> &Plan {
+        Filter::plan(self)
+    }
+
+    fn settle(&self, host: &impl Host, entry: &mut Entry, op: Op) -> Settled {
+        let now = self.now(host);
+        self.limiter(host, |l| l.settle(entry, op, now))
+    }
+
+    fn counters(&self) -> &Counters {
+        Filter::counters(self)
+    }
+
+    fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)> {
+        let service = self.plan.global.as_ref()?;
+        let policy = self.plan.policies.get(entry.policy)?;
+        let check = key_check(policy, &entry.tier, entry.key.unwrap_or(entry.hash));
+        let settlement = Settlement {
+            key: check.key,
+            algorithm: check.algorithm,
+            requests: check.requests,
+            per_ms: check.per_ms,
+            burst: check.burst,
+            op,
+        };
+        Some((service, settlement))
+    }
+
+    fn entered_debt(&self, entry: &Entry) {
+        let debtor = Debtor {
+            policy: entry.policy,
+            hash: entry.hash,
+            tier: entry.tier,
+        };
+        let entered = self
+            .debtors
+            .try_borrow_mut()
+            .is_ok_and(|mut d| d.enter(debtor));
+        if entered {
+            self.counters.keys_in_debt(entry.policy, 1);
+        }
+    }
+
+    fn settlement_id(&self) -> String {
+        slot_name(self.next_id())
+    }
+
+    fn now(&self, host: &impl Host) -> u64 {
+        Filter::now(self, host)
     }
 }
 

@@ -6,8 +6,8 @@
 //! no enforcing policy applied to: none matched, each that did lacked its key or exempted it, or
 //! only shadow policies did.
 
-use super::global::Service;
-use super::work::{Member, Work};
+use super::member::{Member, Service};
+use super::work::Work;
 use super::{Outcome, Progress, Step, Works};
 use crate::config::{Plan, Policy};
 use crate::key::{hash_key, Keying, MISSING_KEY};

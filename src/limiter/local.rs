@@ -2,11 +2,10 @@
 //! token bucket's `lease`: tokens a worker borrows from the bucket in the same CAS and spends by
 //! itself (see `ledger`), so a hot key's requests touch no shared data until the loan runs out.
 
-use super::work::{Member, Work};
-use super::Basis;
+use super::member::Member;
 use crate::algorithm::{token_bucket, Algorithm, Decision};
-use crate::config::{Plan, Policy, Tier};
-use crate::ledger::{Ledger, Loan, LOAN_TTL};
+use crate::config::{Policy, Tier};
+use crate::ledger::{Loan, LOAN_TTL};
 
 /// Runs the tier's algorithm on its words of the policy's state. A cost of 0 (a reservation of
 /// nothing) passes while a token is left and takes nothing: a key in debt waits.
@@ -68,48 +67,15 @@ pub(super) fn lend(
     Some((reported, decision.allowed.then_some(loan)))
 }
 
-/// Pays the work from this worker's loans when every member is a local policy that holds
-/// enough of its bucket here.
-pub(super) fn pay_from_loans(work: &mut Work, plan: &Plan, ledger: &mut Ledger, now: u64) -> bool {
-    if ledger.is_empty() {
-        return false;
-    }
-    let cost = |policy: usize| plan.policies.get(policy).map(|p| p.cost);
-    let payable = work.members.iter().all(|m| {
-        cost(m.policy).is_some_and(|cost| ledger.can_spend(m.policy, work.hash, cost, now))
-    });
-    if !payable {
-        return false;
-    }
-    work.verdicts = work
-        .members
-        .iter()
-        .map(|m| {
-            let decision = ledger.spend(m.policy, work.hash, cost(m.policy)?, now)?;
-            Some((decision, Basis::Loan))
-        })
-        .collect();
-    work.on_loan = true;
-    true
-}
-
-/// For a denied request: the tokens its works spent from this worker's loans go back to them.
-pub(super) fn refund_loans(works: &[Work], plan: &Plan, ledger: &mut Ledger) {
-    for work in works.iter().filter(|w| w.on_loan) {
-        for member in &work.members {
-            if let Some(policy) = plan.policies.get(member.policy) {
-                ledger.refund(member.policy, work.hash, policy.cost);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::member::Service;
     use super::super::testing::*;
-    use super::super::work::Work;
+    use super::super::work::{pay_from_loans, refund_loans, Work};
+    use super::super::Basis;
     use super::*;
-    use crate::limiter::global::Service;
+    use crate::config::Plan;
+    use crate::ledger::Ledger;
     use serde_json::json;
 
     /// A policy of burst 10 refilling one token an hour, lending `take`.

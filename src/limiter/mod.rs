@@ -19,24 +19,27 @@
 //! read and judged again; if it now denies, the tables written before it keep their charge (a race
 //! can over-charge a request once, never over-admit).
 
+mod asking;
 mod gather;
 mod global;
 mod local;
+mod member;
 mod settle;
+pub mod tab;
 mod work;
 mod write;
 
-pub use global::{key_check, slot_name, GRANT_TTL};
+pub use global::{slot_name, GRANT_TTL};
 pub use settle::Settled;
 
 use crate::algorithm::Decision;
 use crate::config::{Plan, Tier};
 use crate::key::Keying;
 use crate::ledger::Ledger;
+use crate::limiter::tab::Tab;
 use crate::protocol::{Answer, Check};
 use crate::request::{Attributes, RequestSource};
 use crate::store::Store;
-use crate::tab::Tab;
 use smallvec::SmallVec;
 use work::Work;
 
@@ -112,7 +115,7 @@ pub struct Outcome {
     /// What the service may hold for this request that it does not keep (a refused request's
     /// slots and the reservations the service took, a failed call's slots): to give back at
     /// once (`global::unkept`).
-    pub unkept: Vec<crate::tab::Entry>,
+    pub unkept: Vec<crate::limiter::tab::Entry>,
 }
 
 impl Outcome {
@@ -242,13 +245,13 @@ impl Pending {
     /// Names the slots its checks ask for (global concurrency policies), each with `next`: the
     /// names by which the request gives them back, unique in the worker and across workers.
     pub fn name_slots(&mut self, next: impl FnMut() -> u64) {
-        global::name_slots(&mut self.0, next);
+        asking::name_slots(&mut self.0, next);
     }
 
     /// The slots the service may take for this request, which nobody will renew if it is
     /// abandoned while it waits (the stream reset, the worker stopping): to give back.
-    pub fn abandon(self) -> Vec<crate::tab::Entry> {
-        global::unkept_slots(&self.0.works, None, self.0.now)
+    pub fn abandon(self) -> Vec<crate::limiter::tab::Entry> {
+        asking::unkept_slots(&self.0.works, None, self.0.now)
     }
 }
 
@@ -284,7 +287,7 @@ impl<S: Store> Limiter<'_, S> {
         let mut progress = Progress::new(now);
         gather::works(self.plan, self.keying, request, service_up, &mut progress);
         for work in &mut progress.works {
-            if !local::pay_from_loans(work, self.plan, self.ledger, now) {
+            if !work::pay_from_loans(work, self.plan, self.ledger, now) {
                 self.read(work, now);
             }
         }
@@ -300,7 +303,7 @@ impl<S: Store> Limiter<'_, S> {
     /// Continues a request with the service's answers (`None`: the call failed).
     pub fn resume(&mut self, mut pending: Pending, answers: Option<Vec<Answer>>) -> Step {
         let progress = &mut pending.0;
-        global::record(progress, answers.as_deref());
+        asking::record(progress, answers.as_deref());
         for work in &mut progress.works {
             work.judge(self.plan);
         }
@@ -319,10 +322,10 @@ impl<S: Store> Limiter<'_, S> {
             let asks = progress.works.iter().any(Work::asks);
             if asks && strictest_denial(&progress.works).is_none() {
                 if progress.round < MAX_CALLOUTS {
-                    global::ask(self.plan, progress);
+                    asking::ask(self.plan, progress);
                     return true;
                 }
-                global::give_up_asking(self.plan, progress);
+                asking::give_up_asking(self.plan, progress);
             } else if self.write(progress) {
                 return false;
             }
@@ -336,12 +339,12 @@ impl<S: Store> Limiter<'_, S> {
         outcome.applied = progress.works.iter().flat_map(Work::applied).collect();
         outcome.denied_by = strictest(outcome.applied.iter().copied());
         if outcome.is_denied() {
-            local::refund_loans(&progress.works, self.plan, self.ledger);
+            work::refund_loans(&progress.works, self.plan, self.ledger);
         } else {
             outcome.tab = work::open_tab(&progress.works, self.plan);
         }
         let kept = outcome.tab.as_ref();
-        outcome.unkept = global::unkept(self.plan, &progress.works, kept, progress.now);
+        outcome.unkept = asking::unkept(self.plan, &progress.works, kept, progress.now);
         outcome
     }
 }

@@ -6,8 +6,8 @@
 use super::{Basis, Limiter, MAX_ATTEMPTS};
 use crate::algorithm::{concurrency, Algorithm};
 use crate::config::{Tier, GLOBAL_COLUMNS};
+use crate::limiter::tab::{Entry, Held, Op};
 use crate::store::{Store, StoreError};
-use crate::tab::{Entry, Held, Op};
 use crate::table;
 
 /// What settling an entry came to.
@@ -168,7 +168,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::ledger::Ledger;
-    use crate::tab::Held;
+    use crate::limiter::tab::Held;
     use serde_json::json;
 
     #[test]

@@ -1,33 +1,14 @@
 //! A work: the policies of one table that apply to a request, the key they share, the slot as
 //! read, the state to write, and each member's verdict.
 
-use super::global::{self, Service};
-use super::{local, Applied, Basis};
+use super::member::{Member, Verdict};
+use super::{global, local, Applied, Basis};
 use crate::algorithm::{concurrency, Algorithm, Decision};
-use crate::config::{Plan, Policy, Scope, Tier, GLOBAL_COLUMNS};
+use crate::config::{Plan, Policy, Scope, GLOBAL_COLUMNS};
 use crate::ledger::{Ledger, Loan};
-use crate::tab::{Entry, Held, Tab};
+use crate::limiter::tab::{Entry, Held, Tab};
 use crate::table::{Slot, Words};
 use smallvec::{smallvec, SmallVec};
-
-/// One applicable policy of a work.
-#[derive(Debug)]
-pub(super) struct Member {
-    pub policy: usize,
-    pub tier: Tier,
-    /// The limit enforced locally while the service cannot answer (global fail-open policies).
-    pub emergency: Tier,
-    pub service: Service,
-    /// Whether the policy enforces for this key (else it runs in shadow for it).
-    pub enforced: bool,
-    /// A global concurrency policy's slot, named when the service is first asked for it.
-    pub slot: Option<u64>,
-    /// Tokens the request takes: the policy's cost, or what a metered policy reserves for it.
-    pub cost: u64,
-}
-
-/// A member's verdict: `None` while only the service can give it.
-pub(super) type Verdict = Option<(Decision, Basis)>;
 
 #[derive(Debug)]
 pub(super) struct Work {
@@ -182,6 +163,42 @@ impl Work {
         } else {
             for loan in self.withdrawn.drain(..) {
                 ledger.deposit(loan, now);
+            }
+        }
+    }
+}
+
+/// Pays the work from this worker's loans when every member is a local policy that holds
+/// enough of its bucket here.
+pub(super) fn pay_from_loans(work: &mut Work, plan: &Plan, ledger: &mut Ledger, now: u64) -> bool {
+    if ledger.is_empty() {
+        return false;
+    }
+    let cost = |policy: usize| plan.policies.get(policy).map(|p| p.cost);
+    let payable = work.members.iter().all(|m| {
+        cost(m.policy).is_some_and(|cost| ledger.can_spend(m.policy, work.hash, cost, now))
+    });
+    if !payable {
+        return false;
+    }
+    work.verdicts = work
+        .members
+        .iter()
+        .map(|m| {
+            let decision = ledger.spend(m.policy, work.hash, cost(m.policy)?, now)?;
+            Some((decision, Basis::Loan))
+        })
+        .collect();
+    work.on_loan = true;
+    true
+}
+
+/// For a denied request: the tokens its works spent from this worker's loans go back to them.
+pub(super) fn refund_loans(works: &[Work], plan: &Plan, ledger: &mut Ledger) {
+    for work in works.iter().filter(|w| w.on_loan) {
+        for member in &work.members {
+            if let Some(policy) = plan.policies.get(member.policy) {
+                ledger.refund(member.policy, work.hash, policy.cost);
             }
         }
     }

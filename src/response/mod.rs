@@ -17,9 +17,30 @@ mod tokens;
 pub use debts::{Debtor, Debtors};
 pub use tokens::{charge_of, cost, read_usage_text, settle_op, usage_text, BodyUsage};
 
-use crate::filter::{Filter, Host};
-use crate::protocol::SettleOp;
-use crate::tab::{Ending, Entry, Tab};
+use crate::config::{GlobalService, Plan};
+use crate::host::Host;
+use crate::limiter::tab::{Ending, Entry, Op, Tab};
+use crate::limiter::Settled;
+use crate::metrics::Counters;
+use crate::protocol::{SettleOp, Settlement};
+
+/// What the response half needs of the filter that admitted the request: its plan, counters and
+/// clock, and the settling of what a request owes (in this Envoy's shared data, or with its
+/// service).
+pub trait Books {
+    fn plan(&self) -> &Plan;
+    fn counters(&self) -> &Counters;
+    /// This worker's clock, never going back.
+    fn now(&self, host: &impl Host) -> u64;
+    /// Settles `entry` with `op` in this Envoy's shared data.
+    fn settle(&self, host: &impl Host, entry: &mut Entry, op: Op) -> Settled;
+    /// What an entry of a global policy owes its service, with `op`, as the service names it.
+    fn settlement(&self, entry: &Entry, op: SettleOp) -> Option<(&GlobalService, Settlement)>;
+    /// Marks the entry's key as having entered debt (`Debtors`).
+    fn entered_debt(&self, entry: &Entry);
+    /// A fresh id for a settlement, that the service applies once.
+    fn settlement_id(&self) -> String;
+}
 
 /// One admitted request's claims, from its admission to its end.
 #[derive(Debug)]
@@ -44,7 +65,7 @@ impl Response {
     /// reset stream's access log before the filter learns of its end, so the admission leaves
     /// what such an ending charges (`None` without a metered policy); the end writes the
     /// record again with what it did charge.
-    pub fn record_if_reset(&self, filter: &Filter) -> Option<String> {
+    pub fn record_if_reset(&self, filter: &impl Books) -> Option<String> {
         let charged = tokens::unknown_charges(&self.tab, filter);
         tokens::record(self.record.clone(), &charged, filter)
     }
@@ -56,7 +77,7 @@ impl Response {
 
     /// The response's headers have come: how its body reports usage (its content type and
     /// coding), and usage they carry.
-    pub fn on_headers(&mut self, filter: &Filter, host: &impl Host) {
+    pub fn on_headers(&mut self, filter: &impl Books, host: &impl Host) {
         self.usage.on_headers(&self.tab, filter, host);
     }
 
@@ -73,17 +94,17 @@ impl Response {
     }
 
     /// The response's trailers have come.
-    pub fn on_trailers(&mut self, filter: &Filter, host: &impl Host) {
+    pub fn on_trailers(&mut self, filter: &impl Books, host: &impl Host) {
         self.usage.on_trailers(&self.tab, filter, host);
     }
 
     /// Renews what it holds: slots whose epoch is behind (`slots::renew`).
-    pub fn renew(&mut self, filter: &Filter, host: &impl Host) {
+    pub fn renew(&mut self, filter: &impl Books, host: &impl Host) {
         slots::renew(&mut self.tab, filter, host);
     }
 
     /// Settles the tab: the request ended, as `ending` says.
-    pub fn end(mut self, filter: &Filter, host: &impl Host, ending: Ending) {
+    pub fn end(mut self, filter: &impl Books, host: &impl Host, ending: Ending) {
         slots::release(&mut self.tab, filter, host, ending);
         let charged = tokens::settle(&mut self.tab, &self.usage, filter, host, ending);
         if let Some(record) = tokens::record(self.record, &charged, filter) {
@@ -93,7 +114,7 @@ impl Response {
 }
 
 /// Hands what `entry` owes its service to the worker's outbox.
-fn report(filter: &Filter, host: &impl Host, entry: &Entry, op: SettleOp) {
+fn report(filter: &impl Books, host: &impl Host, entry: &Entry, op: SettleOp) {
     if let Some((service, settlement)) = filter.settlement(entry, op) {
         host.report(service, settlement);
     }

@@ -1,17 +1,18 @@
 //! A concurrency policy's slots: renewed while their request lives, given back when it ends.
 
 use super::report;
+use super::Books;
 use crate::algorithm::Algorithm;
-use crate::filter::{Filter, Host};
+use crate::host::Host;
+use crate::limiter::tab::{Ending, Held, Op, Tab};
 use crate::limiter::{slot_name, Settled};
 use crate::metrics::SlotEnd;
 use crate::protocol::SettleOp;
-use crate::tab::{Ending, Held, Op, Tab};
 
 /// Moves each slot whose epoch is behind to the current one, and renews each slot the service
 /// keeps at half its lease. A local slot that lapsed meanwhile (renewals stalled for over half a
 /// lease) is taken again if one is free; otherwise the request runs on without one.
-pub(super) fn renew(tab: &mut Tab, filter: &Filter, host: &impl Host) {
+pub(super) fn renew(tab: &mut Tab, filter: &impl Books, host: &impl Host) {
     let now = filter.now(host);
     let counters = filter.counters();
     tab.entries.retain_mut(|entry| {
@@ -45,7 +46,7 @@ pub(super) fn renew(tab: &mut Tab, filter: &Filter, host: &impl Host) {
 }
 
 /// Gives back every slot of the tab: to the shared data, or to the service through the outbox.
-pub(super) fn release(tab: &mut Tab, filter: &Filter, host: &impl Host, ending: Ending) {
+pub(super) fn release(tab: &mut Tab, filter: &impl Books, host: &impl Host, ending: Ending) {
     let counters = filter.counters();
     let reason = match ending {
         Ending::Completed => SlotEnd::Completed,

@@ -1,10 +1,10 @@
 use super::*;
 use crate::duration::NANOS_PER_SEC as SEC;
-use crate::filter::{Admitted, Verdict};
+use crate::filter::{Admitted, Filter, Verdict};
+use crate::limiter::tab::Op;
 use crate::metrics::{
     keys_in_debt_gauge, requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd,
 };
-use crate::tab::Op;
 use crate::testing::{FakeHost, FakeRequest};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -381,7 +381,7 @@ fn a_reservation_can_come_from_the_request_and_a_key_from_its_body() {
     };
     assert!(matches!(
         tab.entries[0].held,
-        crate::tab::Held::Reserved { tokens: 400, .. }
+        crate::limiter::tab::Held::Reserved { tokens: 400, .. }
     ));
     let published = host.published.borrow().clone();
     assert_eq!(

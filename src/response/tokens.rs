@@ -11,13 +11,14 @@
 //! need not be the one that wrote the log.
 
 use super::report;
+use super::Books;
 use crate::config::{Metered, OnUnknown, Tier, UsageSource};
 use crate::duration::NANOS_PER_SEC;
-use crate::filter::{Filter, Host};
+use crate::host::Host;
+use crate::limiter::tab::{Ending, Entry, Held, Op, Tab};
 use crate::limiter::{Basis, Settled};
 use crate::metrics::UsageUnknown;
 use crate::protocol::SettleOp;
-use crate::tab::{Ending, Entry, Held, Op, Tab};
 use crate::usage::{count_from_header, Counts, Format, Reader, Reading};
 use smallvec::SmallVec;
 
@@ -35,7 +36,7 @@ pub(super) struct Usage {
 }
 
 impl Usage {
-    pub(super) fn on_headers(&mut self, tab: &Tab, filter: &Filter, host: &impl Host) {
+    pub(super) fn on_headers(&mut self, tab: &Tab, filter: &impl Books, host: &impl Host) {
         let sources = || sources(tab, filter);
         if sources().any(|s| matches!(s, UsageSource::Body(_))) {
             let content_type = host.response_header("content-type");
@@ -49,7 +50,7 @@ impl Usage {
         self.upstream_error = upstream_error(host);
     }
 
-    pub(super) fn on_trailers(&mut self, tab: &Tab, filter: &Filter, host: &impl Host) {
+    pub(super) fn on_trailers(&mut self, tab: &Tab, filter: &impl Books, host: &impl Host) {
         self.read(sources(tab, filter), |name| host.response_trailer(name));
     }
 
@@ -229,7 +230,7 @@ pub fn read_usage_text(text: &[u8]) -> Option<BodyUsage> {
 }
 
 /// The usage sources of the tab's metered policies.
-fn sources<'f>(tab: &'f Tab, filter: &'f Filter) -> impl Iterator<Item = &'f UsageSource> + 'f {
+fn sources<'f>(tab: &'f Tab, filter: &'f impl Books) -> impl Iterator<Item = &'f UsageSource> + 'f {
     tab.entries.iter().filter_map(move |entry| {
         let policy = filter.plan().policies.get(entry.policy)?;
         Some(&policy.metered.as_ref()?.source)
@@ -252,7 +253,7 @@ pub(super) struct Charged {
 pub(super) fn settle(
     tab: &mut Tab,
     usage: &Usage,
-    filter: &Filter,
+    filter: &impl Books,
     host: &impl Host,
     ending: Ending,
 ) -> SmallVec<[Charged; 1]> {
@@ -306,7 +307,7 @@ pub(super) fn settle(
 }
 
 /// What each metered policy of the tab charges a request that ends before its usage comes.
-pub(super) fn unknown_charges(tab: &Tab, filter: &Filter) -> SmallVec<[Charged; 1]> {
+pub(super) fn unknown_charges(tab: &Tab, filter: &impl Books) -> SmallVec<[Charged; 1]> {
     let reserved = tab.entries.iter().filter_map(|entry| match entry.held {
         Held::Reserved { tokens, .. } => Some((entry, tokens)),
         _ => None,
@@ -328,7 +329,7 @@ pub(super) fn unknown_charges(tab: &Tab, filter: &Filter) -> SmallVec<[Charged; 
 fn charge(
     entry: &mut Entry,
     metered: &Metered,
-    filter: &Filter,
+    filter: &impl Books,
     host: &impl Host,
     (reserved, charged): (u64, u64),
     at: u64,
@@ -385,7 +386,7 @@ fn charge(
 }
 
 /// A charge of `tokens` to `entry`'s key at the service, into at most the policy's debt.
-fn charge_op(metered: &Metered, filter: &Filter, entry: &Entry, tokens: u64) -> SettleOp {
+fn charge_op(metered: &Metered, filter: &impl Books, entry: &Entry, tokens: u64) -> SettleOp {
     SettleOp::Charge {
         tokens,
         max_debt: metered.max_debt(&entry.tier),
@@ -399,7 +400,7 @@ fn charge_op(metered: &Metered, filter: &Filter, entry: &Entry, tokens: u64) -> 
 pub(super) fn record(
     admission: Option<String>,
     charged: &[Charged],
-    filter: &Filter,
+    filter: &impl Books,
 ) -> Option<String> {
     let first = charged.first()?;
     let plan = filter.plan();

@@ -29,7 +29,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use sluice::headers::{each_rate_limit_header, retry_after_secs, HeaderStyle, Quota, QuotaUnit};
+use sluice::config::HeaderStyle;
+use sluice::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
 
 use sluice::key::HashSecret;
 

@@ -29,7 +29,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_serv
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
-use sluice::headers::HeaderStyle;
+use sluice::config::HeaderStyle;
 use sluice::key::HashSecret;
 use tokio::net::TcpListener;
 use tracing::warn;
