@@ -117,6 +117,7 @@ lint: deps
 	cd $(ROOT) && cargo fmt --check
 	cd $(ROOT) && cargo clippy --workspace --all-targets -- -D warnings
 	cd $(ROOT) && cargo clippy -p sluice --target $(WASM_TARGET) --lib -- -D warnings
+	cd $(ROOT) && cargo run -q -p acyclic
 
 # Every relative link and #anchor of the Markdown (README.md, docs/ and the rest) resolves, and
 # every docs/ reference in code, the schema, manifests and scripts: lychee, offline, from .venv

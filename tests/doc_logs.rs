@@ -262,7 +262,7 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
     files
 }
 
-/// `sluice_service::rls::watch` for `service/src/rls/watch.rs`; `mod.rs`, `lib.rs` and
+/// `sluice_service::rules::watch` for `service/src/rules/watch.rs`; `mod.rs`, `lib.rs` and
 /// `main.rs` are their directory's module.
 fn module_of(krate: &str, src: &Path, file: &Path) -> String {
     let relative = file.strip_prefix(src).unwrap().with_extension("");

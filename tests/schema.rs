@@ -18,7 +18,8 @@ use std::path::{Path, PathBuf};
 use jsonschema::Validator;
 use serde_json::{json, Value};
 // The extraction sluice-replay reads an Envoy, Istio or Envoy Gateway file's configuration with.
-use sluice_replay::config_file::{configs_in_yaml, WASM_FILTER_TYPE};
+use sluice_replay::config_file::configs_in_yaml;
+use sluice_replay::routes_off::WASM_FILTER_TYPE;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

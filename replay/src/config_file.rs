@@ -4,14 +4,12 @@
 //! an Envoy file that switch the filter off (`routes_off`). `tests/schema.rs` finds the shipped
 //! configurations the same way.
 
-use crate::routes_off::routes_off;
+use crate::routes_off::{routes_off, WASM_FILTER_TYPE};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-/// The `@type` of Envoy's wasm HTTP filter.
-pub const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const STRING_VALUE_TYPE: &str = "type.googleapis.com/google.protobuf.StringValue";
 
 /// A configuration to replay, and where its Envoy configuration does not run the filter.

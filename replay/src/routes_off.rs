@@ -5,10 +5,12 @@
 //! routes' requests undecided, as the filter never saw them; it tells them by `route_name`, so
 //! such a route must have a name. Only inline `route_config`s are read (not RDS).
 
-use crate::config_file::WASM_FILTER_TYPE;
 use serde::Deserialize;
 use serde_yaml::Value;
 use std::collections::BTreeSet;
+
+/// The `@type` of Envoy's wasm HTTP filter.
+pub const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 

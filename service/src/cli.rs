@@ -8,12 +8,13 @@ use clap::{Args as ClapArgs, Parser};
 use sluice::duration::parse_nanos;
 use tracing_subscriber::EnvFilter;
 
-use crate::check::{human_ms, Bounds, MAX_CAPACITY_US};
 use crate::connections::{self, Limits};
+use crate::decision::check::{human_ms, Bounds};
+use crate::grpc::RlsArgs;
 use crate::http::DEFAULT_MAX_REQUEST_BYTES;
 use crate::metrics;
-use crate::redis_store::RedisTarget;
-use crate::rls::RlsArgs;
+use crate::stores::redis::RedisTarget;
+use crate::stores::MAX_CAPACITY_US;
 
 /// Where HTTP is served when `--listen` is not given and neither is `--rls`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -308,7 +309,7 @@ impl StoreArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::DEFAULT_MAX_KEY_TTL_MS;
+    use crate::decision::check::DEFAULT_MAX_KEY_TTL_MS;
 
     fn parse(args: &[&str]) -> Result<Args, clap::Error> {
         Args::try_parse_from(std::iter::once("sluice-service").chain(args.iter().copied()))

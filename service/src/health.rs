@@ -10,7 +10,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::store::Store;
+use crate::stores::Store;
 
 /// How often Redis is probed. With the store's `PING` bound (500 ms), readiness follows a change
 /// of Redis within 750 ms.

@@ -12,14 +12,15 @@ use sluice_service::admin::{overrides, Admin, Audit};
 use sluice_service::auth::{self, Guard, TokenFile};
 use sluice_service::cli::{Args, Backend};
 use sluice_service::connections::Gate;
+use sluice_service::decision::slot_watch::SlotWatch;
+use sluice_service::grpc::{self, Rls};
 use sluice_service::health::{self, Readiness};
-use sluice_service::http::{self as http_api, serve, App};
-use sluice_service::memory_store::MemoryStore;
+use sluice_service::http::{serve, App};
 use sluice_service::metrics::Metrics;
-use sluice_service::redis_store::RedisStore;
-use sluice_service::rls::{self, Rls};
-use sluice_service::slot_watch::SlotWatch;
-use sluice_service::store::Store;
+use sluice_service::stores::memory::MemoryStore;
+use sluice_service::stores::redis::RedisStore;
+use sluice_service::stores::Store;
+use sluice_service::web;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -124,7 +125,7 @@ async fn serve_with<S: Store>(
     let gate = Arc::new(Gate::new(args.connections.limits(), metrics.registry_mut()));
     let bounds = args.max_key_ttl;
     let max_request_bytes = args.connections.max_request_bytes;
-    let rls_settings = rls::Settings {
+    let rls_settings = grpc::Settings {
         bounds,
         guard: Guard::new(
             tokens.clone(),
@@ -189,7 +190,7 @@ async fn serve_with<S: Store>(
             tokens.clone(),
             "refused a check without a valid bearer token (401)",
         );
-        let limits = http_api::Limits {
+        let limits = web::Limits {
             bounds,
             max_body_bytes: max_request_bytes,
         };

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::store::{Check, Decision, FailureKind, Settled, Settlement};
+use crate::stores::{Check, Decision, FailureKind, Settled, Settlement};
 
 /// The content type of `render`'s output.
 pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -196,8 +196,8 @@ impl Metrics {
     }
 
     /// Settlements refused one by one and dropped (`settle::Parsed::rejected`), by op.
-    pub fn record_rejected(&self, rejected: &[(&'static str, crate::check::BadRequest)]) {
-        for &(op, _) in rejected {
+    pub fn record_rejected(&self, ops: impl Iterator<Item = &'static str>) {
+        for op in ops {
             let labels = SettlementLabels {
                 op,
                 result: "rejected",
@@ -297,7 +297,7 @@ fn is_policy_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Algorithm, Namespace, Slots};
+    use crate::stores::{Algorithm, Namespace, Slots};
 
     fn check(key: &str) -> Check {
         Check {

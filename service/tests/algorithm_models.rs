@@ -26,7 +26,7 @@ use std::fmt::Debug;
 use common::clock::redis_time_us;
 use common::lcg::Lcg;
 use sluice::algorithm::{self as filter, Decision};
-use sluice_service::redis_store::{
+use sluice_service::stores::redis::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
 use sluice_testkit::redis::RedisServer;

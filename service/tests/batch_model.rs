@@ -16,7 +16,7 @@
 mod common;
 
 use common::lcg::Lcg;
-use sluice_service::redis_store::{
+use sluice_service::stores::redis::{
     CHECKS_LUA, DECISION_BYTES, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, RECORD_BYTES,
     SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };

@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use common::lcg::Lcg;
 use sluice::algorithm::token_bucket::{self, Rate};
-use sluice_service::check::MAX_CAPACITY_US;
-use sluice_service::redis_store::TOKEN_BUCKET_LUA;
+use sluice_service::stores::redis::TOKEN_BUCKET_LUA;
+use sluice_service::stores::MAX_CAPACITY_US;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::resp::{Reply, Resp};
 

@@ -22,7 +22,7 @@ mod common;
 use common::clock::redis_time_us;
 use common::lcg::Lcg;
 use sluice::algorithm::{Algorithm, Rate, Window};
-use sluice_service::redis_store::{
+use sluice_service::stores::redis::{
     FIXED_WINDOW_REFUND_LUA, SLIDING_WINDOW_REFUND_LUA, TOKEN_BUCKET_REFUND_LUA,
 };
 use sluice_testkit::redis::RedisServer;

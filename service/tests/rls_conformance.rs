@@ -20,8 +20,8 @@ use std::path::PathBuf;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use rls::{ask, codes, connect, oks_then_over, overall, overall_codes, request, Client, Rls};
-use sluice_service::check::Bounds;
-use sluice_service::rls::config::Config;
+use sluice_service::decision::check::Bounds;
+use sluice_service::rules::config::Config;
 use sluice_testkit::http::get;
 use sluice_testkit::redis::RedisServer;
 

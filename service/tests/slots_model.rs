@@ -21,11 +21,11 @@ mod common;
 
 use common::clock::redis_time_us;
 use common::lcg::Lcg;
-use sluice_service::memory_slots::{Ask, SlotTable};
-use sluice_service::redis_store::{
+use sluice_service::stores::memory_slots::{Ask, SlotTable};
+use sluice_service::stores::redis::{
     CONCURRENCY_GIVE_BACK_LUA, CONCURRENCY_LUA, SLOT_RELEASE_LUA, SLOT_RENEW_LUA,
 };
-use sluice_service::store::Decision;
+use sluice_service::stores::Decision;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::resp::Resp;
 

@@ -13,9 +13,9 @@ use sluice::algorithm::Kind;
 
 use super::auth::Caller;
 use super::{bad_request, store_unavailable, validate_reason, Admin, Route};
-use crate::check::{validate_limit, validate_slot, within, BadRequest, Shape};
-use crate::http::{json, Reply};
-use crate::store::{state_key, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store};
+use crate::decision::check::{validate_limit, validate_slot, within, BadRequest, Shape};
+use crate::stores::{state_key, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store};
+use crate::web::{json, Reply};
 
 pub const ROUTES: [Route; 3] = [
     Route {

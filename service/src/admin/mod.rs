@@ -19,9 +19,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tracing::info;
 
-use crate::check::BadRequest;
-use crate::http::{self, error, forbidden, read_body, unauthorized, Limits, Reply};
-use crate::store::Store;
+use crate::decision::check::BadRequest;
+use crate::stores::Store;
+use crate::web::{self, error, forbidden, read_body, unauthorized, Limits, Reply};
 
 use self::auth::{AdminTokens, Caller, Role};
 use self::overrides::OverrideTable;
@@ -167,7 +167,7 @@ impl<S: Store> Admin<S> {
         request: Request<Incoming>,
     ) -> Result<T, Reply> {
         read_body(request, &self.limits, |body, _| {
-            crate::check::deserialize(body)
+            crate::decision::check::deserialize(body)
         })
         .await
         .map_err(|bad| bad_request(&bad))
@@ -224,5 +224,5 @@ pub fn validate_reason(reason: Option<&str>, field: &str) -> Result<String, BadR
 
 /// The reply of a store that failed.
 pub(crate) fn store_unavailable(detail: &str) -> Reply {
-    http::error(StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", detail)
+    web::error(StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable", detail)
 }

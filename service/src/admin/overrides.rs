@@ -22,9 +22,9 @@ use tracing::warn;
 
 use super::auth::Caller;
 use super::{bad_request, store_unavailable, validate_reason, Admin, Route};
-use crate::check::{validate_limit, within, BadRequest, Bounds, Shape};
-use crate::http::{error, json, Reply};
-use crate::store::{Algorithm, Check, Namespace, Store};
+use crate::decision::check::{validate_limit, within, BadRequest, Bounds, Shape};
+use crate::stores::{Algorithm, Check, Namespace, Store};
+use crate::web::{error, json, Reply};
 
 /// The most overrides kept by default (`--max-overrides`).
 pub const MAX_OVERRIDES: u64 = 10_000;
@@ -441,7 +441,7 @@ fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{state_key, Slots};
+    use crate::stores::{state_key, Slots};
 
     fn check(key: &str, burst: u64) -> Check {
         Check {

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::rls::config::{Config, Node, Rule};
+use crate::rules::config::{Config, Node, Rule};
 
 /// Requests per period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +53,7 @@ fn step<'c>(level: &'c Node, key: &str, value: &str) -> Option<&'c Node> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Bounds;
+    use crate::decision::check::Bounds;
     use std::path::PathBuf;
 
     const LIMITS: &str = "\

@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::action::assign;
 use super::budget::budget;
 use super::ledger::Ledger;
-use crate::rls::watch::SharedConfig;
+use crate::rules::watch::SharedConfig;
 
 /// How long an assignment lives, and how long a silent Envoy keeps its share: three of Envoy
 /// 1.40's reports, so one lost report does not let an assignment lapse.
@@ -133,8 +133,8 @@ impl RateLimitQuotaService for RlqsService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Bounds;
-    use crate::rls::config::Config;
+    use crate::decision::check::Bounds;
+    use crate::rules::config::Config;
     use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;

@@ -34,10 +34,10 @@ use sluice::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit
 
 use sluice::key::HashSecret;
 
-use super::config::{Config, Limit, Node, Rate, Rule, Unit};
-use super::matching::{find, Entry, Match};
-use crate::check::{members_added, MAX_LOG_ENTRIES};
-use crate::store::{hashed_key_of, Algorithm, Check, Decision, Namespace, Slots};
+use crate::decision::check::{members_added, MAX_LOG_ENTRIES};
+use crate::rules::config::{Config, Limit, Node, Rate, Rule, Unit};
+use crate::rules::matching::{find, Entry, Match};
+use crate::stores::{hashed_key_of, Algorithm, Check, Decision, Namespace, Slots};
 
 /// The most descriptors one call may carry: Envoy sends one per `rate_limits` entry of a route
 /// (a few); more is refused, as envoyproxy/ratelimit refuses what it cannot answer.
@@ -729,7 +729,7 @@ fn proto_duration(us: u64) -> ProtoDuration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::check::Bounds;
+    use crate::decision::check::Bounds;
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
         Entry as ProtoEntry, RateLimitOverride,
     };
@@ -919,7 +919,7 @@ descriptors:
         let config = config();
         let plan = plan_public(&config, &request(vec![descriptor(&[("user", "a")])])).unwrap();
         assert_eq!(plan.checks.len(), 2);
-        let keys: Vec<String> = plan.checks.iter().map(crate::store::state_key).collect();
+        let keys: Vec<String> = plan.checks.iter().map(crate::stores::state_key).collect();
         assert_ne!(keys[0], keys[1]);
         let answer = answer(&plan, &[allowed(7), denied()], HeaderStyle::None, 0);
         assert_eq!(

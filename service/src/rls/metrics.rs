@@ -21,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 use super::answer::Tally;
+use crate::rules::watch::CountsLoads;
 
 /// How many labels made of request values are created at most, over all domains.
 pub const MAX_VALUE_SERIES: usize = 10_000;
@@ -259,21 +260,6 @@ impl RlsMetrics {
     pub fn record_unknown_domain(&self) {
         self.unknown_domain.inc();
     }
-
-    /// A configuration load: `Some(domains)` when it took effect, `None` when it was refused.
-    pub fn record_config_load(&self, domains: Option<usize>) {
-        let result = if domains.is_some() {
-            "success"
-        } else {
-            "error"
-        };
-        self.config_loads
-            .get_or_create(&ResultLabels { result })
-            .inc();
-        if let Some(domains) = domains {
-            self.domains.set(i64::try_from(domains).unwrap_or(i64::MAX));
-        }
-    }
 }
 
 /// Adds `n`, staying at `u64::MAX` rather than wrapping to 0.
@@ -300,6 +286,23 @@ fn bounded_label(label: &str) -> String {
         label.get(..end).unwrap_or(""),
         hasher.finish()
     )
+}
+
+impl CountsLoads for RlsMetrics {
+    /// A configuration load: `Some(domains)` when it took effect, `None` when it was refused.
+    fn record_config_load(&self, domains: Option<usize>) {
+        let result = if domains.is_some() {
+            "success"
+        } else {
+            "error"
+        };
+        self.config_loads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+        if let Some(domains) = domains {
+            self.domains.set(i64::try_from(domains).unwrap_or(i64::MAX));
+        }
+    }
 }
 
 #[cfg(test)]

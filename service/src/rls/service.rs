@@ -17,23 +17,23 @@ use tonic::{Request, Response, Status};
 
 use super::answer::{answer, plan, Invalid, Plan};
 use super::metrics::{Failure, RlsMetrics};
-use super::watch::SharedConfig;
 use crate::auth::Guard;
 use crate::connections::Activity;
-use crate::store::{Decision, Store, StoreError};
+use crate::rules::watch::SharedConfig;
+use crate::stores::{Decision, Store, StoreError};
 
 /// Answers from `config` as it is at each call, with the rate-limit `headers` asked for, its
 /// keys hashed under `secret`.
 pub struct RlsService<S> {
-    pub(super) store: S,
-    pub(super) config: SharedConfig,
-    pub(super) headers: HeaderStyle,
-    pub(super) metrics: Arc<RlsMetrics>,
-    pub(super) guard: Guard,
-    pub(super) secret: HashSecret,
+    pub store: S,
+    pub config: SharedConfig,
+    pub headers: HeaderStyle,
+    pub metrics: Arc<RlsMetrics>,
+    pub guard: Guard,
+    pub secret: HashSecret,
     /// `--stop-cache-key-increment-when-overlimit`: a call that takes some limits over charges
     /// only those.
-    pub(super) stop_increments: bool,
+    pub stop_increments: bool,
 }
 
 impl<S: Store> RlsService<S> {

@@ -178,6 +178,7 @@ impl FileReader<'_> {
                 self.use_tree(prefix, &path.tree);
                 prefix.pop();
             }
+            UseTree::Name(name) if name.ident == "self" => self.name(prefix.clone()),
             UseTree::Name(name) => {
                 self.name([prefix.as_slice(), &[name.ident.to_string()]].concat())
             }

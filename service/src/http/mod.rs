@@ -6,11 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::header::{HeaderValue, AUTHORIZATION};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use serde::Serialize;
@@ -19,34 +17,24 @@ use tracing::{debug, warn};
 
 use crate::admin::{Admin, PREFIX};
 use crate::auth::Guard;
-use crate::check::{self, BadRequest, Bounds, CheckResponse, CheckResult};
 use crate::connections::{Gate, Server};
+use crate::decision::check::{self, BadRequest, Bounds, CheckResponse, CheckResult};
+use crate::decision::settle::{self, SettleResponse};
+use crate::decision::slot_watch::SlotWatch;
 use crate::health::{NotReady, Readiness};
 use crate::logging::Throttle;
 use crate::metrics::{self, Metrics};
-use crate::settle::{self, SettleResponse};
-use crate::slot_watch::SlotWatch;
-use crate::store::{Check, Store, StoreError};
+use crate::stores::{Check, Store, StoreError};
+use crate::web::{error, json, read_body, reply, unauthorized, Limits, Reply};
 
 /// `--max-request-bytes`'s default: the largest body of a check, and of an RLS call.
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
 /// The most bytes hyper buffers of a request's head (and of a body between reads).
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a client may take to send a body once the headers are in.
-const BODY_TIMEOUT: Duration = Duration::from_secs(5);
-/// At most one warning per this long about failed checks.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The paths served; any other counts as `other` in the metrics.
 const PATHS: [&str; 5] = ["/v1/check", "/v1/settle", "/healthz", "/readyz", "/metrics"];
-
-pub type Reply = Response<Full<Bytes>>;
-
-/// What every check is bounded by: `--max-key-ttl`, `--max-request-bytes`.
-#[derive(Debug, Clone, Copy)]
-pub struct Limits {
-    pub bounds: Bounds,
-    pub max_body_bytes: usize,
-}
 
 pub struct App<S> {
     store: Arc<S>,
@@ -159,7 +147,8 @@ impl<S: Store> App<S> {
             Err(reply) => return reply,
         };
         let rejected = parsed.rejected.len() as u64;
-        self.metrics.record_rejected(&parsed.rejected);
+        self.metrics
+            .record_rejected(parsed.rejected.iter().map(|(op, _)| *op));
         if let Some((op, error)) = parsed.rejected.first() {
             if let Some(others) = self.rejection_warnings.pass() {
                 let error = error.detail.as_str();
@@ -239,97 +228,9 @@ fn redis_unavailable(failure: &StoreError) -> Reply {
     )
 }
 
-/// Content type, size (declared, then actual), then the JSON itself, by `parse`.
-pub(crate) async fn read_body<T>(
-    request: Request<Incoming>,
-    limits: &Limits,
-    parse: impl FnOnce(&[u8], &Bounds) -> Result<T, BadRequest>,
-) -> Result<T, BadRequest> {
-    let headers = request.headers();
-    if !is_json(headers.get(CONTENT_TYPE)) {
-        return Err(BadRequest::new("content-type", "must be application/json"));
-    }
-    let max = limits.max_body_bytes;
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > max as u64) {
-        return Err(too_large(max));
-    }
-    let body = Limited::new(request.into_body(), max).collect();
-    match tokio::time::timeout(BODY_TIMEOUT, body).await {
-        Ok(Ok(collected)) => parse(&collected.to_bytes(), &limits.bounds),
-        Ok(Err(failure)) if failure.is::<http_body_util::LengthLimitError>() => Err(too_large(max)),
-        Ok(Err(failure)) => Err(BadRequest::new(
-            "body",
-            format!("could not be read: {failure}"),
-        )),
-        Err(_) => Err(BadRequest::new(
-            "body",
-            format!("not received within {BODY_TIMEOUT:?}"),
-        )),
-    }
-}
-
-fn too_large(max: usize) -> BadRequest {
-    BadRequest::new("body", format!("larger than {max} bytes"))
-}
-
-/// `application/json`, parameters (`; charset=utf-8`) allowed.
-fn is_json(content_type: Option<&HeaderValue>) -> bool {
-    let Some(value) = content_type.and_then(|v| v.to_str().ok()) else {
-        return false;
-    };
-    let essence = value.split(';').next().unwrap_or_default().trim();
-    essence.eq_ignore_ascii_case("application/json")
-}
-
 #[derive(Serialize)]
 struct Status {
     status: &'static str,
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-    detail: &'a str,
-}
-
-pub(crate) fn error(status: StatusCode, error: &str, detail: &str) -> Reply {
-    json(status, &ErrorBody { error, detail })
-}
-
-pub(crate) fn json(status: StatusCode, body: &impl Serialize) -> Reply {
-    match serde_json::to_vec(body) {
-        Ok(bytes) => reply(status, "application/json", bytes.into()),
-        Err(_) => reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "application/json",
-            Bytes::from_static(br#"{"error":"internal","detail":"response encoding failed"}"#),
-        ),
-    }
-}
-
-/// 403: a valid token that may not do this.
-pub(crate) fn forbidden(detail: &str) -> Reply {
-    error(StatusCode::FORBIDDEN, "forbidden", detail)
-}
-
-/// 401, with the challenge RFC 6750 asks for.
-pub(crate) fn unauthorized() -> Reply {
-    let detail = "a valid bearer token is required";
-    let mut response = error(StatusCode::UNAUTHORIZED, "unauthorized", detail);
-    (response.headers_mut()).insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
-}
-
-fn reply(status: StatusCode, content_type: &'static str, body: Bytes) -> Reply {
-    let mut response = Response::new(Full::new(body));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }
 
 /// Serves HTTP/1.1 on `listener` until `shutdown` completes, each connection in its own task,
@@ -374,25 +275,4 @@ pub async fn serve<S: Store>(
     tokio::time::timeout(drain, connections.shutdown())
         .await
         .is_ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn json_content_types_may_carry_parameters() {
-        let accepted = [
-            "application/json",
-            "application/json; charset=utf-8",
-            "Application/JSON",
-        ];
-        for value in accepted {
-            assert!(is_json(Some(&HeaderValue::from_static(value))), "{value}");
-        }
-        for value in ["text/plain", "application/jsonx", ""] {
-            assert!(!is_json(Some(&HeaderValue::from_static(value))), "{value}");
-        }
-        assert!(!is_json(None));
-    }
 }

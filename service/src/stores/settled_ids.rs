@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::store::{settled_id_key, Settlement, SETTLED_TTL_MS};
+use crate::stores::{settled_id_key, Settlement, SETTLED_TTL_MS};
 
 /// Ids remembered at most: about 20 MB of them.
 pub const MAX_IDS: usize = 100_000;
@@ -74,7 +74,7 @@ impl SettledIds {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Algorithm, Namespace, SettleOp};
+    use crate::stores::{Algorithm, Namespace, SettleOp};
 
     const T0: u64 = 1_800_000_000_000_000;
     const TTL_US: u64 = SETTLED_TTL_MS * 1000;

@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::store::Decision;
+use crate::stores::Decision;
 
 /// Every key's slots: state key → slot name → expiry (µs since the epoch). A slot is live while
 /// its expiry is after now. And the names released before any check took them (a check the

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 
 use crate::metrics::Metrics;
-use crate::store::{state_key, Algorithm, Check, Decision, Slots, Store, Watched};
+use crate::stores::{state_key, Algorithm, Check, Decision, Slots, Store, Watched};
 
 /// How often the watched keys are looked at.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(2);

@@ -25,7 +25,7 @@
 /// A denial without debt or a grant of 0 writes nothing. A denial with debt moves the TAT by the
 /// tokens owed, whole ones, never past now + (burst + debt) × interval: the debt refills at the
 /// rate. Every write sets the TAT with a TTL of the time until the bucket is full again plus 1 s.
-/// Exact because the caller keeps (burst + debt) × interval below `check::MAX_CAPACITY_US`.
+/// Exact because the caller keeps (burst + debt) × interval below `stores::MAX_CAPACITY_US`.
 macro_rules! token_bucket_fn {
     () => {
         r"

@@ -22,7 +22,7 @@ use super::lua::{Kind, DECISION_BYTES, RECORD_BYTES};
 use super::{
     decision_from_reply, state_key, unexpected_reply, Core, Eval, Link, Order, COMMAND_TIMEOUT,
 };
-use crate::store::{Algorithm, Check, Decision};
+use crate::stores::{Algorithm, Check, Decision};
 
 /// Batches sent and not yet answered, at most: one in flight while the next one fills.
 pub const MAX_IN_FLIGHT: usize = 2;
@@ -380,7 +380,7 @@ fn decode(reply: Value, position: usize) -> RedisResult<Vec<Decision>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::redis_store::lua::CHECKS_LUA;
+    use crate::stores::redis::lua::CHECKS_LUA;
 
     #[test]
     fn a_batch_reply_becomes_decisions() {

@@ -175,12 +175,12 @@ fn step<'c>(level: &'c Node, entry: &Entry, key_value: &str) -> Option<(&'c Node
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rls::config::Config;
+    use crate::rules::config::Config;
     use std::path::PathBuf;
 
     fn config(yaml: &str) -> Config {
         let files = [(PathBuf::from("test.yaml"), yaml.to_string())];
-        Config::from_files(&files, &crate::check::Bounds::default()).unwrap()
+        Config::from_files(&files, &crate::decision::check::Bounds::default()).unwrap()
     }
 
     /// The path of the node `entries` reach in domain `d`, if any.

@@ -2,6 +2,11 @@
 //! what a request settles after its admission, and the trait a store implements (Redis in
 //! production, anything in tests).
 
+pub mod memory;
+pub mod memory_slots;
+pub mod redis;
+pub mod settled_ids;
+
 use std::fmt::Write;
 use std::future::Future;
 use std::hash::Hasher;
@@ -9,6 +14,14 @@ use std::hash::Hasher;
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice::algorithm::Kind;
 use sluice::key::HashSecret;
+
+/// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`): as many as
+/// the largest burst.
+pub const MAX_DEBT: u64 = 1_000_000_000;
+/// Largest bucket (burst × interval). The Lua scripts compute in doubles, exact only below
+/// 2^53; with this bound, `now + capacity` stays below 2^53 µs until past the year 2100. It is
+/// the filter's own bound (2^62 ns), so every bucket the filter accepts is accepted here.
+pub const MAX_CAPACITY_US: u64 = (1 << 62) / 1000;
 
 /// One validated check (see `check::parse`), in the units the store computes in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -284,15 +297,13 @@ impl Algorithm {
     }
 
     /// The most tokens a state can hold that a refund could give back: a bucket's TAT is never
-    /// ahead of now by more than `check::MAX_CAPACITY_US` (`check::Bounds`), a window counts at
+    /// ahead of now by more than `MAX_CAPACITY_US` (`check::Bounds`), a window counts at
     /// most its limit and the debt a check may carry. A refund of more gives back the same, and
     /// one within it keeps the scripts' numbers exact.
     pub fn refundable(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket { interval_us, .. } => {
-                crate::check::MAX_CAPACITY_US / interval_us.max(1)
-            }
-            _ => self.capacity().saturating_add(crate::check::MAX_DEBT),
+            Algorithm::TokenBucket { interval_us, .. } => MAX_CAPACITY_US / interval_us.max(1),
+            _ => self.capacity().saturating_add(MAX_DEBT),
         }
     }
 

@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 use sluice::algorithm::Kind;
 use sluice::protocol::{Check as WireCheck, CheckRequest};
 
-use crate::store::{Algorithm, Check, Decision, Namespace, Slots};
+use crate::stores::{Algorithm, Check, Decision, Namespace, Slots, MAX_CAPACITY_US};
 
 pub const MAX_CHECKS: usize = 16;
 /// The sliding-log entries one request may add, all its checks together: a log keeps one entry
@@ -25,8 +25,6 @@ const DAY_MS: u64 = 86_400_000;
 pub const MAX_KEY_BYTES: usize = 200;
 const MAX_REQUESTS: u64 = 1_000_000_000;
 const MAX_BURST: u64 = 1_000_000_000;
-/// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`).
-pub const MAX_DEBT: u64 = MAX_BURST;
 /// The shortest lease of a slot: the filter renews a slot every half lease from a timer of a
 /// second, and the lease must outlast a few missed renewals.
 pub const MIN_LEASE_MS: u64 = 4_000;
@@ -36,10 +34,6 @@ const SLOT_NAME_DIGITS: usize = 16;
 const MAX_PER_MS: u64 = 31_536_000_000;
 /// One year: the longest a leaky bucket may hold a request.
 const MAX_DELAY_MS: u64 = 31_536_000_000;
-/// Largest bucket (burst × interval). The Lua scripts compute in doubles, exact only below
-/// 2^53; with this bound, `now + capacity` stays below 2^53 µs until past the year 2100. It is
-/// the filter's own bound (2^62 ns), so every bucket the filter accepts is accepted here.
-pub const MAX_CAPACITY_US: u64 = (1 << 62) / 1000;
 
 /// What the operator bounds every limit by, whoever sends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,10 +7,11 @@ use serde::Serialize;
 use sluice::algorithm::Kind;
 use sluice::protocol::{SettleOp as WireOp, SettleRequest, Settlement as WireSettlement};
 
-use crate::check::{
-    deserialize, validate_limit, validate_slot, within, BadRequest, Bounds, Shape, MAX_DEBT,
+use crate::decision::check::{
+    deserialize, validate_limit, validate_slot, within, BadRequest, Bounds, Shape,
 };
-use crate::store::{Algorithm, Namespace, SettleOp, Settlement};
+use crate::stores::MAX_DEBT;
+use crate::stores::{Algorithm, Namespace, SettleOp, Settlement};
 
 /// Settlements per call: the filter's batch (`sluice::outbox::MAX_BATCH`).
 pub const MAX_SETTLEMENTS: usize = sluice::outbox::MAX_BATCH;

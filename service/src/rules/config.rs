@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use sluice::duration::parse_nanos;
 
-use crate::check::{interval_us, Bounds, Shape};
-use crate::store::Algorithm;
+use crate::decision::check::{interval_us, Bounds, Shape};
+use crate::stores::Algorithm;
 use sluice::algorithm::Kind;
 
 /// Every domain of every file, ready for matching, and the bounds they were checked against.

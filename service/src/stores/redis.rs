@@ -32,7 +32,7 @@ pub use lua::{
     SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
 
-use crate::store::{
+use crate::stores::{
     released_key, settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind,
     SettleOp, Settled, Settlement, Slots, Store, StoreError, Watched, SETTLED_TTL_MS,
 };

@@ -15,8 +15,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use super::config::{read_files, stamps, Config, ConfigError, Files, Stamp};
-use super::metrics::RlsMetrics;
-use crate::check::Bounds;
+use crate::decision::check::Bounds;
 use crate::logging::Throttle;
 
 /// How often the files are looked at.
@@ -51,6 +50,12 @@ pub struct Reload {
     pub allow_empty: bool,
 }
 
+/// Where the loads of the limits files are counted (`rls::metrics`): each load's result, and the
+/// domains in force after a good one.
+pub trait CountsLoads: Send + Sync {
+    fn record_config_load(&self, domains: Option<usize>);
+}
+
 /// The files as last seen, and where to apply what changes in them.
 pub struct Watcher {
     path: PathBuf,
@@ -59,7 +64,7 @@ pub struct Watcher {
     /// Each file read last, with a hash of its contents.
     digest: Vec<(PathBuf, u64)>,
     shared: SharedConfig,
-    metrics: Arc<RlsMetrics>,
+    metrics: Arc<dyn CountsLoads>,
     /// The errors of the last refusal, and how often they may be logged again.
     refused: Option<(String, Throttle)>,
 }
@@ -70,7 +75,7 @@ impl Watcher {
     pub fn start(
         path: &Path,
         reload: Reload,
-        metrics: Arc<RlsMetrics>,
+        metrics: Arc<dyn CountsLoads>,
     ) -> Result<(Watcher, SharedConfig), Vec<ConfigError>> {
         let stamps = stamps(path).map_err(|error| vec![error])?;
         let files = read_files(path).map_err(|error| vec![error])?;
@@ -271,6 +276,7 @@ impl Hangups {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rls::metrics::RlsMetrics;
     use prometheus_client::registry::Registry;
 
     const LIMIT: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: day, requests_per_unit: 3}\n";

@@ -11,9 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sluice::algorithm::{self as filter, Drain, Rate, Window};
 use sluice::exact::ExactStore;
 
-use crate::memory_slots::{Ask, SlotTable};
-use crate::settled_ids::SettledIds;
-use crate::store::{
+use super::settled_ids::SettledIds;
+use crate::stores::memory_slots::{Ask, SlotTable};
+use crate::stores::{
     settled_key, write_state_key, Algorithm, Check, Decision, FailureKind, SettleOp, Settled,
     Settlement, Slots, Store, StoreError, Watched,
 };
