@@ -7,19 +7,19 @@
 //! With `SLUICE_BENCH_JSON=<file>` the results are also written there as JSON, which
 //! `bench/run.py` (`make bench`) puts into BENCHMARKS.md.
 
-use sluice::algorithm::token_bucket::{self, Rate};
-use sluice::algorithm::{Algorithm, Drain, Window};
 use sluice::config::{self, Plan};
-use sluice::duration::NANOS_PER_SEC;
+use sluice::core::algorithm::token_bucket::{self, Rate};
+use sluice::core::algorithm::{Algorithm, Drain, Window};
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::key::{hash_key, HashSecret, Keying};
+use sluice::core::request::Attributes;
+use sluice::core::usage::{Format, Reading, Scanner};
 use sluice::filter::{Admitted, Filter, Verdict};
-use sluice::key::{hash_key, HashSecret, Keying};
-use sluice::ledger::Ledger;
 use sluice::limiter::{Limiter, Step};
-use sluice::request::Attributes;
-use sluice::store::MemoryStore;
-use sluice::table;
+use sluice::state::ledger::Ledger;
+use sluice::state::store::MemoryStore;
+use sluice::state::table;
 use sluice::testing::{FakeHost, FakeRequest};
-use sluice::usage::{Format, Reading, Scanner};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

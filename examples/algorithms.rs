@@ -12,8 +12,8 @@ use std::error::Error;
 use std::fmt::Write as _;
 use std::path::Path;
 
-use sluice::algorithm::{Algorithm, Drain, Rate, Window};
-use sluice::duration::NANOS_PER_SEC as SEC;
+use sluice::core::algorithm::{Algorithm, Drain, Rate, Window};
+use sluice::core::duration::NANOS_PER_SEC as SEC;
 
 const MS: u64 = 1_000_000;
 /// Every algorithm gets the same limit: `LIMIT` requests per `WINDOW`.

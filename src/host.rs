@@ -3,10 +3,10 @@
 //! proxy-wasm's hostcalls; `testing` fakes them, so the filter runs natively in tests.
 
 use crate::config::GlobalService;
-use crate::protocol::Settlement;
-use crate::reply::LocalReply;
-use crate::request::RequestSource;
-use crate::store::Store;
+use crate::core::request::RequestSource;
+use crate::output::reply::LocalReply;
+use crate::state::store::Store;
+use crate::wire::protocol::Settlement;
 
 /// What the filter needs from the proxy.
 pub trait Host: RequestSource + Store {

@@ -4,13 +4,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)]
 
 use crate::config::GlobalService;
+use crate::core::request::RequestSource;
+use crate::core::route::envoy_map;
 use crate::host::{Environment, Host};
-use crate::metrics::Metrics;
-use crate::protocol::Settlement;
-use crate::reply::LocalReply;
-use crate::request::RequestSource;
-use crate::route::envoy_map;
-use crate::store::{MemoryStore, Store, StoreError};
+use crate::output::metrics::Metrics;
+use crate::output::reply::LocalReply;
+use crate::state::store::{MemoryStore, Store, StoreError};
+use crate::wire::protocol::Settlement;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::Arc;

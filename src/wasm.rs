@@ -1,23 +1,23 @@
 //! The proxy-wasm glue: the only module that talks to Envoy. It implements `Host` and
 //! `Metrics` over hostcalls and maps the filter's verdicts to Envoy's actions.
 
-use crate::access_log;
 use crate::config::GrpcStatus;
 use crate::config::{GlobalService, Protocol, Secret};
+use crate::core::request::{RequestSource, Snapshot, BODY_BYTES};
+use crate::core::usage::request::asks_stream_usage_on;
 use crate::filter::{Admitted, Filter, Reported, Verdict};
-use crate::hold::HoldQueue;
 use crate::host::{Environment, Host};
 use crate::limiter::tab::Ending;
 use crate::limiter::Pending;
-use crate::metrics::{count_config_error, Metrics};
-use crate::outbox::{self, Batch, Delivery, Outbox};
-use crate::protocol::{self, Settlement};
-use crate::reply::{self, LocalReply};
-use crate::request::{RequestSource, Snapshot, BODY_BYTES};
+use crate::output::access_log;
+use crate::output::metrics::{count_config_error, Metrics};
+use crate::output::reply::{self, LocalReply};
+use crate::remote::outbox::{self, Batch, Delivery, Outbox};
 use crate::response::Response;
-use crate::rls;
-use crate::store::{Store, StoreError};
-use crate::usage::request::asks_stream_usage_on;
+use crate::state::hold::HoldQueue;
+use crate::state::store::{Store, StoreError};
+use crate::wire::protocol::{self, Settlement};
+use crate::wire::rls;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType, MetricType, Status};
@@ -133,7 +133,7 @@ fn narrow_accept_encoding() {
     let Some(value) = map_value(MapType::HttpRequestHeaders, NAME) else {
         return;
     };
-    let narrowed = crate::usage::decode::narrow_accept_encoding(&value);
+    let narrowed = crate::core::usage::decode::narrow_accept_encoding(&value);
     // SAFETY: every pointer is to a live buffer of the size passed with it; the host copies them.
     let status = unsafe {
         match narrowed {
@@ -313,7 +313,7 @@ impl Envoy {
         ];
         let authorization = service.authorization.as_ref().map(Secret::expose);
         headers.extend(authorization.map(|value| ("authorization", value)));
-        let timeout = Duration::from_nanos(crate::outbox::CALL_TIMEOUT);
+        let timeout = Duration::from_nanos(crate::remote::outbox::CALL_TIMEOUT);
         hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout).ok()
     }
 }

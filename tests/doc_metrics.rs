@@ -25,8 +25,8 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use sluice::metrics::{count_config_error, Counters, Metrics, LABELS};
-use sluice::reply::Refusal;
+use sluice::output::metrics::{count_config_error, Counters, Metrics, LABELS};
+use sluice::output::reply::Refusal;
 use sluice_testkit::docs::files;
 use sluice_testkit::{repo_root, workspace_crates};
 

@@ -5,7 +5,7 @@
 // Helpers report an unexpected response by panicking, as assertions do.
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
-use sluice::metrics::{slots_released_counter, SlotEnd};
+use sluice::output::metrics::{slots_released_counter, SlotEnd};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{slow_in_flight, LlmUpstream};
 use sluice_testkit::wait_for;

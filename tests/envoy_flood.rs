@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use sluice::limiter::PolicyOutcome::{Allowed, Denied};
-use sluice::metrics::requests_counter;
+use sluice::output::metrics::requests_counter;
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::http::Connection;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use sluice::limiter::PolicyOutcome::{Allowed, Denied};
-use sluice::metrics::{degraded_counter, requests_counter};
+use sluice::output::metrics::{degraded_counter, requests_counter};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::redis::{RedisCluster, RedisServer};
 use sluice_testkit::service::Service;

@@ -15,7 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use sluice::limiter::PolicyOutcome::{Allowed, Denied};
-use sluice::metrics::requests_counter;
+use sluice::output::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::http::Response;
 use std::cell::RefCell;

@@ -8,8 +8,8 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice::key::{hash_values, HashSecret};
-use sluice::table::{TableSpec, PAGE_SLOTS};
+use sluice::core::key::{hash_values, HashSecret};
+use sluice::state::table::{TableSpec, PAGE_SLOTS};
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;

@@ -10,7 +10,7 @@
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
 use sluice::limiter::PolicyOutcome::{Allowed, Denied, ShadowDenied};
-use sluice::metrics::requests_counter;
+use sluice::output::metrics::requests_counter;
 use sluice_testkit::envoy::{envoy_binary, Envoy};
 use sluice_testkit::http::{Connection, Response};
 use std::path::{Path, PathBuf};

@@ -15,7 +15,7 @@
 
 use serde_json::{json, Value};
 use sluice::limiter::PolicyOutcome;
-use sluice::metrics::{requests_counter, tag_regex, LABELS};
+use sluice::output::metrics::{requests_counter, tag_regex, LABELS};
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::grpc::{grpc_calls, GrpcCall, GrpcServer};
 use sluice_testkit::repo_root;

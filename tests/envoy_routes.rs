@@ -6,7 +6,7 @@
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)]
 
 use sluice::limiter::PolicyOutcome::Allowed;
-use sluice::metrics::requests_counter;
+use sluice::output::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 use sluice_testkit::http::Response;
 

@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice::metrics::{slots_released_counter, SlotEnd};
+use sluice::output::metrics::{slots_released_counter, SlotEnd};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{Api, LlmUpstream};
 use sluice_testkit::redis::RedisServer;

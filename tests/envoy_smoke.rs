@@ -1,7 +1,7 @@
 //! The filter in a real Envoy: the reference behaviour, end to end.
 
 use sluice::limiter::PolicyOutcome::{Allowed, Denied};
-use sluice::metrics::requests_counter;
+use sluice::output::metrics::requests_counter;
 use sluice_testkit::envoy::{Envoy, EnvoyOptions};
 
 const ONE_PER_SECOND_BURST_5: &str = r#"{

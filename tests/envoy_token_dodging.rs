@@ -7,7 +7,7 @@
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice::metrics::tokens_counter;
+use sluice::output::metrics::tokens_counter;
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{call, post, post_bytes, Api, LlmResponse, LlmUpstream};
 use sluice_testkit::redis::RedisServer;

@@ -10,7 +10,9 @@
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice::metrics::{keys_in_debt_gauge, tokens_counter, usage_unknown_counter, UsageUnknown};
+use sluice::output::metrics::{
+    keys_in_debt_gauge, tokens_counter, usage_unknown_counter, UsageUnknown,
+};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{openai_calls, post, Api, LlmUpstream};
 use std::time::Duration;

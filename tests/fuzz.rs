@@ -18,9 +18,9 @@ use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::{json, Value};
 use sluice::filter::{Filter, Verdict};
-use sluice::store::MemoryStore;
-use sluice::store::Store;
-use sluice::table::{page_name, prefix};
+use sluice::state::store::MemoryStore;
+use sluice::state::store::Store;
+use sluice::state::table::{page_name, prefix};
 use sluice::testing::{FakeHost, FakeRequest};
 use std::sync::Arc;
 

@@ -16,7 +16,7 @@
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use sluice::filter::{Admitted, Filter, Verdict};
-use sluice::store::MemoryStore;
+use sluice::state::store::MemoryStore;
 use sluice::testing::{FakeHost, FakeRequest};
 use sluice_testkit::envoy::Envoy;
 use std::sync::Arc;

@@ -75,7 +75,7 @@ def policy(name, key, requests, per, burst=None):
 
 
 def policy_counter(policy, outcome):
-    """A policy's counter as the filter names it (src/metrics.rs), without Envoy's `wasmcustom.`:
+    """A policy's counter as the filter names it (src/output/metrics.rs), without Envoy's `wasmcustom.`:
     `outcome` is allowed, denied, shadow_denied or bypassed, or degraded."""
     if outcome == "degraded":
         return f"sluice.sluice_policy=.={policy};.;degraded_total"

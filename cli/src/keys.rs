@@ -47,11 +47,14 @@ impl KeyName {
                     Some(name) => {
                         let text = std::env::var(name)
                             .map_err(|_| format!("--hash-secret-env: ${name} is not set"))?;
-                        sluice::key::HashSecret::from_text(text.as_bytes())
+                        sluice::core::key::HashSecret::from_text(text.as_bytes())
                     }
-                    None => sluice::key::HashSecret::PUBLIC,
+                    None => sluice::core::key::HashSecret::PUBLIC,
                 };
-                format!("{:016x}", sluice::key::hash_values(&self.key, &secret))
+                format!(
+                    "{:016x}",
+                    sluice::core::key::hash_values(&self.key, &secret)
+                )
             }
         };
         Ok(format!("{}/{hash}", self.policy))
@@ -95,7 +98,7 @@ impl Key {
 
 /// A duration as the configuration writes one, in milliseconds.
 pub fn per_ms(text: &str) -> Result<u64, String> {
-    let nanos = sluice::duration::parse_nanos(text)?;
+    let nanos = sluice::core::duration::parse_nanos(text)?;
     if nanos % 1_000_000 != 0 || nanos == 0 {
         return Err("must be whole milliseconds".to_string());
     }

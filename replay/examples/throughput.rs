@@ -36,7 +36,7 @@ const GAP_MICROS: u64 = 100;
 fn line(i: u64, out: &mut Vec<u8>) {
     let micros = 1_800_000_000_000_000 + i * GAP_MICROS;
     let (secs, sub) = (micros / 1_000_000, micros % 1_000_000);
-    let time = sluice::time::format_rfc3339(secs * 1_000_000_000);
+    let time = sluice::core::time::format_rfc3339(secs * 1_000_000_000);
     let time = time.trim_end_matches('Z');
     let hash = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20;
     let user = if i.is_multiple_of(64) {

@@ -11,7 +11,7 @@
 use crate::engine::Decided;
 use crate::log::Record;
 use sluice::config::{OnFailure, Plan, Scope};
-use sluice::reply::Refusal;
+use sluice::output::reply::Refusal;
 
 /// Disagreements listed in the report; the rest are only counted.
 pub const LISTED: usize = 20;

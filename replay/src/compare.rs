@@ -95,7 +95,7 @@ fn denial<'p>((plan, decided): (&'p Plan, &Decided)) -> Option<(&'p Plan, Option
 }
 
 fn example(record: &Record, key: String, value: Option<KeyValue>, now_denied: bool) -> Example {
-    use sluice::request::RequestSource;
+    use sluice::core::request::RequestSource;
     let text =
         |name| String::from_utf8_lossy(&record.header(name).unwrap_or_default()).into_owned();
     Example {

@@ -17,21 +17,21 @@
 
 use crate::flights::{Charge, Flight, Flights, Unknown};
 use crate::log::Record;
-use sluice::algorithm::Algorithm;
 use sluice::config::key_check;
 use sluice::config::{ConfigError, Metered, Plan};
-use sluice::duration::NANOS_PER_SEC;
-use sluice::exact::ExactStore;
-use sluice::key::{HashSecret, Keying};
-use sluice::ledger::Ledger;
+use sluice::core::algorithm::Algorithm;
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::key::{HashSecret, Keying};
+use sluice::core::request::Attributes;
+use sluice::core::time::WorkerClock;
 use sluice::limiter::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::limiter::{Basis, Limiter, Outcome, Settled, Step};
-use sluice::metrics::UsageUnknown;
-use sluice::protocol::Answer;
-use sluice::request::Attributes;
+use sluice::output::metrics::UsageUnknown;
 use sluice::response::{charge_of, cost, settle_op, BodyUsage};
-use sluice::store::{LocalStore, Store, StoreError};
-use sluice::time::WorkerClock;
+use sluice::state::ledger::Ledger;
+use sluice::state::store::{LocalStore, Store, StoreError};
+use sluice::wire::exact::ExactStore;
+use sluice::wire::protocol::Answer;
 use smallvec::SmallVec;
 
 /// Namespaces the slots, as the plugin name does in Envoy.
@@ -521,7 +521,7 @@ mod tests {
     use super::*;
     use crate::log::{Parser, Wanted};
     use serde_json::json;
-    use sluice::request::Attr;
+    use sluice::core::request::Attr;
 
     const SEC: u64 = NANOS_PER_SEC;
     const T0: u64 = 1_800_000_000 * SEC;
@@ -597,7 +597,7 @@ mod tests {
         /// Decides the line (`start_time` set from `at`, seconds after T0): whether it passed.
         fn passes(&mut self, at: f64, mut line: serde_json::Value) -> bool {
             let time = T0 + (at * SEC as f64) as u64;
-            line["start_time"] = json!(sluice::time::format_rfc3339(time));
+            line["start_time"] = json!(sluice::core::time::format_rfc3339(time));
             let mut record = Record::default();
             let text = line.to_string();
             self.parser.parse(text.as_bytes(), 1, &mut record).unwrap();

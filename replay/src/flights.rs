@@ -7,9 +7,9 @@
 //!
 //! Memory: one entry per request in flight, as Envoy holds one per request.
 
-use sluice::algorithm::Algorithm;
+use sluice::core::algorithm::Algorithm;
 use sluice::limiter::tab::{Held, Tab};
-use sluice::metrics::UsageUnknown;
+use sluice::output::metrics::UsageUnknown;
 use smallvec::SmallVec;
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;

@@ -34,8 +34,8 @@ use crate::engine::TokenTally;
 use crate::report::{KeyValue, Report, SlotStats, Stats};
 use crate::run::Replay;
 use serde_json::{json, Map, Value};
-use sluice::metrics::UsageUnknown;
-use sluice::time::format_rfc3339;
+use sluice::core::time::format_rfc3339;
+use sluice::output::metrics::UsageUnknown;
 
 /// How many keys a report lists per policy and tier.
 pub const TOP_KEYS: usize = 10;
@@ -138,7 +138,7 @@ fn stats(stats: &Stats) -> Value {
     let t = &stats.tally;
     let (second, requests) = stats.busiest.best;
     let busiest = (requests > 0).then(|| {
-        json!({"start": format_rfc3339(second * sluice::duration::NANOS_PER_SEC), "requests": requests})
+        json!({"start": format_rfc3339(second * sluice::core::duration::NANOS_PER_SEC), "requests": requests})
     });
     let top_keys: Vec<Value> = stats
         .top

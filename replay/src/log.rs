@@ -16,11 +16,11 @@ use crate::scan::{unescape, Scan, ScanError, Scanner, Text};
 use crate::times::StartTimes;
 use serde_json::Value;
 use sluice::config::{Plan, UsageSource};
-use sluice::duration::NANOS_PER_SEC;
-use sluice::request::{Attr, BodyField, RequestSource};
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::request::{Attr, BodyField, RequestSource};
+use sluice::core::route::{envoy_list, envoy_map};
+use sluice::core::usage::count_from_header;
 use sluice::response::{read_usage_text, BodyUsage};
-use sluice::route::{envoy_list, envoy_map};
-use sluice::usage::count_from_header;
 use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::fmt;
@@ -611,7 +611,7 @@ fn span(start: usize, end: usize, at: usize) -> Scan<Span> {
 
 /// A metadata value as Envoy hands it to the filter: a string as its bytes, a number (a protobuf
 /// `Value` holds doubles) as 8 little-endian bytes, a bool as one byte, an object as Envoy's
-/// serialized map of its entries, a list as that of its items as keys (`sluice::route`).
+/// serialized map of its entries, a list as that of its items as keys (`sluice::core::route`).
 fn property_bytes(value: &Value) -> Option<Vec<u8>> {
     Some(match value {
         Value::Null => return None,
@@ -766,7 +766,7 @@ mod tests {
         let line = r#"{"start_time":"2026-11-30T17:44:57Z","duration":1234,"usage":"input=3 total=9","body":{"model":"gpt-4o","team":"lower","Team":"a"},"max_output_tokens":"300","response_headers":{"X-Usage":"17"},"response_trailers":{"x-usage":null}}"#;
         let r = parsed(line, wanted).unwrap();
         assert_eq!(r.duration(), Some(1_234_000_000));
-        let counts = sluice::usage::Counts {
+        let counts = sluice::core::usage::Counts {
             input: Some(3),
             output: None,
             total: Some(9),

@@ -9,7 +9,7 @@
 
 use serde_yaml::{Mapping, Value};
 use sluice::config::{Plan, UsageSource};
-use sluice::request::{Attr, BodyField};
+use sluice::core::request::{Attr, BodyField};
 
 /// Where the printed access log writes: any path will do.
 pub const DEFAULT_PATH: &str = "/var/log/envoy/sluice-access.json";

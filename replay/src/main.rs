@@ -52,11 +52,11 @@ fn reorder_window(text: &str) -> Result<u64, String> {
     let unit = text.trim_start_matches('0');
     let zero = unit.len() < text.len()
         && !unit.starts_with(|c: char| c.is_ascii_digit())
-        && (unit.is_empty() || sluice::duration::parse_nanos(&format!("1{unit}")).is_ok());
+        && (unit.is_empty() || sluice::core::duration::parse_nanos(&format!("1{unit}")).is_ok());
     if zero {
         Ok(0)
     } else {
-        sluice::duration::parse_nanos(text)
+        sluice::core::duration::parse_nanos(text)
     }
 }
 

@@ -10,12 +10,12 @@ use crate::engine::{Decided, Engine, TokenTally};
 use crate::log::Record;
 use crate::timeline::{Counts, Timeline};
 use crate::top::TopKeys;
-use sluice::algorithm::Algorithm;
 use sluice::config::{Plan, Policy};
-use sluice::duration::NANOS_PER_SEC;
-use sluice::key::MISSING_KEY;
+use sluice::core::algorithm::Algorithm;
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::key::MISSING_KEY;
+use sluice::core::request::Attributes;
 use sluice::limiter::PolicyOutcome;
-use sluice::request::Attributes;
 use smallvec::SmallVec;
 
 /// Skipped lines listed in the report; the rest are only counted.

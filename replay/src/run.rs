@@ -10,8 +10,8 @@ use crate::log::{read_line, Parser, Record, Wanted};
 use crate::order::Reorder;
 use crate::report::Report;
 use sluice::config::ConfigError;
+use sluice::core::request::Attr;
 use sluice::limiter::Outcome;
-use sluice::request::Attr;
 use std::collections::BTreeSet;
 use std::io::BufRead;
 
@@ -240,11 +240,12 @@ pub fn run(options: &Options, input: impl BufRead) -> Result<Replay, RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice::duration::NANOS_PER_SEC;
+    use sluice::core::duration::NANOS_PER_SEC;
 
     /// A request of `user` at `millis` after a start, and Envoy's answer to it.
     fn line(user: &str, millis: u64, code: u16) -> String {
-        let time = sluice::time::format_rfc3339(1_800_000_000 * NANOS_PER_SEC + millis * 1_000_000);
+        let time =
+            sluice::core::time::format_rfc3339(1_800_000_000 * NANOS_PER_SEC + millis * 1_000_000);
         format!(
             r#"{{"start_time":"{time}","headers":{{"x-user-id":"{user}"}},"response_code":{code}}}"#
         )

@@ -3,8 +3,8 @@
 
 use crate::report::Report;
 use crate::timeline::{Counts, Timeline};
-use sluice::duration::NANOS_PER_SEC;
-use sluice::time::format_rfc3339;
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::time::format_rfc3339;
 use std::fmt::Write;
 
 const WIDTH: f64 = 900.0;

@@ -9,9 +9,9 @@ use crate::engine::TokenTally;
 use crate::json::TOP_KEYS;
 use crate::report::{Report, RolloutReport, SlotStats, Stats};
 use crate::run::Replay;
-use sluice::duration::NANOS_PER_SEC;
-use sluice::metrics::UsageUnknown;
-use sluice::time::format_rfc3339;
+use sluice::core::duration::NANOS_PER_SEC;
+use sluice::core::time::format_rfc3339;
+use sluice::output::metrics::UsageUnknown;
 use std::fmt::Write;
 
 pub fn render(replay: &Replay) -> String {

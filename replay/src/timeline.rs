@@ -2,7 +2,7 @@
 //! from the first request on, each one second wide at first; when the log runs past the last,
 //! neighbours merge and buckets get twice as wide.
 
-use sluice::duration::NANOS_PER_SEC;
+use sluice::core::duration::NANOS_PER_SEC;
 
 pub const BUCKETS: usize = 512;
 

@@ -2,7 +2,7 @@
 //! time of day and offset, and differ only in the fraction of a second. The last second read is
 //! remembered, so a line of the same second costs its fraction alone, not a calendar's sums.
 
-use sluice::time::{fraction, parse_rfc3339};
+use sluice::core::time::{fraction, parse_rfc3339};
 use smallvec::SmallVec;
 
 /// Where the fraction of a second starts in an RFC 3339 date-time (`2026-11-30T17:44:57`).

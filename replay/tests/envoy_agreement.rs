@@ -29,7 +29,9 @@
 
 use serde_json::{json, Value};
 use sluice::limiter::PolicyOutcome;
-use sluice::metrics::{requests_counter, tokens_counter, usage_unknown_counter, UsageUnknown};
+use sluice::output::metrics::{
+    requests_counter, tokens_counter, usage_unknown_counter, UsageUnknown,
+};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::llm::{post, LlmUpstream};
 use sluice_testkit::TempDir;
@@ -270,7 +272,7 @@ fn assert_the_scenario(report: &Value, requests: u64) {
         (4, 2),
         "burst 2, then a bucket full again 2.5 s later"
     );
-    // Of a rollout to half the keys, tenant-c is in and tenant-x out (src/key.rs pins where a
+    // Of a rollout to half the keys, tenant-c is in and tenant-x out (src/core/key.rs pins where a
     // key falls).
     let rollout = &report["policies"]["per-tenant-window"]["rollout"];
     assert_eq!(

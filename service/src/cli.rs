@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser};
-use sluice::duration::parse_nanos;
+use sluice::core::duration::parse_nanos;
 use tracing_subscriber::EnvFilter;
 
 use crate::connections::{self, Limits};

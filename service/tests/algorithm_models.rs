@@ -1,5 +1,5 @@
 //! The fixed-window, sliding-window, sliding-log and leaky-bucket scripts, run by a real
-//! redis-server, against the filter's own algorithms (src/algorithm, the `sluice` crate): each
+//! redis-server, against the filter's own algorithms (src/core/algorithm, the `sluice` crate): each
 //! model calls the filter's `admit` with every time in µs (the algorithms are pure integer
 //! functions, blind to the unit), and adds only what is the script's own: reading and writing
 //! the Redis state it keeps, `take` (the most tokens in cost..=take that the filter admits), the
@@ -25,7 +25,7 @@ use std::fmt::Debug;
 
 use common::clock::redis_time_us;
 use common::lcg::Lcg;
-use sluice::algorithm::{self as filter, Decision};
+use sluice::core::algorithm::{self as filter, Decision};
 use sluice_service::stores::redis::{
     FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, SLIDING_LOG_LUA, SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };

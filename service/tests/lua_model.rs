@@ -1,5 +1,5 @@
 //! The token-bucket Lua script, run by a real redis-server, against the filter's own token
-//! bucket (src/algorithm/token_bucket.rs, the `sluice` crate) called in µs, plus the script's
+//! bucket (src/core/algorithm/token_bucket.rs, the `sluice` crate) called in µs, plus the script's
 //! `take`. Redis TIME is the script's only clock, so tests use buckets whose interval is far
 //! longer than the test: no token comes back while it runs, and durations differ from the model
 //! only by the time that passed since the bucket was created.
@@ -16,7 +16,7 @@ mod common;
 use std::time::Instant;
 
 use common::lcg::Lcg;
-use sluice::algorithm::token_bucket::{self, Rate};
+use sluice::core::algorithm::token_bucket::{self, Rate};
 use sluice_service::stores::redis::TOKEN_BUCKET_LUA;
 use sluice_service::stores::MAX_CAPACITY_US;
 use sluice_testkit::redis::RedisServer;

@@ -1,6 +1,6 @@
 //! The refund scripts (`TOKEN_BUCKET_REFUND_LUA`, `FIXED_WINDOW_REFUND_LUA`,
 //! `SLIDING_WINDOW_REFUND_LUA`), run by a real redis-server, against the filter's own
-//! `Algorithm::refund` (src/algorithm, the `sluice` crate) called in µs: from random states (a
+//! `Algorithm::refund` (src/core/algorithm, the `sluice` crate) called in µs: from random states (a
 //! bucket full or owing, counts of this window, the one before or older, another algorithm's
 //! state) and random refunds (tokens, and an age that puts their taking in this window, the one
 //! before or two back), the reply and the state left in Redis must be the model's.
@@ -21,7 +21,7 @@ mod common;
 
 use common::clock::redis_time_us;
 use common::lcg::Lcg;
-use sluice::algorithm::{Algorithm, Rate, Window};
+use sluice::core::algorithm::{Algorithm, Rate, Window};
 use sluice_service::stores::redis::{
     FIXED_WINDOW_REFUND_LUA, SLIDING_WINDOW_REFUND_LUA, TOKEN_BUCKET_REFUND_LUA,
 };

@@ -1,4 +1,4 @@
-//! The filter's own protobuf for the Rate Limit Service protocol (`sluice::rls`, written by hand
+//! The filter's own protobuf for the Rate Limit Service protocol (`sluice::wire::rls`, written by hand
 //! for the wasm VM) read and written by prost over Envoy's protos (`envoy-types`), as every RLS
 //! server and Envoy itself read them.
 
@@ -12,8 +12,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration;
 use prost::Message;
-use sluice::algorithm::Kind;
-use sluice::protocol::Check;
+use sluice::core::algorithm::Kind;
+use sluice::wire::protocol::Check;
 
 fn check(cost: u64, entries: &[(&str, &str)]) -> Check {
     Check {
@@ -42,7 +42,8 @@ fn prost_reads_the_filters_request_as_it_was_meant() {
             &[("generic_key", "per-ip"), ("remote_address", "10.0.0.1")],
         ),
     ];
-    let request = RateLimitRequest::decode(&sluice::rls::encode("edge", &checks)[..]).unwrap();
+    let request =
+        RateLimitRequest::decode(&sluice::wire::rls::encode("edge", &checks)[..]).unwrap();
     assert_eq!(request.domain, "edge");
     assert_eq!(request.hits_addend, 0, "costs differ: only per descriptor");
     type Entries = Vec<(String, String)>;
@@ -60,7 +61,8 @@ fn prost_reads_the_filters_request_as_it_was_meant() {
         .descriptors
         .iter()
         .all(|d| d.limit.is_none() && !d.is_negative_hits));
-    let same = RateLimitRequest::decode(&sluice::rls::encode("edge", &checks[1..])[..]).unwrap();
+    let same =
+        RateLimitRequest::decode(&sluice::wire::rls::encode("edge", &checks[1..])[..]).unwrap();
     assert_eq!(same.hits_addend, 1, "one cost: the request's too");
 }
 
@@ -89,7 +91,7 @@ fn the_filter_reads_prosts_answer_as_it_was_meant() {
         ..RateLimitResponse::default()
     };
     let checks = [check(1, &[]), check(1, &[])];
-    let answers = sluice::rls::decode(&response.encode_to_vec(), &checks).unwrap();
+    let answers = sluice::wire::rls::decode(&response.encode_to_vec(), &checks).unwrap();
     let second = 1_000_000_000;
     assert_eq!(
         (
@@ -111,7 +113,7 @@ fn the_filter_reads_prosts_answer_as_it_was_meant() {
         statuses: vec![status(Code::Ok, 1, Some((-5, -1)))],
         ..RateLimitResponse::default()
     };
-    let answers = sluice::rls::decode(&negative.encode_to_vec(), &checks[..1]).unwrap();
+    let answers = sluice::wire::rls::decode(&negative.encode_to_vec(), &checks[..1]).unwrap();
     assert_eq!(
         answers[0].reset_after, 0,
         "a negative duration reads as none"
@@ -120,7 +122,8 @@ fn the_filter_reads_prosts_answer_as_it_was_meant() {
 
 #[test]
 fn prost_reads_the_grpc_service_the_filter_names_its_cluster_by() {
-    let service = GrpcService::decode(&sluice::rls::grpc_service("rls", "ratelimit.internal")[..]);
+    let service =
+        GrpcService::decode(&sluice::wire::rls::grpc_service("rls", "ratelimit.internal")[..]);
     let Some(TargetSpecifier::EnvoyGrpc(envoy)) = service.unwrap().target_specifier else {
         panic!("an envoy_grpc target");
     };

@@ -13,12 +13,12 @@ use super::plan::{
     Scope, Secret, Tier, Tiers, UsageSource,
 };
 use super::{error, ConfigError, Env};
-use crate::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Window};
-use crate::duration::parse_nanos;
-use crate::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
-use crate::matcher::{HeaderRule, Matcher, PathRule};
-use crate::request::{Attr, BodyField};
-use crate::table::{TableSpec, MAX_WIDTH};
+use crate::core::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Window};
+use crate::core::duration::parse_nanos;
+use crate::core::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
+use crate::core::matcher::{HeaderRule, Matcher, PathRule};
+use crate::core::request::{Attr, BodyField};
+use crate::state::table::{TableSpec, MAX_WIDTH};
 use siphasher::sip::SipHasher13;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -384,7 +384,7 @@ impl Compiler {
         let mut headers = Vec::with_capacity(raw.headers.len());
         for (i, condition) in raw.headers.iter().enumerate() {
             let field = format!("{at}.headers[{i}]");
-            if !crate::key::is_header_name(&condition.name) {
+            if !crate::core::key::is_header_name(&condition.name) {
                 return Err(error(
                     format!("{field}.name"),
                     format!("{:?} is not a valid header name", condition.name),
@@ -613,7 +613,7 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
         }
         (RawProtocol::Rls, None, Some(domain)) if !domain.is_empty() => Protocol::Rls {
             domain: domain.clone(),
-            grpc_service: crate::rls::grpc_service(&raw.cluster, &authority),
+            grpc_service: crate::wire::rls::grpc_service(&raw.cluster, &authority),
         },
         (RawProtocol::Rls, None, _) => {
             return Err(error(
@@ -638,9 +638,9 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
                 let nanos = parse_nanos(ttl).map_err(|r| error("global.max_key_ttl", r))?;
                 nanos
                     .div_ceil(1_000_000)
-                    .max(crate::protocol::SERVICE_MAX_KEY_TTL_MS)
+                    .max(crate::wire::protocol::SERVICE_MAX_KEY_TTL_MS)
             }
-            None => crate::protocol::SERVICE_MAX_KEY_TTL_MS,
+            None => crate::wire::protocol::SERVICE_MAX_KEY_TTL_MS,
         },
     })
 }
@@ -772,8 +772,8 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
         ));
     }
     let max_debt = raw_metered.max_debt;
-    if max_debt.is_some_and(|d| d > crate::algorithm::MAX_COUNT) {
-        let reason = format!("must be at most {}", crate::algorithm::MAX_COUNT);
+    if max_debt.is_some_and(|d| d > crate::core::algorithm::MAX_COUNT) {
+        let reason = format!("must be at most {}", crate::core::algorithm::MAX_COUNT);
         return Err(error(format!("{at}.max_debt"), reason));
     }
     Ok(Some(Metered {
@@ -788,10 +788,10 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
 fn usage_source(at: &str, raw: &RawFromResponse) -> Result<UsageSource, ConfigError> {
     let at = format!("{at}.from_response");
     match (&raw.usage, &raw.header) {
-        (Some(usage), None) => crate::usage::Meter::parse(usage)
+        (Some(usage), None) => crate::core::usage::Meter::parse(usage)
             .map(UsageSource::Body)
             .map_err(|r| error(format!("{at}.usage"), r)),
-        (None, Some(name)) if crate::key::is_header_name(name) => {
+        (None, Some(name)) if crate::core::key::is_header_name(name) => {
             Ok(UsageSource::Header(name.to_ascii_lowercase()))
         }
         (None, Some(name)) => Err(error(
@@ -924,8 +924,8 @@ fn global_keys_live_within(at: &str, policy: &Policy, max_ms: u64) -> Result<(),
         let check = super::plan::key_check(policy, tier, 0);
         let debt = policy.metered.as_ref().map_or(0, |m| m.max_debt(tier));
         let (plain, owing) = (
-            crate::protocol::key_lifetime_ms(&check, 0),
-            crate::protocol::key_lifetime_ms(&check, debt),
+            crate::wire::protocol::key_lifetime_ms(&check, 0),
+            crate::wire::protocol::key_lifetime_ms(&check, debt),
         );
         let (field, lifetime) = match tier.algorithm.kind() {
             _ if plain <= max_ms && owing > max_ms => (format!("{at}.cost.max_debt"), owing),
@@ -1022,8 +1022,8 @@ fn bypass(
             ));
         }
     }
-    let expires =
-        crate::time::parse_rfc3339(&raw.expires).map_err(|r| error(format!("{at}.expires"), r))?;
+    let expires = crate::core::time::parse_rfc3339(&raw.expires)
+        .map_err(|r| error(format!("{at}.expires"), r))?;
     if raw.policies.is_empty() {
         return Err(error(
             format!("{at}.policies"),

@@ -3,7 +3,7 @@
 
 use super::answer::{Api, GrpcStatus, HeaderStyle};
 use super::{error, ConfigError};
-use crate::algorithm::Kind;
+use crate::core::algorithm::Kind;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 

@@ -2,11 +2,11 @@
 //! every request; nothing here parses or validates.
 
 use super::answer::{Denial, HeaderStyle};
-use crate::algorithm::Algorithm;
-use crate::key::{HashSecret, KeyPart};
-use crate::matcher::Matcher;
-use crate::protocol::{self, Check};
-use crate::request::{Attr, Attributes, RequestSource};
+use crate::core::algorithm::Algorithm;
+use crate::core::key::{HashSecret, KeyPart};
+use crate::core::matcher::Matcher;
+use crate::core::request::{Attr, Attributes, RequestSource};
+use crate::wire::protocol::{self, Check};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -18,7 +18,7 @@ pub struct Plan {
     /// Every request attribute some policy reads, each once.
     pub attrs: Vec<Attr>,
     pub policies: Vec<Policy>,
-    pub tables: Vec<crate::table::TableSpec>,
+    pub tables: Vec<crate::state::table::TableSpec>,
     pub global: Option<GlobalService>,
     pub bypass: Vec<Bypass>,
     /// The operator's secret for key hashes (`hash_secret_env`), if any.
@@ -34,9 +34,9 @@ impl Plan {
     /// Whether `policy` reads the request body: a key part from it, a reservation from
     /// `max_tokens`, or `ask_stream_usage`.
     pub fn policy_reads_body(&self, policy: &Policy) -> bool {
-        let is_body = |source: &crate::key::Source| match source {
-            crate::key::Source::Attr(i) => matches!(self.attrs.get(*i), Some(Attr::Body(_))),
-            crate::key::Source::Global => false,
+        let is_body = |source: &crate::core::key::Source| match source {
+            crate::core::key::Source::Attr(i) => matches!(self.attrs.get(*i), Some(Attr::Body(_))),
+            crate::core::key::Source::Global => false,
         };
         let keyed = self.tables.get(policy.table).is_some_and(|table| {
             let mut sources = table.key.iter().flat_map(|part| &part.alternatives);
@@ -123,7 +123,9 @@ impl Metered {
         match self.reserve {
             Reserve::Tokens(tokens) => tokens,
             Reserve::MaxOutputTokens { default, attr } => {
-                let asked = request.get(attr).and_then(crate::usage::count_from_header);
+                let asked = request
+                    .get(attr)
+                    .and_then(crate::core::usage::count_from_header);
                 let priced = match (&self.source, asked) {
                     (UsageSource::Body(meter), Some(tokens)) => meter.output_cost(tokens),
                     (_, Some(tokens)) => tokens,
@@ -139,7 +141,7 @@ impl Metered {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UsageSource {
     /// The usage object of the body (JSON or server-sent events), as `Meter` prices it.
-    Body(crate::usage::Meter),
+    Body(crate::core::usage::Meter),
     /// A count in this response header or trailer (lower case).
     Header(String),
 }
@@ -270,7 +272,7 @@ pub struct Rollout {
 
 impl Rollout {
     pub fn covers(&self, key: u64) -> bool {
-        crate::key::rollout_position(key) < self.enforce_per_million
+        crate::core::key::rollout_position(key) < self.enforce_per_million
     }
 }
 

@@ -2,8 +2,8 @@
 //! which field named.
 
 use super::*;
-use crate::algorithm::{Algorithm, Drain, Rate, Window};
-use crate::request::Attr;
+use crate::core::algorithm::{Algorithm, Drain, Rate, Window};
+use crate::core::request::Attr;
 use serde_json::{json, Value};
 
 fn policy() -> Value {
@@ -700,7 +700,7 @@ fn a_bypass_names_its_key_policies_owner_reason_and_expiry() {
     );
     assert_eq!(
         b.key,
-        crate::key::hash_values(&["alice".into()], &crate::key::HashSecret::PUBLIC)
+        crate::core::key::hash_values(&["alice".into()], &crate::core::key::HashSecret::PUBLIC)
     );
     assert_eq!(b.expires, 1_796_083_200_000_000_000);
     let mut by_hash = alice_bypass();
@@ -892,13 +892,15 @@ fn a_metered_cost_takes_weights_a_header_and_a_reservation_from_the_request() {
     let metered = plan.policies[0].metered.clone().unwrap();
     assert_eq!(
         metered.source,
-        UsageSource::Body(crate::usage::Meter::Weighted(crate::usage::Weights {
-            input: 1,
-            output: 4,
-            cache_read: 1,
-            cache_write: 1,
-            reasoning: 4,
-        }))
+        UsageSource::Body(crate::core::usage::Meter::Weighted(
+            crate::core::usage::Weights {
+                input: 1,
+                output: 4,
+                cache_read: 1,
+                cache_write: 1,
+                reasoning: 4,
+            }
+        ))
     );
     assert!(matches!(
         metered.reserve,
@@ -989,7 +991,7 @@ fn a_concurrency_policy_refuses_a_window_a_burst_and_a_cost() {
     };
     assert_eq!(
         (slots.limit, slots.lease()),
-        (4, 60 * crate::duration::NANOS_PER_SEC)
+        (4, 60 * crate::core::duration::NANOS_PER_SEC)
     );
     assert_refused(
         streams(json!({"per": "1s"})),

@@ -7,13 +7,13 @@
 //! (`meters_body`).
 
 use super::{Filter, Host, Verdict};
-use crate::access_log;
 use crate::config::GrpcStatus;
 use crate::config::Policy;
+use crate::core::request::{Attributes, Snapshot};
+use crate::core::usage::request as request_body;
 use crate::limiter::tab::{Entry, Tab};
-use crate::reply::{self, LocalReply};
-use crate::request::{Attributes, Snapshot};
-use crate::usage::request as request_body;
+use crate::output::access_log;
+use crate::output::reply::{self, LocalReply};
 
 impl Filter {
     /// Whether a request with a body is decided once its body has come (`Plan::reads_body`):

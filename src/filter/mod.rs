@@ -5,28 +5,28 @@
 
 mod body;
 
-use crate::access_log;
-use crate::algorithm::Algorithm;
-use crate::breaker::Breaker;
 use crate::config::{self, key_check, Api, ConfigError, Denial, GlobalService, Plan, Protocol};
-use crate::duration::NANOS_PER_SEC;
-use crate::headers::{
-    each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
-};
+use crate::core::algorithm::Algorithm;
+use crate::core::duration::NANOS_PER_SEC;
+use crate::core::key::{HashSecret, Keying};
+use crate::core::request::Attributes;
+use crate::core::time::WorkerClock;
 use crate::host::{Environment, Host};
-use crate::key::{HashSecret, Keying};
-use crate::ledger::Ledger;
 use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
-use crate::metrics::{Counters, Metrics, SlotEnd};
-use crate::protocol::{self, SettleOp, Settlement};
-use crate::reply::{self, LocalReply, Refusal, Said};
-use crate::request::Attributes;
+use crate::output::access_log;
+use crate::output::headers::{
+    each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
+};
+use crate::output::metrics::{Counters, Metrics, SlotEnd};
+use crate::output::reply::{self, LocalReply, Refusal, Said};
+use crate::remote::breaker::Breaker;
 use crate::response::{Books, Debtor, Debtors};
-use crate::rls;
-use crate::store::{Store, ABSENT};
-use crate::table;
-use crate::time::WorkerClock;
+use crate::state::ledger::Ledger;
+use crate::state::store::{Store, ABSENT};
+use crate::state::table;
+use crate::wire::protocol::{self, SettleOp, Settlement};
+use crate::wire::rls;
 use std::cell::{Cell, RefCell};
 
 /// The spacing of the log lines that would otherwise repeat with every request.

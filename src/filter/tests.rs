@@ -1,11 +1,11 @@
 use super::*;
-use crate::duration::NANOS_PER_SEC as SEC;
-use crate::exact::ExactStore;
+use crate::core::duration::NANOS_PER_SEC as SEC;
 use crate::limiter::PolicyOutcome::{Allowed, Bypassed, CanaryShadowDenied, Denied, ShadowDenied};
-use crate::metrics::{degraded_counter, requests_counter};
-use crate::protocol::{CheckRequest, CheckResponse};
-use crate::store::MemoryStore;
+use crate::output::metrics::{degraded_counter, requests_counter};
+use crate::state::store::MemoryStore;
 use crate::testing::{FakeHost, FakeRequest};
+use crate::wire::exact::ExactStore;
+use crate::wire::protocol::{CheckRequest, CheckResponse};
 use serde_json::{json, Value};
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -245,9 +245,11 @@ fn shadow_policies_count_but_never_deny_or_report() {
 /// The first user ids whose keys a rollout of `percent` enforces for, and does not.
 fn canary_and_rest(percent: u32) -> (String, String) {
     let inside = |id: &String| {
-        let key =
-            crate::key::hash_values(std::slice::from_ref(id), &crate::key::HashSecret::PUBLIC);
-        crate::key::rollout_position(key) < percent * 10_000
+        let key = crate::core::key::hash_values(
+            std::slice::from_ref(id),
+            &crate::core::key::HashSecret::PUBLIC,
+        );
+        crate::core::key::rollout_position(key) < percent * 10_000
     };
     let ids = || (0..).map(|i| format!("user-{i}"));
     (
@@ -705,9 +707,12 @@ fn after_repeated_failures_the_service_is_left_alone_for_a_backoff() {
     for _ in 0..10 {
         serve(&filter, &host, None, ALICE);
     }
-    assert_eq!(host.calls.get(), crate::breaker::FAILURES_TO_OPEN as usize);
+    assert_eq!(
+        host.calls.get(),
+        crate::remote::breaker::FAILURES_TO_OPEN as usize
+    );
     host.service_reachable.set(true);
-    host.now.set(T0 + crate::breaker::BACKOFF);
+    host.now.set(T0 + crate::remote::breaker::BACKOFF);
     assert_eq!(
         serve(&filter, &host, Some(&FakeService::default()), ALICE),
         200
@@ -854,7 +859,7 @@ fn tokens_a_worker_still_holds_go_back_to_the_bucket() {
         [200, 200],
         "the second leases 10"
     );
-    host.now.set(T0 + crate::ledger::LOAN_TTL);
+    host.now.set(T0 + crate::state::ledger::LOAN_TTL);
     let later = statuses(&filter, &host, 25, ALICE);
     assert_eq!(later, [vec![200; 18], vec![429; 7]].concat(), "none lost");
 }
@@ -885,7 +890,8 @@ fn a_key_that_comes_back_later_than_a_lease_lasts_takes_none() {
             host.store_calls.get() >= 2,
             "every request visits the bucket"
         );
-        host.now.set(host.now.get() + crate::ledger::LOAN_TTL);
+        host.now
+            .set(host.now.get() + crate::state::ledger::LOAN_TTL);
     }
 }
 
@@ -962,7 +968,7 @@ fn slot_and_reply(host: &FakeHost, allowed: &[bool]) -> (String, (u32, Vec<u8>))
     let slot = request.checks[0].slot.clone().expect("a named slot");
     let results = allowed
         .iter()
-        .map(|&allowed| crate::protocol::CheckResult {
+        .map(|&allowed| crate::wire::protocol::CheckResult {
             allowed,
             granted: u64::from(allowed),
             remaining: 0,
@@ -1000,7 +1006,7 @@ fn a_check_that_fails_gives_back_the_slot_it_named() {
     ));
     assert_eq!(released(&host), [slot]);
     filter.flush_counters(&host);
-    let unused = crate::metrics::slots_released_counter("streams", SlotEnd::Unused);
+    let unused = crate::output::metrics::slots_released_counter("streams", SlotEnd::Unused);
     assert_eq!(host.counter(&unused), 1);
 }
 
@@ -1097,7 +1103,7 @@ fn a_request_another_policy_refuses_gives_back_the_reservation_it_was_granted() 
     let Verdict::Waiting(pending) = send(&filter, &host, ALICE) else {
         panic!("asks the service")
     };
-    let results = [true, false].map(|allowed| crate::protocol::CheckResult {
+    let results = [true, false].map(|allowed| crate::wire::protocol::CheckResult {
         allowed,
         granted: if allowed { 300 } else { 0 },
         remaining: 0,

@@ -6,10 +6,10 @@ use super::global::slot_name;
 use super::member::{Member, Service};
 use super::work::Work;
 use super::{Basis, Progress};
-use crate::algorithm::Kind;
 use crate::config::{key_check, Plan, Policy, Scope};
+use crate::core::algorithm::Kind;
 use crate::limiter::tab::{Entry, Held, Tab};
-use crate::protocol::{Answer, Check};
+use crate::wire::protocol::{Answer, Check};
 
 /// Records the service's answers (`None`: the call failed) on the members that asked.
 pub(super) fn record(progress: &mut Progress, answers: Option<&[Answer]>) {
@@ -56,7 +56,7 @@ fn check(policy: &Policy, member: &Member, work: &Work) -> Check {
             cost => policy.take.max(cost).min(capacity),
         }),
         slot: member.slot.map(slot_name),
-        entries: entries.map_or_else(Vec::new, |e| crate::rls::descriptor(&policy.name, e)),
+        entries: entries.map_or_else(Vec::new, |e| crate::wire::rls::descriptor(&policy.name, e)),
         ..key_check(policy, &member.tier, work.key.unwrap_or(work.hash))
     }
 }

@@ -10,10 +10,10 @@ use super::member::{Member, Service};
 use super::work::Work;
 use super::{Outcome, Progress, Step, Works};
 use crate::config::{Plan, Policy};
-use crate::key::{hash_key, Keying, MISSING_KEY};
-use crate::request::{Attributes, RequestSource};
-use crate::route::{self, RouteScope};
-use crate::table::TableSpec;
+use crate::core::key::{hash_key, Keying, MISSING_KEY};
+use crate::core::request::{Attributes, RequestSource};
+use crate::core::route::{self, RouteScope};
+use crate::state::table::TableSpec;
 
 pub(super) fn works<R: RequestSource + ?Sized>(
     plan: &Plan,
@@ -131,7 +131,7 @@ impl Gathered<'_> {
         if let Some(table) =
             table.filter(|_| policy.asks_rls(plan.global.as_ref()) && work.entries.is_none())
         {
-            work.entries = Some(crate::rls::key_entries(&table.key, request));
+            work.entries = Some(crate::wire::rls::key_entries(&table.key, request));
         }
         Some(enforced)
     }
@@ -237,8 +237,8 @@ fn exempt(plan: &Plan, policy: usize, key: u64, now: u64, outcome: &mut Outcome)
 mod tests {
     use super::super::testing::*;
     use super::*;
-    use crate::key::HashSecret;
-    use crate::route::envoy_list;
+    use crate::core::key::HashSecret;
+    use crate::core::route::envoy_list;
     use crate::testing::FakeRequest;
     use serde_json::json;
 
@@ -375,7 +375,7 @@ mod tests {
             {"name": "per-ip", "key": ["ip"], "requests": 1, "per": "1s"},
         ], "bypass": bypass}));
         let (works, _) = gather(&plan, &[("x-user-id", "bob")], T0);
-        let public = crate::key::hash_values(&["bob".into()], &HashSecret::PUBLIC);
+        let public = crate::core::key::hash_values(&["bob".into()], &HashSecret::PUBLIC);
         assert_eq!(
             works[0].key,
             Some(public),

@@ -14,9 +14,9 @@
 
 use super::member::{Member, Service, Verdict};
 use super::{local, Basis};
-use crate::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
 use crate::config::{OnFailure, Policy, GLOBAL_COLUMNS};
-use crate::duration::NANOS_PER_SEC;
+use crate::core::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
+use crate::core::duration::NANOS_PER_SEC;
 
 /// How long tokens granted by the service stay spendable here: unused ones are lost
 /// (under-admission), never spent twice.
@@ -190,7 +190,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::config::{Plan, Scope};
-    use crate::protocol::Answer;
+    use crate::wire::protocol::Answer;
     use serde_json::{json, Value};
 
     fn global(extra: Value) -> Plan {
@@ -316,7 +316,7 @@ mod tests {
             per_user("global", 10, json!({"scope": "global", "lease": 5})),
         ]));
         let store = store(&plan);
-        let mut ledger = crate::ledger::Ledger::default();
+        let mut ledger = crate::state::ledger::Ledger::default();
         let super::super::Step::Callout(pending) = evaluate(&plan, &store, &mut ledger, ALICE, T0)
         else {
             panic!("asks the service");

@@ -3,9 +3,9 @@
 //! itself (see `ledger`), so a hot key's requests touch no shared data until the loan runs out.
 
 use super::member::Member;
-use crate::algorithm::{token_bucket, Algorithm, Decision};
 use crate::config::{Policy, Tier};
-use crate::ledger::{Loan, LOAN_TTL};
+use crate::core::algorithm::{token_bucket, Algorithm, Decision};
+use crate::state::ledger::{Loan, LOAN_TTL};
 
 /// Runs the tier's algorithm on its words of the policy's state. A cost of 0 (a reservation of
 /// nothing) passes while a token is left and takes nothing: a key in debt waits.
@@ -14,7 +14,7 @@ pub(super) fn admit(tier: &Tier, cost: u64, state: &mut [u64], now: u64) -> Opti
     if cost > 0 {
         return Some(tier.algorithm.admit(words, now, cost));
     }
-    let mut probe: crate::table::Words = words.iter().copied().collect();
+    let mut probe: crate::state::table::Words = words.iter().copied().collect();
     let decision = tier.algorithm.admit(&mut probe, now, 1);
     Some(Decision {
         remaining: decision.remaining + u64::from(decision.allowed),
@@ -75,7 +75,7 @@ mod tests {
     use super::super::Basis;
     use super::*;
     use crate::config::Plan;
-    use crate::ledger::Ledger;
+    use crate::state::ledger::Ledger;
     use serde_json::json;
 
     /// A policy of burst 10 refilling one token an hour, lending `take`.

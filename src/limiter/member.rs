@@ -2,9 +2,9 @@
 //! service said of it. The deciders (`local`, `global`) judge members; a `Work` groups them.
 
 use super::Basis;
-use crate::algorithm::Decision;
 use crate::config::Tier;
-use crate::protocol::Answer;
+use crate::core::algorithm::Decision;
+use crate::wire::protocol::Answer;
 
 /// One applicable policy of a work.
 #[derive(Debug)]

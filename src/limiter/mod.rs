@@ -32,14 +32,14 @@ mod write;
 pub use global::{slot_name, GRANT_TTL};
 pub use settle::Settled;
 
-use crate::algorithm::Decision;
 use crate::config::{Plan, Tier};
-use crate::key::Keying;
-use crate::ledger::Ledger;
+use crate::core::algorithm::Decision;
+use crate::core::key::Keying;
+use crate::core::request::{Attributes, RequestSource};
 use crate::limiter::tab::Tab;
-use crate::protocol::{Answer, Check};
-use crate::request::{Attributes, RequestSource};
-use crate::store::Store;
+use crate::state::ledger::Ledger;
+use crate::state::store::Store;
+use crate::wire::protocol::{Answer, Check};
 use smallvec::SmallVec;
 use work::Work;
 
@@ -131,7 +131,7 @@ impl Outcome {
             first_enforcing.filter(|_| self.exhausted).map(|a| Applied {
                 decision: Decision {
                     allowed: false,
-                    retry_after: crate::duration::NANOS_PER_SEC,
+                    retry_after: crate::core::duration::NANOS_PER_SEC,
                     ..a.decision
                 },
                 ..*a
@@ -365,11 +365,11 @@ fn strictest(applied: impl Iterator<Item = Applied>) -> Option<Applied> {
 #[cfg(test)]
 mod testing {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::state::store::MemoryStore;
     use crate::testing::FakeRequest;
     use serde_json::{json, Value};
 
-    pub const SEC: u64 = crate::duration::NANOS_PER_SEC;
+    pub const SEC: u64 = crate::core::duration::NANOS_PER_SEC;
     pub const T0: u64 = 1_800_000_000 * SEC;
     pub const PREFIX: &str = "test/";
     pub const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
@@ -378,8 +378,8 @@ mod testing {
     /// for what other Envoys see.
     pub fn keying() -> Keying {
         Keying {
-            slots: crate::key::HashSecret::from_bytes([7; 16]),
-            shared: crate::key::HashSecret::PUBLIC,
+            slots: crate::core::key::HashSecret::from_bytes([7; 16]),
+            shared: crate::core::key::HashSecret::PUBLIC,
         }
     }
 
@@ -489,7 +489,8 @@ mod tests {
         let admitted = decide(&plan, &store, ALICE, T0);
         assert_eq!(admitted.applied[0].key, None, "one hash: the slot's");
         let denied = decide(&plan, &store, ALICE, T0);
-        let public = crate::key::hash_values(&["alice".into()], &crate::key::HashSecret::PUBLIC);
+        let public =
+            crate::core::key::hash_values(&["alice".into()], &crate::core::key::HashSecret::PUBLIC);
         assert_eq!(denied.applied[0].key, Some(public));
         assert_eq!(denied.denied_by.and_then(|a| a.key), Some(public));
     }

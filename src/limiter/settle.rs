@@ -4,11 +4,11 @@
 //! still charged what its response used.
 
 use super::{Basis, Limiter, MAX_ATTEMPTS};
-use crate::algorithm::{concurrency, Algorithm};
 use crate::config::{Tier, GLOBAL_COLUMNS};
+use crate::core::algorithm::{concurrency, Algorithm};
 use crate::limiter::tab::{Entry, Held, Op};
-use crate::store::{Store, StoreError};
-use crate::table;
+use crate::state::store::{Store, StoreError};
+use crate::state::table;
 
 /// What settling an entry came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,14 +113,14 @@ impl<S: Store> Limiter<'_, S> {
         let Some(words) = slot.state.get(start..start + tier.algorithm.columns()) else {
             return false;
         };
-        let mut probe: crate::table::Words = words.iter().copied().collect();
+        let mut probe: crate::state::table::Words = words.iter().copied().collect();
         !tier.algorithm.admit(&mut probe, slot.time(now), 0).allowed
     }
 }
 
 /// Whole tokens left in a state at `now`; `None` for one that owes.
 fn left(algorithm: &Algorithm, state: &[u64], now: u64) -> Option<u64> {
-    let mut probe: crate::table::Words = state.iter().copied().collect();
+    let mut probe: crate::state::table::Words = state.iter().copied().collect();
     let decision = algorithm.admit(&mut probe, now, 0);
     decision.allowed.then_some(decision.remaining)
 }
@@ -167,8 +167,8 @@ fn apply(
 mod tests {
     use super::super::testing::*;
     use super::*;
-    use crate::ledger::Ledger;
     use crate::limiter::tab::Held;
+    use crate::state::ledger::Ledger;
     use serde_json::json;
 
     #[test]

@@ -9,8 +9,8 @@
 //! settled through the limiter again (`limiter::settle` for state in this Envoy's shared data).
 
 use super::Basis;
-use crate::algorithm::concurrency::Taken;
 use crate::config::Tier;
+use crate::core::algorithm::concurrency::Taken;
 use smallvec::SmallVec;
 
 /// What an admitted request still owes, one entry per policy that is not done with it.

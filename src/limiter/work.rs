@@ -3,11 +3,11 @@
 
 use super::member::{Member, Verdict};
 use super::{global, local, Applied, Basis};
-use crate::algorithm::{concurrency, Algorithm, Decision};
 use crate::config::{Plan, Policy, Scope, GLOBAL_COLUMNS};
-use crate::ledger::{Ledger, Loan};
+use crate::core::algorithm::{concurrency, Algorithm, Decision};
 use crate::limiter::tab::{Entry, Held, Tab};
-use crate::table::{Slot, Words};
+use crate::state::ledger::{Ledger, Loan};
+use crate::state::table::{Slot, Words};
 use smallvec::{smallvec, SmallVec};
 
 #[derive(Debug)]

@@ -3,10 +3,10 @@
 
 use super::work::Work;
 use super::{global, strictest_denial, Limiter, Progress, MAX_ATTEMPTS};
-use crate::algorithm::Debt;
 use crate::config::{Policy, Scope, GLOBAL_COLUMNS};
-use crate::store::{Store, StoreError};
-use crate::table;
+use crate::core::algorithm::Debt;
+use crate::state::store::{Store, StoreError};
+use crate::state::table;
 
 impl<S: Store> Limiter<'_, S> {
     /// Reads the work's slot and judges every member against it. The loans this worker holds on
@@ -109,7 +109,7 @@ mod tests {
     use super::super::testing::*;
     use super::*;
     use crate::config::Plan;
-    use crate::store::MemoryStore;
+    use crate::state::store::MemoryStore;
     use serde_json::json;
     use std::cell::Cell;
 
@@ -229,7 +229,7 @@ mod tests {
         let owed = debt(policy, &[T0 + SEC / 2], T0);
         assert_eq!(
             (owed.tokens, owed.share),
-            (1, crate::algorithm::FULL_SHARE / 2)
+            (1, crate::core::algorithm::FULL_SHARE / 2)
         );
         assert_eq!(debt(policy, &[T0], T0), Debt::default());
     }
@@ -239,12 +239,15 @@ mod tests {
         let global = plan_of(json!([per_user("g", 10, json!({"scope": "global"}))]));
         let marked = [0, 0, T0 + SEC, 0, 0, 0];
         let owed = debt(&global.policies[0], &marked, T0);
-        assert_eq!((owed.tokens, owed.share), (0, crate::algorithm::FULL_SHARE));
+        assert_eq!(
+            (owed.tokens, owed.share),
+            (0, crate::core::algorithm::FULL_SHARE)
+        );
         let granted = [5, T0 + SEC, 0, 0, 0, 0];
         let owed = debt(&global.policies[0], &granted, T0);
         assert_eq!(
             (owed.tokens, owed.share),
-            (0, crate::algorithm::FULL_SHARE / 2)
+            (0, crate::core::algorithm::FULL_SHARE / 2)
         );
         assert_eq!(
             debt(&global.policies[0], &granted, T0 + SEC),
@@ -319,14 +322,14 @@ mod tests {
                 "requests": rate, "per": "1s", "burst": burst, "max_keys": max_keys});
             let plan = plan_of(json!([policy]));
             let (store, spec) = (store(&plan), plan.tables[0].clone());
-            let crate::algorithm::Algorithm::TokenBucket(bucket) = plan.policies[0].tier.algorithm
+            let crate::core::algorithm::Algorithm::TokenBucket(bucket) = plan.policies[0].tier.algorithm
             else {
                 unreachable!("a token bucket");
             };
             let names: Vec<String> = (0..KEYS).map(|i| format!("user-{i}")).collect();
             let hashes: Vec<u64> = names
                 .iter()
-                .map(|n| crate::key::hash_values(std::slice::from_ref(n), &keying().slots))
+                .map(|n| crate::core::key::hash_values(std::slice::from_ref(n), &keying().slots))
                 .collect();
             let mut models: Vec<Model> = (0..KEYS).map(|_| Model::default()).collect();
             let mut now = T0;

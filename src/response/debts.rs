@@ -62,7 +62,7 @@ impl Debtors {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Algorithm, Rate};
+    use crate::core::algorithm::{Algorithm, Rate};
     use std::collections::HashSet;
 
     fn debtor(policy: usize, hash: u64) -> Debtor {

@@ -21,8 +21,8 @@ use crate::config::{GlobalService, Plan};
 use crate::host::Host;
 use crate::limiter::tab::{Ending, Entry, Op, Tab};
 use crate::limiter::Settled;
-use crate::metrics::Counters;
-use crate::protocol::{SettleOp, Settlement};
+use crate::output::metrics::Counters;
+use crate::wire::protocol::{SettleOp, Settlement};
 
 /// What the response half needs of the filter that admitted the request: its plan, counters and
 /// clock, and the settling of what a request owes (in this Envoy's shared data, or with its

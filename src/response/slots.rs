@@ -2,12 +2,12 @@
 
 use super::report;
 use super::Books;
-use crate::algorithm::Algorithm;
+use crate::core::algorithm::Algorithm;
 use crate::host::Host;
 use crate::limiter::tab::{Ending, Held, Op, Tab};
 use crate::limiter::{slot_name, Settled};
-use crate::metrics::SlotEnd;
-use crate::protocol::SettleOp;
+use crate::output::metrics::SlotEnd;
+use crate::wire::protocol::SettleOp;
 
 /// Moves each slot whose epoch is behind to the current one, and renews each slot the service
 /// keeps at half its lease. A local slot that lapsed meanwhile (renewals stalled for over half a

@@ -1,8 +1,8 @@
 use super::*;
-use crate::duration::NANOS_PER_SEC as SEC;
+use crate::core::duration::NANOS_PER_SEC as SEC;
 use crate::filter::{Admitted, Filter, Verdict};
 use crate::limiter::tab::Op;
-use crate::metrics::{
+use crate::output::metrics::{
     keys_in_debt_gauge, requests_counter, slots_in_use_gauge, slots_released_counter, SlotEnd,
 };
 use crate::testing::{FakeHost, FakeRequest};
@@ -192,7 +192,7 @@ fn a_response_is_charged_what_it_used_beyond_its_reservation_and_refunded_the_re
     assert_eq!(host.published.borrow()["sluice.tokens.llm"], "300");
     respond(&filter, &host, OPENAI_JSON, &usage_json(40)).unwrap();
     filter.flush_counters(&host);
-    let counter = |base: &str| host.counter(&crate::metrics::tokens_counter("llm", base));
+    let counter = |base: &str| host.counter(&crate::output::metrics::tokens_counter("llm", base));
     assert_eq!(counter("tokens_charged_total"), 340);
     assert_eq!(counter("tokens_refunded_total"), 60);
     // 1,000 - 340 left: 6 more reservations of 100 pass, the 7th does not.
@@ -234,7 +234,10 @@ fn usage_past_the_budget_is_a_debt_refused_until_refill_covers_the_reservation()
     host.now.set(T0 + 66 * SEC);
     assert!(start(&filter, &host, ALICE).is_some());
     filter.flush_counters(&host);
-    let owed = host.counter(&crate::metrics::tokens_counter("llm", "tokens_owed_total"));
+    let owed = host.counter(&crate::output::metrics::tokens_counter(
+        "llm",
+        "tokens_owed_total",
+    ));
     assert_eq!(owed, 1000, "the debt was capped at one burst");
 }
 
@@ -254,13 +257,13 @@ fn usage_that_never_comes_is_charged_as_on_unknown_says() {
     )
     .unwrap();
     filter.flush_counters(&host);
-    let unknown = |why| host.counter(&crate::metrics::usage_unknown_counter("llm", why));
-    use crate::metrics::UsageUnknown;
+    let unknown = |why| host.counter(&crate::output::metrics::usage_unknown_counter("llm", why));
+    use crate::output::metrics::UsageUnknown;
     assert_eq!(
         (unknown(UsageUnknown::Reset), unknown(UsageUnknown::Invalid)),
         (1, 1)
     );
-    let charged = |base| host.counter(&crate::metrics::tokens_counter("llm", base));
+    let charged = |base| host.counter(&crate::output::metrics::tokens_counter("llm", base));
     assert_eq!(charged("tokens_charged_total"), 1400);
     assert_eq!(
         charged("tokens_unknown_total"),
@@ -324,8 +327,10 @@ fn a_gzip_response_is_charged_its_usage_and_one_sluice_cannot_decode_as_on_unkno
     let (charged, _) = respond_encoded(&filter, &host, &json_gzip, cut);
     assert_eq!(charged, "700", "cut short");
     filter.flush_counters(&host);
-    let invalid =
-        crate::metrics::usage_unknown_counter("llm", crate::metrics::UsageUnknown::Invalid);
+    let invalid = crate::output::metrics::usage_unknown_counter(
+        "llm",
+        crate::output::metrics::UsageUnknown::Invalid,
+    );
     assert_eq!(host.counter(&invalid), 3);
 }
 
@@ -571,11 +576,11 @@ fn the_usage_a_body_reported_is_published_as_counts_and_read_back_alike() {
     respond(&filter, &host, OPENAI_JSON, &usage_json(300)).unwrap();
     let published = host.published.borrow()["sluice.usage"].clone();
     assert_eq!(published, "input=1 output=299 total=300");
-    let counts = crate::usage::Counts {
+    let counts = crate::core::usage::Counts {
         input: Some(1),
         output: Some(299),
         total: Some(300),
-        ..crate::usage::Counts::default()
+        ..crate::core::usage::Counts::default()
     };
     assert_eq!(read_usage_text(published.as_bytes()), Some(Ok(counts)));
     let mut cut = start(&filter, &host, ALICE).unwrap();
@@ -586,8 +591,8 @@ fn the_usage_a_body_reported_is_published_as_counts_and_read_back_alike() {
 
 #[test]
 fn usage_text_reads_back_as_written_and_nothing_else_reads() {
-    use crate::metrics::UsageUnknown;
-    use crate::usage::Counts;
+    use crate::core::usage::Counts;
+    use crate::output::metrics::UsageUnknown;
     let some = |input, output, total| Counts {
         input,
         output,
@@ -598,7 +603,7 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
         Ok(some(Some(10), Some(20), Some(30))),
         Ok(some(None, None, Some(7))),
         Ok(some(Some(0), None, None)),
-        Ok(some(None, Some(crate::usage::MAX_TOKENS), None)),
+        Ok(some(None, Some(crate::core::usage::MAX_TOKENS), None)),
         Ok(Counts {
             cache_read: 5000,
             cache_write: 1000,
@@ -635,10 +640,11 @@ fn usage_text_reads_back_as_written_and_nothing_else_reads() {
 #[test]
 fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservation() {
     use crate::config::{Metered, OnUnknown, Reserve, UsageSource};
-    use crate::metrics::UsageUnknown;
-    let meter =
-        crate::usage::Meter::parse(&serde_json::json!({"input_tokens": 1, "output_tokens": 4}))
-            .unwrap();
+    use crate::output::metrics::UsageUnknown;
+    let meter = crate::core::usage::Meter::parse(
+        &serde_json::json!({"input_tokens": 1, "output_tokens": 4}),
+    )
+    .unwrap();
     let metered = |on_unknown| Metered {
         source: UsageSource::Body(meter),
         reserve: Reserve::Tokens(100),
@@ -646,11 +652,11 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
         on_unknown,
         ask_stream_usage: false,
     };
-    let counts = crate::usage::Counts {
+    let counts = crate::core::usage::Counts {
         input: Some(10),
         output: Some(20),
         total: None,
-        ..crate::usage::Counts::default()
+        ..crate::core::usage::Counts::default()
     };
     let source = &metered(OnUnknown::Reserve).source;
     let no_header = |_: &str| None;

@@ -13,13 +13,13 @@
 use super::report;
 use super::Books;
 use crate::config::{Metered, OnUnknown, Tier, UsageSource};
-use crate::duration::NANOS_PER_SEC;
+use crate::core::duration::NANOS_PER_SEC;
+use crate::core::usage::{count_from_header, Counts, Format, Reader, Reading};
 use crate::host::Host;
 use crate::limiter::tab::{Ending, Entry, Held, Op, Tab};
 use crate::limiter::{Basis, Settled};
-use crate::metrics::UsageUnknown;
-use crate::protocol::SettleOp;
-use crate::usage::{count_from_header, Counts, Format, Reader, Reading};
+use crate::output::metrics::UsageUnknown;
+use crate::wire::protocol::SettleOp;
 use smallvec::SmallVec;
 
 /// What the response says it used, as far as it has come.
@@ -404,8 +404,8 @@ pub(super) fn record(
 ) -> Option<String> {
     let first = charged.first()?;
     let plan = filter.plan();
-    let mut record =
-        admission.or_else(|| crate::access_log::allowed_record(plan, first.policy, first.key))?;
+    let mut record = admission
+        .or_else(|| crate::output::access_log::allowed_record(plan, first.policy, first.key))?;
     record.push_str(" tokens=");
     for (i, c) in charged.iter().enumerate() {
         let Some(policy) = plan.policies.get(c.policy) else {

@@ -463,7 +463,7 @@ impl Envoy {
     }
 
     /// A counter the filter defines, by the name the filter gives it (`sluice.cas_retries`,
-    /// `sluice::metrics::requests_counter(..)`); `None` if Envoy does not have it.
+    /// `sluice::output::metrics::requests_counter(..)`); `None` if Envoy does not have it.
     pub fn wasm_counter(&self, name: &str) -> Option<u64> {
         let full = format!("{WASM_STAT_PREFIX}{name}");
         let regex = format!("^{}$", full.replace('.', "\\."));

@@ -9,7 +9,7 @@
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
-use sluice::algorithm::Kind;
+use sluice::core::algorithm::Kind;
 
 use super::auth::Caller;
 use super::{bad_request, store_unavailable, validate_reason, Admin, Route};

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
-use sluice::algorithm::Kind;
+use sluice::core::algorithm::Kind;
 use tracing::warn;
 
 use super::auth::Caller;

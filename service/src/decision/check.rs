@@ -5,12 +5,12 @@
 /// names and their expiries) is about 0.5 MB in Redis. The filter refuses a policy of more.
 pub use sluice::config::MAX_GLOBAL_SLOTS;
 pub use sluice::config::MAX_SLIDING_LOG;
-/// The wire format, defined once with the filter (`sluice::protocol`).
-pub use sluice::protocol::{CheckResponse, CheckResult};
+/// The wire format, defined once with the filter (`sluice::wire::protocol`).
+pub use sluice::wire::protocol::{CheckResponse, CheckResult};
 
 use serde::de::DeserializeOwned;
-use sluice::algorithm::Kind;
-use sluice::protocol::{Check as WireCheck, CheckRequest};
+use sluice::core::algorithm::Kind;
+use sluice::wire::protocol::{Check as WireCheck, CheckRequest};
 
 use crate::stores::{Algorithm, Check, Decision, Namespace, Slots, MAX_CAPACITY_US};
 
@@ -20,7 +20,7 @@ pub const MAX_CHECKS: usize = 16;
 pub const MAX_LOG_ENTRIES: u64 = MAX_SLIDING_LOG;
 /// `--max-key-ttl`'s default: a monthly quota of any algorithm (a sliding window of 31 days
 /// keeps its state for two windows).
-pub const DEFAULT_MAX_KEY_TTL_MS: u64 = sluice::protocol::SERVICE_MAX_KEY_TTL_MS;
+pub const DEFAULT_MAX_KEY_TTL_MS: u64 = sluice::wire::protocol::SERVICE_MAX_KEY_TTL_MS;
 const DAY_MS: u64 = 86_400_000;
 pub const MAX_KEY_BYTES: usize = 200;
 const MAX_REQUESTS: u64 = 1_000_000_000;

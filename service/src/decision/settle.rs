@@ -4,8 +4,8 @@
 //! which must fit the algorithm. A rejection names the field at fault.
 
 use serde::Serialize;
-use sluice::algorithm::Kind;
-use sluice::protocol::{SettleOp as WireOp, SettleRequest, Settlement as WireSettlement};
+use sluice::core::algorithm::Kind;
+use sluice::wire::protocol::{SettleOp as WireOp, SettleRequest, Settlement as WireSettlement};
 
 use crate::decision::check::{
     deserialize, validate_limit, validate_slot, within, BadRequest, Bounds, Shape,
@@ -13,8 +13,8 @@ use crate::decision::check::{
 use crate::stores::MAX_DEBT;
 use crate::stores::{Algorithm, Namespace, SettleOp, Settlement};
 
-/// Settlements per call: the filter's batch (`sluice::outbox::MAX_BATCH`).
-pub const MAX_SETTLEMENTS: usize = sluice::outbox::MAX_BATCH;
+/// Settlements per call: the filter's batch (`sluice::remote::outbox::MAX_BATCH`).
+pub const MAX_SETTLEMENTS: usize = sluice::remote::outbox::MAX_BATCH;
 /// The oldest reservation a refund may name: a year, the longest window.
 const MAX_AGE_MS: u64 = 31_536_000_000;
 

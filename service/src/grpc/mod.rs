@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::R
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use sluice::config::HeaderStyle;
-use sluice::key::HashSecret;
+use sluice::core::key::HashSecret;
 use tokio::net::TcpListener;
 use tracing::warn;
 

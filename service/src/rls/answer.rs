@@ -30,9 +30,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::config::HeaderStyle;
-use sluice::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
+use sluice::output::headers::{each_rate_limit_header, retry_after_secs, Quota, QuotaUnit};
 
-use sluice::key::HashSecret;
+use sluice::core::key::HashSecret;
 
 use crate::decision::check::{members_added, MAX_LOG_ENTRIES};
 use crate::rules::config::{Config, Limit, Node, Rate, Rule, Unit};

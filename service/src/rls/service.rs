@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use sluice::config::HeaderStyle;
-use sluice::key::HashSecret;
+use sluice::core::key::HashSecret;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 

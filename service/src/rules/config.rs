@@ -12,11 +12,11 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use sluice::duration::parse_nanos;
+use sluice::core::duration::parse_nanos;
 
 use crate::decision::check::{interval_us, Bounds, Shape};
 use crate::stores::Algorithm;
-use sluice::algorithm::Kind;
+use sluice::core::algorithm::Kind;
 
 /// Every domain of every file, ready for matching, and the bounds they were checked against.
 #[derive(Debug, Default)]

@@ -1,6 +1,6 @@
-//! Limits kept in this process, decided by the filter's own algorithms (`sluice::exact`) in
+//! Limits kept in this process, decided by the filter's own algorithms (`sluice::wire::exact`) in
 //! microseconds of the system clock: what the Redis scripts answer, debt included
-//! (`Check::debt`, `sluice::algorithm::Algorithm::owe`) and settlements too, for one service and
+//! (`Check::debt`, `sluice::core::algorithm::Algorithm::owe`) and settlements too, for one service and
 //! without Redis; concurrency's slots in a `SlotTable`. For trying sluice out and for testing
 //! the service's logic without a Redis; one replica only, and the state goes with the process.
 
@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluice::algorithm::{self as filter, Drain, Rate, Window};
-use sluice::exact::ExactStore;
+use sluice::core::algorithm::{self as filter, Drain, Rate, Window};
+use sluice::wire::exact::ExactStore;
 
 use super::settled_ids::SettledIds;
 use crate::stores::memory_slots::{Ask, SlotTable};

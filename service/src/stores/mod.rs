@@ -12,8 +12,8 @@ use std::future::Future;
 use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
-use sluice::algorithm::Kind;
-use sluice::key::HashSecret;
+use sluice::core::algorithm::Kind;
+use sluice::core::key::HashSecret;
 
 /// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`): as many as
 /// the largest burst.
@@ -41,7 +41,7 @@ pub struct Check {
     pub take: u64,
     /// The most tokens the key may owe past its limit: a check whose `cost` does not fit is
     /// charged anyway, up to that bound, and answered refused with `granted` = the tokens
-    /// charged (`sluice::algorithm::Algorithm::owe`). 0: a refused check takes nothing. The
+    /// charged (`sluice::core::algorithm::Algorithm::owe`). 0: a refused check takes nothing. The
     /// leaky bucket never owes. The RLS gives a limit's capacity (envoyproxy/ratelimit charges
     /// every hit); `/v1/check` gives 0.
     pub debt: u64,
@@ -125,11 +125,11 @@ pub fn released_key(namespace: Namespace, key: &str, slot: &str) -> String {
 
 /// How long a settlement's `id` is remembered after it was applied: longer than it can come
 /// again. The filter sends a settlement whose answer was lost again for up to
-/// `sluice::outbox::GIVE_UP` (30 s) after it made it, each call given up after
-/// `sluice::outbox::CALL_TIMEOUT` (5 s): its last copy reaches the service within 35 s of the
+/// `sluice::remote::outbox::GIVE_UP` (30 s) after it made it, each call given up after
+/// `sluice::remote::outbox::CALL_TIMEOUT` (5 s): its last copy reaches the service within 35 s of the
 /// first, the service's own retry within a second. Twice the give-up leaves room for a late
 /// timer and a slow network; longer only costs memory, one small key per settlement.
-pub const SETTLED_TTL_MS: u64 = 2 * sluice::outbox::GIVE_UP / 1_000_000;
+pub const SETTLED_TTL_MS: u64 = 2 * sluice::remote::outbox::GIVE_UP / 1_000_000;
 
 fn write_key(out: &mut String, namespace: Namespace, key: &str, algorithm: &Algorithm) {
     out.clear();
@@ -308,7 +308,7 @@ impl Algorithm {
     }
 
     /// Whether a response's usage can be settled against it (`SettleOp::Charge`, `Refund`): the
-    /// filter's `sluice::algorithm::Algorithm::meters`.
+    /// filter's `sluice::core::algorithm::Algorithm::meters`.
     pub fn meters(&self) -> bool {
         matches!(
             self,

@@ -32,7 +32,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
-use crate::duration::NANOS_PER_SEC;
+use crate::core::duration::NANOS_PER_SEC;
 
 pub use concurrency::Slots;
 pub use leaky_bucket::Drain;
@@ -468,7 +468,7 @@ impl Algorithm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::core::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
     fn algorithms(limit: u64) -> [Algorithm; 4] {

@@ -4,7 +4,7 @@
 //! usage beyond or below its reservation, a slot given back or renewed), sent in batches by each
 //! Envoy worker, never on a request's path.
 
-use crate::algorithm::{Algorithm, Drain, Kind, Rate, Slots, Window};
+use crate::core::algorithm::{Algorithm, Drain, Kind, Rate, Slots, Window};
 use serde::{Deserialize, Serialize};
 
 const NANOS_PER_MS: u64 = 1_000_000;

@@ -1,6 +1,6 @@
 //! Which requests a policy applies to.
 
-use crate::request::{Attributes, RequestSource};
+use crate::core::request::{Attributes, RequestSource};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathRule {
@@ -56,7 +56,7 @@ impl Matcher {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::Attr;
+    use crate::core::request::Attr;
     use crate::testing::FakeRequest;
 
     const ATTRS: [Attr; 4] = [Attr::Path, Attr::Method, Attr::Authority, Attr::Route];

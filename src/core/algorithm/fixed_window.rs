@@ -97,7 +97,7 @@ mod tests {
         let lowered = Window::new(1200, hour).unwrap();
         assert_eq!(admit(&lowered, &mut state, now, 0).remaining, 0);
     }
-    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::core::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
     fn per(limit: u64, length: u64) -> Window {

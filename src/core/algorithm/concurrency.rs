@@ -16,7 +16,7 @@ use std::num::NonZeroU64;
 
 use super::periods::{self, counts, store};
 use super::{invalid, within, Debt, Decision, Invalid, Param, MAX_PERIOD};
-use crate::duration::NANOS_PER_SEC;
+use crate::core::duration::NANOS_PER_SEC;
 
 /// State: the current epoch, the slots counted in it and in the one before, and when the state
 /// was first written.

@@ -57,7 +57,7 @@ pub fn admit(drain: &Drain, tat: &mut u64, now: u64, cost: u64) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::core::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
     fn drain(interval: u64, max_delay: u64) -> Drain {

@@ -13,8 +13,8 @@
 //! loan in time never takes one, and tokens are lost (an under-admission) only when a key stops
 //! coming back right after a loan and its lapsed loan is pushed out of a full ledger.
 
-use crate::algorithm::Decision;
-use crate::duration::NANOS_PER_SEC;
+use crate::core::algorithm::Decision;
+use crate::core::duration::NANOS_PER_SEC;
 use smallvec::SmallVec;
 use std::num::NonZeroU64;
 

@@ -5,8 +5,8 @@
 //! log shows for each kind of refusal.
 
 use crate::config::{Api, Denial, GrpcStatus};
+use crate::core::text::push_decimal;
 use crate::limiter::{Applied, Basis};
-use crate::text::push_decimal;
 use smallvec::SmallVec;
 use std::ops::Range;
 

@@ -7,7 +7,7 @@
 //! tools that recompute hashes offline (from the operator's secret, or `HashSecret::PUBLIC`)
 //! call it, or `hash_values`, with the same secret.
 
-use crate::request::{Attr, Attributes, RequestSource};
+use crate::core::request::{Attr, Attributes, RequestSource};
 use siphasher::sip::SipHasher13;
 use siphasher::sip128::{Hasher128, SipHasher13 as SipHasher13x128};
 use std::hash::Hasher;
@@ -165,7 +165,7 @@ fn body_field(name: &str) -> Result<Attr, String> {
             "body:{name:?}: a top-level field of the JSON request body, 1-64 characters of A-Z, a-z, 0-9, '_', '-', '.'"
         ));
     }
-    Ok(Attr::Body(crate::request::BodyField::String(
+    Ok(Attr::Body(crate::core::request::BodyField::String(
         name.to_string(),
     )))
 }

@@ -2,7 +2,7 @@
 //! met by every waiting request at once: after a few failures in a row, one worker sends one
 //! probe per back-off period until a call succeeds.
 
-use crate::duration::NANOS_PER_SEC;
+use crate::core::duration::NANOS_PER_SEC;
 use std::cell::Cell;
 
 /// Consecutive failed calls that open the breaker.

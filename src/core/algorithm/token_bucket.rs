@@ -105,7 +105,7 @@ pub fn hand_back(tat: &mut u64, tokens: u64, interval: NonZeroU64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::core::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
     fn per_second(requests: u64, burst: u64) -> Rate {

@@ -3,8 +3,8 @@
 //! the same in Redis (its tests check them against these algorithms); this stands in for it in
 //! the filter's tests and in `sluice-replay`, where one exact global store is wanted.
 
-use crate::algorithm::{concurrency, Algorithm, Debt, Decision};
-use crate::protocol::{Check, CheckResult};
+use crate::core::algorithm::{concurrency, Algorithm, Debt, Decision};
+use crate::wire::protocol::{Check, CheckResult};
 use std::collections::HashMap;
 
 /// Every key's state, by check key.
@@ -36,7 +36,7 @@ impl State {
             (self.limit, limit, self.words.as_mut_slice())
         {
             if from != to {
-                *tat = crate::algorithm::token_bucket::carry(*tat, now, &from, &to);
+                *tat = crate::core::algorithm::token_bucket::carry(*tat, now, &from, &to);
             }
         }
         self.limit = limit;
@@ -196,7 +196,7 @@ fn admit_taking_less(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Kind;
+    use crate::core::algorithm::Kind;
 
     const T0: u64 = 1_800_000_000 * 1_000_000_000;
 
@@ -217,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_key_whose_limit_is_raised_keeps_its_usage_so_far() {
-        use crate::algorithm::{Rate, Window};
+        use crate::core::algorithm::{Rate, Window};
         let hour = 3_600_000_000_000;
         let mut store = ExactStore::default();
         let limits = [
@@ -339,14 +339,15 @@ mod tests {
     #[test]
     fn a_refused_check_is_charged_up_to_the_debt_and_answered_refused() {
         let mut store = ExactStore::default();
-        let window = Algorithm::FixedWindow(crate::algorithm::Window::new(10, 1_000).unwrap());
+        let window =
+            Algorithm::FixedWindow(crate::core::algorithm::Window::new(10, 1_000).unwrap());
         let (first, _) = store.decide_owing("k", window, 5_000, (8, 8), 10);
         assert!(first.allowed);
         let (refused, charged) = store.decide_owing("k", window, 5_000, (5, 5), 10);
         assert_eq!((refused.allowed, refused.remaining, charged), (false, 0, 5));
         let (asking, charged) = store.decide_owing("k", window, 5_000, (0, 0), 10);
         assert_eq!((asking.allowed, charged), (false, 0), "13 of 10: over");
-        let log = Algorithm::SlidingLog(crate::algorithm::Window::new(2, 1_000).unwrap());
+        let log = Algorithm::SlidingLog(crate::core::algorithm::Window::new(2, 1_000).unwrap());
         store.decide("l", log, 5_000, 2, 2);
         let (_, charged) = store.decide_owing("l", log, 5_000, (3, 3), 2);
         assert_eq!(charged, 2, "the log grows to hold what it owes");

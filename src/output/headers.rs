@@ -5,9 +5,9 @@
 //! `r`emaining quota and effective window `t` in seconds in the service limit.
 
 use crate::config::{Api, HeaderStyle};
-use crate::duration::{ceil_secs, NANOS_PER_SEC};
-use crate::text::push_decimal;
-use crate::time::format_rfc3339;
+use crate::core::duration::{ceil_secs, NANOS_PER_SEC};
+use crate::core::text::push_decimal;
+use crate::core::time::format_rfc3339;
 
 /// The state of one policy's bucket for one request, as the headers report it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,7 +282,7 @@ pub fn retry_after_secs(retry_after: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::duration::NANOS_PER_SEC;
+    use crate::core::duration::NANOS_PER_SEC;
 
     /// 100 a minute with a burst of 20: a full refill takes 12 s.
     const QUOTA: Quota = Quota {

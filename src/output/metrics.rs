@@ -340,7 +340,7 @@ impl Counters {
     }
 
     /// Counts settlements the outbox delivered and gave up.
-    pub fn settlements(&self, counts: crate::outbox::Counts) {
+    pub fn settlements(&self, counts: crate::remote::outbox::Counts) {
         self.settlements_delivered.add(counts.delivered);
         self.settlements_dropped.add(counts.dropped);
         self.settlements_rejected.add(counts.rejected);

@@ -81,7 +81,7 @@ pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::duration::NANOS_PER_SEC as SEC;
+    use crate::core::duration::NANOS_PER_SEC as SEC;
     use proptest::prelude::*;
 
     fn per(limit: u64, length: u64) -> Window {

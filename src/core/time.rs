@@ -1,7 +1,7 @@
 //! Time: RFC 3339 timestamps, as bypass entries give their expiry (`2026-12-01T00:00:00Z`,
 //! `2026-12-01T09:30:00.5+02:00`) and access logs their start times, and a worker's clock.
 
-use crate::duration::NANOS_PER_SEC;
+use crate::core::duration::NANOS_PER_SEC;
 use std::cell::Cell;
 
 /// One worker's time: the wall clock, except that it never goes back. A clock stepping back

@@ -41,11 +41,11 @@
 //! keeps its state while its page holds one that owes less, and a flood of new keys that each
 //! owe little makes room by forgetting its own kind.
 
-use crate::algorithm::{Debt, FULL_SHARE};
-use crate::duration::NANOS_PER_SEC;
-use crate::key::KeyPart;
-use crate::store::{Store, StoreError, ABSENT};
-use crate::text::push_base64;
+use crate::core::algorithm::{Debt, FULL_SHARE};
+use crate::core::duration::NANOS_PER_SEC;
+use crate::core::key::KeyPart;
+use crate::core::text::push_base64;
+use crate::state::store::{Store, StoreError, ABSENT};
 use smallvec::{smallvec, SmallVec};
 
 /// A key's record is rewritten at least this often while the key is being denied (which changes
@@ -137,7 +137,8 @@ impl TableSpec {
 /// A plugin's prefix for its pages' names: short, so that Envoy keeps each name inline (up to
 /// 15 bytes need no allocation of their own), and apart from other plugins' of the same VM.
 pub fn prefix(plugin: &str) -> String {
-    let hash = crate::key::hash_values(&[plugin.to_string()], &crate::key::HashSecret::PUBLIC);
+    let hash =
+        crate::core::key::hash_values(&[plugin.to_string()], &crate::core::key::HashSecret::PUBLIC);
     let mut prefix = String::from("s");
     push_base64(&mut prefix, hash & 0x3fff_ffff, 5);
     prefix
@@ -444,7 +445,7 @@ pub fn owners(store: &impl Store, prefix: &str, spec: &TableSpec) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::MemoryStore;
+    use crate::state::store::MemoryStore;
 
     /// Tokens owed out of a capacity of 4: the first state word, as the tests write it.
     fn owes(state: &[u64]) -> Debt {

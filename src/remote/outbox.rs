@@ -9,8 +9,8 @@
 //! configuration that has since been replaced still settles with the service it was admitted by.
 
 use crate::config::GlobalService;
-use crate::duration::NANOS_PER_SEC;
-use crate::protocol::Settlement;
+use crate::core::duration::NANOS_PER_SEC;
+use crate::wire::protocol::Settlement;
 use std::collections::VecDeque;
 
 /// Settlements per call.
@@ -250,9 +250,9 @@ fn expire(waiting: &mut VecDeque<(Settlement, u64)>, now: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Kind;
     use crate::config::Protocol;
-    use crate::protocol::SettleOp;
+    use crate::core::algorithm::Kind;
+    use crate::wire::protocol::SettleOp;
 
     const T0: u64 = 1_800_000_000 * NANOS_PER_SEC;
     const OK: Delivery = Delivery::Delivered { rejected: 0 };
@@ -266,7 +266,7 @@ mod tests {
             protocol: Protocol::Sluice {
                 path: "/v1/check".into(),
             },
-            max_key_ttl_ms: crate::protocol::SERVICE_MAX_KEY_TTL_MS,
+            max_key_ttl_ms: crate::wire::protocol::SERVICE_MAX_KEY_TTL_MS,
         }
     }
 

@@ -19,9 +19,9 @@
 //! access log that carries them lets `sluice-replay` key, reserve and charge as the filter did.
 
 use crate::config::{Plan, Policy};
+use crate::core::request::{Attr, Attributes, RequestSource};
+use crate::core::text::push_hex16;
 use crate::limiter::{Applied, Outcome, PolicyOutcome};
-use crate::request::{Attr, Attributes, RequestSource};
-use crate::text::push_hex16;
 
 /// The name under which the record is set (Envoy keeps it as filter state `wasm.sluice`).
 pub const PROPERTY: &str = "sluice";
@@ -111,7 +111,7 @@ fn mode(policy: &Policy, key: Option<u64>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Decision;
+    use crate::core::algorithm::Decision;
     use crate::limiter::Basis;
     use serde_json::json;
 

@@ -176,10 +176,10 @@ fn fetch<S: RequestSource + ?Sized>(
 fn read_body_field(body: &[u8], field: &BodyField) -> Option<Vec<u8>> {
     match field {
         BodyField::String(name) => {
-            crate::usage::request::string_field(body, name).map(String::into_bytes)
+            crate::core::usage::request::string_field(body, name).map(String::into_bytes)
         }
         BodyField::MaxOutputTokens => {
-            let tokens = crate::usage::request::RequestFields::read(body).max_output_tokens?;
+            let tokens = crate::core::usage::request::RequestFields::read(body).max_output_tokens?;
             Some(tokens.to_string().into_bytes())
         }
     }

@@ -11,11 +11,11 @@
 //! `hits_addend` is the policy's `cost` (and the request's too when every descriptor costs the
 //! same, for servers that read only that one).
 
-use crate::algorithm::Decision;
-use crate::duration::NANOS_PER_SEC;
-use crate::key::{KeyPart, Source};
-use crate::protocol::{Answer, Check};
-use crate::request::{Attr, Attributes, RequestSource};
+use crate::core::algorithm::Decision;
+use crate::core::duration::NANOS_PER_SEC;
+use crate::core::key::{KeyPart, Source};
+use crate::core::request::{Attr, Attributes, RequestSource};
+use crate::wire::protocol::{Answer, Check};
 
 pub const SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
 pub const METHOD: &str = "ShouldRateLimit";
@@ -32,7 +32,7 @@ pub fn entry_key(attr: &Attr) -> Option<String> {
         Attr::Authority => "authority".into(),
         Attr::Route => "route".into(),
         Attr::Metadata { path, .. } => path.join("."),
-        Attr::Body(crate::request::BodyField::String(name)) => name.clone(),
+        Attr::Body(crate::core::request::BodyField::String(name)) => name.clone(),
         Attr::RouteMetadata | Attr::Body(_) => return None,
     })
 }
@@ -295,7 +295,7 @@ pub fn grpc_service(cluster: &str, authority: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Kind;
+    use crate::core::algorithm::Kind;
     use proptest::prelude::*;
 
     fn check(cost: u64, entries: &[(&str, &str)]) -> Check {

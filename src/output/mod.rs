@@ -1,0 +1,8 @@
+//! What a decision shows: to the client, the local reply to a refused request (`reply`) and the
+//! rate-limit headers (`headers`); to the operator, the access-log record (`access_log`) and
+//! the metrics in Envoy's stats (`metrics`).
+
+pub mod access_log;
+pub mod headers;
+pub mod metrics;
+pub mod reply;

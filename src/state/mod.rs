@@ -1,0 +1,9 @@
+//! Where limits keep their state: the key-value store shared by an Envoy's workers (`store`,
+//! proxy-wasm shared data), the bounded tables of key states in it (`table`), one worker's
+//! loans from shared buckets (`ledger`), and the requests a leaky bucket holds for their turn
+//! (`hold`).
+
+pub mod hold;
+pub mod ledger;
+pub mod store;
+pub mod table;
