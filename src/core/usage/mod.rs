@@ -26,7 +26,8 @@
 //!
 //! **What is invalid.** A count that is not a whole number from 0 to 10^12 (negative, fractional,
 //! with an exponent, larger, a string, a bool, an object); malformed JSON (anywhere in a JSON
-//! body, in any event's data but `[DONE]`); nesting deeper than `MAX_DEPTH`; a body that ends
+//! body; in an event stream, in the data of an event that holds a usage, `marker`: the others are
+//! not read); nesting deeper than `MAX_DEPTH`; a body that ends
 //! inside a JSON document (the last event of a stream needs no blank line after it, but its data
 //! must be complete). Bytes inside strings are not checked (invalid UTF-8 there is skipped);
 //! outside strings they must be JSON. Invalid is not the same as `Missing` (well-formed,
@@ -48,6 +49,7 @@
 
 pub mod decode;
 mod json;
+mod marker;
 mod meter;
 pub mod price;
 pub mod request;

@@ -6,10 +6,18 @@
 //!
 //! The last event needs no blank line after it (a stream may close after its last data line),
 //! but its data must be complete.
+//!
+//! Only an event whose data holds a usage that may have counts can carry one (`marker`), so
+//! only such an event is read and checked: the events of a chunk before the first one that
+//! holds one are skipped unread, to the last blank line `\n\n` before it, and an event that is
+//! read (cut by the chunk's end, or after it) is never held against the stream without one. The
+//! one rule in every chunking: nearly all of a long stream's events are text deltas, passed over
+//! in one search at `memchr`'s pace.
 
-use memchr::memchr2;
+use memchr::{memchr2, memrchr};
 
 use super::json::{is_whitespace, Ending, Json, Why};
+use super::marker::{self, Marker};
 use super::Counts;
 
 const DATA: &[u8] = b"data";
@@ -50,6 +58,10 @@ struct Data {
     /// How many bytes of `[DONE]` the data matched (whitespace aside); `None` once it did not.
     done: Option<u8>,
     json: Json,
+    /// Whether the data holds a usage that may have counts, as far as read.
+    marker: Marker,
+    /// Why the data is not a document, found before its end.
+    broken: Option<Why>,
 }
 
 impl Data {
@@ -57,10 +69,21 @@ impl Data {
         Data {
             done: Some(0),
             json: Json::new(),
+            marker: Marker::default(),
+            broken: None,
         }
     }
 
+    /// The next bytes of the data: looked at for a usage, and read until they break.
     fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+        self.marker.feed(bytes);
+        if self.broken.is_none() {
+            self.broken = self.read(bytes, counts).err();
+        }
+        Ok(())
+    }
+
+    fn read(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
         let Some(matched) = self.done else {
             return self.json.feed(bytes, counts);
         };
@@ -81,8 +104,16 @@ impl Data {
         Ok(())
     }
 
-    /// Checks the data is `[DONE]`, a complete JSON document, or nothing.
+    /// Checks the data is `[DONE]`, a complete JSON document, or nothing, if it holds a usage.
     fn end(&mut self, counts: &mut Counts) -> Result<(), Why> {
+        let checked = self.broken.map_or_else(|| self.finish(counts), Err);
+        match checked {
+            Err(why) if self.marker.holds_usage() => Err(why),
+            _ => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, counts: &mut Counts) -> Result<(), Why> {
         match self.done {
             Some(matched) if usize::from(matched) == DONE.len() => return Ok(()),
             Some(matched) => {
@@ -112,6 +143,12 @@ impl EventStream {
     pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
         let mut rest = bytes;
         while let Some((&byte, after)) = rest.split_first() {
+            if self.line == Line::Start && !self.has_data && !self.after_cr {
+                if let Some(skipped) = skippable(rest) {
+                    rest = skipped;
+                    continue;
+                }
+            }
             if std::mem::take(&mut self.after_cr) && byte == b'\n' {
                 rest = after;
                 continue;
@@ -201,6 +238,26 @@ impl EventStream {
             data.end(counts)?;
         }
         Ok(())
+    }
+}
+
+/// What follows the events `rest` starts with that end within it before the first usage that
+/// may have counts (`marker`: a usage in their other lines is taken as one too), if there are
+/// any: their data is not read.
+fn skippable(rest: &[u8]) -> Option<&[u8]> {
+    let before = rest.get(..marker::first_usage(rest).unwrap_or(rest.len()))?;
+    rest.get(after_last_blank_line(before)?..)
+}
+
+/// Where the last blank line that follows a `\n` in `bytes` ends: the end of an event.
+fn after_last_blank_line(bytes: &[u8]) -> Option<usize> {
+    let mut end = bytes.len();
+    loop {
+        let at = memrchr(b'\n', bytes.get(..end)?)?;
+        if at > 0 && bytes.get(at - 1) == Some(&b'\n') {
+            return Some(at + 1);
+        }
+        end = at;
     }
 }
 

@@ -423,7 +423,7 @@ fn a_top_level_array_is_read_as_a_list_of_documents() {
 #[test]
 fn once_invalid_the_scanner_stays_invalid_and_ignores_what_follows() {
     let mut scanner = Scanner::new(Format::EventStream);
-    scanner.feed(b"data: {]\n\n");
+    scanner.feed(b"data: {\"usage\": ]\n\n");
     scanner.feed(br#"data: {"usage": {"total_tokens": 5}}"#);
     scanner.feed(b"\n\n");
     assert_eq!(scanner.reading(), Reading::Invalid("malformed JSON"));
@@ -518,9 +518,9 @@ fn done_ends_an_openai_stream_and_any_other_data_is_json() {
     assert_eq!(events("data:[DONE] \n\n"), Reading::Missing);
     assert_eq!(events("data: [1]\n\n"), Reading::Missing);
     for not_done in [
-        "data: [DONE] x\n\n",
-        "data: [DON\n\n",
-        "data: [DONE]\ndata: [DONE]\n\n",
+        "data: [DONE] x \"usage\n\n",
+        "data: [DON \"usage\n\n",
+        "data: [DONE]\ndata: [DONE] \"usage\n\n",
     ] {
         assert_eq!(
             events(not_done),
@@ -529,17 +529,39 @@ fn done_ends_an_openai_stream_and_any_other_data_is_json() {
         );
     }
     assert_eq!(
-        events("data: [\n\n"),
+        events("data: [\"usage\"\n\n"),
         Reading::Invalid("an event's data ends inside a JSON document")
     );
 }
 
 #[test]
-fn a_malformed_event_makes_the_whole_stream_invalid() {
-    let stream = "data: {\"usage\": {\"total_tokens\": 3}}\n\ndata: {oops}\n\n";
+fn a_malformed_event_that_could_hold_usage_makes_the_whole_stream_invalid() {
+    let stream = "data: {\"usage\": {\"total_tokens\": 3}}\n\ndata: {oops \"usage\"}\n\n";
     assert_eq!(events(stream), Reading::Invalid("malformed JSON"));
-    let plain_text = "data: hello\n\n";
-    assert_eq!(events(plain_text), Reading::Invalid("malformed JSON"));
+    let cut = "data: {\"usage\": {\"total_tokens\": 3}}\n\ndata: {\"usage\": {";
+    assert_eq!(
+        events(cut),
+        Reading::Invalid("an event's data ends inside a JSON document")
+    );
+}
+
+#[test]
+fn events_that_cannot_hold_usage_are_not_read() {
+    let usage = "data: {\"usage\": {\"total_tokens\": 3}}\n\n";
+    let others = ["data: hello\n\n", "data: {oops}\n\n", "data: {\"a\": [\n\n"];
+    let streams = others
+        .iter()
+        .flat_map(|other| [format!("{other}{usage}"), format!("{usage}{other}")]);
+    // The last event cut short does not count either, if it could not hold usage.
+    for stream in streams.chain([format!("{usage}data: {{\"a\"")]) {
+        // Whole in one chunk (skipped unread), and a byte at a time (read, not held against it).
+        assert_eq!(events(&stream), found(None, None, Some(3)), "{stream:?}");
+        let bytewise = read_bytewise(Format::EventStream, stream.as_bytes());
+        assert_eq!(bytewise, found(None, None, Some(3)), "{stream:?}");
+    }
+    // A count needs its key: a usage spelt with an escape is no usage, and is not read either.
+    let escaped = "data: {\"\\u0075sage\": {\"total_tokens\": 3}}\n\n";
+    assert_eq!(events(escaped), Reading::Missing);
 }
 
 #[test]
