@@ -195,7 +195,8 @@ def features(saved):
     """Issues 24 and 25: what a token budget and a concurrency slot cost per request, against the
     policies they stand beside, and what a global concurrency policy sends the service."""
     summary, micro = saved["summary"], saved.get("micro") or {}
-    pairs = [("12T", "12", "4 KiB OpenAI JSON response", 1.3), ("13T", "13", "200-event OpenAI SSE stream", None),
+    pairs = [("12T", "12", "4 KiB OpenAI JSON response", 1.2), ("13T", "13", "200-event OpenAI SSE stream", 1.5),
+             ("12P", "12", "OpenAI's own rate-limit headers too, 4 KiB JSON", 1.03),
              ("10", "4", "concurrency slot (local) over a token bucket", 1.15),
              ("11", "8", "global concurrency over a strict global token bucket", None)]
     rows = []

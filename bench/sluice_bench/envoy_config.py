@@ -59,9 +59,10 @@ def sluice_filter(configuration):
 
 
 def sluice(*policies, service=None):
-    """sluice with its default rate-limit headers ("legacy": x-ratelimit-* on every response);
-    `service`: the top-level `global` settings, for global policies."""
-    config = {"version": "bench", "headers": "legacy", "policies": list(policies)}
+    """sluice with its default rate-limit headers ("legacy": x-ratelimit-* on every response, or a
+    provider's own in their place for a policy with an `api`); `service`: the top-level `global`
+    settings, for global policies."""
+    config = {"version": "bench", "policies": list(policies)}
     if service:
         config["global"] = service
     return sluice_filter(config)

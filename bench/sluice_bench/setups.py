@@ -37,6 +37,7 @@ RATIOS = [
     ("11", "8", "global concurrency over strict global"),
     ("12T", "12", "a token budget over a request count, 4 KiB JSON"),
     ("13T", "13", "a token budget over a request count, 200-event stream"),
+    ("12P", "12", "OpenAI's rate-limit headers too, 4 KiB JSON"),
 ]
 # What each step from one setup to the next adds (a − b), in the CPU and instruction reports.
 STEPS = [
@@ -50,11 +51,13 @@ STEPS = [
     ("10", "4", "a slot taken and given back instead of a token bucket's decision"),
     ("12T", "12", "reading a 4 KiB JSON response's usage and settling it"),
     ("13T", "13", "reading a 200-event stream's usage and settling it"),
+    ("12P", "12", "OpenAI's own rate-limit headers on every response"),
 ]
 # The issues' targets, on CPU per request: numerator <= factor x denominator, and the issue.
 TARGETS = [
     ("4", "3b", 1.15, "5"), ("4L", "3b", 1.0, "5"), ("5", "4", 1.2, "5"), ("7", "4", 1.0, "5"),
     ("9", "4", 1.25, "5"), ("12T", "12", 1.3, "24"), ("10", "4", 1.15, "25"),
+    ("12T", "12", 1.2, "33"), ("13T", "13", 1.5, "33"), ("12P", "12", 1.03, "33"),
 ]
 # The global concurrency setup whose traffic to the service the CPU run also counts, after its
 # rounds (global_traffic).
@@ -115,6 +118,8 @@ def setups(fixtures, service_port, valgrind=False):
         Setup("12", "sluice, 1 policy, 4 KiB JSON response", [sluice(per_user)], response=json_response()),
         Setup("12T", "sluice, token budget, 4 KiB JSON response", [sluice(token_budget())],
               response=json_response()),
+        Setup("12P", "sluice, 1 policy, OpenAI's headers too, 4 KiB JSON response",
+              [sluice(dict(per_user, api="openai"))], response=json_response()),
         Setup("13", "sluice, 1 policy, 200-event SSE response", [sluice(per_user)],
               response=event_stream_response()),
         Setup("13T", "sluice, token budget, 200-event SSE response", [sluice(token_budget())],

@@ -14,8 +14,7 @@ pub const DEFAULT_MAX_KEYS: u32 = 10_000;
 #[serde(deny_unknown_fields)]
 pub(super) struct RawConfig {
     pub(super) version: Option<String>,
-    #[serde(default)]
-    pub(super) headers: HeaderStyle,
+    pub(super) headers: Option<HeaderStyle>,
     #[serde(default)]
     pub(super) policies: Vec<RawPolicy>,
     pub(super) default: Option<RawPolicy>,

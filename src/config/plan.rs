@@ -14,7 +14,9 @@ use std::ops::Range;
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub version: String,
-    pub headers: HeaderStyle,
+    /// `None` when the configuration does not say: `legacy`, but none beside a provider's own
+    /// (a policy's `api`), which say the same.
+    pub headers: Option<HeaderStyle>,
     /// Every request attribute some policy reads, each once.
     pub attrs: Vec<Attr>,
     pub policies: Vec<Policy>,

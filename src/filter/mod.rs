@@ -5,7 +5,9 @@
 
 mod body;
 
-use crate::config::{self, key_check, Api, ConfigError, Denial, GlobalService, Plan, Protocol};
+use crate::config::{
+    self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, Plan, Protocol,
+};
 use crate::core::algorithm::Algorithm;
 use crate::core::duration::NANOS_PER_SEC;
 use crate::core::key::{HashSecret, Keying};
@@ -193,14 +195,20 @@ impl Filter {
     /// Calls `emit` with each rate-limit header to add to the response.
     pub fn each_response_header(&self, reported: &Reported, emit: impl FnMut(&'static str, &str)) {
         let mut emit = emit;
-        if let Some(quota) = self.quota(&reported.applied) {
-            each_rate_limit_header(self.plan.headers, &quota, reported.now, &mut emit);
-        }
         let api = |a: &Applied| self.plan.policies.get(a.policy).map(|p| p.denial.api);
         let provider = [reported.tokens, reported.requests, Some(reported.applied)]
             .iter()
             .flatten()
             .find_map(|a| api(a).filter(|api| *api != Api::Generic));
+        let style = match (self.plan.headers, provider) {
+            (Some(style), _) => style,
+            (None, Some(_)) => HeaderStyle::None,
+            (None, None) => HeaderStyle::Legacy,
+        };
+        let quota = (style != HeaderStyle::None).then(|| self.quota(&reported.applied));
+        if let Some(quota) = quota.flatten() {
+            each_rate_limit_header(style, &quota, reported.now, &mut emit);
+        }
         if let Some(api) = provider {
             let requests = reported.requests.and_then(|a| self.quota(&a));
             let tokens = reported.tokens.and_then(|a| self.quota(&a));
