@@ -13,6 +13,7 @@
 pub mod access_log;
 pub mod algorithm;
 pub mod breaker;
+pub mod calendar;
 pub mod config;
 pub mod duration;
 pub mod exact;

@@ -1,0 +1,313 @@
+//! Calendar windows: a fixed window whose boundaries are local midnights (or a chosen time of
+//! day) in a named time zone: every day, every week from a weekday, every month from a day of
+//! the month (a billing day), every year from a date. Zone rules come from the tz database that
+//! jiff bundles; a zone is looked up once, when a configuration (or the service's first check)
+//! names it, and the window around the clock is kept so that a request compares integers and
+//! computes a boundary only when the last one has passed.
+//!
+//! Rules, documented in docs/configuration.md#calendar-windows:
+//! - a day of the month past the month's end (31 in February) starts the period on the month's
+//!   last day;
+//! - a local time that a summer-time change skips (02:30 on a spring-forward day) starts the
+//!   period as many minutes after the gap as it fell into it (03:30): RFC 5545's and Temporal's
+//!   "compatible" rule; a local time that happens twice (on the autumn day) starts it at the
+//!   first.
+
+use crate::duration::NANOS_PER_SEC;
+use jiff::civil::{Date, DateTime};
+use jiff::tz::TimeZone;
+use jiff::Timestamp;
+use std::sync::{Mutex, MutexGuard};
+
+/// How long a calendar period is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    /// The unit of a calendar-shaped `per`: `1d`, `1w`, `1mo`, `1y`.
+    pub fn parse(per: &str) -> Option<Unit> {
+        match per {
+            "1d" => Some(Unit::Day),
+            "1w" => Some(Unit::Week),
+            "1mo" => Some(Unit::Month),
+            "1y" => Some(Unit::Year),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Day => "1d",
+            Unit::Week => "1w",
+            Unit::Month => "1mo",
+            Unit::Year => "1y",
+        }
+    }
+
+    /// A period's nominal length, for what needs one number (the wire's `per_ms`, the
+    /// `RateLimit-Policy` header's `w`): a day, 7 days, 30 days, 365 days.
+    pub fn nominal_nanos(self) -> u64 {
+        let days = match self {
+            Unit::Day => 1,
+            Unit::Week => 7,
+            Unit::Month => 30,
+            Unit::Year => 365,
+        };
+        days * 86_400 * NANOS_PER_SEC
+    }
+}
+
+/// Where a period starts. Which fields apply depends on the unit: `weekday` for weeks (0 =
+/// Monday .. 6 = Sunday), `day` (1..=31) for months and years, `month` (1..=12) for years,
+/// `second` of the local day (0..86_400) for every unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Starts {
+    pub month: u8,
+    pub day: u8,
+    pub weekday: u8,
+    pub second: u32,
+}
+
+impl Starts {
+    /// The first day of the period at local midnight; weeks from Monday, years from January.
+    pub fn midnight() -> Starts {
+        Starts {
+            month: 1,
+            day: 1,
+            weekday: 0,
+            second: 0,
+        }
+    }
+}
+
+/// A calendar period rule with its zone: a handle, cheap to copy, onto the zones registered in
+/// this process. Two handles are equal when their zone name, unit and start are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Calendar {
+    id: u32,
+    pub unit: Unit,
+}
+
+/// One period: its start (which names it, in seconds) and its end, in Unix nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Period {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Period {
+    /// The window index a fixed window stores: the start in whole seconds.
+    pub fn index(&self) -> u64 {
+        self.start / NANOS_PER_SEC
+    }
+}
+
+/// The most distinct calendars a process keeps: a configuration names a few; the service
+/// registers what its checks name, and refuses a check past this many.
+pub const MAX_CALENDARS: usize = 1024;
+
+struct Entry {
+    zone_name: String,
+    unit: Unit,
+    starts: Starts,
+    zone: TimeZone,
+    /// The last period computed: requests within it compare integers and nothing else.
+    latest: Option<Period>,
+}
+
+static CALENDARS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+fn calendars() -> MutexGuard<'static, Vec<Entry>> {
+    // One thread in the wasm VM; a panic under the lock cannot leave a period half written.
+    CALENDARS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Why a calendar cannot be made, by the field at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CalendarError {
+    Timezone(String),
+    Starts(&'static str, String),
+    Full,
+}
+
+impl Calendar {
+    /// The calendar of `unit` periods in `zone_name` (an IANA name such as `Europe/Berlin`)
+    /// starting at `starts`: the zone is looked up now, once per process for each distinct
+    /// calendar.
+    pub fn new(zone_name: &str, unit: Unit, starts: Starts) -> Result<Calendar, CalendarError> {
+        check_starts(unit, &starts)?;
+        let mut all = calendars();
+        let same = |e: &Entry| e.zone_name == zone_name && e.unit == unit && e.starts == starts;
+        if let Some(id) = all.iter().position(same) {
+            return Ok(Calendar {
+                id: id as u32,
+                unit,
+            });
+        }
+        if all.len() >= MAX_CALENDARS {
+            return Err(CalendarError::Full);
+        }
+        let zone = TimeZone::get(zone_name).map_err(|_| {
+            CalendarError::Timezone(format!(
+                "{zone_name:?} is not a time zone of the tz database (such as \"Europe/Berlin\" or \"UTC\")"
+            ))
+        })?;
+        all.push(Entry {
+            zone_name: zone_name.to_string(),
+            unit,
+            starts,
+            zone,
+            latest: None,
+        });
+        Ok(Calendar {
+            id: (all.len() - 1) as u32,
+            unit,
+        })
+    }
+
+    /// The period that holds `now` (Unix nanoseconds). Integer compares while `now` stays in
+    /// the last period computed; a boundary computation when it has passed.
+    pub fn period(&self, now: u64) -> Period {
+        let mut all = calendars();
+        let Some(entry) = all.get_mut(self.id as usize) else {
+            return fallback(self.unit, now);
+        };
+        if let Some(p) = entry.latest.filter(|p| p.start <= now && now < p.end) {
+            return p;
+        }
+        let period = compute(&entry.zone, self.unit, &entry.starts, now)
+            .unwrap_or_else(|| fallback(self.unit, now));
+        // Keep the latest: a look at an older instant (a refund's `taken_at`) does not evict it.
+        if entry.latest.is_none_or(|p| p.start < period.start) {
+            entry.latest = Some(period);
+        }
+        period
+    }
+
+    /// The end of the period whose index (`Period::index`) is `index`.
+    pub fn end_of(&self, index: u64) -> u64 {
+        self.period(index.saturating_mul(NANOS_PER_SEC)).end
+    }
+
+    /// The zone's name and the start, as the configuration gave them.
+    pub fn describe(&self) -> Option<(String, Starts)> {
+        let all = calendars();
+        let entry = all.get(self.id as usize)?;
+        Some((entry.zone_name.clone(), entry.starts))
+    }
+}
+
+/// A period of the nominal length aligned to the epoch: only for a clock outside what the tz
+/// database covers (never between 1970 and 2554).
+fn fallback(unit: Unit, now: u64) -> Period {
+    let length = unit.nominal_nanos();
+    let start = now / length * length;
+    Period {
+        start,
+        end: start.saturating_add(length),
+    }
+}
+
+fn check_starts(unit: Unit, starts: &Starts) -> Result<(), CalendarError> {
+    let bad = |field, why: &str| Err(CalendarError::Starts(field, why.to_string()));
+    if starts.second >= 86_400 {
+        return bad("time", "must be a time of day before 24:00:00");
+    }
+    if starts.weekday > 6 {
+        return bad("weekday", "must be a day of the week");
+    }
+    match unit {
+        Unit::Month | Unit::Year if !(1..=31).contains(&starts.day) => {
+            bad("day", "must be a day of the month, 1 to 31")
+        }
+        Unit::Year if !(1..=12).contains(&starts.month) => bad("month", "must be 1 to 12"),
+        _ => Ok(()),
+    }
+}
+
+/// The period around `now` by the zone's rules: the boundary of the local date's own period,
+/// then a step back or forward while the boundaries do not hold `now`.
+fn compute(zone: &TimeZone, unit: Unit, starts: &Starts, now: u64) -> Option<Period> {
+    let secs = i64::try_from(now / NANOS_PER_SEC).ok()?;
+    let local = zone.to_datetime(Timestamp::from_second(secs).ok()?).date();
+    let mut k = match unit {
+        Unit::Day => days_since_epoch(local)?,
+        Unit::Week => (days_since_epoch(local)? - week_offset(starts)).div_euclid(7),
+        Unit::Month => i64::from(local.year()) * 12 + i64::from(local.month()) - 1,
+        Unit::Year => i64::from(local.year()),
+    };
+    let at = |k: i64| boundary(zone, unit, starts, k);
+    // A boundary is at most a day and the zone's offset change away from the local date's: a
+    // step or two settles it.
+    for _ in 0..4 {
+        if at(k)? > now {
+            k -= 1;
+        } else if at(k + 1)? <= now {
+            k += 1;
+        } else {
+            break;
+        }
+    }
+    let (start, end) = (at(k)?, at(k + 1)?);
+    (start <= now && now < end).then_some(Period { start, end })
+}
+
+/// Days from 1970-01-01 (a Thursday) to the day of the period's weekday in week 0.
+fn week_offset(starts: &Starts) -> i64 {
+    (i64::from(starts.weekday) - 3).rem_euclid(7)
+}
+
+/// The start of period `k` (Unix nanoseconds): the local date-time it starts at, resolved in
+/// the zone by the rules in the module comment.
+fn boundary(zone: &TimeZone, unit: Unit, starts: &Starts, k: i64) -> Option<u64> {
+    let date = match unit {
+        Unit::Day => date_of_days(k)?,
+        Unit::Week => date_of_days(k * 7 + week_offset(starts))?,
+        Unit::Month => {
+            let (year, month) = (k.div_euclid(12), k.rem_euclid(12) + 1);
+            day_of(i16::try_from(year).ok()?, month as i8, starts.day)?
+        }
+        Unit::Year => day_of(i16::try_from(k).ok()?, starts.month as i8, starts.day)?,
+    };
+    let second = starts.second;
+    let time = DateTime::from_parts(
+        date,
+        jiff::civil::Time::new(
+            (second / 3600) as i8,
+            (second / 60 % 60) as i8,
+            (second % 60) as i8,
+            0,
+        )
+        .ok()?,
+    );
+    let instant = zone.to_ambiguous_timestamp(time).compatible().ok()?;
+    u64::try_from(instant.as_second())
+        .ok()?
+        .checked_mul(NANOS_PER_SEC)
+}
+
+/// Day `day` of the month, or the month's last day when it has fewer.
+fn day_of(year: i16, month: i8, day: u8) -> Option<Date> {
+    let first = Date::new(year, month, 1).ok()?;
+    let day = (day as i8).min(first.days_in_month());
+    Date::new(year, month, day).ok()
+}
+
+fn days_since_epoch(date: Date) -> Option<i64> {
+    let epoch = Date::new(1970, 1, 1).ok()?;
+    let span = date.since((jiff::Unit::Day, epoch)).ok()?;
+    Some(i64::from(span.get_days()))
+}
+
+fn date_of_days(days: i64) -> Option<Date> {
+    let epoch = Date::new(1970, 1, 1).ok()?;
+    epoch.checked_add(jiff::Span::new().try_days(days).ok()?).ok()
+}
+
+#[cfg(test)]
+mod tests;
