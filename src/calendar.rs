@@ -124,7 +124,9 @@ static CALENDARS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 fn calendars() -> MutexGuard<'static, Vec<Entry>> {
     // One thread in the wasm VM; a panic under the lock cannot leave a period half written.
-    CALENDARS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    CALENDARS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Why a calendar cannot be made, by the field at fault.
@@ -306,7 +308,9 @@ fn days_since_epoch(date: Date) -> Option<i64> {
 
 fn date_of_days(days: i64) -> Option<Date> {
     let epoch = Date::new(1970, 1, 1).ok()?;
-    epoch.checked_add(jiff::Span::new().try_days(days).ok()?).ok()
+    epoch
+        .checked_add(jiff::Span::new().try_days(days).ok()?)
+        .ok()
 }
 
 #[cfg(test)]

@@ -227,7 +227,10 @@ mod tests {
         let mid_june = at("2026-06-15T10:00:00Z");
         assert!(admit(&window, &mut state, mid_june, 80).allowed);
         assert_eq!(owe(&window, &mut state, mid_june, 50, 1000), 50);
-        assert_eq!(refund(&window, &mut state, mid_june + SEC, 10, mid_june), 10);
+        assert_eq!(
+            refund(&window, &mut state, mid_june + SEC, 10, mid_june),
+            10
+        );
         assert_eq!(debt(&window, &state, mid_june).tokens, 100);
         let over = admit(&window, &mut state, mid_june, 1);
         assert_eq!(over.reset_after, month_end - mid_june);

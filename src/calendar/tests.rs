@@ -41,8 +41,14 @@ fn a_month_in_berlin_starts_at_local_midnight_on_the_first_across_summer_time() 
         pair("2026-10-31T23:00:00Z", "2026-11-30T23:00:00Z")
     );
     // The last second of March in Berlin is still March; the next is April.
-    assert_eq!(period(month, "2026-03-31T21:59:59Z").1, "2026-03-31T22:00:00Z");
-    assert_eq!(period(month, "2026-03-31T22:00:00Z").0, "2026-03-31T22:00:00Z");
+    assert_eq!(
+        period(month, "2026-03-31T21:59:59Z").1,
+        "2026-03-31T22:00:00Z"
+    );
+    assert_eq!(
+        period(month, "2026-03-31T22:00:00Z").0,
+        "2026-03-31T22:00:00Z"
+    );
 }
 
 #[test]
@@ -82,8 +88,14 @@ fn billing_day_31_starts_on_the_last_day_of_shorter_months() {
         pair("2026-02-27T23:00:00Z", "2026-03-30T22:00:00Z")
     );
     // A leap year's February has its 29th.
-    assert_eq!(period(billing, "2028-02-29T12:00:00Z").0, "2028-02-28T23:00:00Z");
-    assert_eq!(period(billing, "2026-04-30T12:00:00Z").0, "2026-04-29T22:00:00Z");
+    assert_eq!(
+        period(billing, "2028-02-29T12:00:00Z").0,
+        "2028-02-28T23:00:00Z"
+    );
+    assert_eq!(
+        period(billing, "2026-04-30T12:00:00Z").0,
+        "2026-04-29T22:00:00Z"
+    );
 }
 
 #[test]
@@ -158,7 +170,10 @@ fn within_a_period_the_answer_is_the_kept_one() {
 fn brute_force(zone: &str, unit: Unit, starts: Starts, now: u64) -> (u64, u64) {
     let tz = TimeZone::get(zone).unwrap();
     let secs = (now / SEC) as i64;
-    let today = Timestamp::from_second(secs).unwrap().to_zoned_datetime(tz.clone()).date();
+    let today = Timestamp::from_second(secs)
+        .unwrap()
+        .to_zoned_datetime(tz.clone())
+        .date();
     let reach: i64 = match unit {
         Unit::Day => 3,
         Unit::Week => 9,
@@ -182,8 +197,18 @@ fn brute_force(zone: &str, unit: Unit, starts: Starts, now: u64) -> (u64, u64) {
             starts_at.push(zoned.timestamp().as_second() as u64 * SEC);
         }
     }
-    let start = starts_at.iter().copied().filter(|&s| s <= now).max().unwrap();
-    let end = starts_at.iter().copied().filter(|&s| s > now).min().unwrap();
+    let start = starts_at
+        .iter()
+        .copied()
+        .filter(|&s| s <= now)
+        .max()
+        .unwrap();
+    let end = starts_at
+        .iter()
+        .copied()
+        .filter(|&s| s > now)
+        .min()
+        .unwrap();
     (start, end)
 }
 

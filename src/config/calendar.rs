@@ -7,39 +7,46 @@ use super::{error, ConfigError};
 use crate::calendar::{Calendar, CalendarError, Starts, Unit};
 
 /// The calendar of `raw` (the policy at `at`) for a `per` of `unit`; every error names its
-/// field.
-pub(super) fn calendar(at: &str, raw: &RawCalendar, unit: Unit) -> Result<Calendar, ConfigError> {
+/// field. A start field that does not apply to `unit` is refused for the policy's own `per`
+/// (`strict`), and left out for a tier's, whose period may differ (a daily trial tier of a
+/// monthly quota starting on the 15th).
+pub(super) fn calendar(
+    at: &str,
+    raw: &RawCalendar,
+    unit: Unit,
+    strict: bool,
+) -> Result<Calendar, ConfigError> {
     let field = |name: &str| format!("{at}.calendar.starts.{name}");
     let starts = raw.starts.as_ref();
-    let only = |name: &str, units: &str| {
-        error(
+    // Whether a given start field is read for `unit`: refused if it never could be.
+    let applies = |name: &str, applies: bool, units: &str| match (applies, strict) {
+        (true, _) => Ok(true),
+        (false, true) => Err(error(
             field(name),
             format!("applies to a per of {units} only, not {}", unit.name()),
-        )
+        )),
+        (false, false) => Ok(false),
     };
     let mut parsed = Starts::midnight();
     if let Some(weekday) = starts.and_then(|s| s.weekday.as_deref()) {
-        if unit != Unit::Week {
-            return Err(only("weekday", "1w"));
+        if applies("weekday", unit == Unit::Week, "1w")? {
+            parsed.weekday = weekday_of(weekday).ok_or_else(|| {
+                error(
+                    field("weekday"),
+                    format!("{weekday:?} is not a day of the week (monday to sunday)"),
+                )
+            })?;
         }
-        parsed.weekday = weekday_of(weekday).ok_or_else(|| {
-            error(
-                field("weekday"),
-                format!("{weekday:?} is not a day of the week (monday to sunday)"),
-            )
-        })?;
     }
     if let Some(day) = starts.and_then(|s| s.day) {
-        if !matches!(unit, Unit::Month | Unit::Year) {
-            return Err(only("day", "1mo or 1y"));
+        if applies("day", matches!(unit, Unit::Month | Unit::Year), "1mo or 1y")? {
+            parsed.day = day;
         }
-        parsed.day = day;
     }
     if let Some(month) = starts.and_then(|s| s.month) {
-        if unit != Unit::Year {
-            return Err(only("month", "1y"));
+        if applies("month", unit == Unit::Year, "1y")? {
+            parsed.month = month;
         }
-        parsed.month = month;
     }
     if let Some(time) = starts.and_then(|s| s.time.as_deref()) {
         parsed.second = time_of_day(time).ok_or_else(|| {

@@ -3,9 +3,9 @@
 //! table.
 
 use super::input::{
-    RawBypass, RawCalendar, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse, RawGlobal, RawLease,
-    RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol, RawReserveFromRequest,
-    RawScope, RawTiers, DEFAULT_CHECK_PATH,
+    RawBypass, RawCalendar, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse,
+    RawGlobal, RawLease, RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol,
+    RawReserveFromRequest, RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
     Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
@@ -522,10 +522,17 @@ impl<'a> Shape<'a> {
             (Some(per), None) => match self.calendar {
                 Some(raw) => {
                     let unit = super::calendar::unit(&format!("{at}.per"), per)?;
-                    calendar = Some(super::calendar::calendar(&self.at, raw, unit)?);
+                    calendar = Some(super::calendar::calendar(
+                        &self.at,
+                        raw,
+                        unit,
+                        at == self.at,
+                    )?);
                     unit.nominal_nanos()
                 }
-                None => parse_nanos(per).map_err(|r| error(format!("{at}.per"), per_error(per, r)))?,
+                None => {
+                    parse_nanos(per).map_err(|r| error(format!("{at}.per"), per_error(per, r)))?
+                }
             },
             (None, None) => return Err(error(at, "missing field `per`")),
         };

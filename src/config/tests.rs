@@ -1136,7 +1136,10 @@ fn calendar_policy(per: &str, calendar: Value) -> Value {
 /// `with` leaves a `"burst": null` that the strict reader takes as none.
 fn calendar_plan(per: &str, calendar: Value) -> Result<Plan, ConfigError> {
     let mut config = calendar_policy(per, calendar);
-    config["policies"][0].as_object_mut().unwrap().remove("burst");
+    config["policies"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("burst");
     parse(config.to_string().as_bytes())
 }
 
@@ -1153,7 +1156,10 @@ fn a_calendar_window_compiles_to_a_fixed_window_on_that_calendar() {
     let calendar = window.calendar.unwrap();
     assert_eq!(calendar.unit, crate::calendar::Unit::Month);
     let (zone, starts) = calendar.describe().unwrap();
-    assert_eq!((zone.as_str(), starts.day, starts.second), ("Europe/Berlin", 15, 6 * 3600));
+    assert_eq!(
+        (zone.as_str(), starts.day, starts.second),
+        ("Europe/Berlin", 15, 6 * 3600)
+    );
     assert_eq!(plan.policies[0].tier.per_nanos, 30 * 86_400 * 1_000_000_000);
     let weekly = json!({"timezone": "UTC", "starts": {"weekday": "friday", "time": "17:00:30"}});
     assert!(calendar_plan("1w", weekly).is_ok());
@@ -1177,17 +1183,72 @@ fn calendar_errors_name_the_field() {
         "not a time zone",
     );
     refused_as("1h", berlin(json!({})), "policies[0].per", "1mo");
-    refused_as("30d", berlin(json!({})), "policies[0].per", "calendar window");
-    refused_as("1mo", berlin(json!({"day": 0})), "policies[0].calendar.starts.day", "1 to 31");
-    refused_as("1mo", berlin(json!({"day": 32})), "policies[0].calendar.starts.day", "1 to 31");
-    refused_as("1y", berlin(json!({"month": 13})), "policies[0].calendar.starts.month", "1 to 12");
-    refused_as("1mo", berlin(json!({"weekday": "monday"})), "policies[0].calendar.starts.weekday", "1w only");
-    refused_as("1w", berlin(json!({"weekday": "mon"})), "policies[0].calendar.starts.weekday", "day of the week");
-    refused_as("1w", berlin(json!({"day": 3})), "policies[0].calendar.starts.day", "1mo or 1y");
-    refused_as("1d", berlin(json!({"time": "24:00"})), "policies[0].calendar.starts.time", "time of day");
-    refused_as("1d", berlin(json!({"time": "6:00"})), "policies[0].calendar.starts.time", "time of day");
-    refused_as("1mo", berlin(json!({"hour": 6})), "policies[0].calendar.starts.hour", "unknown field");
-    refused_as("1mo", json!({"starts": {}}), "policies[0].calendar", "timezone");
+    refused_as(
+        "30d",
+        berlin(json!({})),
+        "policies[0].per",
+        "calendar window",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"day": 0})),
+        "policies[0].calendar.starts.day",
+        "1 to 31",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"day": 32})),
+        "policies[0].calendar.starts.day",
+        "1 to 31",
+    );
+    refused_as(
+        "1y",
+        berlin(json!({"month": 13})),
+        "policies[0].calendar.starts.month",
+        "1 to 12",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"weekday": "monday"})),
+        "policies[0].calendar.starts.weekday",
+        "1w only",
+    );
+    refused_as(
+        "1w",
+        berlin(json!({"weekday": "mon"})),
+        "policies[0].calendar.starts.weekday",
+        "day of the week",
+    );
+    refused_as(
+        "1w",
+        berlin(json!({"day": 3})),
+        "policies[0].calendar.starts.day",
+        "1mo or 1y",
+    );
+    refused_as(
+        "1d",
+        berlin(json!({"time": "24:00"})),
+        "policies[0].calendar.starts.time",
+        "time of day",
+    );
+    refused_as(
+        "1d",
+        berlin(json!({"time": "6:00"})),
+        "policies[0].calendar.starts.time",
+        "time of day",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"hour": 6})),
+        "policies[0].calendar.starts.hour",
+        "unknown field",
+    );
+    refused_as(
+        "1mo",
+        json!({"starts": {}}),
+        "policies[0].calendar",
+        "timezone",
+    );
     // Without a calendar a calendar period is no duration, and says what it lacks.
     assert_refused(
         with(json!({"algorithm": "fixed_window", "per": "1mo"})),
@@ -1195,7 +1256,12 @@ fn calendar_errors_name_the_field() {
         "needs the policy's \"calendar\"",
     );
     // Only a fixed window follows a calendar.
-    for algorithm in ["token_bucket", "sliding_window", "sliding_log", "leaky_bucket"] {
+    for algorithm in [
+        "token_bucket",
+        "sliding_window",
+        "sliding_log",
+        "leaky_bucket",
+    ] {
         let mut config = calendar_policy("1mo", json!({"timezone": "UTC"}));
         config["policies"][0]["algorithm"] = json!(algorithm);
         assert_refused(config, "policies[0].calendar", algorithm);
@@ -1211,5 +1277,9 @@ fn a_tier_takes_the_policys_calendar_with_its_own_period() {
         "tiers".into(),
         json!({"by": "header:x-plan", "values": {"daily": {"requests": 5, "per": "1d"}, "bad": {"requests": 5, "per": "1h"}}}),
     );
-    assert_refused(config, "policies[0].tiers.values.bad.per", "calendar window");
+    assert_refused(
+        config,
+        "policies[0].tiers.values.bad.per",
+        "calendar window",
+    );
 }
