@@ -300,17 +300,19 @@ fn day_of(year: i16, month: i8, day: u8) -> Option<Date> {
     Date::new(year, month, day).ok()
 }
 
+/// Days from 1970-01-01, by integer arithmetic (jiff's span arithmetic would add to the wasm).
 fn days_since_epoch(date: Date) -> Option<i64> {
-    let epoch = Date::new(1970, 1, 1).ok()?;
-    let span = date.since((jiff::Unit::Day, epoch)).ok()?;
-    Some(i64::from(span.get_days()))
+    let year = u64::try_from(date.year()).ok()?;
+    let (month, day) = (
+        u64::try_from(date.month()).ok()?,
+        u64::try_from(date.day()).ok()?,
+    );
+    Some(crate::time::days_from_civil(year, month, day))
 }
 
 fn date_of_days(days: i64) -> Option<Date> {
-    let epoch = Date::new(1970, 1, 1).ok()?;
-    epoch
-        .checked_add(jiff::Span::new().try_days(days).ok()?)
-        .ok()
+    let (year, month, day) = crate::time::civil_from_days(days);
+    Date::new(i16::try_from(year).ok()?, month as i8, day as i8).ok()
 }
 
 #[cfg(test)]
