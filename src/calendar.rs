@@ -49,6 +49,18 @@ impl Unit {
         }
     }
 
+    /// A period's longest length: its days and an hour of summer time (a day more for a
+    /// month or a year that has it); what a store keeps a window's state for.
+    pub fn longest_nanos(self) -> u64 {
+        let days = match self {
+            Unit::Day => 1,
+            Unit::Week => 7,
+            Unit::Month => 31,
+            Unit::Year => 366,
+        };
+        (days * 86_400 + 3_600) * NANOS_PER_SEC
+    }
+
     /// A period's nominal length, for what needs one number (the wire's `per_ms`, the
     /// `RateLimit-Policy` header's `w`): a day, 7 days, 30 days, 365 days.
     pub fn nominal_nanos(self) -> u64 {
@@ -87,13 +99,16 @@ impl Starts {
 
 /// A calendar period rule with its zone: a handle, cheap to copy, onto the zones registered in
 /// this process. Two handles are equal when their zone name, unit and start are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Calendar {
     id: u32,
     pub unit: Unit,
+    /// Nanoseconds per unit of the times it is asked about: 1, or 1000 for a caller counting
+    /// in microseconds (sluice-service's memory store).
+    tick: u32,
 }
 
-/// One period: its start (which names it, in seconds) and its end, in Unix nanoseconds.
+/// One period: its start and its end, in Unix nanoseconds (or the calendar's tick).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Period {
     pub start: u64,
@@ -101,9 +116,12 @@ pub struct Period {
 }
 
 impl Period {
-    /// The window index a fixed window stores: the start in whole seconds.
-    pub fn index(&self) -> u64 {
-        self.start / NANOS_PER_SEC
+    fn in_ticks(self, tick: u32) -> Period {
+        let tick = u64::from(tick.max(1));
+        Period {
+            start: self.start / tick,
+            end: self.end / tick,
+        }
     }
 }
 
@@ -149,6 +167,7 @@ impl Calendar {
             return Ok(Calendar {
                 id: id as u32,
                 unit,
+                tick: 1,
             });
         }
         if all.len() >= MAX_CALENDARS {
@@ -169,12 +188,47 @@ impl Calendar {
         Ok(Calendar {
             id: (all.len() - 1) as u32,
             unit,
+            tick: 1,
+        })
+    }
+
+    /// The same calendar asked about times in microseconds.
+    pub fn in_micros(self) -> Calendar {
+        Calendar { tick: 1000, ..self }
+    }
+
+    /// The window index of `period` (one `period` answered): its start in whole seconds.
+    pub fn index(&self, period: &Period) -> u64 {
+        period.start / (NANOS_PER_SEC / u64::from(self.tick.max(1)))
+    }
+
+    /// A name for the calendar that is the same in every process (the registry's ids are not):
+    /// FNV-1a of its zone, unit and start. sluice-service names a window's state with it.
+    pub fn fingerprint(&self) -> u64 {
+        let Some((zone, starts)) = self.describe() else {
+            return 0;
+        };
+        let text = format!(
+            "{zone}|{}|{}|{}|{}|{}",
+            self.unit.name(),
+            starts.month,
+            starts.day,
+            starts.weekday,
+            starts.second
+        );
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
         })
     }
 
     /// The period that holds `now` (Unix nanoseconds). Integer compares while `now` stays in
     /// the last period computed; a boundary computation when it has passed.
     pub fn period(&self, now: u64) -> Period {
+        self.period_ns(now.saturating_mul(u64::from(self.tick.max(1))))
+            .in_ticks(self.tick)
+    }
+
+    fn period_ns(&self, now: u64) -> Period {
         let mut all = calendars();
         let Some(entry) = all.get_mut(self.id as usize) else {
             return fallback(self.unit, now);
@@ -191,9 +245,10 @@ impl Calendar {
         period
     }
 
-    /// The end of the period whose index (`Period::index`) is `index`.
+    /// The end of the period whose index (`Calendar::index`) is `index`.
     pub fn end_of(&self, index: u64) -> u64 {
-        self.period(index.saturating_mul(NANOS_PER_SEC)).end
+        let ticks_per_sec = NANOS_PER_SEC / u64::from(self.tick.max(1));
+        self.period(index.saturating_mul(ticks_per_sec)).end
     }
 
     /// The zone's name and the start, as the configuration gave them.

@@ -166,6 +166,9 @@ pub enum Algorithm {
     TokenBucket { interval_us: u64, burst: u64 },
     /// At most `limit` tokens per window.
     FixedWindow { limit: u64, window_us: u64 },
+    /// At most `limit` tokens per period of `calendar`: a fixed window whose boundaries the
+    /// service computes around its clock and Redis picks among by its own.
+    CalendarWindow { limit: u64, calendar: Calendar },
     /// The two-counter estimate of the last `window_us` at most `limit`.
     SlidingWindow { limit: u64, window_us: u64 },
     /// At most `limit` tokens in any span of `window_us` (a log of admission times).

@@ -72,7 +72,7 @@ fn span(window: &Window, now: u64) -> (u64, u64) {
         }
         Some(calendar) => {
             let period = calendar.period(now);
-            (period.index(), period.end)
+            (calendar.index(&period), period.end)
         }
     }
 }

@@ -161,7 +161,19 @@ fn within_a_period_the_answer_is_the_kept_one() {
     for now in [first.start, first.start + SEC, first.end - 1] {
         assert_eq!(month.period(now), first);
     }
-    assert_eq!(month.end_of(first.index()), first.end);
+    assert_eq!(month.end_of(month.index(&first)), first.end);
+}
+
+#[test]
+fn in_microseconds_the_same_periods() {
+    let month = berlin(Unit::Month, Starts::midnight());
+    let (ns, us) = (month.period(at("2026-06-10T00:00:00Z")), month.in_micros());
+    let p = us.period(at("2026-06-10T00:00:00Z") / 1000);
+    assert_eq!((p.start, p.end), (ns.start / 1000, ns.end / 1000));
+    assert_eq!(us.index(&p), month.index(&ns));
+    assert_eq!(us.end_of(us.index(&p)), p.end);
+    assert_ne!(month.fingerprint(), berlin(Unit::Week, Starts::midnight()).fingerprint());
+    assert_eq!(month.fingerprint(), us.fingerprint());
 }
 
 /// The reference: every local date from before `now` to after it, the ones the rule names,

@@ -252,6 +252,7 @@ impl Filter {
             requests: check.requests,
             per_ms: check.per_ms,
             burst: check.burst,
+            calendar: check.calendar,
             op,
         };
         Some((service, settlement))

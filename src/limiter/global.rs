@@ -14,10 +14,10 @@
 
 use super::work::{Member, Verdict, Work};
 use super::{local, Basis, Progress};
-use crate::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
+use crate::algorithm::{Algorithm, Debt, Decision, Kind, Window, FULL_SHARE};
 use crate::config::{OnFailure, Plan, Policy, Scope, Tier, GLOBAL_COLUMNS};
 use crate::duration::NANOS_PER_SEC;
-use crate::protocol::{self, Answer, Check};
+use crate::protocol::{self, Answer, Check, WireCalendar};
 use crate::tab::{Entry, Held, Tab};
 
 /// How long tokens granted by the service stay spendable here: unused ones are lost
@@ -239,6 +239,13 @@ pub fn key_check(policy: &Policy, tier: &Tier, key: u64) -> Check {
         take: None,
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
         slot: None,
+        calendar: match algorithm {
+            Algorithm::FixedWindow(Window {
+                calendar: Some(calendar),
+                ..
+            }) => WireCalendar::of(&calendar),
+            _ => None,
+        },
         entries: Vec::new(),
     }
 }
