@@ -136,6 +136,8 @@ struct Entry {
     zone: TimeZone,
     /// The last period computed: requests within it compare integers and nothing else.
     latest: Option<Period>,
+    /// The last `around` computed, in nanoseconds.
+    around: Option<[u64; 4]>,
 }
 
 static CALENDARS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -184,6 +186,7 @@ impl Calendar {
             starts,
             zone,
             latest: None,
+            around: None,
         });
         Ok(Calendar {
             id: (all.len() - 1) as u32,
@@ -243,6 +246,43 @@ impl Calendar {
             entry.latest = Some(period);
         }
         period
+    }
+
+    /// The period that holds `now` (ns), computed, and kept nowhere.
+    fn compute_ns(&self, now: u64) -> Period {
+        let zone = {
+            let all = calendars();
+            all.get(self.id as usize)
+                .map(|e| (e.zone.clone(), e.starts))
+        };
+        zone.and_then(|(zone, starts)| compute(&zone, self.unit, &starts, now))
+            .unwrap_or_else(|| fallback(self.unit, now))
+    }
+
+    /// The boundaries of the period before the one that holds `now`, of that one and of the
+    /// next: [previous start, start, end, next end]. For a store whose own clock picks among
+    /// them (sluice-service's Redis scripts). Integer compares while `now` stays in the period.
+    pub fn around(&self, now: u64) -> [u64; 4] {
+        let tick = u64::from(self.tick.max(1));
+        let now = now.saturating_mul(tick);
+        let cached = {
+            let all = calendars();
+            all.get(self.id as usize).and_then(|e| e.around)
+        };
+        let bounds = match cached {
+            Some(b @ [_, start, end, _]) if start <= now && now < end => b,
+            _ => {
+                let current = self.compute_ns(now);
+                let before = self.compute_ns(current.start.saturating_sub(1));
+                let next = self.compute_ns(current.end);
+                let b = [before.start, current.start, current.end, next.end];
+                if let Some(entry) = calendars().get_mut(self.id as usize) {
+                    entry.around = Some(b);
+                }
+                b
+            }
+        };
+        bounds.map(|b| b / tick)
     }
 
     /// The end of the period whose index (`Calendar::index`) is `index`.

@@ -220,7 +220,12 @@ pub const SERVICE_MAX_KEY_TTL_MS: u64 = 62 * 86_400_000;
 pub fn key_lifetime_ms(check: &Check, debt: u64) -> u64 {
     let window_us = check.per_ms.saturating_mul(1000);
     let interval_us = (window_us / check.requests.max(1)).max(1);
+    // A calendar's period at its longest, as the service keeps it (`store::Algorithm`).
+    let calendar = (check.calendar.as_ref()).and_then(|c| Unit::parse(&c.per));
     let lifetime_us = match check.algorithm {
+        Kind::FixedWindow if calendar.is_some() => {
+            calendar.map_or(window_us, |unit| unit.longest_nanos() / 1000)
+        }
         Kind::TokenBucket => interval_us.saturating_mul(check.burst.saturating_add(debt)),
         Kind::FixedWindow | Kind::SlidingLog | Kind::Concurrency => window_us,
         Kind::SlidingWindow => window_us.saturating_mul(2),

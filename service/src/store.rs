@@ -8,6 +8,7 @@ use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice::algorithm::Kind;
+use sluice::calendar::Calendar;
 use sluice::key::HashSecret;
 
 /// One validated check (see `check::parse`), in the units the store computes in.
@@ -185,7 +186,7 @@ impl Algorithm {
     pub fn kind(&self) -> Kind {
         match self {
             Algorithm::TokenBucket { .. } => Kind::TokenBucket,
-            Algorithm::FixedWindow { .. } => Kind::FixedWindow,
+            Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => Kind::FixedWindow,
             Algorithm::SlidingWindow { .. } => Kind::SlidingWindow,
             Algorithm::SlidingLog { .. } => Kind::SlidingLog,
             Algorithm::LeakyBucket { .. } => Kind::LeakyBucket,
@@ -213,6 +214,11 @@ impl Algorithm {
         if let Algorithm::Concurrency { .. } = self {
             return;
         }
+        // A calendar by its fingerprint, the same in every replica: `c<fingerprint>/<limit>`.
+        if let Algorithm::CalendarWindow { limit, calendar } = self {
+            let _ = write!(out, "/c{:016x}/{limit}", calendar.fingerprint());
+            return;
+        }
         let (a, b) = self.numbers();
         // Writing to a String cannot fail.
         let _ = write!(out, "/{a}/{b}");
@@ -229,6 +235,7 @@ impl Algorithm {
                 max_delay_us,
             } => (interval_us, max_delay_us),
             Algorithm::Concurrency { limit, lease_us } => (lease_us, limit),
+            Algorithm::CalendarWindow { limit, calendar } => (calendar.fingerprint(), limit),
         }
     }
 
@@ -238,6 +245,7 @@ impl Algorithm {
         match *self {
             Algorithm::TokenBucket { burst, .. } => burst,
             Algorithm::FixedWindow { limit, .. }
+            | Algorithm::CalendarWindow { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::LeakyBucket {
@@ -268,6 +276,7 @@ impl Algorithm {
                 window_us
             }
             Algorithm::SlidingWindow { window_us, .. } => window_us.saturating_mul(2),
+            Algorithm::CalendarWindow { calendar, .. } => calendar.unit.longest_nanos() / 1000,
             Algorithm::LeakyBucket {
                 interval_us,
                 max_delay_us,
@@ -306,6 +315,7 @@ impl Algorithm {
             self,
             Algorithm::TokenBucket { .. }
                 | Algorithm::FixedWindow { .. }
+                | Algorithm::CalendarWindow { .. }
                 | Algorithm::SlidingWindow { .. }
         )
     }

@@ -172,7 +172,10 @@ fn in_microseconds_the_same_periods() {
     assert_eq!((p.start, p.end), (ns.start / 1000, ns.end / 1000));
     assert_eq!(us.index(&p), month.index(&ns));
     assert_eq!(us.end_of(us.index(&p)), p.end);
-    assert_ne!(month.fingerprint(), berlin(Unit::Week, Starts::midnight()).fingerprint());
+    assert_ne!(
+        month.fingerprint(),
+        berlin(Unit::Week, Starts::midnight()).fingerprint()
+    );
     assert_eq!(month.fingerprint(), us.fingerprint());
 }
 
@@ -261,4 +264,22 @@ fn the_reference_agrees_on_a_known_case() {
         brute_force("Europe/Berlin", Unit::Month, Starts::midnight(), now),
         expected
     );
+}
+
+#[test]
+fn around_gives_the_periods_before_and_after_for_a_store_to_pick_from() {
+    let month = berlin(Unit::Month, Starts::midnight());
+    let b = month.around(at("2026-03-15T12:00:00Z"));
+    let expected = [
+        "2026-01-31T23:00:00Z",
+        "2026-02-28T23:00:00Z",
+        "2026-03-31T22:00:00Z",
+        "2026-04-30T22:00:00Z",
+    ]
+    .map(at);
+    assert_eq!(b, expected);
+    let us = month.in_micros().around(at("2026-03-15T12:00:00Z") / 1000);
+    assert_eq!(us, expected.map(|n| n / 1000));
+    // Asking around keeps the period's own answer where it was.
+    assert_eq!(month.period(at("2026-03-20T00:00:00Z")).end, expected[2]);
 }

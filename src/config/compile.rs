@@ -261,6 +261,13 @@ impl Compiler {
                  needs sluice-service",
             ));
         }
+        if raw.calendar.is_some() && policy.asks_rls(service) {
+            return Err(error(
+                format!("{at}.calendar"),
+                "an RLS counts per second, minute, hour or day of the Unix clock: a global \
+                 calendar window needs sluice-service",
+            ));
+        }
         policy.take = take(at, raw, &policy, grants)?;
         if let Some(service) = service.filter(|_| grants && policy.scope != Scope::Local) {
             global_keys_live_within(at, &policy, service.max_key_ttl_ms)?;
@@ -1022,12 +1029,6 @@ fn scope(
         return Err(error(
             format!("{at}.scope"),
             "a global policy needs the top-level \"global\" service settings",
-        ));
-    }
-    if raw.calendar.is_some() {
-        return Err(error(
-            format!("{at}.calendar"),
-            "calendar windows are local only for now (\"scope\": \"local\")",
         ));
     }
     let on_failure = match (
