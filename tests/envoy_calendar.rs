@@ -1,7 +1,7 @@
 //! Calendar windows through a real Envoy (two workers): a daily window in Europe/Berlin whose
 //! start time the test sets a few seconds ahead of its own clock, so that the boundary comes
 //! within the test. The reset headers and `retry-after` point at that boundary, and the window
-//! starts over there. The month and summer-time cases run natively with an injected clock
+//! starts over there; locally, and globally through two Envoys, sluice-service and Redis. The month and summer-time cases run natively with an injected clock
 //! (`src/calendar/tests.rs`, `src/algorithm/fixed_window.rs`).
 
 // A test binary: panicking is how it reports failure, helpers included.
@@ -9,6 +9,8 @@
 
 use serde_json::json;
 use sluice_testkit::envoy::Envoy;
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const ZONE: &str = "Europe/Berlin";
@@ -20,6 +22,11 @@ fn unix_now() -> Duration {
 /// A daily window of `requests` in Berlin starting at the local time of `boundary` (Unix
 /// seconds), in the header style `headers`.
 fn daily_from(boundary: u64, requests: u64, headers: &str) -> String {
+    daily_policy(boundary, requests, headers, json!({}))
+}
+
+/// `daily_from` with more fields at the top level and in the policy (`global` and `scope`).
+fn daily_policy(boundary: u64, requests: u64, headers: &str, global: serde_json::Value) -> String {
     let tz = jiff::tz::TimeZone::get(ZONE).unwrap();
     let local = tz.to_datetime(jiff::Timestamp::from_second(boundary as i64).unwrap());
     let time = format!(
@@ -28,12 +35,16 @@ fn daily_from(boundary: u64, requests: u64, headers: &str) -> String {
         local.minute(),
         local.second()
     );
-    json!({"headers": headers, "policies": [{
+    let mut config = json!({"headers": headers, "policies": [{
         "name": "daily", "key": ["header:x-user-id"], "algorithm": "fixed_window",
         "requests": requests, "per": "1d",
         "calendar": {"timezone": ZONE, "starts": {"time": time}}
-    }]})
-    .to_string()
+    }]});
+    if !global.is_null() && global != json!({}) {
+        config["global"] = global;
+        config["policies"][0]["scope"] = json!("global");
+    }
+    config.to_string()
 }
 
 /// The same local time the next day in Berlin, by the tz database (a day and an hour, or less
@@ -114,4 +125,43 @@ fn the_draft_ratelimit_header_counts_down_to_the_boundary() {
     assert_eq!(envoy.get("/x", bob).status, 429);
     sleep_past(boundary, Duration::from_millis(50));
     assert_eq!(envoy.get("/x", bob).status, 200);
+}
+
+#[test]
+fn a_global_daily_window_resets_at_its_local_start_across_two_envoys() {
+    let redis = RedisServer::start();
+    let service = Service::start(&redis.url());
+    // Two Envoys to start: 15 s.
+    let boundary = unix_now().as_secs() + 15;
+    let global = json!({"cluster": "sluice_service", "authority": "sluice-service",
+        "timeout": "500ms"});
+    let config = daily_policy(boundary, 4, "legacy", global);
+    let envoys: Vec<Envoy> = (0..2)
+        .map(|_| Envoy::options(&config).service(&[service.addr]).start())
+        .collect();
+    let carol: &[(&str, &[u8])] = &[("x-user-id", b"carol")];
+    let statuses: Vec<u16> = (0..6)
+        .map(|i| envoys[i % 2].get("/x", carol).status)
+        .collect();
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429], "one budget");
+    let refused = envoys[0].get("/x", carol);
+    assert!(
+        unix_now().as_secs() < boundary,
+        "the Envoys took too long to start"
+    );
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.header("x-ratelimit-reset"),
+        Some(boundary.to_string().as_str()),
+        "the service's reset is the local start time"
+    );
+    sleep_past(boundary, Duration::from_millis(300));
+    let statuses: Vec<u16> = (0..6)
+        .map(|i| envoys[i % 2].get("/x", carol).status)
+        .collect();
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429, 429],
+        "a new day's window"
+    );
 }
