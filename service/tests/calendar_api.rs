@@ -97,3 +97,64 @@ fn a_calendar_that_names_no_zone_is_refused_at_its_field() {
     let response = sluice_testkit::http::post_json(service.addr, "/v1/check", &body);
     assert_eq!(response.status, 400, "{response:?}");
 }
+
+fn settle(service: &Service, settlement: Value) -> u64 {
+    let body = json!({ "settlements": [settlement] }).to_string();
+    let response = sluice_testkit::http::post_json(service.addr, "/v1/settle", &body);
+    assert_eq!(response.status, 200, "{response:?}");
+    response.json()["settled"].as_u64().unwrap()
+}
+
+/// A settlement of `check`'s state with `op`, as the filter names it: the calendar too.
+fn settlement(check: &Value, op: Value) -> Value {
+    let mut settlement = json!({"key": check["key"], "algorithm": "fixed_window",
+        "requests": check["requests"], "per_ms": check["per_ms"], "burst": check["burst"],
+        "calendar": check["calendar"]});
+    for (field, value) in op.as_object().unwrap() {
+        settlement[field] = value.clone();
+    }
+    settlement
+}
+
+/// A token budget on a calendar period: a refund counts within the period that took the
+/// tokens, a charge owes into it, and both are gone when the period ends.
+fn settles_within_the_period(service: &Service) {
+    let boundary = now_us() / 1_000_000 + 3;
+    let mut reserved = daily("cal/budget", 10, boundary);
+    reserved["take"] = json!(10);
+    let taken_at = now_us();
+    assert_eq!(
+        service.check(std::slice::from_ref(&reserved))[0]["granted"],
+        10
+    );
+    let refund = |age_ms: u64| {
+        let op = json!({"op": "refund", "tokens": 4, "age_ms": age_ms});
+        settlement(&reserved, op)
+    };
+    assert_eq!(settle(service, refund(1)), 1);
+    let charge = json!({"op": "charge", "tokens": 6, "max_debt": 100});
+    assert_eq!(settle(service, settlement(&reserved, charge)), 1);
+    let one = daily("cal/budget", 10, boundary);
+    let owing = service.check(std::slice::from_ref(&one)).remove(0);
+    assert_eq!(
+        (owing["allowed"].clone(), owing["remaining"].clone()),
+        (json!(false), json!(0))
+    );
+    let wait = (boundary * 1_000_000 + 150_000).saturating_sub(now_us());
+    std::thread::sleep(Duration::from_micros(wait));
+    // The next period: the debt is gone, and what the last one took cannot be given back.
+    assert_eq!(service.check(std::slice::from_ref(&one))[0]["remaining"], 9);
+    let age_ms = (now_us() - taken_at) / 1000;
+    assert_eq!(settle(service, refund(age_ms)), 0);
+}
+
+#[test]
+fn a_token_budget_on_a_calendar_period_settles_within_it_in_redis() {
+    let redis = RedisServer::start();
+    settles_within_the_period(&Service::start(&redis.url()));
+}
+
+#[test]
+fn a_token_budget_on_a_calendar_period_settles_within_it_in_memory() {
+    settles_within_the_period(&Service::start_memory());
+}
