@@ -1283,3 +1283,24 @@ fn a_tier_takes_the_policys_calendar_with_its_own_period() {
         "calendar window",
     );
 }
+
+#[test]
+fn a_global_calendar_needs_sluice_service_and_a_key_ttl_for_its_longest_period() {
+    let global = |per: &str, service: Value| {
+        let mut config = calendar_policy(per, json!({"timezone": "Europe/Berlin"}));
+        let policy = config["policies"][0].as_object_mut().unwrap();
+        policy.remove("burst");
+        policy.insert("scope".into(), json!("global"));
+        config["global"] = service;
+        config
+    };
+    let sluice = json!({"cluster": "sluice"});
+    assert!(parse(global("1mo", sluice.clone()).to_string().as_bytes()).is_ok());
+    // A year's period lives 366 days and an hour: more than the service's default 62d.
+    let e = refused(global("1y", sluice));
+    assert!(e.reason.contains("max_key_ttl"), "{e}");
+    let longer = json!({"cluster": "sluice", "max_key_ttl": "367d"});
+    assert!(parse(global("1y", longer).to_string().as_bytes()).is_ok());
+    let rls = json!({"cluster": "rls", "protocol": "rls", "domain": "d"});
+    assert_refused(global("1mo", rls), "policies[0].calendar", "sluice-service");
+}
