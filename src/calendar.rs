@@ -138,6 +138,8 @@ struct Entry {
     latest: Option<Period>,
     /// The last `around` computed, in nanoseconds.
     around: Option<[u64; 4]>,
+    /// How many times `period` read the zone's rules: once per period passed, not per request.
+    computed: u64,
 }
 
 static CALENDARS: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
@@ -187,6 +189,7 @@ impl Calendar {
             zone,
             latest: None,
             around: None,
+            computed: 0,
         });
         Ok(Calendar {
             id: (all.len() - 1) as u32,
@@ -239,6 +242,7 @@ impl Calendar {
         if let Some(p) = entry.latest.filter(|p| p.start <= now && now < p.end) {
             return p;
         }
+        entry.computed = entry.computed.saturating_add(1);
         let period = compute(&entry.zone, self.unit, &entry.starts, now)
             .unwrap_or_else(|| fallback(self.unit, now));
         // Keep the latest: a look at an older instant (a refund's `taken_at`) does not evict it.
@@ -289,6 +293,12 @@ impl Calendar {
     pub fn end_of(&self, index: u64) -> u64 {
         let ticks_per_sec = NANOS_PER_SEC / u64::from(self.tick.max(1));
         self.period(index.saturating_mul(ticks_per_sec)).end
+    }
+
+    /// How many times `period` has read the zone's rules for this calendar.
+    pub fn computations(&self) -> u64 {
+        let all = calendars();
+        all.get(self.id as usize).map_or(0, |e| e.computed)
     }
 
     /// The zone's name and the start, as the configuration gave them.

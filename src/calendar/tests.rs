@@ -283,3 +283,17 @@ fn around_gives_the_periods_before_and_after_for_a_store_to_pick_from() {
     // Asking around keeps the period's own answer where it was.
     assert_eq!(month.period(at("2026-03-20T00:00:00Z")).end, expected[2]);
 }
+
+#[test]
+fn the_zone_is_read_once_per_period_not_per_request() {
+    let tokyo = Calendar::new("Asia/Tokyo", Unit::Week, Starts::midnight()).unwrap();
+    let start = at("2026-06-10T00:00:00Z");
+    let before = tokyo.computations();
+    for i in 0..10_000 {
+        tokyo.period(start + i * SEC);
+    }
+    assert_eq!(tokyo.computations() - before, 1, "10,000 requests within one week");
+    // A week on: one more.
+    tokyo.period(start + 7 * 86_400 * SEC);
+    assert_eq!(tokyo.computations() - before, 2);
+}
