@@ -292,7 +292,11 @@ fn the_zone_is_read_once_per_period_not_per_request() {
     for i in 0..10_000 {
         tokyo.period(start + i * SEC);
     }
-    assert_eq!(tokyo.computations() - before, 1, "10,000 requests within one week");
+    assert_eq!(
+        tokyo.computations() - before,
+        1,
+        "10,000 requests within one week"
+    );
     // A week on: one more.
     tokyo.period(start + 7 * 86_400 * SEC);
     assert_eq!(tokyo.computations() - before, 2);
