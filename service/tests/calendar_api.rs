@@ -91,6 +91,42 @@ fn a_calendar_that_names_no_zone_is_refused_at_its_field() {
         response.json().to_string().contains("checks[0].calendar"),
         "{response:?}"
     );
+    // Hostile names: nothing is read from the file system (the database is bundled), and
+    // every one is refused at the field.
+    let long = "A/".repeat(5_000);
+    for zone in [
+        "../../../../etc/passwd",
+        "/etc/localtime",
+        "",
+        long.as_str(),
+        "Europe/Berlin\u{0}",
+    ] {
+        let mut check = daily("cal/bad", 3, 0);
+        check["calendar"]["timezone"] = json!(zone);
+        let body = json!({ "checks": [check] }).to_string();
+        let response = sluice_testkit::http::post_json(service.addr, "/v1/check", &body);
+        assert_eq!(response.status, 400, "{zone:?}: {response:?}");
+    }
+    for (field, value) in [
+        ("second", json!(86_400)),
+        ("day", json!(0)),
+        ("month", json!(13)),
+        ("weekday", json!(7)),
+        ("per", json!("2mo")),
+        ("day", json!(-1)),
+        ("second", json!(1e9)),
+    ] {
+        let mut check = daily("cal/bad", 3, 0);
+        check["calendar"]["per"] = json!("1y");
+        check["calendar"][field] = value.clone();
+        let body = json!({ "checks": [check] }).to_string();
+        let response = sluice_testkit::http::post_json(service.addr, "/v1/check", &body);
+        assert_eq!(response.status, 400, "{field} {value}: {response:?}");
+        assert!(
+            response.json().to_string().contains("checks[0].calendar"),
+            "{response:?}"
+        );
+    }
     let mut token_bucket = daily("cal/bad", 3, 0);
     token_bucket["algorithm"] = json!("token_bucket");
     let body = json!({ "checks": [token_bucket] }).to_string();
