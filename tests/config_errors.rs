@@ -638,6 +638,11 @@ impl Allowed {
             "an RLS counts requests in flight",
             "a global concurrency policy needs sluice-service, not an RLS: refused on `scope`",
         );
+        self.add(
+            &join(p, &[key("calendar")]),
+            "needs sluice-service",
+            "a global calendar window needs sluice-service, not an RLS: refused on `calendar`",
+        );
     }
 
     /// Every bypass entry's `key`.
@@ -808,6 +813,11 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
             "does not apply to the",
             "`retry_after` is a concurrency policy's only",
         );
+        a.add(
+            &field("calendar"),
+            "calendar windows are fixed windows",
+            "only a fixed window follows a calendar, reported on `calendar`",
+        );
         a.rls_refusals(&p);
         a.add(
             &field("max_delay"),
@@ -857,6 +867,26 @@ fn consequences(doc: &Value, m: &[Seg]) -> Allowed {
         }
         if *r != emergency && ["requests", "burst", "per"].iter().any(|f| rate_field(f)) {
             a.add(&lease, "must be between cost", lease_rule);
+        }
+    }
+    if starts("calendar") {
+        // With a calendar `per` is a calendar period, without one a duration: each rate's `per`.
+        for r in &rates {
+            a.add(
+                &join(r, &[key("per")]),
+                "calendar",
+                "a calendar decides what a rate's `per` may be, reported on `per`",
+            );
+        }
+    }
+    if is("per") {
+        // The policy's own period decides which start fields apply.
+        for f in ["weekday", "day", "month"] {
+            a.add(
+                &join(&p, &[key("calendar"), key("starts"), key(f)]),
+                "applies to a per of",
+                "a start field that the policy's period does not read is refused on itself",
+            );
         }
     }
     if starts("tiers") {

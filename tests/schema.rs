@@ -558,6 +558,94 @@ fn concurrency_and_token_budget_mistakes_are_rejected_where_they_are() {
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
+/// A monthly quota on a calendar: the base of the calendar mistakes.
+fn calendar_quota() -> Value {
+    json!({
+        "policies": [{
+            "name": "monthly",
+            "key": ["header:x-tenant"],
+            "algorithm": "fixed_window",
+            "requests": 1000,
+            "per": "1mo",
+            "calendar": {"timezone": "Europe/Berlin", "starts": {"day": 31, "time": "06:30"}},
+            "tiers": {"by": "header:x-plan", "values": {"trial": {"requests": 10, "per": "1d"}}}
+        }]
+    })
+}
+
+#[test]
+fn calendar_mistakes_are_rejected_where_they_are() {
+    let base = calendar_quota();
+    assert!(filter_accepts(&base).is_ok());
+    assert_eq!(violations(&validator(), &base), Vec::<String>::new());
+    type Edit = fn(&mut Value);
+    let cases: &[(&str, &str, Edit)] = &[
+        (
+            "a calendar on a token bucket",
+            "/policies/0/algorithm",
+            |c| {
+                c["policies"][0]["algorithm"] = json!("token_bucket");
+            },
+        ),
+        ("a calendar with a duration", "/policies/0/per", |c| {
+            c["policies"][0]["per"] = json!("30d");
+        }),
+        (
+            "a calendar tier with a duration",
+            "/policies/0/tiers/values/trial/per",
+            |c| {
+                c["policies"][0]["tiers"]["values"]["trial"]["per"] = json!("1h");
+            },
+        ),
+        ("a month without a calendar", "/policies/0/per", |c| {
+            c["policies"][0].as_object_mut().unwrap().remove("calendar");
+        }),
+        ("no time zone", "/policies/0/calendar", |c| {
+            c["policies"][0]["calendar"]
+                .as_object_mut()
+                .unwrap()
+                .remove("timezone");
+        }),
+        ("a day past 31", "/policies/0/calendar/starts/day", |c| {
+            c["policies"][0]["calendar"]["starts"]["day"] = json!(32);
+        }),
+        ("an hour past 23", "/policies/0/calendar/starts/time", |c| {
+            c["policies"][0]["calendar"]["starts"]["time"] = json!("24:00");
+        }),
+        (
+            "a weekday abbreviated",
+            "/policies/0/calendar/starts/weekday",
+            |c| {
+                c["policies"][0]["calendar"]["starts"]["weekday"] = json!("mon");
+            },
+        ),
+        (
+            "an unknown start field",
+            "/policies/0/calendar/starts",
+            |c| {
+                c["policies"][0]["calendar"]["starts"]["hour"] = json!(6);
+            },
+        ),
+    ];
+    let validator = validator();
+    let mut wrong = Vec::new();
+    for (what, expected_path, edit) in cases {
+        let mut config = calendar_quota();
+        edit(&mut config);
+        assert!(filter_accepts(&config).is_err(), "the filter takes {what}");
+        let errors = violations(&validator, &config);
+        if !errors
+            .iter()
+            .any(|e| e.starts_with(&format!("{expected_path}: ")))
+        {
+            wrong.push(format!(
+                "{what}: expected an error at {expected_path:?}, got {errors:#?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn durations() {
     let validator = validator();

@@ -26,6 +26,7 @@ fn check(cost: u64, entries: &[(&str, &str)]) -> Check {
         take: None,
         max_delay_ms: None,
         slot: None,
+        calendar: None,
         entries: entries
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -4,9 +4,9 @@
 
 use super::answer::Denial;
 use super::input::{
-    RawBypass, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse, RawGlobal, RawLease,
-    RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol, RawReserveFromRequest,
-    RawScope, RawTiers, DEFAULT_CHECK_PATH,
+    RawBypass, RawCalendar, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse,
+    RawGlobal, RawLease, RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol,
+    RawReserveFromRequest, RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
     Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
@@ -261,6 +261,13 @@ impl Compiler {
                  needs sluice-service",
             ));
         }
+        if raw.calendar.is_some() && policy.asks_rls(service) {
+            return Err(error(
+                format!("{at}.calendar"),
+                "an RLS counts per second, minute, hour or day of the Unix clock: a global \
+                 calendar window needs sluice-service",
+            ));
+        }
         policy.take = take(at, raw, &policy, grants)?;
         if let Some(service) = service.filter(|_| grants && policy.scope != Scope::Local) {
             global_keys_live_within(at, &policy, service.max_key_ttl_ms)?;
@@ -412,7 +419,7 @@ impl Compiler {
 /// What a policy's limits are made of, whatever the tier: the algorithm, the cost of a
 /// request, and (leaky bucket) the longest a request may be held. `at` is the policy's path:
 /// where an error in `cost` or `max_delay` is reported.
-struct Shape {
+struct Shape<'a> {
     at: String,
     kind: Kind,
     /// What a request takes at admission: the cost, or a metered policy's reservation.
@@ -425,10 +432,25 @@ struct Shape {
     max_delay: Option<u64>,
     /// Concurrency only: how long a slot lives unless renewed.
     slot_lease: Option<u64>,
+    /// Fixed window only: the calendar its windows follow.
+    calendar: Option<&'a RawCalendar>,
 }
 
-impl Shape {
-    fn of(at: &str, raw: &RawPolicy, metered: Option<&Metered>) -> Result<Shape, ConfigError> {
+impl<'a> Shape<'a> {
+    fn of(
+        at: &str,
+        raw: &'a RawPolicy,
+        metered: Option<&Metered>,
+    ) -> Result<Shape<'a>, ConfigError> {
+        if raw.calendar.is_some() && raw.algorithm != Kind::FixedWindow {
+            return Err(error(
+                format!("{at}.calendar"),
+                format!(
+                    "calendar windows are fixed windows: does not apply to the {} algorithm",
+                    raw.algorithm.name()
+                ),
+            ));
+        }
         let max_delay = match (&raw.max_delay, raw.algorithm) {
             (Some(text), Kind::LeakyBucket) => {
                 Some(parse_nanos(text).map_err(|r| error(format!("{at}.max_delay"), r))?)
@@ -485,6 +507,7 @@ impl Shape {
             must_hold,
             max_delay,
             slot_lease,
+            calendar: raw.calendar.as_ref(),
         })
     }
 
@@ -498,11 +521,26 @@ impl Shape {
         per: Option<&str>,
         burst: Option<u64>,
     ) -> Result<Tier, ConfigError> {
+        let mut calendar = None;
         let per_nanos = match (per, self.slot_lease) {
             (Some(_), Some(_)) => return Err(not_for(&format!("{at}.per"), self.kind)),
             // A concurrency limit has no window: its slots' lease stands in for one.
             (None, Some(lease)) => lease,
-            (Some(per), None) => parse_nanos(per).map_err(|r| error(format!("{at}.per"), r))?,
+            (Some(per), None) => match self.calendar {
+                Some(raw) => {
+                    let unit = super::calendar::unit(&format!("{at}.per"), per)?;
+                    calendar = Some(super::calendar::calendar(
+                        &self.at,
+                        raw,
+                        unit,
+                        at == self.at,
+                    )?);
+                    unit.nominal_nanos()
+                }
+                None => {
+                    parse_nanos(per).map_err(|r| error(format!("{at}.per"), per_error(per, r)))?
+                }
+            },
             (None, None) => return Err(error(at, "missing field `per`")),
         };
         if burst.is_some() && self.kind != Kind::TokenBucket {
@@ -513,9 +551,11 @@ impl Shape {
             Param::MaxDelay => error(format!("{}.max_delay", self.at), invalid.reason),
             param => error(format!("{at}.{}", param.field()), invalid.reason),
         };
-        let algorithm = self
-            .algorithm(requests, per_nanos, burst)
-            .map_err(refused)?;
+        let algorithm = match calendar {
+            Some(calendar) => Window::calendar(requests, calendar).map(Algorithm::FixedWindow),
+            None => self.algorithm(requests, per_nanos, burst),
+        }
+        .map_err(refused)?;
         algorithm.check_cost(self.must_hold).map_err(refused)?;
         Ok(Tier {
             algorithm,
@@ -577,6 +617,14 @@ fn table_specs(
             TableSpec::new(t.key, t.capacity, width, shares_key(i), ids)
         })
         .collect()
+}
+
+/// Why `per` is no duration: a calendar period without a calendar says what it lacks.
+fn per_error(per: &str, reason: String) -> String {
+    match crate::core::calendar::Unit::parse(per) {
+        Some(_) => format!("{per:?} is a calendar period: it needs the policy's \"calendar\""),
+        None => reason,
+    }
 }
 
 fn not_for(field: &str, kind: Kind) -> ConfigError {

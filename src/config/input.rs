@@ -127,6 +127,26 @@ pub(super) struct RawPolicy {
     /// The API this policy's route speaks: its refusals and headers in that provider's shape.
     pub(super) api: Option<Api>,
     pub(super) rollout: Option<RawRollout>,
+    /// A fixed window's periods on a calendar: `per` is then `1d`, `1w`, `1mo` or `1y`.
+    pub(super) calendar: Option<RawCalendar>,
+}
+
+/// `"calendar": {"timezone": "Europe/Berlin", "starts": {...}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCalendar {
+    pub(super) timezone: String,
+    pub(super) starts: Option<RawStarts>,
+}
+
+/// Where a calendar period starts; each field applies to some units only (`calendar.rs`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStarts {
+    pub(super) month: Option<u8>,
+    pub(super) day: Option<u8>,
+    pub(super) weekday: Option<String>,
+    pub(super) time: Option<String>,
 }
 
 /// A policy's `cost`: tokens a request takes, or an object saying how to read them from the

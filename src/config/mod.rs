@@ -3,6 +3,7 @@
 //! reads. Any error names the field and the reason; nothing half-valid gets through.
 
 mod answer;
+mod calendar;
 mod compile;
 mod input;
 mod plan;

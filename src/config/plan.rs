@@ -2,11 +2,11 @@
 //! every request; nothing here parses or validates.
 
 use super::answer::{Denial, HeaderStyle};
-use crate::core::algorithm::Algorithm;
+use crate::core::algorithm::{Algorithm, Window};
 use crate::core::key::{HashSecret, KeyPart};
 use crate::core::matcher::Matcher;
 use crate::core::request::{Attr, Attributes, RequestSource};
-use crate::wire::protocol::{self, Check};
+use crate::wire::protocol::{self, Check, WireCalendar};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -403,6 +403,13 @@ pub fn key_check(policy: &Policy, tier: &Tier, key: u64) -> Check {
         take: None,
         max_delay_ms: algorithm.max_delay().map(protocol::per_ms),
         slot: None,
+        calendar: match algorithm {
+            Algorithm::FixedWindow(Window {
+                calendar: Some(calendar),
+                ..
+            }) => WireCalendar::of(&calendar),
+            _ => None,
+        },
         entries: Vec::new(),
     }
 }

@@ -1130,3 +1130,179 @@ fn a_policys_api_wins_over_the_top_level_one_which_wins_over_generic() {
     let e = refused(with(json!({"api": "cohere"})));
     assert!(e.reason.contains("unknown variant"), "{e}");
 }
+
+fn calendar_policy(per: &str, calendar: Value) -> Value {
+    with(json!({"algorithm": "fixed_window", "burst": null, "per": per, "calendar": calendar}))
+}
+
+/// `with` leaves a `"burst": null` that the strict reader takes as none.
+fn calendar_plan(per: &str, calendar: Value) -> Result<Plan, ConfigError> {
+    let mut config = calendar_policy(per, calendar);
+    config["policies"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("burst");
+    parse(config.to_string().as_bytes())
+}
+
+#[test]
+fn a_calendar_window_compiles_to_a_fixed_window_on_that_calendar() {
+    let plan = calendar_plan(
+        "1mo",
+        json!({"timezone": "Europe/Berlin", "starts": {"day": 15, "time": "06:00"}}),
+    )
+    .unwrap();
+    let Algorithm::FixedWindow(window) = plan.policies[0].tier.algorithm else {
+        panic!("a fixed window");
+    };
+    let calendar = window.calendar.unwrap();
+    assert_eq!(calendar.unit, crate::core::calendar::Unit::Month);
+    let (zone, starts) = calendar.describe().unwrap();
+    assert_eq!(
+        (zone.as_str(), starts.day, starts.second),
+        ("Europe/Berlin", 15, 6 * 3600)
+    );
+    assert_eq!(plan.policies[0].tier.per_nanos, 30 * 86_400 * 1_000_000_000);
+    let weekly = json!({"timezone": "UTC", "starts": {"weekday": "friday", "time": "17:00:30"}});
+    assert!(calendar_plan("1w", weekly).is_ok());
+    let yearly = json!({"timezone": "Asia/Tokyo", "starts": {"month": 4, "day": 1}});
+    assert!(calendar_plan("1y", yearly).is_ok());
+    assert!(calendar_plan("1d", json!({"timezone": "America/New_York"})).is_ok());
+}
+
+#[test]
+fn calendar_errors_name_the_field() {
+    let refused_as = |per: &str, calendar: Value, field: &str, says: &str| {
+        let e = calendar_plan(per, calendar).expect_err("should be refused");
+        assert_eq!(e.field, field, "{e}");
+        assert!(e.reason.contains(says), "{e}");
+    };
+    let berlin = |starts: Value| json!({"timezone": "Europe/Berlin", "starts": starts});
+    refused_as(
+        "1mo",
+        json!({"timezone": "Europe/Atlantis"}),
+        "policies[0].calendar.timezone",
+        "not a time zone",
+    );
+    refused_as("1h", berlin(json!({})), "policies[0].per", "1mo");
+    refused_as(
+        "30d",
+        berlin(json!({})),
+        "policies[0].per",
+        "calendar window",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"day": 0})),
+        "policies[0].calendar.starts.day",
+        "1 to 31",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"day": 32})),
+        "policies[0].calendar.starts.day",
+        "1 to 31",
+    );
+    refused_as(
+        "1y",
+        berlin(json!({"month": 13})),
+        "policies[0].calendar.starts.month",
+        "1 to 12",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"weekday": "monday"})),
+        "policies[0].calendar.starts.weekday",
+        "1w only",
+    );
+    refused_as(
+        "1w",
+        berlin(json!({"weekday": "mon"})),
+        "policies[0].calendar.starts.weekday",
+        "day of the week",
+    );
+    refused_as(
+        "1w",
+        berlin(json!({"day": 3})),
+        "policies[0].calendar.starts.day",
+        "1mo or 1y",
+    );
+    refused_as(
+        "1d",
+        berlin(json!({"time": "24:00"})),
+        "policies[0].calendar.starts.time",
+        "time of day",
+    );
+    refused_as(
+        "1d",
+        berlin(json!({"time": "6:00"})),
+        "policies[0].calendar.starts.time",
+        "time of day",
+    );
+    refused_as(
+        "1mo",
+        berlin(json!({"hour": 6})),
+        "policies[0].calendar.starts.hour",
+        "unknown field",
+    );
+    refused_as(
+        "1mo",
+        json!({"starts": {}}),
+        "policies[0].calendar",
+        "timezone",
+    );
+    // Without a calendar a calendar period is no duration, and says what it lacks.
+    assert_refused(
+        with(json!({"algorithm": "fixed_window", "per": "1mo"})),
+        "policies[0].per",
+        "needs the policy's \"calendar\"",
+    );
+    // Only a fixed window follows a calendar.
+    for algorithm in [
+        "token_bucket",
+        "sliding_window",
+        "sliding_log",
+        "leaky_bucket",
+    ] {
+        let mut config = calendar_policy("1mo", json!({"timezone": "UTC"}));
+        config["policies"][0]["algorithm"] = json!(algorithm);
+        assert_refused(config, "policies[0].calendar", algorithm);
+    }
+}
+
+#[test]
+fn a_tier_takes_the_policys_calendar_with_its_own_period() {
+    let mut config = calendar_policy("1mo", json!({"timezone": "Europe/Berlin"}));
+    let policy = config["policies"][0].as_object_mut().unwrap();
+    policy.remove("burst");
+    policy.insert(
+        "tiers".into(),
+        json!({"by": "header:x-plan", "values": {"daily": {"requests": 5, "per": "1d"}, "bad": {"requests": 5, "per": "1h"}}}),
+    );
+    assert_refused(
+        config,
+        "policies[0].tiers.values.bad.per",
+        "calendar window",
+    );
+}
+
+#[test]
+fn a_global_calendar_needs_sluice_service_and_a_key_ttl_for_its_longest_period() {
+    let global = |per: &str, service: Value| {
+        let mut config = calendar_policy(per, json!({"timezone": "Europe/Berlin"}));
+        let policy = config["policies"][0].as_object_mut().unwrap();
+        policy.remove("burst");
+        policy.insert("scope".into(), json!("global"));
+        config["global"] = service;
+        config
+    };
+    let sluice = json!({"cluster": "sluice"});
+    assert!(parse(global("1mo", sluice.clone()).to_string().as_bytes()).is_ok());
+    // A year's period lives 366 days and an hour: more than the service's default 62d.
+    let e = refused(global("1y", sluice));
+    assert!(e.reason.contains("max_key_ttl"), "{e}");
+    let longer = json!({"cluster": "sluice", "max_key_ttl": "367d"});
+    assert!(parse(global("1y", longer).to_string().as_bytes()).is_ok());
+    let rls = json!({"cluster": "rls", "protocol": "rls", "domain": "d"});
+    assert_refused(global("1mo", rls), "policies[0].calendar", "sluice-service");
+}

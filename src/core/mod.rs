@@ -5,6 +5,7 @@
 //! everything here is a function of its inputs.
 
 pub mod algorithm;
+pub mod calendar;
 pub mod duration;
 pub mod key;
 pub mod matcher;

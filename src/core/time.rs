@@ -124,7 +124,7 @@ pub fn format_rfc3339(nanos: u64) -> String {
 }
 
 /// The date of a day count since 1970-01-01: the inverse of `days_from_civil`.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z - era * 146_097;
@@ -138,7 +138,7 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 /// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: u64, month: u64, day: u64) -> i64 {
+pub(crate) fn days_from_civil(year: u64, month: u64, day: u64) -> i64 {
     let y = year as i64 - i64::from(month <= 2);
     let era = y.div_euclid(400);
     let year_of_era = y - era * 400;

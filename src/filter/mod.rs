@@ -601,6 +601,7 @@ impl Books for Filter {
             requests: check.requests,
             per_ms: check.per_ms,
             burst: check.burst,
+            calendar: check.calendar,
             op,
         };
         Some((service, settlement))

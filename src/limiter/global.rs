@@ -15,8 +15,9 @@
 use super::member::{Member, Service, Verdict};
 use super::{local, Basis};
 use crate::config::{OnFailure, Policy, GLOBAL_COLUMNS};
-use crate::core::algorithm::{Algorithm, Debt, Decision, Kind, FULL_SHARE};
+use crate::core::algorithm::{Algorithm, Debt, Decision, Kind, Window, FULL_SHARE};
 use crate::core::duration::NANOS_PER_SEC;
+use crate::wire::protocol::Answer;
 
 /// How long tokens granted by the service stay spendable here: unused ones are lost
 /// (under-admission), never spent twice.
@@ -79,6 +80,7 @@ pub(super) fn judge(
     let spendable = marks.spendable(now);
     match member.service {
         Service::Answered(answer) if answer.allowed => {
+            let answer = on_boundary(&member.tier.algorithm, answer, now);
             // Words from shared data and numbers from the service: saturating, whatever they say.
             *marks.granted = spendable
                 .saturating_add(answer.granted)
@@ -102,6 +104,7 @@ pub(super) fn judge(
             Some((decision, Basis::Service))
         }
         Service::Answered(answer) => {
+            let answer = on_boundary(&member.tier.algorithm, answer, now);
             *marks.blocked = now.saturating_add(answer.retry_after);
             let decision = denied(answer.retry_after, answer.reset_after);
             Some((decision, Basis::Service))
@@ -168,6 +171,28 @@ pub fn slot_name(id: u64) -> String {
     format!("{id:016x}")
 }
 
+/// A calendar window's boundary is a whole second that the filter knows as well as the service:
+/// the service's answer, in whole milliseconds rounded up and read on Redis's clock, lands within
+/// a second of it, and is put on it, so that the reset headers name the boundary itself. An
+/// answer further off (clocks a period apart) is left as the service gave it.
+fn on_boundary(algorithm: &Algorithm, mut answer: Answer, now: u64) -> Answer {
+    if let Algorithm::FixedWindow(Window {
+        calendar: Some(calendar),
+        ..
+    }) = algorithm
+    {
+        let own = calendar.period(now).end.saturating_sub(now);
+        let near = |wait: u64| wait.abs_diff(own) <= NANOS_PER_SEC;
+        if near(answer.reset_after) {
+            answer.reset_after = own;
+        }
+        if answer.retry_after != 0 && near(answer.retry_after) {
+            answer.retry_after = own;
+        }
+    }
+    answer
+}
+
 fn allowed(remaining: u64, reset_after: u64) -> Decision {
     Decision {
         allowed: true,
@@ -192,6 +217,35 @@ mod tests {
     use crate::config::{Plan, Scope};
     use crate::wire::protocol::Answer;
     use serde_json::{json, Value};
+
+    #[test]
+    fn a_calendar_answer_is_put_on_the_boundary_the_filter_knows() {
+        use crate::core::calendar::{Calendar, Starts, Unit};
+        let month = Calendar::new("Europe/Berlin", Unit::Month, Starts::midnight()).unwrap();
+        let algorithm = Algorithm::FixedWindow(Window::calendar(10, month).unwrap());
+        // 10 s before April in Berlin; the service says 10.0004 s (whole ms, another clock).
+        let now = crate::core::time::parse_rfc3339("2026-03-31T21:59:50Z").unwrap();
+        let answer = |wait: u64| Answer {
+            allowed: false,
+            granted: 0,
+            remaining: 0,
+            reset_after: wait,
+            retry_after: wait,
+            delay: 0,
+        };
+        let near = on_boundary(&algorithm, answer(10_000_400_000), now);
+        assert_eq!(
+            (near.reset_after, near.retry_after),
+            (10 * NANOS_PER_SEC, 10 * NANOS_PER_SEC)
+        );
+        let far = on_boundary(&algorithm, answer(12 * NANOS_PER_SEC), now);
+        assert_eq!(far.reset_after, 12 * NANOS_PER_SEC);
+        let epoch = Algorithm::FixedWindow(Window::new(10, 60 * NANOS_PER_SEC).unwrap());
+        assert_eq!(
+            on_boundary(&epoch, answer(10_000_400_000), now).reset_after,
+            10_000_400_000
+        );
+    }
 
     fn global(extra: Value) -> Plan {
         let mut fields = json!({"scope": "global", "lease": 5});

@@ -272,6 +272,7 @@ mod tests {
 
     fn release(n: u64) -> Settlement {
         Settlement {
+            calendar: None,
             key: format!("streams/{n:016x}"),
             algorithm: Kind::Concurrency,
             requests: 4,

@@ -202,6 +202,7 @@ mod tests {
 
     fn check(algorithm: Kind, take: u64) -> Check {
         Check {
+            calendar: None,
             key: "per-user/00000000000000ff".into(),
             algorithm,
             requests: 10,

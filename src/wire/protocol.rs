@@ -5,6 +5,7 @@
 //! Envoy worker, never on a request's path.
 
 use crate::core::algorithm::{Algorithm, Drain, Kind, Rate, Slots, Window};
+use crate::core::calendar::{Calendar, Starts, Unit};
 use serde::{Deserialize, Serialize};
 
 const NANOS_PER_MS: u64 = 1_000_000;
@@ -39,10 +40,55 @@ pub struct Check {
     /// given back and renewed; `per_ms` is its lease.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<String>,
+    /// A fixed window on a calendar: its periods (`per_ms` is then only their nominal length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<WireCalendar>,
     /// The key's parts as an RLS descriptor names them (`rls`), for a service that speaks that
     /// protocol; never on this wire, where the key is only its hash.
     #[serde(skip)]
     pub entries: Vec<(String, String)>,
+}
+
+/// A calendar on the wire: the zone's name, the period (`1d`, `1w`, `1mo`, `1y`) and where each
+/// starts (`calendar::Starts`: month 1..=12, day 1..=31, weekday 0 = Monday, second of the
+/// local day).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireCalendar {
+    pub timezone: String,
+    pub per: String,
+    pub month: u8,
+    pub day: u8,
+    pub weekday: u8,
+    pub second: u32,
+}
+
+impl WireCalendar {
+    /// The wire form of `calendar`.
+    pub fn of(calendar: &Calendar) -> Option<WireCalendar> {
+        let (timezone, starts) = calendar.describe()?;
+        Some(WireCalendar {
+            timezone,
+            per: calendar.unit.name().to_string(),
+            month: starts.month,
+            day: starts.day,
+            weekday: starts.weekday,
+            second: starts.second,
+        })
+    }
+
+    /// The calendar it names (looked up once per process and calendar); `None` when it names
+    /// none (an unknown zone, a start out of range, too many calendars).
+    pub fn calendar(&self) -> Option<Calendar> {
+        let unit = Unit::parse(&self.per)?;
+        let starts = Starts {
+            month: self.month,
+            day: self.day,
+            weekday: self.weekday,
+            second: self.second,
+        };
+        Calendar::new(&self.timezone, unit, starts).ok()
+    }
 }
 
 impl Check {
@@ -58,7 +104,11 @@ impl Check {
         let (requests, burst) = (self.requests, self.burst);
         let limit = match self.algorithm {
             Kind::TokenBucket => Rate::new(requests, per, burst).map(Algorithm::TokenBucket),
-            Kind::FixedWindow => Window::new(requests, per).map(Algorithm::FixedWindow),
+            Kind::FixedWindow => match &self.calendar {
+                Some(calendar) => Window::calendar(requests, calendar.calendar()?),
+                None => Window::new(requests, per),
+            }
+            .map(Algorithm::FixedWindow),
             Kind::SlidingWindow => Window::new(requests, per).map(Algorithm::SlidingWindow),
             Kind::SlidingLog => Window::new(requests, per).map(Algorithm::SlidingLog),
             Kind::LeakyBucket => {
@@ -170,7 +220,12 @@ pub const SERVICE_MAX_KEY_TTL_MS: u64 = 62 * 86_400_000;
 pub fn key_lifetime_ms(check: &Check, debt: u64) -> u64 {
     let window_us = check.per_ms.saturating_mul(1000);
     let interval_us = (window_us / check.requests.max(1)).max(1);
+    // A calendar's period at its longest, as the service keeps it (`store::Algorithm`).
+    let calendar = (check.calendar.as_ref()).and_then(|c| Unit::parse(&c.per));
     let lifetime_us = match check.algorithm {
+        Kind::FixedWindow if calendar.is_some() => {
+            calendar.map_or(window_us, |unit| unit.longest_nanos() / 1000)
+        }
         Kind::TokenBucket => interval_us.saturating_mul(check.burst.saturating_add(debt)),
         Kind::FixedWindow | Kind::SlidingLog | Kind::Concurrency => window_us,
         Kind::SlidingWindow => window_us.saturating_mul(2),
@@ -200,6 +255,9 @@ pub struct Settlement {
     pub requests: u64,
     pub per_ms: u64,
     pub burst: u64,
+    /// As a check's: the calendar of a fixed window that follows one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calendar: Option<WireCalendar>,
     #[serde(flatten)]
     pub op: SettleOp,
 }
@@ -247,6 +305,7 @@ mod tests {
 
     fn check(take: u64) -> Check {
         Check {
+            calendar: None,
             key: "per-user/00000000000000ff".into(),
             algorithm: Kind::TokenBucket,
             requests: 100,
@@ -263,6 +322,7 @@ mod tests {
     #[test]
     fn encodes_settlements_as_documented() {
         let settlement = |op| Settlement {
+            calendar: None,
             key: "llm/00000000000000ff".into(),
             algorithm: Kind::TokenBucket,
             requests: 1000,

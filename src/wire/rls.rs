@@ -300,6 +300,7 @@ mod tests {
 
     fn check(cost: u64, entries: &[(&str, &str)]) -> Check {
         Check {
+            calendar: None,
             key: "p/0".into(),
             algorithm: Kind::TokenBucket,
             requests: 10,

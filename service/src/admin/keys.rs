@@ -132,6 +132,7 @@ fn parse<S>(raw: KeyRequest, admin: &Admin<S>, route: &Route) -> Result<Parsed, 
         }
     };
     let shape = Shape {
+        calendar: None,
         name: raw.algorithm,
         requests: raw.requests,
         per_ms: raw.per_ms,

@@ -277,6 +277,7 @@ fn validate(o: &Override, bounds: &Bounds) -> Result<(Namespace, Algorithm), Bad
         _ => Namespace::Http,
     };
     let shape = Shape {
+        calendar: None,
         name: o.algorithm,
         requests: o.requests,
         per_ms: o.per_ms,
@@ -397,6 +398,7 @@ async fn delete<S: Store>(
     let reason = validate_reason(raw.reason.as_deref(), "reason")?;
     let namespace = namespace(raw.namespace.as_deref())?;
     let shape = Shape {
+        calendar: None,
         name: Kind::TokenBucket,
         requests: 1,
         per_ms: 1000,

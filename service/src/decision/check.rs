@@ -10,7 +10,8 @@ pub use sluice::wire::protocol::{CheckResponse, CheckResult};
 
 use serde::de::DeserializeOwned;
 use sluice::core::algorithm::Kind;
-use sluice::wire::protocol::{Check as WireCheck, CheckRequest};
+use sluice::core::calendar::Calendar;
+use sluice::wire::protocol::{Check as WireCheck, CheckRequest, WireCalendar};
 
 use crate::stores::{Algorithm, Check, Decision, Namespace, Slots, MAX_CAPACITY_US};
 
@@ -182,6 +183,7 @@ fn validate(raw: WireCheck, at: &str, bounds: &Bounds) -> Result<Check, BadReque
         per_ms: raw.per_ms,
         burst: raw.burst,
         max_delay_ms: raw.max_delay_ms,
+        calendar: calendar(name, raw.calendar.as_ref(), &field("calendar"))?,
     };
     let algorithm = validate_limit(&raw.key, &shape, &field, bounds)?;
     let cost = cost(name, raw.cost, raw.burst, &field("cost"))?;
@@ -280,6 +282,8 @@ pub struct Shape {
     pub per_ms: u64,
     pub burst: u64,
     pub max_delay_ms: Option<u64>,
+    /// A fixed window's calendar (`/v1/check` and `/v1/settle` only), looked up already.
+    pub calendar: Option<Calendar>,
 }
 
 impl Shape {
@@ -298,9 +302,15 @@ impl Shape {
                 check_capacity(&field("burst"), interval_us, burst)?;
                 Algorithm::TokenBucket { interval_us, burst }
             }
-            Kind::FixedWindow => Algorithm::FixedWindow {
-                limit: requests,
-                window_us,
+            Kind::FixedWindow => match self.calendar {
+                Some(calendar) => Algorithm::CalendarWindow {
+                    limit: requests,
+                    calendar,
+                },
+                None => Algorithm::FixedWindow {
+                    limit: requests,
+                    window_us,
+                },
             },
             Kind::SlidingWindow => Algorithm::SlidingWindow {
                 limit: requests,
@@ -322,6 +332,29 @@ impl Shape {
                 }
             }
         })
+    }
+}
+
+/// The calendar a check's or settlement's `calendar` names, looked up once per process and
+/// calendar (`sluice::core::calendar`): a fixed window's only.
+pub fn calendar(
+    name: Kind,
+    wire: Option<&WireCalendar>,
+    field: &str,
+) -> Result<Option<Calendar>, BadRequest> {
+    match (wire, name) {
+        (None, _) => Ok(None),
+        (Some(wire), Kind::FixedWindow) => wire.calendar().map(Some).ok_or_else(|| {
+            let reason = format!(
+                "names no calendar this service knows: time zone {:?}, per {:?} (1d, 1w, 1mo or \
+                 1y), starts in range, at most {} calendars",
+                wire.timezone,
+                wire.per,
+                sluice::core::calendar::MAX_CALENDARS
+            );
+            BadRequest::new(field, reason)
+        }),
+        (Some(_), _) => Err(BadRequest::new(field, "fixed_window only")),
     }
 }
 

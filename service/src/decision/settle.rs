@@ -96,6 +96,11 @@ fn validate(raw: WireSettlement, at: &str, bounds: &Bounds) -> Result<Settlement
         per_ms: raw.per_ms,
         burst: raw.burst,
         max_delay_ms: None,
+        calendar: crate::decision::check::calendar(
+            raw.algorithm,
+            raw.calendar.as_ref(),
+            &field("calendar"),
+        )?,
     };
     let algorithm = validate_limit(&raw.key, &shape, &field, bounds)?;
     let id = match &raw.op {

@@ -596,6 +596,7 @@ fn rate(raw: &RawRateLimit) -> Result<Rate, String> {
         _ => requests_u64,
     };
     let shape = Shape {
+        calendar: None,
         name,
         requests: requests_u64,
         per_ms: window_ms,
@@ -632,6 +633,7 @@ fn slots(raw: &RawRateLimit) -> Result<Rate, String> {
     let lease_ms = whole_ms(lease, "lease", false)?;
     let requests = raw.requests_per_unit.unwrap_or(0);
     let shape = Shape {
+        calendar: None,
         name: Kind::Concurrency,
         requests: u64::from(requests),
         per_ms: lease_ms,

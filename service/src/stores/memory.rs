@@ -220,6 +220,9 @@ fn filter_limit(algorithm: &Algorithm) -> Result<filter::Algorithm, StoreError> 
         Algorithm::FixedWindow { limit, window_us } => {
             Window::new(limit, window_us).map(filter::Algorithm::FixedWindow)
         }
+        Algorithm::CalendarWindow { limit, calendar } => {
+            Window::calendar(limit, calendar.in_micros()).map(filter::Algorithm::FixedWindow)
+        }
         Algorithm::SlidingWindow { limit, window_us } => {
             Window::new(limit, window_us).map(filter::Algorithm::SlidingWindow)
         }

@@ -13,6 +13,7 @@ use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice::core::algorithm::Kind;
+use sluice::core::calendar::Calendar;
 use sluice::core::key::HashSecret;
 
 /// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`): as many as
@@ -179,6 +180,9 @@ pub enum Algorithm {
     TokenBucket { interval_us: u64, burst: u64 },
     /// At most `limit` tokens per window.
     FixedWindow { limit: u64, window_us: u64 },
+    /// At most `limit` tokens per period of `calendar`: a fixed window whose boundaries the
+    /// service computes around its clock and Redis picks among by its own.
+    CalendarWindow { limit: u64, calendar: Calendar },
     /// The two-counter estimate of the last `window_us` at most `limit`.
     SlidingWindow { limit: u64, window_us: u64 },
     /// At most `limit` tokens in any span of `window_us` (a log of admission times).
@@ -195,7 +199,7 @@ impl Algorithm {
     pub fn kind(&self) -> Kind {
         match self {
             Algorithm::TokenBucket { .. } => Kind::TokenBucket,
-            Algorithm::FixedWindow { .. } => Kind::FixedWindow,
+            Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => Kind::FixedWindow,
             Algorithm::SlidingWindow { .. } => Kind::SlidingWindow,
             Algorithm::SlidingLog { .. } => Kind::SlidingLog,
             Algorithm::LeakyBucket { .. } => Kind::LeakyBucket,
@@ -223,6 +227,11 @@ impl Algorithm {
         if let Algorithm::Concurrency { .. } = self {
             return;
         }
+        // A calendar by its fingerprint, the same in every replica: `c<fingerprint>/<limit>`.
+        if let Algorithm::CalendarWindow { limit, calendar } = self {
+            let _ = write!(out, "/c{:016x}/{limit}", calendar.fingerprint());
+            return;
+        }
         let (a, b) = self.numbers();
         // Writing to a String cannot fail.
         let _ = write!(out, "/{a}/{b}");
@@ -239,6 +248,7 @@ impl Algorithm {
                 max_delay_us,
             } => (interval_us, max_delay_us),
             Algorithm::Concurrency { limit, lease_us } => (lease_us, limit),
+            Algorithm::CalendarWindow { limit, calendar } => (calendar.fingerprint(), limit),
         }
     }
 
@@ -248,6 +258,7 @@ impl Algorithm {
         match *self {
             Algorithm::TokenBucket { burst, .. } => burst,
             Algorithm::FixedWindow { limit, .. }
+            | Algorithm::CalendarWindow { limit, .. }
             | Algorithm::SlidingWindow { limit, .. }
             | Algorithm::SlidingLog { limit, .. } => limit,
             Algorithm::LeakyBucket {
@@ -278,6 +289,7 @@ impl Algorithm {
                 window_us
             }
             Algorithm::SlidingWindow { window_us, .. } => window_us.saturating_mul(2),
+            Algorithm::CalendarWindow { calendar, .. } => calendar.unit.longest_nanos() / 1000,
             Algorithm::LeakyBucket {
                 interval_us,
                 max_delay_us,
@@ -314,6 +326,7 @@ impl Algorithm {
             self,
             Algorithm::TokenBucket { .. }
                 | Algorithm::FixedWindow { .. }
+                | Algorithm::CalendarWindow { .. }
                 | Algorithm::SlidingWindow { .. }
         )
     }

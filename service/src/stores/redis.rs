@@ -25,8 +25,10 @@ use tokio::sync::OnceCell;
 
 mod admin;
 mod batch;
+mod calendar;
 mod lua;
 
+pub use calendar::{CALENDAR_WINDOW_LUA, CALENDAR_WINDOW_REFUND_LUA};
 pub use lua::{
     CHECKS_LUA, DECISION_BYTES, FIXED_WINDOW_LUA, LEAKY_BUCKET_LUA, RECORD_BYTES,
     SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
@@ -595,6 +597,8 @@ struct Scripts {
     token_bucket_refund: Script,
     fixed_window_refund: Script,
     sliding_window_refund: Script,
+    calendar_window: Script,
+    calendar_window_refund: Script,
     /// `lua::CHECKS_LUA`: a batch of checks.
     checks: Script,
 }
@@ -616,11 +620,13 @@ impl Scripts {
             token_bucket_refund: once(TOKEN_BUCKET_REFUND_LUA),
             fixed_window_refund: once(FIXED_WINDOW_REFUND_LUA),
             sliding_window_refund: once(SLIDING_WINDOW_REFUND_LUA),
+            calendar_window: once(calendar::CALENDAR_WINDOW_LUA),
+            calendar_window_refund: once(calendar::CALENDAR_WINDOW_REFUND_LUA),
             checks: Script::new(lua::CHECKS_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 14] {
+    fn all(&self) -> [&Script; 16] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -635,6 +641,8 @@ impl Scripts {
             &self.token_bucket_refund,
             &self.fixed_window_refund,
             &self.sliding_window_refund,
+            &self.calendar_window,
+            &self.calendar_window_refund,
             &self.checks,
         ]
     }
@@ -649,6 +657,11 @@ impl Scripts {
             }
             Algorithm::FixedWindow { limit, window_us } => {
                 numbers(&self.fixed_window, &[window_us, limit, cost, take, debt])
+            }
+            Algorithm::CalendarWindow { limit, calendar } => {
+                let [b1, b2, b3, b4] = calendar::boundaries(calendar);
+                let args = [limit, cost, take, debt, b1, b2, b3, b4];
+                numbers(&self.calendar_window, &args)
             }
             Algorithm::SlidingWindow { limit, window_us } => {
                 numbers(&self.sliding_window, &[window_us, limit, cost, take, debt])
@@ -697,6 +710,11 @@ impl Scripts {
             }
             (&SettleOp::Refund { tokens, age_us }, Algorithm::FixedWindow { window_us, .. }) => {
                 Eval::new(&self.fixed_window_refund, key, &[window_us, tokens, age_us])
+            }
+            (&SettleOp::Refund { tokens, age_us }, Algorithm::CalendarWindow { calendar, .. }) => {
+                let [b1, b2, b3, b4] = calendar::boundaries(calendar);
+                let args = [tokens, age_us, b1, b2, b3, b4];
+                Eval::new(&self.calendar_window_refund, key, &args)
             }
             (&SettleOp::Refund { tokens, age_us }, Algorithm::SlidingWindow { window_us, .. }) => {
                 Eval::new(

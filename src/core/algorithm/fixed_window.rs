@@ -1,6 +1,8 @@
 //! Fixed window: at most `limit` requests per window, windows aligned to the Unix epoch
 //! (window index = floor(now / window)) so every Envoy and Redis agree on the boundaries. Cheap
-//! and exact within a window, but a client can pass up to 2 × limit across a boundary.
+//! and exact within a window, but a client can pass up to 2 × limit across a boundary. A window
+//! on a calendar (`Window::calendar`) takes the calendar's periods instead, indexed by their
+//! start in seconds.
 
 use super::{Debt, Decision, Window};
 
@@ -8,10 +10,10 @@ use super::{Debt, Decision, Window};
 pub const COLUMNS: usize = 2;
 
 pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decision {
-    let (limit, length) = (window.limit, window.length.get());
-    let index = now / window.length;
+    let limit = window.limit;
+    let (index, end) = span(window, now);
     let count = count_in(state, index);
-    let reset_after = (index + 1).saturating_mul(length).saturating_sub(now);
+    let reset_after = end.saturating_sub(now);
     if count.saturating_add(cost) > limit {
         return Decision {
             allowed: false,
@@ -35,7 +37,7 @@ pub fn admit(window: &Window, state: &mut [u64], now: u64, cost: u64) -> Decisio
 /// Charges up to `cost` tokens that `admit` refused, the window counting at most `limit +
 /// max_debt`; the debt ends with the window, as any count. Returns the tokens charged.
 pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u64) -> u64 {
-    let index = now / window.length;
+    let index = span(window, now).0;
     let count = count_in(state, index);
     let ceiling = window.limit.saturating_add(max_debt);
     let after = count.saturating_add(cost).min(ceiling).max(count);
@@ -50,14 +52,36 @@ pub fn owe(window: &Window, state: &mut [u64], now: u64, cost: u64, max_debt: u6
 /// Gives back `tokens` taken at `taken_at`, if that window is still the current one: an ended
 /// window's count means nothing any more. Returns the tokens given back.
 pub fn refund(window: &Window, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {
-    let index = now / window.length;
+    let index = span(window, now).0;
     match state {
-        [stored, count] if *stored == index && taken_at / window.length == index => {
+        [stored, count] if *stored == index && span(window, taken_at).0 == index => {
             let back = tokens.min(*count);
             *count -= back;
             back
         }
         _ => 0,
+    }
+}
+
+/// The index of the window that holds `now`, and when it ends.
+fn span(window: &Window, now: u64) -> (u64, u64) {
+    match window.calendar {
+        None => {
+            let index = now / window.length;
+            (index, (index + 1).saturating_mul(window.length.get()))
+        }
+        Some(calendar) => {
+            let period = calendar.period(now);
+            (calendar.index(&period), period.end)
+        }
+    }
+}
+
+/// When window `index` ends.
+pub fn end_of(window: &Window, index: u64) -> u64 {
+    match window.calendar {
+        None => index.saturating_add(1).saturating_mul(window.length.get()),
+        Some(calendar) => calendar.end_of(index),
     }
 }
 
@@ -71,7 +95,7 @@ fn count_in(state: &[u64], index: u64) -> u64 {
 
 /// What the current window has counted; a window's count means nothing once it is over.
 pub fn debt(window: &Window, state: &[u64], now: u64) -> Debt {
-    let count = count_in(state, now / window.length);
+    let count = count_in(state, span(window, now).0);
     Debt::of(count.into(), window.limit.into(), 1)
 }
 
@@ -162,6 +186,59 @@ mod tests {
     fn a_corrupt_count_or_a_clock_at_its_end_denies_without_overflow() {
         let mut state = [u64::MAX / SEC, u64::MAX];
         assert!(!admit(&per(3, SEC), &mut state, u64::MAX, u64::MAX).allowed);
+    }
+
+    fn berlin_month(limit: u64) -> Window {
+        use crate::core::calendar::{Calendar, Starts, Unit};
+        let month = Calendar::new("Europe/Berlin", Unit::Month, Starts::midnight()).unwrap();
+        Window::calendar(limit, month).unwrap()
+    }
+
+    fn at(text: &str) -> u64 {
+        crate::core::time::parse_rfc3339(text).unwrap()
+    }
+
+    #[test]
+    fn a_monthly_window_in_berlin_resets_at_local_midnight_across_summer_time() {
+        let window = berlin_month(3);
+        let mut state = [0; COLUMNS];
+        // March 2026 in Berlin ends at 2026-03-31T22:00Z, summer time having begun on the 29th.
+        let late_march = at("2026-03-31T21:59:59Z");
+        for _ in 0..3 {
+            assert!(admit(&window, &mut state, late_march, 1).allowed);
+        }
+        let refused = admit(&window, &mut state, late_march, 1);
+        assert!(!refused.allowed);
+        assert_eq!((refused.retry_after, refused.reset_after), (SEC, SEC));
+        assert!(admit(&window, &mut state, at("2026-03-31T22:00:00Z"), 3).allowed);
+        // October the other way: the month ends at 2026-10-31T23:00Z, winter time again.
+        let late_october = at("2026-10-31T22:30:00Z");
+        assert!(admit(&window, &mut state, late_october, 3).allowed);
+        let refused = admit(&window, &mut state, late_october, 1);
+        assert_eq!(refused.retry_after, 30 * 60 * SEC);
+        assert!(!admit(&window, &mut state, at("2026-10-31T22:59:59Z"), 1).allowed);
+        assert!(admit(&window, &mut state, at("2026-10-31T23:00:00Z"), 1).allowed);
+    }
+
+    #[test]
+    fn a_token_budget_on_a_calendar_window_owes_until_the_month_ends() {
+        let (window, month_end) = (berlin_month(100), at("2026-06-30T22:00:00Z"));
+        let mut state = [0; COLUMNS];
+        let mid_june = at("2026-06-15T10:00:00Z");
+        assert!(admit(&window, &mut state, mid_june, 80).allowed);
+        assert_eq!(owe(&window, &mut state, mid_june, 50, 1000), 50);
+        assert_eq!(
+            refund(&window, &mut state, mid_june + SEC, 10, mid_june),
+            10
+        );
+        assert_eq!(debt(&window, &state, mid_june).tokens, 100);
+        let over = admit(&window, &mut state, mid_june, 1);
+        assert_eq!(over.reset_after, month_end - mid_june);
+        let window_algorithm = super::super::Algorithm::FixedWindow(window);
+        assert_eq!(window_algorithm.idle_at(&state, mid_june), month_end);
+        // Taken in June, given back in July: June's count is gone, nothing to give.
+        assert_eq!(refund(&window, &mut state, month_end, 10, mid_june), 0);
+        assert!(admit(&window, &mut state, month_end, 100).allowed);
     }
 
     proptest! {

@@ -32,6 +32,7 @@ use std::num::NonZeroU64;
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::calendar::Calendar;
 use crate::core::duration::NANOS_PER_SEC;
 
 pub use concurrency::Slots;
@@ -202,11 +203,14 @@ impl Kind {
     }
 }
 
-/// At most `limit` tokens per window of `length` nanoseconds: the three window algorithms.
+/// At most `limit` tokens per window of `length` nanoseconds: the three window algorithms. A
+/// fixed window may follow a calendar instead (`calendar`): its windows are the calendar's
+/// periods, and `length` only their nominal length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
     pub limit: u64,
     pub length: NonZeroU64,
+    pub calendar: Option<Calendar>,
 }
 
 impl Window {
@@ -215,7 +219,20 @@ impl Window {
         let limit = within(Param::Requests, limit, MAX_COUNT)?;
         let length = NonZeroU64::new(period(Param::Per, length)?)
             .ok_or_else(|| invalid(Param::Per, "must not be 0"))?;
-        Ok(Window { limit, length })
+        Ok(Window {
+            limit,
+            length,
+            calendar: None,
+        })
+    }
+
+    /// `limit` per period of `calendar` (a fixed window only).
+    pub fn calendar(limit: u64, calendar: Calendar) -> Result<Window, Invalid> {
+        let window = Window::new(limit, calendar.unit.nominal_nanos())?;
+        Ok(Window {
+            calendar: Some(calendar),
+            ..window
+        })
     }
 }
 
@@ -402,7 +419,7 @@ impl Algorithm {
         };
         let at = match (self, state) {
             (Algorithm::TokenBucket(_) | Algorithm::LeakyBucket(_), [tat]) => *tat,
-            (Algorithm::FixedWindow(w), [index, _]) => end_of(*index, 1, w.length.get()),
+            (Algorithm::FixedWindow(w), [index, _]) => fixed_window::end_of(w, *index),
             (Algorithm::SlidingWindow(w), [index, ..]) => end_of(*index, 2, w.length.get()),
             (Algorithm::SlidingLog(w), log) => {
                 let newest = log.iter().max().copied().unwrap_or(0);
