@@ -10,7 +10,7 @@
 use memchr::memchr2;
 
 use super::json::{is_whitespace, Ending, Json, Why};
-use super::Counts;
+use super::Tally;
 
 const DATA: &[u8] = b"data";
 /// What OpenAI sends as the last event's data.
@@ -60,7 +60,7 @@ impl Data {
         }
     }
 
-    fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    fn feed(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
         let Some(matched) = self.done else {
             return self.json.feed(bytes, counts);
         };
@@ -82,7 +82,7 @@ impl Data {
     }
 
     /// Checks the data is `[DONE]`, a complete JSON document, or nothing.
-    fn end(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end(&mut self, counts: &mut Tally) -> Result<(), Why> {
         match self.done {
             Some(matched) if usize::from(matched) == DONE.len() => return Ok(()),
             Some(matched) => {
@@ -108,8 +108,8 @@ impl EventStream {
         }
     }
 
-    /// Reads the next bytes of the stream, setting in `counts` those its events' data carry.
-    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    /// Reads the next bytes of the stream, setting in `counts` those its events' data carry (and the model they name).
+    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
         let mut rest = bytes;
         while let Some((&byte, after)) = rest.split_first() {
             if std::mem::take(&mut self.after_cr) && byte == b'\n' {
@@ -152,7 +152,7 @@ impl EventStream {
     }
 
     /// Ends the stream: its last line and event, if they had no end of their own.
-    pub(super) fn end(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    pub(super) fn end(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if self.line != Line::Start {
             self.end_line(counts)?;
         }
@@ -160,7 +160,7 @@ impl EventStream {
     }
 
     /// The next byte of a field name, `matched` bytes of which are those of `data`.
-    fn name(&mut self, matched: u8, byte: u8, counts: &mut Counts) -> Result<Line, Why> {
+    fn name(&mut self, matched: u8, byte: u8, counts: &mut Tally) -> Result<Line, Why> {
         let is_data = usize::from(matched) == DATA.len();
         Ok(match byte {
             b':' if is_data => {
@@ -174,7 +174,7 @@ impl EventStream {
         })
     }
 
-    fn end_line(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end_line(&mut self, counts: &mut Tally) -> Result<(), Why> {
         match self.line {
             Line::Start => self.end_event(counts)?,
             // `data` alone: a data line with an empty value.
@@ -187,7 +187,7 @@ impl EventStream {
         Ok(())
     }
 
-    fn start_data_line(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn start_data_line(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if self.has_data {
             self.data.feed(b"\n", counts)?;
         }
@@ -195,7 +195,7 @@ impl EventStream {
         Ok(())
     }
 
-    fn end_event(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end_event(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if std::mem::take(&mut self.has_data) {
             let mut data = std::mem::replace(&mut self.data, Data::new());
             data.end(counts)?;
