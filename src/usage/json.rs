@@ -530,12 +530,7 @@ impl Json {
 
     /// A comma or the end of a container, then the key after a comma if it is there.
     #[inline(always)]
-    fn next<'a>(
-        &mut self,
-        byte: u8,
-        after: &'a [u8],
-        counts: &mut Tally,
-    ) -> Result<&'a [u8], Why> {
+    fn next<'a>(&mut self, byte: u8, after: &'a [u8], counts: &mut Tally) -> Result<&'a [u8], Why> {
         match byte {
             b',' if self.in_object() => {
                 self.state = State::Key { or_close: false };

@@ -1076,7 +1076,10 @@ const SERVED: &[(&str, &str)] = &[
 #[test]
 fn every_fixture_names_the_model_that_served_it_in_any_chunking() {
     for fixture in FIXTURES {
-        let (_, model) = SERVED.iter().find(|(name, _)| *name == fixture.name).unwrap();
+        let (_, model) = SERVED
+            .iter()
+            .find(|(name, _)| *name == fixture.name)
+            .unwrap();
         for cut in 0..=fixture.body.len() {
             let mut scanner = Scanner::new(fixture.format);
             scanner.feed(&fixture.body[..cut]);
@@ -1106,12 +1109,18 @@ fn only_a_documents_own_model_is_the_served_one() {
     let deep = r#"{"choices": [{"message": {"model": "decoy"}}], "x": {"model": "decoy"}}"#;
     assert_eq!(served(Format::Json, deep), "Unnamed");
     assert_eq!(
-        served(Format::Json, r#"{"model": "decoy-in-\"quotes\"", "model": "last"}"#),
+        served(
+            Format::Json,
+            r#"{"model": "decoy-in-\"quotes\"", "model": "last"}"#
+        ),
         "named last"
     );
     assert_eq!(served(Format::Json, r#"{"model": 5}"#), "Unnamed");
     assert_eq!(served(Format::Json, r#"{"model": null}"#), "Unnamed");
-    assert_eq!(served(Format::Json, r#"{"model": "gpt\u002d4o"}"#), "Unreadable");
+    assert_eq!(
+        served(Format::Json, r#"{"model": "gpt\u002d4o"}"#),
+        "Unreadable"
+    );
     let long = format!(r#"{{"model": "{}"}}"#, "m".repeat(MODEL_BYTES + 1));
     assert_eq!(served(Format::Json, &long), "Unreadable");
     let longest = format!(r#"{{"model": "{}"}}"#, "m".repeat(MODEL_BYTES));
@@ -1119,6 +1128,7 @@ fn only_a_documents_own_model_is_the_served_one() {
     // Anthropic names it in message_start's message, the Responses API in its response.
     let anthropic = "data: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-x\"}}\n\n";
     assert_eq!(served(Format::EventStream, anthropic), "named claude-x");
-    let responses = "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-4.1\"}}\n\n";
+    let responses =
+        "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-4.1\"}}\n\n";
     assert_eq!(served(Format::EventStream, responses), "named gpt-4.1");
 }
