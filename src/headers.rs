@@ -53,6 +53,9 @@ pub enum QuotaUnit {
     /// policy item says it with a parameter of sluice's own, as the draft has vendors do:
     /// `sluice-unit="tokens"`.
     Tokens,
+    /// Money a spend budget charges (`cost.price`), in micro-units of its currency:
+    /// `sluice-unit="micro-units"`. No provider header reports it.
+    MicroUnits,
 }
 
 impl Quota<'_> {
@@ -142,6 +145,7 @@ pub fn each_rate_limit_header(
             QuotaUnit::Requests => None,
             QuotaUnit::ConcurrentRequests => Some(("qu", Param::Text("concurrent-requests"))),
             QuotaUnit::Tokens => Some(("sluice-unit", Param::Text("tokens"))),
+            QuotaUnit::MicroUnits => Some(("sluice-unit", Param::Text("micro-units"))),
         };
         let policy_params = if concurrent {
             [Some(("q", Param::Number(quota.limit))), unit, None]

@@ -19,6 +19,9 @@ pub const UNAVAILABLE: &str = "sluice_unavailable";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused because a policy needs its body, which is not
 /// one JSON document the filter can read.
 pub const UNREADABLE_BODY: &str = "sluice_unreadable_body";
+/// `%RESPONSE_CODE_DETAILS%` of a request refused because it names a model that a spend budget
+/// has no price for (`unknown_model: "refuse"`).
+pub const MODEL_NOT_PRICED: &str = "sluice_model_not_priced";
 /// `%RESPONSE_CODE_DETAILS%` of a request whose body is larger than the filter reads.
 pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
@@ -255,6 +258,31 @@ impl LocalReply {
         }
         out
     }
+}
+
+/// The 400 refusing a request whose `model` the spend budget `policy` has no price for, in
+/// `api`'s error shape (an invalid request, naming `model` as the parameter at fault), or
+/// sluice's own `{"error":"model_not_priced","policy","model"}`.
+pub fn unpriced_model(api: Api, policy: &str, model: &str) -> LocalReply {
+    use serde_json::json;
+    let message = format!("model {model:?} has no price in spend budget {policy:?}");
+    let body = match api {
+        Api::Generic => json!({"error": "model_not_priced", "policy": policy, "model": model}),
+        Api::Openai => json!({"error": {"message": message, "type": "invalid_request_error",
+            "param": "model", "code": "model_not_priced"}}),
+        Api::Anthropic => json!({"type": "error",
+            "error": {"type": "invalid_request_error", "message": message}}),
+        Api::Gemini => json!({"error": {"code": 400, "message": message,
+            "status": "INVALID_ARGUMENT"}}),
+    };
+    let mut reply = LocalReply::new(
+        400,
+        MODEL_NOT_PRICED,
+        GrpcStatus::InvalidArgument,
+        body.to_string(),
+    );
+    reply.add_header("content-type", "application/json");
+    reply
 }
 
 /// A refusal in a provider's error shape, as its SDK parses it, the message naming the policy

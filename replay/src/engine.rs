@@ -27,10 +27,11 @@ use sluice::limiter::{key_check, Basis, Limiter, Outcome, Settled, Step};
 use sluice::metrics::UsageUnknown;
 use sluice::protocol::Answer;
 use sluice::request::Attributes;
-use sluice::response::{charge_of, cost, settle_op, BodyUsage};
+use sluice::response::{charge_of, cost, settle_op, BodyUsage, Models};
 use sluice::store::{LocalStore, Store, StoreError};
 use sluice::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::time::WorkerClock;
+use sluice::usage::Served;
 use smallvec::SmallVec;
 
 /// Namespaces the slots, as the plugin name does in Envoy.
@@ -442,9 +443,14 @@ fn charges(plan: &Plan, tab: &Tab, record: &Record) -> SmallVec<[Charge; 1]> {
             body,
             |name| record.response_count(name),
             ending,
+            // The log keeps the request's model (`sluice.body.model`), not the response's.
+            Models {
+                served: Served::Unnamed,
+                asked: tab.model.as_deref(),
+            },
         );
         let unknown = cost.err().map(|why| match (logged, &metered.source) {
-            (None, sluice::config::UsageSource::Body(_)) => Unknown::NotLogged,
+            (None, source) if source.reads_body() => Unknown::NotLogged,
             _ => Unknown::Filter(why),
         });
         charges.push(Charge {

@@ -139,7 +139,7 @@ impl Wanted {
         self.duration |= plan.policies.iter().any(holds);
         for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
             match &metered.source {
-                UsageSource::Body(_) => self.usage = true,
+                UsageSource::Body(_) | UsageSource::Priced { .. } => self.usage = true,
                 UsageSource::Header(name) => self.responses.push(name.clone()),
             }
         }

@@ -93,7 +93,7 @@ fn until_the_end(plan: &Plan, format: &mut Mapping) {
     let (mut headers, mut trailers) = (Mapping::new(), Mapping::new());
     for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
         match &metered.source {
-            UsageSource::Body(_) => {
+            UsageSource::Body(_) | UsageSource::Priced { .. } => {
                 format.insert("usage".into(), filter_state("sluice.usage").into());
             }
             UsageSource::Header(name) => {

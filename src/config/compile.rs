@@ -201,6 +201,9 @@ impl Compiler {
         {
             *attr = self.intern(Attr::Body(BodyField::MaxOutputTokens));
         }
+        if let Some(UsageSource::Priced { model, .. }) = metered.as_mut().map(|m| &mut m.source) {
+            *model = self.intern(Attr::Body(BodyField::String("model".into())));
+        }
         let shape = Shape::of(at, raw, metered.as_ref())?;
         let tier = shape.tier(at, raw.requests, raw.per.as_deref(), raw.burst)?;
         let tiers = match &raw.tiers {
@@ -771,13 +774,37 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
             ),
         ));
     }
+    let source = match (&raw_metered.from_response, &raw_metered.price) {
+        (Some(from_response), None) => usage_source(&at, from_response)?,
+        (None, Some(price)) => priced(&at, price, raw_metered.unknown_model.as_ref())?,
+        (Some(_), Some(_)) => {
+            return Err(error(
+                format!("{at}.from_response"),
+                "a spend budget (price) reads every kind of token of the body's usage: \
+                 leave from_response out",
+            ))
+        }
+        (None, None) => {
+            return Err(error(
+                format!("{at}.from_response"),
+                "required: where the usage is read ({\"usage\": \"total_tokens\"}), unless \
+                 price makes the policy a spend budget",
+            ))
+        }
+    };
+    if raw_metered.unknown_model.is_some() && raw_metered.price.is_none() {
+        return Err(error(
+            format!("{at}.unknown_model"),
+            "only a spend budget (price) has models to price",
+        ));
+    }
     let max_debt = raw_metered.max_debt;
     if max_debt.is_some_and(|d| d > crate::algorithm::MAX_COUNT) {
         let reason = format!("must be at most {}", crate::algorithm::MAX_COUNT);
         return Err(error(format!("{at}.max_debt"), reason));
     }
     Ok(Some(Metered {
-        source: usage_source(&at, &raw_metered.from_response)?,
+        source,
         reserve: reserve(&at, raw_metered.reserve.as_ref())?,
         max_debt,
         on_unknown: on_unknown(&at, raw_metered.on_unknown.as_ref())?,
@@ -800,6 +827,27 @@ fn usage_source(at: &str, raw: &RawFromResponse) -> Result<UsageSource, ConfigEr
         )),
         _ => Err(error(at, "give one of usage or header")),
     }
+}
+
+/// A spend budget's prices (`cost.price`) and unpriced models (`cost.unknown_model`, refused
+/// unless it says otherwise); the request's model attribute is interned by the caller.
+fn priced(
+    at: &str,
+    price: &serde_json::Value,
+    unknown: Option<&serde_json::Value>,
+) -> Result<UsageSource, ConfigError> {
+    use crate::usage::price::{Prices, Pricing, UnknownModel};
+    let prices = Prices::parse(price).map_err(|r| error(format!("{at}.price"), r))?;
+    let unknown = match unknown {
+        None => UnknownModel::Refuse,
+        Some(value) => {
+            UnknownModel::parse(value).map_err(|r| error(format!("{at}.unknown_model"), r))?
+        }
+    };
+    Ok(UsageSource::Priced {
+        pricing: Pricing { prices, unknown },
+        model: 0,
+    })
 }
 
 fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigError> {

@@ -43,7 +43,9 @@ impl Plan {
             sources.any(is_body)
         });
         let metered = policy.metered.as_ref().is_some_and(|m| {
-            m.ask_stream_usage || matches!(m.reserve, Reserve::MaxOutputTokens { .. })
+            m.ask_stream_usage
+                || matches!(m.reserve, Reserve::MaxOutputTokens { .. })
+                || matches!(m.source, UsageSource::Priced { .. })
         });
         keyed || metered
     }
@@ -114,7 +116,9 @@ impl Metered {
     }
 
     /// What a request reserves under `tier`: the fixed reservation, or what its body asks at
-    /// most, priced by the meter and capped at the limit's capacity (more could never pass).
+    /// most, priced by the meter (a spend budget's: by the price of the model it names, else the
+    /// dearest, `Pricing::reservation`) and capped at the limit's capacity (more could never
+    /// pass).
     pub fn reservation<R: RequestSource + ?Sized>(
         &self,
         tier: &Tier,
@@ -126,6 +130,9 @@ impl Metered {
                 let asked = request.get(attr).and_then(crate::usage::count_from_header);
                 let priced = match (&self.source, asked) {
                     (UsageSource::Body(meter), Some(tokens)) => meter.output_cost(tokens),
+                    (UsageSource::Priced { pricing, model }, Some(tokens)) => {
+                        pricing.reservation(request.get(*model), tokens)
+                    }
                     (_, Some(tokens)) => tokens,
                     (_, None) => default,
                 };
@@ -142,6 +149,27 @@ pub enum UsageSource {
     Body(crate::usage::Meter),
     /// A count in this response header or trailer (lower case).
     Header(String),
+    /// A spend budget: the body's usage priced by the model that served it (`usage::price`),
+    /// in micro-units of the currency. `model` is the attribute of the request body's `model`.
+    Priced {
+        pricing: crate::usage::price::Pricing,
+        model: usize,
+    },
+}
+
+impl UsageSource {
+    /// Whether the usage is read from the response body.
+    pub fn reads_body(&self) -> bool {
+        !matches!(self, UsageSource::Header(_))
+    }
+
+    /// A spend budget's prices and the attribute of the model its requests name.
+    pub fn pricing(&self) -> Option<(&crate::usage::price::Pricing, usize)> {
+        match self {
+            UsageSource::Priced { pricing, model } => Some((pricing, *model)),
+            _ => None,
+        }
+    }
 }
 
 /// What a request reserves at admission.
@@ -241,7 +269,7 @@ impl Policy {
     /// Whether the policy reads its cost from the usage in response bodies.
     pub fn meters_bodies(&self) -> bool {
         let metered = self.metered.as_ref();
-        metered.is_some_and(|m| matches!(m.source, UsageSource::Body(_)))
+        metered.is_some_and(|m| m.source.reads_body())
     }
 
     /// Whether the policy counts requests in flight (the concurrency algorithm): its slots are

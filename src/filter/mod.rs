@@ -571,7 +571,8 @@ impl Filter {
     }
 
     /// What the response headers report: `applied` in the `headers` style, and for a provider's
-    /// own headers the tightest enforcing policy of each unit.
+    /// own headers the tightest enforcing policy of each unit (a spend budget counts neither
+    /// requests nor tokens).
     fn reported(&self, outcome: &Outcome, applied: Applied, now: u64) -> Reported {
         let tightest = |tokens: bool| {
             outcome
@@ -579,12 +580,12 @@ impl Filter {
                 .iter()
                 .filter(|a| a.enforced && !matches!(a.tier.algorithm, Algorithm::Concurrency(_)))
                 .filter(|a| {
-                    let metered = self
-                        .plan
-                        .policies
-                        .get(a.policy)
-                        .map(|p| p.metered.is_some());
-                    metered == Some(tokens)
+                    let policy = self.plan.policies.get(a.policy);
+                    let metered = policy.map(|p| p.metered.as_ref());
+                    let spends = metered
+                        .flatten()
+                        .is_some_and(|m| m.source.pricing().is_some());
+                    !spends && metered.map(|m| m.is_some()) == Some(tokens)
                 })
                 .min_by_key(|a| {
                     (
@@ -638,6 +639,13 @@ impl Filter {
                 .then_some(decision.retry_after),
             unit: match applied.tier.algorithm {
                 Algorithm::Concurrency(_) => QuotaUnit::ConcurrentRequests,
+                _ if policy
+                    .metered
+                    .as_ref()
+                    .is_some_and(|m| m.source.pricing().is_some()) =>
+                {
+                    QuotaUnit::MicroUnits
+                }
                 _ if policy.metered.is_some() => QuotaUnit::Tokens,
                 _ => QuotaUnit::Requests,
             },

@@ -113,6 +113,8 @@ pub struct Outcome {
     /// slots and the reservations the service took, a failed call's slots): to give back at
     /// once (`global::unkept`).
     pub unkept: Vec<crate::tab::Entry>,
+    /// The model the request body named, read when a spend budget applies (`Tab::model`).
+    pub asked_model: Option<Vec<u8>>,
 }
 
 impl Outcome {
@@ -339,6 +341,9 @@ impl<S: Store> Limiter<'_, S> {
             local::refund_loans(&progress.works, self.plan, self.ledger);
         } else {
             outcome.tab = work::open_tab(&progress.works, self.plan);
+            if let Some(tab) = &mut outcome.tab {
+                tab.model = outcome.asked_model.take();
+            }
         }
         let kept = outcome.tab.as_ref();
         outcome.unkept = global::unkept(self.plan, &progress.works, kept, progress.now);

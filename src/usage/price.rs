@@ -175,21 +175,41 @@ impl Pricing {
         served: Served,
         asked: Option<&[u8]>,
     ) -> (Option<u64>, PricedAs) {
+        if let Some(price) = self.price_of(served, asked) {
+            return (price.cost(counts), PricedAs::Listed);
+        }
+        (self.unpriced_cost(counts), self.priced_as(served, asked))
+    }
+
+    /// The price of the model charged: the one `served`, else the one `asked`, if listed.
+    fn price_of(&self, served: Served, asked: Option<&[u8]>) -> Option<&Price> {
         let model = match served {
             Served::Named(name) => Some(name),
             Served::Unreadable => None,
             Served::Unnamed => asked,
         };
-        if let Some(price) = model.and_then(|m| self.prices.of(m)) {
-            return (price.cost(counts), PricedAs::Listed);
+        model.and_then(|m| self.prices.of(m))
+    }
+
+    /// How the model charged is priced (what the metrics count).
+    pub fn priced_as(&self, served: Served, asked: Option<&[u8]>) -> PricedAs {
+        match self.unknown {
+            _ if self.price_of(served, asked).is_some() => PricedAs::Listed,
+            UnknownModel::Refuse => PricedAs::Dearest,
+            UnknownModel::Price(_) => PricedAs::DefaultPrice,
+            UnknownModel::Free => PricedAs::Free,
         }
+    }
+
+    /// What `counts` cost at the price of an unpriced model.
+    fn unpriced_cost(&self, counts: &Counts) -> Option<u64> {
         match self.unknown {
             UnknownModel::Refuse => {
                 let each = self.prices.entries.iter().map(|(_, p)| p.cost(counts));
-                (each.max().flatten(), PricedAs::Dearest)
+                each.max().flatten()
             }
-            UnknownModel::Price(price) => (price.cost(counts), PricedAs::DefaultPrice),
-            UnknownModel::Free => (Some(0), PricedAs::Free),
+            UnknownModel::Price(price) => price.cost(counts),
+            UnknownModel::Free => Some(0),
         }
     }
 }
