@@ -700,3 +700,5 @@ fn a_key_that_reserves_nothing_is_charged_its_usage_all_the_same() {
         "1,200 of 1,000 used"
     );
 }
+
+mod spend;
