@@ -224,6 +224,12 @@ impl Compiler {
         let scope = scope(at, raw, &shape, service.is_some())?;
         if scope != Scope::Local {
             global_slots_fit(at, &tier, tiers.as_ref())?;
+            if metered
+                .as_ref()
+                .is_some_and(|m| m.source.pricing().is_some())
+            {
+                global_spend_fits(at, &tier, tiers.as_ref())?;
+            }
         }
         let mut denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
         if let Some(api) = raw.api {
@@ -936,6 +942,35 @@ fn rollout(at: &str, raw: &RawPolicy) -> Result<Option<Rollout>, ConfigError> {
 
 /// Where the policy is decided; the fields that only make sense for a global policy are
 /// refused on a local one.
+/// A global spend budget, of the policy or of any of its tiers, within what sluice-service
+/// counts per key (`SERVICE_MAX_COUNT` micro-units, 1,000 of the currency, a window): the service
+/// would refuse every check of a larger one.
+fn global_spend_fits(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), ConfigError> {
+    let max = crate::protocol::SERVICE_MAX_COUNT;
+    let tiers = tiers.into_iter().flat_map(|t| &t.values);
+    let named = tiers.map(|(value, tier)| {
+        let value = String::from_utf8_lossy(value);
+        (format!("{at}.tiers.values.{value}"), tier)
+    });
+    for (field, tier) in std::iter::once((at.to_string(), tier)).chain(named) {
+        let (field, count) = if tier.requests > max {
+            (format!("{field}.requests"), tier.requests)
+        } else if tier.algorithm.capacity() > max {
+            (format!("{field}.burst"), tier.algorithm.capacity())
+        } else {
+            continue;
+        };
+        return Err(error(
+            field,
+            format!(
+                "{count} micro-units: sluice-service counts at most {max} per key (1,000 of the \
+                 currency), and would refuse every check of a global spend budget above it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A global concurrency limit, of the policy or of any of its tiers, within what sluice-service
 /// keeps (`MAX_GLOBAL_SLOTS`): the service would refuse every check of a larger one.
 fn global_slots_fit(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), ConfigError> {
