@@ -6,7 +6,7 @@
 
 use crate::headers::denial_body;
 use crate::limiter::{Applied, Basis};
-use crate::text::push_decimal;
+use crate::text::{push_decimal, push_json_string};
 use serde::Deserialize;
 use smallvec::SmallVec;
 use std::ops::Range;
@@ -264,22 +264,50 @@ impl LocalReply {
 /// `api`'s error shape (an invalid request, naming `model` as the parameter at fault), or
 /// sluice's own `{"error":"model_not_priced","policy","model"}`.
 pub fn unpriced_model(api: Api, policy: &str, model: &str) -> LocalReply {
-    use serde_json::json;
-    let message = format!("model {model:?} has no price in spend budget {policy:?}");
-    let body = match api {
-        Api::Generic => json!({"error": "model_not_priced", "policy": policy, "model": model}),
-        Api::Openai => json!({"error": {"message": message, "type": "invalid_request_error",
-            "param": "model", "code": "model_not_priced"}}),
-        Api::Anthropic => json!({"type": "error",
-            "error": {"type": "invalid_request_error", "message": message}}),
-        Api::Gemini => json!({"error": {"code": 400, "message": message,
-            "status": "INVALID_ARGUMENT"}}),
+    // The model is the client's text: escaped as a JSON string, within the message too.
+    let mut quoted = String::with_capacity(model.len() + 2);
+    push_json_string(&mut quoted, model);
+    let mut message = String::with_capacity(quoted.len() + policy.len() + 48);
+    for part in [
+        "model ",
+        &quoted,
+        " has no price in spend budget \"",
+        policy,
+        "\"",
+    ] {
+        message.push_str(part);
+    }
+    let mut text = String::with_capacity(message.len() + 16);
+    push_json_string(&mut text, &message);
+    let parts: &[&str] = match api {
+        Api::Generic => &[
+            r#"{"error":"model_not_priced","policy":""#,
+            policy,
+            r#"","model":"#,
+            &quoted,
+            "}",
+        ],
+        Api::Openai => &[
+            r#"{"error":{"message":"#,
+            &text,
+            r#","type":"invalid_request_error","param":"model","code":"model_not_priced"}}"#,
+        ],
+        Api::Anthropic => &[
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"#,
+            &text,
+            "}}",
+        ],
+        Api::Gemini => &[
+            r#"{"error":{"code":400,"message":"#,
+            &text,
+            r#","status":"INVALID_ARGUMENT"}}"#,
+        ],
     };
     let mut reply = LocalReply::new(
         400,
         MODEL_NOT_PRICED,
         GrpcStatus::InvalidArgument,
-        body.to_string(),
+        parts.concat(),
     );
     reply.add_header("content-type", "application/json");
     reply

@@ -263,9 +263,14 @@ impl Prices {
                 ));
             }
             let price = Price::parse(price).map_err(|e| format!("{model}: {e}"))?;
-            entries.push((name, price));
+            // Kept in order as they come (a sort would add kilobytes to the wasm for a few
+            // entries): after every entry as specific, before the first less so.
+            let order = |name: &str| (name.contains('*'), std::cmp::Reverse(name.len()));
+            let at = entries
+                .iter()
+                .position(|(other, _)| order(other) > order(&name));
+            entries.insert(at.unwrap_or(entries.len()), (name, price));
         }
-        entries.sort_by_key(|(model, _)| (model.contains('*'), std::cmp::Reverse(model.len())));
         Ok(Prices { entries })
     }
 

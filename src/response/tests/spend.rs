@@ -248,3 +248,38 @@ fn a_reservation_below_the_default_takes_only_itself() {
     }
     assert!(start(&filter, &host, ALICE).is_none(), "1,000 used");
 }
+
+#[test]
+fn the_refusal_of_an_unpriced_model_is_json_in_each_apis_shape_whatever_the_name() {
+    use crate::reply::{unpriced_model, Api};
+    let model = "m\"\\\u{1}é";
+    let message = format!(
+        "model {} has no price in spend budget \"spend\"",
+        json!(model)
+    );
+    let bodies = [
+        (
+            Api::Generic,
+            json!({"error": "model_not_priced", "policy": "spend", "model": model}),
+        ),
+        (
+            Api::Openai,
+            json!({"error": {"message": message, "type": "invalid_request_error",
+                "param": "model", "code": "model_not_priced"}}),
+        ),
+        (
+            Api::Anthropic,
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": message}}),
+        ),
+        (
+            Api::Gemini,
+            json!({"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}),
+        ),
+    ];
+    for (api, expected) in bodies {
+        let reply = unpriced_model(api, "spend", model);
+        let body: Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(body, expected, "{api:?}");
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+    }
+}
