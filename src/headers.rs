@@ -518,6 +518,7 @@ mod tests {
             crate::reply::Said {
                 retry_secs: Some(3),
                 reserve: None,
+                spend: false,
             },
         );
         assert_eq!(

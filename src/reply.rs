@@ -107,6 +107,8 @@ impl Default for Denial {
 pub struct Said {
     pub retry_secs: Option<u64>,
     pub reserve: Option<u64>,
+    /// The policy is a spend budget: its reservation is in micro-units of the currency.
+    pub spend: bool,
 }
 
 /// Why a request is refused.
@@ -397,7 +399,11 @@ fn grpc_message(error: &str, policy: &str, said: Said) -> String {
     if let Some(tokens) = said.reserve {
         message.push_str(", reserving ");
         push_decimal(&mut message, tokens);
-        message.push_str(" tokens");
+        message.push_str(if said.spend {
+            " micro-units"
+        } else {
+            " tokens"
+        });
     }
     if let Some(secs) = said.retry_secs {
         message.push_str(", retry after ");
@@ -424,6 +430,7 @@ mod tests {
             Said {
                 retry_secs: Some(3),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -447,6 +454,7 @@ mod tests {
             Said {
                 retry_secs: Some(2),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -474,6 +482,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -490,6 +499,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -516,6 +526,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -531,6 +542,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -588,6 +600,7 @@ mod tests {
         let said = Said {
             retry_secs: Some(7),
             reserve,
+            spend: false,
         };
         LocalReply::refusal(Refusal::RateLimited, &denial, "per-key", said, false)
     }

@@ -561,6 +561,9 @@ impl Filter {
         let said = Said {
             retry_secs: (retry > 0).then(|| retry_after_secs(retry)),
             reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
+            spend: policy
+                .and_then(|p| p.metered.as_ref())
+                .is_some_and(|m| m.source.pricing().is_some()),
         };
         let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
         if refusal == Refusal::RateLimited {
