@@ -80,7 +80,7 @@ fn a_spend_budget_refuses_a_team_at_its_money_limit_with_the_exact_wait() {
         assert_eq!(refused.error_type.as_deref(), Some("RateLimitError"));
         let error = refused.error.as_ref().unwrap();
         assert_eq!(
-            error["error"]["message"],
+            error["message"],
             "rate limit exceeded: policy team-spend, reserving 695 micro-units, retry after 97s",
             "{error}"
         );
@@ -121,10 +121,10 @@ fn an_unpriced_model_is_refused_before_the_upstream_with_openais_error() {
     assert_eq!(refused.status, 400, "{refused:?}");
     assert_eq!(refused.error_type.as_deref(), Some("BadRequestError"));
     let error = refused.error.as_ref().unwrap();
-    assert_eq!(error["error"]["code"], "model_not_priced", "{error}");
-    assert_eq!(error["error"]["param"], "model");
+    assert_eq!(error["code"], "model_not_priced", "{error}");
+    assert_eq!(error["param"], "model");
     assert_eq!(
-        error["error"]["message"],
+        error["message"],
         r#"model "llama-3-70b" has no price in spend budget "spend""#
     );
     assert!(upstream.calls().is_empty(), "never sent upstream");
