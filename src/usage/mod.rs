@@ -20,6 +20,11 @@
 //! each object of a top-level JSON array (Gemini's `streamGenerateContent` without `alt=sse`), or
 //! in an event stream the data of each event.
 //!
+//! **The model.** The model a response says served it, for spend budgets (`price`): the string
+//! value of `model` in a document, its `response` or its `message` (OpenAI, the Responses API,
+//! Anthropic's `message_start`), or of Gemini's `modelVersion` in a document; the last one named
+//! wins, kept as written in a fixed buffer (`Model`, at most `MODEL_BYTES`).
+//!
 //! **What wins.** The last value seen for each count: OpenAI's stream carries `"usage": null` until
 //! its last chunk, Anthropic's `message_delta` carries the cumulative `output_tokens` after
 //! `message_start`'s first guess. A `null` count is no count.

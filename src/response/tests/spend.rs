@@ -24,13 +24,13 @@ fn spend(extra: Value) -> Value {
 }
 
 /// Alice's request with `body`: its response while admitted, else the refusal.
-fn ask(filter: &Filter, host: &FakeHost, body: &str) -> Result<Response, LocalReply> {
+fn ask(filter: &Filter, host: &FakeHost, body: &str) -> Result<Response, Box<LocalReply>> {
     *host.request.borrow_mut() = FakeRequest::new(ALICE);
     match filter.on_request_body(host, filter.snapshot(host), body.as_bytes()) {
         Verdict::Continue(Admitted { tab, record, .. }) => {
             Ok(Response::new(tab.unwrap_or_default(), record))
         }
-        Verdict::Denied => Err(host.reply.borrow().clone().unwrap()),
+        Verdict::Denied => Err(Box::new(host.reply.borrow().clone().unwrap())),
         other => panic!("neither admitted nor denied: {other:?}"),
     }
 }
