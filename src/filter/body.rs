@@ -75,7 +75,10 @@ impl Filter {
     }
 
     /// The first enforcing spend budget that applies to the request (by its matcher, whatever
-    /// its key) and refuses the model it names (`unknown_model: "refuse"`), and that model.
+    /// its key; the `default` policy when no other matches) and refuses the model it names
+    /// (`unknown_model: "refuse"`), and that model. A shadow policy refuses nothing, nor does a
+    /// canary (`rollout`), which enforces for some keys only: their unpriced models are charged
+    /// as the dearest.
     fn refused_model<H: Host>(&self, request: &mut Attributes<'_, H>) -> Option<(usize, String)> {
         let plan = &self.plan;
         for (index, policy) in plan.policies.iter().enumerate() {
@@ -83,7 +86,11 @@ impl Filter {
             let Some((pricing, model)) = metered.and_then(|m| m.source.pricing()) else {
                 continue;
             };
-            if policy.shadow || !policy.matcher.matches(request) {
+            if policy.shadow || policy.rollout.is_some() || !policy.matcher.matches(request) {
+                continue;
+            }
+            let others = plan.policies.iter().filter(|p| !p.fallback);
+            if policy.fallback && others.into_iter().any(|p| p.matcher.matches(request)) {
                 continue;
             }
             let asked = request.get(model);

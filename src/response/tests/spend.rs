@@ -283,3 +283,30 @@ fn the_refusal_of_an_unpriced_model_is_json_in_each_apis_shape_whatever_the_name
         assert_eq!(reply.header("content-type"), Some("application/json"));
     }
 }
+
+#[test]
+fn only_an_enforcing_spend_budget_that_applies_refuses_a_model() {
+    let refuses = |policies: Value| {
+        let (filter, host) = setup(policies);
+        ask(&filter, &host, r#"{"model":"llama"}"#).is_err()
+    };
+    let mut shadow = spend(json!({}));
+    shadow["mode"] = json!("shadow");
+    assert!(!refuses(json!([shadow])));
+    let mut canary = spend(json!({}));
+    canary["rollout"] = json!({"enforce_percent": 50});
+    assert!(!refuses(json!([canary])));
+    let mut elsewhere = spend(json!({}));
+    elsewhere["match"] = json!({"path_prefix": "/v2/"});
+    assert!(!refuses(json!([elsewhere])));
+    // The default policy applies only where no other does.
+    let requests = json!({"name": "requests", "key": ["header:x-user-id"], "requests": 100,
+        "per": "1m"});
+    let mut default = spend(json!({}));
+    default["name"] = json!("default-spend");
+    let config = json!({"policies": [requests], "default": default}).to_string();
+    let host = FakeHost::new(Arc::default(), T0);
+    let filter = Filter::configure(config.as_bytes(), "test", &host, &host, &host).unwrap();
+    assert!(ask(&filter, &host, r#"{"model":"llama"}"#).is_ok());
+    assert!(refuses(json!([spend(json!({}))])));
+}
