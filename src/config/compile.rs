@@ -792,9 +792,9 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
         }
         (None, None) => {
             return Err(error(
-                format!("{at}.from_response"),
-                "required: where the usage is read ({\"usage\": \"total_tokens\"}), unless \
-                 price makes the policy a spend budget",
+                at,
+                "needs from_response, where the usage is read ({\"from_response\": {\"usage\": \
+                 \"total_tokens\"}}), or price, for a spend budget",
             ))
         }
     };

@@ -1164,8 +1164,8 @@ fn a_spend_budget_names_what_is_wrong_in_it() {
     );
     assert_refused(
         with_cost(json!({"reserve": 10})),
-        "policies[0].cost.from_response",
-        "unless price",
+        "policies[0].cost",
+        "needs from_response",
     );
     assert_refused(
         with_cost(json!({"price": price, "unknown_model": "charge"})),
