@@ -780,24 +780,23 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
             ),
         ));
     }
-    let source = match (&raw_metered.from_response, &raw_metered.price) {
-        (Some(from_response), None) => usage_source(&at, from_response)?,
-        (None, Some(price)) => priced(&at, price, raw_metered.unknown_model.as_ref())?,
-        (Some(_), Some(_)) => {
-            return Err(error(
-                format!("{at}.from_response"),
-                "a spend budget (price) reads every kind of token of the body's usage: \
+    let source =
+        match (&raw_metered.from_response, &raw_metered.price) {
+            (Some(from_response), None) => usage_source(&at, from_response)?,
+            (None, Some(price)) => priced(&at, price, raw_metered.unknown_model.as_ref())?,
+            (Some(_), Some(_)) => {
+                return Err(error(
+                    format!("{at}.from_response"),
+                    "a spend budget (price) reads every kind of token of the body's usage: \
                  leave from_response out",
-            ))
-        }
-        (None, None) => {
-            return Err(error(
+                ))
+            }
+            (None, None) => return Err(error(
                 at,
                 "needs from_response, where the usage is read ({\"from_response\": {\"usage\": \
                  \"total_tokens\"}}), or price, for a spend budget",
-            ))
-        }
-    };
+            )),
+        };
     if raw_metered.unknown_model.is_some() && raw_metered.price.is_none() {
         return Err(error(
             format!("{at}.unknown_model"),

@@ -142,6 +142,17 @@ impl Metered {
     }
 }
 
+/// Which tokens a token budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSide {
+    /// Input tokens only (`input_tokens`, or weights of the input's kinds alone).
+    Input,
+    /// Output tokens only.
+    Output,
+    /// Both, or a count from a header, whose kind nobody knows.
+    Both,
+}
+
 /// Where a response's usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UsageSource {
@@ -264,6 +275,29 @@ impl Policy {
     /// Whether the policy rewrites a streaming request to ask for its usage (`ask_stream_usage`).
     pub fn asks_stream_usage(&self) -> bool {
         self.metered.as_ref().is_some_and(|m| m.ask_stream_usage)
+    }
+
+    /// Which tokens a token budget counts, for Anthropic's input and output token headers:
+    /// `None` for any other policy (a spend budget counts money).
+    pub fn token_side(&self) -> Option<TokenSide> {
+        use crate::usage::{Count, Meter};
+        let metered = self.metered.as_ref()?;
+        Some(match &metered.source {
+            UsageSource::Priced { .. } => return None,
+            UsageSource::Header(_) => TokenSide::Both,
+            UsageSource::Body(Meter::Count(Count::Input)) => TokenSide::Input,
+            UsageSource::Body(Meter::Count(Count::Output)) => TokenSide::Output,
+            UsageSource::Body(Meter::Count(_)) => TokenSide::Both,
+            UsageSource::Body(Meter::Weighted(w)) => {
+                let input = w.input.max(w.cache_read).max(w.cache_write) > 0;
+                let output = w.output.max(w.reasoning) > 0;
+                match (input, output) {
+                    (true, false) => TokenSide::Input,
+                    (false, true) => TokenSide::Output,
+                    _ => TokenSide::Both,
+                }
+            }
+        })
     }
 
     /// Whether the policy reads its cost from the usage in response bodies.

@@ -8,10 +8,12 @@ mod body;
 use crate::access_log;
 use crate::algorithm::Algorithm;
 use crate::breaker::Breaker;
+use crate::config::TokenSide;
 use crate::config::{self, ConfigError, GlobalService, Plan, Protocol};
 use crate::duration::NANOS_PER_SEC;
 use crate::headers::{
-    each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
+    each_anthropic_side_header, each_provider_header, each_rate_limit_header, retry_after_secs,
+    Quota, QuotaUnit,
 };
 use crate::key::{HashSecret, Keying};
 use crate::ledger::Ledger;
@@ -100,6 +102,9 @@ pub struct Reported {
     /// those that count requests over time and those that count tokens.
     requests: Option<Applied>,
     tokens: Option<Applied>,
+    /// For Anthropic's: among the token budgets that count input tokens alone, and output.
+    input_tokens: Option<Applied>,
+    output_tokens: Option<Applied>,
 }
 
 /// The configured filter, shared read-only by every request of one worker.
@@ -227,7 +232,18 @@ impl Filter {
         if let Some(api) = provider {
             let requests = reported.requests.and_then(|a| self.quota(&a));
             let tokens = reported.tokens.and_then(|a| self.quota(&a));
-            each_provider_header(api, requests.as_ref(), tokens.as_ref(), reported.now, emit);
+            each_provider_header(
+                api,
+                requests.as_ref(),
+                tokens.as_ref(),
+                reported.now,
+                &mut emit,
+            );
+            if api == Api::Anthropic {
+                let input = reported.input_tokens.and_then(|a| self.quota(&a));
+                let output = reported.output_tokens.and_then(|a| self.quota(&a));
+                each_anthropic_side_header(input.as_ref(), output.as_ref(), reported.now, emit);
+            }
         }
     }
 
@@ -598,11 +614,29 @@ impl Filter {
                 })
                 .copied()
         };
+        let side = |wanted: TokenSide| {
+            let counts = |a: &&Applied| {
+                let policy = self.plan.policies.get(a.policy);
+                policy.and_then(config::Policy::token_side) == Some(wanted)
+            };
+            let enforced = outcome.applied.iter().filter(|a| a.enforced);
+            let counting = enforced.filter(counts);
+            counting
+                .min_by_key(|a| {
+                    (
+                        a.decision.remaining,
+                        std::cmp::Reverse(a.decision.reset_after),
+                    )
+                })
+                .copied()
+        };
         Reported {
             applied,
             now,
             requests: tightest(false),
             tokens: tightest(true),
+            input_tokens: side(TokenSide::Input),
+            output_tokens: side(TokenSide::Output),
         }
     }
 

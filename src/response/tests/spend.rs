@@ -310,3 +310,47 @@ fn only_an_enforcing_spend_budget_that_applies_refuses_a_model() {
     assert!(ask(&filter, &host, r#"{"model":"llama"}"#).is_ok());
     assert!(refuses(json!([spend(json!({}))])));
 }
+
+#[test]
+fn anthropic_gets_its_input_and_output_token_headers_from_budgets_counting_each_alone() {
+    let budget = |name: &str, usage: Value, tokens: u64| {
+        json!({"name": name, "key": ["header:x-user-id"], "requests": tokens, "per": "1m",
+            "cost": {"from_response": {"usage": usage}, "reserve": 100}})
+    };
+    let policies = json!([
+        budget("input", json!("input_tokens"), 8000),
+        budget(
+            "output",
+            json!({"output_tokens": 1, "reasoning_tokens": 2}),
+            4000
+        ),
+        budget("all", json!("total_tokens"), 20_000),
+        spend(json!({})),
+    ]);
+    let config = json!({"api": "anthropic", "policies": policies}).to_string();
+    let host = FakeHost::new(Arc::default(), T0);
+    let filter = Filter::configure(config.as_bytes(), "test", &host, &host, &host).unwrap();
+    *host.request.borrow_mut() = FakeRequest::new(ALICE);
+    let body = br#"{"model":"gpt-4o","max_tokens":10}"#;
+    let Verdict::Continue(admitted) = filter.on_request_body(&host, filter.snapshot(&host), body)
+    else {
+        panic!("admitted");
+    };
+    let mut headers = std::collections::BTreeMap::new();
+    filter.each_response_header(&admitted.reported.unwrap(), |name, value| {
+        headers.insert(name, value.to_string());
+    });
+    assert_eq!(headers["anthropic-ratelimit-input-tokens-limit"], "8000");
+    assert_eq!(
+        headers["anthropic-ratelimit-input-tokens-remaining"],
+        "7900"
+    );
+    assert_eq!(headers["anthropic-ratelimit-output-tokens-limit"], "4000");
+    assert_eq!(
+        headers["anthropic-ratelimit-output-tokens-remaining"],
+        "3900"
+    );
+    // The tokens family: the tightest token budget of any kind (the spend budget is none).
+    assert_eq!(headers["anthropic-ratelimit-tokens-limit"], "4000");
+    assert!(headers["anthropic-ratelimit-input-tokens-reset"].ends_with('Z'));
+}
