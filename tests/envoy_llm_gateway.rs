@@ -14,22 +14,19 @@
 
 use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
+use sluice_testkit::gateway::local;
 use sluice_testkit::llm::{anthropic_calls, openai_calls, post, Api, LlmUpstream, OpenAiCall};
 
 /// Per API key: `tokens` a minute read from the usage with `usage`, each request reserving 100,
 /// 50 requests a second, and 2 in flight.
 fn gateway(api: &str, tokens: u64, usage: Value) -> (Envoy, LlmUpstream) {
-    let upstream = LlmUpstream::start();
-    let config = json!({"api": api, "policies": [
+    local(&json!({"api": api, "policies": [
         {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": tokens, "per": "1m",
             "cost": {"from_response": {"usage": usage}, "reserve": 100}},
         {"name": "llm-requests", "key": ["header:x-api-key"], "requests": 50, "per": "1s"},
         {"name": "in-flight", "key": ["header:x-api-key"], "algorithm": "concurrency",
             "requests": 2}
-    ]})
-    .to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
-    (envoy, upstream)
+    ]}))
 }
 
 fn statuses(calls: &[OpenAiCall]) -> Vec<u16> {
@@ -237,17 +234,14 @@ fn openai_cached_and_reasoning_tokens_are_charged_once_by_their_weights() {
 
 #[test]
 fn the_anthropic_sdk_reads_input_and_output_token_balances_from_budgets_counting_each() {
-    let upstream = LlmUpstream::start();
     let budget = |name: &str, usage: &str, tokens: u64| {
         json!({"name": name, "key": ["header:x-api-key"], "requests": tokens, "per": "1m",
             "cost": {"from_response": {"usage": usage}, "reserve": 100}})
     };
-    let config = json!({"api": "anthropic", "policies": [
+    let (envoy, _upstream) = local(&json!({"api": "anthropic", "policies": [
         budget("input-tokens", "input_tokens", 1000),
         budget("output-tokens", "output_tokens", 500),
-    ]})
-    .to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
+    ]}));
     for stream in [false, true] {
         let key = if stream { "streaming" } else { "json" };
         let headers = [("x-api-key", key), ("x-test-usage", "input=100,output=200")];

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sluice::metrics::{tokens_counter, unknown_model_counter};
 use sluice::usage::price::PricedAs;
 use sluice_testkit::envoy::Envoy;
-use sluice_testkit::gateway::GlobalGateway;
+use sluice_testkit::gateway::{local, GlobalGateway};
 use sluice_testkit::llm::{openai_calls_of, LlmUpstream, OpenAiCall};
 
 /// gpt-4o-mini at $0.15/$0.60 a million tokens, gpt-4o at $2.50/$10.
@@ -38,10 +38,7 @@ fn spend(name: &str, key: &str, micro: u64, per: &str, cost: Value) -> Value {
 }
 
 fn gateway(policies: Value) -> (Envoy, LlmUpstream) {
-    let upstream = LlmUpstream::start();
-    let config = json!({"api": "openai", "policies": policies}).to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
-    (envoy, upstream)
+    local(&json!({"api": "openai", "policies": policies}))
 }
 
 fn statuses(calls: &[OpenAiCall]) -> Vec<u16> {

@@ -23,10 +23,7 @@ fn budget(per_minute: u64, cost: Value) -> Value {
 }
 
 fn local(policy: Value) -> (Envoy, LlmUpstream) {
-    let upstream = LlmUpstream::start();
-    let config = json!({"headers": "both", "policies": [policy]}).to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
-    (envoy, upstream)
+    sluice_testkit::gateway::local(&json!({"headers": "both", "policies": [policy]}))
 }
 
 /// A global budget (failing closed) served by a real service over a real Redis.

@@ -1,6 +1,7 @@
-//! An LLM gateway whose budgets are global: a real two-worker Envoy in front of the test kit's
-//! LLM upstream, its one policy global (failing closed) and served by a real `sluice-service`
-//! over a real Redis, for the token and spend budget tests.
+//! An LLM gateway: a real two-worker Envoy with the filter configured by a test, in front of the
+//! test kit's LLM upstream (`local`); or its one policy global (failing closed) and served by a
+//! real `sluice-service` over a real Redis (`GlobalGateway`), for the token and spend budget
+//! tests.
 
 use crate::envoy::Envoy;
 use crate::llm::LlmUpstream;
@@ -8,6 +9,15 @@ use crate::redis::RedisServer;
 use crate::service::Service;
 use serde_json::{json, Value};
 use std::time::Duration;
+
+/// An Envoy whose filter `config` configures, in front of a new LLM upstream.
+pub fn local(config: &Value) -> (Envoy, LlmUpstream) {
+    let upstream = LlmUpstream::start();
+    let envoy = Envoy::options(&config.to_string())
+        .upstream(upstream.addr())
+        .start();
+    (envoy, upstream)
+}
 
 /// The Envoy, its upstream and its service, Redis kept alive beside them.
 pub struct GlobalGateway {
