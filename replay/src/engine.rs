@@ -31,7 +31,6 @@ use sluice::response::{charge_of, cost, settle_op, BodyUsage, Models};
 use sluice::store::{LocalStore, Store, StoreError};
 use sluice::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::time::WorkerClock;
-use sluice::usage::Served;
 use smallvec::SmallVec;
 
 /// Namespaces the slots, as the plugin name does in Envoy.
@@ -443,9 +442,8 @@ fn charges(plan: &Plan, tab: &Tab, record: &Record) -> SmallVec<[Charge; 1]> {
             body,
             |name| record.response_count(name),
             ending,
-            // The log keeps the request's model (`sluice.body.model`), not the response's.
             Models {
-                served: Served::Unnamed,
+                served: record.served_model(),
                 asked: tab.model.as_deref(),
             },
         );

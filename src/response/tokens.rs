@@ -284,6 +284,17 @@ pub(super) fn settle(
         served: usage.served(),
         asked: tab.model.as_deref(),
     };
+    if sources(tab, filter).any(|s| s.pricing().is_some()) {
+        // For the access log and sluice-replay: empty for a name that could not be read.
+        let name = match models.served {
+            Served::Named(name) => Some(String::from_utf8_lossy(name)),
+            Served::Unreadable => Some("".into()),
+            Served::Unnamed => None,
+        };
+        if let Some(name) = name {
+            host.publish("sluice.model", &name);
+        }
+    }
     let mut settled = SmallVec::new();
     for entry in tab.entries.iter_mut() {
         let Held::Reserved {

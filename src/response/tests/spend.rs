@@ -83,6 +83,12 @@ fn a_key_is_charged_usage_times_the_served_models_price_in_micro_units() {
     // The upstream served gpt-4o: 1,000 in at $2.50 and 500 out at $10 a million.
     let body = served("gpt-4o-2024-08-06", 1000, 500);
     assert_eq!(answer(&filter, &host, response, &body), 2500 + 5000);
+    let published = host.published.borrow().clone();
+    assert_eq!(
+        published["sluice.model"], "gpt-4o-2024-08-06",
+        "for the log"
+    );
+    assert_eq!(published["sluice.body.model"], "gpt-4o-mini");
     // No model in the response: the request's. 3 in and 1 out of mini: 0.45 + 0.6 µ$,
     // rounded up once.
     let response = ask(&filter, &host, r#"{"model":"gpt-4o-mini"}"#).unwrap();
