@@ -368,11 +368,19 @@ fn a_gemini_call_names_its_model_in_the_path_and_is_priced_by_its_model_version(
     let (filter, host) = setup(json!([spend(json!({"price": gemini}))]));
     // generateContent's body has no model, and its output cap is generationConfig's: the
     // request reserves the default, and is not refused.
-    let response = ask(&filter, &host, r#"{"contents":[{"parts":[{"text":"hi"}]}]}"#).unwrap();
+    let response = ask(
+        &filter,
+        &host,
+        r#"{"contents":[{"parts":[{"text":"hi"}]}]}"#,
+    )
+    .unwrap();
     assert_eq!(reserved(&response), 1000);
     let body = json!({"candidates": [], "modelVersion": "gemini-2.5-pro",
         "usageMetadata": {"promptTokenCount": 1000, "candidatesTokenCount": 100,
             "thoughtsTokenCount": 200, "totalTokenCount": 1300}});
     // 1,000 in at $1.25, 100 out and 200 thinking at $10 a million.
-    assert_eq!(answer(&filter, &host, response, &body.to_string()), 1250 + 1000 + 2000);
+    assert_eq!(
+        answer(&filter, &host, response, &body.to_string()),
+        1250 + 1000 + 2000
+    );
 }
