@@ -210,3 +210,34 @@ fn a_global_spend_budget_tells_the_service_only_amounts() {
     let allowed = g.service_count("sluice_service_checks_total", &[r#"result="allowed""#]);
     assert_eq!(allowed, 3);
 }
+
+#[test]
+fn layered_spend_budgets_refuse_a_key_at_its_own_limit_and_every_key_at_the_teams() {
+    // Per team $0.06 and per API key $0.04, every 10 minutes; each call 23,000 µ$ of gpt-4o.
+    let (envoy, _upstream) = gateway(json!([
+        spend("team-spend", "header:x-team", 60_000, "10m", json!({})),
+        spend("key-spend", "header:x-api-key", 40_000, "10m", json!({}))
+    ]));
+    let policy_of = |call: &OpenAiCall| {
+        let message = call.error.as_ref().map(|e| e["message"].to_string());
+        message.unwrap_or_default()
+    };
+    let asked = ("gpt-4o", None);
+    let usage = ("x-test-usage", "input=1000,output=2050");
+    // Alice's key owes after two calls: her third is refused by her own budget.
+    let alice = [("x-team", "red"), ("x-api-key", "alice"), usage];
+    let calls = openai_calls_of(envoy.addr(), 3, false, asked, &alice);
+    assert_eq!(statuses(&calls), [200, 200, 429], "{calls:?}");
+    assert!(
+        policy_of(&calls[2]).contains("policy key-spend"),
+        "{calls:?}"
+    );
+    // Bob's key is fresh, but his first call puts the team in debt: his second is the team's.
+    let bob = [("x-team", "red"), ("x-api-key", "bob"), usage];
+    let calls = openai_calls_of(envoy.addr(), 2, true, asked, &bob);
+    assert_eq!(statuses(&calls), [200, 429], "{calls:?}");
+    assert!(
+        policy_of(&calls[1]).contains("policy team-spend"),
+        "{calls:?}"
+    );
+}
