@@ -234,8 +234,9 @@ fn openai_cached_and_reasoning_tokens_are_charged_once_by_their_weights() {
 
 #[test]
 fn the_anthropic_sdk_reads_input_and_output_token_balances_from_budgets_counting_each() {
+    // A day's budgets: no token refills while the calls run, however slowly.
     let budget = |name: &str, usage: &str, tokens: u64| {
-        json!({"name": name, "key": ["header:x-api-key"], "requests": tokens, "per": "1m",
+        json!({"name": name, "key": ["header:x-api-key"], "requests": tokens, "per": "1d",
             "cost": {"from_response": {"usage": usage}, "reserve": 100}})
     };
     let (envoy, _upstream) = local(&json!({"api": "anthropic", "policies": [
