@@ -17,11 +17,12 @@ use sluice_testkit::envoy::Envoy;
 use sluice_testkit::gateway::local;
 use sluice_testkit::llm::{anthropic_calls, openai_calls, post, Api, LlmUpstream, OpenAiCall};
 
-/// Per API key: `tokens` a minute read from the usage with `usage`, each request reserving 100,
+/// Per API key: `tokens` a day read from the usage with `usage` (a minute's refilled a token every
+/// 60 ms of a loaded machine's run: `601` left, not `600`), each request reserving 100,
 /// 50 requests a second, and 2 in flight.
 fn gateway(api: &str, tokens: u64, usage: Value) -> (Envoy, LlmUpstream) {
     local(&json!({"api": api, "policies": [
-        {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": tokens, "per": "1m",
+        {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": tokens, "per": "1d",
             "cost": {"from_response": {"usage": usage}, "reserve": 100}},
         {"name": "llm-requests", "key": ["header:x-api-key"], "requests": 50, "per": "1s"},
         {"name": "in-flight", "key": ["header:x-api-key"], "algorithm": "concurrency",

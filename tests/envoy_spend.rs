@@ -208,7 +208,10 @@ fn a_global_spend_budget_tells_the_service_only_amounts() {
     // 9,695 µ$ short at 100 a second, less the seconds the clients took to start.
     let retry: u64 = refused.headers["retry-after"].parse().unwrap();
     let soonest = (96.95 - started.elapsed().as_secs_f64()).ceil() as u64;
-    assert!((soonest..=97).contains(&retry), "{retry}, not {soonest} to 97");
+    assert!(
+        (soonest..=97).contains(&retry),
+        "{retry}, not {soonest} to 97"
+    );
     let allowed = g.service_count("sluice_service_checks_total", &[r#"result="allowed""#]);
     assert_eq!(allowed, 3);
 }
