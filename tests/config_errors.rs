@@ -247,6 +247,14 @@ const KNOWN_MEMBERS: &[&str] = &[
     "output_tokens",
     "completion_tokens",
     "total_tokens",
+    // Spend budgets.
+    "price",
+    "unknown_model",
+    "input",
+    "output",
+    "cache_read",
+    "cache_write",
+    "reasoning",
 ];
 
 /// Strings that are almost what some field wants: durations, timestamps, key parts, methods,

@@ -5,7 +5,7 @@
 //!
 //! The exported names come from the code, not from a list here: the filter's counters as
 //! `Counters::define` names them for each shipped configuration and for a concurrency and a
-//! metered policy, whose series no other kind has (and the one counted on a refused
+//! metered policy and a spend budget, whose series no other kind has (and the one counted on a refused
 //! configuration), under the names Envoy's `/stats/prometheus` gives them with the bootstraps'
 //! `stats_tags` and without them; the service's series as its registry holds them once its
 //! `Metrics` and the RLS have registered (read from the registry, as its encoder skips a family
@@ -240,6 +240,8 @@ fn plan_with_slots_and_tokens() -> sluice::config::Plan {
         {"name": "slots", "key": ["ip"], "algorithm": "concurrency", "requests": 1},
         {"name": "tokens", "key": ["ip"], "requests": 1000, "per": "1m",
          "cost": {"from_response": {"usage": "total_tokens"}}},
+        {"name": "spend", "key": ["ip"], "requests": 1000, "per": "1m",
+         "cost": {"price": {"m": {"input": 1, "output": 1}}}},
     ]});
     sluice::config::parse_with_env(config.to_string().as_bytes(), &|_| None).unwrap()
 }
@@ -323,6 +325,7 @@ fn service_families() -> BTreeSet<String> {
 fn other_names() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = LABELS.iter().map(|l| l.to_string()).collect();
     names.extend([Refusal::RateLimited, Refusal::Unavailable].map(|r| r.details().to_string()));
+    names.insert(sluice::output::reply::MODEL_NOT_PRICED.to_string());
     names.extend(crate_names());
     names.extend(python_packages());
     names.extend(envoy_clusters());

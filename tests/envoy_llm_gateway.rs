@@ -14,22 +14,20 @@
 
 use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
+use sluice_testkit::gateway::local;
 use sluice_testkit::llm::{anthropic_calls, openai_calls, post, Api, LlmUpstream, OpenAiCall};
 
-/// Per API key: `tokens` a minute read from the usage with `usage`, each request reserving 100,
+/// Per API key: `tokens` a day read from the usage with `usage` (a minute's refilled a token every
+/// 60 ms of a loaded machine's run: `601` left, not `600`), each request reserving 100,
 /// 50 requests a second, and 2 in flight.
 fn gateway(api: &str, tokens: u64, usage: Value) -> (Envoy, LlmUpstream) {
-    let upstream = LlmUpstream::start();
-    let config = json!({"api": api, "policies": [
-        {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": tokens, "per": "1m",
+    local(&json!({"api": api, "policies": [
+        {"name": "llm-tokens", "key": ["header:x-api-key"], "requests": tokens, "per": "1d",
             "cost": {"from_response": {"usage": usage}, "reserve": 100}},
         {"name": "llm-requests", "key": ["header:x-api-key"], "requests": 50, "per": "1s"},
         {"name": "in-flight", "key": ["header:x-api-key"], "algorithm": "concurrency",
             "requests": 2}
-    ]})
-    .to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
-    (envoy, upstream)
+    ]}))
 }
 
 fn statuses(calls: &[OpenAiCall]) -> Vec<u16> {
@@ -232,5 +230,54 @@ fn openai_cached_and_reasoning_tokens_are_charged_once_by_their_weights() {
             [expected, expected],
             "{api:?}"
         );
+    }
+}
+
+#[test]
+fn the_anthropic_sdk_reads_input_and_output_token_balances_from_budgets_counting_each() {
+    // A day's budgets: no token refills while the calls run, however slowly.
+    let budget = |name: &str, usage: &str, tokens: u64| {
+        json!({"name": name, "key": ["header:x-api-key"], "requests": tokens, "per": "1d",
+            "cost": {"from_response": {"usage": usage}, "reserve": 100}})
+    };
+    let (envoy, _upstream) = local(&json!({"api": "anthropic", "policies": [
+        budget("input-tokens", "input_tokens", 1000),
+        budget("output-tokens", "output_tokens", 500),
+    ]}));
+    for stream in [false, true] {
+        let key = if stream { "streaming" } else { "json" };
+        let headers = [("x-api-key", key), ("x-test-usage", "input=100,output=200")];
+        let calls = anthropic_calls(envoy.addr(), 2, stream, &headers);
+        assert_eq!(statuses(&calls), [200, 200], "{key}: {calls:?}");
+        let (first, second) = (&calls[0], &calls[1]);
+        assert_eq!(
+            header(first, "anthropic-ratelimit-input-tokens-limit"),
+            "1000"
+        );
+        assert_eq!(
+            header(first, "anthropic-ratelimit-input-tokens-remaining"),
+            "900"
+        );
+        assert_eq!(
+            header(first, "anthropic-ratelimit-output-tokens-limit"),
+            "500"
+        );
+        assert_eq!(
+            header(first, "anthropic-ratelimit-output-tokens-remaining"),
+            "400"
+        );
+        // Charged 100 in and 200 out, each reserving 100 again.
+        let input = header(second, "anthropic-ratelimit-input-tokens-remaining");
+        let output = header(second, "anthropic-ratelimit-output-tokens-remaining");
+        assert_eq!((input, output), ("800", "200"));
+        // The tokens family is the tighter of the two.
+        assert_eq!(
+            header(second, "anthropic-ratelimit-tokens-remaining"),
+            "200"
+        );
+        for side in ["input", "output"] {
+            let at = header(first, &format!("anthropic-ratelimit-{side}-tokens-reset"));
+            assert!(at.len() == 20 && at.ends_with('Z'), "{side}: {at}");
+        }
     }
 }

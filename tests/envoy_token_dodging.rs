@@ -9,10 +9,8 @@
 use serde_json::{json, Value};
 use sluice::output::metrics::tokens_counter;
 use sluice_testkit::envoy::Envoy;
+use sluice_testkit::gateway::GlobalGateway;
 use sluice_testkit::llm::{call, post, post_bytes, Api, LlmResponse, LlmUpstream};
-use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
-use std::time::Duration;
 
 /// `per_minute` tokens a minute per API key, read from the usage's total; `cost` fields added.
 fn budget(per_minute: u64, cost: Value) -> Value {
@@ -25,70 +23,12 @@ fn budget(per_minute: u64, cost: Value) -> Value {
 }
 
 fn local(policy: Value) -> (Envoy, LlmUpstream) {
-    let upstream = LlmUpstream::start();
-    let config = json!({"headers": "both", "policies": [policy]}).to_string();
-    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
-    (envoy, upstream)
+    sluice_testkit::gateway::local(&json!({"headers": "both", "policies": [policy]}))
 }
 
 /// A global budget (failing closed) served by a real service over a real Redis.
-struct Global {
-    envoy: Envoy,
-    upstream: LlmUpstream,
-    service: Service,
-    _redis: RedisServer,
-}
-
-fn global(mut policy: Value) -> Global {
-    let redis = RedisServer::start();
-    let service = Service::start(&redis.url());
-    let upstream = LlmUpstream::start();
-    (policy["scope"], policy["failure_mode"]) = (json!("global"), json!("closed"));
-    let config = json!({"headers": "both", "policies": [policy],
-        "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"}})
-    .to_string();
-    let envoy = Envoy::options(&config)
-        .service(&[service.addr])
-        .upstream(upstream.addr())
-        .start();
-    Global {
-        envoy,
-        upstream,
-        service,
-        _redis: redis,
-    }
-}
-
-impl Global {
-    /// The sum of the service's `metric` series whose labels include every one of `labels`.
-    fn service_count(&self, metric: &str, labels: &[&str]) -> u64 {
-        let metrics = sluice_testkit::http::get(self.service.addr, "/metrics").text();
-        let series = metrics.lines().filter(|line| {
-            line.strip_prefix(metric).is_some_and(|rest| {
-                rest.starts_with('{') && labels.iter().all(|l| rest.contains(l))
-            })
-        });
-        series
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    }
-
-    /// Waits until the service applied `n` settlements of `op`: what the Envoy sent after the
-    /// responses so far.
-    fn settled(&self, op: &str, n: u64) {
-        let op = format!(r#"op="{op}""#);
-        let labels = [op.as_str(), r#"result="applied""#];
-        let done = sluice_testkit::wait_for(Duration::from_secs(5), || {
-            (self.service_count("sluice_service_settlements_total", &labels) >= n).then_some(())
-        });
-        let metrics = sluice_testkit::http::get(self.service.addr, "/metrics").text();
-        let settlements = metrics.lines().filter(|l| l.contains("settlements"));
-        let settlements: Vec<&str> = settlements.collect();
-        assert!(
-            done.is_some(),
-            "{n} {op} settlements applied within 5 s: {settlements:#?}"
-        );
-    }
+fn global(policy: Value) -> GlobalGateway {
+    GlobalGateway::start(policy, json!({}))
 }
 
 fn chat(envoy: &Envoy, headers: &[(&str, &str)], body: &Value) -> LlmResponse {

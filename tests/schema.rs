@@ -538,6 +538,19 @@ fn concurrency_and_token_budget_mistakes_are_rejected_where_they_are() {
         ("on_unknown forgiven", "/policies/1/cost", |c| {
             c["policies"][1]["cost"]["on_unknown"] = json!("forgive");
         }),
+        ("a price and a count", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"]["price"] = json!({"m": {"input": 1, "output": 1}});
+        }),
+        ("a price without output", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"] = json!({"price": {"m": {"input": 1}}});
+        }),
+        ("a price below 0", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"] = json!({"price": {"m": {"input": -1, "output": 1}}});
+        }),
+        ("an unknown_model mode", "/policies/1/cost", |c| {
+            c["policies"][1]["cost"] = json!({"price": {"m": {"input": 1, "output": 1}},
+                "unknown_model": "charge"});
+        }),
     ];
     let validator = validator();
     let mut wrong = Vec::new();

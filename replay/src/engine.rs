@@ -27,7 +27,7 @@ use sluice::core::time::WorkerClock;
 use sluice::limiter::tab::{Ending, Entry, Held, Op, Tab};
 use sluice::limiter::{Basis, Limiter, Outcome, Settled, Step};
 use sluice::output::metrics::UsageUnknown;
-use sluice::response::{charge_of, cost, settle_op, BodyUsage};
+use sluice::response::{charge_of, cost, settle_op, BodyUsage, Models};
 use sluice::state::ledger::Ledger;
 use sluice::state::store::{LocalStore, Store, StoreError};
 use sluice::wire::exact::ExactStore;
@@ -443,9 +443,13 @@ fn charges(plan: &Plan, tab: &Tab, record: &Record) -> SmallVec<[Charge; 1]> {
             body,
             |name| record.response_count(name),
             ending,
+            Models {
+                served: record.served_model(),
+                asked: tab.model.as_deref(),
+            },
         );
         let unknown = cost.err().map(|why| match (logged, &metered.source) {
-            (None, sluice::config::UsageSource::Body(_)) => Unknown::NotLogged,
+            (None, source) if source.reads_body() => Unknown::NotLogged,
             _ => Unknown::Filter(why),
         });
         charges.push(Charge {

@@ -19,7 +19,7 @@ use sluice::config::{Plan, UsageSource};
 use sluice::core::duration::NANOS_PER_SEC;
 use sluice::core::request::{Attr, BodyField, RequestSource};
 use sluice::core::route::{envoy_list, envoy_map};
-use sluice::core::usage::count_from_header;
+use sluice::core::usage::{count_from_header, Served};
 use sluice::response::{read_usage_text, BodyUsage};
 use smallvec::SmallVec;
 use std::borrow::Cow;
@@ -107,6 +107,8 @@ pub struct Wanted {
     duration: bool,
     usage: bool,
     max_output_tokens: bool,
+    /// `served_model`, for spend budgets.
+    served_model: bool,
 }
 
 impl Wanted {
@@ -140,6 +142,7 @@ impl Wanted {
         for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {
             match &metered.source {
                 UsageSource::Body(_) => self.usage = true,
+                UsageSource::Priced { .. } => (self.usage, self.served_model) = (true, true),
                 UsageSource::Header(name) => self.responses.push(name.clone()),
             }
         }
@@ -240,6 +243,7 @@ enum Field {
     Duration,
     Usage,
     MaxOutputTokens,
+    ServedModel,
 }
 
 /// The objects of a line whose members are named values (strings or `null`).
@@ -288,6 +292,7 @@ fn field_at_the_end(name: &[u8]) -> Option<Field> {
         b"duration" => Field::Duration,
         b"usage" => Field::Usage,
         b"max_output_tokens" => Field::MaxOutputTokens,
+        b"served_model" => Field::ServedModel,
         b"body" => Field::Named(Named::Body),
         b"response_headers" => Field::Named(Named::ResponseHeader),
         b"response_trailers" => Field::Named(Named::ResponseTrailer),
@@ -326,6 +331,9 @@ struct Ends {
     duration_ms: Option<u64>,
     usage: Option<Span>,
     max_output_tokens: Option<Span>,
+    /// The model the response's body said served it (`sluice.model`): empty for one the filter
+    /// could not read.
+    served_model: Option<Span>,
     /// Body fields (names as written), response headers and trailers (names lower-cased).
     named: SmallVec<[(Named, Span, Span); 2]>,
 }
@@ -333,6 +341,7 @@ struct Ends {
 impl Ends {
     fn clear(&mut self) {
         (self.duration_ms, self.usage, self.max_output_tokens) = (None, None, None);
+        self.served_model = None;
         self.named.clear();
     }
 }
@@ -355,6 +364,21 @@ impl Record {
     pub fn usage(&self) -> Option<BodyUsage> {
         let usage = self.fields.ends.as_ref()?.usage.clone();
         self.bytes(&usage).and_then(read_usage_text)
+    }
+
+    /// `served_model`: the model the response's body said served it, for a spend budget, when
+    /// the replay keeps it; unnamed when the line does not say.
+    pub fn served_model(&self) -> Served<'_> {
+        let model = self
+            .fields
+            .ends
+            .as_ref()
+            .and_then(|e| self.bytes(&e.served_model));
+        match model {
+            None => Served::Unnamed,
+            Some([]) => Served::Unreadable,
+            Some(name) => Served::Named(name),
+        }
     }
 
     /// `duration`, in nanoseconds, when the replay keeps it: how long the request took, from its
@@ -479,6 +503,12 @@ impl Fields {
             Some(Field::MaxOutputTokens) => {
                 if let Some(kept) = self.string(line, s, wanted.max_output_tokens)? {
                     self.ends().max_output_tokens = Some(kept);
+                }
+                Ok(())
+            }
+            Some(Field::ServedModel) => {
+                if let Some(kept) = self.string(line, s, wanted.served_model)? {
+                    self.ends().served_model = Some(kept);
                 }
                 Ok(())
             }
@@ -790,6 +820,22 @@ mod tests {
         let r = r.unwrap();
         assert_eq!(r.duration(), None, "not kept either");
         assert_eq!(r.usage(), None, "not kept: no policy here reads it");
+    }
+
+    #[test]
+    fn a_spend_budget_reads_the_model_the_response_named() {
+        let config = r#"{"policies": [{"name": "spend", "key": ["global"], "requests": 9,
+            "per": "1h", "cost": {"price": {"m*": {"input": 1, "output": 1}}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let wanted = Wanted::new(&plan.attrs, false).settling(&plan);
+        let served = |model: &str| {
+            let line = format!(r#"{{"start_time":"2026-11-30T17:44:57Z","served_model":{model}}}"#);
+            let r = parsed(&line, wanted.clone()).unwrap();
+            format!("{:?}", r.served_model())
+        };
+        assert_eq!(served("\"m-1\""), format!("{:?}", Served::Named(b"m-1")));
+        assert_eq!(served("\"\""), "Unreadable");
+        assert_eq!(served("null"), "Unnamed");
     }
 
     #[test]

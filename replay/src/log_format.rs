@@ -96,6 +96,11 @@ fn until_the_end(plan: &Plan, format: &mut Mapping) {
             UsageSource::Body(_) => {
                 format.insert("usage".into(), filter_state("sluice.usage").into());
             }
+            UsageSource::Priced { .. } => {
+                format.insert("usage".into(), filter_state("sluice.usage").into());
+                let model = filter_state("sluice.model");
+                format.insert("served_model".into(), model.into());
+            }
             UsageSource::Header(name) => {
                 let upper = name.to_ascii_uppercase();
                 headers.insert(name.as_str().into(), format!("%RESP({upper})%").into());
@@ -204,6 +209,23 @@ mod tests {
         assert_eq!(
             format["response_trailers"]["x-usage-total-tokens"],
             "%TRAILER(X-USAGE-TOTAL-TOKENS)%"
+        );
+    }
+
+    #[test]
+    fn a_spend_budget_asks_for_the_model_the_response_named_too() {
+        let config = r#"{"policies": [{"name": "spend", "key": ["header:x-team"],
+            "requests": 100000, "per": "1d", "cost": {"price": {"m": {"input": 1, "output": 1}}}}]}"#;
+        let plan = sluice::config::parse(config.as_bytes()).unwrap();
+        let format = json_format(&plan);
+        assert_eq!(format["usage"], "%FILTER_STATE(wasm.sluice.usage:PLAIN)%");
+        assert_eq!(
+            format["served_model"],
+            "%FILTER_STATE(wasm.sluice.model:PLAIN)%"
+        );
+        assert_eq!(
+            format["body"]["model"],
+            "%FILTER_STATE(wasm.sluice.body.model:PLAIN)%"
         );
     }
 

@@ -201,6 +201,9 @@ impl Compiler {
         {
             *attr = self.intern(Attr::Body(BodyField::MaxOutputTokens));
         }
+        if let Some(UsageSource::Priced { model, .. }) = metered.as_mut().map(|m| &mut m.source) {
+            *model = self.intern(Attr::Body(BodyField::String("model".into())));
+        }
         let shape = Shape::of(at, raw, metered.as_ref())?;
         let tier = shape.tier(at, raw.requests, raw.per.as_deref(), raw.burst)?;
         let tiers = match &raw.tiers {
@@ -221,6 +224,12 @@ impl Compiler {
         let scope = scope(at, raw, &shape, service.is_some())?;
         if scope != Scope::Local {
             global_slots_fit(at, &tier, tiers.as_ref())?;
+            if metered
+                .as_ref()
+                .is_some_and(|m| m.source.pricing().is_some())
+            {
+                global_spend_fits(at, &tier, tiers.as_ref())?;
+            }
         }
         let mut denial = denial(&format!("{at}.denial"), raw.denial.as_ref(), &self.denial)?;
         if let Some(api) = raw.api {
@@ -819,13 +828,36 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
             ),
         ));
     }
+    let source =
+        match (&raw_metered.from_response, &raw_metered.price) {
+            (Some(from_response), None) => usage_source(&at, from_response)?,
+            (None, Some(price)) => priced(&at, price, raw_metered.unknown_model.as_ref())?,
+            (Some(_), Some(_)) => {
+                return Err(error(
+                    format!("{at}.from_response"),
+                    "a spend budget (price) reads every kind of token of the body's usage: \
+                 leave from_response out",
+                ))
+            }
+            (None, None) => return Err(error(
+                at,
+                "needs from_response, where the usage is read ({\"from_response\": {\"usage\": \
+                 \"total_tokens\"}}), or price, for a spend budget",
+            )),
+        };
+    if raw_metered.unknown_model.is_some() && raw_metered.price.is_none() {
+        return Err(error(
+            format!("{at}.unknown_model"),
+            "only a spend budget (price) has models to price",
+        ));
+    }
     let max_debt = raw_metered.max_debt;
     if max_debt.is_some_and(|d| d > crate::core::algorithm::MAX_COUNT) {
         let reason = format!("must be at most {}", crate::core::algorithm::MAX_COUNT);
         return Err(error(format!("{at}.max_debt"), reason));
     }
     Ok(Some(Metered {
-        source: usage_source(&at, &raw_metered.from_response)?,
+        source,
         reserve: reserve(&at, raw_metered.reserve.as_ref())?,
         max_debt,
         on_unknown: on_unknown(&at, raw_metered.on_unknown.as_ref())?,
@@ -848,6 +880,27 @@ fn usage_source(at: &str, raw: &RawFromResponse) -> Result<UsageSource, ConfigEr
         )),
         _ => Err(error(at, "give one of usage or header")),
     }
+}
+
+/// A spend budget's prices (`cost.price`) and unpriced models (`cost.unknown_model`, refused
+/// unless it says otherwise); the request's model attribute is interned by the caller.
+fn priced(
+    at: &str,
+    price: &serde_json::Value,
+    unknown: Option<&serde_json::Value>,
+) -> Result<UsageSource, ConfigError> {
+    use crate::core::usage::price::{Prices, Pricing, UnknownModel};
+    let prices = Prices::parse(price).map_err(|r| error(format!("{at}.price"), r))?;
+    let unknown = match unknown {
+        None => UnknownModel::Refuse,
+        Some(value) => {
+            UnknownModel::parse(value).map_err(|r| error(format!("{at}.unknown_model"), r))?
+        }
+    };
+    Ok(UsageSource::Priced {
+        pricing: Pricing { prices, unknown },
+        model: 0,
+    })
 }
 
 fn reserve(at: &str, raw: Option<&serde_json::Value>) -> Result<Reserve, ConfigError> {
@@ -936,6 +989,35 @@ fn rollout(at: &str, raw: &RawPolicy) -> Result<Option<Rollout>, ConfigError> {
 
 /// Where the policy is decided; the fields that only make sense for a global policy are
 /// refused on a local one.
+/// A global spend budget, of the policy or of any of its tiers, within what sluice-service
+/// counts per key (`SERVICE_MAX_COUNT` micro-units, 1,000 of the currency, a window): the service
+/// would refuse every check of a larger one.
+fn global_spend_fits(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), ConfigError> {
+    let max = crate::wire::protocol::SERVICE_MAX_COUNT;
+    let tiers = tiers.into_iter().flat_map(|t| &t.values);
+    let named = tiers.map(|(value, tier)| {
+        let value = String::from_utf8_lossy(value);
+        (format!("{at}.tiers.values.{value}"), tier)
+    });
+    for (field, tier) in std::iter::once((at.to_string(), tier)).chain(named) {
+        let (field, count) = if tier.requests > max {
+            (format!("{field}.requests"), tier.requests)
+        } else if tier.algorithm.capacity() > max {
+            (format!("{field}.burst"), tier.algorithm.capacity())
+        } else {
+            continue;
+        };
+        return Err(error(
+            field,
+            format!(
+                "{count} micro-units: sluice-service counts at most {max} per key (1,000 of the \
+                 currency), and would refuse every check of a global spend budget above it"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// A global concurrency limit, of the policy or of any of its tiers, within what sluice-service
 /// keeps (`MAX_GLOBAL_SLOTS`): the service would refuse every check of a larger one.
 fn global_slots_fit(at: &str, tier: &Tier, tiers: Option<&Tiers>) -> Result<(), ConfigError> {

@@ -168,7 +168,12 @@ impl Default for RawCost {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMetered {
-    pub(super) from_response: RawFromResponse,
+    /// Required, unless `price` makes the policy a spend budget.
+    pub(super) from_response: Option<RawFromResponse>,
+    /// A spend budget: the body's usage priced by model, `{"MODEL-or-glob": PRICE}`.
+    pub(super) price: Option<serde_json::Value>,
+    /// A spend budget's unpriced models: `"refuse"`, `"free"` or `{"price": PRICE}`.
+    pub(super) unknown_model: Option<serde_json::Value>,
     /// Tokens reserved at admission: a number, or `{"request": "max_tokens", "default": N}`.
     pub(super) reserve: Option<serde_json::Value>,
     pub(super) max_debt: Option<u64>,

@@ -15,7 +15,7 @@ pub use compile::{MAX_GLOBAL_SLOTS, MAX_MAX_KEYS, MAX_SLIDING_LOG};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
     key_check, Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol,
-    Reserve, Rollout, Scope, Secret, Tier, Tiers, UsageSource, GLOBAL_COLUMNS,
+    Reserve, Rollout, Scope, Secret, Tier, Tiers, TokenSide, UsageSource, GLOBAL_COLUMNS,
 };
 
 use std::fmt;

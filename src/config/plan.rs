@@ -45,7 +45,9 @@ impl Plan {
             sources.any(is_body)
         });
         let metered = policy.metered.as_ref().is_some_and(|m| {
-            m.ask_stream_usage || matches!(m.reserve, Reserve::MaxOutputTokens { .. })
+            m.ask_stream_usage
+                || matches!(m.reserve, Reserve::MaxOutputTokens { .. })
+                || matches!(m.source, UsageSource::Priced { .. })
         });
         keyed || metered
     }
@@ -116,7 +118,9 @@ impl Metered {
     }
 
     /// What a request reserves under `tier`: the fixed reservation, or what its body asks at
-    /// most, priced by the meter and capped at the limit's capacity (more could never pass).
+    /// most, priced by the meter (a spend budget's: by the price of the model it names, else the
+    /// dearest, `Pricing::reservation`) and capped at the limit's capacity (more could never
+    /// pass).
     pub fn reservation<R: RequestSource + ?Sized>(
         &self,
         tier: &Tier,
@@ -130,6 +134,9 @@ impl Metered {
                     .and_then(crate::core::usage::count_from_header);
                 let priced = match (&self.source, asked) {
                     (UsageSource::Body(meter), Some(tokens)) => meter.output_cost(tokens),
+                    (UsageSource::Priced { pricing, model }, Some(tokens)) => {
+                        pricing.reservation(request.get(*model), tokens)
+                    }
                     (_, Some(tokens)) => tokens,
                     (_, None) => default,
                 };
@@ -139,6 +146,17 @@ impl Metered {
     }
 }
 
+/// Which tokens a token budget counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSide {
+    /// Input tokens only (`input_tokens`, or weights of the input's kinds alone).
+    Input,
+    /// Output tokens only.
+    Output,
+    /// Both, or a count from a header, whose kind nobody knows.
+    Both,
+}
+
 /// Where a response's usage is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UsageSource {
@@ -146,6 +164,27 @@ pub enum UsageSource {
     Body(crate::core::usage::Meter),
     /// A count in this response header or trailer (lower case).
     Header(String),
+    /// A spend budget: the body's usage priced by the model that served it (`usage::price`),
+    /// in micro-units of the currency. `model` is the attribute of the request body's `model`.
+    Priced {
+        pricing: crate::core::usage::price::Pricing,
+        model: usize,
+    },
+}
+
+impl UsageSource {
+    /// Whether the usage is read from the response body.
+    pub fn reads_body(&self) -> bool {
+        !matches!(self, UsageSource::Header(_))
+    }
+
+    /// A spend budget's prices and the attribute of the model its requests name.
+    pub fn pricing(&self) -> Option<(&crate::core::usage::price::Pricing, usize)> {
+        match self {
+            UsageSource::Priced { pricing, model } => Some((pricing, *model)),
+            _ => None,
+        }
+    }
 }
 
 /// What a request reserves at admission.
@@ -242,10 +281,33 @@ impl Policy {
         self.metered.as_ref().is_some_and(|m| m.ask_stream_usage)
     }
 
+    /// Which tokens a token budget counts, for Anthropic's input and output token headers:
+    /// `None` for any other policy (a spend budget counts money).
+    pub fn token_side(&self) -> Option<TokenSide> {
+        use crate::core::usage::{Count, Meter};
+        let metered = self.metered.as_ref()?;
+        Some(match &metered.source {
+            UsageSource::Priced { .. } => return None,
+            UsageSource::Header(_) => TokenSide::Both,
+            UsageSource::Body(Meter::Count(Count::Input)) => TokenSide::Input,
+            UsageSource::Body(Meter::Count(Count::Output)) => TokenSide::Output,
+            UsageSource::Body(Meter::Count(_)) => TokenSide::Both,
+            UsageSource::Body(Meter::Weighted(w)) => {
+                let input = w.input.max(w.cache_read).max(w.cache_write) > 0;
+                let output = w.output.max(w.reasoning) > 0;
+                match (input, output) {
+                    (true, false) => TokenSide::Input,
+                    (false, true) => TokenSide::Output,
+                    _ => TokenSide::Both,
+                }
+            }
+        })
+    }
+
     /// Whether the policy reads its cost from the usage in response bodies.
     pub fn meters_bodies(&self) -> bool {
         let metered = self.metered.as_ref();
-        metered.is_some_and(|m| matches!(m.source, UsageSource::Body(_)))
+        metered.is_some_and(|m| m.source.reads_body())
     }
 
     /// Whether the policy counts requests in flight (the concurrency algorithm): its slots are

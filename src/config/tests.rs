@@ -1306,3 +1306,63 @@ fn a_global_calendar_needs_sluice_service_and_a_key_ttl_for_its_longest_period()
     let rls = json!({"cluster": "rls", "protocol": "rls", "domain": "d"});
     assert_refused(global("1mo", rls), "policies[0].calendar", "sluice-service");
 }
+
+#[test]
+fn a_spend_budget_prices_by_model_reads_the_body_and_refuses_unpriced_models_by_default() {
+    use crate::core::usage::price::UnknownModel;
+    let price = json!({"gpt-4o*": {"input": 2.5, "output": 10}});
+    let plan = parse(with_cost(json!({"price": price})).to_string().as_bytes()).unwrap();
+    let policy = &plan.policies[0];
+    let (pricing, model) = policy.metered.as_ref().unwrap().source.pricing().unwrap();
+    assert_eq!(pricing.unknown, UnknownModel::Refuse);
+    assert_eq!(
+        plan.attrs[model],
+        Attr::Body(crate::core::request::BodyField::String("model".into()))
+    );
+    assert!(plan.reads_body && plan.policy_reads_body(policy));
+    assert!(policy.meters_bodies());
+    let free = with_cost(json!({"price": price, "unknown_model": "free"}));
+    let plan = parse(free.to_string().as_bytes()).unwrap();
+    let source = &plan.policies[0].metered.as_ref().unwrap().source;
+    assert_eq!(source.pricing().unwrap().0.unknown, UnknownModel::Free);
+}
+
+#[test]
+fn a_spend_budget_names_what_is_wrong_in_it() {
+    let price = json!({"gpt-4o": {"input": 2.5, "output": 10}});
+    assert_refused(
+        with_cost(json!({"price": {"gpt-4o": {"input": 2.5}}})),
+        "policies[0].cost.price",
+        "gpt-4o: output: required",
+    );
+    assert_refused(
+        with_cost(json!({"price": price, "from_response": {"usage": "total_tokens"}})),
+        "policies[0].cost.from_response",
+        "leave from_response out",
+    );
+    assert_refused(
+        with_cost(json!({"reserve": 10})),
+        "policies[0].cost",
+        "needs from_response",
+    );
+    assert_refused(
+        with_cost(json!({"price": price, "unknown_model": "charge"})),
+        "policies[0].cost.unknown_model",
+        "\"refuse\"",
+    );
+    assert_refused(
+        with_cost(json!({"price": price, "unknown_model": {"price": {"input": -1, "output": 1}}})),
+        "policies[0].cost.unknown_model",
+        "price: input: must be a number",
+    );
+    assert_refused(
+        with_cost(json!({"from_response": {"usage": "total_tokens"}, "unknown_model": "free"})),
+        "policies[0].cost.unknown_model",
+        "only a spend budget",
+    );
+    // $2,000 a day across Envoys is more than sluice-service counts for a key.
+    let mut global = with(json!({"requests": 2_000_000_000u64, "per": "1d",
+        "scope": "global", "cost": {"price": price}}));
+    global["global"] = json!({"cluster": "sluice"});
+    assert_refused(global, "policies[0].requests", "at most 1000000000");
+}

@@ -6,6 +6,28 @@ pub fn push_decimal(out: &mut String, n: u64) {
     out.push_str(itoa::Buffer::new().format(n));
 }
 
+/// Appends `text` as a JSON string, quotes included: `"` and `\` escaped, and control
+/// characters as `\u00XX`.
+pub fn push_json_string(out: &mut String, text: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 => {
+                let byte = u32::from(c) as usize;
+                out.push_str("\\u00");
+                for digit in [byte >> 4, byte & 15] {
+                    out.push(char::from(*HEX.get(digit).unwrap_or(&b'0')));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
 /// Appends `n` as 16 lower-case hex digits, zero-padded.
 pub fn push_hex16(out: &mut String, n: u64) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -10,6 +10,7 @@ use super::{Filter, Host, Verdict};
 use crate::config::GrpcStatus;
 use crate::config::Policy;
 use crate::core::request::{Attributes, Snapshot};
+use crate::core::usage::price::PricedAs;
 use crate::core::usage::request as request_body;
 use crate::limiter::tab::{Entry, Tab};
 use crate::output::access_log;
@@ -67,7 +68,49 @@ impl Filter {
         for (name, value) in access_log::body_states(&mut request) {
             host.publish(&name, &value);
         }
+        if let Some((policy, model)) = self.refused_model(&mut request) {
+            self.refuse_model(host, policy, &model);
+            return Verdict::Denied;
+        }
         self.decide(host, request)
+    }
+
+    /// The first enforcing spend budget that applies to the request (by its matcher, whatever
+    /// its key; the `default` policy when no other matches) and refuses the model it names
+    /// (`unknown_model: "refuse"`), and that model. A shadow policy refuses nothing, nor does a
+    /// canary (`rollout`), which enforces for some keys only: their unpriced models are charged
+    /// as the dearest.
+    fn refused_model<H: Host>(&self, request: &mut Attributes<'_, H>) -> Option<(usize, String)> {
+        let plan = &self.plan;
+        for (index, policy) in plan.policies.iter().enumerate() {
+            let metered = policy.metered.as_ref();
+            let Some((pricing, model)) = metered.and_then(|m| m.source.pricing()) else {
+                continue;
+            };
+            if policy.shadow || policy.rollout.is_some() || !policy.matcher.matches(request) {
+                continue;
+            }
+            let others = plan.policies.iter().filter(|p| !p.fallback);
+            if policy.fallback && others.into_iter().any(|p| p.matcher.matches(request)) {
+                continue;
+            }
+            let asked = request.get(model);
+            if pricing.refuses(asked) {
+                let asked = String::from_utf8_lossy(asked.unwrap_or_default());
+                return Some((index, asked.into_owned()));
+            }
+        }
+        None
+    }
+
+    /// Refuses a request naming a model that `policy` prices not (400, `MODEL_NOT_PRICED`), in
+    /// the shape of the policy's `api`, and counts it.
+    fn refuse_model(&self, host: &impl Host, policy: usize, model: &str) {
+        let Some(p) = self.plan.policies.get(policy) else {
+            return;
+        };
+        self.counters.unknown_model(policy, PricedAs::Refused);
+        host.send_response(&reply::unpriced_model(p.denial.api, &p.name, model));
     }
 
     /// Whether a policy that reads the body applies to the request, by its matcher (whatever

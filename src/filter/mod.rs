@@ -7,6 +7,7 @@ mod body;
 
 use crate::config::{
     self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, Plan, Protocol,
+    TokenSide,
 };
 use crate::core::algorithm::Algorithm;
 use crate::core::duration::NANOS_PER_SEC;
@@ -18,7 +19,8 @@ use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
 use crate::output::access_log;
 use crate::output::headers::{
-    each_provider_header, each_rate_limit_header, retry_after_secs, Quota, QuotaUnit,
+    each_anthropic_side_header, each_provider_header, each_rate_limit_header, retry_after_secs,
+    Quota, QuotaUnit,
 };
 use crate::output::metrics::{Counters, Metrics, SlotEnd};
 use crate::output::reply::{self, LocalReply, Refusal, Said};
@@ -70,6 +72,9 @@ pub struct Reported {
     /// those that count requests over time and those that count tokens.
     requests: Option<Applied>,
     tokens: Option<Applied>,
+    /// For Anthropic's: among the token budgets that count input tokens alone, and output.
+    input_tokens: Option<Applied>,
+    output_tokens: Option<Applied>,
 }
 
 /// The configured filter, shared read-only by every request of one worker.
@@ -212,7 +217,18 @@ impl Filter {
         if let Some(api) = provider {
             let requests = reported.requests.and_then(|a| self.quota(&a));
             let tokens = reported.tokens.and_then(|a| self.quota(&a));
-            each_provider_header(api, requests.as_ref(), tokens.as_ref(), reported.now, emit);
+            each_provider_header(
+                api,
+                requests.as_ref(),
+                tokens.as_ref(),
+                reported.now,
+                &mut emit,
+            );
+            if api == Api::Anthropic {
+                let input = reported.input_tokens.and_then(|a| self.quota(&a));
+                let output = reported.output_tokens.and_then(|a| self.quota(&a));
+                each_anthropic_side_header(input.as_ref(), output.as_ref(), reported.now, emit);
+            }
         }
     }
 
@@ -493,6 +509,9 @@ impl Filter {
         let said = Said {
             retry_secs: (retry > 0).then(|| retry_after_secs(retry)),
             reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
+            spend: policy
+                .and_then(|p| p.metered.as_ref())
+                .is_some_and(|m| m.source.pricing().is_some()),
         };
         let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
         if refusal == Refusal::RateLimited {
@@ -503,7 +522,8 @@ impl Filter {
     }
 
     /// What the response headers report: `applied` in the `headers` style, and for a provider's
-    /// own headers the tightest enforcing policy of each unit.
+    /// own headers the tightest enforcing policy of each unit (a spend budget counts neither
+    /// requests nor tokens).
     fn reported(&self, outcome: &Outcome, applied: Applied, now: u64) -> Reported {
         let tightest = |tokens: bool| {
             outcome
@@ -511,13 +531,29 @@ impl Filter {
                 .iter()
                 .filter(|a| a.enforced && !matches!(a.tier.algorithm, Algorithm::Concurrency(_)))
                 .filter(|a| {
-                    let metered = self
-                        .plan
-                        .policies
-                        .get(a.policy)
-                        .map(|p| p.metered.is_some());
-                    metered == Some(tokens)
+                    let policy = self.plan.policies.get(a.policy);
+                    let metered = policy.map(|p| p.metered.as_ref());
+                    let spends = metered
+                        .flatten()
+                        .is_some_and(|m| m.source.pricing().is_some());
+                    !spends && metered.map(|m| m.is_some()) == Some(tokens)
                 })
+                .min_by_key(|a| {
+                    (
+                        a.decision.remaining,
+                        std::cmp::Reverse(a.decision.reset_after),
+                    )
+                })
+                .copied()
+        };
+        let side = |wanted: TokenSide| {
+            let counts = |a: &&Applied| {
+                let policy = self.plan.policies.get(a.policy);
+                policy.and_then(config::Policy::token_side) == Some(wanted)
+            };
+            let enforced = outcome.applied.iter().filter(|a| a.enforced);
+            let counting = enforced.filter(counts);
+            counting
                 .min_by_key(|a| {
                     (
                         a.decision.remaining,
@@ -531,6 +567,8 @@ impl Filter {
             now,
             requests: tightest(false),
             tokens: tightest(true),
+            input_tokens: side(TokenSide::Input),
+            output_tokens: side(TokenSide::Output),
         }
     }
 
@@ -570,6 +608,13 @@ impl Filter {
                 .then_some(decision.retry_after),
             unit: match applied.tier.algorithm {
                 Algorithm::Concurrency(_) => QuotaUnit::ConcurrentRequests,
+                _ if policy
+                    .metered
+                    .as_ref()
+                    .is_some_and(|m| m.source.pricing().is_some()) =>
+                {
+                    QuotaUnit::MicroUnits
+                }
                 _ if policy.metered.is_some() => QuotaUnit::Tokens,
                 _ => QuotaUnit::Requests,
             },

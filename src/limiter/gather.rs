@@ -102,6 +102,10 @@ impl Gathered<'_> {
             return None;
         }
         let tier = policy.tier_of(request);
+        let pricing = policy.metered.as_ref().and_then(|m| m.source.pricing());
+        if let Some((_, model)) = pricing.filter(|_| outcome.asked_model.is_none()) {
+            outcome.asked_model = request.get(model).map(<[u8]>::to_vec);
+        }
         let cost = match &policy.metered {
             Some(metered) => metered.reservation(&tier, request),
             None => policy.cost,

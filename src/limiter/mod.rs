@@ -116,6 +116,8 @@ pub struct Outcome {
     /// slots and the reservations the service took, a failed call's slots): to give back at
     /// once (`global::unkept`).
     pub unkept: Vec<crate::limiter::tab::Entry>,
+    /// The model the request body named, read when a spend budget applies (`Tab::model`).
+    pub asked_model: Option<Vec<u8>>,
 }
 
 impl Outcome {
@@ -342,6 +344,9 @@ impl<S: Store> Limiter<'_, S> {
             work::refund_loans(&progress.works, self.plan, self.ledger);
         } else {
             outcome.tab = work::open_tab(&progress.works, self.plan);
+            if let Some(tab) = &mut outcome.tab {
+                tab.model = outcome.asked_model.take();
+            }
         }
         let kept = outcome.tab.as_ref();
         outcome.unkept = asking::unkept(self.plan, &progress.works, kept, progress.now);

@@ -17,6 +17,9 @@ use smallvec::SmallVec;
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Tab {
     pub entries: SmallVec<[Entry; 1]>,
+    /// The model the request body named, when a spend budget admitted it: what its response is
+    /// priced at when the response names none (`usage::price`).
+    pub model: Option<Vec<u8>>,
 }
 
 impl Tab {

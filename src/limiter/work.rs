@@ -288,7 +288,9 @@ fn judge_member(
     now: u64,
 ) -> (Verdict, Option<Loan>) {
     match policy.scope {
-        Scope::Local if policy.take > member.cost => {
+        // A metered policy lends nothing (`lease` is refused): its reservation, below its
+        // `take` when the body asks for less than the default, is taken whole and alone.
+        Scope::Local if policy.take > member.cost && policy.metered.is_none() => {
             let (decision, loan) = local::lend(policy, member, key, state, held, now).unzip();
             (decision.map(|d| (d, Basis::Bucket)), loan.flatten())
         }

@@ -39,6 +39,9 @@ pub enum QuotaUnit {
     /// policy item says it with a parameter of sluice's own, as the draft has vendors do:
     /// `sluice-unit="tokens"`.
     Tokens,
+    /// Money a spend budget charges (`cost.price`), in micro-units of its currency:
+    /// `sluice-unit="micro-units"`. No provider header reports it.
+    MicroUnits,
 }
 
 impl Quota<'_> {
@@ -128,6 +131,7 @@ pub fn each_rate_limit_header(
             QuotaUnit::Requests => None,
             QuotaUnit::ConcurrentRequests => Some(("qu", Param::Text("concurrent-requests"))),
             QuotaUnit::Tokens => Some(("sluice-unit", Param::Text("tokens"))),
+            QuotaUnit::MicroUnits => Some(("sluice-unit", Param::Text("micro-units"))),
         };
         let policy_params = if concurrent {
             [Some(("q", Param::Number(quota.limit))), unit, None]
@@ -217,6 +221,43 @@ pub fn each_provider_header(
             value.push_str(&format_rfc3339(at.saturating_mul(NANOS_PER_SEC)));
         }
         emit(reset, &value);
+    }
+}
+
+/// Calls `emit` with Anthropic's input and output token headers,
+/// `anthropic-ratelimit-{input,output}-tokens-{limit,remaining,reset}` (Anthropic's rate-limit
+/// reference), from `input` and `output`: the enforcing token budgets with the fewest left among
+/// those that count input tokens alone and those that count output tokens alone. The reset is
+/// the instant the bucket is full again in RFC 3339, as the other families' are. Either family is
+/// left out when no such policy applied.
+pub fn each_anthropic_side_header(
+    input: Option<&Quota>,
+    output: Option<&Quota>,
+    now: u64,
+    mut emit: impl FnMut(&'static str, &str),
+) {
+    let names = [
+        [
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "anthropic-ratelimit-input-tokens-reset",
+        ],
+        [
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "anthropic-ratelimit-output-tokens-reset",
+        ],
+    ];
+    let mut value = String::with_capacity(24);
+    for ([limit, remaining, reset], quota) in names.into_iter().zip([input, output]) {
+        let Some(quota) = quota else { continue };
+        for (name, n) in [(limit, quota.limit), (remaining, quota.left())] {
+            value.clear();
+            push_decimal(&mut value, n);
+            emit(name, &value);
+        }
+        let at = ceil_secs(now.saturating_add(quota.reset_after));
+        emit(reset, &format_rfc3339(at.saturating_mul(NANOS_PER_SEC)));
     }
 }
 
@@ -522,6 +563,40 @@ mod tests {
         ];
         let expected: Vec<_> = expected.iter().map(|(n, v)| (*n, v.to_string())).collect();
         assert_eq!(headers, expected);
+    }
+
+    #[test]
+    fn anthropic_input_and_output_token_headers_come_from_their_own_budgets() {
+        let input = Quota {
+            policy: "input",
+            remaining: 40_000,
+            limit: 80_000,
+            ..TOKENS
+        };
+        let mut headers = Vec::new();
+        each_anthropic_side_header(Some(&input), Some(&TOKENS), NOW, |name, value| {
+            headers.push((name, value.to_string()));
+        });
+        // TOKENS is full again 300 ms after NOW (…:20.25Z): at …:20.55Z, whole seconds up.
+        let expected = [
+            ("anthropic-ratelimit-input-tokens-limit", "80000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "40000"),
+            (
+                "anthropic-ratelimit-input-tokens-reset",
+                "2023-11-14T22:13:21Z",
+            ),
+            ("anthropic-ratelimit-output-tokens-limit", "10000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "9950"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2023-11-14T22:13:21Z",
+            ),
+        ];
+        let expected: Vec<_> = expected.iter().map(|(n, v)| (*n, v.to_string())).collect();
+        assert_eq!(headers, expected);
+        let mut none = Vec::new();
+        each_anthropic_side_header(None, None, NOW, |name, _| none.push(name));
+        assert!(none.is_empty());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! Another label is one more pair in the names and one more entry in `LABELS`.
 
 use crate::config::Plan;
+use crate::core::usage::price::PricedAs;
 use crate::limiter::{Basis, Outcome, PolicyOutcome};
 use std::cell::Cell;
 
@@ -148,6 +149,16 @@ pub fn usage_unknown_counter(policy: &str, why: UsageUnknown) -> String {
     )
 }
 
+/// The name of the counter of `policy`'s responses (and refused requests) whose model no price
+/// lists, by what the policy did (`sluice_unknown_model_total{sluice_policy, sluice_outcome}`:
+/// `refused`, `dearest`, `default_price`, `free`).
+pub fn unknown_model_counter(policy: &str, priced_as: PricedAs) -> String {
+    labelled_name(
+        &[(POLICY_LABEL, policy), (OUTCOME_LABEL, priced_as.as_str())],
+        "unknown_model_total",
+    )
+}
+
 /// Counter and gauge registration and updates (proxy-wasm metrics, shown in Envoy's stats).
 pub trait Metrics {
     fn define_counter(&self, name: &str) -> Option<u32>;
@@ -235,6 +246,8 @@ struct TokenCounters {
     charged_unknown: Counter,
     /// By `UsageUnknown`, in the order of `UsageUnknown::ALL`.
     unknown: [Counter; UsageUnknown::ALL.len()],
+    /// A spend budget's unpriced models, by `PricedAs`, in the order of `PricedAs::UNKNOWN`.
+    unknown_models: Option<[Counter; PricedAs::UNKNOWN.len()]>,
 }
 
 /// A concurrency policy's slots: in use here, and how they ended, by `SlotEnd`.
@@ -283,6 +296,13 @@ impl Counters {
                     in_debt: Gauge::define(metrics, &keys_in_debt_gauge(&p.name)),
                     charged_unknown: counter(tokens_counter(&p.name, "tokens_unknown_total")),
                     unknown: UsageUnknown::ALL.map(|w| counter(usage_unknown_counter(&p.name, w))),
+                    unknown_models: p
+                        .metered
+                        .as_ref()
+                        .and_then(|m| m.source.pricing())
+                        .map(|_| {
+                            PricedAs::UNKNOWN.map(|o| counter(unknown_model_counter(&p.name, o)))
+                        }),
                 }),
             })
             .collect();
@@ -385,6 +405,16 @@ impl Counters {
         tokens.charged_unknown.add(charged);
     }
 
+    /// Counts a request or response of a spend budget whose model no price lists, by what the
+    /// policy did with it.
+    pub fn unknown_model(&self, policy: usize, priced_as: PricedAs) {
+        let counters = self.tokens(policy).and_then(|t| t.unknown_models.as_ref());
+        let at = PricedAs::UNKNOWN.iter().position(|p| *p == priced_as);
+        if let Some(counter) = at.and_then(|at| counters?.get(at)) {
+            counter.add(1);
+        }
+    }
+
     fn slots(&self, policy: usize) -> Option<&SlotCounters> {
         self.policies.get(policy)?.slots.as_ref()
     }
@@ -435,6 +465,7 @@ impl Counters {
             counters
                 .into_iter()
                 .chain(&tokens.unknown)
+                .chain(tokens.unknown_models.iter().flatten())
                 .for_each(|c| c.flush(metrics));
         }
         self.policies

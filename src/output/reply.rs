@@ -5,7 +5,7 @@
 //! log shows for each kind of refusal.
 
 use crate::config::{Api, Denial, GrpcStatus};
-use crate::core::text::push_decimal;
+use crate::core::text::{push_decimal, push_json_string};
 use crate::limiter::{Applied, Basis};
 use smallvec::SmallVec;
 use std::ops::Range;
@@ -18,6 +18,9 @@ pub const UNAVAILABLE: &str = "sluice_unavailable";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused because a policy needs its body, which is not
 /// one JSON document the filter can read.
 pub const UNREADABLE_BODY: &str = "sluice_unreadable_body";
+/// `%RESPONSE_CODE_DETAILS%` of a request refused because it names a model that a spend budget
+/// has no price for (`unknown_model: "refuse"`).
+pub const MODEL_NOT_PRICED: &str = "sluice_model_not_priced";
 /// `%RESPONSE_CODE_DETAILS%` of a request whose body is larger than the filter reads.
 pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
@@ -30,6 +33,8 @@ pub const NOT_CONFIGURED: &str = "sluice_not_configured";
 pub struct Said {
     pub retry_secs: Option<u64>,
     pub reserve: Option<u64>,
+    /// The policy is a spend budget: its reservation is in micro-units of the currency.
+    pub spend: bool,
 }
 
 /// Why a request is refused.
@@ -183,6 +188,59 @@ impl LocalReply {
     }
 }
 
+/// The 400 refusing a request whose `model` the spend budget `policy` has no price for, in
+/// `api`'s error shape (an invalid request, naming `model` as the parameter at fault), or
+/// sluice's own `{"error":"model_not_priced","policy","model"}`.
+pub fn unpriced_model(api: Api, policy: &str, model: &str) -> LocalReply {
+    // The model is the client's text: escaped as a JSON string, within the message too.
+    let mut quoted = String::with_capacity(model.len() + 2);
+    push_json_string(&mut quoted, model);
+    let mut message = String::with_capacity(quoted.len() + policy.len() + 48);
+    for part in [
+        "model ",
+        &quoted,
+        " has no price in spend budget \"",
+        policy,
+        "\"",
+    ] {
+        message.push_str(part);
+    }
+    let mut text = String::with_capacity(message.len() + 16);
+    push_json_string(&mut text, &message);
+    let parts: &[&str] = match api {
+        Api::Generic => &[
+            r#"{"error":"model_not_priced","policy":""#,
+            policy,
+            r#"","model":"#,
+            &quoted,
+            "}",
+        ],
+        Api::Openai => &[
+            r#"{"error":{"message":"#,
+            &text,
+            r#","type":"invalid_request_error","param":"model","code":"model_not_priced"}}"#,
+        ],
+        Api::Anthropic => &[
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"#,
+            &text,
+            "}}",
+        ],
+        Api::Gemini => &[
+            r#"{"error":{"code":400,"message":"#,
+            &text,
+            r#","status":"INVALID_ARGUMENT"}}"#,
+        ],
+    };
+    let mut reply = LocalReply::new(
+        400,
+        MODEL_NOT_PRICED,
+        GrpcStatus::InvalidArgument,
+        parts.concat(),
+    );
+    reply.add_header("content-type", "application/json");
+    reply
+}
+
 /// A refusal in a provider's error shape, as its SDK parses it, the message naming the policy
 /// and the wait (`grpc_message`'s text; policy names need no JSON escaping).
 /// - OpenAI: `{"error":{"message","type","param","code"}}`; the SDK's `APIError` takes `type`
@@ -267,7 +325,11 @@ fn grpc_message(error: &str, policy: &str, said: Said) -> String {
     if let Some(tokens) = said.reserve {
         message.push_str(", reserving ");
         push_decimal(&mut message, tokens);
-        message.push_str(" tokens");
+        message.push_str(if said.spend {
+            " micro-units"
+        } else {
+            " tokens"
+        });
     }
     if let Some(secs) = said.retry_secs {
         message.push_str(", retry after ");
@@ -313,6 +375,7 @@ mod tests {
             Said {
                 retry_secs: Some(3),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -336,6 +399,7 @@ mod tests {
             Said {
                 retry_secs: Some(2),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -363,6 +427,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -379,6 +444,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -405,6 +471,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             false,
         );
@@ -420,6 +487,7 @@ mod tests {
             Said {
                 retry_secs: Some(1),
                 reserve: None,
+                spend: false,
             },
             true,
         );
@@ -477,6 +545,7 @@ mod tests {
         let said = Said {
             retry_secs: Some(7),
             reserve,
+            spend: false,
         };
         LocalReply::refusal(Refusal::RateLimited, &denial, "per-key", said, false)
     }
@@ -546,6 +615,7 @@ mod tests {
             Said {
                 retry_secs: Some(3),
                 reserve: None,
+                spend: false,
             },
         );
         assert_eq!(

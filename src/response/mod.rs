@@ -15,7 +15,7 @@ mod tests;
 mod tokens;
 
 pub use debts::{Debtor, Debtors};
-pub use tokens::{charge_of, cost, read_usage_text, settle_op, usage_text, BodyUsage};
+pub use tokens::{charge_of, cost, read_usage_text, settle_op, usage_text, BodyUsage, Models};
 
 use crate::config::{GlobalService, Plan};
 use crate::host::Host;

@@ -11,6 +11,10 @@ use std::sync::Arc;
 
 const T0: u64 = 1_800_000_000 * SEC;
 const ALICE: &[(&str, &str)] = &[("x-user-id", "alice")];
+const NO_MODEL: Models = Models {
+    served: crate::core::usage::Served::Unnamed,
+    asked: None,
+};
 
 fn streams(requests: u64, extra: Value) -> Value {
     let mut policy = json!({"name": "streams", "key": ["header:x-user-id"],
@@ -661,17 +665,20 @@ fn a_charge_is_the_cost_else_what_on_unknown_says_settled_against_the_reservatio
     let source = &metered(OnUnknown::Reserve).source;
     let no_header = |_: &str| None;
     assert_eq!(
-        cost(source, Ok(counts), no_header, Ending::Completed),
+        cost(source, Ok(counts), no_header, Ending::Completed, NO_MODEL),
         Ok(90)
     );
     let missing = Err(UsageUnknown::Missing);
     assert_eq!(
-        cost(source, missing, no_header, Ending::Reset),
+        cost(source, missing, no_header, Ending::Reset, NO_MODEL),
         Err(UsageUnknown::Reset)
     );
     let header = UsageSource::Header("x-usage".into());
     let found = |name: &str| (name == "x-usage").then_some(42);
-    assert_eq!(cost(&header, missing, found, Ending::Reset), Ok(42));
+    assert_eq!(
+        cost(&header, missing, found, Ending::Reset, NO_MODEL),
+        Ok(42)
+    );
     let unknown = Err(UsageUnknown::Invalid);
     let (filter, _) = setup(json!([budget(json!({}))]));
     let tier = &filter.plan().policies[0].tier;
@@ -699,3 +706,5 @@ fn a_key_that_reserves_nothing_is_charged_its_usage_all_the_same() {
         "1,200 of 1,000 used"
     );
 }
+
+mod spend;

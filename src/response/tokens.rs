@@ -14,7 +14,8 @@ use super::report;
 use super::Books;
 use crate::config::{Metered, OnUnknown, Tier, UsageSource};
 use crate::core::duration::NANOS_PER_SEC;
-use crate::core::usage::{count_from_header, Counts, Format, Reader, Reading};
+use crate::core::usage::price::PricedAs;
+use crate::core::usage::{count_from_header, Counts, Format, Reader, Reading, Served};
 use crate::host::Host;
 use crate::limiter::tab::{Ending, Entry, Held, Op, Tab};
 use crate::limiter::{Basis, Settled};
@@ -38,7 +39,7 @@ pub(super) struct Usage {
 impl Usage {
     pub(super) fn on_headers(&mut self, tab: &Tab, filter: &impl Books, host: &impl Host) {
         let sources = || sources(tab, filter);
-        if sources().any(|s| matches!(s, UsageSource::Body(_))) {
+        if sources().any(UsageSource::reads_body) {
             let content_type = host.response_header("content-type");
             let format = content_type.and_then(|value| Format::of_content_type(&value));
             self.body = format.map(|format| {
@@ -95,6 +96,11 @@ impl Usage {
         })
     }
 
+    /// The model the body says served the response.
+    fn served(&self) -> Served<'_> {
+        self.body.as_ref().map_or(Served::Unnamed, Reader::model)
+    }
+
     /// The count read from the header (or trailer) `name`.
     fn header_count(&self, name: &str) -> Option<u64> {
         let found = self.headers.iter().find(|(known, _)| known == name);
@@ -115,20 +121,34 @@ fn upstream_error(host: &impl Host) -> bool {
 /// none came.
 pub type BodyUsage = Result<Counts, UsageUnknown>;
 
+/// The models a spend budget may price a response at: the one its body says served it, and the
+/// one its request named (`Tab::model`).
+#[derive(Debug, Clone, Copy)]
+pub struct Models<'a> {
+    pub served: Served<'a>,
+    pub asked: Option<&'a [u8]>,
+}
+
 /// What a response cost a policy reading its usage from `source`: the body's counts priced by the
-/// policy's meter, or the count of a header (or trailer) as `header_count` finds it; else why
-/// that is not known (a stream reset before it came: `Reset`).
+/// policy's meter (a spend budget's: by the price of the model of `models` that wins), or the
+/// count of a header (or trailer) as `header_count` finds it; else why that is not known (a
+/// stream reset before it came: `Reset`).
 pub fn cost(
     source: &UsageSource,
     body: BodyUsage,
     header_count: impl Fn(&str) -> Option<u64>,
     ending: Ending,
+    models: Models,
 ) -> Result<u64, UsageUnknown> {
     let reading = match source {
         UsageSource::Header(name) => header_count(name).ok_or(UsageUnknown::Missing),
         UsageSource::Body(meter) => {
             body.and_then(|counts| meter.cost(&counts).ok_or(UsageUnknown::Missing))
         }
+        UsageSource::Priced { pricing, .. } => body.and_then(|counts| {
+            let (cost, _) = pricing.cost(&counts, models.served, models.asked);
+            cost.ok_or(UsageUnknown::Missing)
+        }),
     };
     match (reading, ending) {
         (Err(_), Ending::Reset) => Err(UsageUnknown::Reset),
@@ -258,8 +278,23 @@ pub(super) fn settle(
     ending: Ending,
 ) -> SmallVec<[Charged; 1]> {
     let body = usage.body_usage(ending);
-    if sources(tab, filter).any(|s| matches!(s, UsageSource::Body(_))) {
+    if sources(tab, filter).any(UsageSource::reads_body) {
         host.publish("sluice.usage", &usage_text(&body));
+    }
+    let models = Models {
+        served: usage.served(),
+        asked: tab.model.as_deref(),
+    };
+    if sources(tab, filter).any(|s| s.pricing().is_some()) {
+        // For the access log and sluice-replay: empty for a name that could not be read.
+        let name = match models.served {
+            Served::Named(name) => Some(String::from_utf8_lossy(name)),
+            Served::Unreadable => Some("".into()),
+            Served::Unnamed => None,
+        };
+        if let Some(name) = name {
+            host.publish("sluice.model", &name);
+        }
     }
     let mut settled = SmallVec::new();
     for entry in tab.entries.iter_mut() {
@@ -282,10 +317,17 @@ pub(super) fn settle(
             body,
             |name| usage.header_count(name),
             ending,
+            models,
         ) {
             Err(_) if usage.upstream_error => Ok(0),
             cost => cost,
         };
+        if let Some((pricing, _)) = metered.source.pricing() {
+            let priced_as = pricing.priced_as(models.served, models.asked);
+            if priced_as != PricedAs::Listed && !usage.upstream_error {
+                counters.unknown_model(entry.policy, priced_as);
+            }
+        }
         let charged = charge_of(metered, &entry.tier, reserved, cost);
         if let Err(why) = cost {
             counters.usage_unknown(entry.policy, why, charged);

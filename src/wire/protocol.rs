@@ -212,6 +212,9 @@ pub fn decode(body: &[u8], checks: &[Check]) -> Option<Vec<Answer>> {
 /// whose key would live longer is refused; the filter refuses such a global policy when it is
 /// configured (`global.max_key_ttl`, this by default).
 pub const SERVICE_MAX_KEY_TTL_MS: u64 = 62 * 86_400_000;
+/// The most requests (or tokens, or micro-units) a limit sluice-service checks may count in a
+/// window, and its largest burst: its `MAX_REQUESTS` and `MAX_BURST`.
+pub const SERVICE_MAX_COUNT: u64 = 1_000_000_000;
 
 /// How long sluice-service keeps the state of `check`'s limit when its key may owe `debt`
 /// tokens past it, in ms: `store::Algorithm::lifetime_owing_us` of the numbers the service reads

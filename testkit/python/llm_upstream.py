@@ -52,6 +52,9 @@ Request headers that shape the answer, all optional:
   x-test-status: N   Answers status N with the API's error JSON (OpenAI's {"error": {...}},
       Anthropic's {"type": "error", ...}) and no usage; on other paths, plain text.
   x-test-usage-header: NAME   Also reports the total tokens in the response header NAME.
+  x-test-model: NAME   The model the answer says served it (OpenAI's and the Responses API's
+      model, Anthropic's message.model), as an upstream that maps or aliases the one asked for;
+      by default the request's model.
   x-test-content-encoding: NAME   The answer of an API in content coding NAME: gzip or x-gzip
       (gzip), deflate (zlib); a stream's events each compressed and flushed (Z_SYNC_FLUSH) in
       the chunk of their own, as compressing servers stream. Any other name is only a label:
@@ -147,6 +150,7 @@ class Shape:
     usage_header: str | None
     usage_trailer: str | None
     coding: str | None
+    model: str | None
 
     @staticmethod
     def from_headers(headers):
@@ -177,6 +181,7 @@ class Shape:
             usage_header=headers.get("x-test-usage-header"),
             usage_trailer=headers.get("x-test-usage-trailer"),
             coding=coding_of(headers),
+            model=headers.get("x-test-model"),
         )
 
 
@@ -589,7 +594,8 @@ class Handler(BaseHTTPRequestHandler):
 def make_reply(request, shape, piece_bytes, count):
     options = request.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
-    return Reply(model=str(request.get("model", DEFAULT_MODEL)), usage=shape.usage,
+    model = shape.model or str(request.get("model", DEFAULT_MODEL))
+    return Reply(model=model, usage=shape.usage,
                  include_usage=include_usage, piece=text_of(piece_bytes), count=count)
 
 

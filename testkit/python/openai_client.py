@@ -1,10 +1,11 @@
 """Chat completions through the official openai SDK, as an application makes them, for sluice's
 tests (`scripts/ensure-deps openai` installs the SDK into the repo's .venv).
 
-  openai_client.py BASE_URL N json|stream [NAME=VALUE ...]
+  openai_client.py BASE_URL N json|stream [--model=NAME] [--max-tokens=N] [NAME=VALUE ...]
       Makes N chat completions one after the other with one client at BASE_URL
       (http://127.0.0.1:PORT/v1), each with the headers given; `stream` streams them and asks for
-      the usage (stream_options.include_usage). The client never retries (max_retries=0: a 429
+      the usage (stream_options.include_usage). --model names the model (test-model by
+      default), --max-tokens sets max_tokens (none by default). The client never retries (max_retries=0: a 429
       is reported, not retried) and gives each call 30 s. Prints one JSON line per call:
         {"status": 200, "error_type": null, "headers": {...}, "usage": {...} or null,
          "content": "...", "first_chunk_ms": 12.5 or null, "elapsed_ms": 20.1, "error": null}
@@ -69,9 +70,12 @@ def read_json(raw):
     return answer(raw.status_code, raw.headers, usage=usage_of(completion), content=content)
 
 
-def call(client, stream):
+def call(client, stream, options):
     started = time.monotonic()
-    request = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+    request = {"model": options.get("model", MODEL),
+               "messages": [{"role": "user", "content": "hello"}]}
+    if "max-tokens" in options:
+        request["max_tokens"] = int(options["max-tokens"])
     if stream:
         request.update(stream=True, stream_options={"include_usage": True})
     try:
@@ -88,13 +92,14 @@ def call(client, stream):
 
 
 def main(base_url, n, mode, pairs):
-    headers = dict(pair.split("=", 1) for pair in pairs)
+    options = dict(p.removeprefix("--").split("=", 1) for p in pairs if p.startswith("--"))
+    headers = dict(pair.split("=", 1) for pair in pairs if not pair.startswith("--"))
     # No proxy from the environment: the tests talk to loopback only.
     http_client = openai.DefaultHttpxClient(trust_env=False)
     client = openai.OpenAI(base_url=base_url, api_key="sk-test", max_retries=0,
                            timeout=TIMEOUT_S, default_headers=headers, http_client=http_client)
     for _ in range(n):
-        print(json.dumps(call(client, mode == "stream")), flush=True)
+        print(json.dumps(call(client, mode == "stream", options)), flush=True)
 
 
 if __name__ == "__main__":

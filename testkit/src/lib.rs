@@ -23,6 +23,7 @@
 
 pub mod docs;
 pub mod envoy;
+pub mod gateway;
 pub mod grpc;
 pub mod http;
 pub mod llm;

@@ -561,6 +561,23 @@ pub fn openai_calls(
     sdk_calls("openai", &format!("http://{base}/v1"), n, stream, headers)
 }
 
+/// `n` chat completions through the official openai SDK as `openai_calls` makes them, each
+/// asking for `model` and, when given, at most `max_tokens` of output.
+pub fn openai_calls_of(
+    base: SocketAddr,
+    n: usize,
+    stream: bool,
+    (model, max_tokens): (&str, Option<u64>),
+    headers: &[(&str, &str)],
+) -> Vec<OpenAiCall> {
+    // Passed as `--NAME=VALUE` among the headers' `NAME=VALUE`: the script tells them apart.
+    let max_tokens = max_tokens.map(|n| n.to_string());
+    let mut all = vec![("--model", model)];
+    all.extend(max_tokens.as_deref().map(|n| ("--max-tokens", n)));
+    all.extend_from_slice(headers);
+    openai_calls(base, n, stream, &all)
+}
+
 /// `n` messages through the official anthropic SDK (`python/anthropic_client.py`) at `base`,
 /// one after the other, in the shape `openai_calls` gives.
 pub fn anthropic_calls(

@@ -4,7 +4,7 @@
 
 use memchr::memchr2;
 
-use super::{Count, Counts, MAX_TOKENS};
+use super::{Count, Tally, MAX_TOKENS};
 
 /// The deepest nesting read: deeper is invalid. One bit per level records the container's kind.
 pub const MAX_DEPTH: u8 = 64;
@@ -61,6 +61,10 @@ enum State {
     Read {
         escaped: bool,
     },
+    /// Inside the string of the model the response names, read into `Tally::model`.
+    Model {
+        escaped: bool,
+    },
     Colon,
     /// After a value: a comma or the end of its container.
     Next,
@@ -110,6 +114,9 @@ enum Meaning {
     InputDetails,
     OutputDetails,
     Count(Count),
+    /// The model that served the response: `model` in a document, its `response` or its
+    /// `message`, Gemini's `modelVersion` in a document.
+    Model,
     Nothing,
 }
 
@@ -120,6 +127,8 @@ impl Role {
             (Role::Document | Role::Wrapper, Some(b"usage" | b"usageMetadata")) => Meaning::Usage,
             (Role::Message, Some(b"usage" | b"usageMetadata")) => Meaning::MessageUsage,
             (Role::Document, Some(b"response")) => Meaning::Wrapper,
+            (Role::Document | Role::Wrapper | Role::Message, Some(b"model"))
+            | (Role::Document, Some(b"modelVersion")) => Meaning::Model,
             (Role::Document, Some(b"message")) => Meaning::Message,
             (Role::Usage, Some(b"prompt_tokens_details" | b"input_tokens_details")) => {
                 Meaning::InputDetails
@@ -322,12 +331,13 @@ impl Json {
     /// a token (a string, a number, a literal, a punctuation mark, a run of whitespace), or what
     /// the bytes hold of it. The readers of tokens are `#[inline(always)]`: a call per token cost
     /// more than most tokens (inlined, an OpenAI stream reads at 1.4 GiB/s rather than 1.0).
-    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
         let mut rest = bytes;
         while let Some((&byte, after)) = rest.split_first() {
             rest = match self.state {
                 State::Skip { key, escaped } => self.skip_string(rest, key, escaped),
                 State::Read { escaped } => self.read_key(rest, escaped),
+                State::Model { escaped } => self.read_model(rest, escaped, counts),
                 State::Number(part) => self.number(rest, part, counts)?,
                 State::Literal { word, matched } => self.literal(rest, word, matched)?,
                 _ if is_whitespace(byte) => skip_whitespace(after),
@@ -366,11 +376,16 @@ impl Json {
         byte: u8,
         after: &'a [u8],
         or_close: bool,
-        counts: &mut Counts,
+        counts: &mut Tally,
     ) -> Result<&'a [u8], Why> {
         match byte {
             b']' if or_close => self.close(byte).map(|()| after),
             b'{' | b'[' => self.open(byte == b'{').map(|()| after),
+            b'"' if self.meaning == Meaning::Model => {
+                counts.model = super::Model::default();
+                counts.model.seen = true;
+                Ok(self.read_model(after, false, counts))
+            }
             b'"' => {
                 self.not_a_count()?;
                 Ok(self.skip_string(after, false, false))
@@ -476,7 +491,7 @@ impl Json {
         byte: u8,
         after: &'a [u8],
         or_close: bool,
-        counts: &mut Counts,
+        counts: &mut Tally,
     ) -> Result<&'a [u8], Why> {
         let rest = match byte {
             b'}' if or_close => return self.close(byte).map(|()| after),
@@ -499,7 +514,7 @@ impl Json {
         &mut self,
         byte: u8,
         after: &'a [u8],
-        counts: &mut Counts,
+        counts: &mut Tally,
     ) -> Result<&'a [u8], Why> {
         if byte != b':' {
             return Err(MALFORMED);
@@ -515,12 +530,7 @@ impl Json {
 
     /// A comma or the end of a container, then the key after a comma if it is there.
     #[inline(always)]
-    fn next<'a>(
-        &mut self,
-        byte: u8,
-        after: &'a [u8],
-        counts: &mut Counts,
-    ) -> Result<&'a [u8], Why> {
+    fn next<'a>(&mut self, byte: u8, after: &'a [u8], counts: &mut Tally) -> Result<&'a [u8], Why> {
         match byte {
             b',' if self.in_object() => {
                 self.state = State::Key { or_close: false };
@@ -581,21 +591,39 @@ impl Json {
         }
     }
 
+    /// What `bytes` hold of the model's name, the rest of which is read as it was written (a
+    /// name written with escapes matches no price).
+    #[inline(always)]
+    fn read_model<'a>(&mut self, bytes: &'a [u8], escaped: bool, counts: &mut Tally) -> &'a [u8] {
+        match string_run(bytes, escaped) {
+            Run::Closed(at) => {
+                counts.model.push(bytes.get(..at).unwrap_or_default());
+                self.value_ended();
+                bytes.get(at + 1..).unwrap_or_default()
+            }
+            Run::Open { escaped } => {
+                counts.model.push(bytes);
+                self.state = State::Model { escaped };
+                &[]
+            }
+        }
+    }
+
     /// What `bytes` hold of a number now at `part`: its end is left for the next token.
     #[inline(always)]
     fn number<'a>(
         &mut self,
         bytes: &'a [u8],
         mut part: Part,
-        counts: &mut Counts,
+        counts: &mut Tally,
     ) -> Result<&'a [u8], Why> {
         for (at, &byte) in bytes.iter().enumerate() {
             match self.number_part(part, byte) {
                 Some(next) => part = next,
                 None if part.complete() => {
                     if let Meaning::Count(count) = self.meaning {
-                        counts.set(count, self.number.count(part)?);
-                        counts.provisional = self.role() == Role::MessageUsage;
+                        counts.counts.set(count, self.number.count(part)?);
+                        counts.counts.provisional = self.role() == Role::MessageUsage;
                     }
                     self.value_ended();
                     return Ok(bytes.get(at..).unwrap_or_default());

@@ -20,6 +20,11 @@
 //! each object of a top-level JSON array (Gemini's `streamGenerateContent` without `alt=sse`), or
 //! in an event stream the data of each event.
 //!
+//! **The model.** The model a response says served it, for spend budgets (`price`): the string
+//! value of `model` in a document, its `response` or its `message` (OpenAI, the Responses API,
+//! Anthropic's `message_start`), or of Gemini's `modelVersion` in a document; the last one named
+//! wins, kept as written in a fixed buffer (`Model`, at most `MODEL_BYTES`).
+//!
 //! **What wins.** The last value seen for each count: OpenAI's stream carries `"usage": null` until
 //! its last chunk, Anthropic's `message_delta` carries the cumulative `output_tokens` after
 //! `message_start`'s first guess. A `null` count is no count.
@@ -168,6 +173,73 @@ impl Counts {
     }
 }
 
+/// The longest name of a model read from a response; a longer one is read as a name that no
+/// price matches.
+pub const MODEL_BYTES: usize = 96;
+
+/// The model a response says served it, as written (the last one named wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Model {
+    bytes: [u8; MODEL_BYTES],
+    /// How many bytes of `bytes` are the name; `MODEL_BYTES + 1` once it outgrew them.
+    len: u8,
+    /// A name was read (a string value of one of the members that name it).
+    seen: bool,
+}
+
+impl Default for Model {
+    fn default() -> Model {
+        Model {
+            bytes: [0; MODEL_BYTES],
+            len: 0,
+            seen: false,
+        }
+    }
+}
+
+/// What a response said of its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served<'a> {
+    /// It named none.
+    Unnamed,
+    /// This one, as written.
+    Named(&'a [u8]),
+    /// One too long to be read (more than `MODEL_BYTES`), or written with a backslash escape:
+    /// a model, but one that no price matches.
+    Unreadable,
+}
+
+impl Model {
+    fn push(&mut self, part: &[u8]) {
+        let start = usize::from(self.len);
+        let end = start.saturating_add(part.len());
+        match self.bytes.get_mut(start..end) {
+            Some(slot) => {
+                slot.copy_from_slice(part);
+                self.len = u8::try_from(end).unwrap_or(u8::MAX);
+            }
+            None => self.len = u8::MAX,
+        }
+    }
+
+    /// The model named.
+    pub fn served(&self) -> Served<'_> {
+        let name = self.bytes.get(..usize::from(self.len));
+        match name {
+            _ if !self.seen => Served::Unnamed,
+            Some(name) if !name.contains(&b'\\') => Served::Named(name),
+            _ => Served::Unreadable,
+        }
+    }
+}
+
+/// What a scanner collects as it reads: the counts, and the model the response names.
+#[derive(Debug, Clone, Copy, Default)]
+struct Tally {
+    counts: Counts,
+    model: Model,
+}
+
 /// What a response body says it used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reading {
@@ -223,7 +295,7 @@ fn ends_with_ignoring_case(bytes: &[u8], suffix: &[u8]) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub struct Scanner {
     body: Body,
-    counts: Counts,
+    tally: Tally,
     failure: Option<Why>,
 }
 
@@ -241,7 +313,7 @@ impl Scanner {
         };
         Scanner {
             body,
-            counts: Counts::default(),
+            tally: Tally::default(),
             failure: None,
         }
     }
@@ -252,8 +324,8 @@ impl Scanner {
             return;
         }
         let fed = match &mut self.body {
-            Body::Json(json) => json.feed(chunk, &mut self.counts),
-            Body::EventStream(events) => events.feed(chunk, &mut self.counts),
+            Body::Json(json) => json.feed(chunk, &mut self.tally),
+            Body::EventStream(events) => events.feed(chunk, &mut self.tally),
         };
         if let Err(why) = fed {
             self.failure = Some(why);
@@ -265,9 +337,11 @@ impl Scanner {
         let mut at_end = *self;
         match at_end.end() {
             Err(why) => Reading::Invalid(why),
-            Ok(()) if at_end.counts.is_empty() || at_end.counts.provisional => Reading::Missing,
+            Ok(()) if at_end.tally.counts.is_empty() || at_end.tally.counts.provisional => {
+                Reading::Missing
+            }
             Ok(()) => {
-                let counts = at_end.counts;
+                let counts = at_end.tally.counts;
                 Reading::Found(Counts {
                     total: counts.get(Count::Total),
                     ..counts
@@ -282,8 +356,13 @@ impl Scanner {
         }
         match &mut self.body {
             Body::Json(json) => json.end(),
-            Body::EventStream(events) => events.end(&mut self.counts),
+            Body::EventStream(events) => events.end(&mut self.tally),
         }
+    }
+
+    /// The model the body named so far (the last one named).
+    pub fn model(&self) -> Served<'_> {
+        self.tally.model.served()
     }
 }
 
@@ -334,6 +413,11 @@ impl Reader {
             // Frees the inflater.
             self.decoder = Ok(decode::Decoder::new(decode::Coding::Identity));
         }
+    }
+
+    /// The model the body named so far.
+    pub fn model(&self) -> Served<'_> {
+        self.scanner.model()
     }
 
     /// What the body says, taking what was fed as the whole body.

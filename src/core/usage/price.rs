@@ -3,11 +3,22 @@
 //! million tokens, as providers publish them (`{"input": 2.5, "output": 10, "cache_read":
 //! 1.25}`), kept in millionths of a micro-unit per token: a price of 0.075 a million is exact.
 //! Each token is priced once, by its kind, as `Meter::Weighted` weighs it.
+//!
+//! **Which model.** The one the response says served it (`Served`), else the one the request
+//! named: a client can name a cheap model that the upstream maps, aliases or ignores, never the
+//! one the upstream reports. Names are compared without case and without the whitespace around
+//! them, as upstreams that map names loosely (vLLM aliases, LiteLLM, Azure deployments) may read
+//! them: `" GPT-4o "` is priced as `gpt-4o`.
+//!
+//! **Unpriced models** (`UnknownModel`): refused before the upstream, charged a default price,
+//! or charged nothing. What a request reserves never depends on that: a request that names no
+//! listed model reserves at the dearest price the policy has (`Pricing::reservation`), since its
+//! response may name any.
 
 use serde_json::{Map, Value};
 
 use super::meter::Weights;
-use super::{Counts, Meter};
+use super::{Counts, Meter, Served};
 
 /// Millionths of a micro-unit per token in a price of 1 a million tokens.
 const SCALE: u64 = 1_000_000;
@@ -61,6 +72,148 @@ impl Price {
     }
 }
 
+/// What a model no entry prices is charged (`unknown_model`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownModel {
+    /// A request that names one is refused before the upstream; a response that names one (or
+    /// whose request named none and that names none itself) is charged as the dearest entry
+    /// would charge it. The default: nothing unpriced runs cheaper than what is priced.
+    Refuse,
+    /// This price.
+    Price(Price),
+    /// Nothing.
+    Free,
+}
+
+impl UnknownModel {
+    /// `"refuse"`, `"free"` or `{"price": PRICE}`.
+    pub fn parse(config: &Value) -> Result<UnknownModel, String> {
+        const EXPECTED: &str =
+            r#"must be "refuse" (the default), "free" or {"price": {"input": .., "output": ..}}"#;
+        match config {
+            Value::String(mode) if mode == "refuse" => Ok(UnknownModel::Refuse),
+            Value::String(mode) if mode == "free" => Ok(UnknownModel::Free),
+            Value::Object(fields) => match (fields.get("price"), fields.len()) {
+                (Some(price), 1) => Price::parse(price)
+                    .map(UnknownModel::Price)
+                    .map_err(|e| format!("price: {e}")),
+                _ => Err(EXPECTED.into()),
+            },
+            _ => Err(EXPECTED.into()),
+        }
+    }
+}
+
+/// How the model a response was charged at was priced: by an entry, or as `UnknownModel` says
+/// (what `sluice_unknown_model_total` counts, by `as_str`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PricedAs {
+    Listed,
+    /// `"refuse"`: a request naming it was refused before the upstream.
+    Refused,
+    /// `"refuse"`, but the model came with the response (or none was named): the dearest entry.
+    Dearest,
+    DefaultPrice,
+    Free,
+}
+
+impl PricedAs {
+    /// The ways an unpriced model is dealt with, as the metric's `sluice_outcome` names them.
+    pub const UNKNOWN: [PricedAs; 4] = [
+        PricedAs::Refused,
+        PricedAs::Dearest,
+        PricedAs::DefaultPrice,
+        PricedAs::Free,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PricedAs::Listed => "listed",
+            PricedAs::Refused => "refused",
+            PricedAs::Dearest => "dearest",
+            PricedAs::DefaultPrice => "default_price",
+            PricedAs::Free => "free",
+        }
+    }
+}
+
+/// A spend budget's prices (`cost.price`) and what an unpriced model costs (`unknown_model`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pricing {
+    pub prices: Prices,
+    pub unknown: UnknownModel,
+}
+
+impl Pricing {
+    /// Whether a request naming `asked` is refused before the upstream: it names a model that
+    /// no entry prices, and unpriced models are refused. A request that names none is not (a
+    /// Gemini request names its model in the path): its response is priced.
+    pub fn refuses(&self, asked: Option<&[u8]>) -> bool {
+        self.unknown == UnknownModel::Refuse && asked.is_some_and(|m| self.prices.of(m).is_none())
+    }
+
+    /// What a request asking for at most `tokens` of output reserves: their price for the model
+    /// it names, if an entry prices it; else the dearest output price the policy has (its
+    /// entries' and the default's), since the response may name any model.
+    pub fn reservation(&self, asked: Option<&[u8]>, tokens: u64) -> u64 {
+        if let Some(price) = asked.and_then(|m| self.prices.of(m)) {
+            return price.output_cost(tokens);
+        }
+        let default = match self.unknown {
+            UnknownModel::Price(price) => Some(price),
+            _ => None,
+        };
+        let all = self.prices.entries.iter().map(|(_, p)| p).chain(&default);
+        all.map(|p| p.output_cost(tokens)).max().unwrap_or(0)
+    }
+
+    /// What `counts` cost, the model being the one the response says `served` it, else the
+    /// one the request named (`asked`); `None` when a count the price needs was not reported.
+    pub fn cost(
+        &self,
+        counts: &Counts,
+        served: Served,
+        asked: Option<&[u8]>,
+    ) -> (Option<u64>, PricedAs) {
+        if let Some(price) = self.price_of(served, asked) {
+            return (price.cost(counts), PricedAs::Listed);
+        }
+        (self.unpriced_cost(counts), self.priced_as(served, asked))
+    }
+
+    /// The price of the model charged: the one `served`, else the one `asked`, if listed.
+    fn price_of(&self, served: Served, asked: Option<&[u8]>) -> Option<&Price> {
+        let model = match served {
+            Served::Named(name) => Some(name),
+            Served::Unreadable => None,
+            Served::Unnamed => asked,
+        };
+        model.and_then(|m| self.prices.of(m))
+    }
+
+    /// How the model charged is priced (what the metrics count).
+    pub fn priced_as(&self, served: Served, asked: Option<&[u8]>) -> PricedAs {
+        match self.unknown {
+            _ if self.price_of(served, asked).is_some() => PricedAs::Listed,
+            UnknownModel::Refuse => PricedAs::Dearest,
+            UnknownModel::Price(_) => PricedAs::DefaultPrice,
+            UnknownModel::Free => PricedAs::Free,
+        }
+    }
+
+    /// What `counts` cost at the price of an unpriced model.
+    fn unpriced_cost(&self, counts: &Counts) -> Option<u64> {
+        match self.unknown {
+            UnknownModel::Refuse => {
+                let each = self.prices.entries.iter().map(|(_, p)| p.cost(counts));
+                each.max().flatten()
+            }
+            UnknownModel::Price(price) => price.cost(counts),
+            UnknownModel::Free => Some(0),
+        }
+    }
+}
+
 /// A price in currency per million tokens as millionths of a micro-unit per token, rounded to
 /// the nearest: `None` when not given.
 fn scaled(fields: &Map<String, Value>, name: &str) -> Result<Option<u64>, String> {
@@ -76,7 +229,8 @@ fn scaled(fields: &Map<String, Value>, name: &str) -> Result<Option<u64>, String
     Ok(Some((price * SCALE as f64).round() as u64))
 }
 
-/// The prices of a budget's models, by name or glob (`*` matches any run of characters).
+/// The prices of a budget's models, by name or glob (`*` matches any run of characters),
+/// compared without case and without the whitespace around them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Prices {
     /// Exact names first, then globs from the longest: the most specific entry wins.
@@ -92,23 +246,45 @@ impl Prices {
         if models.is_empty() {
             return Err("at least one model's price is required".into());
         }
-        let mut entries = Vec::with_capacity(models.len());
+        let mut entries: Vec<(String, Price)> = Vec::with_capacity(models.len());
         for (model, price) in models {
-            if model.is_empty() {
+            let name = String::from_utf8(normal(model.as_bytes()))
+                .map_err(|_| format!("{model}: not UTF-8"))?;
+            if name.is_empty() {
                 return Err("a model's name must not be empty".into());
             }
+            if let Some((other, _)) = models
+                .iter()
+                .find(|(other, _)| *other < model && normal(other.as_bytes()) == name.as_bytes())
+            {
+                return Err(format!(
+                    "{model}: names the same models as {other} (names are compared without case \
+                     or surrounding whitespace)"
+                ));
+            }
             let price = Price::parse(price).map_err(|e| format!("{model}: {e}"))?;
-            entries.push((model.clone(), price));
+            // Kept in order as they come (a sort would add kilobytes to the wasm for a few
+            // entries): after every entry as specific, before the first less so.
+            let order = |name: &str| (name.contains('*'), std::cmp::Reverse(name.len()));
+            let at = entries
+                .iter()
+                .position(|(other, _)| order(other) > order(&name));
+            entries.insert(at.unwrap_or(entries.len()), (name, price));
         }
-        entries.sort_by_key(|(model, _)| (model.contains('*'), std::cmp::Reverse(model.len())));
         Ok(Prices { entries })
     }
 
-    /// The price of `model`, if an entry names it.
+    /// The price of `model`, if an entry names it (without case, whitespace around it aside).
     pub fn of(&self, model: &[u8]) -> Option<&Price> {
-        let matching = |(pattern, _): &&(String, Price)| glob(pattern.as_bytes(), model);
+        let model = normal(model);
+        let matching = |(pattern, _): &&(String, Price)| glob(pattern.as_bytes(), &model);
         self.entries.iter().find(matching).map(|(_, price)| price)
     }
+}
+
+/// A model's name as prices compare it: without the whitespace around it, ASCII in lower case.
+fn normal(model: &[u8]) -> Vec<u8> {
+    model.trim_ascii().to_ascii_lowercase()
 }
 
 /// Whether `text` matches `pattern`, whose `*` matches any run of bytes (none included).
@@ -239,5 +415,139 @@ mod tests {
                 .starts_with(r#"m: unknown price "cached""#)
         );
         assert!(refused(json!([])).starts_with("must be an object"));
+    }
+
+    fn pricing(unknown: UnknownModel) -> Pricing {
+        let prices = Prices::parse(&json!({
+            "gpt-4o-mini*": {"input": 0.15, "output": 0.6},
+            "gpt-4o*": {"input": 2.5, "output": 10},
+        }))
+        .unwrap();
+        Pricing { prices, unknown }
+    }
+
+    #[test]
+    fn names_are_priced_without_case_or_surrounding_whitespace() {
+        let pricing = pricing(UnknownModel::Free);
+        let mini = pricing.prices.of(b"gpt-4o-mini").copied();
+        for spelling in ["GPT-4o-Mini", " gpt-4o-mini\t", "gpt-4O-MINI-2024-07-18\n"] {
+            assert_eq!(
+                pricing.prices.of(spelling.as_bytes()).copied(),
+                mini,
+                "{spelling:?}"
+            );
+        }
+        // Inner whitespace is another name.
+        assert!(pricing.prices.of(b"gpt 4o").is_none());
+        let twice =
+            json!({"GPT-4o": {"input": 1, "output": 1}, "gpt-4o ": {"input": 2, "output": 2}});
+        assert!(Prices::parse(&twice)
+            .unwrap_err()
+            .contains("names the same models as"));
+    }
+
+    #[test]
+    fn the_served_model_wins_over_the_asked_one() {
+        let pricing = pricing(UnknownModel::Free);
+        let used = counts(1_000_000, 0);
+        let cost =
+            |served, asked: Option<&str>| pricing.cost(&used, served, asked.map(str::as_bytes));
+        // Asked for mini, served 4o: charged 4o's $2.50 a million in.
+        assert_eq!(
+            cost(Served::Named(b"gpt-4o-2024-08-06"), Some("gpt-4o-mini")),
+            (Some(2_500_000), PricedAs::Listed)
+        );
+        // No model in the response: the request's.
+        assert_eq!(
+            cost(Served::Unnamed, Some("GPT-4o-mini")),
+            (Some(150_000), PricedAs::Listed)
+        );
+        // A response whose model cannot be read is an unpriced model, not the request's.
+        assert_eq!(
+            cost(Served::Unreadable, Some("gpt-4o-mini")),
+            (Some(0), PricedAs::Free)
+        );
+        assert_eq!(cost(Served::Unnamed, None), (Some(0), PricedAs::Free));
+    }
+
+    #[test]
+    fn an_unpriced_model_is_refused_charged_a_default_or_free() {
+        let used = counts(1_000_000, 1_000_000);
+        let default = Price::parse(&json!({"input": 1, "output": 2})).unwrap();
+        let refuse = pricing(UnknownModel::Refuse);
+        assert!(refuse.refuses(Some(b"llama-3")));
+        assert!(!refuse.refuses(Some(b"GPT-4o")));
+        assert!(
+            !refuse.refuses(None),
+            "a Gemini request names no model in its body"
+        );
+        // Served an unpriced model anyway: charged as the dearest entry would charge it.
+        assert_eq!(
+            refuse.cost(&used, Served::Named(b"llama-3"), None),
+            (Some(12_500_000), PricedAs::Dearest)
+        );
+        let priced = pricing(UnknownModel::Price(default));
+        assert!(!priced.refuses(Some(b"llama-3")));
+        assert_eq!(
+            priced.cost(&used, Served::Named(b"llama-3"), None),
+            (Some(3_000_000), PricedAs::DefaultPrice)
+        );
+        let free = pricing(UnknownModel::Free);
+        assert_eq!(
+            free.cost(&used, Served::Named(b"llama-3"), Some(b"gpt-4o")),
+            (Some(0), PricedAs::Free)
+        );
+        // A count a price needs, missing: unknown, whatever the model.
+        let no_output = Counts {
+            output: None,
+            ..used
+        };
+        assert_eq!(
+            priced.cost(&no_output, Served::Unnamed, Some(b"gpt-4o")).0,
+            None
+        );
+        assert_eq!(refuse.cost(&no_output, Served::Unnamed, None).0, None);
+    }
+
+    #[test]
+    fn a_request_naming_no_priced_model_reserves_at_the_dearest_output_price() {
+        let default = Price::parse(&json!({"input": 1, "output": 20})).unwrap();
+        for (unknown, dearest) in [
+            (UnknownModel::Refuse, 10_000),
+            (UnknownModel::Free, 10_000),
+            (UnknownModel::Price(default), 20_000),
+        ] {
+            let pricing = pricing(unknown);
+            // 1,000 tokens out: mini's $0.60 a million, 4o's $10, the default's $20.
+            assert_eq!(pricing.reservation(Some(b"Gpt-4o-Mini"), 1000), 600);
+            assert_eq!(pricing.reservation(Some(b"gpt-4o"), 1000), 10_000);
+            for asked in [None, Some(&b"gpt4o"[..]), Some(b"llama")] {
+                assert_eq!(pricing.reservation(asked, 1000), dearest, "{unknown:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_model_modes_parse_and_refusals_name_the_bad_part() {
+        assert_eq!(
+            UnknownModel::parse(&json!("refuse")),
+            Ok(UnknownModel::Refuse)
+        );
+        assert_eq!(UnknownModel::parse(&json!("free")), Ok(UnknownModel::Free));
+        let price = json!({"price": {"input": 1, "output": 2}});
+        assert!(matches!(
+            UnknownModel::parse(&price),
+            Ok(UnknownModel::Price(_))
+        ));
+        let bad = json!({"price": {"input": 1}});
+        assert_eq!(
+            UnknownModel::parse(&bad).unwrap_err(),
+            "price: output: required"
+        );
+        for bad in [json!("charge"), json!({"price": {}, "x": 1}), json!(0)] {
+            assert!(UnknownModel::parse(&bad)
+                .unwrap_err()
+                .starts_with("must be \"refuse\""));
+        }
     }
 }

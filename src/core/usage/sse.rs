@@ -18,7 +18,7 @@ use memchr::{memchr2, memrchr};
 
 use super::json::{is_whitespace, Ending, Json, Why};
 use super::marker::{self, Marker};
-use super::Counts;
+use super::{Model, Tally};
 
 const DATA: &[u8] = b"data";
 /// What OpenAI sends as the last event's data.
@@ -62,6 +62,10 @@ struct Data {
     marker: Marker,
     /// Why the data is not a document, found before its end.
     broken: Option<Why>,
+    /// The model named before this event, put back at its end if it holds no usage: a served
+    /// model is read from the events that carry a usage alone, as only they are read in every
+    /// chunking (each API names it there too).
+    model_before: Option<Model>,
 }
 
 impl Data {
@@ -71,11 +75,13 @@ impl Data {
             json: Json::new(),
             marker: Marker::default(),
             broken: None,
+            model_before: None,
         }
     }
 
     /// The next bytes of the data: looked at for a usage, and read until they break.
-    fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    fn feed(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
+        self.model_before.get_or_insert(counts.model);
         self.marker.feed(bytes);
         if self.broken.is_none() {
             self.broken = self.read(bytes, counts).err();
@@ -83,7 +89,7 @@ impl Data {
         Ok(())
     }
 
-    fn read(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    fn read(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
         let Some(matched) = self.done else {
             return self.json.feed(bytes, counts);
         };
@@ -105,15 +111,18 @@ impl Data {
     }
 
     /// Checks the data is `[DONE]`, a complete JSON document, or nothing, if it holds a usage.
-    fn end(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end(&mut self, counts: &mut Tally) -> Result<(), Why> {
         let checked = self.broken.map_or_else(|| self.finish(counts), Err);
-        match checked {
-            Err(why) if self.marker.holds_usage() => Err(why),
-            _ => Ok(()),
+        if self.marker.holds_usage() {
+            return checked;
         }
+        if let Some(model) = self.model_before {
+            counts.model = model;
+        }
+        Ok(())
     }
 
-    fn finish(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn finish(&mut self, counts: &mut Tally) -> Result<(), Why> {
         match self.done {
             Some(matched) if usize::from(matched) == DONE.len() => return Ok(()),
             Some(matched) => {
@@ -139,8 +148,8 @@ impl EventStream {
         }
     }
 
-    /// Reads the next bytes of the stream, setting in `counts` those its events' data carry.
-    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Counts) -> Result<(), Why> {
+    /// Reads the next bytes of the stream, setting in `counts` those its events' data carry (and the model they name).
+    pub(super) fn feed(&mut self, bytes: &[u8], counts: &mut Tally) -> Result<(), Why> {
         let mut rest = bytes;
         while let Some((&byte, after)) = rest.split_first() {
             if self.line == Line::Start && !self.has_data && !self.after_cr {
@@ -189,7 +198,7 @@ impl EventStream {
     }
 
     /// Ends the stream: its last line and event, if they had no end of their own.
-    pub(super) fn end(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    pub(super) fn end(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if self.line != Line::Start {
             self.end_line(counts)?;
         }
@@ -197,7 +206,7 @@ impl EventStream {
     }
 
     /// The next byte of a field name, `matched` bytes of which are those of `data`.
-    fn name(&mut self, matched: u8, byte: u8, counts: &mut Counts) -> Result<Line, Why> {
+    fn name(&mut self, matched: u8, byte: u8, counts: &mut Tally) -> Result<Line, Why> {
         let is_data = usize::from(matched) == DATA.len();
         Ok(match byte {
             b':' if is_data => {
@@ -211,7 +220,7 @@ impl EventStream {
         })
     }
 
-    fn end_line(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end_line(&mut self, counts: &mut Tally) -> Result<(), Why> {
         match self.line {
             Line::Start => self.end_event(counts)?,
             // `data` alone: a data line with an empty value.
@@ -224,7 +233,7 @@ impl EventStream {
         Ok(())
     }
 
-    fn start_data_line(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn start_data_line(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if self.has_data {
             self.data.feed(b"\n", counts)?;
         }
@@ -232,7 +241,7 @@ impl EventStream {
         Ok(())
     }
 
-    fn end_event(&mut self, counts: &mut Counts) -> Result<(), Why> {
+    fn end_event(&mut self, counts: &mut Tally) -> Result<(), Why> {
         if std::mem::take(&mut self.has_data) {
             let mut data = std::mem::replace(&mut self.data, Data::new());
             data.end(counts)?;

@@ -448,8 +448,10 @@ fn holds_no_heap<T: Copy>() -> usize {
 
 #[test]
 fn the_scanner_is_a_small_fixed_size_value_whatever_it_reads() {
+    // 240 bytes, and the served model's name (`MODEL_BYTES`) twice since spend budgets: the one
+    // read, and the one before an event that may prove to carry no usage.
     assert!(
-        holds_no_heap::<Scanner>() <= 232,
+        holds_no_heap::<Scanner>() <= 240 + 2 * (MODEL_BYTES + 2),
         "{} bytes",
         holds_no_heap::<Scanner>()
     );
@@ -1078,4 +1080,85 @@ mod compressed {
         reader.feed(b"\x1f\x8b\x08\x00 not deflate");
         assert!(!reader.reads(), "corrupt");
     }
+}
+
+/// The model each fixture's API says served it, in any chunking.
+const SERVED: &[(&str, &str)] = &[
+    ("openai_chat.json", "gpt-4o-2024-08-06"),
+    ("openai_chat_tool_call.json", "gpt-4o-mini-2024-07-18"),
+    ("openai_chat_stream.sse", "gpt-4o-mini-2024-07-18"),
+    ("openai_responses.json", "gpt-4.1-2025-04-14"),
+    ("openai_responses_stream.sse", "gpt-4.1-2025-04-14"),
+    ("anthropic_message.json", "claude-sonnet-4-20250514"),
+    ("anthropic_stream.sse", "claude-sonnet-4-20250514"),
+    ("gemini.json", "gemini-2.0-flash"),
+    ("gemini_stream.sse", "gemini-2.0-flash"),
+    ("gemini_stream_array.json", "gemini-2.0-flash"),
+];
+
+#[test]
+fn every_fixture_names_the_model_that_served_it_in_any_chunking() {
+    for fixture in FIXTURES {
+        let (_, model) = SERVED
+            .iter()
+            .find(|(name, _)| *name == fixture.name)
+            .unwrap();
+        for cut in 0..=fixture.body.len() {
+            let mut scanner = Scanner::new(fixture.format);
+            scanner.feed(&fixture.body[..cut]);
+            scanner.feed(&fixture.body[cut..]);
+            assert_eq!(
+                scanner.model(),
+                Served::Named(model.as_bytes()),
+                "{} cut at {cut}",
+                fixture.name
+            );
+        }
+    }
+}
+
+#[test]
+fn only_a_documents_own_model_is_the_served_one() {
+    let served = |format: Format, body: &str| {
+        let mut scanner = Scanner::new(format);
+        scanner.feed(body.as_bytes());
+        let model = scanner.model();
+        match model {
+            Served::Named(name) => format!("named {}", String::from_utf8_lossy(name)),
+            other => format!("{other:?}"),
+        }
+    };
+    // Deeper `model` keys (a message's role, tool arguments) are not the served model.
+    let deep = r#"{"choices": [{"message": {"model": "decoy"}}], "x": {"model": "decoy"}}"#;
+    assert_eq!(served(Format::Json, deep), "Unnamed");
+    assert_eq!(
+        served(
+            Format::Json,
+            r#"{"model": "decoy-in-\"quotes\"", "model": "last"}"#
+        ),
+        "named last"
+    );
+    assert_eq!(served(Format::Json, r#"{"model": 5}"#), "Unnamed");
+    assert_eq!(served(Format::Json, r#"{"model": null}"#), "Unnamed");
+    assert_eq!(
+        served(Format::Json, r#"{"model": "gpt\u002d4o"}"#),
+        "Unreadable"
+    );
+    let long = format!(r#"{{"model": "{}"}}"#, "m".repeat(MODEL_BYTES + 1));
+    assert_eq!(served(Format::Json, &long), "Unreadable");
+    let longest = format!(r#"{{"model": "{}"}}"#, "m".repeat(MODEL_BYTES));
+    assert!(served(Format::Json, &longest).starts_with("named m"));
+    // Anthropic names it in message_start's message, the Responses API in its response.
+    // In a stream, an event that carries a usage names it: one without is not read.
+    let anthropic =
+        "data: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-x\",\"usage\":{}}}\n\n";
+    let unread = "data: {\"type\":\"ping\",\"model\":\"other\"}\n\n";
+    assert_eq!(
+        served(Format::EventStream, &format!("{anthropic}{unread}")),
+        "named claude-x"
+    );
+    assert_eq!(served(Format::EventStream, anthropic), "named claude-x");
+    let responses =
+        "data: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-4.1\",\"usage\":{}}}\n\n";
+    assert_eq!(served(Format::EventStream, responses), "named gpt-4.1");
 }
