@@ -38,6 +38,7 @@ pub mod table;
 pub mod testing;
 pub mod text;
 pub mod time;
+pub mod top_keys;
 pub mod usage;
 
 // The glue is left out of test builds so the core's tests run on wasm32 without a proxy.

@@ -9,13 +9,13 @@
 use crate::engine::{Decided, Engine, TokenTally};
 use crate::log::Record;
 use crate::timeline::{Counts, Timeline};
-use crate::top::TopKeys;
 use sluice::algorithm::Algorithm;
 use sluice::config::{Plan, Policy};
 use sluice::duration::NANOS_PER_SEC;
 use sluice::key::MISSING_KEY;
 use sluice::limiter::PolicyOutcome;
 use sluice::request::Attributes;
+use sluice::top_keys::TopKeys;
 use smallvec::SmallVec;
 
 /// Skipped lines listed in the report; the rest are only counted.
