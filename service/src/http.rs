@@ -144,6 +144,9 @@ impl<S: Store> App<S> {
             Ok(decisions) => {
                 self.metrics.record_decisions(&checks, &decisions);
                 self.watch.note(&checks, &decisions);
+                if let Some(recorder) = self.admin.as_ref().and_then(|a| a.top.as_deref()) {
+                    crate::top::record_checks(recorder, &checks, &decisions);
+                }
                 let results = decisions.into_iter().map(CheckResult::from).collect();
                 json(StatusCode::OK, &CheckResponse { results })
             }

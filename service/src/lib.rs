@@ -13,7 +13,7 @@
 //! registry, `logging` writes JSON lines, `slot_watch` counts the
 //! slots nobody renews, `signals` and `cli` are the process's inputs. `rls`
 //! serves Envoy's Rate Limit Service protocol (gRPC) over the same store; `admin` the operators'
-//! API (`/admin/v1/...`) on the HTTP listener.
+//! API (`/admin/v1/...`) on the HTTP listener; `top` the heaviest keys of each policy it reads.
 
 pub mod admin;
 pub mod auth;
@@ -34,3 +34,4 @@ pub mod settled_ids;
 pub mod signals;
 pub mod slot_watch;
 pub mod store;
+pub mod top;

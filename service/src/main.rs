@@ -20,6 +20,7 @@ use sluice_service::redis_store::RedisStore;
 use sluice_service::rls::{self, Rls};
 use sluice_service::slot_watch::SlotWatch;
 use sluice_service::store::Store;
+use sluice_service::top::{self, TopRecorder};
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
 use tracing::{error, info, warn};
@@ -124,6 +125,13 @@ async fn serve_with<S: Store>(
     let gate = Arc::new(Gate::new(args.connections.limits(), metrics.registry_mut()));
     let bounds = args.max_key_ttl;
     let max_request_bytes = args.connections.max_request_bytes;
+    // The heaviest keys are recorded only where the admin API can read them.
+    let top = admin_tokens
+        .as_ref()
+        .map(|_| Arc::new(TopRecorder::default()));
+    if let Some(recorder) = &top {
+        tokio::spawn(top::log_every_minute(Arc::clone(recorder)));
+    }
     let rls_settings = rls::Settings {
         bounds,
         guard: Guard::new(
@@ -131,6 +139,7 @@ async fn serve_with<S: Store>(
             "refused an rls call without a valid bearer token",
         ),
         max_request_bytes,
+        top: top.clone(),
     };
     let rls = Rls::prepare(
         &args.rls,
@@ -195,7 +204,11 @@ async fn serve_with<S: Store>(
         };
         let admin = (admin_tokens.zip(audit))
             .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits))
-            .map(|admin| admin.with_max_overrides(args.max_overrides));
+            .map(|admin| admin.with_max_overrides(args.max_overrides))
+            .map(|admin| match &top {
+                Some(recorder) => admin.with_top(Arc::clone(recorder)),
+                None => admin,
+            });
         if let Some(admin) = &admin {
             let table = Arc::clone(&admin.overrides);
             tokio::spawn(overrides::keep_current(Arc::clone(&store), table, bounds));
