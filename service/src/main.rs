@@ -130,7 +130,8 @@ async fn serve_with<S: Store>(
         .as_ref()
         .map(|_| Arc::new(TopRecorder::default()));
     if let Some(recorder) = &top {
-        tokio::spawn(top::log_every_minute(Arc::clone(recorder)));
+        let every = std::time::Duration::from_secs(args.top_log_every);
+        tokio::spawn(top::log_every(Arc::clone(recorder), every));
     }
     let rls_settings = rls::Settings {
         bounds,

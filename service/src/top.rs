@@ -2,7 +2,7 @@
 //! (tokens granted), over the last minute and the last hour, for `/v1/check`'s policies (the
 //! filter's global ones, merged over every Envoy that calls) and the RLS's limits. Read through
 //! `/admin/v1/top` (`admin::top`) and logged once a minute per policy that refused anything
-//! (`log_every_minute`). Kept only with the admin API (`--admin-token-file`): without it
+//! (`log_every`). Kept only with the admin API (`--admin-token-file`): without it
 //! nothing is recorded.
 //!
 //! Each policy has two rings of `sluice::top_keys` sketches (`KEPT` keys each): seven slots of
@@ -451,9 +451,9 @@ pub fn record_checks(recorder: &TopRecorder, checks: &[Check], decisions: &[Deci
     }
 }
 
-/// Writes `log_minute` every minute, for ever.
-pub async fn log_every_minute(recorder: Arc<TopRecorder>) {
-    let mut every = tokio::time::interval(Duration::from_secs(60));
+/// Writes `log_minute` every `every` (a minute, but for tests), for ever.
+pub async fn log_every(recorder: Arc<TopRecorder>, every: Duration) {
+    let mut every = tokio::time::interval(every);
     every.tick().await;
     loop {
         every.tick().await;
