@@ -26,6 +26,32 @@
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The keys are hashes already (SipHash under a secret): a multiply and a shift spread them
+/// over the table, where SipHash again would cost more than the rest of an `add`. A caller who
+/// picks keys that collide slows only its own sketch, whose `2 × kept` entries bound the probe.
+#[derive(Default)]
+struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        let mixed = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        mixed ^ (mixed >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type Map<V> = HashMap<u64, Counted<V>, BuildHasherDefault<Spread>>;
 
 /// `kept` of `TopKeys::default()`: what `sluice-replay` keeps.
 pub const TRACKED: usize = 1_000;
@@ -42,7 +68,7 @@ pub struct Counted<V> {
 
 #[derive(Debug, Clone)]
 pub struct TopKeys<V> {
-    counted: HashMap<u64, Counted<V>>,
+    counted: Map<V>,
     kept: usize,
     floor: u64,
     total: u64,
@@ -58,7 +84,7 @@ impl<V> TopKeys<V> {
     /// A sketch that keeps `kept` keys (at least 1) and counts at most `2 × kept` at once.
     pub fn with_kept(kept: usize) -> Self {
         TopKeys {
-            counted: HashMap::new(),
+            counted: Map::default(),
             kept: kept.max(1),
             floor: 0,
             total: 0,
@@ -164,7 +190,7 @@ impl<V: Clone> TopKeys<V> {
     /// a key is counted in each sketch that counts it, and at that sketch's floor in each
     /// other (its error too), so every count keeps the bounds of the module's comment.
     pub fn merge(sketches: &[&TopKeys<V>], n: usize) -> Vec<Counted<V>> {
-        let mut merged: HashMap<u64, Counted<V>> = HashMap::new();
+        let mut merged: Map<V> = Map::default();
         for sketch in sketches {
             for counted in sketch.counted.values() {
                 merged.entry(counted.key).or_insert_with(|| Counted {

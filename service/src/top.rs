@@ -24,7 +24,7 @@
 //! the entries named by `--rls-top-show` are shown too, every other entry as its key alone.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
@@ -221,7 +221,7 @@ pub struct Summary {
 /// Every policy's rings, behind one lock to find a policy and one per policy.
 pub struct TopRecorder {
     policies: RwLock<HashMap<u64, Arc<Mutex<Policy>>>>,
-    hasher: std::collections::hash_map::RandomState,
+    seed: u64,
     epoch: Instant,
     untracked: std::sync::atomic::AtomicU64,
 }
@@ -230,7 +230,7 @@ impl Default for TopRecorder {
     fn default() -> Self {
         TopRecorder {
             policies: RwLock::default(),
-            hasher: std::collections::hash_map::RandomState::new(),
+            seed: std::collections::hash_map::RandomState::new().hash_one(0xcbf2_9ce4_8422_2325u64),
             epoch: Instant::now(),
             untracked: std::sync::atomic::AtomicU64::new(0),
         }
@@ -261,13 +261,15 @@ impl TopRecorder {
         self.epoch.elapsed().as_secs()
     }
 
+    /// FNV-1a of the names under a seed of this process: policy names are few (at most
+    /// `MAX_POLICIES` are kept, and a lookup compares the name), so a short hash is enough.
     fn id(&self, namespace: Namespace, (first, second): (&str, &str)) -> u64 {
-        let mut hasher = self.hasher.build_hasher();
-        hasher.write_u8(namespace as u8);
-        hasher.write(first.as_bytes());
-        hasher.write_u8(0xff);
-        hasher.write(second.as_bytes());
-        hasher.finish()
+        let bytes = (first.bytes())
+            .chain([0xff, namespace as u8])
+            .chain(second.bytes());
+        bytes.fold(self.seed, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
     }
 
     fn policy(&self, namespace: Namespace, name: (&str, &str)) -> Option<Arc<Mutex<Policy>>> {
@@ -306,16 +308,33 @@ impl TopRecorder {
 
     /// `record` at `now_s` (seconds on the recorder's clock).
     pub fn record_at(&self, now_s: u64, record: &Record, shown: impl Fn() -> Option<Arc<Shown>>) {
+        let id = self.id(record.namespace, record.policy);
+        let policies = self.policies.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(policy) = policies.get(&id) {
+            let mut policy = policy.lock().unwrap_or_else(PoisonError::into_inner);
+            Self::record_in(&mut policy, now_s, record, shown);
+            return;
+        }
+        drop(policies);
         let Some(policy) = self.policy(record.namespace, record.policy) else {
             self.untracked
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return;
         };
         let mut policy = policy.lock().unwrap_or_else(PoisonError::into_inner);
-        if !is_name(&policy, record.namespace, record.policy) {
+        Self::record_in(&mut policy, now_s, record, shown);
+    }
+
+    fn record_in(
+        policy: &mut Policy,
+        now_s: u64,
+        record: &Record,
+        shown: impl Fn() -> Option<Arc<Shown>>,
+    ) {
+        if !is_name(policy, record.namespace, record.policy) {
             return;
         }
-        let Policy { minute, hour, .. } = &mut *policy;
+        let Policy { minute, hour, .. } = policy;
         for ring in [minute, hour] {
             let Some(slot) = ring.at(now_s) else {
                 continue;
