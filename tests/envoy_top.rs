@@ -1,9 +1,8 @@
 //! The heaviest keys (issue 35) through real Envoys (two), the real sluice-service and a real
 //! Redis: among 200 API keys of one request each, the one flooding both Envoys is on top of its
 //! global policy's refusals and consumption in the service's merged view within 5 s, shown as
-//! the key hash the
-//! access log writes, and its API key is never shown (not by the API, not in the service's log;
-//! `sluice top` prints what the API answers, cli/tests/cli.rs).
+//! the key hash the access log writes, and its API key is never shown (not by the API, not in
+//! the service's log; `sluice top` prints what the API answers, cli/tests/cli.rs).
 
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
