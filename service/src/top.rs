@@ -15,7 +15,9 @@
 //! Memory: at most `MAX_POLICIES` policies × 20 slots (both rings) × 2 measures × `2 × KEPT`
 //! entries: 327,680 entries, measured at 26 MiB filled (`examples/top_cost.rs`), plus for the
 //! RLS a shown text of at most `MAX_SHOWN_BYTES` per key. Policies past the bound are not
-//! recorded (`untracked` counts their records).
+//! recorded (`untracked` counts their records), except those `--metric-policies` lists, which
+//! are always recorded (5,120 entries more each), so that a caller sending made-up policy names
+//! cannot crowd them out.
 //!
 //! What a key shows as: the service never sees a `/v1/check` key's value, only its hash
 //! (`<policy>/<16 hex digits>`, the hash the filter's access log and `bypass.key_hash` write), so
@@ -224,6 +226,11 @@ pub struct TopRecorder {
     seed: u64,
     epoch: Instant,
     untracked: std::sync::atomic::AtomicU64,
+    /// `/v1/check` policies always recorded (`--metric-policies`), past `MAX_POLICIES` too: a
+    /// caller sending made-up policy names cannot crowd them out.
+    listed: Vec<String>,
+    /// Policies recorded that are not `listed`: at most `MAX_POLICIES`.
+    unlisted: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for TopRecorder {
@@ -233,6 +240,8 @@ impl Default for TopRecorder {
             seed: std::collections::hash_map::RandomState::new().hash_one(0xcbf2_9ce4_8422_2325u64),
             epoch: Instant::now(),
             untracked: std::sync::atomic::AtomicU64::new(0),
+            listed: Vec::new(),
+            unlisted: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 }
@@ -256,6 +265,18 @@ fn is_name(policy: &Policy, namespace: Namespace, (first, second): (&str, &str))
 }
 
 impl TopRecorder {
+    /// A recorder that always records the `/v1/check` policies `listed`.
+    pub fn with_listed(listed: &[String]) -> TopRecorder {
+        TopRecorder {
+            listed: listed.to_vec(),
+            ..TopRecorder::default()
+        }
+    }
+
+    fn is_listed(&self, namespace: Namespace, (first, _): (&str, &str)) -> bool {
+        namespace == Namespace::Http && self.listed.iter().any(|l| l == first)
+    }
+
     /// Seconds since the recorder was made: the rings' clock.
     pub fn now_s(&self) -> u64 {
         self.epoch.elapsed().as_secs()
@@ -278,17 +299,18 @@ impl TopRecorder {
         if let Some(policy) = policies.get(&id) {
             return Some(Arc::clone(policy));
         }
-        let full = policies.len() >= MAX_POLICIES;
+        let listed = self.is_listed(namespace, name);
         drop(policies);
-        if full {
+        let unlisted = &self.unlisted;
+        if !listed && unlisted.load(std::sync::atomic::Ordering::Relaxed) >= MAX_POLICIES {
             return None;
         }
-        let mut policies = self
-            .policies
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        if policies.len() >= MAX_POLICIES && !policies.contains_key(&id) {
-            return None;
+        let mut policies = (self.policies.write()).unwrap_or_else(PoisonError::into_inner);
+        if !policies.contains_key(&id) && !listed {
+            if unlisted.load(std::sync::atomic::Ordering::Relaxed) >= MAX_POLICIES {
+                return None;
+            }
+            unlisted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let made = policies.entry(id).or_insert_with(|| {
             Arc::new(Mutex::new(Policy {
@@ -619,6 +641,28 @@ mod tests {
         assert!(top
             .ranking(1, Namespace::Rls, "p0", By::Refused, Window::Minute, 1)
             .is_none());
+    }
+
+    #[test]
+    fn made_up_policies_cannot_crowd_out_a_listed_one() {
+        let top = TopRecorder::with_listed(&["checkout".to_string()]);
+        for i in 0..MAX_POLICIES + 10 {
+            top.record_at(1, &http(&format!("fake{i}"), 1, true, 0), || None);
+        }
+        top.record_at(1, &http("checkout", 1, true, 0), || None);
+        top.record_at(1, &http("fake-late", 1, true, 0), || None);
+        assert_eq!(top.summaries(1).len(), MAX_POLICIES + 1);
+        assert!(top
+            .ranking(
+                1,
+                Namespace::Http,
+                "checkout",
+                By::Refused,
+                Window::Minute,
+                1
+            )
+            .is_some());
+        assert_eq!(top.untracked(), 11);
     }
 
     #[test]
