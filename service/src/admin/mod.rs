@@ -2,9 +2,12 @@
 //! (`auth`: an admin token writes, a read-only token only reads). Every path is a `Route` of a
 //! resource module (`keys`, `overrides`, `top`); a write needs a `reason` and is audited (`Audit`: the log line
 //! `admin write` and the metric `sluice_service_admin_writes`), whatever its outcome. Served only
-//! with `--admin-token-file`; without it every `/admin/` path is 404.
+//! with `--admin-token-file`; without it every `/admin/` path is 404. `console` is the
+//! operators' web page over it (`/admin/console`, the one path served without a token: it holds
+//! no data).
 
 pub mod auth;
+pub mod console;
 pub mod keys;
 pub mod overrides;
 pub mod top;
@@ -139,9 +142,14 @@ impl<S: Store> Admin<S> {
         self
     }
 
-    /// The token first (401 without a valid one, even on a path that does not exist, so that
-    /// nobody maps the API without one), then the route (404, 405), then the role (403).
+    /// The console's page (no data); for every other path the token first (401 without a valid
+    /// one, even on a path that does not exist, so that nobody maps the API without one), then
+    /// the route (404, 405), then the role (403).
     pub async fn handle(&self, request: Request<Incoming>) -> Reply {
+        // The console is a static page that holds no data: it reads the API with a token.
+        if request.uri().path() == console::PATH && request.method() == Method::GET {
+            return console::page();
+        }
         let authorization = request.headers().get(AUTHORIZATION);
         let Some(caller) = self.tokens.caller(authorization.map(HeaderValue::as_bytes)) else {
             return unauthorized();
