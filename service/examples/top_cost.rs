@@ -13,7 +13,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use sluice_service::store::Namespace;
-use sluice_service::top::{Record, TopRecorder, MAX_POLICIES};
+use sluice_service::top::{Record, TopRecorder, What, MAX_POLICIES};
 
 const N: u64 = 2_000_000;
 
@@ -22,7 +22,11 @@ fn record(policy: &str, key: u64, refused: bool) -> Record<'_> {
         namespace: Namespace::Http,
         policy: (policy, ""),
         key,
-        refused,
+        what: if refused {
+            What::Refused
+        } else {
+            What::Allowed
+        },
         consumed: u64::from(!refused),
     }
 }

@@ -176,6 +176,9 @@ impl<S: Store> App<S> {
         match self.store.settle(&settlements).await {
             Ok(done) => {
                 self.metrics.record_settlements(&settlements, &done);
+                if let Some(recorder) = self.admin.as_ref().and_then(|a| a.top.as_deref()) {
+                    crate::top::record_settlements(recorder, &settlements, &done);
+                }
                 let settled = done.iter().filter(|d| d.changed()).count() as u64;
                 json(StatusCode::OK, &SettleResponse { settled, rejected })
             }

@@ -1,5 +1,5 @@
 //! The heaviest keys of each policy, live, in fixed memory: by refusals and by consumption
-//! (tokens granted), over the last minute and the last hour, for `/v1/check`'s policies (the
+//! (tokens granted by checks and charged by settlements), over the last minute and the last hour, for `/v1/check`'s policies (the
 //! filter's global ones, merged over every Envoy that calls) and the RLS's limits. Read through
 //! `/admin/v1/top` (`admin::top`) and logged once a minute per policy that refused anything
 //! (`log_every`). Kept only with the admin API (`--admin-token-file`): without it
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use sluice::top_keys::{Counted, TopKeys};
 use tracing::info;
 
-use crate::store::{Check, Decision, Namespace};
+use crate::store::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
 
 /// Keys each sketch keeps (it counts up to twice as many).
 pub const KEPT: usize = 64;
@@ -190,15 +190,27 @@ impl Policy {
     }
 }
 
-/// One decision to record.
+/// What is recorded of one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum What {
+    /// A check allowed.
+    Allowed,
+    /// A check refused.
+    Refused,
+    /// A settlement's charge after admission (an LLM call's usage beyond its reservation):
+    /// consumption only.
+    Charged,
+}
+
+/// One decision (or charge) to record.
 pub struct Record<'a> {
     pub namespace: Namespace,
     /// `/v1/check`: the policy; the RLS: `<domain>/<limit's policy name>`, given in two parts
     /// so that nothing is allocated unless the policy is new.
     pub policy: (&'a str, &'a str),
     pub key: u64,
-    pub refused: bool,
-    /// Tokens granted (for a refusal that owes, those charged).
+    pub what: What,
+    /// Tokens granted (for a refusal that owes, those charged; for a charge, its tokens).
     pub consumed: u64,
 }
 
@@ -361,10 +373,10 @@ impl TopRecorder {
             let Some(slot) = ring.at(now_s) else {
                 continue;
             };
-            if record.refused {
-                slot.refused.add(record.key, &shown);
-            } else {
-                slot.allowed += 1;
+            match record.what {
+                What::Refused => slot.refused.add(record.key, &shown),
+                What::Allowed => slot.allowed += 1,
+                What::Charged => {}
             }
             slot.consumed
                 .add_weighted(record.key, record.consumed, &shown);
@@ -485,8 +497,35 @@ pub fn record_checks(recorder: &TopRecorder, checks: &[Check], decisions: &[Deci
             namespace: Namespace::Http,
             policy: (policy, ""),
             key,
-            refused: !decision.allowed,
+            what: if decision.allowed {
+                What::Allowed
+            } else {
+                What::Refused
+            },
             consumed: decision.granted,
+        };
+        recorder.record_at(now_s, &record, || None);
+    }
+}
+
+/// Records what `/v1/settle`'s charges took: consumption beyond the checks' grants. Refunds are
+/// not taken off (a sketch only adds), so a key whose reservations exceed its use shows what
+/// it reserved.
+pub fn record_settlements(recorder: &TopRecorder, settlements: &[Settlement], done: &[Settled]) {
+    let now_s = recorder.now_s();
+    for (settlement, done) in settlements.iter().zip(done) {
+        let (SettleOp::Charge { .. }, Settled::Applied(tokens)) = (&settlement.op, done) else {
+            continue;
+        };
+        let Some((policy, key)) = http_key(&settlement.key) else {
+            continue;
+        };
+        let record = Record {
+            namespace: Namespace::Http,
+            policy: (policy, ""),
+            key,
+            what: What::Charged,
+            consumed: *tokens,
         };
         recorder.record_at(now_s, &record, || None);
     }
@@ -574,7 +613,11 @@ mod tests {
             namespace: Namespace::Http,
             policy: (policy, ""),
             key,
-            refused,
+            what: if refused {
+                What::Refused
+            } else {
+                What::Allowed
+            },
             consumed,
         }
     }
@@ -672,7 +715,7 @@ mod tests {
             namespace: Namespace::Rls,
             policy: ("edge", "per_key"),
             key: 5,
-            refused: true,
+            what: What::Refused,
             consumed: 1,
         };
         let show = vec!["user".to_string()];

@@ -318,3 +318,34 @@ async fn the_rls_shows_the_entries_it_is_told_to_and_never_an_api_key() {
         assert!(!text.contains("sk-"), "an API key shown: {text}");
     }
 }
+
+#[test]
+fn what_a_settlement_charges_after_admission_counts_as_consumption() {
+    let dir = TempDir::new("top-settle");
+    let service = start(&["--memory"], &dir, &[]);
+    let llm = |key: &str| {
+        serde_json::json!({"key": key, "requests": 10_000, "per_ms": 60_000, "burst": 10_000,
+                           "cost": 500})
+    };
+    for key in ["llm/0000000000000001", "llm/0000000000000002"] {
+        assert_eq!(service.check(&[llm(key)])[0]["allowed"], true);
+    }
+    // The first call used 2,100 tokens of its 500 reserved: 1,600 charged after it.
+    let charge = serde_json::json!({"settlements": [{"key": "llm/0000000000000001",
+        "algorithm": "token_bucket", "requests": 10_000, "per_ms": 60_000, "burst": 10_000,
+        "op": "charge", "tokens": 1_600, "max_debt": 0}]});
+    let headers: &[(&str, &[u8])] = &[("content-type", b"application/json")];
+    let body = charge.to_string();
+    let settled = send_with(service.addr, "POST", "/v1/settle", headers, body.as_bytes());
+    assert_eq!(settled.status, 200, "{settled:?}");
+    let consumed = top(service.addr, "policy=llm&by=consumed");
+    let keys: Vec<(&str, u64)> = (consumed["keys"].as_array().unwrap().iter())
+        .map(|k| (k["key"].as_str().unwrap(), k["count"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        keys,
+        [("0000000000000001", 2_100), ("0000000000000002", 500)]
+    );
+    assert_eq!(consumed["totals"]["consumed"], 2_600);
+    assert_eq!(consumed["totals"]["allowed"], 2, "a charge is no request");
+}

@@ -21,7 +21,7 @@ use super::watch::SharedConfig;
 use crate::auth::Guard;
 use crate::connections::Activity;
 use crate::store::{Decision, Namespace, Store, StoreError};
-use crate::top::{self, Record, TopRecorder};
+use crate::top::{self, Record, TopRecorder, What};
 
 /// Answers from `config` as it is at each call, with the rate-limit `headers` asked for, its
 /// keys hashed under `secret`.
@@ -134,7 +134,11 @@ fn record_top(
             namespace: Namespace::Rls,
             policy: (&request.domain, tally.policy),
             key,
-            refused: tally.over_limit,
+            what: if tally.over_limit {
+                What::Refused
+            } else {
+                What::Allowed
+            },
             consumed: tally.granted,
         };
         let shown = || {
