@@ -1,6 +1,7 @@
 //! The heaviest keys of each policy, live, in fixed memory: by refusals and by consumption
-//! (tokens granted by checks and charged by settlements), over the last minute and the last hour, for `/v1/check`'s policies (the
-//! filter's global ones, merged over every Envoy that calls) and the RLS's limits. Read through
+//! (tokens granted by checks and charged by settlements), over the last minute and the last
+//! hour, for `/v1/check`'s policies (the filter's global ones, merged over every Envoy that
+//! calls) and the RLS's limits. Read through
 //! `/admin/v1/top` (`admin::top`) and logged once a minute per policy that refused anything
 //! (`log_every`). Kept only with the admin API (`--admin-token-file`): without it
 //! nothing is recorded.
