@@ -1,10 +1,9 @@
 //! The heaviest keys of each policy, live, in fixed memory: by refusals and by consumption
 //! (tokens granted by checks and charged by settlements), over the last minute and the last
 //! hour, for `/v1/check`'s policies (the filter's global ones, merged over every Envoy that
-//! calls) and the RLS's limits. Read through
-//! `/admin/v1/top` (`admin::top`) and logged once a minute per policy that refused anything
-//! (`log_every`). Kept only with the admin API (`--admin-token-file`): without it
-//! nothing is recorded.
+//! calls) and the RLS's limits. Read through `/admin/v1/top` (`admin::top`) and logged once a
+//! minute per policy that refused anything (`log_every`). Kept only with the admin API
+//! (`--admin-token-file`): without it nothing is recorded.
 //!
 //! Each policy has two rings of `sluice::top_keys` sketches (`KEPT` keys each): seven slots of
 //! 10 s for the minute, thirteen of 5 min for the hour. A record updates the current slot of
@@ -384,6 +383,20 @@ impl TopRecorder {
         }
     }
 
+    /// Keys counted now, in every sketch of every policy: at most `MAX_POLICIES` × 20 slots × 2
+    /// measures × `2 × KEPT` (plus the listed policies').
+    pub fn entries(&self) -> usize {
+        let policies = self.policies.read().unwrap_or_else(PoisonError::into_inner);
+        (policies.values())
+            .map(|policy| {
+                let policy = policy.lock().unwrap_or_else(PoisonError::into_inner);
+                (policy.minute.slots.iter().chain(&policy.hour.slots))
+                    .map(|slot| slot.refused.len() + slot.consumed.len())
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
     /// Records not kept because `MAX_POLICIES` policies were recorded already.
     pub fn untracked(&self) -> u64 {
         self.untracked.load(std::sync::atomic::Ordering::Relaxed)
@@ -649,6 +662,37 @@ mod tests {
         assert!(best.count >= 50_000 && best.count - best.error <= 50_000);
         assert!(best.error <= consumed.error_bound);
         assert!(consumed.error_bound <= consumed.totals.consumed / KEPT as u64);
+    }
+
+    #[test]
+    fn three_heavy_keys_top_a_flood_of_100_000_within_the_stated_error_and_memory() {
+        let top = TopRecorder::default();
+        // Each heavy key has more than W / KEPT (111,000 / 64 = 1,734) refusals: what the bound
+        // guarantees to be listed, and above every light key.
+        let heavy = [(1u64, 5_000u64), (2, 4_000), (3, 2_000)];
+        let mut now_s = 0;
+        for i in 0..100_000u64 {
+            now_s = i / 2_000; // 50 s
+            top.record_at(now_s, &http("api", 1_000_000 + i, true, 0), || None);
+            for (key, times) in heavy {
+                if i % (100_000 / times) == 0 {
+                    top.record_at(now_s, &http("api", key, true, 0), || None);
+                }
+            }
+        }
+        for window in [Window::Minute, Window::Hour] {
+            let ranking = top
+                .ranking(now_s, Namespace::Http, "api", By::Refused, window, 3)
+                .unwrap();
+            assert_eq!(ranking.totals.refused, 111_000);
+            assert!(ranking.error_bound <= 111_000 / KEPT as u64, "{ranking:?}");
+            for (counted, (key, times)) in ranking.keys.iter().zip(heavy) {
+                assert_eq!(counted.key, key);
+                assert!(counted.count >= times && counted.count - counted.error <= times);
+                assert!(counted.error <= ranking.error_bound);
+            }
+        }
+        assert!(top.entries() <= 20 * 2 * 2 * KEPT, "{}", top.entries());
     }
 
     #[test]
