@@ -588,7 +588,8 @@ pub fn rls_key(key: &str) -> Option<u64> {
 }
 
 /// The text an RLS key shows: each entry as `key=value` when `show` names it, else its key
-/// alone with `=#` (hashed, never shown), at most `MAX_SHOWN_BYTES`.
+/// alone with `=#` (hashed, never shown), control characters as `?`, at most
+/// `MAX_SHOWN_BYTES`.
 pub fn rls_shown<'e>(
     key: &str,
     entries: impl Iterator<Item = (&'e str, &'e str)>,
@@ -607,6 +608,10 @@ pub fn rls_shown<'e>(
             parts.push_str("=#");
         }
     }
+    // A terminal or a log must not take a request's bytes for commands.
+    let mut parts: String = (parts.chars())
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
     let mut end = parts.len().min(MAX_SHOWN_BYTES);
     while !parts.is_char_boundary(end) {
         end -= 1;
@@ -795,6 +800,13 @@ mod tests {
             rls_key("0123456789abcdef0123456789abcdef"),
             Some(0x0123_4567_89ab_cdef)
         );
+    }
+
+    #[test]
+    fn control_characters_are_not_shown() {
+        let value = "alice\u{1b}[2J\n";
+        let shown = rls_shown("k", [("user", value)].into_iter(), &["user".into()]);
+        assert_eq!(&*shown.parts, "user=alice?[2J?");
     }
 
     #[test]
