@@ -1,7 +1,7 @@
 //! The operator console (`/admin/console`, issue 35) in a real headless browser, Debian's
 //! `chromium` (`--dump-dom` after a virtual 5 s): with the read-only token in the page's
-//! fragment, the policy's allowed and refused counts and the key of a flood on top of its
-//! refusals are on the page; without a token, or with a wrong one, no data is.
+//! fragment, the policy's allowed and refused counts, the key of a flood on top of its refusals
+//! and an override are on the page; without a token, or with a wrong one, no data is.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -77,6 +77,22 @@ fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
         service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
     }
 
+    let set = serde_json::json!({"key": "api/00000000000000bb", "requests": 100, "per_ms": 60_000,
+        "burst": 100, "owner": "accounts", "reason": "premium plan", "expires_in_ms": 3_600_000});
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", b"Bearer adm1n-token"),
+        ("content-type", b"application/json"),
+    ];
+    let body = set.to_string();
+    let set = send_with(
+        service.addr,
+        "POST",
+        "/admin/v1/overrides",
+        headers,
+        body.as_bytes(),
+    );
+    assert_eq!(set.status, 200, "{set:?}");
+
     let page = dom(&service, &dir, "#token=rEad-token");
     let top = page
         .split(r#"<table class="top" data-policy="api">"#)
@@ -97,6 +113,7 @@ fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
     for fragment in ["", "#token=wrong"] {
         let page = dom(&service, &dir, fragment);
         assert!(!page.contains("00000000000000aa"), "{fragment}: {page}");
+        assert!(!page.contains("premium plan"), "{fragment}: {page}");
         let said = if fragment.is_empty() {
             "Give a token to see the data."
         } else {

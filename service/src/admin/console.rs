@@ -1,9 +1,10 @@
 //! `GET /admin/console`: the operators' web page (`console.html`, compiled in): per policy the
-//! requests allowed and refused, and the keys refused most. It is one static file that holds no
-//! data, so it is served without a token; everything it shows it reads from `/admin/v1/top`
-//! with the token the operator gives it (in the page's `#token=` fragment, which no request
-//! carries, or its form), kept in the tab's `sessionStorage`. No build step, no script or style
-//! from elsewhere (its content security policy allows none), every value put in as text.
+//! requests allowed and refused, the keys refused most, and the overrides. It is one static file
+//! that holds no data, so it is served without a token; everything it shows it reads from
+//! `/admin/v1/top` and `/admin/v1/overrides` with the token the operator gives it (in the
+//! page's `#token=` fragment, which no request carries, or its form), kept in the tab's
+//! `sessionStorage`. No build step, no script or style from elsewhere (its content security
+//! policy allows none), every value put in as text.
 
 use bytes::Bytes;
 use http_body_util::Full;
