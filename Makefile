@@ -137,7 +137,7 @@ links: deps
 # LLM tests (testkit/tests/llm.rs, tests/envoy_tokens.rs) the official openai SDK from .venv;
 # tests/observability.rs checks the alerts with promtool (Debian's prometheus package, about
 # 20 MB; on a machine with systemd, Debian also starts its Prometheus server on :9090).
-NEEDS_test = $(NEEDS_lint) $(NEEDS_links) $(NEEDS_run-global) node curl grpcio openai anthropic promtool
+NEEDS_test = $(NEEDS_lint) $(NEEDS_links) $(NEEDS_run-global) node curl grpcio openai anthropic promtool chromium
 test: lint links build service
 	cd $(ROOT) && cargo test -p sluice --target $(WASM_TARGET) --lib
 	cd $(ROOT) && ENVOY="$$(scripts/find-envoy)" && export ENVOY && \

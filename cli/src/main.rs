@@ -1,4 +1,4 @@
-//! `sluice`: the operator's command line. `keys` and `overrides` drive sluice-service's admin API
+//! `sluice`: the operator's command line. `keys`, `overrides` and `top` drive sluice-service's admin API
 //! (`/admin/v1/`, docs/operations-api.md); `replay` is `sluice-replay`. A subcommand is one
 //! file; `client` speaks HTTP, `table` prints what comes back for a human (or as it came with
 //! `--json`).
@@ -8,6 +8,7 @@ mod keys;
 mod overrides;
 mod replay;
 mod table;
+mod top;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,8 @@ enum Command {
     /// One key's own limit: set, list, delete
     #[command(subcommand)]
     Overrides(overrides::Overrides),
+    /// The heaviest keys of a policy, by refusals or consumption, over the last minute or hour
+    Top(top::Top),
     /// Replay an access log through a configuration, offline (`sluice-replay`'s arguments)
     Replay(replay::Replay),
 }
@@ -84,6 +87,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Keys(command) => keys::run(command),
         Command::Overrides(command) => overrides::run(command),
+        Command::Top(command) => top::run(command),
         Command::Replay(replay) => replay::run(&replay),
     };
     match result {

@@ -223,3 +223,71 @@ fn sluice_replay_is_sluice_replay() {
     assert_eq!(folded.stdout, direct.stdout);
     assert!(String::from_utf8_lossy(&folded.stdout).starts_with("sluice-replay"));
 }
+
+#[test]
+fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("cli-top");
+    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
+    std::fs::write(&admin, "alice adm1n\n").unwrap();
+    std::fs::write(&read, "r3ad\n").unwrap();
+    let args = [
+        "--redis",
+        &redis.url(),
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+        "--read-token-file",
+        read.to_str().unwrap(),
+    ];
+    let service = Service::start_with(&args, &[]);
+    let check = |key: &str| serde_json::json!({"key": key, "requests": 1, "per_ms": 60_000, "burst": 2, "cost": 1});
+    for i in 0..20u64 {
+        service.check(&[check(&format!("api/{:016x}", 0x100 + i))]);
+    }
+    for _ in 0..12 {
+        service.check(&[check("api/00000000000000ac")]);
+    }
+    let table = ok(&sluice(&service, &read, &["top", "--policy", "api"]));
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("http api over 1m: 22 allowed, 10 refused"),
+        "{table}"
+    );
+    assert!(lines[1].starts_with("#  KEY HASH"), "{table}");
+    assert!(lines[2].starts_with("1  00000000000000ac  10"), "{table}");
+    assert_eq!(lines.len(), 3, "{table}");
+    let json: Value = serde_json::from_str(&ok(&sluice(
+        &service,
+        &read,
+        &[
+            "top", "--policy", "api", "--by", "consumed", "--window", "1h", "--limit", "3",
+            "--json",
+        ],
+    )))
+    .unwrap();
+    assert_eq!(json["keys"].as_array().unwrap().len(), 3, "{json}");
+    assert_eq!(json["keys"][0]["key"], "00000000000000ac", "{json}");
+    assert_eq!(json["keys"][0]["count"], 2, "{json}");
+    let policies = ok(&sluice(&service, &read, &["top"]));
+    assert!(
+        policies
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("http       api"),
+        "{policies}"
+    );
+    let unknown = sluice(&service, &read, &["top", "--policy", "nobody"]);
+    assert!(!unknown.status.success());
+    let stderr = String::from_utf8_lossy(&unknown.stderr);
+    assert!(
+        stderr.starts_with("sluice: 404 unknown_policy: policy:"),
+        "{stderr}"
+    );
+    let bad = sluice(
+        &service,
+        &read,
+        &["top", "--policy", "api", "--limit", "65"],
+    );
+    assert_eq!(bad.status.code(), Some(2), "clap's usage error");
+}

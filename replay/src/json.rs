@@ -17,7 +17,7 @@
 //!  "compare": {"requests": N, "changed": N, "policies": {"NAME": {...}}}}
 //! ```
 //! A top key's `denied` counts denials and shadow denials; `error` (when not 0) says by how much
-//! it may be over (see `top`), and `value` is the key's value with `--show-keys`: its parts, a
+//! it may be over (see `sluice::core::top_keys`), and `value` is the key's value with `--show-keys`: its parts, a
 //! list of strings, or `null` for the bucket of requests missing the key (as is a `--compare`
 //! example's). `filter_off` counts the requests of routes that switch the filter off (they count
 //! in `requests`). `tiers` is there for a policy with tiers, `rollout` for one with a rollout

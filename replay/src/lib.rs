@@ -6,7 +6,7 @@
 //! parsed into a `Record`, the request as the filter saw it; its start time through `times`) →
 //! `order` (back in start order within a window) → `engine` (decided as one Envoy worker would:
 //! the filter's `Limiter`, its slots in memory, global policies by one exact store) → `report`
-//! (per policy and tier, through `top` and `timeline`), `check` (against Envoy's own answers),
+//! (per policy and tier, through `sluice::core::top_keys` and `timeline`), `check` (against Envoy's own answers),
 //! `compare` (against another configuration) → `text`, `json`, `svg`. `run` drives that over a
 //! log; `log_format` prints the Envoy access log that writes what `log` reads.
 
@@ -27,4 +27,3 @@ pub mod svg;
 pub mod text;
 pub mod timeline;
 pub mod times;
-pub mod top;

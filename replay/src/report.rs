@@ -9,12 +9,12 @@
 use crate::engine::{Decided, Engine, TokenTally};
 use crate::log::Record;
 use crate::timeline::{Counts, Timeline};
-use crate::top::TopKeys;
 use sluice::config::{Plan, Policy};
 use sluice::core::algorithm::Algorithm;
 use sluice::core::duration::NANOS_PER_SEC;
 use sluice::core::key::MISSING_KEY;
 use sluice::core::request::Attributes;
+use sluice::core::top_keys::TopKeys;
 use sluice::limiter::PolicyOutcome;
 use smallvec::SmallVec;
 

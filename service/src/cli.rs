@@ -67,6 +67,17 @@ pub struct Args {
     )]
     pub max_overrides: u64,
 
+    /// How often the `top refused keys` log record is written, in seconds (tests shorten it)
+    #[arg(
+        long,
+        env = "SLUICE_TOP_LOG_EVERY",
+        value_name = "SECONDS",
+        default_value_t = 60,
+        hide = true,
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub top_log_every: u64,
+
     /// Serve a non-loopback address without --token-file: only where something else
     /// authenticates every caller (a mesh's mutual TLS and authorization policy)
     #[arg(long, env = "SLUICE_ALLOW_UNAUTHENTICATED")]

@@ -4,11 +4,12 @@
 //!
 //! One decision core under several fronts. The fronts, each a folder with its wire parsing
 //! and metrics: `http` (the filter's `/v1/check` and `/v1/settle`, with the bearer token of
-//! `auth` and the plumbing of `web`), `admin` (the operators' API, `/admin/v1/...`, on the
-//! HTTP listener), and on the gRPC port (`grpc`) `rls` (Envoy's Rate Limit Service) and `rlqs`
-//! (its Rate Limit Quota Service), both by the limits files of `rules`. Under them `decision`
-//! validates and bounds checks and settlements, and `stores` keeps the counters behind one
-//! trait: Redis (one atomic Lua call per check) or this process's memory.
+//! `auth` and the plumbing of `web`), `admin` (the operators' API, `/admin/v1/...`, and its
+//! console, on the HTTP listener), and on the gRPC port (`grpc`) `rls` (Envoy's Rate Limit
+//! Service) and `rlqs` (its Rate Limit Quota Service), both by the limits files of `rules`. Under
+//! them `decision` validates and bounds checks and settlements, `stores` keeps the counters
+//! behind one trait: Redis (one atomic Lua call per check) or this process's memory, and `top`
+//! the heaviest keys of each policy the fronts see.
 //!
 //! Around it: `connections` caps, times out and sheds the connections of both listeners,
 //! `health` probes the store for readiness, `metrics` holds every series in one registry,
@@ -29,4 +30,5 @@ pub mod rls;
 pub mod rules;
 pub mod signals;
 pub mod stores;
+pub mod top;
 pub mod web;

@@ -20,6 +20,7 @@ use sluice_service::metrics::Metrics;
 use sluice_service::stores::memory::MemoryStore;
 use sluice_service::stores::redis::RedisStore;
 use sluice_service::stores::Store;
+use sluice_service::top::{self, TopRecorder};
 use sluice_service::web;
 use sluice_service::{logging, signals};
 use tokio::net::TcpListener;
@@ -125,6 +126,14 @@ async fn serve_with<S: Store>(
     let gate = Arc::new(Gate::new(args.connections.limits(), metrics.registry_mut()));
     let bounds = args.max_key_ttl;
     let max_request_bytes = args.connections.max_request_bytes;
+    // The heaviest keys are recorded only where the admin API can read them.
+    let top = admin_tokens
+        .as_ref()
+        .map(|_| Arc::new(TopRecorder::default()));
+    if let Some(recorder) = &top {
+        let every = std::time::Duration::from_secs(args.top_log_every);
+        tokio::spawn(top::log_every(Arc::clone(recorder), every));
+    }
     let rls_settings = grpc::Settings {
         bounds,
         guard: Guard::new(
@@ -132,6 +141,7 @@ async fn serve_with<S: Store>(
             "refused an rls call without a valid bearer token",
         ),
         max_request_bytes,
+        top: top.clone(),
     };
     let rls = Rls::prepare(
         &args.rls,
@@ -196,7 +206,11 @@ async fn serve_with<S: Store>(
         };
         let admin = (admin_tokens.zip(audit))
             .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits))
-            .map(|admin| admin.with_max_overrides(args.max_overrides));
+            .map(|admin| admin.with_max_overrides(args.max_overrides))
+            .map(|admin| match &top {
+                Some(recorder) => admin.with_top(Arc::clone(recorder)),
+                None => admin,
+            });
         if let Some(admin) = &admin {
             let table = Arc::clone(&admin.overrides);
             tokio::spawn(overrides::keep_current(Arc::clone(&store), table, bounds));

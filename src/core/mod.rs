@@ -13,4 +13,5 @@ pub mod request;
 pub mod route;
 pub mod text;
 pub mod time;
+pub mod top_keys;
 pub mod usage;

@@ -20,8 +20,10 @@ pub fn binary() -> std::path::PathBuf {
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The environment variables the binary reads, none inherited from the test's own environment.
-const SETTINGS: [&str; 24] = [
+const SETTINGS: [&str; 26] = [
     "SLUICE_MAX_OVERRIDES",
+    "SLUICE_TOP_LOG_EVERY",
+    "SLUICE_RLS_TOP_SHOW",
     "SLUICE_LISTEN",
     "SLUICE_ADMIN_TOKEN_FILE",
     "SLUICE_READ_TOKEN_FILE",

@@ -1,12 +1,16 @@
 //! The admin API, `/admin/v1/...`: JSON over the HTTP server's listener, behind tokens of its own
 //! (`auth`: an admin token writes, a read-only token only reads). Every path is a `Route` of a
-//! resource module (`keys`, `overrides`); a write needs a `reason` and is audited (`Audit`: the log line
+//! resource module (`keys`, `overrides`, `top`); a write needs a `reason` and is audited (`Audit`: the log line
 //! `admin write` and the metric `sluice_service_admin_writes`), whatever its outcome. Served only
-//! with `--admin-token-file`; without it every `/admin/` path is 404.
+//! with `--admin-token-file`; without it every `/admin/` path is 404. `console` is the
+//! operators' web page over it (`/admin/console`, the one path served without a token: it holds
+//! no data).
 
 pub mod auth;
+pub mod console;
 pub mod keys;
 pub mod overrides;
+pub mod top;
 
 use std::sync::Arc;
 
@@ -21,6 +25,7 @@ use tracing::info;
 
 use crate::decision::check::BadRequest;
 use crate::stores::Store;
+use crate::top::TopRecorder;
 use crate::web::{self, error, forbidden, read_body, unauthorized, Limits, Reply};
 
 use self::auth::{AdminTokens, Caller, Role};
@@ -44,7 +49,9 @@ pub struct Route {
 /// Every route, resource by resource: a new resource adds its module's list here and its
 /// module's `serve` to `Admin::dispatch`.
 fn routes() -> impl Iterator<Item = &'static Route> {
-    keys::ROUTES.iter().chain(overrides::ROUTES.iter())
+    (keys::ROUTES.iter())
+        .chain(overrides::ROUTES.iter())
+        .chain(top::ROUTES.iter())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -106,6 +113,8 @@ pub struct Admin<S> {
     pub overrides: Arc<OverrideTable>,
     /// `--max-overrides`.
     pub max_overrides: u64,
+    /// The heaviest keys (`/admin/v1/top`), recorded by the checks and the RLS.
+    pub top: Option<Arc<TopRecorder>>,
 }
 
 impl<S: Store> Admin<S> {
@@ -117,7 +126,14 @@ impl<S: Store> Admin<S> {
             limits,
             overrides: Arc::default(),
             max_overrides: overrides::MAX_OVERRIDES,
+            top: Some(Arc::default()),
         }
+    }
+
+    /// Records the heaviest keys in `recorder` (shared with the RLS).
+    pub fn with_top(mut self, recorder: Arc<TopRecorder>) -> Self {
+        self.top = Some(recorder);
+        self
     }
 
     /// Keeps at most `max` overrides.
@@ -126,9 +142,14 @@ impl<S: Store> Admin<S> {
         self
     }
 
-    /// The token first (401 without a valid one, even on a path that does not exist, so that
-    /// nobody maps the API without one), then the route (404, 405), then the role (403).
+    /// The console's page (no data); for every other path the token first (401 without a valid
+    /// one, even on a path that does not exist, so that nobody maps the API without one), then
+    /// the route (404, 405), then the role (403).
     pub async fn handle(&self, request: Request<Incoming>) -> Reply {
+        // The console is a static page that holds no data: it reads the API with a token.
+        if request.uri().path() == console::PATH && request.method() == Method::GET {
+            return console::page();
+        }
         let authorization = request.headers().get(AUTHORIZATION);
         let Some(caller) = self.tokens.caller(authorization.map(HeaderValue::as_bytes)) else {
             return unauthorized();
@@ -155,6 +176,9 @@ impl<S: Store> Admin<S> {
         caller: &Caller,
         request: Request<Incoming>,
     ) -> Reply {
+        if route.path == "/admin/v1/top" {
+            return top::serve(self, request).await;
+        }
         if route.path.starts_with("/admin/v1/overrides") {
             return overrides::serve(self, route, caller, request).await;
         }

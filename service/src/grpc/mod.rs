@@ -98,6 +98,17 @@ pub struct RlsArgs {
     /// for a refused call); two Redis round trips per call of several limits
     #[arg(long, env = "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT")]
     pub stop_cache_key_increment_when_overlimit: bool,
+
+    /// Descriptor entry keys (e.g. `user_id,tenant`) whose values `/admin/v1/top` shows for the
+    /// RLS's top keys; every other entry shows only its key (never an API key or an
+    /// `authorization` value unless named here)
+    #[arg(
+        long,
+        env = "SLUICE_RLS_TOP_SHOW",
+        value_name = "KEYS",
+        value_delimiter = ','
+    )]
+    pub rls_top_show: Vec<String>,
 }
 
 /// The key the operator's secret gives, never shown (not even through `{:?}`).
@@ -136,6 +147,8 @@ pub struct Settings {
     pub guard: Guard,
     /// `--max-request-bytes`: the largest call.
     pub max_request_bytes: usize,
+    /// Where the heaviest keys are recorded (with the admin API), shared with `/admin/v1/top`.
+    pub top: Option<Arc<crate::top::TopRecorder>>,
 }
 
 /// An RLS ready to serve: its configuration loaded, its port bound, SIGHUP handled.
@@ -200,6 +213,8 @@ impl<S: Store> Rls<S> {
             guard: settings.guard,
             secret,
             stop_increments: args.stop_cache_key_increment_when_overlimit,
+            top: settings.top,
+            top_show: args.rls_top_show.clone(),
         };
         Ok(Some(Rls {
             listener,

@@ -132,6 +132,9 @@ impl<S: Store> App<S> {
             Ok(decisions) => {
                 self.metrics.record_decisions(&checks, &decisions);
                 self.watch.note(&checks, &decisions);
+                if let Some(recorder) = self.admin.as_ref().and_then(|a| a.top.as_deref()) {
+                    crate::top::record_checks(recorder, &checks, &decisions);
+                }
                 let results = decisions.into_iter().map(CheckResult::from).collect();
                 json(StatusCode::OK, &CheckResponse { results })
             }
@@ -162,6 +165,9 @@ impl<S: Store> App<S> {
         match self.store.settle(&settlements).await {
             Ok(done) => {
                 self.metrics.record_settlements(&settlements, &done);
+                if let Some(recorder) = self.admin.as_ref().and_then(|a| a.top.as_deref()) {
+                    crate::top::record_settlements(recorder, &settlements, &done);
+                }
                 let settled = done.iter().filter(|d| d.changed()).count() as u64;
                 json(StatusCode::OK, &SettleResponse { settled, rejected })
             }

@@ -95,6 +95,13 @@ pub struct Tally<'p> {
     pub shadow_mode: bool,
     /// Hits that took the count past 80% of the limit (envoyproxy/ratelimit's `near_limit`).
     pub near_limit: u64,
+    /// The request's descriptor it is of, and its check's index in `Plan::checks`.
+    pub descriptor: usize,
+    pub check: usize,
+    /// The limit's policy name (`Limit::policy`), for the top keys.
+    pub policy: &'p str,
+    /// Tokens the store took (for a refusal that owes, those charged).
+    pub granted: u64,
 }
 
 /// The response, and what goes with it (the tallies borrow the plan's labels).
@@ -519,7 +526,7 @@ pub fn answer<'p>(
     let mut statuses = Vec::with_capacity(plan.descriptors.len());
     let mut outcomes = Vec::with_capacity(plan.checks.len());
     let mut tallies = Vec::with_capacity(plan.checks.len());
-    for planned in &plan.descriptors {
+    for (index, planned) in plan.descriptors.iter().enumerate() {
         let status = match planned {
             Planned::Free => DescriptorStatus {
                 code: Code::Ok.into(),
@@ -534,7 +541,7 @@ pub fn answer<'p>(
                 let first = outcomes.len();
                 outcomes.extend(decide(limits, decisions));
                 let decided = outcomes.get(first..).unwrap_or_default();
-                tallies.extend(decided.iter().map(|o| tally(o, *hits)));
+                tallies.extend(decided.iter().map(|o| tally(o, *hits, index)));
                 descriptor_status(decided)
             }
         };
@@ -684,7 +691,7 @@ fn hold(outcomes: &[Outcome]) -> Duration {
         .map_or(Duration::ZERO, Duration::from_micros)
 }
 
-fn tally<'p>(outcome: &Outcome<'p, '_>, hits: u64) -> Tally<'p> {
+fn tally<'p>(outcome: &Outcome<'p, '_>, hits: u64, descriptor: usize) -> Tally<'p> {
     let (decision, rate) = (&outcome.decision, outcome.rate);
     let capacity = rate.capacity();
     let used = capacity.saturating_sub(decision.remaining);
@@ -701,6 +708,10 @@ fn tally<'p>(outcome: &Outcome<'p, '_>, hits: u64) -> Tally<'p> {
         over_limit: !decision.allowed,
         shadow_mode: !decision.allowed && outcome.applied.limit.shadow_mode,
         near_limit,
+        descriptor,
+        check: outcome.applied.check,
+        policy: &outcome.applied.limit.policy,
+        granted: decision.granted,
     }
 }
 

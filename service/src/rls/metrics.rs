@@ -318,6 +318,10 @@ mod tests {
             over_limit,
             shadow_mode: false,
             near_limit: 0,
+            descriptor: 0,
+            check: 0,
+            policy: "p",
+            granted: 0,
         }
     }
 

@@ -15,12 +15,13 @@ use sluice::core::key::HashSecret;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
-use super::answer::{answer, plan, Invalid, Plan};
+use super::answer::{answer, plan, Invalid, Plan, Tally};
 use super::metrics::{Failure, RlsMetrics};
 use crate::auth::Guard;
 use crate::connections::Activity;
 use crate::rules::watch::SharedConfig;
-use crate::stores::{Decision, Store, StoreError};
+use crate::stores::{Decision, Namespace, Store, StoreError};
+use crate::top::{self, Record, TopRecorder, What};
 
 /// Answers from `config` as it is at each call, with the rate-limit `headers` asked for, its
 /// keys hashed under `secret`.
@@ -34,6 +35,9 @@ pub struct RlsService<S> {
     /// `--stop-cache-key-increment-when-overlimit`: a call that takes some limits over charges
     /// only those.
     pub stop_increments: bool,
+    /// Where the heaviest keys are recorded (`crate::top`), with the entries whose values show.
+    pub top: Option<Arc<TopRecorder>>,
+    pub top_show: Vec<String>,
 }
 
 impl<S: Store> RlsService<S> {
@@ -73,6 +77,9 @@ impl<S: Store> RlsService<S> {
         };
         let answer = answer(&plan, &decisions, self.headers, now);
         self.metrics.record(&request.domain, &answer.tallies);
+        if let Some(recorder) = &self.top {
+            record_top(recorder, &self.top_show, request, &plan, &answer.tallies);
+        }
         if !answer.hold.is_zero() {
             tokio::time::sleep(answer.hold).await;
         }
@@ -103,6 +110,43 @@ impl<S: Store> RateLimitService for RlsService<S> {
             .map(Activity::answering);
         self.authorized(request.metadata())?;
         self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+/// Records each limit's decision in the top keys: its key the hash of its store key, shown as
+/// the descriptor's entries (values only of the entries `show` names).
+fn record_top(
+    recorder: &TopRecorder,
+    show: &[String],
+    request: &RateLimitRequest,
+    plan: &Plan<'_>,
+    tallies: &[Tally<'_>],
+) {
+    let now_s = recorder.now_s();
+    for tally in tallies {
+        let Some(check) = plan.checks.get(tally.check) else {
+            continue;
+        };
+        let Some(key) = top::rls_key(&check.key) else {
+            continue;
+        };
+        let record = Record {
+            namespace: Namespace::Rls,
+            policy: (&request.domain, tally.policy),
+            key,
+            what: if tally.over_limit {
+                What::Refused
+            } else {
+                What::Allowed
+            },
+            consumed: tally.granted,
+        };
+        let shown = || {
+            let descriptor = request.descriptors.get(tally.descriptor)?;
+            let entries = (descriptor.entries.iter()).map(|e| (e.key.as_str(), e.value.as_str()));
+            Some(Arc::new(top::rls_shown(&check.key, entries, show)))
+        };
+        recorder.record_at(now_s, &record, shown);
     }
 }
 

@@ -1,0 +1,129 @@
+//! `sluice top`: the heaviest keys of a policy (`GET /admin/v1/top`), or without `--policy`
+//! every policy the service records, with its counts over the last minute and hour.
+
+use std::process::ExitCode;
+
+use clap::Args;
+use serde_json::Value;
+
+use crate::table::{self, cell};
+use crate::Service;
+
+#[derive(Args, Debug)]
+pub struct Top {
+    /// The policy (`<domain>/<policy>` for the RLS); without it, every policy recorded
+    #[arg(long)]
+    policy: Option<String>,
+    /// Rank by `refused` (requests refused) or `consumed` (tokens granted)
+    #[arg(long, default_value = "refused", value_parser = ["refused", "consumed"])]
+    by: String,
+    /// Over the last `1m` or `1h`
+    #[arg(long, default_value = "1m", value_parser = ["1m", "1h"])]
+    window: String,
+    /// How many keys (1 to 64)
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=64))]
+    limit: u64,
+    /// `http` (the filter's global policies) or `rls`
+    #[arg(long, default_value = "http", value_parser = ["http", "rls"])]
+    namespace: String,
+    #[command(flatten)]
+    service: Service,
+}
+
+pub fn run(top: Top) -> Result<ExitCode, String> {
+    let client = top.service.client()?;
+    let Some(policy) = &top.policy else {
+        let answer = client.get("/admin/v1/top")?;
+        table::show(top.service.json, &answer, policies);
+        return Ok(ExitCode::SUCCESS);
+    };
+    let path = format!(
+        "/admin/v1/top?namespace={}&policy={}&by={}&window={}&limit={}",
+        top.namespace,
+        encode(policy),
+        top.by,
+        top.window,
+        top.limit
+    );
+    let answer = client.get(&path)?;
+    table::show(top.service.json, &answer, keys);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A query value percent-encoded: every byte but `A-Z a-z 0-9 - . _ ~`.
+fn encode(text: &str) -> String {
+    let mut encoded = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+fn keys(answer: &Value) {
+    let by = answer["by"].as_str().unwrap_or("count");
+    let totals = &answer["totals"];
+    println!(
+        "{} {} over {}: {} allowed, {} refused, {} consumed; counts at most {} over",
+        cell(&answer["namespace"]),
+        cell(&answer["policy"]),
+        cell(&answer["window"]),
+        cell(&totals["allowed"]),
+        cell(&totals["refused"]),
+        cell(&totals["consumed"]),
+        cell(&answer["error_bound"]),
+    );
+    let rows: Vec<Vec<String>> = (answer["keys"].as_array().into_iter().flatten())
+        .enumerate()
+        .map(|(i, key)| {
+            vec![
+                (i + 1).to_string(),
+                cell(&key["key"]),
+                cell(&key["count"]),
+                format!("±{}", cell(&key["error"])),
+                cell(&key["shown"]),
+            ]
+        })
+        .collect();
+    table::print(&["#", "key hash", by, "error", "shown"], &rows);
+}
+
+fn policies(answer: &Value) {
+    let rows: Vec<Vec<String>> = (answer["policies"].as_array().into_iter().flatten())
+        .map(|p| {
+            vec![
+                cell(&p["namespace"]),
+                cell(&p["policy"]),
+                cell(&p["1m"]["allowed"]),
+                cell(&p["1m"]["refused"]),
+                cell(&p["1h"]["allowed"]),
+                cell(&p["1h"]["refused"]),
+                cell(&p["1h"]["consumed"]),
+            ]
+        })
+        .collect();
+    let headers = [
+        "namespace",
+        "policy",
+        "allowed 1m",
+        "refused 1m",
+        "allowed 1h",
+        "refused 1h",
+        "consumed 1h",
+    ];
+    table::print(&headers, &rows);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_is_percent_encoded_for_the_query() {
+        assert_eq!(encode("edge/per_ip"), "edge%2Fper_ip");
+        assert_eq!(encode("a b&c"), "a%20b%26c");
+    }
+}

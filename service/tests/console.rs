@@ -1,0 +1,149 @@
+//! The operator console (`/admin/console`, issue 35) in a real headless browser, Debian's
+//! `chromium` (`--dump-dom` after a virtual 5 s): with the read-only token in the page's
+//! fragment, the policy's allowed and refused counts, the key of a flood on top of its refusals
+//! and an override are on the page; without a token, or with a wrong one, no data is.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::bucket;
+use sluice_testkit::http::send_with;
+use sluice_testkit::service::Service;
+use sluice_testkit::TempDir;
+
+const HEAVY: &str = "api/00000000000000aa";
+
+fn start(dir: &TempDir) -> Service {
+    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
+    std::fs::write(&admin, "alice adm1n-token\n").unwrap();
+    std::fs::write(&read, "rEad-token\n").unwrap();
+    let args = [
+        "--memory",
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+        "--read-token-file",
+        read.to_str().unwrap(),
+    ];
+    Service::start_with(&args, &[])
+}
+
+/// The page's DOM once its scripts have had 5 s of (virtual) time.
+fn dom(service: &Service, dir: &TempDir, fragment: &str) -> String {
+    let profile = dir.path().join(format!("chromium-{}", fragment.len()));
+    let url = format!("http://{}/admin/console{fragment}", service.addr);
+    let started = Instant::now();
+    let output = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(&url)
+        .output()
+        .expect("chromium (scripts/ensure-deps chromium)");
+    assert!(output.status.success(), "{output:?}");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
+    let dir = TempDir::new("console");
+    let service = start(&dir);
+    for i in 0..50u64 {
+        service.check(&[bucket(
+            &format!("api/{:016x}", 0x1000 + i),
+            1,
+            60_000,
+            5,
+            1,
+            1,
+        )]);
+    }
+    for _ in 0..30 {
+        service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
+    }
+
+    let set = serde_json::json!({"key": "api/00000000000000bb", "requests": 100, "per_ms": 60_000,
+        "burst": 100, "owner": "accounts", "reason": "premium plan", "expires_in_ms": 3_600_000});
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", b"Bearer adm1n-token"),
+        ("content-type", b"application/json"),
+    ];
+    let body = set.to_string();
+    let set = send_with(
+        service.addr,
+        "POST",
+        "/admin/v1/overrides",
+        headers,
+        body.as_bytes(),
+    );
+    assert_eq!(set.status, 200, "{set:?}");
+
+    let page = dom(&service, &dir, "#token=rEad-token");
+    let top = page
+        .split(r#"<table class="top" data-policy="api">"#)
+        .nth(1);
+    let top = top.unwrap_or_else(|| panic!("no top keys table: {page}"));
+    let first = top.split("<tr>").nth(2).unwrap();
+    assert!(
+        first.starts_with(r#"<td class="n">1</td><td class="key">00000000000000aa</td>"#),
+        "{first}"
+    );
+    assert!(page.contains(r#"<td class="key">api</td>"#), "{page}");
+    assert!(page.contains("% refused"), "{page}");
+    assert!(
+        !page.contains("rEad-token"),
+        "the token stays out of the page"
+    );
+
+    for fragment in ["", "#token=wrong"] {
+        let page = dom(&service, &dir, fragment);
+        assert!(!page.contains("00000000000000aa"), "{fragment}: {page}");
+        assert!(!page.contains("premium plan"), "{fragment}: {page}");
+        let said = if fragment.is_empty() {
+            "Give a token to see the data."
+        } else {
+            "Cannot read the admin API: 401 unauthorized"
+        };
+        assert!(page.contains(said), "{fragment}: {page}");
+    }
+}
+
+#[test]
+fn the_page_holds_no_data_and_allows_nothing_from_elsewhere() {
+    let dir = TempDir::new("console-page");
+    let service = start(&dir);
+    let page = send_with(service.addr, "GET", "/admin/console", &[], b"");
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.header("content-type"),
+        Some("text/html; charset=utf-8")
+    );
+    let policy = page.header("content-security-policy").unwrap();
+    assert!(policy.starts_with("default-src 'none'"), "{policy}");
+    assert!(policy.contains("connect-src 'self'"), "{policy}");
+    assert_eq!(page.header("x-frame-options"), Some("DENY"));
+    for path in ["/admin/v1/top", "/admin/console/", "/admin/consolex"] {
+        let response = send_with(service.addr, "GET", path, &[], b"");
+        assert_eq!(response.status, 401, "{path}: {response:?}");
+    }
+    let post = send_with(service.addr, "POST", "/admin/console", &[], b"");
+    assert_eq!(post.status, 401, "{post:?}");
+    let without_admin = Service::start_memory();
+    let none = send_with(without_admin.addr, "GET", "/admin/console", &[], b"");
+    assert_eq!(none.status, 404, "{none:?}");
+}

@@ -1,0 +1,401 @@
+//! The heaviest keys of a stream in fixed memory: the Space-Saving count (Metwally, Agrawal and
+//! El Abbadi, 2005), pruned in batches. `sluice-replay`'s top keys and `sluice-service`'s live
+//! ones (`/admin/v1/top`) are this one sketch.
+//!
+//! A sketch keeps `kept` keys (`TopKeys::with_kept`) and counts up to `2 × kept` at once; when
+//! that fills up, the `kept` counted most stay and the rest are forgotten, and a key counted
+//! anew starts at the largest count forgotten so far (its `floor`). With `W` the total weight
+//! added (every `add`'s weight summed):
+//!
+//! - a key's count is never below its true count, and at most its `error` above it, where
+//!   `error ≤ floor ≤ W / kept`;
+//! - a key whose true count is more than `W / kept` is always among the counted;
+//! - with no more than `2 × kept` distinct keys, every count is exact (`floor` stays 0).
+//!
+//! Why `floor ≤ W / kept`: every counted key's count is at least the floor, and
+//! `Σ (count − floor)` over the counted keys grows by exactly the weight of each `add`; a pruning
+//! that raises the floor by `d` takes `d` from each of the `kept` keys it keeps, so the floor can
+//! only have risen `W / kept` in all.
+//!
+//! Sketches of disjoint parts of one stream (the minutes of an hour) `merge`: a key absent from
+//! one is counted there at that sketch's floor, so the merged counts keep both bounds, with the
+//! error at most `Σ floor ≤ W / kept` for `W` the parts' total.
+//!
+//! Memory: at most `2 × kept` entries of a `u64` key, three `u64`s and one `V` each. An `add`
+//! is one hash-map update; a pruning (once per `kept` new keys at most) sorts `2 × kept` entries.
+
+use std::cmp::Reverse;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// The keys are hashes already (SipHash under a secret): a multiply and a shift spread them
+/// over the table, where SipHash again would cost more than the rest of an `add`. A caller who
+/// picks keys that collide slows only its own sketch, whose `2 × kept` entries bound the probe.
+#[derive(Default)]
+struct Spread(u64);
+
+impl Hasher for Spread {
+    fn finish(&self) -> u64 {
+        let mixed = self.0.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        mixed ^ (mixed >> 29)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type Map<V> = HashMap<u64, Counted<V>, BuildHasherDefault<Spread>>;
+
+/// `kept` of `TopKeys::default()`: what `sluice-replay` keeps.
+pub const TRACKED: usize = 1_000;
+
+/// One counted key: its hash, its count, how much of the count may be other keys' (the true
+/// count is in `count - error ..= count`), and the key's value (a `V`) when one is shown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counted<V> {
+    pub key: u64,
+    pub count: u64,
+    pub error: u64,
+    pub value: Option<V>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopKeys<V> {
+    counted: Map<V>,
+    kept: usize,
+    floor: u64,
+    total: u64,
+}
+
+impl<V> Default for TopKeys<V> {
+    fn default() -> Self {
+        TopKeys::with_kept(TRACKED)
+    }
+}
+
+impl<V> TopKeys<V> {
+    /// A sketch that keeps `kept` keys (at least 1) and counts at most `2 × kept` at once.
+    pub fn with_kept(kept: usize) -> Self {
+        TopKeys {
+            counted: Map::default(),
+            kept: kept.max(1),
+            floor: 0,
+            total: 0,
+        }
+    }
+
+    /// The largest count forgotten so far: the bound of every count's error.
+    pub fn floor(&self) -> u64 {
+        self.floor
+    }
+
+    /// The weight added in all (`W`).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Keys counted now: at most `2 × kept`.
+    pub fn len(&self) -> usize {
+        self.counted.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.counted.is_empty()
+    }
+
+    /// Forgets everything, keeping the memory for what comes next.
+    pub fn clear(&mut self) {
+        self.counted.clear();
+        self.floor = 0;
+        self.total = 0;
+    }
+
+    fn prune(&mut self) {
+        let mut all: Vec<Counted<V>> = self.counted.drain().map(|(_, c)| c).collect();
+        all.sort_unstable_by_key(|c| Reverse(c.count));
+        let forgotten = all.split_off(self.kept.min(all.len()));
+        self.floor = forgotten.iter().map(|c| c.count).fold(self.floor, u64::max);
+        self.counted.extend(all.into_iter().map(|c| (c.key, c)));
+    }
+
+    /// Room for one more key, pruning if it is full.
+    fn make_room(&mut self) {
+        if self.counted.len() >= 2 * self.kept {
+            self.prune();
+        }
+    }
+}
+
+impl<V: Clone> TopKeys<V> {
+    /// Counts one more for `key`; `value` gives the key's value, asked only for a key not
+    /// counted.
+    pub fn add(&mut self, key: u64, value: impl FnOnce() -> Option<V>) {
+        self.add_weighted(key, 1, value);
+    }
+
+    /// Counts `weight` more for `key` (units a request consumed); a weight of 0 counts nothing.
+    pub fn add_weighted(&mut self, key: u64, weight: u64, value: impl FnOnce() -> Option<V>) {
+        if weight == 0 {
+            return;
+        }
+        self.total = self.total.saturating_add(weight);
+        if let Some(counted) = self.counted.get_mut(&key) {
+            counted.count = counted.count.saturating_add(weight);
+            return;
+        }
+        self.make_room();
+        let counted = Counted {
+            key,
+            count: self.floor.saturating_add(weight),
+            error: self.floor,
+            value: value(),
+        };
+        self.counted.insert(key, counted);
+    }
+
+    /// Raises `key`'s count to `count` if that is more: a peak (requests in flight at once)
+    /// rather than a sum. A key forgotten by a pruning and seen again starts from what it shows
+    /// then, so a kept peak may be below the key's true one (never above); a `TopKeys` is used
+    /// either this way or with `add`, not both.
+    pub fn raise(&mut self, key: u64, count: u64, value: impl FnOnce() -> Option<V>) {
+        if let Some(counted) = self.counted.get_mut(&key) {
+            counted.count = counted.count.max(count);
+            return;
+        }
+        self.make_room();
+        let counted = Counted {
+            key,
+            count,
+            error: 0,
+            value: value(),
+        };
+        self.counted.insert(key, counted);
+    }
+
+    /// The `n` keys counted most, most first (ties by key, for a stable report).
+    pub fn top(&self, n: usize) -> Vec<Counted<V>> {
+        let mut all: Vec<&Counted<V>> = self.counted.values().collect();
+        all.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key)));
+        all.into_iter().take(n).cloned().collect()
+    }
+
+    /// The `n` keys counted most over `sketches` of disjoint parts of one stream, most first:
+    /// a key is counted in each sketch that counts it, and at that sketch's floor in each
+    /// other (its error too), so every count keeps the bounds of the module's comment.
+    pub fn merge(sketches: &[&TopKeys<V>], n: usize) -> Vec<Counted<V>> {
+        let mut merged: Map<V> = Map::default();
+        for sketch in sketches {
+            for counted in sketch.counted.values() {
+                merged.entry(counted.key).or_insert_with(|| Counted {
+                    key: counted.key,
+                    count: 0,
+                    error: 0,
+                    value: counted.value.clone(),
+                });
+            }
+        }
+        for counted in merged.values_mut() {
+            for sketch in sketches {
+                let (count, error) = match sketch.counted.get(&counted.key) {
+                    Some(own) => (own.count, own.error),
+                    None => (sketch.floor, sketch.floor),
+                };
+                counted.count = counted.count.saturating_add(count);
+                counted.error = counted.error.saturating_add(error);
+            }
+        }
+        let mut all: Vec<Counted<V>> = merged.into_values().collect();
+        all.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key)));
+        all.truncate(n);
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn counts_are_exact_while_few_keys_are_counted() {
+        let mut top = TopKeys::<String>::default();
+        for (key, times) in [(1, 3), (2, 5), (3, 1)] {
+            for _ in 0..times {
+                top.add(key, || Some(format!("k{key}")));
+            }
+        }
+        let counts: Vec<_> = top
+            .top(2)
+            .iter()
+            .map(|c| (c.key, c.count, c.error))
+            .collect();
+        assert_eq!(counts, [(2, 5, 0), (1, 3, 0)]);
+        assert_eq!(top.top(1)[0].value.as_deref(), Some("k2"));
+        assert_eq!((top.total(), top.floor()), (9, 0));
+    }
+
+    #[test]
+    fn a_raised_count_is_the_peak_seen() {
+        let mut top = TopKeys::<String>::default();
+        for (key, peak) in [(1, 2), (2, 1), (1, 5), (1, 3), (2, 4)] {
+            top.raise(key, peak, || None);
+        }
+        let peaks: Vec<_> = top.top(2).iter().map(|c| (c.key, c.count)).collect();
+        assert_eq!(peaks, [(1, 5), (2, 4)]);
+    }
+
+    #[test]
+    fn heavy_keys_stay_on_top_of_a_flood_of_single_denials_within_the_stated_error() {
+        let mut top = TopKeys::<String>::default();
+        for i in 0..100_000u64 {
+            top.add(1_000_000 + i, || None);
+            if i % 10 == 0 {
+                top.add(7, || None);
+            }
+            if i % 20 == 0 {
+                top.add(8, || None);
+            }
+        }
+        let best = top.top(2);
+        assert_eq!((best[0].key, best[1].key), (7, 8));
+        for counted in &best {
+            let truth = if counted.key == 7 { 10_000 } else { 5_000 };
+            assert!(counted.count >= truth && counted.count - counted.error <= truth);
+        }
+        assert!(top.len() <= 2 * TRACKED);
+        assert!(top.floor() <= top.total() / TRACKED as u64);
+    }
+
+    #[test]
+    fn weights_count_units_and_a_weight_of_nothing_counts_nothing() {
+        let mut top = TopKeys::<()>::with_kept(2);
+        top.add_weighted(1, 1_500, || None);
+        top.add_weighted(2, 0, || None);
+        top.add_weighted(1, 500, || None);
+        let counts: Vec<_> = top.top(5).iter().map(|c| (c.key, c.count)).collect();
+        assert_eq!(counts, [(1, 2_000)]);
+        assert_eq!(top.total(), 2_000);
+    }
+
+    #[test]
+    fn a_cleared_sketch_starts_over() {
+        let mut top = TopKeys::<()>::with_kept(1);
+        for key in 0..10 {
+            top.add(key, || None);
+        }
+        assert!(top.floor() > 0);
+        top.clear();
+        assert_eq!((top.len(), top.floor(), top.total()), (0, 0, 0));
+    }
+
+    #[test]
+    fn merged_sketches_add_up_each_keys_counts_and_keep_the_first_value() {
+        let mut a = TopKeys::<&str>::with_kept(4);
+        let mut b = TopKeys::<&str>::with_kept(4);
+        a.add_weighted(1, 5, || Some("one"));
+        a.add_weighted(2, 1, || Some("two"));
+        b.add_weighted(1, 2, || Some("uno"));
+        b.add_weighted(3, 4, || Some("three"));
+        let merged = TopKeys::merge(&[&a, &b], 2);
+        let counts: Vec<_> = merged.iter().map(|c| (c.key, c.count, c.error)).collect();
+        assert_eq!(counts, [(1, 7, 0), (3, 4, 0)]);
+        assert_eq!(merged[0].value, Some("one"));
+    }
+
+    /// Exact counts of the same stream, to hold the sketch to.
+    fn exact(stream: &[(u64, u64)]) -> HashMap<u64, u64> {
+        let mut counts = HashMap::new();
+        for &(key, weight) in stream {
+            *counts.entry(key).or_default() += weight;
+        }
+        counts
+    }
+
+    /// Holds `counted` (of a sketch or a merge over a stream of total `total`) to the bounds
+    /// against the `truth`.
+    fn within_bounds(
+        counted: &[Counted<()>],
+        truth: &HashMap<u64, u64>,
+        kept: u64,
+        total: u64,
+    ) -> Result<(), TestCaseError> {
+        let bound = total / kept;
+        for c in counted {
+            let true_count = truth.get(&c.key).copied().unwrap_or(0);
+            prop_assert!(c.count >= true_count, "{c:?} under {true_count}");
+            prop_assert!(c.count - c.error <= true_count, "{c:?} over {true_count}");
+            prop_assert!(c.error <= bound, "{c:?} error over {bound}");
+        }
+        for (&key, &true_count) in truth {
+            if true_count > bound {
+                prop_assert!(
+                    counted.iter().any(|c| c.key == key),
+                    "key {key} ({true_count} > {bound}) missing"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Streams of skewed keys: a few heavy among many light ones.
+    fn stream() -> impl Strategy<Value = Vec<(u64, u64)>> {
+        let key = prop_oneof![1 => 0..5u64, 3 => 0..400u64];
+        prop::collection::vec((key, 1..20u64), 0..3_000)
+    }
+
+    proptest! {
+        #[test]
+        fn every_count_is_within_its_error_of_exact_counting(
+            stream in stream(),
+            kept in 1..40usize,
+        ) {
+            let mut top = TopKeys::<()>::with_kept(kept);
+            for &(key, weight) in &stream {
+                top.add_weighted(key, weight, || None);
+            }
+            let truth = exact(&stream);
+            let total: u64 = stream.iter().map(|&(_, w)| w).sum();
+            prop_assert_eq!(top.total(), total);
+            prop_assert!(top.len() <= 2 * kept);
+            prop_assert!(top.floor() <= total / kept as u64);
+            within_bounds(&top.top(usize::MAX), &truth, kept as u64, total)?;
+        }
+
+        #[test]
+        fn merging_the_sketches_of_a_streams_parts_keeps_the_bounds(
+            stream in stream(),
+            parts in 1..8usize,
+            kept in 1..40usize,
+        ) {
+            let mut sketches = vec![TopKeys::<()>::with_kept(kept); parts];
+            for (i, &(key, weight)) in stream.iter().enumerate() {
+                sketches[i * parts / stream.len().max(1)].add_weighted(key, weight, || None);
+            }
+            let refs: Vec<&TopKeys<()>> = sketches.iter().collect();
+            let merged = TopKeys::merge(&refs, usize::MAX);
+            let total: u64 = stream.iter().map(|&(_, w)| w).sum();
+            within_bounds(&merged, &exact(&stream), kept as u64, total)?;
+        }
+
+        #[test]
+        fn few_distinct_keys_are_counted_exactly(
+            stream in prop::collection::vec((0..8u64, 1..50u64), 0..500),
+        ) {
+            let mut top = TopKeys::<()>::with_kept(4);
+            for &(key, weight) in &stream {
+                top.add_weighted(key, weight, || None);
+            }
+            let truth = exact(&stream);
+            for c in top.top(usize::MAX) {
+                prop_assert_eq!((c.count, c.error), (truth[&c.key], 0));
+            }
+        }
+    }
+}
