@@ -23,7 +23,7 @@ use crate::output::headers::{
     Quota, QuotaUnit,
 };
 use crate::output::metrics::{Counters, Metrics, SlotEnd};
-use crate::output::reply::{self, LocalReply, Refusal, Said};
+use crate::output::reply::{self, LocalReply, Refusal, Refused, Said};
 use crate::remote::breaker::Breaker;
 use crate::response::{Books, Debtor, Debtors};
 use crate::state::ledger::Ledger;
@@ -31,6 +31,7 @@ use crate::state::store::{Store, ABSENT};
 use crate::state::table;
 use crate::wire::protocol::{self, SettleOp, Settlement};
 use crate::wire::rls;
+use smallvec::SmallVec;
 use std::cell::{Cell, RefCell};
 
 /// The spacing of the log lines that would otherwise repeat with every request.
@@ -504,14 +505,14 @@ impl Filter {
                 &default
             }
         };
-        // A wait of 0: nobody can say when (a concurrency policy that sets no `retry_after`).
-        let retry = denial.decision.retry_after;
+        let refused = self.refused(outcome, denial);
         let said = Said {
-            retry_secs: (retry > 0).then(|| retry_after_secs(retry)),
+            retry_secs: wait_secs(denial),
             reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
             spend: policy
                 .and_then(|p| p.metered.as_ref())
                 .is_some_and(|m| m.source.pricing().is_some()),
+            refused: &refused,
         };
         let mut reply = LocalReply::refusal(refusal, answer, name, said, grpc);
         if refusal == Refusal::RateLimited {
@@ -519,6 +520,26 @@ impl Filter {
             self.each_response_header(&reported, |name, value| reply.add_header(name, value));
         }
         host.send_response(&reply);
+    }
+
+    /// Every enforcing policy that refused the request when more than one did, `denial` first.
+    fn refused(&self, outcome: &Outcome, denial: &Applied) -> SmallVec<[Refused<'_>; 2]> {
+        let refusals = outcome.refusals();
+        if refusals.len() < 2 {
+            return SmallVec::new();
+        }
+        let others = refusals.into_iter().filter(|a| a.policy != denial.policy);
+        std::iter::once(*denial)
+            .chain(others)
+            .filter_map(|a| {
+                let policy = self.plan.policies.get(a.policy)?;
+                Some(Refused {
+                    policy: &policy.name,
+                    remaining: a.decision.remaining,
+                    retry_secs: wait_secs(&a),
+                })
+            })
+            .collect()
     }
 
     /// What the response headers report: `applied` in the `headers` style, and for a provider's
@@ -716,6 +737,13 @@ fn own_secret(
         );
     }
     Ok(secret)
+}
+
+/// A refusal's wait in whole seconds; `None` for a wait of 0: nobody can say when (a
+/// concurrency policy that sets no `retry_after`).
+fn wait_secs(refusal: &Applied) -> Option<u64> {
+    let retry = refusal.decision.retry_after;
+    (retry > 0).then(|| retry_after_secs(retry))
 }
 
 #[cfg(test)]

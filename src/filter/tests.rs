@@ -86,6 +86,55 @@ fn a_denial_is_a_json_429_with_retry_after_and_headers() {
 }
 
 #[test]
+fn a_refusal_by_several_policies_names_each_with_what_it_has_left_and_its_wait() {
+    let per_minute = json!({"name": "per-minute", "key": ["header:x-user-id"], "requests": 2,
+                            "per": "1m"});
+    let policies = json!({"policies": [per_user(2), per_minute]});
+    let (filter, host) = setup(policies.clone());
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    let reply = host.reply.borrow().clone().unwrap();
+    // The longest wait decides and comes first: a client must wait out both.
+    assert_eq!(
+        reply.body,
+        r#"{"error":"too_many_requests","policy":"per-minute","retry_after":30,"policies":[{"policy":"per-minute","remaining":0,"retry_after":30},{"policy":"per-user","remaining":0,"retry_after":1}]}"#
+    );
+    assert_eq!(reply.header("retry-after"), Some("30"));
+    let record = host.records.borrow().last().cloned().unwrap();
+    assert!(
+        record.starts_with("outcome=denied policy=per-minute "),
+        "{record}"
+    );
+    assert!(
+        record.ends_with(" refused=per-minute:0:30,per-user:0:1"),
+        "{record}"
+    );
+
+    let (filter, host) = setup(policies);
+    let grpc = &[("x-user-id", "alice"), ("content-type", "application/grpc")];
+    assert_eq!(statuses(&filter, &host, 3, grpc), [200, 200, 429]);
+    let message = host.reply.borrow().clone().unwrap().body;
+    assert_eq!(
+        message,
+        "too_many_requests: policy per-minute, retry after 30s; also policy per-user (retry after 1s)"
+    );
+}
+
+#[test]
+fn a_refusal_by_one_policy_of_several_names_it_alone() {
+    let generous = json!({"name": "generous", "key": ["header:x-user-id"], "requests": 100,
+                          "per": "1s"});
+    let (filter, host) = setup(json!({"policies": [per_user(1), generous]}));
+    assert_eq!(statuses(&filter, &host, 2, ALICE), [200, 429]);
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(
+        reply.body,
+        r#"{"error":"too_many_requests","policy":"per-user","retry_after":1}"#
+    );
+    let record = host.records.borrow().last().cloned().unwrap();
+    assert!(!record.contains("refused="), "{record}");
+}
+
+#[test]
 fn a_grpc_denial_is_resource_exhausted_with_the_rate_limit_headers_and_no_content_type() {
     let (filter, host) = setup(json!({"headers": "both", "policies": [per_user(1)]}));
     let grpc = &[("x-user-id", "alice"), ("content-type", "application/grpc")];

@@ -121,6 +121,17 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// Every enforcing policy that refused the request, the longest wait first (the first is
+    /// `denied_by`): a client must wait out all of them.
+    pub fn refusals(&self) -> SmallVec<[Applied; 2]> {
+        let mut refusals: SmallVec<[Applied; 2]> = (self.applied.iter())
+            .filter(|a| a.enforced && !a.decision.allowed)
+            .copied()
+            .collect();
+        refusals.sort_by_key(|a| std::cmp::Reverse(a.decision.retry_after));
+        refusals
+    }
+
     pub fn is_denied(&self) -> bool {
         self.denied_by.is_some() || self.exhausted
     }

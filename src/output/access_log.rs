@@ -12,7 +12,9 @@
 //! the hash of its key as the logs and `bypass.key_hash` write it. A request that a policy with a
 //! cost read from the response let through gets one when it ends, naming its key, with `tokens=<policy>:<reserved>
 //! :<charged>` for each such policy (`response`). Other requests get no record, and cost no
-//! hostcall for it. A later field is appended after these.
+//! hostcall for it. A refusal by more than one enforcing policy ends with `refused=`, each of
+//! them as `<policy>:<remaining>:<wait in seconds>`, the longest wait first. A later field is
+//! appended after these.
 //!
 //! What the policies read of a request's body is shown too, for every request decided with its
 //! body (`body_states`), and what a response's body said it used (`response::usage_text`): an
@@ -20,8 +22,9 @@
 
 use crate::config::{Plan, Policy};
 use crate::core::request::{Attr, Attributes, RequestSource};
-use crate::core::text::push_hex16;
+use crate::core::text::{push_decimal, push_hex16};
 use crate::limiter::{Applied, Outcome, PolicyOutcome};
+use crate::output::headers::retry_after_secs;
 
 /// The name under which the record is set (Envoy keeps it as filter state `wasm.sluice`).
 pub const PROPERTY: &str = "sluice";
@@ -30,6 +33,38 @@ pub const PROPERTY: &str = "sluice";
 /// is nothing to show: a refusal names the deciding policy; a request that passed names the
 /// first shadow policy that would have denied it, else the first policy bypassed.
 pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Option<String> {
+    let mut record = decider(plan, outcome, denial)?;
+    if denial.is_some() {
+        push_refused(&mut record, plan, outcome);
+    }
+    Some(record)
+}
+
+/// ` refused=<policy>:<remaining>:<wait>,...` when more than one enforcing policy refused the
+/// request, the longest wait first; the wait in whole seconds, `-` when nobody can say.
+fn push_refused(record: &mut String, plan: &Plan, outcome: &Outcome) {
+    let refusals = outcome.refusals();
+    if refusals.len() < 2 {
+        return;
+    }
+    for (i, refusal) in refusals.iter().enumerate() {
+        let Some(policy) = plan.policies.get(refusal.policy) else {
+            continue;
+        };
+        record.push_str(if i == 0 { " refused=" } else { "," });
+        record.push_str(&policy.name);
+        record.push(':');
+        push_decimal(record, refusal.decision.remaining);
+        record.push(':');
+        match refusal.decision.retry_after {
+            0 => record.push('-'),
+            wait => push_decimal(record, retry_after_secs(wait)),
+        }
+    }
+}
+
+/// The record's first fields: the policy that decided, and what it did.
+fn decider(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Option<String> {
     let (policy, key, what) = match denial {
         Some(denial) => (denial.policy, denial.key, PolicyOutcome::Denied),
         None => {

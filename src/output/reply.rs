@@ -30,11 +30,22 @@ pub const NOT_CONFIGURED: &str = "sluice_not_configured";
 /// concurrency policy that sets no `retry_after`), and for a policy that reads its cost from the
 /// response, the tokens the request would have reserved.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Said {
+pub struct Said<'a> {
     pub retry_secs: Option<u64>,
     pub reserve: Option<u64>,
     /// The policy is a spend budget: its reservation is in micro-units of the currency.
     pub spend: bool,
+    /// When more than one enforcing policy refused the request: each of them, the deciding one
+    /// first. Empty otherwise.
+    pub refused: &'a [Refused<'a>],
+}
+
+/// An enforcing policy that refused a request: what it has left, and how long it asks to wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused<'a> {
+    pub policy: &'a str,
+    pub remaining: u64,
+    pub retry_secs: Option<u64>,
 }
 
 /// Why a request is refused.
@@ -113,7 +124,7 @@ impl LocalReply {
         refusal: Refusal,
         denial: &Denial,
         policy: &str,
-        said: Said,
+        said: Said<'_>,
         grpc: bool,
     ) -> Self {
         let (status, details) = (refusal.status(denial), refusal.details());
@@ -250,7 +261,7 @@ pub fn unpriced_model(api: Api, policy: &str, model: &str) -> LocalReply {
 /// - Gemini: Google's `{"error":{"code":429,"message","status":"RESOURCE_EXHAUSTED"}}`.
 ///
 /// A policy that fails closed answers 503 in each provider's shape of an unavailable service.
-fn provider_body(api: Api, refusal: Refusal, status: u32, policy: &str, said: Said) -> String {
+fn provider_body(api: Api, refusal: Refusal, status: u32, policy: &str, said: Said<'_>) -> String {
     let limited = refusal == Refusal::RateLimited;
     let error = if limited {
         "rate limit exceeded"
@@ -317,7 +328,7 @@ fn provider_body(api: Api, refusal: Refusal, status: u32, policy: &str, said: Sa
 }
 
 /// What a gRPC client reads in `grpc-message`: the error, the policy and the wait.
-fn grpc_message(error: &str, policy: &str, said: Said) -> String {
+fn grpc_message(error: &str, policy: &str, said: Said<'_>) -> String {
     let mut message = String::with_capacity(error.len() + policy.len() + 48);
     for part in [error, ": policy ", policy] {
         message.push_str(part);
@@ -336,26 +347,65 @@ fn grpc_message(error: &str, policy: &str, said: Said) -> String {
         push_decimal(&mut message, secs);
         message.push('s');
     }
+    for (i, other) in said.refused.iter().skip(1).enumerate() {
+        message.push_str(if i == 0 {
+            "; also policy "
+        } else {
+            ", policy "
+        });
+        message.push_str(other.policy);
+        if let Some(secs) = other.retry_secs {
+            message.push_str(" (retry after ");
+            push_decimal(&mut message, secs);
+            message.push_str("s)");
+        }
+    }
     message
 }
 
 /// The JSON body of a denial: `error` is `too_many_requests` (429) or `rate_limit_unavailable`
 /// (503, a policy that fails closed).
-pub fn denial_body(error: &str, policy: &str, said: Said) -> String {
+pub fn denial_body(error: &str, policy: &str, said: Said<'_>) -> String {
     let mut body = String::with_capacity(error.len() + policy.len() + 64);
     for part in [r#"{"error":""#, error, r#"","policy":""#, policy, "\""] {
         body.push_str(part);
     }
-    for (name, value) in [("retry_after", said.retry_secs), ("reserve", said.reserve)] {
+    push_numbers(
+        &mut body,
+        [("retry_after", said.retry_secs), ("reserve", said.reserve)],
+    );
+    for (i, refused) in said.refused.iter().enumerate() {
+        body.push_str(if i == 0 { r#","policies":["# } else { "," });
+        for part in [r#"{"policy":""#, refused.policy, "\""] {
+            body.push_str(part);
+        }
+        let remaining = Some(refused.remaining);
+        push_numbers(
+            &mut body,
+            [
+                ("remaining", remaining),
+                ("retry_after", refused.retry_secs),
+            ],
+        );
+        body.push('}');
+    }
+    if !said.refused.is_empty() {
+        body.push(']');
+    }
+    body.push('}');
+    body
+}
+
+/// `,"name":value` for each number that is there.
+fn push_numbers<const N: usize>(body: &mut String, numbers: [(&str, Option<u64>); N]) {
+    for (name, value) in numbers {
         if let Some(value) = value {
             body.push_str(",\"");
             body.push_str(name);
             body.push_str("\":");
-            push_decimal(&mut body, value);
+            push_decimal(body, value);
         }
     }
-    body.push('}');
-    body
 }
 
 #[cfg(test)]
@@ -376,6 +426,7 @@ mod tests {
                 retry_secs: Some(3),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             false,
         );
@@ -400,6 +451,7 @@ mod tests {
                 retry_secs: Some(2),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             true,
         );
@@ -428,6 +480,7 @@ mod tests {
                 retry_secs: Some(1),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             false,
         );
@@ -445,6 +498,7 @@ mod tests {
                 retry_secs: Some(1),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             true,
         );
@@ -472,6 +526,7 @@ mod tests {
                 retry_secs: Some(1),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             false,
         );
@@ -488,6 +543,7 @@ mod tests {
                 retry_secs: Some(1),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
             true,
         );
@@ -546,6 +602,7 @@ mod tests {
             retry_secs: Some(7),
             reserve,
             spend: false,
+            refused: &[],
         };
         LocalReply::refusal(Refusal::RateLimited, &denial, "per-key", said, false)
     }
@@ -616,6 +673,7 @@ mod tests {
                 retry_secs: Some(3),
                 reserve: None,
                 spend: false,
+                refused: &[],
             },
         );
         assert_eq!(
