@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
 use sluice_testkit::http::send_with;
 use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
+use sluice_testkit::service::{AdminTokens, Service, READ_TOKEN};
 use sluice_testkit::TempDir;
 
 const HEAVY: &[u8] = b"sk-live-heavy-0123456789";
@@ -28,7 +28,8 @@ fn config() -> String {
 }
 
 fn top(service: &Service, query: &str) -> Value {
-    let headers: &[(&str, &[u8])] = &[("authorization", b"Bearer r3ad")];
+    let bearer = format!("Bearer {READ_TOKEN}");
+    let headers: &[(&str, &[u8])] = &[("authorization", bearer.as_bytes())];
     let path = format!("/admin/v1/top?{query}");
     let response = send_with(service.addr, "GET", &path, headers, b"");
     assert_eq!(response.status, 200, "{response:?}");
@@ -39,19 +40,10 @@ fn top(service: &Service, query: &str) -> Value {
 fn the_key_flooding_two_envoys_is_on_top_of_the_services_view_as_its_hash_only() {
     let redis = RedisServer::start();
     let dir = TempDir::new("envoy-top");
-    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
-    std::fs::write(&admin, "oncall s3cret\n").unwrap();
-    std::fs::write(&read, "r3ad\n").unwrap();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--admin-token-file",
-        admin.to_str().unwrap(),
-        "--read-token-file",
-        read.to_str().unwrap(),
-        "--top-log-every",
-        "1",
-    ];
+    let tokens = AdminTokens::write(&dir);
+    let url = redis.url();
+    let store = ["--redis", &url, "--top-log-every", "1"];
+    let args: Vec<&str> = store.into_iter().chain(tokens.args()).collect();
     let service = Service::start_with(&args, &[]);
     let log = r#"{"text_format": "%FILTER_STATE(wasm.sluice:PLAIN)%\n"}"#;
     let envoys: Vec<Envoy> = (0..2)

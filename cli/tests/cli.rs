@@ -14,7 +14,7 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
+use sluice_testkit::service::{AdminTokens, Service};
 use sluice_testkit::TempDir;
 
 fn sluice(service: &Service, token_file: &Path, args: &[&str]) -> Output {
@@ -49,17 +49,10 @@ const KEY: [&str; 8] = [
 fn an_operator_overrides_shows_resets_and_credits_a_key() {
     let redis = RedisServer::start();
     let dir = TempDir::new("cli");
-    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
-    std::fs::write(&admin, "alice adm1n\n").unwrap();
-    std::fs::write(&read, "r3ad\n").unwrap();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--admin-token-file",
-        admin.to_str().unwrap(),
-        "--read-token-file",
-        read.to_str().unwrap(),
-    ];
+    let tokens = AdminTokens::write(&dir);
+    let (admin, read) = (&tokens.admin, &tokens.read);
+    let url = redis.url();
+    let args: Vec<&str> = ["--redis", &url].into_iter().chain(tokens.args()).collect();
     let service = Service::start_with(&args, &[]);
 
     let set = [
@@ -228,17 +221,10 @@ fn sluice_replay_is_sluice_replay() {
 fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
     let redis = RedisServer::start();
     let dir = TempDir::new("cli-top");
-    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
-    std::fs::write(&admin, "alice adm1n\n").unwrap();
-    std::fs::write(&read, "r3ad\n").unwrap();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--admin-token-file",
-        admin.to_str().unwrap(),
-        "--read-token-file",
-        read.to_str().unwrap(),
-    ];
+    let tokens = AdminTokens::write(&dir);
+    let read = &tokens.read;
+    let url = redis.url();
+    let args: Vec<&str> = ["--redis", &url].into_iter().chain(tokens.args()).collect();
     let service = Service::start_with(&args, &[]);
     let check = |key: &str| serde_json::json!({"key": key, "requests": 1, "per_ms": 60_000, "burst": 2, "cost": 1});
     for i in 0..20u64 {

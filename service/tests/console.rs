@@ -17,22 +17,14 @@ use std::time::{Duration, Instant};
 
 use common::bucket;
 use sluice_testkit::http::send_with;
-use sluice_testkit::service::Service;
+use sluice_testkit::service::{AdminTokens, Service};
 use sluice_testkit::TempDir;
 
 const HEAVY: &str = "api/00000000000000aa";
 
 fn start(dir: &TempDir) -> Service {
-    let (admin, read) = (dir.path().join("admin"), dir.path().join("read"));
-    std::fs::write(&admin, "alice adm1n-token\n").unwrap();
-    std::fs::write(&read, "rEad-token\n").unwrap();
-    let args = [
-        "--memory",
-        "--admin-token-file",
-        admin.to_str().unwrap(),
-        "--read-token-file",
-        read.to_str().unwrap(),
-    ];
+    let tokens = AdminTokens::write(dir);
+    let args: Vec<&str> = ["--memory"].into_iter().chain(tokens.args()).collect();
     Service::start_with(&args, &[])
 }
 

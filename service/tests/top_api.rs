@@ -23,30 +23,15 @@ use rls::{connect, overall_codes, request, Rls};
 use serde_json::Value;
 use sluice_testkit::http::{send_with, Response};
 use sluice_testkit::redis::RedisServer;
-use sluice_testkit::service::Service;
+use sluice_testkit::service::{AdminTokens, Service};
 use sluice_testkit::TempDir;
 
-const ADMIN: &str = "alice adm1n-token\n";
-const READ: &str = "rEad-token\n";
 const HEAVY: &str = "api/00000000000000aa";
 
-fn token_args(dir: &TempDir) -> Vec<String> {
-    let admin = dir.path().join("admin");
-    let read = dir.path().join("read");
-    std::fs::write(&admin, ADMIN).unwrap();
-    std::fs::write(&read, READ).unwrap();
-    vec![
-        "--admin-token-file".into(),
-        admin.to_str().unwrap().into(),
-        "--read-token-file".into(),
-        read.to_str().unwrap().into(),
-    ]
-}
-
 fn start(store: &[&str], dir: &TempDir, extra: &[&str]) -> Service {
-    let tokens = token_args(dir);
+    let tokens = AdminTokens::write(dir);
     let mut args: Vec<&str> = store.to_vec();
-    args.extend(tokens.iter().map(String::as_str));
+    args.extend(tokens.args());
     args.extend(extra);
     Service::start_with(&args, &[])
 }
@@ -281,9 +266,9 @@ async fn the_rls_shows_the_entries_it_is_told_to_and_never_an_api_key() {
     let redis = RedisServer::start();
     let url = redis.url();
     let dir = TempDir::new("top-rls");
-    let mut extra = token_args(&dir);
-    extra.extend(["--listen", "127.0.0.1:0", "--rls-top-show", "user"].map(String::from));
-    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let tokens = AdminTokens::write(&dir);
+    let mut extra = tokens.args().to_vec();
+    extra.extend(["--listen", "127.0.0.1:0", "--rls-top-show", "user"]);
     let rls = Rls::start(&["--redis", &url], KEYED, &extra);
     let mut client = connect(&rls).await;
     let heavy = request(

@@ -357,3 +357,41 @@ pub fn run_to_exit(
     let collect = |lines: Receiver<String>| lines.iter().collect::<Vec<_>>().join("\n");
     (status, collect(stdout), collect(stderr))
 }
+
+/// The admin API's token that `AdminTokens` gives `alice`...
+pub const ADMIN_TOKEN: &str = "adm1n-token";
+/// ...and its read-only token.
+pub const READ_TOKEN: &str = "rEad-token";
+
+/// The admin API's two token files, written in a test's directory.
+pub struct AdminTokens {
+    pub admin: std::path::PathBuf,
+    pub read: std::path::PathBuf,
+}
+
+impl AdminTokens {
+    /// `alice` holds `ADMIN_TOKEN`; `READ_TOKEN` reads.
+    pub fn write(dir: &crate::TempDir) -> AdminTokens {
+        let tokens = AdminTokens {
+            admin: dir.path().join("admin"),
+            read: dir.path().join("read"),
+        };
+        std::fs::write(&tokens.admin, format!("alice {ADMIN_TOKEN}\n")).unwrap();
+        std::fs::write(&tokens.read, format!("{READ_TOKEN}\n")).unwrap();
+        tokens
+    }
+
+    /// `--admin-token-file` and `--read-token-file`, for `Service::start_with`.
+    pub fn args(&self) -> [&str; 4] {
+        [
+            "--admin-token-file",
+            utf8(&self.admin),
+            "--read-token-file",
+            utf8(&self.read),
+        ]
+    }
+}
+
+fn utf8(path: &std::path::Path) -> &str {
+    path.to_str().expect("a UTF-8 temporary path")
+}
