@@ -161,6 +161,7 @@ impl Compiler {
         Ok(Plan {
             version: raw.version.unwrap_or_else(|| "unversioned".into()),
             headers: raw.headers,
+            header_policies: header_policies(raw.header_policies)?,
             attrs,
             policies,
             tables,
@@ -1254,4 +1255,17 @@ fn layout_ids(key: &[KeyPart], members: &[(String, usize)], attrs: &[Attr]) -> (
     let key_id = hasher.finish();
     members.hash(&mut hasher);
     (key_id, hasher.finish())
+}
+
+/// The most policies the draft headers may list: a handful, as a response header is no report.
+pub const MAX_HEADER_POLICIES: u64 = 8;
+
+fn header_policies(raw: Option<u64>) -> Result<usize, ConfigError> {
+    match raw.unwrap_or(1) {
+        n @ 1..=MAX_HEADER_POLICIES => Ok(usize::try_from(n).unwrap_or(1)),
+        n => Err(error(
+            "header_policies",
+            format!("{n} is out of range: from 1 to {MAX_HEADER_POLICIES}"),
+        )),
+    }
 }

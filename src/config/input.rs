@@ -15,6 +15,7 @@ pub const DEFAULT_MAX_KEYS: u32 = 10_000;
 pub(super) struct RawConfig {
     pub(super) version: Option<String>,
     pub(super) headers: Option<HeaderStyle>,
+    pub(super) header_policies: Option<u64>,
     #[serde(default)]
     pub(super) policies: Vec<RawPolicy>,
     pub(super) default: Option<RawPolicy>,

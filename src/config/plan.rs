@@ -17,6 +17,9 @@ pub struct Plan {
     /// `None` when the configuration does not say: `legacy`, but none beside a provider's own
     /// (a policy's `api`), which say the same.
     pub headers: Option<HeaderStyle>,
+    /// The most policies the draft `RateLimit` and `RateLimit-Policy` fields list (1: the one
+    /// with the fewest left).
+    pub header_policies: usize,
     /// Every request attribute some policy reads, each once.
     pub attrs: Vec<Attr>,
     pub policies: Vec<Policy>,

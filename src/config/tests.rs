@@ -1287,6 +1287,20 @@ fn a_tier_takes_the_policys_calendar_with_its_own_period() {
 }
 
 #[test]
+fn header_policies_is_from_one_to_eight() {
+    let config = |n: u64| json!({"header_policies": n, "policies": [{"name": "p", "key": ["header:x"], "requests": 1, "per": "1s"}]});
+    assert_eq!(
+        parse(config(8).to_string().as_bytes())
+            .unwrap()
+            .header_policies,
+        8
+    );
+    for n in [0, 9, 300] {
+        assert_refused(config(n), "header_policies", "from 1 to 8");
+    }
+}
+
+#[test]
 fn a_global_calendar_needs_sluice_service_and_a_key_ttl_for_its_longest_period() {
     let global = |per: &str, service: Value| {
         let mut config = calendar_policy(per, json!({"timezone": "Europe/Berlin"}));

@@ -65,10 +65,13 @@ pub struct Admitted {
 }
 
 /// The policy whose state the response headers report, as decided at `now`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reported {
     applied: Applied,
     now: u64,
+    /// The next enforcing policies with the fewest left, that the draft fields list after
+    /// `applied` (`header_policies` above 1).
+    also: SmallVec<[Applied; 2]>,
     /// For a provider's headers (`api`): the enforcing policies with the fewest left among
     /// those that count requests over time and those that count tokens.
     requests: Option<Applied>,
@@ -213,7 +216,9 @@ impl Filter {
         };
         let quota = (style != HeaderStyle::None).then(|| self.quota(&reported.applied));
         if let Some(quota) = quota.flatten() {
-            each_rate_limit_header(style, &quota, reported.now, &mut emit);
+            let also: SmallVec<[Quota; 2]> =
+                reported.also.iter().filter_map(|a| self.quota(a)).collect();
+            each_rate_limit_header(style, &quota, &also, reported.now, &mut emit);
         }
         if let Some(api) = provider {
             let requests = reported.requests.and_then(|a| self.quota(&a));
@@ -559,12 +564,7 @@ impl Filter {
                         .is_some_and(|m| m.source.pricing().is_some());
                     !spends && metered.map(|m| m.is_some()) == Some(tokens)
                 })
-                .min_by_key(|a| {
-                    (
-                        a.decision.remaining,
-                        std::cmp::Reverse(a.decision.reset_after),
-                    )
-                })
+                .min_by_key(|a| tightness(a))
                 .copied()
         };
         let side = |wanted: TokenSide| {
@@ -574,18 +574,22 @@ impl Filter {
             };
             let enforced = outcome.applied.iter().filter(|a| a.enforced);
             let counting = enforced.filter(counts);
-            counting
-                .min_by_key(|a| {
-                    (
-                        a.decision.remaining,
-                        std::cmp::Reverse(a.decision.reset_after),
-                    )
-                })
-                .copied()
+            counting.min_by_key(|a| tightness(a)).copied()
         };
+        let mut also: SmallVec<[Applied; 2]> = SmallVec::new();
+        if self.plan.header_policies > 1 {
+            let others = outcome
+                .applied
+                .iter()
+                .filter(|a| a.enforced && **a != applied);
+            also.extend(others.copied());
+            also.sort_by_key(tightness);
+            also.truncate(self.plan.header_policies - 1);
+        }
         Reported {
             applied,
             now,
+            also,
             requests: tightest(false),
             tokens: tightest(true),
             input_tokens: side(TokenSide::Input),
@@ -599,12 +603,7 @@ impl Filter {
             .applied
             .iter()
             .filter(|a| a.enforced)
-            .min_by_key(|a| {
-                (
-                    a.decision.remaining,
-                    std::cmp::Reverse(a.decision.reset_after),
-                )
-            })
+            .min_by_key(|a| tightness(a))
             .copied()
     }
 
@@ -737,6 +736,13 @@ fn own_secret(
         );
     }
     Ok(secret)
+}
+
+/// What orders policies by how close to their limit they are: the fewest left, then the
+/// longest until full again.
+fn tightness(applied: &Applied) -> (u64, std::cmp::Reverse<u64>) {
+    let decision = &applied.decision;
+    (decision.remaining, std::cmp::Reverse(decision.reset_after))
 }
 
 /// A refusal's wait in whole seconds; `None` for a wait of 0: nobody can say when (a

@@ -120,6 +120,49 @@ fn a_refusal_by_several_policies_names_each_with_what_it_has_left_and_its_wait()
 }
 
 #[test]
+fn the_draft_fields_list_as_many_policies_as_header_policies_allows_the_tightest_first() {
+    let policy = |name: &str, burst: u64| {
+        json!({"name": name, "key": ["header:x-user-id"], "requests": 100, "per": "1s",
+               "burst": burst})
+    };
+    let policies = json!([policy("wide", 50), policy("tight", 5), policy("middle", 20)]);
+    let headers = |config: Value| {
+        let (filter, host) = setup(config);
+        let Verdict::Continue(admitted) = send(&filter, &host, ALICE) else {
+            panic!("admitted");
+        };
+        let mut headers = Vec::new();
+        let reported = admitted.reported.unwrap();
+        filter.each_response_header(&reported, |name, value| {
+            headers.push((name, value.to_string()));
+        });
+        headers
+    };
+    let two = headers(json!({"headers": "both", "header_policies": 2, "policies": policies}));
+    let field = |headers: &[(&str, String)], name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        field(&two, "ratelimit").as_deref(),
+        Some(r#""tight";r=4;t=1, "middle";r=19;t=1"#)
+    );
+    assert_eq!(
+        field(&two, "ratelimit-policy").as_deref(),
+        Some(r#""tight";q=100;w=1, "middle";q=100;w=1"#)
+    );
+    // The legacy fields hold one policy: the tightest.
+    assert_eq!(field(&two, "x-ratelimit-remaining").as_deref(), Some("4"));
+    let one = headers(json!({"headers": "draft", "policies": policies}));
+    assert_eq!(
+        field(&one, "ratelimit").as_deref(),
+        Some(r#""tight";r=4;t=1"#)
+    );
+}
+
+#[test]
 fn a_refusal_by_one_policy_of_several_names_it_alone() {
     let generous = json!({"name": "generous", "key": ["header:x-user-id"], "requests": 100,
                           "per": "1s"});

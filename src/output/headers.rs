@@ -101,19 +101,21 @@ fn gcd(mut a: u128, mut b: u128) -> u128 {
     a << shift
 }
 
-/// Calls `emit` with each rate-limit header for `quota` at `now` (Unix nanoseconds). The values
-/// are built in one buffer, without `core::fmt`: this runs for every response. Policy names are
-/// restricted to `[A-Za-z0-9_.-]` by the config, so nothing here needs escaping.
+/// Calls `emit` with each rate-limit header for `quota` at `now` (Unix nanoseconds); the draft
+/// fields, which are lists, also carry `also` after it. The values are built in one buffer,
+/// without `core::fmt`: this runs for every response. Policy names are restricted to
+/// `[A-Za-z0-9_.-]` by the config, so nothing here needs escaping.
 pub fn each_rate_limit_header(
     style: HeaderStyle,
     quota: &Quota,
+    also: &[Quota],
     now: u64,
     mut emit: impl FnMut(&'static str, &str),
 ) {
-    let mut value = String::with_capacity(quota.policy.len() + 48);
-    let concurrent = quota.unit == QuotaUnit::ConcurrentRequests;
+    let mut value = String::with_capacity((quota.policy.len() + 48) * (1 + also.len()));
     if matches!(style, HeaderStyle::Legacy | HeaderStyle::Both) {
         let reset_epoch = ceil_secs(now.saturating_add(quota.reset_after));
+        let concurrent = quota.unit == QuotaUnit::ConcurrentRequests;
         let reset = (!concurrent).then_some(("x-ratelimit-reset", reset_epoch));
         let limits = [
             ("x-ratelimit-limit", quota.limit),
@@ -126,41 +128,52 @@ pub fn each_rate_limit_header(
         }
     }
     if matches!(style, HeaderStyle::Draft | HeaderStyle::Both) {
-        let (q, w) = quota_and_window(quota.limit, quota.requests, quota.per_nanos);
-        let unit = match quota.unit {
-            QuotaUnit::Requests => None,
-            QuotaUnit::ConcurrentRequests => Some(("qu", Param::Text("concurrent-requests"))),
-            QuotaUnit::Tokens => Some(("sluice-unit", Param::Text("tokens"))),
-            QuotaUnit::MicroUnits => Some(("sluice-unit", Param::Text("micro-units"))),
-        };
-        let policy_params = if concurrent {
-            [Some(("q", Param::Number(quota.limit))), unit, None]
-        } else {
-            [
-                Some(("q", Param::Number(q))),
-                Some(("w", Param::Number(w))),
-                unit,
-            ]
-        };
-        let wait = quota.retry_after.map(retry_after_secs);
-        let window = if concurrent {
-            wait
-        } else {
-            Some(quota.window_secs())
-        };
-        let limit_params = [
-            Some(("r", Param::Number(quota.left()))),
-            window.map(|t| ("t", Param::Number(t))),
-            None,
-        ];
-        for (name, params) in [
-            ("ratelimit-policy", policy_params),
-            ("ratelimit", limit_params),
-        ] {
-            item(&mut value, quota.policy, params.iter().flatten());
+        for (name, field) in [("ratelimit-policy", 0), ("ratelimit", 1)] {
+            value.clear();
+            for (i, quota) in std::iter::once(quota).chain(also).enumerate() {
+                if i > 0 {
+                    value.push_str(", ");
+                }
+                let params = draft_params(quota);
+                let params = params.get(field).into_iter().flatten().flatten();
+                item(&mut value, quota.policy, params);
+            }
             emit(name, &value);
         }
     }
+}
+
+/// A quota's parameters in the draft's two fields: `RateLimit-Policy`'s, then `RateLimit`'s.
+fn draft_params(quota: &Quota) -> [[Option<(&'static str, Param)>; 3]; 2] {
+    let concurrent = quota.unit == QuotaUnit::ConcurrentRequests;
+    let (q, w) = quota_and_window(quota.limit, quota.requests, quota.per_nanos);
+    let unit = match quota.unit {
+        QuotaUnit::Requests => None,
+        QuotaUnit::ConcurrentRequests => Some(("qu", Param::Text("concurrent-requests"))),
+        QuotaUnit::Tokens => Some(("sluice-unit", Param::Text("tokens"))),
+        QuotaUnit::MicroUnits => Some(("sluice-unit", Param::Text("micro-units"))),
+    };
+    let policy_params = if concurrent {
+        [Some(("q", Param::Number(quota.limit))), unit, None]
+    } else {
+        [
+            Some(("q", Param::Number(q))),
+            Some(("w", Param::Number(w))),
+            unit,
+        ]
+    };
+    let wait = quota.retry_after.map(retry_after_secs);
+    let window = if concurrent {
+        wait
+    } else {
+        Some(quota.window_secs())
+    };
+    let limit_params = [
+        Some(("r", Param::Number(quota.left()))),
+        window.map(|t| ("t", Param::Number(t))),
+        None,
+    ];
+    [policy_params, limit_params]
 }
 
 /// Calls `emit` with each of `api`'s own rate-limit headers: requests from `requests`, the
@@ -295,8 +308,8 @@ enum Param {
 }
 
 /// A structured-field list of one item into `value`: `"<policy>";<name>=<value>...`.
+/// Appends one list item: the policy's name, then its parameters.
 fn item<'a>(value: &mut String, policy: &str, params: impl Iterator<Item = &'a (&'a str, Param)>) {
-    value.clear();
     value.push('"');
     value.push_str(policy);
     value.push('"');
@@ -344,7 +357,7 @@ mod tests {
         now: u64,
     ) -> Vec<(&'static str, String)> {
         let mut headers = Vec::new();
-        each_rate_limit_header(style, quota, now, |name, value| {
+        each_rate_limit_header(style, quota, &[], now, |name, value| {
             headers.push((name, value.to_string()));
         });
         headers

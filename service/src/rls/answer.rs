@@ -675,7 +675,7 @@ fn headers(outcomes: &[Outcome], over: bool, style: HeaderStyle, now_ns: u64) ->
             ..Default::default()
         });
     };
-    each_rate_limit_header(style, &quota, now_ns, &mut add);
+    each_rate_limit_header(style, &quota, &[], now_ns, &mut add);
     if over && outcome.knows_retry() {
         add("retry-after", &retry_after_secs(retry_after).to_string());
     }
