@@ -70,12 +70,12 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
         ],
     ]
     .concat();
-    let table = ok(&sluice(&service, &admin, &set));
+    let table = ok(&sluice(&service, admin, &set));
     assert!(
         table.contains("api/00000000000000ac") && table.contains("done"),
         "{table}"
     );
-    let table = ok(&sluice(&service, &read, &["overrides", "list"]));
+    let table = ok(&sluice(&service, read, &["overrides", "list"]));
     let lines: Vec<&str> = table.lines().collect();
     assert!(lines[0].starts_with("KEY"), "{table}");
     assert!(
@@ -89,7 +89,7 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
     assert_eq!(lines[2], "1 of at most 10000");
     let json: Value = serde_json::from_str(&ok(&sluice(
         &service,
-        &read,
+        read,
         &["overrides", "list", "--json"],
     )))
     .unwrap();
@@ -97,7 +97,7 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
 
     // The override applies: the key's limit is 8, from the override.
     let show = [&["keys", "show", "--json"][..], &KEY].concat();
-    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, read, &show))).unwrap();
     assert_eq!(
         (state["capacity"].as_u64(), state["source"].as_str()),
         (Some(8), Some("override"))
@@ -108,7 +108,7 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
     assert!(service.check(&checks).iter().all(|r| r["allowed"] == true));
     let table = ok(&sluice(
         &service,
-        &read,
+        read,
         &[&["keys", "show"][..], &KEY].concat(),
     ));
     assert!(
@@ -122,12 +122,12 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
 
     // A read-only token cannot reset: the service's 403 is the command's error.
     let reset = [&["keys", "reset"][..], &KEY, &["--reason", "INC-7"]].concat();
-    let refused = sluice(&service, &read, &reset);
+    let refused = sluice(&service, read, &reset);
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.starts_with("sluice: 403 forbidden"), "{stderr}");
-    assert!(ok(&sluice(&service, &admin, &reset)).contains("done"));
-    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    assert!(ok(&sluice(&service, admin, &reset)).contains("done"));
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, read, &show))).unwrap();
     assert_eq!(state["remaining"], 8);
 
     // A credit sent twice is applied once.
@@ -145,13 +145,13 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
         ],
     ]
     .concat();
-    let first: Value = serde_json::from_str(&ok(&sluice(&service, &admin, &credit))).unwrap();
-    let second: Value = serde_json::from_str(&ok(&sluice(&service, &admin, &credit))).unwrap();
+    let first: Value = serde_json::from_str(&ok(&sluice(&service, admin, &credit))).unwrap();
+    let second: Value = serde_json::from_str(&ok(&sluice(&service, admin, &credit))).unwrap();
     assert_eq!(
         (first["outcome"].as_str(), second["outcome"].as_str()),
         (Some("done"), Some("duplicate"))
     );
-    let state: Value = serde_json::from_str(&ok(&sluice(&service, &read, &show))).unwrap();
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, read, &show))).unwrap();
     assert_eq!(state["remaining"], 3);
 
     let delete = [
@@ -164,8 +164,8 @@ fn an_operator_overrides_shows_resets_and_credits_a_key() {
         "--reason",
         "ended",
     ];
-    assert!(ok(&sluice(&service, &admin, &delete)).contains("done"));
-    let table = ok(&sluice(&service, &read, &["overrides", "list"]));
+    assert!(ok(&sluice(&service, admin, &delete)).contains("done"));
+    let table = ok(&sluice(&service, read, &["overrides", "list"]));
     assert!(table.ends_with("0 of at most 10000\n"), "{table}");
 }
 
@@ -233,7 +233,7 @@ fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
     for _ in 0..12 {
         service.check(&[check("api/00000000000000ac")]);
     }
-    let table = ok(&sluice(&service, &read, &["top", "--policy", "api"]));
+    let table = ok(&sluice(&service, read, &["top", "--policy", "api"]));
     let lines: Vec<&str> = table.lines().collect();
     assert!(
         lines[0].starts_with("http api over 1m: 22 allowed, 10 refused"),
@@ -244,7 +244,7 @@ fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
     assert_eq!(lines.len(), 3, "{table}");
     let json: Value = serde_json::from_str(&ok(&sluice(
         &service,
-        &read,
+        read,
         &[
             "top", "--policy", "api", "--by", "consumed", "--window", "1h", "--limit", "3",
             "--json",
@@ -254,7 +254,7 @@ fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
     assert_eq!(json["keys"].as_array().unwrap().len(), 3, "{json}");
     assert_eq!(json["keys"][0]["key"], "00000000000000ac", "{json}");
     assert_eq!(json["keys"][0]["count"], 2, "{json}");
-    let policies = ok(&sluice(&service, &read, &["top"]));
+    let policies = ok(&sluice(&service, read, &["top"]));
     assert!(
         policies
             .lines()
@@ -263,17 +263,13 @@ fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
             .starts_with("http       api"),
         "{policies}"
     );
-    let unknown = sluice(&service, &read, &["top", "--policy", "nobody"]);
+    let unknown = sluice(&service, read, &["top", "--policy", "nobody"]);
     assert!(!unknown.status.success());
     let stderr = String::from_utf8_lossy(&unknown.stderr);
     assert!(
         stderr.starts_with("sluice: 404 unknown_policy: policy:"),
         "{stderr}"
     );
-    let bad = sluice(
-        &service,
-        &read,
-        &["top", "--policy", "api", "--limit", "65"],
-    );
+    let bad = sluice(&service, read, &["top", "--policy", "api", "--limit", "65"]);
     assert_eq!(bad.status.code(), Some(2), "clap's usage error");
 }
