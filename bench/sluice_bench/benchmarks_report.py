@@ -211,7 +211,7 @@ def features(saved):
         return []
     scans = [c for c in micro.get("cases", []) if c["name"].startswith("usage::Scanner") and "gib_per_s" in c]
     lines = [
-        "## Token budgets and concurrency limits (issues 24 and 25)",
+        "## Token budgets, provider headers and concurrency limits (issues 24, 25 and 33)",
         "",
         "Setups 12 to 13T answer an LLM's response from the route (`direct_response` with its "
         "`content-type`, no upstream): 12 and 12T a 4 KiB OpenAI Chat Completions JSON with its `usage`, "
@@ -219,8 +219,11 @@ def features(saved):
         "chunk before `[DONE]` has the usage: the bodies of `bench/micro.rs`'s scanner cases. 12 and 13 "
         "count requests (setup 4's token bucket per `x-user-id`); 12T and 13T charge each response its "
         "`total_tokens` (`\"cost\": {\"from_response\": {\"usage\": \"total_tokens\"}}`, reserving "
-        "nothing, a billion tokens a second: never refusing): the scanner reads every body chunk, and the "
-        "usage is settled in shared data when the response ends. Envoy hands a `direct_response` body "
+        "nothing, a billion tokens a second: never refusing): the scanner reads every body chunk (of a "
+        "stream, only the events that hold a usage other than `\"usage\":null`: the others are passed "
+        "over in one search, 16 bytes at a time with wasm's SIMD128), and the usage is settled in shared "
+        "data when the response ends. 12P is 12 with `\"api\": \"openai\"`: OpenAI's own "
+        "`x-ratelimit-*-requests` headers on every response, in place of the default legacy ones. Envoy hands a `direct_response` body "
         "to the filter whole, so the stream reaches the scanner in one piece (an upstream that streams "
         "hands it over event by event, as the micro-benchmark feeds it). Setup 10 holds a slot per "
         "request (`\"algorithm\": \"concurrency\"`), taken at admission and given back when the "
