@@ -11,7 +11,7 @@ fixed window (a limit never reached) is divided by the checks:
   that increments it (and sets its expiry when it is new), two commands per check.
 
 Informative only: the figures that count are bench/rls.py's, with the servers in the way. The
-scripts come from the service's source (`cargo test -p sluice-service --lib dump_the_scripts`).
+scripts come from the service's source (`cargo run -p sluice-service --example dump_lua`).
 
   python3 bench/redis_lua.py
 """
@@ -94,9 +94,8 @@ def state_key(n):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="sluice-redis-lua-") as tmp:
-        subprocess.run(["cargo", "test", "-q", "-p", "sluice-service", "--lib", "dump_the_scripts", "--",
-                        "--ignored"], cwd=ROOT, env=dict(os.environ, SLUICE_DUMP_LUA=tmp), check=True,
-                       capture_output=True)
+        subprocess.run(["cargo", "run", "-q", "-p", "sluice-service", "--example", "dump_lua", "--", tmp],
+                       cwd=ROOT, check=True, capture_output=True)
         scripts = {name: (Path(tmp) / f"{name}.lua").read_text() for name in ("fixed_window", "checks")}
     port = free_ports(1)[0]
     redis = subprocess.Popen(launch_prefix(LOAD_CORE) + ["redis-server", "--port", str(port), "--save", "",

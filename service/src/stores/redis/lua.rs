@@ -444,25 +444,3 @@ end
 return struct.pack(string.rep('d', 6 * n, ''), unpack(out))
 "
 );
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// `SLUICE_DUMP_LUA=dir cargo test -p sluice-service --lib dump_the_scripts -- --ignored`:
-    /// the scripts as Redis gets them, to measure them alone (`redis-benchmark`, `SLOWLOG`).
-    #[test]
-    #[ignore]
-    fn dump_the_scripts() {
-        let dir = std::env::var("SLUICE_DUMP_LUA").unwrap();
-        for (name, script) in [
-            ("token_bucket", TOKEN_BUCKET_LUA),
-            ("fixed_window", FIXED_WINDOW_LUA),
-            ("sliding_window", SLIDING_WINDOW_LUA),
-            ("leaky_bucket", LEAKY_BUCKET_LUA),
-            ("checks", CHECKS_LUA),
-        ] {
-            std::fs::write(format!("{dir}/{name}.lua"), script).unwrap();
-        }
-    }
-}
