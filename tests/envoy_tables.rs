@@ -135,10 +135,15 @@ fn twenty_layout_changes_under_traffic_leave_memory_within_one_table_of_a_fresh_
         fill(&churned, &format!("phase-{change}"), WIDE_KEYS as usize, 2);
     }
     let outcomes = traffic.finish();
-    // The same traffic and the same keys, under the last configuration from the start.
-    let fresh = through_lds(&wide("layout-20"));
+    // The same traffic, keys and reloads, under the last layout from the start: each reload
+    // only renames the configuration's version, so whatever Envoy and V8 keep per reload is on
+    // both sides, and only tables left behind would tell them apart.
+    let mut fresh = through_lds(&wide("layout-20"));
     let traffic = Traffic::start(fresh.addr());
     for change in 1..=20 {
+        let mut config: serde_json::Value = serde_json::from_str(&wide("layout-20")).unwrap();
+        config["version"] = json!(format!("v{change}"));
+        fresh.update_plugin(&config.to_string()).unwrap();
         fill(&fresh, &format!("phase-{change}"), WIDE_KEYS as usize, 2);
     }
     traffic.finish();
