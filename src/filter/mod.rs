@@ -367,13 +367,15 @@ impl Filter {
         self.log_bypass(outcome, now);
         self.log_route_metadata(outcome, now);
         let denial = outcome.refused_by();
-        let record = access_log::record(&self.plan, outcome, denial.as_ref());
+        // Every enforcing policy that refused, for the record and the reply alike.
+        let refusals = denial.map(|_| outcome.refusals()).unwrap_or_default();
+        let record = access_log::record(&self.plan, outcome, denial.as_ref(), &refusals);
         if let Some(record) = &record {
             host.record(record);
         }
         match denial {
             Some(denial) => {
-                self.deny(host, outcome, &denial, now);
+                self.deny(host, outcome, (&denial, &refusals), now);
                 Verdict::Denied
             }
             None => {
@@ -489,7 +491,9 @@ impl Filter {
     /// Refuses the request as the client's protocol expects (gRPC or plain HTTP): a policy's
     /// `denial` with the rate-limit headers, or a 503 when a policy that fails closed could not
     /// ask the service.
-    fn deny(&self, host: &impl Host, outcome: &Outcome, denial: &Applied, now: u64) {
+    /// `refusals`: every enforcing policy that refused it, the longest wait first.
+    fn deny(&self, host: &impl Host, outcome: &Outcome, refusal: (&Applied, &[Applied]), now: u64) {
+        let (denial, refusals) = refusal;
         let policy = self.plan.policies.get(denial.policy);
         let name = policy.map_or("", |p| p.name.as_str());
         log::debug!(
@@ -510,7 +514,7 @@ impl Filter {
                 &default
             }
         };
-        let refused = self.refused(outcome, denial);
+        let refused = self.refused(refusals, denial);
         let said = Said {
             retry_secs: wait_secs(denial),
             reserve: policy.and_then(|p| p.metered.as_ref()).map(|_| denial.cost),
@@ -528,20 +532,19 @@ impl Filter {
     }
 
     /// Every enforcing policy that refused the request when more than one did, `denial` first.
-    fn refused(&self, outcome: &Outcome, denial: &Applied) -> SmallVec<[Refused<'_>; 2]> {
-        let refusals = outcome.refusals();
+    fn refused(&self, refusals: &[Applied], denial: &Applied) -> SmallVec<[Refused<'_>; 2]> {
         if refusals.len() < 2 {
             return SmallVec::new();
         }
-        let others = refusals.into_iter().filter(|a| a.policy != denial.policy);
-        std::iter::once(*denial)
+        let others = refusals.iter().filter(|a| a.policy != denial.policy);
+        std::iter::once(denial)
             .chain(others)
             .filter_map(|a| {
                 let policy = self.plan.policies.get(a.policy)?;
                 Some(Refused {
                     policy: &policy.name,
                     remaining: a.decision.remaining,
-                    retry_secs: wait_secs(&a),
+                    retry_secs: wait_secs(a),
                 })
             })
             .collect()

@@ -31,19 +31,24 @@ pub const PROPERTY: &str = "sluice";
 
 /// The record of `outcome`, whose answer was `denial` (if it was refused), or `None` when there
 /// is nothing to show: a refusal names the deciding policy; a request that passed names the
-/// first shadow policy that would have denied it, else the first policy bypassed.
-pub fn record(plan: &Plan, outcome: &Outcome, denial: Option<&Applied>) -> Option<String> {
+/// first shadow policy that would have denied it, else the first policy bypassed. `refusals`:
+/// every enforcing policy that refused it (`Outcome::refusals`).
+pub fn record(
+    plan: &Plan,
+    outcome: &Outcome,
+    denial: Option<&Applied>,
+    refusals: &[Applied],
+) -> Option<String> {
     let mut record = decider(plan, outcome, denial)?;
     if denial.is_some() {
-        push_refused(&mut record, plan, outcome);
+        push_refused(&mut record, plan, refusals);
     }
     Some(record)
 }
 
 /// ` refused=<policy>:<remaining>:<wait>,...` when more than one enforcing policy refused the
 /// request, the longest wait first; the wait in whole seconds, `-` when nobody can say.
-fn push_refused(record: &mut String, plan: &Plan, outcome: &Outcome) {
-    let refusals = outcome.refusals();
+fn push_refused(record: &mut String, plan: &Plan, refusals: &[Applied]) {
     if refusals.len() < 2 {
         return;
     }
@@ -184,7 +189,7 @@ mod tests {
             ..Outcome::default()
         };
         assert_eq!(
-            record(&plan, &outcome, Some(&denial)).as_deref(),
+            record(&plan, &outcome, Some(&denial), &[denial]).as_deref(),
             Some("outcome=denied policy=per-user mode=enforce key=3f5b0c8e21d47a96")
         );
     }
@@ -221,7 +226,7 @@ mod tests {
             ..Outcome::default()
         };
         assert_eq!(
-            record(&plan, &shadow_denied, None).as_deref(),
+            record(&plan, &shadow_denied, None, &[]).as_deref(),
             Some("outcome=shadow_denied policy=trial.v2 mode=shadow key=3f5b0c8e21d47a96")
         );
         let bypassed = Outcome {
@@ -231,7 +236,7 @@ mod tests {
         };
         let bypass_key = plan.bypass[0].key;
         assert_eq!(
-            record(&plan, &bypassed, None),
+            record(&plan, &bypassed, None, &[]),
             Some(format!(
                 "outcome=bypassed policy=per-user mode=enforce key={bypass_key:016x}"
             ))
@@ -240,6 +245,6 @@ mod tests {
             applied: vec![applied(&plan, 0, true), applied(&plan, 1, true)],
             ..Outcome::default()
         };
-        assert_eq!(record(&plan, &plain, None), None);
+        assert_eq!(record(&plan, &plain, None, &[]), None);
     }
 }
