@@ -166,7 +166,23 @@ impl Engine {
             self.worker.global.forget_idle(now);
             self.next_forget = now.saturating_add(FORGET_EVERY);
         }
+        if self.is_status(record) {
+            return Decided {
+                outcome: Outcome::default(),
+                now,
+            };
+        }
         self.evaluate(record, now)
+    }
+
+    /// Whether the record is a request for the status path (`status_path`), which the filter
+    /// answers without charging anything: no policy applies to it here either.
+    fn is_status(&self, record: &Record) -> bool {
+        use sluice::core::request::RequestSource;
+        let Some(path) = &self.plan.status_path else {
+            return false;
+        };
+        record.header(":path").as_deref() == Some(path.as_bytes())
     }
 
     /// The filter's decision, the exact store answering for the service; then what it leaves to
