@@ -51,7 +51,7 @@ impl<S: Store> Limiter<'_, S> {
                     .map(Words::from_slice)
                     .unwrap_or_default();
                 let judged = match policy.scope {
-                    crate::config::Scope::Local => local::admit(&member.tier, 0, &mut words, at)
+                    crate::config::Scope::Local => local::standing(&member.tier, &mut words, at)
                         .map(|d| {
                             let lent = self.ledger.held(member.policy, work.hash, at);
                             let remaining = d.remaining.saturating_add(lent);
@@ -170,6 +170,32 @@ mod tests {
         let standing = status(&plan, &store, &mut Ledger::default(), T0 + SEC)[0];
         assert_eq!(standing.applied.decision.remaining, 0);
         assert_eq!(standing.applied.decision.reset_after, 3599 * SEC);
+    }
+
+    #[test]
+    fn the_reset_is_the_one_the_last_requests_headers_gave_counted_down() {
+        for algorithm in [
+            "token_bucket",
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+        ] {
+            let plan = plan_of(json!([per_user(
+                "p",
+                5,
+                json!({"per": "1h", "algorithm": algorithm})
+            )]));
+            let store = store(&plan);
+            decide(&plan, &store, ALICE, T0);
+            let last = decide(&plan, &store, ALICE, T0 + SEC).applied[0].decision;
+            let standing = status(&plan, &store, &mut Ledger::default(), T0 + 2 * SEC)[0];
+            let decision = standing.applied.decision;
+            assert_eq!(
+                (decision.remaining, decision.reset_after),
+                (last.remaining, last.reset_after - SEC),
+                "{algorithm}"
+            );
+        }
     }
 
     #[test]
