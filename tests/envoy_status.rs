@@ -7,7 +7,7 @@
 
 use serde_json::{json, Value};
 use sluice_testkit::envoy::Envoy;
-use sluice_testkit::http::Response;
+use sluice_testkit::http::{send_body, Response};
 use sluice_testkit::llm::LlmUpstream;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -130,4 +130,46 @@ fn each_client_sees_its_own_quota_as_its_headers_give_it_and_asking_charges_noth
         ],
         "no status request reached the upstream"
     );
+}
+
+/// A policy that reads the request body makes Envoy hold a request until its body comes: the
+/// status path is answered from its headers all the same, body or not, and never charged.
+#[test]
+fn the_status_path_is_answered_from_the_headers_when_policies_read_bodies() {
+    let upstream = LlmUpstream::start();
+    let config = json!({"status_path": "/v1/ratelimit/status", "policies": [
+        {"name": "per-model", "key": ["body:model"], "requests": 2, "per": "1h"},
+        {"name": "per-user", "key": ["header:x-user-id"], "requests": 3, "per": "1h"},
+    ]})
+    .to_string();
+    let envoy = Envoy::options(&config).upstream(upstream.addr()).start();
+    let body = br#"{"model": "small", "messages": []}"#;
+    for method in ["GET", "POST", "PUT"] {
+        let r = send_body(
+            envoy.addr(),
+            method,
+            "/v1/ratelimit/status",
+            "application/json",
+            body,
+        );
+        let expected = if method == "GET" { 200 } else { 405 };
+        assert_eq!(r.status, expected, "{method}: {}", r.text());
+        if method == "GET" {
+            assert_eq!(
+                r.json(),
+                json!({"policies": []}),
+                "no key: neither the body's (not read) nor x-user-id"
+            );
+        }
+    }
+    let asked = send_body(
+        envoy.addr(),
+        "POST",
+        "/v1/chat/completions",
+        "application/json",
+        body,
+    );
+    assert_eq!(asked.status, 200, "{}", asked.text());
+    let paths: Vec<String> = upstream.calls().into_iter().map(|c| c.path).collect();
+    assert_eq!(paths, ["/v1/chat/completions"]);
 }
