@@ -630,6 +630,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_request_for_the_status_path_is_charged_to_no_policy() {
+        let config = json!({"status_path": "/api/ratelimit/status", "policies": [
+            {"name": "p", "key": ["header:x-user-id"], "requests": 1, "per": "1h"}]});
+        let engine = Engine::new(config.to_string().as_bytes()).unwrap();
+        let wanted = Wanted::new(&engine.plan.attrs, false).settling(&engine.plan);
+        let mut replayed = Replayed {
+            engine,
+            parser: Parser::new(wanted),
+        };
+        let to = |path: &str| alices(1, json!({"path": path}));
+        assert!(replayed.passes(0.0, to("/api/ratelimit/status")));
+        assert!(replayed.passes(0.1, to("/api/ratelimit/status")));
+        assert!(
+            replayed.passes(0.2, to("/api/ratelimit/status?again")),
+            "charged"
+        );
+        assert!(
+            !replayed.passes(0.3, to("/api/x")),
+            "the one token is spent"
+        );
+    }
+
     /// A request of alice's that takes `ms` milliseconds, with more fields.
     fn alices(ms: u64, more: serde_json::Value) -> serde_json::Value {
         let mut line = json!({"headers": {"x-user-id": "alice"}, "duration": ms});
