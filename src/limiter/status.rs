@@ -75,7 +75,7 @@ impl<S: Store> Limiter<'_, S> {
                 });
             }
         }
-        standings.sort_by_key(|s| s.applied.policy);
+        standings.sort_unstable_by_key(|s| s.applied.policy);
         standings
     }
 }
