@@ -816,7 +816,8 @@ impl HttpContext for Exchange {
             Envoy.send_response(&reply);
             return Action::Pause;
         };
-        if filter.reads_body() && !end_of_stream {
+        // The status path is answered from the headers, whatever body comes with it.
+        if filter.reads_body() && !end_of_stream && !filter.asks_status(&Envoy) {
             self.awaiting_body = Some(filter.snapshot(&Envoy));
             self.stream_path = filter.rewrites_body()
                 && Envoy

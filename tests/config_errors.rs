@@ -197,6 +197,7 @@ const KNOWN_MEMBERS: &[&str] = &[
     "global",
     "bypass",
     "route_metadata",
+    "status_path",
     "key",
     "key_hash",
     "owner",

@@ -239,6 +239,12 @@ fn classic_mistakes_are_rejected_where_they_are() {
         ("unknown top-level field", "", |c| {
             c["polices"] = json!([]);
         }),
+        ("status path with a query", "/status_path", |c| {
+            c["status_path"] = json!("/api/ratelimit/status?key=bob");
+        }),
+        ("status path not a path", "/status_path", |c| {
+            c["status_path"] = json!("ratelimit/status");
+        }),
         ("unknown policy field", "/policies/0", |c| {
             c["policies"][0]["limit"] = json!(5);
         }),

@@ -166,7 +166,23 @@ impl Engine {
             self.worker.global.forget_idle(now);
             self.next_forget = now.saturating_add(FORGET_EVERY);
         }
+        if self.is_status(record) {
+            return Decided {
+                outcome: Outcome::default(),
+                now,
+            };
+        }
         self.evaluate(record, now)
+    }
+
+    /// Whether the record is a request for the status path (`status_path`), which the filter
+    /// answers without charging anything: no policy applies to it here either.
+    fn is_status(&self, record: &Record) -> bool {
+        use sluice::core::request::RequestSource;
+        let Some(path) = &self.plan.status_path else {
+            return false;
+        };
+        record.header(":path").as_deref() == Some(path.as_bytes())
     }
 
     /// The filter's decision, the exact store answering for the service; then what it leaves to
@@ -612,6 +628,29 @@ mod tests {
             self.engine.finish();
             self.engine.tokens[0]
         }
+    }
+
+    #[test]
+    fn a_request_for_the_status_path_is_charged_to_no_policy() {
+        let config = json!({"status_path": "/api/ratelimit/status", "policies": [
+            {"name": "p", "key": ["header:x-user-id"], "requests": 1, "per": "1h"}]});
+        let engine = Engine::new(config.to_string().as_bytes()).unwrap();
+        let wanted = Wanted::new(&engine.plan.attrs, false).settling(&engine.plan);
+        let mut replayed = Replayed {
+            engine,
+            parser: Parser::new(wanted),
+        };
+        let to = |path: &str| alices(1, json!({"path": path}));
+        assert!(replayed.passes(0.0, to("/api/ratelimit/status")));
+        assert!(replayed.passes(0.1, to("/api/ratelimit/status")));
+        assert!(
+            replayed.passes(0.2, to("/api/ratelimit/status?again")),
+            "charged"
+        );
+        assert!(
+            !replayed.passes(0.3, to("/api/x")),
+            "the one token is spent"
+        );
     }
 
     /// A request of alice's that takes `ms` milliseconds, with more fields.

@@ -135,8 +135,10 @@ impl Wanted {
 
     /// Also what the requests `plan`'s policies hold until they end take: their duration, and
     /// for token budgets the usage a response's body reported, or the headers and trailers some
-    /// policy reads its usage from.
+    /// policy reads its usage from. And the path, when the plan answers a status path
+    /// (`status_path`), whose requests are charged to no policy.
     pub fn settling(mut self, plan: &Plan) -> Wanted {
+        self.keep_text(PATH, plan.status_path.is_some());
         let holds = |p: &sluice::config::Policy| p.holds_slots() || p.metered.is_some();
         self.duration |= plan.policies.iter().any(holds);
         for metered in plan.policies.iter().filter_map(|p| p.metered.as_ref()) {

@@ -150,6 +150,7 @@ impl Compiler {
             })
             .collect::<Result<Vec<_>, _>>()?
             .concat();
+        let status_path = raw.status_path.as_deref().map(status_path).transpose()?;
         let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
         let reads_body = attrs.iter().any(|a| matches!(a, Attr::Body(_)))
@@ -170,6 +171,7 @@ impl Compiler {
             hash_secret,
             route_metadata,
             reads_body,
+            status_path,
         })
     }
 
@@ -1229,6 +1231,36 @@ fn path(at: &str, path: &str) -> Result<String, ConfigError> {
     } else {
         Err(error(at, "must start with '/'"))
     }
+}
+
+/// The most bytes of `status_path`.
+pub const MAX_STATUS_PATH: usize = 256;
+
+/// `status_path`: a path alone, as Envoy's `:path` carries it (no query, fragment, space or
+/// control character), which the filter compares byte for byte.
+fn status_path(path: &str) -> Result<String, ConfigError> {
+    const FIELD: &str = "status_path";
+    if !path.starts_with('/') {
+        return Err(error(FIELD, "must start with '/'"));
+    }
+    if path.len() > MAX_STATUS_PATH {
+        return Err(error(
+            FIELD,
+            format!("must be at most {MAX_STATUS_PATH} bytes"),
+        ));
+    }
+    if let Some(c) = path
+        .chars()
+        .find(|c| !c.is_ascii_graphic() || matches!(c, '?' | '#'))
+    {
+        return Err(error(
+            FIELD,
+            format!(
+                "must be a path alone, printable ASCII without '?' or '#' (it is compared with the request's whole :path): found {c:?}"
+            ),
+        ));
+    }
+    Ok(path.to_string())
 }
 
 fn is_policy_name(name: &str) -> bool {

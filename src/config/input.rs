@@ -31,6 +31,8 @@ pub(super) struct RawConfig {
     pub(super) denial: Option<RawDenial>,
     /// The API the routes speak, unless a policy says otherwise.
     pub(super) api: Option<Api>,
+    /// The path at which the filter answers a client its own quota (off when absent).
+    pub(super) status_path: Option<String>,
 }
 
 /// The answer to a denied request, each field falling back to the top-level `denial`, then to

@@ -33,6 +33,8 @@ pub struct Plan {
     /// Some policy reads the request body (`body:` key parts, a reservation from `max_tokens`,
     /// `ask_stream_usage`): a request with a body is decided once it has come (`BODY_BYTES`).
     pub reads_body: bool,
+    /// The path the filter answers itself with the client's own quota (`status_path`), if on.
+    pub status_path: Option<String>,
 }
 
 impl Plan {

@@ -1380,3 +1380,33 @@ fn a_spend_budget_names_what_is_wrong_in_it() {
     global["global"] = json!({"cluster": "sluice"});
     assert_refused(global, "policies[0].requests", "at most 1000000000");
 }
+
+#[test]
+fn a_status_path_is_a_path_alone_and_off_unless_given() {
+    assert_eq!(
+        parse(with(json!({})).to_string().as_bytes())
+            .unwrap()
+            .status_path,
+        None
+    );
+    let mut on = with(json!({}));
+    on["status_path"] = json!("/api/ratelimit/status");
+    let plan = parse(on.to_string().as_bytes()).unwrap();
+    assert_eq!(plan.status_path.as_deref(), Some("/api/ratelimit/status"));
+    for bad in [
+        "ratelimit/status",
+        "",
+        "/status?key=bob",
+        "/status#x",
+        "/rate limit",
+        "/s\u{7f}",
+        "/é",
+    ] {
+        let mut config = with(json!({}));
+        config["status_path"] = json!(bad);
+        assert_eq!(refused(config).field, "status_path", "{bad:?}");
+    }
+    let mut long = with(json!({}));
+    long["status_path"] = json!(format!("/{}", "a".repeat(256)));
+    assert_eq!(refused(long).field, "status_path");
+}

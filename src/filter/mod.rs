@@ -4,6 +4,7 @@
 //! once the body has come (`body`); its response half is `response`'s.
 
 mod body;
+mod status;
 
 use crate::config::{
     self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, Plan, Protocol,
@@ -44,7 +45,8 @@ pub const GRPC_OK: u32 = 0;
 pub enum Verdict {
     /// Forward it.
     Continue(Admitted),
-    /// A local reply (429, or 503 for a policy that fails closed) has been sent.
+    /// A local reply has been sent: a refusal (429, or 503 for a policy that fails closed), or
+    /// the status path's answer.
     Denied,
     /// Hold it until the service answers.
     Waiting(Pending),
@@ -162,8 +164,12 @@ impl Filter {
         })
     }
 
-    /// Decides a request from its headers; sends a denial itself.
+    /// Decides a request from its headers; sends a denial itself, and the answer to a request
+    /// for the status path (`status`).
     pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
+        if self.asks_status(host) {
+            return self.answer_status(host);
+        }
         self.decide(host, Attributes::new(host, &self.plan.attrs))
     }
 

@@ -1218,3 +1218,177 @@ fn a_request_another_policy_refuses_gives_back_the_reservation_it_was_granted() 
         .collect();
     assert_eq!(refunds, [300]);
 }
+
+// --- The status path: a client's own quota.
+
+const STATUS: &str = "/api/ratelimit/status";
+
+fn with_status(mut config: Value) -> Value {
+    config["status_path"] = json!(STATUS);
+    config
+}
+
+/// Sends a request with `method` and `path`; the reply's status and parsed JSON body, or
+/// `None` when the filter let the request through.
+fn ask(
+    filter: &Filter,
+    host: &FakeHost,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u32, Value)> {
+    let mut all = vec![(":method", method), (":path", path)];
+    all.extend_from_slice(headers);
+    host.reply.borrow_mut().take();
+    match send(filter, host, &all) {
+        Verdict::Denied => {
+            let reply = host.reply.borrow().clone().unwrap();
+            Some((reply.status, serde_json::from_str(&reply.body).unwrap()))
+        }
+        _ => None,
+    }
+}
+
+fn status_of(filter: &Filter, host: &FakeHost, headers: &[(&str, &str)]) -> Value {
+    let (code, body) = ask(filter, host, "GET", STATUS, headers).expect("answered");
+    assert_eq!(code, 200);
+    body
+}
+
+#[test]
+fn the_status_path_shows_a_client_its_own_quota_as_its_requests_headers_do_and_charges_nothing() {
+    let config = with_status(json!({"policies": [
+        per_user(5),
+        {"name": "per-ip", "key": ["ip"], "requests": 100, "per": "1h"},
+    ]}));
+    let (filter, host) = setup(config);
+    for _ in 0..2 {
+        send(
+            &filter,
+            &host,
+            &[(":path", "/api/x"), ("x-user-id", "alice")],
+        );
+    }
+    let Verdict::Continue(Admitted {
+        reported: Some(reported),
+        ..
+    }) = send(
+        &filter,
+        &host,
+        &[(":path", "/api/x"), ("x-user-id", "alice")],
+    )
+    else {
+        panic!("allowed")
+    };
+    let headers = response_headers(&filter, &reported);
+    let (touched, calls) = (host.store_calls.get(), host.calls.get());
+    let alice = status_of(&filter, &host, ALICE);
+    assert_eq!(
+        host.store_calls.get(),
+        touched + 2,
+        "a read per table, no write"
+    );
+    assert_eq!(host.calls.get(), calls);
+    let per_user_line = &alice["policies"][0];
+    assert_eq!(per_user_line["policy"], "per-user");
+    assert_eq!(
+        headers[0],
+        ("x-ratelimit-limit", per_user_line["limit"].to_string())
+    );
+    assert_eq!(
+        headers[1],
+        (
+            "x-ratelimit-remaining",
+            per_user_line["remaining"].to_string()
+        )
+    );
+    assert_eq!(
+        (
+            &per_user_line["unit"],
+            &per_user_line["window"],
+            &per_user_line["source"]
+        ),
+        (&json!("requests"), &json!(1), &json!("local"))
+    );
+    assert_eq!(
+        alice["policies"][1]["remaining"], 97,
+        "per-ip: three requests"
+    );
+    assert_eq!(status_of(&filter, &host, ALICE), alice, "nothing charged");
+    let bob = status_of(&filter, &host, &[("x-user-id", "bob")]);
+    assert_eq!(bob["policies"][0]["remaining"], 5, "bob's own key");
+    let anonymous = status_of(&filter, &host, &[]);
+    assert_eq!(
+        anonymous["policies"].as_array().map(Vec::len),
+        Some(1),
+        "per-user needs its key: only per-ip applies"
+    );
+    let reply = host.reply.borrow().clone().unwrap();
+    assert_eq!(
+        (
+            reply.header("content-type"),
+            reply.header("cache-control"),
+            reply.details
+        ),
+        (Some("application/json"), Some("no-store"), "sluice_status")
+    );
+}
+
+#[test]
+fn other_methods_get_a_405_and_other_paths_are_ordinary_requests() {
+    let (filter, host) = setup(with_status(json!({"policies": [per_user(4)]})));
+    let before = host.store_calls.get();
+    let (code, body) = ask(&filter, &host, "POST", STATUS, ALICE).unwrap();
+    assert_eq!((code, &body["error"]), (405, &json!("method_not_allowed")));
+    assert_eq!(
+        host.reply.borrow().as_ref().unwrap().header("allow"),
+        Some("GET, HEAD")
+    );
+    assert_eq!(host.store_calls.get(), before, "a 405 reads nothing");
+    assert_eq!(
+        ask(&filter, &host, "HEAD", STATUS, ALICE).map(|r| r.0),
+        Some(200)
+    );
+    for path in [
+        "/api/ratelimit/status?key=bob",
+        "/api/ratelimit/status/",
+        "/API/ratelimit/status",
+    ] {
+        assert_eq!(
+            ask(&filter, &host, "GET", path, ALICE),
+            None,
+            "{path}: forwarded"
+        );
+    }
+    let left = status_of(&filter, &host, ALICE)["policies"][0]["remaining"].clone();
+    assert_eq!(left, 1, "the three above were charged");
+    let (off, host) = setup(json!({"policies": [per_user(2)]}));
+    assert_eq!(
+        ask(&off, &host, "GET", STATUS, ALICE),
+        None,
+        "off unless configured"
+    );
+}
+
+#[test]
+fn a_global_policy_is_told_from_what_this_envoy_heard_without_calling_the_service() {
+    let mut config = with_status(global(global_per_user(10)));
+    config["policies"][0]["lease"] = json!(4);
+    let (filter, host) = setup(config);
+    let line = |host: &FakeHost| status_of(&filter, host, ALICE)["policies"][0].clone();
+    let unheard = line(&host);
+    assert_eq!(
+        (&unheard["remaining"], &unheard["source"], &unheard["limit"]),
+        (&Value::Null, &json!("unknown"), &json!(10))
+    );
+    let service = FakeService::default();
+    assert_eq!(serve(&filter, &host, Some(&service), ALICE), 200);
+    let calls = host.calls.get();
+    let heard = line(&host);
+    assert_eq!(host.calls.get(), calls, "the status asked nothing");
+    assert_eq!(
+        (&heard["remaining"], &heard["source"]),
+        (&json!(9), &json!("local_estimate")),
+        "the service's 6 left and the 3 granted tokens here"
+    );
+}

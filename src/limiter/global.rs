@@ -130,6 +130,30 @@ pub(super) fn judge(
     }
 }
 
+/// What this Envoy knows of a global policy's key from its `state` at `now`, without asking the
+/// service (a status request): over its limit until a known time; else the remaining the service
+/// last reported plus the granted tokens still here, until the time it said the key would be
+/// full again. `None` once that has passed, or when the service never answered for the key here:
+/// only the service knows then.
+pub(super) fn estimate(state: &[u64], now: u64) -> Option<(Decision, Basis)> {
+    let [granted, expiry, blocked, remaining, reset_at, ..] = state else {
+        return None;
+    };
+    if *blocked > now {
+        let wait = *blocked - now;
+        return Some((denied(wait, wait), Basis::OverLimit));
+    }
+    let spendable = if *expiry > now { *granted } else { 0 };
+    if *reset_at <= now && spendable == 0 {
+        return None;
+    }
+    let decision = allowed(
+        remaining.saturating_add(spendable),
+        reset_at.saturating_sub(now),
+    );
+    Some((decision, Basis::Grant))
+}
+
 /// For a request denied by another policy: what the service said stays, and the cost it
 /// granted for this request is not spent, so it joins this Envoy's grant. Not a slot: it is
 /// named, and given back (`unkept_slots`); kept as a grant, it would admit another request

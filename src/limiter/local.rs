@@ -22,6 +22,22 @@ pub(super) fn admit(tier: &Tier, cost: u64, state: &mut [u64], now: u64) -> Opti
     })
 }
 
+/// The key's standing under the tier at `now`, charging nothing (`admit` at a cost of 0): what
+/// is left and, while a request would pass, the time until the state owes nothing (the bucket
+/// full, the window over), without the token the probe takes.
+pub(super) fn standing(tier: &Tier, state: &mut [u64], now: u64) -> Option<Decision> {
+    let decision = admit(tier, 0, state, now)?;
+    if !decision.allowed {
+        return Some(decision);
+    }
+    let words = state.get(..tier.algorithm.columns())?;
+    let idle_at = tier.algorithm.idle_at(words, now);
+    Some(Decision {
+        reset_after: idle_at.saturating_sub(now),
+        ..decision
+    })
+}
+
 /// A lending policy (a token bucket): takes back what this worker still holds, then, for a key
 /// back within a loan's time of its last visit here, takes the whole `take` if the bucket has
 /// it. Tokens beyond the cost become this worker's loan, reported as remaining. A colder key

@@ -25,12 +25,14 @@ mod global;
 mod local;
 mod member;
 mod settle;
+mod status;
 pub mod tab;
 mod work;
 mod write;
 
 pub use global::{slot_name, GRANT_TTL};
 pub use settle::Settled;
+pub use status::Standing;
 
 use crate::config::{Plan, Tier};
 use crate::core::algorithm::Decision;

@@ -23,6 +23,9 @@ pub const UNREADABLE_BODY: &str = "sluice_unreadable_body";
 pub const MODEL_NOT_PRICED: &str = "sluice_model_not_priced";
 /// `%RESPONSE_CODE_DETAILS%` of a request whose body is larger than the filter reads.
 pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
+/// `%RESPONSE_CODE_DETAILS%` of a request the filter answered at the status path (`status_path`),
+/// with the client's quota or, to a method other than GET and HEAD, a 405.
+pub const STATUS: &str = "sluice_status";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
 pub const NOT_CONFIGURED: &str = "sluice_not_configured";
 

@@ -77,6 +77,14 @@ impl Ledger {
         })
     }
 
+    /// The tokens of the policy's bucket for `key` this worker may still spend at `now`: what a
+    /// status request adds to the bucket's own remaining.
+    pub fn held(&self, policy: usize, key: u64, now: u64) -> u64 {
+        self.find(policy, key)
+            .filter(|l| l.expires > now)
+            .map_or(0, |l| l.tokens)
+    }
+
     /// Gives back tokens spent for a request that was denied after all.
     pub fn refund(&mut self, policy: usize, key: u64, tokens: u64) {
         if let Some(loan) = self.find_mut(policy, key) {
