@@ -24,6 +24,7 @@ mod gather;
 mod global;
 mod local;
 mod member;
+pub mod overrides;
 mod settle;
 pub mod tab;
 mod work;
@@ -38,6 +39,7 @@ use crate::core::key::Keying;
 use crate::core::request::{Attributes, RequestSource};
 use crate::limiter::tab::Tab;
 use crate::state::ledger::Ledger;
+use crate::state::overrides::View;
 use crate::state::store::Store;
 use crate::wire::protocol::{Answer, Check};
 use smallvec::SmallVec;
@@ -275,6 +277,8 @@ pub struct Limiter<'a, S> {
     pub prefix: &'a str,
     pub store: &'a S,
     pub ledger: &'a mut Ledger,
+    /// This worker's copy of the overrides' index (`global.overrides`), if they are pulled.
+    pub overrides: Option<&'a View>,
 }
 
 impl<S: Store> Limiter<'_, S> {
@@ -287,7 +291,18 @@ impl<S: Store> Limiter<'_, S> {
         service_up: bool,
     ) -> Step {
         let mut progress = Progress::new(now);
-        gather::works(self.plan, self.keying, request, service_up, &mut progress);
+        let overrides = self.overrides.map(|view| overrides::Lookup {
+            view,
+            store: self.store,
+            prefix: self.prefix,
+        });
+        gather::works(
+            (self.plan, self.keying),
+            request,
+            service_up,
+            overrides,
+            &mut progress,
+        );
         for work in &mut progress.works {
             if !work::pay_from_loans(work, self.plan, self.ledger, now) {
                 self.read(work, now);
@@ -433,6 +448,7 @@ mod testing {
             prefix: PREFIX,
             store,
             ledger,
+            overrides: None,
         };
         limiter.evaluate(&mut attributes, now, true)
     }
@@ -520,6 +536,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         let Step::Done(outcome) = limiter.resume(pending, Some(vec![answer(true, 4)])) else {
             panic!("answered");
@@ -558,6 +575,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         let Step::Done(outcome) = limiter.resume(pending, None) else {
             panic!("a failed call is not asked again");
