@@ -159,6 +159,7 @@ fn bench_evaluate(name: &str, json: &str, request: &FakeRequest, denies: bool) -
             prefix: &prefix,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         limiter.evaluate(&mut attrs, black_box(now), true)
     };

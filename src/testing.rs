@@ -237,4 +237,8 @@ impl Metrics for FakeHost {
         let value = &mut self.counters.borrow_mut()[id as usize].1;
         *value = value.wrapping_add_signed(by);
     }
+
+    fn set(&self, id: u32, value: u64) {
+        self.counters.borrow_mut()[id as usize].1 = value;
+    }
 }

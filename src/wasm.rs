@@ -5,7 +5,7 @@ use crate::config::GrpcStatus;
 use crate::config::{GlobalService, Protocol, Secret};
 use crate::core::request::{RequestSource, Snapshot, BODY_BYTES};
 use crate::core::usage::request::asks_stream_usage_on;
-use crate::filter::{Admitted, Filter, Reported, Verdict};
+use crate::filter::{Admitted, Filter, OverridesCall, Reported, Verdict};
 use crate::host::{Environment, Host};
 use crate::limiter::tab::Ending;
 use crate::limiter::Pending;
@@ -13,6 +13,7 @@ use crate::output::access_log;
 use crate::output::metrics::{count_config_error, Metrics};
 use crate::output::reply::{self, LocalReply};
 use crate::remote::outbox::{self, Batch, Delivery, Outbox};
+use crate::remote::overrides::Answer;
 use crate::response::Response;
 use crate::state::hold::HoldQueue;
 use crate::state::store::{Store, StoreError};
@@ -318,6 +319,39 @@ impl Envoy {
     }
 }
 
+impl Envoy {
+    /// GETs the overrides' listing from the service (`Filter::overrides_tick`).
+    fn pull_overrides(call: &OverridesCall) -> Option<u32> {
+        let service = call.service;
+        let mut headers = vec![
+            (":method", "GET"),
+            (":path", call.path),
+            (":authority", service.authority.as_str()),
+        ];
+        if let Some(version) = &call.if_none_match {
+            headers.push(("if-none-match", version.as_str()));
+        }
+        let authorization = service.authorization.as_ref().map(Secret::expose);
+        headers.extend(authorization.map(|value| ("authorization", value)));
+        let timeout = Duration::from_nanos(crate::remote::overrides::CALL_TIMEOUT);
+        hostcalls::dispatch_http_call(&service.cluster, headers, None, vec![], timeout).ok()
+    }
+}
+
+/// What the service answered a pull of the overrides: a body past the filter's bound is not
+/// read.
+fn overrides_answer(filter: &Filter, headers: usize, body: usize) -> Answer {
+    match call_status::<u32>(headers) {
+        Some(200) if body > filter.overrides_body_limit() => Answer::TooLarge(body),
+        Some(200) => {
+            let listing = hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body);
+            Answer::Listing(listing.ok().flatten().unwrap_or_default())
+        }
+        Some(304) => Answer::Unchanged,
+        other => Answer::Failed(other),
+    }
+}
+
 impl Environment for Envoy {
     fn var(&self, name: &str) -> Option<String> {
         std::env::var(name).ok()
@@ -345,6 +379,10 @@ impl Metrics for Envoy {
 
     fn adjust(&self, id: u32, by: i64) {
         let _ = hostcalls::increment_metric(id, by);
+    }
+
+    fn set(&self, id: u32, value: u64) {
+        let _ = hostcalls::record_metric(id, value);
     }
 }
 
@@ -425,6 +463,8 @@ struct Root {
     last_second: u64,
     /// When refused settlements were last logged (`log_refused_settlements`).
     last_rejection_log: u64,
+    /// The pull of the overrides under way (`Filter::overrides_tick`), by its call's token.
+    overrides_call: Option<u32>,
 }
 
 impl Context for Root {
@@ -433,6 +473,13 @@ impl Context for Root {
     /// waiting behind it goes at once, so a worker's releases keep up with any rate the service
     /// answers.
     fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize, _: usize) {
+        if self.overrides_call == Some(token) {
+            self.overrides_call = None;
+            if let Some(filter) = &self.filter {
+                filter.overrides_answered(&Envoy, overrides_answer(filter, headers, body));
+            }
+            return;
+        }
         let status = call_status::<u32>(headers);
         let delivered = status.is_some_and(|s| (200..300).contains(&s));
         let rejected = match status {
@@ -542,8 +589,14 @@ impl RootContext for Root {
             }
         }
         if second {
-            if let Some(filter) = &self.filter {
+            if let Some(filter) = self.filter.clone() {
                 filter.review_debts(&Envoy);
+                if let Some(call) = filter.overrides_tick(&Envoy, &Envoy) {
+                    match Envoy::pull_overrides(&call) {
+                        Some(token) => self.overrides_call = Some(token),
+                        None => filter.overrides_not_sent(&Envoy),
+                    }
+                }
                 filter.flush_counters(&Envoy);
             }
             self.last_second = now;

@@ -176,6 +176,8 @@ impl Metrics for Recorder {
     }
 
     fn adjust(&self, _: u32, _: i64) {}
+
+    fn set(&self, _: u32, _: u64) {}
 }
 
 /// The filter's counters for the shipped configurations, as Envoy's `/stats/prometheus` names
@@ -233,10 +235,10 @@ fn filter_tagged_series() -> BTreeSet<String> {
         .collect()
 }
 
-/// A concurrency policy and a metered one: the series of their slots and tokens are the
-/// code's whether or not a shipped configuration has such a policy.
+/// A concurrency policy and a metered one, with the overrides pulled: the series of their
+/// slots, tokens and overrides are the code's whether or not a shipped configuration has them.
 fn plan_with_slots_and_tokens() -> sluice::config::Plan {
-    let config = serde_json::json!({"policies": [
+    let config = serde_json::json!({"global": {"cluster": "sluice", "overrides": {}}, "policies": [
         {"name": "slots", "key": ["ip"], "algorithm": "concurrency", "requests": 1},
         {"name": "tokens", "key": ["ip"], "requests": 1000, "per": "1m",
          "cost": {"from_response": {"usage": "total_tokens"}}},

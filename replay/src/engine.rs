@@ -77,6 +77,7 @@ impl Worker {
             prefix: PREFIX,
             store: &store,
             ledger: &mut self.ledger,
+            overrides: None,
         })
     }
 }
@@ -196,6 +197,7 @@ impl Engine {
             prefix: PREFIX,
             store: &worker.store,
             ledger: &mut worker.ledger,
+            overrides: None,
         };
         let mut step = limiter.evaluate(&mut request, now, true);
         loop {

@@ -751,3 +751,61 @@ fn a_rotated_admin_token_file_takes_effect_on_sighup() {
         .starts_with("line 1"));
     assert_eq!(shown("n3w-token"), 200);
 }
+
+#[test]
+fn the_filters_listing_takes_the_check_token_and_costs_a_304_while_nothing_changed() {
+    let dir = TempDir::new("admin-listing");
+    let (admin, check) = (dir.path().join("admin"), dir.path().join("check"));
+    std::fs::write(&admin, "adm1n-token\n").unwrap();
+    std::fs::write(&check, "ch3ck-token\n").unwrap();
+    let args = [
+        "--memory",
+        "--token-file",
+        check.to_str().unwrap(),
+        "--admin-token-file",
+        admin.to_str().unwrap(),
+    ];
+    let service = Service::start_with(&args, &[]);
+    let list = |token: &str, version: Option<&str>| {
+        let authorization = format!("Bearer {token}");
+        let mut headers: Vec<(&str, &[u8])> = vec![("authorization", authorization.as_bytes())];
+        if let Some(version) = version {
+            headers.push(("if-none-match", version.as_bytes()));
+        }
+        send_with(service.addr, "GET", "/v1/overrides", &headers, b"")
+    };
+    assert_eq!(
+        list("adm1n-token", None).status,
+        401,
+        "the filters' token only"
+    );
+    let empty = list("ch3ck-token", None);
+    assert_eq!(empty.status, 200, "{empty:?}");
+    assert_eq!(empty.json()["overrides"], json!([]), "{empty:?}");
+    let body = json!({"key": "api/5c0f4b1de6a2b3c4", "requests": 100, "per_ms": 60_000,
+        "burst": 100, "owner": "accounts", "reason": "premium plan", "expires_in_ms": 60_000});
+    assert_eq!(
+        post(service.addr, "/admin/v1/overrides", "adm1n-token", &body).status,
+        200
+    );
+    let listed = list("ch3ck-token", None);
+    let json = listed.json();
+    assert_eq!(json["overrides"].as_array().unwrap().len(), 1, "{json}");
+    let o = &json["overrides"][0];
+    assert_eq!(
+        (o["key"].as_str(), o["requests"].as_u64()),
+        (Some("api/5c0f4b1de6a2b3c4"), Some(100))
+    );
+    assert!(o["expires_at_ms"].as_u64().is_some(), "{json}");
+    assert!(
+        o.get("owner").is_none(),
+        "no owner, reason or author: {json}"
+    );
+    let version = json["version"].as_str().unwrap().to_string();
+    assert_ne!(Some(version.as_str()), empty.json()["version"].as_str());
+    let unchanged = list("ch3ck-token", Some(&version));
+    assert_eq!(unchanged.status, 304, "{unchanged:?}");
+    assert!(unchanged.body.is_empty());
+    // Another version held: the whole listing.
+    assert_eq!(list("ch3ck-token", Some("\"0\"")).status, 200);
+}

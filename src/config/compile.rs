@@ -5,16 +5,16 @@
 use super::answer::Denial;
 use super::input::{
     RawBypass, RawCalendar, RawConfig, RawCost, RawDenial, RawFailureMode, RawFromResponse,
-    RawGlobal, RawLease, RawMatch, RawMetered, RawMissingKey, RawMode, RawPolicy, RawProtocol,
-    RawReserveFromRequest, RawScope, RawTiers, DEFAULT_CHECK_PATH,
+    RawGlobal, RawLease, RawMatch, RawMetered, RawMissingKey, RawMode, RawOverrides, RawPolicy,
+    RawProtocol, RawReserveFromRequest, RawScope, RawTiers, DEFAULT_CHECK_PATH,
 };
 use super::plan::{
-    Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol, Reserve, Rollout,
-    Scope, Secret, Tier, Tiers, UsageSource,
+    Bypass, GlobalService, Metered, OnFailure, OnUnknown, OverridesSync, Plan, Policy, Protocol,
+    Reserve, Rollout, Scope, Secret, Tier, Tiers, UsageSource,
 };
 use super::{error, ConfigError, Env};
 use crate::core::algorithm::{Algorithm, Drain, Invalid, Kind, Param, Rate, Slots, Window};
-use crate::core::duration::parse_nanos;
+use crate::core::duration::{parse_nanos, NANOS_PER_SEC};
 use crate::core::key::{hash_values, parse_part, HashSecret, KeyPart, Source};
 use crate::core::matcher::{HeaderRule, Matcher, PathRule};
 use crate::core::request::{Attr, BodyField};
@@ -702,6 +702,48 @@ fn service(raw: &RawGlobal, env: Env) -> Result<GlobalService, ConfigError> {
             }
             None => crate::wire::protocol::SERVICE_MAX_KEY_TTL_MS,
         },
+        overrides: raw
+            .overrides
+            .as_ref()
+            .map(|o| overrides_sync(raw.protocol, o))
+            .transpose()?,
+    })
+}
+
+/// The overrides' default period and bound, and the bounds of both.
+const OVERRIDES_EVERY: &str = "2s";
+const MIN_OVERRIDES_EVERY: u64 = NANOS_PER_SEC;
+const MAX_OVERRIDES_EVERY: u64 = 60 * NANOS_PER_SEC;
+pub const DEFAULT_MAX_OVERRIDES: u64 = 10_000;
+pub const MAX_MAX_OVERRIDES: u64 = 100_000;
+
+fn overrides_sync(protocol: RawProtocol, raw: &RawOverrides) -> Result<OverridesSync, ConfigError> {
+    if protocol != RawProtocol::Sluice {
+        return Err(error(
+            "global.overrides",
+            "overrides are sluice-service's: not with \"protocol\": \"rls\"",
+        ));
+    }
+    let every_text = raw.every.as_deref().unwrap_or(OVERRIDES_EVERY);
+    let every = parse_nanos(every_text).map_err(|r| error("global.overrides.every", r))?;
+    if !(MIN_OVERRIDES_EVERY..=MAX_OVERRIDES_EVERY).contains(&every) {
+        return Err(error(
+            "global.overrides.every",
+            format!("must be between 1s and 60s, got {every_text:?}"),
+        ));
+    }
+    let max = raw.max.unwrap_or(DEFAULT_MAX_OVERRIDES);
+    if !(1..=MAX_MAX_OVERRIDES).contains(&max) {
+        return Err(error(
+            "global.overrides.max",
+            format!("must be between 1 and {MAX_MAX_OVERRIDES}, got {max}"),
+        ));
+    }
+    let listing = raw.path.as_deref().unwrap_or(crate::wire::overrides::PATH);
+    Ok(OverridesSync {
+        every,
+        max: usize::try_from(max).unwrap_or(usize::MAX),
+        path: path("global.overrides.path", listing)?,
     })
 }
 

@@ -78,6 +78,17 @@ pub(super) struct RawGlobal {
     pub(super) token_env: Option<String>,
     /// The service's `--max-key-ttl`, when it runs with more than its default (62d).
     pub(super) max_key_ttl: Option<String>,
+    /// Pull the service's overrides for the local policies.
+    pub(super) overrides: Option<RawOverrides>,
+}
+
+/// `"overrides": {"every": "2s", "max": 10000}`: each field optional.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawOverrides {
+    pub(super) every: Option<String>,
+    pub(super) max: Option<u64>,
+    pub(super) path: Option<String>,
 }
 
 /// What the service speaks: sluice-service's `/v1/check`, or Envoy's Rate Limit Service.

@@ -11,11 +11,13 @@ mod plan;
 mod tests;
 
 pub use answer::{Api, Denial, GrpcStatus, HeaderStyle};
-pub use compile::{MAX_GLOBAL_SLOTS, MAX_MAX_KEYS, MAX_SLIDING_LOG};
+pub use compile::{
+    DEFAULT_MAX_OVERRIDES, MAX_GLOBAL_SLOTS, MAX_MAX_KEYS, MAX_MAX_OVERRIDES, MAX_SLIDING_LOG,
+};
 pub use input::DEFAULT_MAX_KEYS;
 pub use plan::{
-    key_check, Bypass, GlobalService, Metered, OnFailure, OnUnknown, Plan, Policy, Protocol,
-    Reserve, Rollout, Scope, Secret, Tier, Tiers, TokenSide, UsageSource, GLOBAL_COLUMNS,
+    key_check, Bypass, GlobalService, Metered, OnFailure, OnUnknown, OverridesSync, Plan, Policy,
+    Protocol, Reserve, Rollout, Scope, Secret, Tier, Tiers, TokenSide, UsageSource, GLOBAL_COLUMNS,
 };
 
 use std::fmt;

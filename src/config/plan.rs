@@ -398,6 +398,21 @@ pub struct GlobalService {
     /// global policy whose key would live longer is refused here, as the service would refuse
     /// its checks or charges.
     pub max_key_ttl_ms: u64,
+    /// Pull sluice-service's overrides into shared data, for the local policies
+    /// (`global.overrides`); `None`: off.
+    pub overrides: Option<OverridesSync>,
+}
+
+/// How the overrides are pulled (`global.overrides`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverridesSync {
+    /// Nanoseconds between pulls.
+    pub every: u64,
+    /// The most overrides of this configuration's local policies held: a listing of more is
+    /// refused whole, and the last one stays in force.
+    pub max: usize,
+    /// The listing's path on the service.
+    pub path: String,
 }
 
 /// What the service speaks.

@@ -1410,3 +1410,52 @@ fn a_status_path_is_a_path_alone_and_off_unless_given() {
     long["status_path"] = json!(format!("/{}", "a".repeat(256)));
     assert_eq!(refused(long).field, "status_path");
 }
+
+#[test]
+fn overrides_are_pulled_only_when_asked_and_within_their_bounds() {
+    let global = |overrides: Value| json!({"global": {"cluster": "sluice", "overrides": overrides}, "policies": [policy()]});
+    let plan = parse(global(json!({})).to_string().as_bytes()).unwrap();
+    let sync = plan.global.unwrap().overrides.unwrap();
+    assert_eq!(
+        (sync.every, sync.max, sync.path.as_str()),
+        (2_000_000_000, 10_000, "/v1/overrides")
+    );
+    let off = parse(
+        json!({"global": {"cluster": "sluice"}, "policies": [policy()]})
+            .to_string()
+            .as_bytes(),
+    );
+    assert_eq!(
+        off.unwrap().global.unwrap().overrides,
+        None,
+        "off by default"
+    );
+    assert_refused(
+        global(json!({"every": "500ms"})),
+        "global.overrides.every",
+        "between 1s and 60s",
+    );
+    assert_refused(
+        global(json!({"max": 0})),
+        "global.overrides.max",
+        "between 1 and 100000",
+    );
+    assert_refused(
+        global(json!({"max": 100_001})),
+        "global.overrides.max",
+        "100000",
+    );
+    assert_refused(
+        global(json!({"path": "v1"})),
+        "global.overrides.path",
+        "'/'",
+    );
+    assert_refused(
+        global(json!({"often": "1s"})),
+        "global.overrides.often",
+        "unknown field",
+    );
+    let rls = json!({"global": {"protocol": "rls", "cluster": "rls", "domain": "d",
+        "overrides": {}}, "policies": [policy()]});
+    assert_refused(rls, "global.overrides", "sluice-service's");
+}

@@ -7,8 +7,8 @@ mod body;
 mod status;
 
 use crate::config::{
-    self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, Plan, Protocol,
-    TokenSide,
+    self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, OverridesSync, Plan,
+    Protocol, Scope, TokenSide,
 };
 use crate::core::algorithm::Algorithm;
 use crate::core::duration::NANOS_PER_SEC;
@@ -26,8 +26,10 @@ use crate::output::headers::{
 use crate::output::metrics::{Counters, Metrics, SlotEnd};
 use crate::output::reply::{self, LocalReply, Refusal, Refused, Said};
 use crate::remote::breaker::Breaker;
+use crate::remote::overrides::{Answer, Failure as PullFailure, Poller, Scope as PullScope};
 use crate::response::{Books, Debtor, Debtors};
 use crate::state::ledger::Ledger;
+use crate::state::overrides::View;
 use crate::state::store::{Store, ABSENT};
 use crate::state::table;
 use crate::wire::protocol::{self, SettleOp, Settlement};
@@ -106,6 +108,23 @@ pub struct Filter {
     last_id: Cell<u64>,
     /// The keys of local metered policies this worker put in debt (`sluice_keys_in_debt`).
     debtors: RefCell<Debtors>,
+    /// This worker's copy of the overrides' index, and its side of their pulls
+    /// (`global.overrides`).
+    overrides: RefCell<View>,
+    poller: RefCell<Poller>,
+    /// This worker's first tick: the overrides' age counts from it until the first pull.
+    first_tick: Cell<u64>,
+    /// When a failed pull was last logged: at most one line a minute.
+    last_overrides_log: Cell<u64>,
+}
+
+/// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
+/// service's token and `if-none-match`.
+#[derive(Debug)]
+pub struct OverridesCall<'a> {
+    pub service: &'a GlobalService,
+    pub path: &'a str,
+    pub if_none_match: Option<String>,
 }
 
 impl Filter {
@@ -148,7 +167,14 @@ impl Filter {
         let start = env.random().map_or(0, |bytes| {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
+        let me = env.random().map_or(start ^ 1, |bytes| {
+            u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
+        });
         Ok(Filter {
+            overrides: RefCell::default(),
+            poller: RefCell::new(Poller::new(me)),
+            first_tick: Cell::new(0),
+            last_overrides_log: Cell::new(0),
             last_id: Cell::new(start),
             debtors: RefCell::default(),
             bypass_logged,
@@ -277,6 +303,11 @@ impl Filter {
 
     /// Runs `step` with a limiter over this worker's loans and the host's shared data.
     fn limiter<H: Host, T>(&self, host: &H, step: impl FnOnce(&mut Limiter<H>) -> T) -> T {
+        // Only while overrides are pulled, and some policy has any.
+        let overrides = (self.plan.global.as_ref())
+            .filter(|g| g.overrides.is_some())
+            .and_then(|_| self.overrides.try_borrow().ok())
+            .filter(|view| view.count > 0);
         let run = |ledger: &mut Ledger| {
             step(&mut Limiter {
                 plan: &self.plan,
@@ -284,12 +315,119 @@ impl Filter {
                 prefix: &self.prefix,
                 store: host,
                 ledger,
+                overrides: overrides.as_deref(),
             })
         };
         match self.ledger.try_borrow_mut() {
             Ok(mut ledger) => run(&mut ledger),
             // Unreachable (a worker runs one callback at a time); lending nothing is safe.
             Err(_) => run(&mut Ledger::default()),
+        }
+    }
+
+    /// The policies overrides apply to here, by position: the local ones (the service applies
+    /// them to global ones).
+    fn overridable(&self) -> Vec<Option<&str>> {
+        (self.plan.policies.iter())
+            .map(|p| (p.scope == Scope::Local).then_some(p.name.as_str()))
+            .collect()
+    }
+
+    /// At each tick of the worker's timer, while overrides are pulled: reads the index again if
+    /// it changed, sets the overrides' gauges, and returns the pull to send when this worker
+    /// pulls and one is due.
+    pub fn overrides_tick(
+        &self,
+        host: &impl Host,
+        metrics: &impl Metrics,
+    ) -> Option<OverridesCall<'_>> {
+        let service = self.plan.global.as_ref()?;
+        let sync = service.overrides.as_ref()?;
+        let now = self.now(host);
+        if self.first_tick.get() == 0 {
+            self.first_tick.set(now);
+        }
+        let names = self.overridable();
+        if let Ok(mut view) = self.overrides.try_borrow_mut() {
+            view.refresh(host, &self.prefix, &names);
+            let pulled = view.pulled_ms.map(|ms| ms.saturating_mul(1_000_000));
+            let age = now.saturating_sub(pulled.unwrap_or(self.first_tick.get()));
+            self.counters
+                .overrides_held(metrics, age / NANOS_PER_SEC, view.count);
+        }
+        let local: Vec<&str> = names.into_iter().flatten().collect();
+        let scope = self.pull_scope(sync, &local);
+        let pull = self.poller.try_borrow_mut().ok()?.tick(host, &scope, now)?;
+        Some(OverridesCall {
+            service,
+            path: &sync.path,
+            if_none_match: pull.if_none_match,
+        })
+    }
+
+    fn pull_scope<'a>(&'a self, sync: &OverridesSync, local: &'a [&'a str]) -> PullScope<'a> {
+        PullScope {
+            prefix: &self.prefix,
+            local,
+            max: sync.max,
+            every: sync.every,
+        }
+    }
+
+    /// The largest listing of overrides read (`overrides::body_limit`).
+    pub fn overrides_body_limit(&self) -> usize {
+        let sync = self.plan.global.as_ref().and_then(|g| g.overrides.as_ref());
+        crate::remote::overrides::body_limit(sync.map_or(0, |s| s.max))
+    }
+
+    /// The pull `overrides_tick` asked for could not be sent: another worker will try.
+    pub fn overrides_not_sent(&self, host: &impl Host) {
+        let Some(sync) = self.plan.global.as_ref().and_then(|g| g.overrides.as_ref()) else {
+            return;
+        };
+        let names = self.overridable();
+        let local: Vec<&str> = names.into_iter().flatten().collect();
+        if let Ok(mut poller) = self.poller.try_borrow_mut() {
+            poller.not_sent(host, &self.pull_scope(sync, &local));
+        }
+        self.overrides_failed(host, &PullFailure::Unanswered(None));
+    }
+
+    /// The service answered a pull (or did not): what it listed is written to shared data, or
+    /// the overrides held stay in force, the failure counted and logged.
+    pub fn overrides_answered(&self, host: &impl Host, answer: Answer) {
+        let Some(sync) = self.plan.global.as_ref().and_then(|g| g.overrides.as_ref()) else {
+            return;
+        };
+        let now = self.now(host);
+        let names = self.overridable();
+        let local: Vec<&str> = names.iter().flatten().copied().collect();
+        let scope = self.pull_scope(sync, &local);
+        let Ok(mut poller) = self.poller.try_borrow_mut() else {
+            return;
+        };
+        match poller.answered(host, &scope, answer, now) {
+            Ok(index) => {
+                log::debug!(
+                    "overrides pulled: version {}, {} held",
+                    index.version,
+                    index.count
+                );
+                if let Ok(mut view) = self.overrides.try_borrow_mut() {
+                    view.refresh(host, &self.prefix, &names);
+                }
+            }
+            Err(failure) => self.overrides_failed(host, &failure),
+        }
+    }
+
+    fn overrides_failed(&self, host: &impl Host, failure: &PullFailure) {
+        self.counters.overrides_pull_failed();
+        let now = self.now(host);
+        let last = self.last_overrides_log.get();
+        if last == 0 || now >= last.saturating_add(MINUTE) {
+            self.last_overrides_log.set(now);
+            log::warn!("overrides not pulled, those pulled before stay in force: {failure}");
         }
     }
 

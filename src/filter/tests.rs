@@ -2,6 +2,7 @@ use super::*;
 use crate::core::duration::NANOS_PER_SEC as SEC;
 use crate::limiter::PolicyOutcome::{Allowed, Bypassed, CanaryShadowDenied, Denied, ShadowDenied};
 use crate::output::metrics::{degraded_counter, requests_counter};
+use crate::remote::overrides::Answer;
 use crate::state::store::MemoryStore;
 use crate::testing::{FakeHost, FakeRequest};
 use crate::wire::exact::ExactStore;
@@ -1391,4 +1392,181 @@ fn a_global_policy_is_told_from_what_this_envoy_heard_without_calling_the_servic
         (&json!(9), &json!("local_estimate")),
         "the service's 6 left and the 3 granted tokens here"
     );
+}
+
+/// A configuration that pulls the service's overrides, with these policies.
+fn pulling(policies: Value) -> Value {
+    json!({"global": {"cluster": "sluice", "overrides": {}}, "policies": policies})
+}
+
+/// The service's listing of overrides of `(policy, key value, requests, burst, expires)`, each
+/// per second.
+fn listing(overrides: &[(&str, &str, u64, u64, Option<u64>)]) -> Vec<u8> {
+    use crate::core::key::{hash_values, HashSecret};
+    use crate::wire::overrides::{version_of, Listed, Listing};
+    let overrides: Vec<Listed> = overrides
+        .iter()
+        .map(|&(policy, key, requests, burst, expires_at_ms)| Listed {
+            key: format!(
+                "{policy}/{:016x}",
+                hash_values(&[key.to_string()], &HashSecret::PUBLIC)
+            ),
+            algorithm: crate::core::algorithm::Kind::TokenBucket,
+            requests,
+            per_ms: 1000,
+            burst,
+            max_delay_ms: None,
+            expires_at_ms,
+        })
+        .collect();
+    let version = version_of(&overrides);
+    serde_json::to_vec(&Listing { version, overrides }).unwrap()
+}
+
+/// This worker pulls (it is due) and the service answers `answer`; the worker's copy of the
+/// index is read again at the next tick.
+fn pull(filter: &Filter, host: &FakeHost, answer: Answer) {
+    let call = filter.overrides_tick(host, host).expect("a pull due");
+    assert_eq!(call.path, "/v1/overrides");
+    filter.overrides_answered(host, answer);
+    filter.overrides_tick(host, host);
+}
+
+#[test]
+fn an_override_pulled_raises_one_keys_local_limit_and_the_others_keep_the_policys() {
+    let (filter, host) = setup(pulling(json!([per_user(2)])));
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    assert_eq!(
+        statuses(&filter, &host, 7, ALICE),
+        [200, 200, 200, 200, 200, 429, 429]
+    );
+    let bob = &[("x-user-id", "bob")];
+    assert_eq!(statuses(&filter, &host, 3, bob), [200, 200, 429]);
+    filter.flush_counters(&host);
+    assert_eq!(host.gauge("sluice.overrides_held"), 1);
+    assert_eq!(host.gauge("sluice.overrides_age_seconds"), 0);
+}
+
+#[test]
+fn an_override_keeps_the_usage_so_far_and_expires_on_time_without_a_pull() {
+    let (filter, host) = setup(pulling(json!([per_user(2)])));
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    let until_ms = (T0 + 10 * SEC) / 1_000_000;
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, Some(until_ms))])),
+    );
+    assert_eq!(
+        statuses(&filter, &host, 4, ALICE),
+        [200, 200, 200, 429],
+        "two of five used already"
+    );
+    host.now.set(T0 + 10 * SEC);
+    // Ten seconds refilled the policy's bucket of two: no more.
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+}
+
+#[test]
+fn the_overrides_held_stay_in_force_while_the_service_cannot_answer_and_their_age_grows() {
+    let (filter, host) = setup(pulling(json!([per_user(2)])));
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    for second in [2, 4, 6] {
+        host.now.set(T0 + second * SEC);
+        pull(&filter, &host, Answer::Failed(None));
+    }
+    filter.flush_counters(&host);
+    assert_eq!(host.counter("sluice.overrides_pull_failures"), 3);
+    assert_eq!(host.gauge("sluice.overrides_age_seconds"), 6);
+    assert_eq!(host.gauge("sluice.overrides_held"), 1);
+    assert_eq!(
+        statuses(&filter, &host, 6, ALICE),
+        [200, 200, 200, 200, 200, 429]
+    );
+    // The service is back: nothing changed, and the age is 0 again.
+    host.now.set(T0 + 8 * SEC);
+    pull(&filter, &host, Answer::Unchanged);
+    filter.flush_counters(&host);
+    assert_eq!(host.gauge("sluice.overrides_age_seconds"), 0);
+}
+
+#[test]
+fn a_policy_without_overrides_reads_no_more_shared_data_and_one_with_reads_one_page_more() {
+    let policies =
+        json!([per_user(100), {"name": "per-ip", "key": ["ip"], "requests": 100, "per": "1s"}]);
+    let reads = |config: Value, listed: &[(&str, &str, u64, u64, Option<u64>)]| {
+        let (filter, host) = setup(config);
+        if !listed.is_empty() {
+            pull(&filter, &host, Answer::Listing(listing(listed)));
+        }
+        let before = host.store_calls.get();
+        statuses(&filter, &host, 10, &[("x-user-id", "bob")]);
+        host.store_calls.get() - before
+    };
+    let without = reads(json!({"policies": policies}), &[]);
+    assert_eq!(
+        reads(pulling(policies.clone()), &[]),
+        without,
+        "pulled, none held"
+    );
+    let per_ip = reads(
+        pulling(policies.clone()),
+        &[("per-ip", "10.9.9.9", 1, 1, None)],
+    );
+    let per_user_held = reads(
+        pulling(policies.clone()),
+        &[("per-user", "alice", 1, 1, None)],
+    );
+    assert_eq!(
+        per_ip,
+        without + 10,
+        "per-ip has overrides: a page read per request"
+    );
+    assert_eq!(per_user_held, without + 10);
+}
+
+#[test]
+fn a_listing_past_the_bound_leaves_the_overrides_held() {
+    let config = json!({"global": {"cluster": "sluice", "overrides": {"max": 1}},
+        "policies": [per_user(2)]});
+    let (filter, host) = setup(config);
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    host.now.set(T0 + 2 * SEC);
+    let two = listing(&[
+        ("per-user", "alice", 1, 9, None),
+        ("per-user", "bob", 1, 9, None),
+    ]);
+    pull(&filter, &host, Answer::Listing(two));
+    filter.flush_counters(&host);
+    assert_eq!(host.counter("sluice.overrides_pull_failures"), 1);
+    assert_eq!(
+        statuses(&filter, &host, 6, ALICE)[4..],
+        [200, 429],
+        "five, as before"
+    );
+}
+
+#[test]
+fn the_status_path_shows_a_keys_override_as_its_requests_meet_it() {
+    let (filter, host) = setup(with_status(pulling(json!([per_user(2)]))));
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    let limit = |headers| status_of(&filter, &host, headers)["policies"][0]["limit"].clone();
+    assert_eq!(limit(ALICE), json!(5));
+    assert_eq!(limit(&[("x-user-id", "bob")]), json!(2));
 }

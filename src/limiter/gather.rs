@@ -7,19 +7,21 @@
 //! only shadow policies did.
 
 use super::member::{Member, Service};
+use super::overrides::Lookup;
 use super::work::Work;
 use super::{Outcome, Progress, Step, Works};
 use crate::config::{Plan, Policy};
 use crate::core::key::{hash_key, Keying, MISSING_KEY};
 use crate::core::request::{Attributes, RequestSource};
 use crate::core::route::{self, RouteScope};
+use crate::state::store::Store;
 use crate::state::table::TableSpec;
 
-pub(super) fn works<R: RequestSource + ?Sized>(
-    plan: &Plan,
-    keying: &Keying,
+pub(super) fn works<R: RequestSource + ?Sized, S: Store>(
+    (plan, keying): (&Plan, &Keying),
     request: &mut Attributes<R>,
     service_up: bool,
+    overrides: Option<Lookup<'_, S>>,
     progress: &mut Progress,
 ) {
     let Progress {
@@ -30,6 +32,7 @@ pub(super) fn works<R: RequestSource + ?Sized>(
     } = progress;
     let mut gathered = Gathered {
         keying,
+        overrides,
         works,
         service: if service_up {
             Service::Ask
@@ -71,15 +74,17 @@ fn route_scope<R: RequestSource + ?Sized>(
     scope
 }
 
-/// The works of a request so far, and the secrets its keys are hashed under.
-struct Gathered<'k> {
+/// The works of a request so far, the secrets its keys are hashed under, and where overrides
+/// are looked up.
+struct Gathered<'k, S> {
     keying: &'k Keying,
+    overrides: Option<Lookup<'k, S>>,
     works: &'k mut Works,
     service: Service,
     now: u64,
 }
 
-impl Gathered<'_> {
+impl<S: Store> Gathered<'_, S> {
     /// Adds the policy to the work of its table, unless its key is missing (and not shared) or
     /// exempt. Returns whether it enforces for the key, if it applies.
     fn join<R: RequestSource + ?Sized>(
@@ -91,7 +96,7 @@ impl Gathered<'_> {
         outcome: &mut Outcome,
     ) -> Option<bool> {
         let existing = self.works.iter().position(|w| w.table == policy.table);
-        let (hash, key) = match existing.and_then(|i| self.works.get(i)) {
+        let (hash, mut key) = match existing.and_then(|i| self.works.get(i)) {
             Some(work) => (work.hash, work.key),
             None => hashes_of(plan, self.keying, policy, request),
         };
@@ -101,7 +106,18 @@ impl Gathered<'_> {
         if key.is_some_and(|key| exempt(plan, index, key, self.now, outcome)) {
             return None;
         }
-        let tier = policy.tier_of(request);
+        let mut tier = policy.tier_of(request);
+        // Only a policy that has overrides pays for them: a read, and a second hash where the
+        // key has no shared one yet.
+        if let Some(lookup) = self.overrides.filter(|l| l.covers(index, policy)) {
+            if key.is_none() {
+                let table = plan.tables.get(policy.table);
+                key = table.and_then(|t| shared_hash(t, request, self.keying));
+            }
+            if let Some(key) = key.filter(|&k| k != MISSING_KEY) {
+                tier = lookup.tier(index, policy, tier, key, self.now);
+            }
+        }
         let pricing = policy.metered.as_ref().and_then(|m| m.source.pricing());
         if let Some((_, model)) = pricing.filter(|_| outcome.asked_model.is_none()) {
             outcome.asked_model = request.get(model).map(<[u8]>::to_vec);
@@ -123,6 +139,7 @@ impl Gathered<'_> {
         let work = match existing.and_then(|i| self.works.get_mut(i)) {
             Some(work) => {
                 work.members.push(member);
+                work.key = work.key.or(key);
                 work
             }
             None => {
@@ -253,7 +270,14 @@ mod tests {
     fn gather_from(plan: &Plan, source: &FakeRequest, now: u64) -> (Works, Outcome) {
         let mut progress = Progress::new(now);
         let mut attributes = Attributes::new(source, &plan.attrs);
-        works(plan, &keying(), &mut attributes, true, &mut progress);
+        let no_overrides: Option<Lookup<crate::state::store::MemoryStore>> = None;
+        works(
+            (plan, &keying()),
+            &mut attributes,
+            true,
+            no_overrides,
+            &mut progress,
+        );
         (progress.works, progress.outcome)
     }
 

@@ -24,6 +24,7 @@ mod gather;
 mod global;
 mod local;
 mod member;
+pub mod overrides;
 mod settle;
 mod status;
 pub mod tab;
@@ -40,6 +41,7 @@ use crate::core::key::Keying;
 use crate::core::request::{Attributes, RequestSource};
 use crate::limiter::tab::Tab;
 use crate::state::ledger::Ledger;
+use crate::state::overrides::View;
 use crate::state::store::Store;
 use crate::wire::protocol::{Answer, Check};
 use smallvec::SmallVec;
@@ -288,9 +290,32 @@ pub struct Limiter<'a, S> {
     pub prefix: &'a str,
     pub store: &'a S,
     pub ledger: &'a mut Ledger,
+    /// This worker's copy of the overrides' index (`global.overrides`), if they are pulled.
+    pub overrides: Option<&'a View>,
 }
 
 impl<S: Store> Limiter<'_, S> {
+    /// Every policy's work for `request`, with its tier and any override the key has.
+    fn gather<R: RequestSource + ?Sized>(
+        &self,
+        request: &mut Attributes<R>,
+        service_up: bool,
+        progress: &mut Progress,
+    ) {
+        let overrides = self.overrides.map(|view| overrides::Lookup {
+            view,
+            store: self.store,
+            prefix: self.prefix,
+        });
+        gather::works(
+            (self.plan, self.keying),
+            request,
+            service_up,
+            overrides,
+            progress,
+        );
+    }
+
     /// Decides the request at `now` (Unix nanoseconds). `service_up` is false while the service
     /// is known to be failing: global policies then apply their failure mode without calling.
     pub fn evaluate<R: RequestSource + ?Sized>(
@@ -300,7 +325,7 @@ impl<S: Store> Limiter<'_, S> {
         service_up: bool,
     ) -> Step {
         let mut progress = Progress::new(now);
-        gather::works(self.plan, self.keying, request, service_up, &mut progress);
+        self.gather(request, service_up, &mut progress);
         for work in &mut progress.works {
             if !work::pay_from_loans(work, self.plan, self.ledger, now) {
                 self.read(work, now);
@@ -446,6 +471,7 @@ mod testing {
             prefix: PREFIX,
             store,
             ledger,
+            overrides: None,
         };
         limiter.evaluate(&mut attributes, now, true)
     }
@@ -533,6 +559,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         let Step::Done(outcome) = limiter.resume(pending, Some(vec![answer(true, 4)])) else {
             panic!("answered");
@@ -571,6 +598,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         let Step::Done(outcome) = limiter.resume(pending, None) else {
             panic!("a failed call is not asked again");

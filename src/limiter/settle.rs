@@ -191,6 +191,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         assert!(!limiter.owes(0, hash, &tier, T0), "nothing spent");
         limiter.settle(&mut entry, Op::Charge(10), T0);

@@ -7,7 +7,6 @@
 //! here: a lending policy's remaining can read up to their loans low). A global policy is told
 //! from what this Envoy last heard of the key (`global::estimate`): the service is not asked.
 
-use super::gather;
 use super::{global, local, Applied, Basis, Limiter, Progress};
 use crate::core::algorithm::Decision;
 use crate::core::request::{Attributes, RequestSource};
@@ -34,7 +33,7 @@ impl<S: Store> Limiter<'_, S> {
         now: u64,
     ) -> Vec<Standing> {
         let mut progress = Progress::new(now);
-        gather::works(self.plan, self.keying, request, true, &mut progress);
+        self.gather(request, true, &mut progress);
         let mut standings = Vec::new();
         for work in &progress.works {
             let Some(slot) = self.find(work.table, work.hash, now) else {
@@ -121,6 +120,7 @@ mod tests {
             prefix: PREFIX,
             store,
             ledger,
+            overrides: None,
         };
         limiter.status(&mut attributes, now)
     }
@@ -229,6 +229,7 @@ mod tests {
             prefix: PREFIX,
             store: &store,
             ledger: &mut ledger,
+            overrides: None,
         };
         let answer = Answer {
             allowed: true,

@@ -166,6 +166,8 @@ pub trait Metrics {
     fn define_gauge(&self, name: &str) -> Option<u32>;
     /// Moves a gauge by `by`, up or down: every worker's moves add up in Envoy's one gauge.
     fn adjust(&self, id: u32, by: i64);
+    /// Sets a gauge to `value`: for a value every worker reads alike (the overrides' age).
+    fn set(&self, id: u32, value: u64);
 }
 
 #[derive(Debug, Default)]
@@ -271,6 +273,16 @@ pub struct Counters {
     settlements_dropped: Counter,
     /// Settlements the service refused: dropped, never sent again.
     settlements_rejected: Counter,
+    /// The overrides pulled from the service, when they are (`global.overrides`).
+    overrides: Option<OverrideCounters>,
+}
+
+/// The overrides' pulls: the failed ones, and the age and number of the overrides held.
+#[derive(Debug, Default)]
+struct OverrideCounters {
+    pull_failures: Counter,
+    age_seconds: Option<u32>,
+    held: Option<u32>,
 }
 
 impl Counters {
@@ -317,6 +329,32 @@ impl Counters {
             settlements_delivered: counter("sluice.settlements_delivered".into()),
             settlements_dropped: counter("sluice.settlements_dropped".into()),
             settlements_rejected: counter("sluice.settlements_rejected".into()),
+            overrides: (plan.global.as_ref())
+                .and_then(|g| g.overrides.as_ref())
+                .map(|_| OverrideCounters {
+                    pull_failures: counter("sluice.overrides_pull_failures".into()),
+                    age_seconds: metrics.define_gauge("sluice.overrides_age_seconds"),
+                    held: metrics.define_gauge("sluice.overrides_held"),
+                }),
+        }
+    }
+
+    /// Counts a pull of the overrides that left them as they were.
+    pub fn overrides_pull_failed(&self) {
+        if let Some(overrides) = &self.overrides {
+            overrides.pull_failures.add(1);
+        }
+    }
+
+    /// Sets the gauges of the overrides held: how long ago they were pulled, and how many.
+    pub fn overrides_held(&self, metrics: &impl Metrics, age_seconds: u64, held: u64) {
+        let Some(overrides) = &self.overrides else {
+            return;
+        };
+        for (id, value) in [(overrides.age_seconds, age_seconds), (overrides.held, held)] {
+            if let Some(id) = id {
+                metrics.set(id, value);
+            }
         }
     }
 
@@ -482,6 +520,7 @@ impl Counters {
                 &self.settlements_dropped,
                 &self.settlements_rejected,
             ])
+            .chain(self.overrides.as_ref().map(|o| &o.pull_failures))
             .for_each(|c| c.flush(metrics));
     }
 }

@@ -1,6 +1,7 @@
 //! Talking to the rate-limit service off the request's path: the settlements queued per worker
-//! and sent in batches (`outbox`), and the breaker that stops asking a failing service
-//! (`breaker`).
+//! and sent in batches (`outbox`), the breaker that stops asking a failing service
+//! (`breaker`), and the pulls of the service's overrides (`overrides`).
 
 pub mod breaker;
 pub mod outbox;
+pub mod overrides;

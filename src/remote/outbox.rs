@@ -259,6 +259,7 @@ mod tests {
 
     fn service(cluster: &str) -> GlobalService {
         GlobalService {
+            overrides: None,
             cluster: cluster.into(),
             authority: cluster.into(),
             timeout_ms: 50,

@@ -1,7 +1,9 @@
 //! What goes between the filter and a rate-limit service: sluice-service's check and settle
-//! messages (`protocol`), Envoy's Rate Limit Service descriptors (`rls`), and the service's
-//! decisions computed here without it (`exact`), for tests and the replay.
+//! messages (`protocol`), Envoy's Rate Limit Service descriptors (`rls`), the service's
+//! decisions computed here without it (`exact`), for tests and the replay, and the overrides'
+//! listing the filter pulls (`overrides`).
 
 pub mod exact;
+pub mod overrides;
 pub mod protocol;
 pub mod rls;

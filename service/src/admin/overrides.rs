@@ -14,10 +14,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hyper::body::Incoming;
+use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
 use sluice::core::algorithm::Kind;
+use sluice::wire::overrides as listing;
 use tracing::warn;
 
 use super::auth::Caller;
@@ -87,10 +88,35 @@ impl Override {
     }
 }
 
-/// What a replica applies: each override's algorithm, by namespace and key.
+/// What a replica applies: each override's algorithm, by namespace and key; and what it lists
+/// to the filters (`GET /v1/overrides`).
 #[derive(Default)]
 pub struct OverrideTable {
     by_key: RwLock<Arc<HashMap<(Namespace, String), Applied>>>,
+    listing: RwLock<Option<Arc<Listed>>>,
+}
+
+/// The filters' listing as served: its version (the `ETag`) and its JSON body, made once per
+/// change of the overrides.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub version: String,
+    pub body: Bytes,
+}
+
+impl Listed {
+    fn of(overrides: Vec<listing::Listed>) -> Listed {
+        let version = listing::version_of(&overrides);
+        let body = serde_json::to_vec(&listing::Listing {
+            version: version.clone(),
+            overrides,
+        })
+        .unwrap_or_default();
+        Listed {
+            version,
+            body: body.into(),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +156,7 @@ impl OverrideTable {
 
     fn replace(&self, overrides: &[Override], bounds: &Bounds) {
         let mut table = HashMap::new();
+        let mut listed = Vec::new();
         for o in overrides {
             if let Ok((namespace, algorithm)) = validate(o, bounds) {
                 let applied = Applied {
@@ -137,9 +164,36 @@ impl OverrideTable {
                     expires_at_ms: o.expires_at_ms,
                 };
                 table.insert((namespace, o.key.clone()), applied);
+                if namespace == Namespace::Http {
+                    listed.push(listing::Listed {
+                        key: o.key.clone(),
+                        algorithm: o.algorithm,
+                        requests: o.requests,
+                        per_ms: o.per_ms,
+                        burst: o.burst,
+                        max_delay_ms: o.max_delay_ms,
+                        expires_at_ms: o.expires_at_ms,
+                    });
+                }
             }
         }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
         *self.by_key.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(table);
+        let mut listing = self.listing.write().unwrap_or_else(PoisonError::into_inner);
+        // The same overrides read again: the listing (and its version) stays.
+        let version = listing::version_of(&listed);
+        if listing.as_ref().is_none_or(|l| l.version != version) {
+            *listing = Some(Arc::new(Listed::of(listed)));
+        }
+    }
+
+    /// The filters' listing of the `http` overrides now (none before the first refresh).
+    pub fn listing(&self) -> Arc<Listed> {
+        let listing = self.listing.read().unwrap_or_else(PoisonError::into_inner);
+        match &*listing {
+            Some(listed) => Arc::clone(listed),
+            None => Arc::new(Listed::of(Vec::new())),
+        }
     }
 }
 

@@ -6,8 +6,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hyper::body::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, AUTHORIZATION};
+use hyper::header::{HeaderValue, AUTHORIZATION, ETAG, IF_NONE_MATCH};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -15,6 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, warn};
 
+use crate::admin::overrides::OverrideTable;
 use crate::admin::{Admin, PREFIX};
 use crate::auth::Guard;
 use crate::connections::{Gate, Server};
@@ -34,7 +36,14 @@ const MAX_HEAD_BYTES: usize = 16 * 1024;
 /// How long a client may take to send a body once the headers are in.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The paths served; any other counts as `other` in the metrics.
-const PATHS: [&str; 5] = ["/v1/check", "/v1/settle", "/healthz", "/readyz", "/metrics"];
+const PATHS: [&str; 6] = [
+    "/v1/check",
+    "/v1/settle",
+    "/v1/overrides",
+    "/healthz",
+    "/readyz",
+    "/metrics",
+];
 
 pub struct App<S> {
     store: Arc<S>,
@@ -93,6 +102,7 @@ impl<S: Store> App<S> {
             },
             (&Method::POST, Some("/v1/check")) => self.check(request).await,
             (&Method::POST, Some("/v1/settle")) => self.settle(request).await,
+            (&Method::GET, Some("/v1/overrides")) => self.overrides(&request),
             (&Method::GET, Some("/healthz")) => json(StatusCode::OK, &Status { status: "ok" }),
             (&Method::GET, Some("/readyz")) => self.readyz(),
             (&Method::GET, Some("/metrics")) => reply(
@@ -193,6 +203,31 @@ impl<S: Store> App<S> {
         }
         (read_body(request, &self.limits, parse).await)
             .map_err(|bad| error(StatusCode::BAD_REQUEST, "bad_request", &bad.detail))
+    }
+
+    /// The overrides for the filters to pull: the `http` ones this replica applies, with the
+    /// filters' token; a bodiless 304 when the caller holds this version (`If-None-Match`).
+    /// Read from the replica's own table, never from the store: a pull costs Redis nothing.
+    fn overrides(&self, request: &Request<Incoming>) -> Reply {
+        let authorization = request.headers().get(AUTHORIZATION);
+        if !self.guard.admits(authorization.map(HeaderValue::as_bytes)) {
+            return unauthorized();
+        }
+        let listed = match &self.admin {
+            Some(admin) => admin.overrides.listing(),
+            None => OverrideTable::default().listing(),
+        };
+        let held = request.headers().get(IF_NONE_MATCH);
+        let unchanged = held.is_some_and(|v| v.as_bytes() == listed.version.as_bytes());
+        let mut answer = if unchanged {
+            reply(StatusCode::NOT_MODIFIED, "application/json", Bytes::new())
+        } else {
+            reply(StatusCode::OK, "application/json", listed.body.clone())
+        };
+        if let Ok(etag) = HeaderValue::from_str(&listed.version) {
+            answer.headers_mut().insert(ETAG, etag);
+        }
+        answer
     }
 
     fn readyz(&self) -> Reply {
