@@ -275,6 +275,7 @@ fn prometheus_name(name: &str) -> String {
 fn service_families() -> BTreeSet<String> {
     let mut metrics = sluice_service::metrics::Metrics::default();
     sluice_service::rls::metrics::RlsMetrics::register(metrics.registry_mut());
+    sluice_service::rlqs::metrics::RlqsMetrics::register(metrics.registry_mut());
     let limits = sluice_service::connections::Limits {
         max_connections: 1,
         header_timeout: std::time::Duration::from_secs(1),

@@ -16,18 +16,18 @@ use crate::metrics;
 use crate::stores::redis::RedisTarget;
 use crate::stores::MAX_CAPACITY_US;
 
-/// Where HTTP is served when `--listen` is not given and neither is `--rls`.
+/// Where HTTP is served when `--listen` is not given and neither is `--rls` nor `--rlqs`.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// Decides sluice's global rate limits for the Envoy filter (token bucket, fixed window, sliding
 /// window, sliding log, leaky bucket), keeping their state in Redis. Serves POST /v1/check,
-/// GET /healthz, GET /readyz and GET /metrics, and with --rls Envoy's Rate Limit Service gRPC
-/// API; logs JSON lines on stderr.
+/// GET /healthz, GET /readyz and GET /metrics, with --rls Envoy's Rate Limit Service gRPC
+/// API and with --rlqs its Rate Limit Quota Service; logs JSON lines on stderr.
 #[derive(Parser, Debug)]
 #[command(name = "sluice-service", version)]
 pub struct Args {
     /// Address to serve HTTP on (port 0 picks a free port, logged when listening) [default:
-    /// 127.0.0.1:8080, or no HTTP at all with --rls]
+    /// 127.0.0.1:8080, or no HTTP at all with --rls or --rlqs]
     #[arg(long, env = "SLUICE_LISTEN", value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
 
@@ -141,9 +141,9 @@ pub struct Args {
 }
 
 impl Args {
-    /// Where to serve HTTP: `--listen`, else the default unless `--rls` is given.
+    /// Where to serve HTTP: `--listen`, else the default unless `--rls` or `--rlqs` is given.
     pub fn http_listen(&self) -> Option<SocketAddr> {
-        match (self.listen, self.rls.rls) {
+        match (self.listen, self.rls.rls.or(self.rls.rlqs)) {
             (Some(listen), _) => Some(listen),
             (None, Some(_)) => None,
             (None, None) => DEFAULT_LISTEN.parse().ok(),
@@ -156,7 +156,7 @@ impl Args {
         if self.token_file.is_some() || self.allow_unauthenticated {
             return Ok(());
         }
-        let exposed = [self.http_listen(), self.rls.rls]
+        let exposed = [self.http_listen(), self.rls.rls, self.rls.rlqs]
             .into_iter()
             .flatten()
             .find(|address| !address.ip().is_loopback());
@@ -452,5 +452,21 @@ mod tests {
             "all",
         ];
         assert!(parse(&[&["--redis", "redis://a"][..], &bad_headers].concat()).is_err());
+    }
+
+    #[test]
+    fn rlqs_needs_the_limits_files_and_serves_no_http_by_default() {
+        let alone = Args::try_parse_from(["sluice-service", "--memory", "--rlqs", "127.0.0.1:0"]);
+        let error = alone.unwrap_err().to_string();
+        assert!(
+            error.contains("--rls-config") && error.contains("--rlqs"),
+            "{error}"
+        );
+        let rlqs = ["--memory", "--rlqs", "127.0.0.1:0", "--rls-config", "c"];
+        let args = parse(&rlqs).unwrap();
+        assert_eq!(args.http_listen(), None);
+        assert_eq!(args.rls.rls, None);
+        let exposed = ["--memory", "--rlqs", "[::]:8082", "--rls-config", "c"];
+        assert!(parse(&exposed).unwrap().check_authentication().is_err());
     }
 }

@@ -78,13 +78,16 @@ pub enum Server {
     Http,
     /// HTTP/2: control frames come and go between requests.
     Rls,
+    /// HTTP/2 as the RLS's, on the RLQS's own port.
+    Rlqs,
 }
 
 impl Server {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Server::Http => "http",
             Server::Rls => "rls",
+            Server::Rlqs => "rlqs",
         }
     }
 }
@@ -226,7 +229,7 @@ impl Gate {
         };
         registry.register(
             "connections",
-            "Connections open, by server (http, rls)",
+            "Connections open, by server (http, rls, rlqs)",
             gate.connections.clone(),
         );
         registry.register(

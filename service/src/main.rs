@@ -1,4 +1,4 @@
-//! `sluice-service`: serve at once (HTTP, the RLS or both), reach Redis in the background, stop
+//! `sluice-service`: serve at once (HTTP, the RLS, the RLQS, any of them), reach Redis in the background, stop
 //! gracefully on SIGTERM or Ctrl-C.
 
 use std::fmt::Display;
@@ -139,6 +139,10 @@ async fn serve_with<S: Store>(
         guard: Guard::new(
             tokens.clone(),
             "refused an rls call without a valid bearer token",
+        ),
+        rlqs_guard: Guard::new(
+            tokens.clone(),
+            "refused an rlqs stream without a valid bearer token",
         ),
         max_request_bytes,
         top: top.clone(),

@@ -38,6 +38,8 @@ fn help_documents_every_option_and_its_environment_variable() {
         "--shutdown-timeout <SECONDS>",
         "SLUICE_SHUTDOWN_TIMEOUT",
         "[default: 5]",
+        "--rlqs <ADDR>",
+        "SLUICE_RLQS",
     ] {
         assert!(stdout.contains(text), "--help lacks {text:?}:\n{stdout}");
     }

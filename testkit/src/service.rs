@@ -20,7 +20,7 @@ pub fn binary() -> std::path::PathBuf {
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
 /// The environment variables the binary reads, none inherited from the test's own environment.
-const SETTINGS: [&str; 26] = [
+const SETTINGS: [&str; 27] = [
     "SLUICE_MAX_OVERRIDES",
     "SLUICE_TOP_LOG_EVERY",
     "SLUICE_RLS_TOP_SHOW",
@@ -42,6 +42,7 @@ const SETTINGS: [&str; 26] = [
     "SLUICE_SHUTDOWN_DELAY",
     "SLUICE_SHUTDOWN_TIMEOUT",
     "SLUICE_RLS",
+    "SLUICE_RLQS",
     "SLUICE_RLS_CONFIG",
     "SLUICE_RLS_HEADERS",
     "SLUICE_RLS_HASH_SECRET",
@@ -56,8 +57,10 @@ pub struct Service {
     pub addr: SocketAddr,
     /// The `listening` log event, which names the address and Redis.
     pub listening: serde_json::Value,
-    /// The RLS's gRPC address, when started with `start_rls`.
+    /// The RLS's gRPC address, when started with `start_rls` and `--rls`.
     pub rls: Option<SocketAddr>,
+    /// The RLQS's gRPC address, when started with `start_rls` and `--rlqs`.
+    pub rlqs: Option<SocketAddr>,
     stderr: Receiver<String>,
 }
 
@@ -95,9 +98,10 @@ impl Service {
         Launcher::default().spawn(args, env)
     }
 
-    /// Starts with `args` as they are (`--rls ... --rls-config ...`, and `--listen` only if
-    /// given) and waits until the RLS listens (its address goes to `rls`), HTTP too if
-    /// `--listen` is in `args`, and Redis is up: ready for calls.
+    /// Starts with `args` as they are (`--rls ... --rls-config ...` or `--rlqs ...`, and
+    /// `--listen` only if given) and waits until the RLS listens (its address goes to `rls`),
+    /// the RLQS too (to `rlqs`) if `--rlqs` is in `args`, HTTP too if `--listen` is, and Redis
+    /// is up: ready for calls.
     pub fn start_rls(args: &[&str], env: &[(&str, &str)]) -> Service {
         Launcher::default().start_rls(args, env)
     }
@@ -191,7 +195,13 @@ impl Launcher {
     /// As `Service::start_rls`.
     pub fn start_rls(self, args: &[&str], env: &[(&str, &str)]) -> Service {
         let mut service = self.launch(args, env);
-        let mut waiting = vec!["rls listening", "redis is up"];
+        let mut waiting = vec!["redis is up"];
+        if args.contains(&"--rls") {
+            waiting.push("rls listening");
+        }
+        if args.contains(&"--rlqs") {
+            waiting.push("rlqs listening");
+        }
         if args.contains(&"--listen") {
             waiting.push("listening");
         }
@@ -204,6 +214,7 @@ impl Launcher {
             let address = event["address"].as_str().and_then(|a| a.parse().ok());
             match message {
                 "rls listening" => service.rls = address,
+                "rlqs listening" => service.rlqs = address,
                 "listening" => {
                     service.addr = address.unwrap();
                     service.listening = event.clone();
@@ -228,6 +239,7 @@ impl Launcher {
             addr: "0.0.0.0:0".parse().unwrap(),
             listening: serde_json::Value::Null,
             rls: None,
+            rlqs: None,
             stderr,
         }
     }

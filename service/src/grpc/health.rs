@@ -1,6 +1,7 @@
-//! `grpc.health.v1.Health` on the RLS port, for Kubernetes gRPC probes, Envoy's gRPC health
-//! checks of the RLS cluster and `grpc_health_probe`: `SERVING` for the empty name (the server)
-//! and `envoy.service.ratelimit.v3.RateLimitService` while the service is ready (Redis answers
+//! `grpc.health.v1.Health` on each gRPC port, for Kubernetes gRPC probes, Envoy's gRPC health
+//! checks of the RLS (or RLQS) cluster and `grpc_health_probe`: `SERVING` for the empty name
+//! (the server) and the port's service (`envoy.service.ratelimit.v3.RateLimitService`, or
+//! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`) while the service is ready (Redis answers
 //! and it is not shutting down: what `/readyz` says; the configuration is loaded before the port
 //! is bound), `NOT_SERVING` otherwise. Another name is `NOT_FOUND` (`Check`) or
 //! `SERVICE_UNKNOWN` (`Watch`), as the gRPC health protocol says. No token is asked: probes
@@ -22,21 +23,27 @@ use crate::health::Readiness;
 
 /// The RLS's own name in the health protocol.
 pub const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+/// The RLQS's.
+pub const RLQS_SERVICE: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
 /// How often readiness is read for `Watch`: it follows Redis within about a second (`health`).
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Answers from the last readiness read (`follow`): true while serving.
 pub struct Probes {
     serving: watch::Receiver<bool>,
+    /// The port's service (`RLS_SERVICE`, `RLQS_SERVICE`).
+    service: &'static str,
 }
 
-/// The health service, and the task that keeps it current with `readiness`.
+/// The health service of the port that serves `service`, and the task that keeps it current
+/// with `readiness`.
 pub fn probes(
     readiness: Arc<Readiness>,
+    service: &'static str,
 ) -> (HealthServer<Probes>, impl std::future::Future<Output = ()>) {
     let (sender, serving) = watch::channel(readiness.check().is_ok());
     (
-        HealthServer::new(Probes { serving }),
+        HealthServer::new(Probes { serving, service }),
         follow(readiness, sender),
     )
 }
@@ -50,8 +57,10 @@ async fn follow(readiness: Arc<Readiness>, sender: watch::Sender<bool>) {
     }
 }
 
-fn known(service: &str) -> bool {
-    service.is_empty() || service == RLS_SERVICE
+impl Probes {
+    fn known(&self, service: &str) -> bool {
+        service.is_empty() || service == self.service
+    }
 }
 
 fn response(status: ServingStatus) -> HealthCheckResponse {
@@ -78,7 +87,7 @@ impl Health for Probes {
     ) -> Result<Response<HealthCheckResponse>, Status> {
         let activity = request.extensions().get::<Activity>().cloned();
         let _answering = activity.as_ref().map(Activity::answering);
-        if !known(&request.get_ref().service) {
+        if !self.known(&request.get_ref().service) {
             return Err(Status::not_found("unknown service"));
         }
         let status = serving_status(*self.serving.borrow());
@@ -94,7 +103,7 @@ impl Health for Probes {
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Updates>, Status> {
         let answering = (request.extensions().get::<Activity>()).map(Activity::answering);
-        let updates: Updates = if known(&request.get_ref().service) {
+        let updates: Updates = if self.known(&request.get_ref().service) {
             Box::pin(changes(self.serving.clone()))
         } else {
             let unknown = Ok(response(ServingStatus::ServiceUnknown));
@@ -138,7 +147,8 @@ mod tests {
     #[tokio::test]
     async fn the_server_and_the_rls_are_serving_as_readiness_says_and_other_names_are_unknown() {
         let (sender, serving) = watch::channel(false);
-        let probes = Probes { serving };
+        let service = RLS_SERVICE;
+        let probes = Probes { serving, service };
         for name in ["", RLS_SERVICE] {
             let answer = probes.check(ask(name)).await.unwrap().into_inner();
             assert_eq!(status(&answer), ServingStatus::NotServing);
@@ -148,12 +158,15 @@ mod tests {
         assert_eq!(status(&answer), ServingStatus::Serving);
         let unknown = probes.check(ask("other")).await.unwrap_err();
         assert_eq!(unknown.code(), tonic::Code::NotFound);
+        let elsewhere = probes.check(ask(RLQS_SERVICE)).await.unwrap_err();
+        assert_eq!(elsewhere.code(), tonic::Code::NotFound);
     }
 
     #[tokio::test]
     async fn a_watch_sends_the_status_then_each_change() {
         let (sender, serving) = watch::channel(true);
-        let probes = Probes { serving };
+        let service = RLQS_SERVICE;
+        let probes = Probes { serving, service };
         let mut updates = probes.watch(ask("")).await.unwrap().into_inner();
         let mut next = async || status(&updates.next().await.unwrap().unwrap());
         assert_eq!(next().await, ServingStatus::Serving);

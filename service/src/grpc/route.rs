@@ -1,5 +1,6 @@
 //! One port, several gRPC services: a call whose path starts with a service's prefix goes to
-//! it, every other call on (the RLS last, which answers an unknown method itself). tonic's router
+//! it, every other call on (the port's own service last, which answers an unknown method
+//! itself). tonic's router
 //! would bring axum for these few choices.
 
 use std::convert::Infallible;
@@ -12,8 +13,6 @@ use tonic::codegen::Service;
 
 /// The calls of `grpc.health.v1.Health`.
 pub const HEALTH: &str = "/grpc.health.v1.Health/";
-/// The calls of the Rate Limit Quota Service.
-pub const RLQS: &str = "/envoy.service.rate_limit_quota.v3.";
 
 /// Calls under `prefix` to `matched`, the others to `rest`.
 #[derive(Clone)]

@@ -1,96 +1,144 @@
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`: each usage
-//! report of a stream is entered in the shared ledger (demand measured by the service's clock),
-//! and answered at once with the stream's share of each reported bucket that has a budget. A
-//! bucket without one gets no action, so Envoy's `no_assignment_behavior` applies to it. The
-//! shares are in this replica's memory only (see docs/rlqs.md for what is missing).
+//! report of a stream is entered in the store's ledger (`stores::quota`: demand measured by the
+//! store's clock, shared by every replica), and answered at once with the stream's share of each
+//! reported bucket that has a budget. A bucket without one gets no action, so Envoy's
+//! `no_assignment_behavior` applies to it; so does a bucket whose report the store could not
+//! take (Redis away): Envoy keeps its last assignment until that lapses.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
+use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
 use futures_util::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
+use tracing::warn;
 
 use super::action::assign;
-use super::budget::budget;
-use super::ledger::Ledger;
+use super::budget::{budget, Budget};
+use super::ledger::share;
+use super::metrics::{RlqsMetrics, StreamOpen};
+use crate::auth::Guard;
+use crate::connections::Activity;
+use crate::logging::Throttle;
 use crate::rules::watch::SharedConfig;
+use crate::stores::quota::{quota_key, QuotaReport};
+use crate::stores::Store;
 
 /// How long an assignment lives, and how long a silent Envoy keeps its share: three of Envoy
 /// 1.40's reports, so one lost report does not let an assignment lapse.
 pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
+/// The most buckets one stream may report: the reports of others are not entered, and get no
+/// action (Envoy's `no_assignment_behavior`).
+pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
 
-/// The service: one ledger for every stream of this replica.
-pub struct RlqsService {
+/// The service: every stream's reports go to one store, shared with the other replicas.
+pub struct RlqsService<S> {
     config: SharedConfig,
-    ledger: Arc<Mutex<Ledger>>,
+    guard: Guard,
+    store: Arc<S>,
+    /// This replica's random name, the first half of its streams' ids.
+    replica: u64,
     streams: AtomicU64,
-    started: Instant,
+    warnings: Arc<Throttle>,
+    metrics: Arc<RlqsMetrics>,
 }
 
-impl RlqsService {
-    pub fn new(config: SharedConfig) -> RlqsService {
+impl<S: Store> RlqsService<S> {
+    pub fn new(
+        config: SharedConfig,
+        guard: Guard,
+        store: S,
+        metrics: Arc<RlqsMetrics>,
+    ) -> RlqsService<S> {
+        let mut random = RandomState::new().build_hasher();
+        random.write_u32(std::process::id());
         RlqsService {
             config,
-            ledger: Arc::default(),
+            guard,
+            store: Arc::new(store),
+            replica: random.finish(),
             streams: AtomicU64::new(0),
-            started: Instant::now(),
+            warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
+            metrics,
         }
     }
 }
 
-/// One stream's own memory: when it last reported each bucket, by the service's clock.
-struct StreamState {
-    id: u64,
-    last: HashMap<String, Duration>,
-}
-
-/// A bucket's name in the ledger: the domain and its entries in key order.
-fn bucket_name(domain: &str, bucket: &HashMap<String, String>) -> String {
-    let sorted: BTreeMap<&String, &String> = bucket.iter().collect();
-    let mut name = domain.to_owned();
-    for (key, value) in sorted {
-        name.push('\u{1f}');
-        name.push_str(key);
-        name.push('=');
-        name.push_str(value);
-    }
-    name
+/// One stream: its id in the ledger (unique across replicas), the buckets it reported.
+struct StreamState<S> {
+    id: String,
+    buckets: HashSet<String>,
+    config: SharedConfig,
+    store: Arc<S>,
+    warnings: Arc<Throttle>,
+    metrics: Arc<RlqsMetrics>,
+    /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
+    _open: StreamOpen,
 }
 
 /// The answer to one message of reports.
-fn answer(
-    config: &SharedConfig,
-    ledger: &Mutex<Ledger>,
-    state: &mut StreamState,
+async fn answer<S: Store>(
+    state: &mut StreamState<S>,
     reports: &RateLimitQuotaUsageReports,
-    now: Duration,
 ) -> RateLimitQuotaResponse {
-    let config = config.current();
-    let mut ledger = ledger.lock().unwrap_or_else(PoisonError::into_inner);
-    ledger.expire(now, ASSIGNMENT_TTL);
-    let mut actions = Vec::new();
+    let config = state.config.current();
+    let mut entered: Vec<(&BucketId, Budget, QuotaReport)> = Vec::new();
+    let mut this_message = HashSet::new();
     for usage in &reports.bucket_quota_usages {
         let Some(id) = &usage.bucket_id else { continue };
         let Some(limit) = budget(&config, &reports.domain, &id.bucket) else {
             continue;
         };
-        let name = bucket_name(&reports.domain, &id.bucket);
-        let elapsed = state
-            .last
-            .insert(name.clone(), now)
-            .map_or(Duration::ZERO, |before| now.saturating_sub(before));
+        let entries = id.bucket.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let key = quota_key(&reports.domain, entries);
+        let full = state.buckets.len() >= MAX_BUCKETS_PER_STREAM;
+        if (full && !state.buckets.contains(&key)) || !this_message.insert(key.clone()) {
+            continue;
+        }
+        state.buckets.insert(key.clone());
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        state
+            .metrics
+            .record_report(&reports.domain, allowed, denied);
         let requests = usage
             .num_requests_allowed
             .saturating_add(usage.num_requests_denied);
-        ledger.report(&name, state.id, requests, elapsed, limit.period, now);
-        if let Some((share, _envoys)) = ledger.share(&name, state.id, limit.requests) {
+        let period_ms = u64::try_from(limit.period.as_millis()).unwrap_or(u64::MAX);
+        let report = QuotaReport {
+            key,
+            envoy: state.id.clone(),
+            requests,
+            period_ms,
+            ttl_ms: ASSIGNMENT_TTL.as_secs() * 1_000,
+        };
+        entered.push((id, limit, report));
+    }
+    let store = &state.store;
+    let ledgers = entered
+        .iter()
+        .map(|(_, _, report)| store.report_quota(report));
+    let demands = futures_util::future::join_all(ledgers).await;
+    let mut actions = Vec::new();
+    for ((id, limit, _), demands) in entered.into_iter().zip(demands) {
+        let demands = match demands {
+            Ok(demands) => demands,
+            Err(failure) => {
+                state.metrics.record_store_error();
+                if let Some(others) = state.warnings.pass() {
+                    warn!(error = %failure, others, "rlqs: the store did not take a report; Envoy keeps its last assignment");
+                }
+                continue;
+            }
+        };
+        if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests) {
             actions.push(assign(id.clone(), share, limit.period, ASSIGNMENT_TTL));
         }
     }
@@ -102,30 +150,47 @@ fn answer(
 type Answers = Pin<Box<dyn Stream<Item = Result<RateLimitQuotaResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl RateLimitQuotaService for RlqsService {
+impl<S: Store> RateLimitQuotaService for RlqsService<S> {
     type StreamRateLimitQuotasStream = Answers;
 
     async fn stream_rate_limit_quotas(
         &self,
         request: Request<Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
+        // The bearer token as the RLS asks it (Envoy's `grpc_service.initial_metadata`).
+        let authorization = request.metadata().get("authorization");
+        if !self
+            .guard
+            .admits(authorization.map(|value| value.as_bytes()))
+        {
+            return Err(Status::unauthenticated("a valid bearer token is required"));
+        }
+        let activity = request.extensions().get::<Activity>().cloned();
         let inbound = request.into_inner();
+        let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let state = StreamState {
-            id: self.streams.fetch_add(1, Ordering::Relaxed),
-            last: HashMap::new(),
+            id: format!("{:016x}.{number}", self.replica),
+            buckets: HashSet::new(),
+            config: self.config.clone(),
+            store: Arc::clone(&self.store),
+            warnings: Arc::clone(&self.warnings),
+            metrics: Arc::clone(&self.metrics),
+            _open: self.metrics.stream_open(),
         };
-        let (config, ledger, started) =
-            (self.config.clone(), Arc::clone(&self.ledger), self.started);
-        let answers = inbound
-            .scan(state, move |state, reports| {
-                let reply = reports
-                    .map(|reports| answer(&config, &ledger, state, &reports, started.elapsed()));
+        let answers = futures_util::stream::unfold(
+            (inbound, state, activity),
+            |(mut inbound, mut state, activity)| async move {
                 // A broken inbound stream ends the answers too.
-                std::future::ready(reply.ok().map(Ok))
-            })
-            .filter(|reply| {
-                std::future::ready(!matches!(reply, Ok(r) if r.bucket_action.is_empty()))
-            });
+                let reports = inbound.next().await?.ok()?;
+                // Each report is a request answered: the connection is not idle, and a stream
+                // that never reports leaves it to the idle deadline.
+                let answering = activity.as_ref().map(Activity::answering);
+                let reply = answer(&mut state, &reports).await;
+                drop(answering);
+                Some((Ok::<_, Status>(reply), (inbound, state, activity)))
+            },
+        )
+        .filter(|reply| std::future::ready(!matches!(reply, Ok(r) if r.bucket_action.is_empty())));
         Ok(Response::new(Box::pin(answers)))
     }
 }
@@ -135,10 +200,11 @@ mod tests {
     use super::*;
     use crate::decision::check::Bounds;
     use crate::rules::config::Config;
+    use crate::stores::memory::MemoryStore;
     use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::Strategy;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
     use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-    use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
+    use std::collections::HashMap;
     use std::path::PathBuf;
 
     const LIMITS: &str = "\
@@ -148,31 +214,45 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 600}
 ";
 
-    fn shared() -> SharedConfig {
+    fn stream(id: &str, store: &Arc<MemoryStore>) -> StreamState<MemoryStore> {
+        let metrics = Arc::new(RlqsMetrics::register(&mut Default::default()));
         let files = vec![(PathBuf::from("api.yaml"), LIMITS.to_owned())];
-        SharedConfig::new(Config::from_files(&files, &Bounds::default()).unwrap())
-    }
-
-    fn reports(requests: u64) -> RateLimitQuotaUsageReports {
-        let bucket = HashMap::from([("name".to_owned(), "b".to_owned())]);
-        RateLimitQuotaUsageReports {
-            domain: "api".to_owned(),
-            bucket_quota_usages: vec![BucketQuotaUsage {
-                bucket_id: Some(BucketId { bucket }),
-                time_elapsed: None,
-                num_requests_allowed: requests,
-                num_requests_denied: 0,
-            }],
+        let config = Config::from_files(&files, &Bounds::default()).unwrap();
+        StreamState {
+            id: id.to_owned(),
+            buckets: HashSet::new(),
+            config: SharedConfig::new(config),
+            store: Arc::clone(store),
+            warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
+            metrics: Arc::clone(&metrics),
+            _open: metrics.stream_open(),
         }
     }
 
-    fn tokens(response: &RateLimitQuotaResponse) -> Option<u32> {
+    fn usage(name: &str, allowed: u64, denied: u64) -> BucketQuotaUsage {
+        let bucket = HashMap::from([("name".to_owned(), name.to_owned())]);
+        BucketQuotaUsage {
+            bucket_id: Some(BucketId { bucket }),
+            time_elapsed: None,
+            num_requests_allowed: allowed,
+            num_requests_denied: denied,
+        }
+    }
+
+    fn reports(domain: &str, usages: Vec<BucketQuotaUsage>) -> RateLimitQuotaUsageReports {
+        RateLimitQuotaUsageReports {
+            domain: domain.to_owned(),
+            bucket_quota_usages: usages,
+        }
+    }
+
+    /// The first action's token bucket, per minute; 0 for deny-all.
+    fn per_minute(response: &RateLimitQuotaResponse) -> Option<u64> {
         match response.bucket_action.first()?.bucket_action {
             Some(Action::QuotaAssignmentAction(a)) => match a.rate_limit_strategy?.strategy? {
                 Strategy::TokenBucket(bucket) => {
-                    // Per minute.
-                    let fill = u32::try_from(bucket.fill_interval?.seconds).ok()?;
-                    Some(bucket.tokens_per_fill?.value * 60 / fill)
+                    let fill = u64::try_from(bucket.fill_interval?.seconds).ok()?;
+                    Some(u64::from(bucket.tokens_per_fill?.value) * 60 / fill)
                 }
                 _ => Some(0),
             },
@@ -180,45 +260,41 @@ descriptors:
         }
     }
 
-    #[test]
-    fn two_streams_busy_and_idle_share_600_a_minute_by_demand() {
-        let (config, ledger) = (shared(), Mutex::new(Ledger::default()));
-        let mut busy = StreamState {
-            id: 1,
-            last: HashMap::new(),
-        };
-        let mut idle = StreamState {
-            id: 2,
-            last: HashMap::new(),
-        };
-        let at = Duration::from_secs;
-        answer(&config, &ledger, &mut busy, &reports(0), at(0));
-        answer(&config, &ledger, &mut idle, &reports(0), at(0));
-        // 5 s later the idle one saw 1 request (12 a minute): the busy one has not yet said
-        // otherwise, so what nobody claims is split as headroom.
-        let to_idle = answer(&config, &ledger, &mut idle, &reports(1), at(5));
-        // 12 + 294 = 306 a minute, refilled as 5 a second.
-        assert_eq!(tokens(&to_idle), Some(300));
-        // The busy one saw 200 (2,400 a minute): it gets all the idle one does not use.
-        let to_busy = answer(&config, &ledger, &mut busy, &reports(200), at(5));
-        assert_eq!(tokens(&to_busy), Some(588));
-        let to_idle = answer(&config, &ledger, &mut idle, &reports(1), at(10));
-        assert_eq!(tokens(&to_idle), Some(12));
-        // Both busy: half each.
-        let to_idle = answer(&config, &ledger, &mut idle, &reports(200), at(15));
-        assert_eq!(tokens(&to_idle), Some(300));
+    #[tokio::test]
+    async fn two_streams_busy_and_light_share_600_a_minute_by_demand() {
+        let store = Arc::new(MemoryStore::default());
+        let (mut busy, mut light) = (stream("busy", &store), stream("light", &store));
+        // First reports count over 5 s: 100 is 1,200 a minute, 10 is 120.
+        let alone = answer(&mut busy, &reports("api", vec![usage("b", 90, 10)])).await;
+        assert_eq!(per_minute(&alone), Some(600));
+        let to_light = answer(&mut light, &reports("api", vec![usage("b", 10, 0)])).await;
+        assert_eq!(per_minute(&to_light), Some(120));
     }
 
-    #[test]
-    fn a_bucket_without_a_budget_gets_no_action() {
-        let (config, ledger) = (shared(), Mutex::new(Ledger::default()));
-        let mut stream = StreamState {
-            id: 1,
-            last: HashMap::new(),
-        };
-        let mut other = reports(5);
-        other.domain = "web".to_owned();
-        let response = answer(&config, &ledger, &mut stream, &other, Duration::ZERO);
+    #[tokio::test]
+    async fn a_bucket_without_a_budget_gets_no_action() {
+        let store = Arc::new(MemoryStore::default());
+        let mut state = stream("1", &store);
+        let response = answer(&mut state, &reports("web", vec![usage("b", 5, 0)])).await;
         assert!(response.bucket_action.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_stream_reports_a_bounded_number_of_buckets_and_huge_counts_are_bounded() {
+        let store = Arc::new(MemoryStore::default());
+        let mut state = stream("1", &store);
+        let many = (0..MAX_BUCKETS_PER_STREAM + 500)
+            .map(|i| usage(&i.to_string(), u64::MAX, u64::MAX))
+            .collect();
+        let response = answer(&mut state, &reports("api", many)).await;
+        assert_eq!(response.bucket_action.len(), MAX_BUCKETS_PER_STREAM);
+        assert_eq!(per_minute(&response), Some(600));
+        let again = answer(&mut state, &reports("api", vec![usage("late", 1, 0)])).await;
+        assert!(again.bucket_action.is_empty());
+        // The same bucket twice in one message is entered once.
+        let mut other = stream("2", &store);
+        let twice = vec![usage("x", 1, 0), usage("x", 1, 0)];
+        let response = answer(&mut other, &reports("api", twice)).await;
+        assert_eq!(response.bucket_action.len(), 1);
     }
 }

@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use sluice::core::algorithm::{self as filter, Drain, Rate, Window};
 use sluice::wire::exact::ExactStore;
 
+use super::quota::{Demand, QuotaLedger, QuotaReport};
 use super::settled_ids::SettledIds;
 use crate::stores::memory_slots::{Ask, SlotTable};
 use crate::stores::{
@@ -26,6 +27,8 @@ pub struct MemoryStore {
     state: Mutex<State>,
     /// The admin API's overrides, by name.
     overrides: Mutex<std::collections::BTreeMap<String, String>>,
+    /// The RLQS's demands.
+    quota: Mutex<QuotaLedger>,
     calls: AtomicU64,
 }
 
@@ -206,6 +209,13 @@ impl Store for MemoryStore {
     async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
         let kept = (self.overrides.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
         Ok(kept.iter().map(|(n, v)| (n.clone(), v.clone())).collect())
+    }
+
+    async fn report_quota(&self, report: &QuotaReport) -> Result<Vec<Demand>, StoreError> {
+        let now_ms = now_us()? / 1_000;
+        let mut ledger =
+            (self.quota.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        Ok(ledger.report(report, now_ms))
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod memory;
 pub mod memory_slots;
+pub mod quota;
 pub mod redis;
 pub mod settled_ids;
 
@@ -15,6 +16,8 @@ use siphasher::sip128::{Hasher128, SipHasher13};
 use sluice::core::algorithm::Kind;
 use sluice::core::calendar::Calendar;
 use sluice::core::key::HashSecret;
+
+use self::quota::{Demand, QuotaReport};
 
 /// The most tokens a key may owe past its limit (`SettleOp::Charge`'s `max_debt`): as many as
 /// the largest burst.
@@ -495,6 +498,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every override kept, `(name, value)`.
     fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+
+    /// Enters one Envoy's report of an RLQS bucket and reads the bucket's live demands, in one
+    /// atomic step (`quota`): every live Envoy's, this one's included unless the bucket holds
+    /// `quota::MAX_ENVOYS` others.
+    fn report_quota(
+        &self,
+        report: &QuotaReport,
+    ) -> impl Future<Output = Result<Vec<Demand>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -543,6 +554,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
         S::overrides(self)
+    }
+
+    fn report_quota(
+        &self,
+        report: &QuotaReport,
+    ) -> impl Future<Output = Result<Vec<Demand>, StoreError>> + Send {
+        S::report_quota(self, report)
     }
 }
 

@@ -34,6 +34,7 @@ pub use lua::{
     SLIDING_WINDOW_LUA, TOKEN_BUCKET_LUA,
 };
 
+use crate::stores::quota::{self, Demand, QuotaReport};
 use crate::stores::{
     released_key, settled_id_key, settled_key, state_key, Algorithm, Check, Decision, FailureKind,
     SettleOp, Settled, Settlement, Slots, Store, StoreError, Watched, SETTLED_TTL_MS,
@@ -601,6 +602,8 @@ struct Scripts {
     calendar_window_refund: Script,
     /// `lua::CHECKS_LUA`: a batch of checks.
     checks: Script,
+    /// `quota::QUOTA_REPORT_LUA`: an RLQS report.
+    quota_report: Script,
 }
 
 impl Scripts {
@@ -623,10 +626,11 @@ impl Scripts {
             calendar_window: once(calendar::CALENDAR_WINDOW_LUA),
             calendar_window_refund: once(calendar::CALENDAR_WINDOW_REFUND_LUA),
             checks: Script::new(lua::CHECKS_LUA),
+            quota_report: Script::new(quota::QUOTA_REPORT_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 16] {
+    fn all(&self) -> [&Script; 17] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -644,6 +648,7 @@ impl Scripts {
             &self.calendar_window,
             &self.calendar_window_refund,
             &self.checks,
+            &self.quota_report,
         ]
     }
 
@@ -933,6 +938,46 @@ impl Core {
     }
 }
 
+impl Core {
+    /// `quota::QUOTA_REPORT_LUA` of `report` (through `run`: NOSCRIPT is answered by loading
+    /// the scripts, a lost connection by one retry).
+    async fn report_quota(&self, report: &QuotaReport) -> RedisResult<Vec<Demand>> {
+        let numbers = [
+            report.requests.min(quota::MAX_REQUESTS),
+            report.period_ms,
+            report.ttl_ms,
+            quota::MAX_ENVOYS,
+            quota::FIRST_REPORT_MS,
+            quota::MIN_ELAPSED_MS,
+            quota::MAX_DEMAND,
+        ];
+        let mut eval = Eval::new(&self.scripts.quota_report, report.key.clone(), &[]);
+        eval = eval.with(report.envoy.clone());
+        for number in numbers {
+            eval = eval.with(number.to_string());
+        }
+        let reply = self.run(&[eval], Order::AsGiven).await?;
+        let fields = match reply.into_iter().next() {
+            Some(Value::Array(fields)) => fields,
+            Some(Value::ServerError(error)) => return Err(error.into()),
+            other => return Err(unexpected_reply(format!("{other:?}"))),
+        };
+        let text = |value: &Value| match value {
+            Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+            _ => None,
+        };
+        let pairs = fields.chunks_exact(2).map(|pair| {
+            let (envoy, demand) = (pair.first().and_then(text), pair.get(1).and_then(text));
+            let demand = demand.and_then(|d| d.parse().ok());
+            match (envoy, demand) {
+                (Some(envoy), Some(demand)) => Ok(Demand { envoy, demand }),
+                _ => Err(unexpected_reply(format!("{pair:?}"))),
+            }
+        });
+        pairs.collect()
+    }
+}
+
 impl RedisStore {
     async fn count_unrenewed(&self, keys: &[Watched]) -> RedisResult<Vec<u64>> {
         let evals: Vec<Eval> = (keys.iter())
@@ -1000,6 +1045,10 @@ impl Store for RedisStore {
 
     async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.overrides()).await
+    }
+
+    async fn report_quota(&self, report: &QuotaReport) -> Result<Vec<Demand>, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.report_quota(report)).await
     }
 }
 

@@ -1,0 +1,91 @@
+//! `--rlqs ADDR`: the Rate Limit Quota Service on a gRPC port of its own, with gRPC health beside
+//! it and the bearer token of `--token-file` asked of each stream; the RLS's port no longer
+//! serves it; `--rlqs` without `--rls-config` refused at start, naming both.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+#[path = "rlqs/client.rs"]
+mod rlqs;
+
+use std::time::Duration;
+
+use rlqs::{bucket, open, per_minute, reports, Rlqs};
+use sluice_testkit::grpc::health_check;
+use sluice_testkit::service::run_to_exit;
+
+const RLQS_SERVICE: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
+const RLS_SERVICE: &str = "envoy.service.ratelimit.v3.RateLimitService";
+const LIMITS: &str = "\
+domain: api
+descriptors:
+  - key: name
+    rate_limit: {unit: minute, requests_per_unit: 600}
+";
+
+#[tokio::test]
+async fn the_rlqs_has_its_own_port_with_health_and_the_rls_port_serves_only_the_rls() {
+    let ports = ["--rls", "127.0.0.1:0", "--rlqs", "127.0.0.1:0"];
+    let both = Rlqs::start(&["--memory"], LIMITS, &ports, &[]);
+    let (rlqs, rls) = (both.address(), both.service.rls.unwrap());
+    assert_ne!(rlqs, rls);
+    let mut stream = open(rlqs, None).await.unwrap();
+    // A first report of 50 requests: 600 a minute, the whole budget for the only Envoy.
+    let answer = stream.report(reports("api", bucket("b"), 50, 0)).await;
+    assert_eq!(per_minute(&answer), Some(600), "{answer:?}");
+    let refused = match open(rls, None).await {
+        Ok(mut elsewhere) => {
+            elsewhere.send(reports("api", bucket("b"), 50, 0)).await;
+            elsewhere.answers.message().await.unwrap_err()
+        }
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), tonic::Code::Unimplemented, "{refused}");
+    let check = |address, name: &'static str| {
+        tokio::task::spawn_blocking(move || health_check(address, name))
+    };
+    assert_eq!(check(rlqs, RLQS_SERVICE).await.unwrap(), "SERVING");
+    assert_eq!(check(rlqs, "").await.unwrap(), "SERVING");
+    assert_eq!(check(rlqs, RLS_SERVICE).await.unwrap(), "NOT_FOUND");
+    assert_eq!(check(rls, RLQS_SERVICE).await.unwrap(), "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn a_stream_without_the_bearer_token_is_refused() {
+    let dir = sluice_testkit::TempDir::new("rlqs-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3cret-Token_1\n").unwrap();
+    let extra = ["--token-file", token.to_str().unwrap()];
+    let service = Rlqs::start(&["--memory"], LIMITS, &["--rlqs", "127.0.0.1:0"], &extra);
+    for wrong in [None, Some("Bearer nope")] {
+        let refused = match open(service.address(), wrong).await {
+            Ok(mut stream) => {
+                stream.send(reports("api", bucket("b"), 1, 0)).await;
+                stream.answers.message().await.unwrap_err()
+            }
+            Err(status) => status,
+        };
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused}");
+    }
+    let mut stream = open(service.address(), Some("Bearer s3cret-Token_1"))
+        .await
+        .unwrap();
+    let answer = stream.report(reports("api", bucket("b"), 1, 0)).await;
+    assert!(per_minute(&answer).is_some(), "{answer:?}");
+}
+
+#[test]
+fn rlqs_without_its_limits_is_refused_at_start_naming_both_flags() {
+    let args = ["--memory", "--rlqs", "127.0.0.1:0"];
+    let (status, stdout, stderr) = run_to_exit(&args, &[], Duration::from_secs(10));
+    assert!(!status.success());
+    let said = format!("{stdout}{stderr}");
+    assert!(
+        said.contains("--rls-config") && said.contains("--rlqs"),
+        "{said}"
+    );
+}
