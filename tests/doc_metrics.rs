@@ -329,6 +329,7 @@ fn other_names() -> BTreeSet<String> {
     let mut names: BTreeSet<String> = LABELS.iter().map(|l| l.to_string()).collect();
     names.extend([Refusal::RateLimited, Refusal::Unavailable].map(|r| r.details().to_string()));
     names.insert(sluice::output::reply::MODEL_NOT_PRICED.to_string());
+    names.insert(sluice::output::reply::STATUS.to_string());
     names.extend(crate_names());
     names.extend(python_packages());
     names.extend(envoy_clusters());
