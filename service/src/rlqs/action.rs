@@ -52,15 +52,17 @@ pub fn abandon(bucket: BucketId) -> BucketAction {
 /// How much of its share a bucket may hold: Envoy 1.40 builds a token bucket full (when an
 /// assignment first comes, and again each time it changes), so `max_tokens` is what each new
 /// assignment can add past the rate to a busy Envoy, whose bucket is otherwise empty; and it is
-/// the slack an Envoy that gets all it asks has for requests that come close together. One
-/// second of the share, at least one token.
-pub const BURST: Duration = Duration::from_secs(1);
+/// the slack an Envoy that gets all it asks has for requests that come close together, or late
+/// and then at once. Two seconds of the share, at least `MIN_TOKENS`.
+pub const BURST: Duration = Duration::from_secs(2);
+/// The fewest tokens a bucket holds: a share of 2 a second still lets 4 requests come at once.
+pub const MIN_TOKENS: u32 = 4;
 
-/// `share` per `period` as the tokens `BURST` holds, at least one.
+/// `share` per `period` as the tokens `BURST` holds, at least `MIN_TOKENS`.
 pub fn burst(share: u64, period: Duration) -> u32 {
     let period_ms = period.as_millis().max(1);
     let tokens = u128::from(share) * BURST.as_millis() / period_ms;
-    u32::try_from(tokens.max(1)).unwrap_or(u32::MAX)
+    u32::try_from(tokens).unwrap_or(u32::MAX).max(MIN_TOKENS)
 }
 
 /// `share` per `period` as (tokens, fill interval) at the same rate: the period itself when it
@@ -95,7 +97,7 @@ mod tests {
     }
 
     #[test]
-    fn a_share_of_300_a_minute_refills_300_a_minute_and_holds_a_second_of_it() {
+    fn a_share_of_300_a_minute_refills_300_a_minute_and_holds_two_seconds_of_it() {
         let action = assign(
             BucketId::default(),
             300,
@@ -107,8 +109,8 @@ mod tests {
         };
         assert_eq!(bucket.tokens_per_fill.map(|t| t.value), Some(300));
         assert_eq!(bucket.fill_interval.map(|d| d.seconds), Some(60));
-        assert_eq!(bucket.max_tokens, 5);
-        assert_eq!(burst(12, Duration::from_secs(60)), 1);
+        assert_eq!(bucket.max_tokens, 10);
+        assert_eq!(burst(12, Duration::from_secs(60)), MIN_TOKENS);
         assert_eq!(burst(u64::MAX, Duration::from_secs(1)), u32::MAX);
     }
 

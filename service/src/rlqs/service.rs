@@ -130,8 +130,8 @@ async fn answer<S: Store>(
             // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
             // when a request comes), and its share goes back to the others.
             state.buckets.remove(&key);
+            // Not a store error of the metric (the abandon is sent); the entry lapses anyway.
             if let Err(failure) = state.store.hold_quota(&key, &state.id, None).await {
-                state.metrics.record_store_error();
                 if let Some(others) = state.warnings.pass() {
                     warn!(error = %failure, others, "rlqs: the store did not forget an abandoned bucket");
                 }
@@ -169,6 +169,7 @@ async fn answer<S: Store>(
         let bucket = state.buckets.get_mut(&report.key);
         let held = bucket.as_ref().and_then(|b| b.held);
         if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests, held) {
+            tracing::debug!(envoy = %state.id, ?demands, ?held, share, "rlqs share");
             if let Some(bucket) = bucket {
                 bucket.held = Some(share);
             }
@@ -179,8 +180,8 @@ async fn answer<S: Store>(
     // What each holds now, for the others' shares.
     let holds = (sent.iter()).map(|(key, share)| store.hold_quota(key, &state.id, Some(*share)));
     for held in futures_util::future::join_all(holds).await {
+        // The share is sent all the same; the others see the one held before until the next.
         if let Err(failure) = held {
-            state.metrics.record_store_error();
             if let Some(others) = state.warnings.pass() {
                 warn!(error = %failure, others, "rlqs: the store did not take a share sent");
             }
