@@ -41,26 +41,27 @@ async fn two_replicas_divide_one_budget_and_a_killed_replica_loses_nothing() {
     assert_eq!(per_minute(&alone), Some(600), "{alone:?}");
     // Through the other replica, which knows the heavy Envoy only from Redis: the light one's
     // fair share is its 120, but the heavy one holds all until it reports again (a fiftieth
-    // at once); once the heavy one has shrunk, the light one gets all it asks.
+    // at once); once the heavy one has shrunk, the light one gets all it asks, and 5% more
+    // (slack for requests that come unevenly).
     let mut light = open(two.address(), None).await.unwrap();
     let answer = light.report(reports("api", bucket("b"), 10, 0)).await;
     assert_eq!(per_minute(&answer), Some(12), "{answer:?}");
     let answer = heavy.report(reports("api", bucket("b"), 100, 0)).await;
-    assert_eq!(per_minute(&answer), Some(480), "{answer:?}");
+    assert_eq!(per_minute(&answer), Some(474), "{answer:?}");
     let answer = light.report(reports("api", bucket("b"), 2, 0)).await;
-    assert_eq!(per_minute(&answer), Some(120), "{answer:?}");
+    assert_eq!(per_minute(&answer), Some(126), "{answer:?}");
     // A second heavy one splits the rest with the first, as the first shrinks.
     let mut second = open(two.address(), None).await.unwrap();
     let answer = second.report(reports("api", bucket("b"), 100, 0)).await;
     assert_eq!(per_minute(&answer), Some(12), "{answer:?}");
     let answer = heavy.report(reports("api", bucket("b"), 100, 0)).await;
-    assert_eq!(per_minute(&answer), Some(240), "{answer:?}");
+    assert_eq!(per_minute(&answer), Some(237), "{answer:?}");
     let answer = second.report(reports("api", bucket("b"), 100, 0)).await;
-    assert_eq!(per_minute(&answer), Some(240), "{answer:?}");
+    assert_eq!(per_minute(&answer), Some(237), "{answer:?}");
     // Replica one is killed under the first heavy Envoy's stream: its demand and its share
     // stay in Redis for its assignment's 15 s (the Envoy keeps that share as long), so a third
     // heavy Envoy on a new replica finds the whole budget held and gets a fiftieth, not the
-    // 240 a forgotten share would leave.
+    // 237 a forgotten share would leave.
     drop(one);
     drop(heavy);
     let three = Rlqs::start(&store, LIMITS, &PORT, &[]);
@@ -85,9 +86,9 @@ async fn while_redis_is_away_a_replica_answers_nothing_and_answers_again_after()
     let url = redis.url();
     let service = Rlqs::start(&["--redis", &url], LIMITS, &PORT, &[]);
     let mut envoy = open(service.address(), None).await.unwrap();
-    // 120 a minute, and as much again as headroom.
+    // 120 a minute (126 with the slack), and as much again as headroom.
     let answer = envoy.report(reports("api", bucket("b"), 10, 0)).await;
-    assert_eq!(per_minute(&answer), Some(240), "{answer:?}");
+    assert_eq!(per_minute(&answer), Some(252), "{answer:?}");
     redis.stop();
     envoy.send(reports("api", bucket("b"), 10, 0)).await;
     let silent = tokio::time::timeout(Duration::from_secs(3), envoy.answers.next()).await;

@@ -339,9 +339,10 @@ descriptors:
         let to_light = answer(&mut light, &reports("api", vec![usage("b", 10, 0)])).await;
         assert_eq!(per_minute(&to_light), Some(12));
         let shrunk = answer(&mut busy, &reports("api", vec![usage("b", 90, 10)])).await;
-        assert_eq!(per_minute(&shrunk), Some(480));
+        // The light one's 120 count 5% more (126), slack for requests that come unevenly.
+        assert_eq!(per_minute(&shrunk), Some(474));
         let grown = answer(&mut light, &reports("api", vec![usage("b", 2, 0)])).await;
-        assert_eq!(per_minute(&grown), Some(120));
+        assert_eq!(per_minute(&grown), Some(126));
     }
 
     #[tokio::test]
