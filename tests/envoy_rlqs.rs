@@ -135,7 +135,12 @@ impl Setup {
 type Outcomes = Vec<(Duration, bool)>;
 
 /// Sends `per_s` requests a second to `envoy`, evenly paced, until `stop`.
-fn drive(envoy: Arc<Envoy>, per_s: u32, start: Instant, stop: Arc<AtomicBool>) -> thread::JoinHandle<Outcomes> {
+fn drive(
+    envoy: Arc<Envoy>,
+    per_s: u32,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Outcomes> {
     thread::spawn(move || {
         let every = Duration::from_secs(1) / per_s;
         let mut outcomes = Vec::new();
@@ -176,7 +181,14 @@ fn three_envoys_at_14_4_and_2_a_second_share_600_a_minute_max_min_fairly() {
     let start = Instant::now();
     let stops: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
     let drivers: Vec<_> = (0..3)
-        .map(|i| drive(Arc::clone(&envoys[i]), rates[i], start, Arc::clone(&stops[i])))
+        .map(|i| {
+            drive(
+                Arc::clone(&envoys[i]),
+                rates[i],
+                start,
+                Arc::clone(&stops[i]),
+            )
+        })
         .collect();
     thread::sleep(Duration::from_secs_f64(WARM_UP).saturating_sub(start.elapsed()));
     let reports_before = setup.reports();
@@ -235,7 +247,10 @@ fn three_envoys_at_14_4_and_2_a_second_share_600_a_minute_max_min_fairly() {
     assert!(heavy_after.0 + light_after.0 <= 105, "{after:?}");
     // Envoy 1.40 reports each bucket every 5 s: 12 a minute from each of the three.
     let reports = reports_after - reports_before;
-    assert!((30..=40).contains(&reports), "{reports} reports in about a minute");
+    assert!(
+        (30..=40).contains(&reports),
+        "{reports} reports in about a minute"
+    );
 }
 
 /// Three Envoys asking 3, 2 and 1 requests a second, 360 a minute in all: once their demand is

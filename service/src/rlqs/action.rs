@@ -116,9 +116,18 @@ mod tests {
 
     #[test]
     fn a_period_below_a_second_is_refilled_over_whole_seconds_never_faster() {
-        assert_eq!(refill(5, Duration::from_millis(500)), (10, Duration::from_secs(1)));
-        assert_eq!(refill(3, Duration::from_millis(1_500)), (4, Duration::from_secs(2)));
-        assert_eq!(refill(7, Duration::from_secs(3_600)), (7, Duration::from_secs(3_600)));
+        assert_eq!(
+            refill(5, Duration::from_millis(500)),
+            (10, Duration::from_secs(1))
+        );
+        assert_eq!(
+            refill(3, Duration::from_millis(1_500)),
+            (4, Duration::from_secs(2))
+        );
+        assert_eq!(
+            refill(7, Duration::from_secs(3_600)),
+            (7, Duration::from_secs(3_600))
+        );
     }
 
     #[test]

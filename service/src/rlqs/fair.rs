@@ -37,11 +37,7 @@ pub fn fair_shares(budget: u64, demands: &[u64]) -> Vec<u64> {
     // Everyone left wants more than an equal share of what is left: split it evenly. When
     // nobody is left, what is left is headroom nobody claimed: split it among all.
     let headroom = unsatisfied.is_empty();
-    let takers: Vec<usize> = if headroom {
-        order
-    } else {
-        unsatisfied
-    };
+    let takers: Vec<usize> = if headroom { order } else { unsatisfied };
     let count = takers.len() as u64;
     if count == 0 {
         return shares;
@@ -60,7 +56,6 @@ pub fn fair_shares(budget: u64, demands: &[u64]) -> Vec<u64> {
     }
     shares
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -357,7 +357,10 @@ descriptors:
         let dropped = answer(&mut idle, &reports("api", vec![usage("b", 0, 0)])).await;
         assert!(
             matches!(
-                dropped.bucket_action.first().and_then(|a| a.bucket_action.as_ref()),
+                dropped
+                    .bucket_action
+                    .first()
+                    .and_then(|a| a.bucket_action.as_ref()),
                 Some(Action::AbandonAction(_))
             ),
             "{dropped:?}"
@@ -368,7 +371,10 @@ descriptors:
         assert_eq!(per_minute(&alone), Some(600));
         // A request again: Envoy makes the bucket anew, and it gets a share.
         let again = answer(&mut idle, &reports("api", vec![usage("b", 1, 0)])).await;
-        assert!(per_minute(&again).is_some_and(|share| share > 0), "{again:?}");
+        assert!(
+            per_minute(&again).is_some_and(|share| share > 0),
+            "{again:?}"
+        );
     }
 
     #[tokio::test]
