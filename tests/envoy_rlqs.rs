@@ -1,7 +1,7 @@
 //! Envoy 1.40's own `rate_limit_quota` filter against `sluice-service --rlqs` and a real Redis:
 //! three Envoys that report demand for one bucket of 600 requests a minute share it max-min
 //! fairly, within 5% of the budget, the warm-up included; below the budget every request passes;
-//! an Envoy that stops is reclaimed at once. It also pins the facts of Envoy 1.40 that the
+//! an Envoy that stops is reclaimed at once; a bucket nobody asks for is abandoned. It also pins the facts of Envoy 1.40 that the
 //! service relies on (docs/rlqs.md#envoy-140-as-a-client): a report every 5 s whatever
 //! `reporting_interval` says.
 
@@ -281,4 +281,29 @@ fn below_the_budget_every_request_passes_and_reports_come_every_5_s() {
     }
     // Three Envoys, one report each every 5 s: 18 in 30 s (a report a second would be 90).
     assert!((15..=21).contains(&reports), "{reports} reports in 30 s");
+}
+
+/// A bucket an Envoy reports with no request three times running is abandoned: the Envoy
+/// forgets it and stops reporting it, and the next request makes it anew (under
+/// `no_assignment_behavior`, which lets it pass) with a report at once.
+#[test]
+fn a_bucket_nobody_asks_for_is_abandoned_and_made_anew_by_the_next_request() {
+    let setup = Setup::start();
+    let envoy = setup.envoy("5s");
+    assert_eq!(envoy.get("/", &[]).status, 200);
+    // Its first report at once, then reports of nothing at 5, 10 and 15 s: abandoned.
+    let abandoned = sluice_testkit::wait_for(Duration::from_secs(30), || {
+        let before = setup.reports();
+        thread::sleep(Duration::from_secs(7));
+        (before >= 4 && setup.reports() == before).then_some(before)
+    });
+    let reports = abandoned.unwrap_or_else(|| panic!("still reported: {}", setup.reports()));
+    thread::sleep(Duration::from_secs(5));
+    assert_eq!(setup.reports(), reports, "reported after it was abandoned");
+    assert_eq!(envoy.get("/", &[]).status, 200);
+    let again = sluice_testkit::wait_for(Duration::from_secs(3), || {
+        (setup.reports() > reports).then_some(())
+    });
+    assert!(again.is_some(), "no report of the bucket made anew");
+    eprintln!("abandoned after {reports} reports; made anew by a request");
 }
