@@ -877,12 +877,14 @@ fn metered(at: &str, raw: &RawPolicy) -> Result<Option<Metered>, ConfigError> {
         match (&raw_metered.from_response, &raw_metered.price) {
             (Some(from_response), None) => usage_source(&at, from_response)?,
             (None, Some(price)) => priced(&at, price, raw_metered.unknown_model.as_ref())?,
-            (Some(_), Some(_)) => {
+            (Some(_), Some(price)) => {
+                // A price that is wrong itself is named first: it is what the author meant.
+                priced(&at, price, raw_metered.unknown_model.as_ref())?;
                 return Err(error(
                     format!("{at}.from_response"),
                     "a spend budget (price) reads every kind of token of the body's usage: \
                  leave from_response out",
-                ))
+                ));
             }
             (None, None) => return Err(error(
                 at,
