@@ -156,9 +156,9 @@ fn tokens_of(
                 return Err(error(
                     field,
                     format!(
-                        "{variable}: entry {entry_no} must be `NAME TOKEN` or `TOKEN`, got {} words",
-                        words.len()
-                    ),
+                    "{variable}: entry {entry_no} must be `NAME TOKEN` or `TOKEN`, got {} words",
+                    words.len()
+                ),
                 ))
             }
         };

@@ -3,8 +3,11 @@
 //! Envoy's actions (continue, pause, resume). A request whose policies read its body is decided
 //! once the body has come (`body`); its response half is `response`'s.
 
+mod admin;
 mod body;
 mod status;
+
+pub use admin::Route;
 
 use crate::config::{
     self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, OverridesSync, Plan,
@@ -193,10 +196,17 @@ impl Filter {
     /// Decides a request from its headers; sends a denial itself, and the answer to a request
     /// for the status path (`status`).
     pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
-        if self.asks_status(host) {
-            return self.answer_status(host);
+        self.on_routed_headers(host, self.route(host))
+    }
+
+    /// `on_request_headers` for a request already routed (`route`): an admin call is answered
+    /// with no body (the glue hands a call with one to `answer_admin` once it has come).
+    pub fn on_routed_headers(&self, host: &impl Host, route: Route) -> Verdict {
+        match route {
+            Route::Status => self.answer_status(host),
+            Route::Admin => self.answer_admin(host, &[]),
+            Route::Ordinary => self.decide(host, Attributes::new(host, &self.plan.attrs)),
         }
-        self.decide(host, Attributes::new(host, &self.plan.attrs))
     }
 
     /// Decides a request from its attributes, the request body's start among them when the

@@ -30,10 +30,13 @@ impl<S: Store> Limiter<'_, S> {
     /// The key a call names, in a local policy of this configuration.
     pub fn admin_target(&self, asked: &KeyRequest, now: u64) -> Result<Target, BadRequest> {
         let plan = self.plan;
-        let index = plan
-            .policy_index(asked.policy.as_bytes())
-            .ok_or_else(|| BadRequest::new("policy", format!("no policy {:?} here", asked.policy)))?;
-        let policy = plan.policies.get(index).ok_or_else(|| BadRequest::new("policy", "gone"))?;
+        let index = plan.policy_index(asked.policy.as_bytes()).ok_or_else(|| {
+            BadRequest::new("policy", format!("no policy {:?} here", asked.policy))
+        })?;
+        let policy = plan
+            .policies
+            .get(index)
+            .ok_or_else(|| BadRequest::new("policy", "gone"))?;
         if policy.scope != Scope::Local {
             return Err(BadRequest::new(
                 "policy",
@@ -69,7 +72,10 @@ impl<S: Store> Limiter<'_, S> {
             tier = *tiers
                 .and_then(|t| t.values.get(name.as_bytes()))
                 .ok_or_else(|| {
-                    BadRequest::new("tier", format!("policy {:?} has no tier {name:?}", policy.name))
+                    BadRequest::new(
+                        "tier",
+                        format!("policy {:?} has no tier {name:?}", policy.name),
+                    )
                 })?;
             source = "tier";
         }
@@ -151,7 +157,12 @@ impl<S: Store> Limiter<'_, S> {
     }
 
     /// Gives `tokens` back to the key (what it owes first). Returns the tokens given back.
-    pub fn admin_credit(&mut self, target: &Target, tokens: u64, now: u64) -> Result<u64, StoreError> {
+    pub fn admin_credit(
+        &mut self,
+        target: &Target,
+        tokens: u64,
+        now: u64,
+    ) -> Result<u64, StoreError> {
         let algorithm = target.tier.algorithm;
         self.admin_write(target, now, |columns, words, at| {
             words
@@ -254,7 +265,11 @@ mod tests {
         parse(action, body.to_string().as_bytes()).unwrap()
     }
 
-    fn with<S: Store, T>(plan: &crate::config::Plan, store: &S, f: impl FnOnce(&mut Limiter<S>) -> T) -> T {
+    fn with<S: Store, T>(
+        plan: &crate::config::Plan,
+        store: &S,
+        f: impl FnOnce(&mut Limiter<S>) -> T,
+    ) -> T {
         let mut ledger = Ledger::default();
         f(&mut Limiter {
             plan,
@@ -268,7 +283,11 @@ mod tests {
 
     #[test]
     fn a_show_says_what_the_status_path_says_and_a_reset_gives_the_whole_bucket() {
-        let plan = plan_of(json!([per_user("api", 1, json!({"per": "1h", "burst": 5}))]));
+        let plan = plan_of(json!([per_user(
+            "api",
+            1,
+            json!({"per": "1h", "burst": 5})
+        )]));
         let store = store(&plan);
         for _ in 0..3 {
             decide(&plan, &store, ALICE, T0);
@@ -278,27 +297,48 @@ mod tests {
             let target = l.admin_target(&asked, T0).unwrap();
             l.admin_show(&target, T0)
         });
-        assert_eq!((shown.remaining, shown.capacity, shown.source), (2, 5, "policy"));
+        assert_eq!(
+            (shown.remaining, shown.capacity, shown.source),
+            (2, 5, "policy")
+        );
         assert_eq!(shown.reset_ms, 3 * 3600 * 1000);
-        assert_eq!((shown.debt, shown.slots_in_use, shown.held), (0, None, true));
+        assert_eq!(
+            (shown.debt, shown.slots_in_use, shown.held),
+            (0, None, true)
+        );
         let public = hash_values(&["alice".into()], &crate::core::key::HashSecret::PUBLIC);
         assert_eq!(shown.key_hash, format!("{public:016x}"));
         let reset = with(&plan, &store, |l| {
             let target = l.admin_target(&asked, T0).unwrap();
-            (l.admin_reset(&target, T0), l.admin_reset(&target, T0), l.admin_show(&target, T0).remaining)
+            (
+                l.admin_reset(&target, T0),
+                l.admin_reset(&target, T0),
+                l.admin_show(&target, T0).remaining,
+            )
         });
         assert_eq!(reset, (Ok(true), Ok(false), 5));
-        assert_eq!(decide(&plan, &store, ALICE, T0).applied[0].decision.remaining, 4);
+        assert_eq!(
+            decide(&plan, &store, ALICE, T0).applied[0]
+                .decision
+                .remaining,
+            4
+        );
     }
 
     #[test]
     fn a_credit_forgives_debt_first_and_an_unseen_key_is_left_alone() {
         let cost = json!({"from_response": {"usage": "total_tokens"}, "reserve": 0});
-        let plan = plan_of(json!([per_user("llm", 10, json!({"per": "1h", "cost": cost, "algorithm": "fixed_window"}))]));
+        let plan = plan_of(json!([per_user(
+            "llm",
+            10,
+            json!({"per": "1h", "cost": cost, "algorithm": "fixed_window"})
+        )]));
         let store = store(&plan);
         let outcome = decide(&plan, &store, ALICE, T0);
         let mut entry = outcome.tab.unwrap().entries[0];
-        with(&plan, &store, |l| l.settle(&mut entry, crate::limiter::tab::Op::Charge(15), T0));
+        with(&plan, &store, |l| {
+            l.settle(&mut entry, crate::limiter::tab::Op::Charge(15), T0)
+        });
         let asked = ask(json!({"policy": "llm", "key": ["alice"]}));
         let (before, given, after) = with(&plan, &store, |l| {
             let target = l.admin_target(&asked, T0).unwrap();
@@ -312,7 +352,10 @@ mod tests {
         let bob = ask(json!({"policy": "llm", "key": ["bob"]}));
         let untouched = with(&plan, &store, |l| {
             let target = l.admin_target(&bob, T0).unwrap();
-            (l.admin_credit(&target, 3, T0), l.admin_show(&target, T0).held)
+            (
+                l.admin_credit(&target, 3, T0),
+                l.admin_show(&target, T0).held,
+            )
         });
         assert_eq!(untouched, (Ok(0), false));
     }
@@ -326,20 +369,37 @@ mod tests {
         ]));
         let store = store(&plan);
         let refused = |body: serde_json::Value| {
-            with(&plan, &store, |l| l.admin_target(&ask(body), T0).unwrap_err().detail)
+            with(&plan, &store, |l| {
+                l.admin_target(&ask(body), T0).unwrap_err().detail
+            })
         };
         assert!(refused(json!({"policy": "global", "key": ["a"]})).starts_with("policy:"));
         assert!(refused(json!({"policy": "nobody", "key": ["a"]})).starts_with("policy:"));
         assert!(refused(json!({"policy": "tiered", "key": ["a", "b"]})).starts_with("key:"));
-        assert!(refused(json!({"policy": "tiered", "key": ["a"], "tier": "tin"})).starts_with("tier:"));
-        assert!(refused(json!({"policy": "tiered", "key_hash": "0123456789abcdef"})).starts_with("key_hash:"));
+        assert!(
+            refused(json!({"policy": "tiered", "key": ["a"], "tier": "tin"})).starts_with("tier:")
+        );
+        assert!(
+            refused(json!({"policy": "tiered", "key_hash": "0123456789abcdef"}))
+                .starts_with("key_hash:")
+        );
         let gold = with(&plan, &store, |l| {
-            let target = l.admin_target(&ask(json!({"policy": "tiered", "key": ["a"], "tier": "gold"})), T0).unwrap();
+            let target = l
+                .admin_target(
+                    &ask(json!({"policy": "tiered", "key": ["a"], "tier": "gold"})),
+                    T0,
+                )
+                .unwrap();
             l.admin_show(&target, T0)
         });
-        assert_eq!((gold.source, gold.capacity, gold.tier.as_deref()), ("tier", 100, Some("gold")));
+        assert_eq!(
+            (gold.source, gold.capacity, gold.tier.as_deref()),
+            ("tier", 100, Some("gold"))
+        );
         let slots = with(&plan, &store, |l| {
-            let target = l.admin_target(&ask(json!({"policy": "slots", "key": ["a"]})), T0).unwrap();
+            let target = l
+                .admin_target(&ask(json!({"policy": "slots", "key": ["a"]})), T0)
+                .unwrap();
             l.admin_show(&target, T0)
         });
         assert_eq!((slots.slots_in_use, slots.remaining), (Some(0), 3));

@@ -84,13 +84,20 @@ mod tests {
         assert_eq!(claim(&store, "p", 7, 1_000), Ok(true));
         assert_eq!(claim(&store, "p", 7, 2_000), Ok(false), "sent twice");
         assert_eq!(claim(&store, "q", 7, 2_000), Ok(true), "another plugin's");
-        assert_eq!(claim(&store, "p", 7, 1_000 + REMEMBERED_MS), Ok(true), "forgotten");
+        assert_eq!(
+            claim(&store, "p", 7, 1_000 + REMEMBERED_MS),
+            Ok(true),
+            "forgotten"
+        );
         for id in 100..100 + MAX_IDS as u64 {
             assert_eq!(claim(&store, "p", id, 5_000), Ok(true));
         }
         assert_eq!(store.get("p!a").unwrap().0.len(), 16 * MAX_IDS);
         assert_eq!(claim(&store, "p", 7, 5_000), Ok(true), "pushed out");
-        assert_eq!(claim(&store, "p", 100 + MAX_IDS as u64 - 1, 5_000), Ok(false));
+        assert_eq!(
+            claim(&store, "p", 100 + MAX_IDS as u64 - 1, 5_000),
+            Ok(false)
+        );
     }
 
     #[test]

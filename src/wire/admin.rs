@@ -116,15 +116,16 @@ pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
         let field = if path == "." { "body".into() } else { path };
         BadRequest::new(&field, e.inner())
     })?;
-    deserializer
-        .end()
-        .map_err(|e| BadRequest::new("body", e))?;
+    deserializer.end().map_err(|e| BadRequest::new("body", e))?;
     if raw.policy.is_empty() || raw.policy.len() > 64 {
         return Err(BadRequest::new("policy", "must be 1 to 64 bytes"));
     }
     let key = match (raw.key, raw.key_hash) {
         (Some(_), Some(_)) => {
-            return Err(BadRequest::new("key_hash", "give key or key_hash, not both"))
+            return Err(BadRequest::new(
+                "key_hash",
+                "give key or key_hash, not both",
+            ))
         }
         (None, None) => {
             return Err(BadRequest::new(
@@ -181,21 +182,18 @@ pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
                 "required: how many tokens to give back",
             ))
         }
-        (Action::Credit, Some(0)) => {
-            return Err(BadRequest::new("tokens", "must be at least 1"))
-        }
+        (Action::Credit, Some(0)) => return Err(BadRequest::new("tokens", "must be at least 1")),
         (_, tokens) => tokens.unwrap_or(0),
     };
-    let id = match (action, raw.id) {
-        (Action::Credit, None) => {
-            return Err(BadRequest::new(
+    let id =
+        match (action, raw.id) {
+            (Action::Credit, None) => return Err(BadRequest::new(
                 "id",
                 "required: 16 lowercase hex digits naming this credit, so that it is applied once",
-            ))
-        }
-        (_, Some(id)) => Some(hex16("id", &id)?.max(1)),
-        (_, None) => None,
-    };
+            )),
+            (_, Some(id)) => Some(hex16("id", &id)?.max(1)),
+            (_, None) => None,
+        };
     Ok(KeyRequest {
         policy: raw.policy,
         key,
@@ -239,10 +237,7 @@ fn reason(reason: Option<&str>) -> Result<String, BadRequest> {
         ));
     }
     if reason.chars().any(char::is_control) {
-        return Err(BadRequest::new(
-            "reason",
-            "must hold no control characters",
-        ));
+        return Err(BadRequest::new("reason", "must hold no control characters"));
     }
     Ok(reason.to_string())
 }
@@ -312,8 +307,11 @@ mod tests {
     fn a_show_names_a_key_by_its_values_or_its_hash() {
         let by_value = parse(Action::Show, br#"{"policy": "api", "key": ["acme"]}"#).unwrap();
         assert_eq!(by_value.key, KeyName::Values(vec!["acme".into()]));
-        let by_hash =
-            parse(Action::Show, br#"{"policy": "api", "key_hash": "5c0f4b1de6a2b3c4"}"#).unwrap();
+        let by_hash = parse(
+            Action::Show,
+            br#"{"policy": "api", "key_hash": "5c0f4b1de6a2b3c4"}"#,
+        )
+        .unwrap();
         assert_eq!(by_hash.key, KeyName::Hash(0x5c0f_4b1d_e6a2_b3c4));
         assert_eq!((by_hash.reason.as_str(), by_hash.id), ("", None));
     }
@@ -322,23 +320,79 @@ mod tests {
     fn every_refusal_names_its_field() {
         let cases = [
             (Action::Show, r#"{"policy": "api"}"#, "key:"),
-            (Action::Show, r#"{"policy": "api", "key": ["a"], "key_hash": "0000000000000001"}"#, "key_hash:"),
-            (Action::Show, r#"{"policy": "api", "key_hash": "5C0F4B1DE6A2B3C4"}"#, "key_hash:"),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "key_hash": "0000000000000001"}"#,
+                "key_hash:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key_hash": "5C0F4B1DE6A2B3C4"}"#,
+                "key_hash:",
+            ),
             (Action::Show, r#"{"policy": "api", "key": []}"#, "key:"),
             (Action::Show, r#"{"policy": "", "key": ["a"]}"#, "policy:"),
-            (Action::Show, r#"{"policy": "api", "key": ["a"], "reason": "x"}"#, "reason:"),
-            (Action::Show, r#"{"policy": "api", "key": ["a"], "extra": 1}"#, "extra:"),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "reason": "x"}"#,
+                "reason:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "extra": 1}"#,
+                "extra:",
+            ),
             (Action::Show, r#"{"policy": "api", "key": [1]}"#, "key[0]:"),
-            (Action::Reset, r#"{"policy": "api", "key": ["a"]}"#, "reason:"),
-            (Action::Reset, r#"{"policy": "api", "key": ["a"], "reason": " "}"#, "reason:"),
-            (Action::Reset, r#"{"policy": "api", "key": ["a"], "reason": "a\u0007"}"#, "reason:"),
-            (Action::Reset, r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 1}"#, "tokens:"),
-            (Action::Credit, r#"{"policy": "api", "key": ["a"], "reason": "r", "id": "0000000000000001"}"#, "tokens:"),
-            (Action::Credit, r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 0, "id": "0000000000000001"}"#, "tokens:"),
-            (Action::Credit, r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2}"#, "id:"),
-            (Action::Credit, r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": -2, "id": "0000000000000001"}"#, "tokens:"),
-            (Action::Credit, r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2, "id": "xyz"}"#, "id:"),
-            (Action::Show, r#"{"policy": "api", "key": ["a"]} {}"#, "body:"),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"]}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": " "}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": "a\u0007"}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 1}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 0, "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2}"#,
+                "id:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": -2, "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2, "id": "xyz"}"#,
+                "id:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"]} {}"#,
+                "body:",
+            ),
             (Action::Show, "", "body:"),
         ];
         for (action, body, field) in cases {
@@ -376,7 +430,14 @@ mod tests {
     fn only_the_three_endpoints_are_actions() {
         assert_eq!(Action::of(b"/keys/show"), Some(Action::Show));
         assert_eq!(Action::of(b"/keys/credit"), Some(Action::Credit));
-        for other in [&b""[..], b"/", b"/keys", b"/keys/show/", b"/keys/show?x=1", b"/KEYS/SHOW"] {
+        for other in [
+            &b""[..],
+            b"/",
+            b"/keys",
+            b"/keys/show/",
+            b"/keys/show?x=1",
+            b"/KEYS/SHOW",
+        ] {
             assert_eq!(Action::of(other), None);
         }
     }
