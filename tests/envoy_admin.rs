@@ -112,14 +112,29 @@ fn only_the_named_listener_serves_the_admin_path_and_a_reset_reaches_every_worke
     let shown = call(ops, READ, "/sluice/admin/v1/keys/show", &show);
     assert_eq!(shown.status, 200, "{}", shown.text());
     let state = shown.json();
-    assert_eq!((state["remaining"].clone(), state["capacity"].clone()), (json!(0), json!(5)));
+    assert_eq!(
+        (state["remaining"].clone(), state["capacity"].clone()),
+        (json!(0), json!(5))
+    );
     assert_eq!(state["source"], "policy");
-    let reset = json!({"policy": "per-user", "key": ["alice"], "reason": "test", "id": "00000000000000a1"});
-    assert_eq!(call(ops, READ, "/sluice/admin/v1/keys/reset", &reset).status, 403);
-    assert_eq!(call(ops, "nope", "/sluice/admin/v1/keys/show", &show).status, 401);
+    let reset =
+        json!({"policy": "per-user", "key": ["alice"], "reason": "test", "id": "00000000000000a1"});
+    assert_eq!(
+        call(ops, READ, "/sluice/admin/v1/keys/reset", &reset).status,
+        403
+    );
+    assert_eq!(
+        call(ops, "nope", "/sluice/admin/v1/keys/show", &show).status,
+        401
+    );
 
     let done = call(ops, TOKEN, "/sluice/admin/v1/keys/reset", &reset);
-    assert_eq!((done.status, done.json()["outcome"].clone()), (200, json!("done")), "{}", done.text());
+    assert_eq!(
+        (done.status, done.json()["outcome"].clone()),
+        (200, json!("done")),
+        "{}",
+        done.text()
+    );
     // Fresh connections land on either worker: each sees the whole bucket back.
     assert_eq!(alice(&envoy, 6), [200, 200, 200, 200, 200, 429]);
     let again = call(ops, TOKEN, "/sluice/admin/v1/keys/reset", &reset);
@@ -133,5 +148,10 @@ fn only_the_named_listener_serves_the_admin_path_and_a_reset_reaches_every_worke
     }
     assert_eq!(alice(&envoy, 3), [200, 200, 429]);
     assert_eq!(envoy.wait_for_wasm_counter("sluice.admin_writes", 4), 4);
-    assert!(envoy.log().contains("admin write: who=alice action=keys.reset"), "audited");
+    assert!(
+        envoy
+            .log()
+            .contains("admin write: who=alice action=keys.reset"),
+        "audited"
+    );
 }
