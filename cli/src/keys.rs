@@ -341,19 +341,10 @@ fn print_rows(action: &str, answers: &[(Option<String>, Result<Value, String>)])
     }
     let mut headers: Vec<&str> = Vec::new();
     if several {
-        headers.push("from");
+        headers.push("asked");
     }
     match action {
-        "show" => headers.extend([
-            "key",
-            "algorithm",
-            "limit",
-            "from",
-            "remaining",
-            "whole in",
-            "debt",
-            "slots",
-        ]),
+        "show" => headers.extend(["key", "algorithm", "limit", "from", "remaining", "whole in"]),
         _ => headers.extend(["key", "outcome"]),
     }
     if several && action == "show" {
