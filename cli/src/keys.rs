@@ -39,6 +39,9 @@ pub struct KeyName {
     pub hash_secret_env: Option<String>,
 }
 
+/// Where an answer came from, and the answer or why there is none.
+type Asked = (String, Result<Value, String>);
+
 /// The Envoys whose filter answers for local policies (its `admin` path).
 #[derive(Args, Debug)]
 pub struct Envoys {
@@ -77,12 +80,7 @@ impl Envoys {
     }
 
     /// Asks every Envoy: each one's address and its answer or error, in the order given.
-    fn ask(
-        &self,
-        service: &Service,
-        action: &str,
-        body: &Value,
-    ) -> Result<Vec<(String, Result<Value, String>)>, String> {
+    fn ask(&self, service: &Service, action: &str, body: &Value) -> Result<Vec<Asked>, String> {
         let token = match &self.envoy_token_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)

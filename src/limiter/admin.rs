@@ -7,7 +7,7 @@
 use super::overrides::Lookup;
 use super::{local, Limiter, MAX_ATTEMPTS};
 use crate::config::{Scope, Tier};
-use crate::core::algorithm::{Algorithm, Decision};
+use crate::core::algorithm::Algorithm;
 use crate::core::key::{hash_values, MISSING_KEY};
 use crate::state::store::{Store, StoreError};
 use crate::state::table::{self, Words};
@@ -120,7 +120,7 @@ impl<S: Store> Limiter<'_, S> {
             _ => Words::from_elem(0, algorithm.columns()),
         };
         let debt = debt(&algorithm, &words, at);
-        let decision = local::standing(&target.tier, &mut words, at).unwrap_or(Decision::default());
+        let decision = local::standing(&target.tier, &mut words, at).unwrap_or_default();
         let lent = self.ledger.held(target.policy, target.hash, at);
         let remaining = decision.remaining.saturating_add(lent);
         let slots_in_use = matches!(algorithm, Algorithm::Concurrency(_))
