@@ -1786,3 +1786,45 @@ fn a_request_off_the_admin_path_reads_no_listener_and_no_more_than_without_it() 
         ":path, and no property"
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever body a caller with the admin token sends, the answer is a 200 or a 400 that
+    /// names a field, and nothing else changes: no panic, no write but a reset or credit of a
+    /// key it names.
+    #[test]
+    fn any_admin_body_gets_a_200_or_a_400_naming_its_field(
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+        fields in proptest::collection::vec(("[a-z_]{1,10}", "[ -~]{0,20}"), 0..6),
+        endpoint in 0usize..3,
+    ) {
+        let host = admin_host();
+        let filter = configure(&with_admin(json!({"policies": [per_user(5)]})), &host);
+        let path = [SHOW, RESET, CREDIT][endpoint];
+        let mut object = serde_json::Map::new();
+        for (name, value) in fields {
+            let value = serde_json::from_str(&value).unwrap_or(Value::String(value));
+            object.insert(name, value);
+        }
+        for body in [body, Value::Object(object).to_string().into_bytes()] {
+            *host.request.borrow_mut() = FakeRequest::new(&[
+                (":method", "POST"),
+                (":path", path),
+                ("authorization", &format!("Bearer {ADMIN_TOKEN}")),
+            ])
+            .with_property("xds.listener_metadata.filter_metadata.sluice.listener", "ops");
+            proptest::prop_assert_eq!(filter.route(&host), Route::Admin);
+            let Verdict::Denied = filter.answer_admin(&host, &body) else {
+                panic!("answered");
+            };
+            let reply = host.reply.borrow().clone().unwrap();
+            let answer: Value = serde_json::from_str(&reply.body).unwrap();
+            match reply.status {
+                200 => {}
+                400 => proptest::prop_assert!(answer["detail"].as_str().is_some_and(|d| d.contains(':')), "{answer}"),
+                other => proptest::prop_assert!(false, "{other}: {answer}"),
+            }
+        }
+    }
+}
