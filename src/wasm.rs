@@ -890,7 +890,7 @@ impl HttpContext for Exchange {
         let route = filter.route(&Envoy);
         // An admin call is answered once its whole body has come (Envoy holds its headers).
         if route == Route::Admin {
-            if end_of_stream {
+            if end_of_stream || !filter.admin_authorized(&Envoy) {
                 return self.act(filter.answer_admin(&Envoy, &[]), false);
             }
             self.awaiting_admin = true;

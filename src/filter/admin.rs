@@ -55,6 +55,13 @@ impl Filter {
         }
     }
 
+    /// Whether the call carries a token of the admin path: only then does the glue wait for its
+    /// body; without one it is answered (401) at once, its body unread.
+    pub fn admin_authorized(&self, host: &impl Host) -> bool {
+        let authorization = host.header("authorization");
+        (self.plan.admin.as_ref()).is_some_and(|a| a.caller(authorization.as_deref()).is_some())
+    }
+
     /// Answers a call to the admin path with its whole `body`; sends the reply itself.
     pub fn answer_admin(&self, host: &impl Host, body: &[u8]) -> Verdict {
         let (status, text) = self.admin_reply(host, body);
