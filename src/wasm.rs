@@ -897,8 +897,8 @@ impl HttpContext for Exchange {
             return Action::Pause;
         }
         // The status path is answered from the headers, whatever body comes with it.
-        if filter.reads_body() && !end_of_stream && route == Route::Ordinary {
-            self.awaiting_body = Some(filter.snapshot(&Envoy));
+        if let (true, false, Route::Ordinary(path)) = (filter.reads_body(), end_of_stream, &route) {
+            self.awaiting_body = Some(filter.snapshot_routed(&Envoy, path.clone()));
             self.stream_path = filter.rewrites_body()
                 && Envoy
                     .header(":path")

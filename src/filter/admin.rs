@@ -13,15 +13,18 @@
 use super::{Filter, Host, Verdict};
 use crate::config::admin::{Caller, LISTENER_PROPERTY};
 use crate::config::GrpcStatus;
+use crate::core::request::Attributes;
 use crate::output::reply::{self, LocalReply};
 use crate::state::applied;
 use crate::wire::admin::{self, error_body, Action, BadRequest, KeyRequest, Written};
 
 /// What the filter does with a request, by its `:path` (read once, and only when the status
 /// path or the admin path is configured).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    Ordinary,
+    /// Decided as any request; with its `:path` when it was read here, which the policies'
+    /// `Attr::Path` takes instead of reading it again.
+    Ordinary(Option<Vec<u8>>),
     Status,
     Admin,
 }
@@ -31,10 +34,10 @@ impl Filter {
     pub fn route(&self, host: &impl Host) -> Route {
         let (status, admin) = (&self.plan.status_path, &self.plan.admin);
         if status.is_none() && admin.is_none() {
-            return Route::Ordinary;
+            return Route::Ordinary(None);
         }
         let Some(path) = host.header(":path") else {
-            return Route::Ordinary;
+            return Route::Ordinary(None);
         };
         if status
             .as_ref()
@@ -48,11 +51,24 @@ impl Filter {
                 if listener.as_deref() == Some(admin.listener.as_bytes()) {
                     Route::Admin
                 } else {
-                    Route::Ordinary
+                    Route::Ordinary(Some(path))
                 }
             }
-            _ => Route::Ordinary,
+            _ => Route::Ordinary(Some(path)),
         }
+    }
+
+    /// A request's attributes, with the `:path` its routing read, if it did.
+    pub fn attributes<'h, H: Host>(
+        &'h self,
+        host: &'h H,
+        path: Option<Vec<u8>>,
+    ) -> Attributes<'h, H> {
+        let mut request = Attributes::new(host, &self.plan.attrs);
+        if let (Some(path), Some(index)) = (path, self.path_attr) {
+            request.seed_path(index, path);
+        }
+        request
     }
 
     /// Whether the call carries a token of the admin path: only then does the glue wait for its

@@ -119,6 +119,8 @@ pub struct Filter {
     first_tick: Cell<u64>,
     /// When a failed pull was last logged: at most one line a minute.
     last_overrides_log: Cell<u64>,
+    /// Where `Attr::Path` is among the plan's attributes, if a policy reads it.
+    path_attr: Option<usize>,
 }
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
@@ -173,7 +175,9 @@ impl Filter {
         let me = env.random().map_or(start ^ 1, |bytes| {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
+        let path_attr = (plan.attrs.iter()).position(|a| *a == crate::core::request::Attr::Path);
         Ok(Filter {
+            path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
             first_tick: Cell::new(0),
@@ -201,11 +205,11 @@ impl Filter {
 
     /// `on_request_headers` for a request already routed (`route`): an admin call is answered
     /// with no body (the glue hands a call with one to `answer_admin` once it has come).
-    pub fn on_routed_headers(&self, host: &impl Host, route: Route) -> Verdict {
+    pub fn on_routed_headers<H: Host>(&self, host: &H, route: Route) -> Verdict {
         match route {
             Route::Status => self.answer_status(host),
             Route::Admin => self.answer_admin(host, &[]),
-            Route::Ordinary => self.decide(host, Attributes::new(host, &self.plan.attrs)),
+            Route::Ordinary(path) => self.decide(host, self.attributes(host, path)),
         }
     }
 

@@ -1785,6 +1785,13 @@ fn a_request_off_the_admin_path_reads_no_listener_and_no_more_than_without_it() 
         reads(without) + 1,
         ":path, and no property"
     );
+    // A policy that matches the path takes the :path routing read: nothing more at all.
+    let matching = json!({"policies": [{"name": "api", "match": {"path_prefix": "/api/"},
+        "key": ["header:x-user-id"], "requests": 5, "per": "1s"}]});
+    assert_eq!(reads(with_admin(matching.clone())), reads(matching.clone()));
+    let mut both = with_admin(matching.clone());
+    both["status_path"] = json!("/api/ratelimit/status");
+    assert_eq!(reads(both), reads(matching));
 }
 
 proptest::proptest! {
