@@ -1835,3 +1835,31 @@ proptest::proptest! {
         }
     }
 }
+
+#[test]
+fn the_admin_path_says_a_key_runs_at_its_override() {
+    let host = admin_host();
+    let filter = configure(&with_admin(pulling(json!([per_user(2)]))), &host);
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    let ops = (Some("ops"), Some(READ_TOKEN));
+    let show = |who: &str| {
+        let body = json!({"policy": "per-user", "key": [who]});
+        admin_call(&filter, &host, ops, ("POST", SHOW), body)
+            .unwrap()
+            .1
+    };
+    let alice = show("alice");
+    assert_eq!(
+        (alice["source"].clone(), alice["capacity"].clone()),
+        (json!("override"), json!(5))
+    );
+    let bob = show("bob");
+    assert_eq!(
+        (bob["source"].clone(), bob["capacity"].clone()),
+        (json!("policy"), json!(2))
+    );
+}
