@@ -184,8 +184,13 @@ impl Host for FakeHost {
         self.reports.borrow_mut().push(settlement);
     }
 
-    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
-        self.response.borrow().header(name)
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
+        let response = self.response.borrow();
+        response.reads.set(response.reads.get() + 1);
+        let pairs = response.headers.iter();
+        pairs
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect()
     }
 
     fn response_trailer(&self, name: &str) -> Option<Vec<u8>> {

@@ -64,6 +64,11 @@ extern "C" {
         return_value_data: *mut *mut u8,
         return_value_size: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(
+        map_type: u32,
+        return_map_data: *mut *mut u8,
+        return_map_size: *mut usize,
+    ) -> u32;
     fn proxy_get_property(
         path_data: *const u8,
         path_size: usize,
@@ -236,8 +241,12 @@ impl Host for Envoy {
         self.publish(access_log::PROPERTY, record);
     }
 
-    fn response_header(&self, name: &str) -> Option<Vec<u8>> {
-        map_value(MapType::HttpResponseHeaders, name)
+    fn response_headers(&self) -> Vec<(String, Vec<u8>)> {
+        let map = MapType::HttpResponseHeaders as u32;
+        // SAFETY: `proxy_get_header_map_pairs` returns a buffer as `returned_bytes` needs.
+        let pairs =
+            unsafe { returned_bytes(|data, size| proxy_get_header_map_pairs(map, data, size)) };
+        pairs.map_or_else(Vec::new, |bytes| crate::host::header_pairs(&bytes))
     }
 
     fn response_trailer(&self, name: &str) -> Option<Vec<u8>> {

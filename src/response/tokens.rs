@@ -37,18 +37,26 @@ pub(super) struct Usage {
 }
 
 impl Usage {
+    /// Reads the response's headers once, if a metered policy of the tab reads its usage.
     pub(super) fn on_headers(&mut self, tab: &Tab, filter: &impl Books, host: &impl Host) {
         let sources = || sources(tab, filter);
+        if sources().next().is_none() {
+            return;
+        }
+        let headers = host.response_headers();
+        let header = |name: &str| {
+            let found = headers.iter().find(|(known, _)| known == name);
+            found.map(|(_, value)| value.clone())
+        };
         if sources().any(UsageSource::reads_body) {
-            let content_type = host.response_header("content-type");
-            let format = content_type.and_then(|value| Format::of_content_type(&value));
+            let format = header("content-type").and_then(|value| Format::of_content_type(&value));
             self.body = format.map(|format| {
-                let coding = host.response_header("content-encoding");
+                let coding = header("content-encoding");
                 Reader::new(format, coding.as_deref())
             });
         }
-        self.read(sources(), |name| host.response_header(name));
-        self.upstream_error = upstream_error(host);
+        self.read(sources(), header);
+        self.upstream_error = upstream_error(header(":status"), host);
     }
 
     pub(super) fn on_trailers(&mut self, tab: &Tab, filter: &impl Books, host: &impl Host) {
@@ -110,8 +118,7 @@ impl Usage {
 
 /// Whether the response is an error status the upstream sent: Envoy's own replies (a timeout,
 /// an upstream reset) say nothing of what the upstream did, and are charged as unknown.
-fn upstream_error(host: &impl Host) -> bool {
-    let status = host.response_header(":status");
+fn upstream_error(status: Option<Vec<u8>>, host: &impl Host) -> bool {
     let status = status.and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
     status.is_some_and(|s| s >= 400)
         && host.property(&["response", "code_details"]).as_deref() == Some(b"via_upstream")

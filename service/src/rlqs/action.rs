@@ -1,7 +1,8 @@
-//! The bucket action an Envoy is sent for its share: a token bucket of `share` tokens refilled
-//! whole every period (Envoy 1.40 reads fill intervals in whole seconds, and refuses
-//! `requests_per_time_unit`), or deny-all for a share of zero (a token bucket needs a token),
-//! with a time to live after which Envoy's `expired_assignment_behavior` takes over.
+//! The bucket action an Envoy is sent for its share: a token bucket refilled at exactly the
+//! share's rate (`share` tokens every period, which Envoy 1.40 turns into a rate per second; it
+//! reads fill intervals in whole seconds, and refuses `requests_per_time_unit`) holding at most
+//! `BURST` of it, or deny-all for a share of zero (a token bucket needs a token), with a time to
+//! live after which Envoy's `expired_assignment_behavior` takes over.
 
 use std::time::Duration;
 
@@ -20,10 +21,11 @@ pub fn assign(bucket: BucketId, share: u64, period: Duration, ttl: Duration) -> 
         Strategy::BlanketRule(BlanketRule::DenyAll as i32)
     } else {
         let (tokens, fill) = refill(share, period);
-        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
         Strategy::TokenBucket(TokenBucket {
-            max_tokens: tokens,
-            tokens_per_fill: Some(UInt32Value { value: tokens }),
+            max_tokens: burst(share, period),
+            tokens_per_fill: Some(UInt32Value {
+                value: u32::try_from(tokens).unwrap_or(u32::MAX),
+            }),
             fill_interval: Some(whole_seconds(fill)),
         })
     };
@@ -47,28 +49,32 @@ pub fn abandon(bucket: BucketId) -> BucketAction {
     }
 }
 
-/// Fill intervals tried, shortest first: a short one keeps a bucket from admitting its whole
-/// share at once (Envoy 1.40 rebuilds a changed bucket full, so its `max_tokens` is what each
-/// re-assignment can add), a longer one rounds away less of the share.
-const FILLS_S: [u64; 8] = [1, 2, 5, 10, 15, 30, 60, 300];
+/// How much of its share a bucket may hold: Envoy 1.40 builds a token bucket full (when an
+/// assignment first comes, and again each time it changes), so `max_tokens` is what each new
+/// assignment can add past the rate to a busy Envoy, whose bucket is otherwise empty; and it is
+/// the slack an Envoy that gets all it asks has for requests that come close together, or late
+/// and then at once. Two seconds of the share, at least `MIN_TOKENS`.
+pub const BURST: Duration = Duration::from_secs(2);
+/// The fewest tokens a bucket holds: a share of 2 a second still lets 4 requests come at once.
+pub const MIN_TOKENS: u32 = 4;
 
-/// `share` per `period` as (tokens, fill interval): the shortest interval of whole seconds whose
-/// tokens, rounded down, lose at most 2% of the share, else the whole period. Never more than
-/// the share.
+/// `share` per `period` as the tokens `BURST` holds, at least `MIN_TOKENS`.
+pub fn burst(share: u64, period: Duration) -> u32 {
+    let period_ms = period.as_millis().max(1);
+    let tokens = u128::from(share) * BURST.as_millis() / period_ms;
+    u32::try_from(tokens).unwrap_or(u32::MAX).max(MIN_TOKENS)
+}
+
+/// `share` per `period` as (tokens, fill interval) at the same rate: the period itself when it
+/// is whole seconds (the exact rate: Envoy 1.40 refills continuously at tokens / interval),
+/// else the period rounded up to whole seconds and its tokens rounded down (below 1 s the fill
+/// rate divides by zero). Never more than the share's rate.
 pub fn refill(share: u64, period: Duration) -> (u64, Duration) {
-    let period_s = period.as_secs().max(1);
-    for fill_s in FILLS_S.into_iter().take_while(|&f| f < period_s) {
-        let exact = u128::from(share) * u128::from(fill_s);
-        let tokens = exact / u128::from(period_s);
-        let lost = exact - tokens * u128::from(period_s);
-        if tokens > 0 && lost * 50 <= exact {
-            return (
-                u64::try_from(tokens).unwrap_or(u64::MAX),
-                Duration::from_secs(fill_s),
-            );
-        }
-    }
-    (share, Duration::from_secs(period_s))
+    let period_ms = period.as_millis().max(1);
+    let fill_s = period_ms.div_ceil(1_000).max(1);
+    let tokens = u128::from(share) * fill_s * 1_000 / period_ms;
+    let fill = Duration::from_secs(u64::try_from(fill_s).unwrap_or(u64::MAX));
+    (u64::try_from(tokens).unwrap_or(u64::MAX), fill)
 }
 
 /// At least one second: below that Envoy 1.40's fill rate divides by zero.
@@ -91,7 +97,7 @@ mod tests {
     }
 
     #[test]
-    fn a_share_of_300_a_minute_is_5_tokens_a_second() {
+    fn a_share_of_300_a_minute_refills_300_a_minute_and_holds_two_seconds_of_it() {
         let action = assign(
             BucketId::default(),
             300,
@@ -101,25 +107,27 @@ mod tests {
         let Some(Strategy::TokenBucket(bucket)) = strategy(&action) else {
             panic!("{action:?}");
         };
-        assert_eq!(bucket.max_tokens, 5);
-        assert_eq!(bucket.tokens_per_fill.map(|t| t.value), Some(5));
-        assert_eq!(bucket.fill_interval.map(|d| d.seconds), Some(1));
+        assert_eq!(bucket.tokens_per_fill.map(|t| t.value), Some(300));
+        assert_eq!(bucket.fill_interval.map(|d| d.seconds), Some(60));
+        assert_eq!(bucket.max_tokens, 10);
+        assert_eq!(burst(12, Duration::from_secs(60)), MIN_TOKENS);
+        assert_eq!(burst(u64::MAX, Duration::from_secs(1)), u32::MAX);
     }
 
     #[test]
-    fn a_refill_rounds_away_at_most_2_percent_and_never_adds() {
-        let minute = Duration::from_secs(60);
-        assert_eq!(refill(30, minute), (1, Duration::from_secs(2)));
-        assert_eq!(refill(588, minute), (49, Duration::from_secs(5)));
-        assert_eq!(refill(7, minute), (7, minute));
-        for share in 1..2_000u64 {
-            let (tokens, fill) = refill(share, minute);
-            let per_minute = tokens * 60 / fill.as_secs();
-            assert!(
-                per_minute <= share && per_minute * 50 >= share * 49,
-                "{share}"
-            );
-        }
+    fn a_period_below_a_second_is_refilled_over_whole_seconds_never_faster() {
+        assert_eq!(
+            refill(5, Duration::from_millis(500)),
+            (10, Duration::from_secs(1))
+        );
+        assert_eq!(
+            refill(3, Duration::from_millis(1_500)),
+            (4, Duration::from_secs(2))
+        );
+        assert_eq!(
+            refill(7, Duration::from_secs(3_600)),
+            (7, Duration::from_secs(3_600))
+        );
     }
 
     #[test]

@@ -1,12 +1,19 @@
 //! Max-min fair shares of one bucket's budget among the Envoys that report demand for it: an
 //! Envoy that asks for less than an equal share gets what it asks, the rest is split evenly
-//! among the busier ones, and budget nobody claims is spread evenly as headroom for growth.
-//! Pure integer arithmetic: the shares never sum past the budget.
+//! among the busier ones, and budget nobody claims is spread evenly as headroom for growth, at
+//! most as much again as each asks (or `HEADROOM_FLOOR` of the budget): the rest stays unheld,
+//! for Envoys that are new or grow. Pure integer arithmetic: the shares never sum past the
+//! budget.
+
+/// The headroom an Envoy asking (nearly) nothing may be given, as a fraction of the budget:
+/// one twentieth.
+pub const HEADROOM_FLOOR: u64 = 20;
 
 /// The share of `budget` for each of `demands`, in the same order: max-min fair (water
-/// filling), then whatever nobody claimed split evenly among all as headroom. The shares sum to
-/// exactly `budget` when there is any demand (the integer remainder goes one unit each to the
-/// first Envoys in order of demand), and never past it.
+/// filling), then whatever nobody claimed split evenly among all as headroom, each getting at
+/// most its demand again or `budget / HEADROOM_FLOOR`, whichever is more. The shares sum to
+/// exactly `budget` when the demands do (the integer remainder goes one unit each to the first
+/// Envoys in order of demand), and never past it.
 pub fn fair_shares(budget: u64, demands: &[u64]) -> Vec<u64> {
     let mut shares = vec![0; demands.len()];
     let mut order: Vec<usize> = (0..demands.len()).collect();
@@ -29,19 +36,21 @@ pub fn fair_shares(budget: u64, demands: &[u64]) -> Vec<u64> {
     }
     // Everyone left wants more than an equal share of what is left: split it evenly. When
     // nobody is left, what is left is headroom nobody claimed: split it among all.
-    let takers: Vec<usize> = if unsatisfied.is_empty() {
-        order
-    } else {
-        unsatisfied
-    };
+    let headroom = unsatisfied.is_empty();
+    let takers: Vec<usize> = if headroom { order } else { unsatisfied };
     let count = takers.len() as u64;
     if count == 0 {
         return shares;
     }
     let (each, mut extra) = (remaining / count, remaining % count);
     for i in takers {
+        let mut more = each + u64::from(extra > 0);
+        if headroom {
+            let demand = demands.get(i).copied().unwrap_or(0);
+            more = more.min(demand.max(budget / HEADROOM_FLOOR));
+        }
         if let Some(share) = shares.get_mut(i) {
-            *share += each + u64::from(extra > 0);
+            *share += more;
         }
         extra = extra.saturating_sub(1);
     }
@@ -67,9 +76,13 @@ mod tests {
     }
 
     #[test]
-    fn unclaimed_budget_is_spread_as_headroom() {
-        assert_eq!(fair_shares(600, &[100, 200]), vec![250, 350]);
-        assert_eq!(fair_shares(600, &[0, 0, 0]), vec![200, 200, 200]);
+    fn unclaimed_budget_is_spread_as_headroom_up_to_the_demand_again() {
+        // 300 unclaimed, 150 each: the first may double its 100, the second takes 150.
+        assert_eq!(fair_shares(600, &[100, 200]), vec![200, 350]);
+        // Asking nothing, or a first report's 12 a minute: a twentieth of the budget more.
+        assert_eq!(fair_shares(600, &[0, 0, 0]), vec![30, 30, 30]);
+        assert_eq!(fair_shares(600, &[12, 12, 12]), vec![42, 42, 42]);
+        assert_eq!(fair_shares(600, &[180, 120, 60]), vec![260, 200, 120]);
     }
 
     #[test]
@@ -115,8 +128,12 @@ mod tests {
             let shares = fair_shares(budget, &demands);
             let total: u64 = shares.iter().sum();
             prop_assert!(total <= budget);
-            if !demands.is_empty() {
+            if demands.iter().sum::<u64>() >= budget && !demands.is_empty() {
                 prop_assert_eq!(total, budget);
+            }
+            // Headroom: never more than twice the demand or the floor past it.
+            for (share, demand) in shares.iter().zip(&demands) {
+                prop_assert!(*share <= demand + (*demand).max(budget / HEADROOM_FLOOR) + 1);
             }
             // Against the unit-by-unit reference: the same amount claimed by each Envoy (its
             // share capped at its demand), up to the one unit of rounding per Envoy.

@@ -1,12 +1,15 @@
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`: each usage
 //! report of a stream is entered in the store's ledger (`stores::quota`: demand measured by the
 //! store's clock, shared by every replica), and answered at once with the stream's share of each
-//! reported bucket that has a budget. A bucket without one gets no action, so Envoy's
-//! `no_assignment_behavior` applies to it; so does a bucket whose report the store could not
-//! take (Redis away): Envoy keeps its last assignment until that lapses.
+//! reported bucket that has a budget, entered in the ledger as held. A bucket without one gets no
+//! action, so Envoy's `no_assignment_behavior` applies to it; so does a bucket whose report the
+//! store could not take (Redis away): Envoy keeps its last assignment until that lapses. A
+//! bucket the stream reports with no request `ABANDON_AFTER` times running is abandoned: Envoy
+//! forgets it, and so does the ledger. When a stream ends, its Envoy is forgotten at once, so
+//! the others' next reports share what it held.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +24,7 @@ use futures_util::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::warn;
 
-use super::action::assign;
+use super::action::{abandon, assign};
 use super::budget::{budget, Budget};
 use super::ledger::share;
 use super::metrics::{RlqsMetrics, StreamOpen};
@@ -38,6 +41,9 @@ pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
 /// The most buckets one stream may report: the reports of others are not entered, and get no
 /// action (Envoy's `no_assignment_behavior`).
 pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
+/// A bucket reported with no request this many times running (15 s, the assignment's time to
+/// live) is abandoned.
+pub const ABANDON_AFTER: u32 = 3;
 
 /// The service: every stream's reports go to one store, shared with the other replicas.
 pub struct RlqsService<S> {
@@ -72,10 +78,19 @@ impl<S: Store> RlqsService<S> {
     }
 }
 
-/// One stream: its id in the ledger (unique across replicas), the buckets it reported.
-struct StreamState<S> {
+/// What a stream knows of one bucket it reports.
+#[derive(Debug, Default, Clone, Copy)]
+struct Bucket {
+    /// The share it was last sent.
+    held: Option<u64>,
+    /// Its reports with no request, running.
+    idle: u32,
+}
+
+/// One stream: its id in the ledger (unique across replicas), the buckets it reported (by key).
+struct StreamState<S: Store> {
     id: String,
-    buckets: HashSet<String>,
+    buckets: HashMap<String, Bucket>,
     config: SharedConfig,
     store: Arc<S>,
     warnings: Arc<Throttle>,
@@ -91,6 +106,7 @@ async fn answer<S: Store>(
 ) -> RateLimitQuotaResponse {
     let config = state.config.current();
     let mut entered: Vec<(&BucketId, Budget, QuotaReport)> = Vec::new();
+    let mut actions = Vec::new();
     let mut this_message = HashSet::new();
     for usage in &reports.bucket_quota_usages {
         let Some(id) = &usage.bucket_id else { continue };
@@ -100,17 +116,29 @@ async fn answer<S: Store>(
         let entries = id.bucket.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let key = quota_key(&reports.domain, entries);
         let full = state.buckets.len() >= MAX_BUCKETS_PER_STREAM;
-        if (full && !state.buckets.contains(&key)) || !this_message.insert(key.clone()) {
+        if (full && !state.buckets.contains_key(&key)) || !this_message.insert(key.clone()) {
             continue;
         }
-        state.buckets.insert(key.clone());
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         state
             .metrics
             .record_report(&reports.domain, allowed, denied);
-        let requests = usage
-            .num_requests_allowed
-            .saturating_add(usage.num_requests_denied);
+        let requests = allowed.saturating_add(denied);
+        let bucket = state.buckets.entry(key.clone()).or_default();
+        bucket.idle = if requests == 0 { bucket.idle + 1 } else { 0 };
+        if bucket.idle >= ABANDON_AFTER {
+            // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
+            // when a request comes), and its share goes back to the others.
+            state.buckets.remove(&key);
+            // Not a store error of the metric (the abandon is sent); the entry lapses anyway.
+            if let Err(failure) = state.store.hold_quota(&key, &state.id, None).await {
+                if let Some(others) = state.warnings.pass() {
+                    warn!(error = %failure, others, "rlqs: the store did not forget an abandoned bucket");
+                }
+            }
+            actions.push(abandon(id.clone()));
+            continue;
+        }
         let period_ms = u64::try_from(limit.period.as_millis()).unwrap_or(u64::MAX);
         let report = QuotaReport {
             key,
@@ -126,8 +154,8 @@ async fn answer<S: Store>(
         .iter()
         .map(|(_, _, report)| store.report_quota(report));
     let demands = futures_util::future::join_all(ledgers).await;
-    let mut actions = Vec::new();
-    for ((id, limit, _), demands) in entered.into_iter().zip(demands) {
+    let mut sent = Vec::new();
+    for ((id, limit, report), demands) in entered.into_iter().zip(demands) {
         let demands = match demands {
             Ok(demands) => demands,
             Err(failure) => {
@@ -138,12 +166,51 @@ async fn answer<S: Store>(
                 continue;
             }
         };
-        if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests) {
+        let bucket = state.buckets.get_mut(&report.key);
+        let held = bucket.as_ref().and_then(|b| b.held);
+        if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests, held) {
+            tracing::debug!(envoy = %state.id, ?demands, ?held, share, "rlqs share");
+            if let Some(bucket) = bucket {
+                bucket.held = Some(share);
+            }
+            sent.push((report.key, share));
             actions.push(assign(id.clone(), share, limit.period, ASSIGNMENT_TTL));
+        }
+    }
+    // What each holds now, for the others' shares.
+    let holds = (sent.iter()).map(|(key, share)| store.hold_quota(key, &state.id, Some(*share)));
+    for held in futures_util::future::join_all(holds).await {
+        // The share is sent all the same; the others see the one held before until the next.
+        if let Err(failure) = held {
+            if let Some(others) = state.warnings.pass() {
+                warn!(error = %failure, others, "rlqs: the store did not take a share sent");
+            }
         }
     }
     RateLimitQuotaResponse {
         bucket_action: actions,
+    }
+}
+
+/// A stream that ends (its Envoy gone, or reconnecting as a new one) is forgotten from the
+/// ledger at once, in the background: its share goes back to the others at their next reports.
+/// (A replica that dies forgets nothing: its Envoys' entries lapse after their time to live.)
+impl<S: Store> Drop for StreamState<S> {
+    fn drop(&mut self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let keys: Vec<String> = self.buckets.drain().map(|(key, _)| key).collect();
+        if keys.is_empty() {
+            return;
+        }
+        let (store, envoy) = (Arc::clone(&self.store), self.id.clone());
+        runtime.spawn(async move {
+            for key in keys {
+                // Best effort: an entry the store keeps lapses after its time to live anyway.
+                let _ = store.hold_quota(&key, &envoy, None).await;
+            }
+        });
     }
 }
 
@@ -170,7 +237,7 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let state = StreamState {
             id: format!("{:016x}.{number}", self.replica),
-            buckets: HashSet::new(),
+            buckets: HashMap::new(),
             config: self.config.clone(),
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
@@ -220,7 +287,7 @@ descriptors:
         let config = Config::from_files(&files, &Bounds::default()).unwrap();
         StreamState {
             id: id.to_owned(),
-            buckets: HashSet::new(),
+            buckets: HashMap::new(),
             config: SharedConfig::new(config),
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
@@ -267,8 +334,47 @@ descriptors:
         // First reports count over 5 s: 100 is 1,200 a minute, 10 is 120.
         let alone = answer(&mut busy, &reports("api", vec![usage("b", 90, 10)])).await;
         assert_eq!(per_minute(&alone), Some(600));
+        // The light one's fair share is its 120, but the busy one holds all until it reports
+        // again: a fiftieth of the budget at once, the rest once the busy one has shrunk.
         let to_light = answer(&mut light, &reports("api", vec![usage("b", 10, 0)])).await;
-        assert_eq!(per_minute(&to_light), Some(120));
+        assert_eq!(per_minute(&to_light), Some(12));
+        let shrunk = answer(&mut busy, &reports("api", vec![usage("b", 90, 10)])).await;
+        // The light one's 120 count 5% more (126), slack for requests that come unevenly.
+        assert_eq!(per_minute(&shrunk), Some(474));
+        let grown = answer(&mut light, &reports("api", vec![usage("b", 2, 0)])).await;
+        assert_eq!(per_minute(&grown), Some(126));
+    }
+
+    #[tokio::test]
+    async fn a_bucket_reported_idle_3_times_running_is_abandoned_and_its_share_freed() {
+        let store = Arc::new(MemoryStore::default());
+        let (mut idle, mut busy) = (stream("idle", &store), stream("busy", &store));
+        answer(&mut idle, &reports("api", vec![usage("b", 1, 0)])).await;
+        for _ in 1..ABANDON_AFTER {
+            let kept = answer(&mut idle, &reports("api", vec![usage("b", 0, 0)])).await;
+            assert!(per_minute(&kept).is_some(), "{kept:?}");
+        }
+        let dropped = answer(&mut idle, &reports("api", vec![usage("b", 0, 0)])).await;
+        assert!(
+            matches!(
+                dropped
+                    .bucket_action
+                    .first()
+                    .and_then(|a| a.bucket_action.as_ref()),
+                Some(Action::AbandonAction(_))
+            ),
+            "{dropped:?}"
+        );
+        assert!(idle.buckets.is_empty());
+        // The ledger forgot it: the busy one is alone.
+        let alone = answer(&mut busy, &reports("api", vec![usage("b", 100, 0)])).await;
+        assert_eq!(per_minute(&alone), Some(600));
+        // A request again: Envoy makes the bucket anew, and it gets a share.
+        let again = answer(&mut idle, &reports("api", vec![usage("b", 1, 0)])).await;
+        assert!(
+            per_minute(&again).is_some_and(|share| share > 0),
+            "{again:?}"
+        );
     }
 
     #[tokio::test]

@@ -217,6 +217,17 @@ impl Store for MemoryStore {
             (self.quota.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
         Ok(ledger.report(report, now_ms))
     }
+
+    async fn hold_quota(
+        &self,
+        key: &str,
+        envoy: &str,
+        held: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        let mut ledger =
+            (self.quota.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
+        Ok(ledger.hold(key, envoy, held))
+    }
 }
 
 /// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind

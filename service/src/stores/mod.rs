@@ -506,6 +506,15 @@ pub trait Store: Send + Sync + 'static {
         &self,
         report: &QuotaReport,
     ) -> impl Future<Output = Result<Vec<Demand>, StoreError>> + Send;
+
+    /// Enters the share `envoy` was just sent for the RLQS bucket `key` (`quota`), or with
+    /// `None` forgets the Envoy (its stream ended); whether its entry was there.
+    fn hold_quota(
+        &self,
+        key: &str,
+        envoy: &str,
+        held: Option<u64>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -561,6 +570,15 @@ impl<S: Store> Store for std::sync::Arc<S> {
         report: &QuotaReport,
     ) -> impl Future<Output = Result<Vec<Demand>, StoreError>> + Send {
         S::report_quota(self, report)
+    }
+
+    fn hold_quota(
+        &self,
+        key: &str,
+        envoy: &str,
+        held: Option<u64>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        S::hold_quota(self, key, envoy, held)
     }
 }
 

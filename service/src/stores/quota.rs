@@ -2,8 +2,10 @@
 //! domain and bucket id, `quota_key`), per Envoy (a stream's id) its demand per budget period and
 //! when it was measured, by the store's clock. A report enters one Envoy's demand and reads the
 //! bucket's other live ones in one atomic step, so that any replica can hold any Envoy's stream;
-//! a report older than the time to live is forgotten, and so is a bucket nobody reports.
-//! `QUOTA_REPORT_LUA` is Redis's ledger (one hash per bucket), `QuotaLedger` this process's.
+//! a report older than the time to live is forgotten, and so is a bucket nobody reports. Beside
+//! its demand, each Envoy's entry keeps the share it was last sent (`held`), so that a share is
+//! taken only from budget the others do not hold. `QUOTA_REPORT_LUA` and `QUOTA_HOLD_LUA` are
+//! Redis's ledger (one hash per bucket), `QuotaLedger` this process's.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,11 +29,13 @@ pub struct QuotaReport {
     pub ttl_ms: u64,
 }
 
-/// One live Envoy's demand of a bucket: requests per budget period.
+/// One live Envoy's demand of a bucket: requests per budget period, and the share it holds
+/// (was last sent; 0 before its first).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Demand {
     pub envoy: String,
     pub demand: u64,
+    pub held: u64,
 }
 
 /// The most Envoys one bucket keeps: a report from another one is not entered (and its Envoy
@@ -73,30 +77,33 @@ pub fn demand(requests: u64, period_ms: u64, elapsed_ms: Option<u64>) -> u64 {
     u64::try_from(rate).unwrap_or(u64::MAX).min(MAX_DEMAND)
 }
 
-/// KEYS[1] the bucket's hash (`quota_key`): field = an Envoy, value = `<demand>:<ms>`, its
-/// demand and when it was measured by `TIME`. ARGV[1] the Envoy, ARGV[2] its requests since its
-/// last report, ARGV[3] the budget's period (ms), ARGV[4] the time to live (ms), ARGV[5]
-/// `MAX_ENVOYS`, ARGV[6] `FIRST_REPORT_MS`, ARGV[7] `MIN_ELAPSED_MS`, ARGV[8] `MAX_DEMAND`.
-/// Forgets the fields older than the time to live, enters this Envoy's demand as `demand` does
-/// (unless it is new and the bucket holds `MAX_ENVOYS` others) and keeps the hash for the time
-/// to live. Returns the flat list of every live Envoy and its demand, this one's last.
+/// KEYS[1] the bucket's hash (`quota_key`): field = an Envoy, value = `<demand>:<ms>:<held>`,
+/// its demand, when it was measured by `TIME`, and the share it was last sent. ARGV[1] the
+/// Envoy, ARGV[2] its requests since its last report, ARGV[3] the budget's period (ms), ARGV[4]
+/// the time to live (ms), ARGV[5] `MAX_ENVOYS`, ARGV[6] `FIRST_REPORT_MS`, ARGV[7]
+/// `MIN_ELAPSED_MS`, ARGV[8] `MAX_DEMAND`. Forgets the fields older than the time to live,
+/// enters this Envoy's demand as `demand` does, keeping what it holds (unless it is new and the
+/// bucket holds `MAX_ENVOYS` others), and keeps the hash for the time to live. Returns the flat
+/// list of every live Envoy, its demand and its share held, this one's last.
 pub const QUOTA_REPORT_LUA: &str = r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local ttl = tonumber(ARGV[4])
 local fields = redis.call('HGETALL', KEYS[1])
-local live, others, last = {}, 0, nil
+local live, others, last, kept = {}, 0, nil, '0'
 for i = 1, #fields, 2 do
-  local demand, at = string.match(fields[i + 1], '^(%d+):(%d+)$')
+  local demand, at, held = string.match(fields[i + 1], '^(%d+):(%d+):(%d+)$')
   at = tonumber(at)
   if at == nil or now - at > ttl then
     redis.call('HDEL', KEYS[1], fields[i])
   elseif fields[i] == ARGV[1] then
     last = at
+    kept = held
   else
     others = others + 1
     live[#live + 1] = fields[i]
     live[#live + 1] = demand
+    live[#live + 1] = held
   end
 end
 if last == nil and others >= tonumber(ARGV[5]) then
@@ -108,19 +115,40 @@ if last ~= nil then
 end
 local demand = math.min(math.floor(tonumber(ARGV[2]) * tonumber(ARGV[3]) / over), tonumber(ARGV[8]))
 local text = string.format('%d', demand)
-redis.call('HSET', KEYS[1], ARGV[1], text .. ':' .. string.format('%d', now))
+redis.call('HSET', KEYS[1], ARGV[1], text .. ':' .. string.format('%d', now) .. ':' .. kept)
 redis.call('PEXPIRE', KEYS[1], ttl)
 live[#live + 1] = ARGV[1]
 live[#live + 1] = text
+live[#live + 1] = kept
 return live
+";
+
+/// KEYS[1] the bucket's hash, ARGV[1] an Envoy, ARGV[2] the share it was just sent, or `-` to
+/// forget the Envoy (its stream ended). A share is entered only in an entry that is still
+/// there, keeping its demand and time; returns 1 if the entry was there.
+pub const QUOTA_HOLD_LUA: &str = r"
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if not value then
+  return 0
+end
+if ARGV[2] == '-' then
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  return 1
+end
+local demand, at = string.match(value, '^(%d+):(%d+):')
+if demand == nil then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], demand .. ':' .. at .. ':' .. ARGV[2])
+return 1
 ";
 
 /// The ledger in this process's memory (`--memory`): what `QUOTA_REPORT_LUA` keeps, by the
 /// system clock.
 #[derive(Default, Debug)]
 pub struct QuotaLedger {
-    /// Per bucket key, per Envoy: (demand, when in ms).
-    buckets: HashMap<String, HashMap<String, (u64, u64)>>,
+    /// Per bucket key, per Envoy: (demand, when in ms, share held).
+    buckets: HashMap<String, HashMap<String, (u64, u64, u64)>>,
     /// When every bucket was last swept of its old reports.
     swept_ms: u64,
 }
@@ -131,20 +159,22 @@ impl QuotaLedger {
         let ttl = report.ttl_ms;
         if now_ms.saturating_sub(self.swept_ms) > ttl {
             self.buckets.retain(|_, envoys| {
-                envoys.retain(|_, (_, at)| now_ms.saturating_sub(*at) <= ttl);
+                envoys.retain(|_, (_, at, _)| now_ms.saturating_sub(*at) <= ttl);
                 !envoys.is_empty()
             });
             self.swept_ms = now_ms;
         }
         let envoys = self.buckets.entry(report.key.clone()).or_default();
-        envoys.retain(|_, (_, at)| now_ms.saturating_sub(*at) <= ttl);
-        let last = envoys.get(&report.envoy).map(|&(_, at)| at);
+        envoys.retain(|_, (_, at, _)| now_ms.saturating_sub(*at) <= ttl);
+        let last = envoys.get(&report.envoy).map(|&(_, at, _)| at);
+        let kept = envoys.get(&report.envoy).map_or(0, |&(_, _, held)| held);
         let others = envoys.len() - usize::from(last.is_some());
         let mut live: Vec<Demand> = (envoys.iter())
             .filter(|(envoy, _)| **envoy != report.envoy)
-            .map(|(envoy, &(demand, _))| Demand {
+            .map(|(envoy, &(demand, _, held))| Demand {
                 envoy: envoy.clone(),
                 demand,
+                held,
             })
             .collect();
         if last.is_none() && others as u64 >= MAX_ENVOYS {
@@ -152,12 +182,28 @@ impl QuotaLedger {
         }
         let elapsed = last.map(|at| now_ms.saturating_sub(at));
         let demand = demand(report.requests, report.period_ms, elapsed);
-        envoys.insert(report.envoy.clone(), (demand, now_ms));
+        envoys.insert(report.envoy.clone(), (demand, now_ms, kept));
         live.push(Demand {
             envoy: report.envoy.clone(),
             demand,
+            held: kept,
         });
         live
+    }
+
+    /// As `QUOTA_HOLD_LUA`: `envoy` of bucket `key` holds `held` (`None`: is forgotten).
+    pub fn hold(&mut self, key: &str, envoy: &str, held: Option<u64>) -> bool {
+        let Some(envoys) = self.buckets.get_mut(key) else {
+            return false;
+        };
+        let found = match held {
+            None => envoys.remove(envoy).is_some(),
+            Some(held) => envoys.get_mut(envoy).map(|entry| entry.2 = held).is_some(),
+        };
+        if envoys.is_empty() {
+            self.buckets.remove(key);
+        }
+        found
     }
 }
 

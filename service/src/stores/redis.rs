@@ -604,6 +604,8 @@ struct Scripts {
     checks: Script,
     /// `quota::QUOTA_REPORT_LUA`: an RLQS report.
     quota_report: Script,
+    /// `quota::QUOTA_HOLD_LUA`: the share an Envoy was sent, or its stream's end.
+    quota_hold: Script,
 }
 
 impl Scripts {
@@ -627,10 +629,11 @@ impl Scripts {
             calendar_window_refund: once(calendar::CALENDAR_WINDOW_REFUND_LUA),
             checks: Script::new(lua::CHECKS_LUA),
             quota_report: Script::new(quota::QUOTA_REPORT_LUA),
+            quota_hold: Script::new(quota::QUOTA_HOLD_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 17] {
+    fn all(&self) -> [&Script; 18] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -649,6 +652,7 @@ impl Scripts {
             &self.calendar_window_refund,
             &self.checks,
             &self.quota_report,
+            &self.quota_hold,
         ]
     }
 
@@ -966,15 +970,38 @@ impl Core {
             Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
             _ => None,
         };
-        let pairs = fields.chunks_exact(2).map(|pair| {
-            let (envoy, demand) = (pair.first().and_then(text), pair.get(1).and_then(text));
+        let triples = fields.chunks_exact(3).map(|entry| {
+            let (envoy, demand, held) = (
+                entry.first().and_then(text),
+                entry.get(1).and_then(text),
+                entry.get(2).and_then(text),
+            );
             let demand = demand.and_then(|d| d.parse().ok());
-            match (envoy, demand) {
-                (Some(envoy), Some(demand)) => Ok(Demand { envoy, demand }),
-                _ => Err(unexpected_reply(format!("{pair:?}"))),
+            let held = held.and_then(|h| h.parse().ok());
+            match (envoy, demand, held) {
+                (Some(envoy), Some(demand), Some(held)) => Ok(Demand {
+                    envoy,
+                    demand,
+                    held,
+                }),
+                _ => Err(unexpected_reply(format!("{entry:?}"))),
             }
         });
-        pairs.collect()
+        triples.collect()
+    }
+
+    /// `quota::QUOTA_HOLD_LUA` for `envoy` of `key`: `held`, or `-` to forget it.
+    async fn hold_quota(&self, key: &str, envoy: &str, held: Option<u64>) -> RedisResult<bool> {
+        let held = held.map_or_else(|| "-".to_owned(), |h| h.to_string());
+        let eval = Eval::new(&self.scripts.quota_hold, key.to_owned(), &[])
+            .with(envoy.to_owned())
+            .with(held);
+        let reply = self.run(&[eval], Order::AsGiven).await?;
+        match reply.into_iter().next() {
+            Some(Value::Int(found)) => Ok(found == 1),
+            Some(Value::ServerError(error)) => Err(error.into()),
+            other => Err(unexpected_reply(format!("{other:?}"))),
+        }
     }
 }
 
@@ -1049,6 +1076,15 @@ impl Store for RedisStore {
 
     async fn report_quota(&self, report: &QuotaReport) -> Result<Vec<Demand>, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.report_quota(report)).await
+    }
+
+    async fn hold_quota(
+        &self,
+        key: &str,
+        envoy: &str,
+        held: Option<u64>,
+    ) -> Result<bool, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.hold_quota(key, envoy, held)).await
     }
 }
 

@@ -1,0 +1,309 @@
+//! Envoy 1.40's own `rate_limit_quota` filter against `sluice-service --rlqs` and a real Redis:
+//! three Envoys that report demand for one bucket of 600 requests a minute share it max-min
+//! fairly, within 5% of the budget, the warm-up included; below the budget every request passes;
+//! an Envoy that stops is reclaimed at once; a bucket nobody asks for is abandoned. It also pins the facts of Envoy 1.40 that the
+//! service relies on (docs/rlqs.md#envoy-140-as-a-client): a report every 5 s whatever
+//! `reporting_interval` says.
+
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use sluice_testkit::envoy::{grpc_cluster, Envoy, EnvoyOptions};
+use sluice_testkit::redis::RedisServer;
+use sluice_testkit::service::Service;
+use sluice_testkit::TempDir;
+
+/// 600 requests a minute for the bucket `name=shared` of domain `api`.
+const LIMITS: &str = "\
+domain: api
+descriptors:
+  - key: name
+    value: shared
+    rate_limit: {unit: minute, requests_per_unit: 600}
+";
+const BUDGET_PER_S: f64 = 10.0;
+
+/// One listener whose every request falls in the bucket `name=shared`; before an assignment
+/// requests pass, an expired one refuses them.
+const BOOTSTRAP: &str = r#"
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: {admin_port} } }
+static_resources:
+  listeners:
+  - name: front
+    address: { socket_address: { address: 127.0.0.1, port_value: {port} } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: front
+          route_config:
+            virtual_hosts:
+            - name: front
+              domains: ["*"]
+              routes:
+              - match: { prefix: / }
+                direct_response: { status: 200, body: { inline_string: ok } }
+          http_filters:
+          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              domain: api
+              rlqs_server: { envoy_grpc: { cluster_name: rlqs_server } }
+              bucket_matchers:
+                on_no_match:
+                  action:
+                    name: shared
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                      bucket_id_builder:
+                        bucket_id_builder:
+                          name: { string_value: shared }
+                      reporting_interval: {reporting_interval}
+                      no_assignment_behavior:
+                        fallback_rate_limit: { blanket_rule: ALLOW_ALL }
+                      expired_assignment_behavior:
+                        expired_assignment_behavior_timeout: 60s
+                        fallback_rate_limit: { blanket_rule: DENY_ALL }
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+{rlqs_cluster}"#;
+
+/// Redis, the service over it (`--rlqs`, and `--listen` for its metrics), and its limits.
+struct Setup {
+    _redis: RedisServer,
+    service: Service,
+    _dir: TempDir,
+}
+
+impl Setup {
+    fn start() -> Setup {
+        let redis = RedisServer::start();
+        let dir = TempDir::new("rlqs-config");
+        std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
+        let config = dir.path().to_string_lossy().into_owned();
+        let url = redis.url();
+        let args = [
+            "--redis",
+            &url,
+            "--rlqs",
+            "127.0.0.1:0",
+            "--rls-config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+        ];
+        let service = Service::start_rls(&args, &[]);
+        Setup {
+            _redis: redis,
+            service,
+            _dir: dir,
+        }
+    }
+
+    /// An Envoy with the filter, `reporting_interval` as given.
+    fn envoy(&self, reporting_interval: &str) -> Envoy {
+        let bootstrap = BOOTSTRAP
+            .replace(
+                "{rlqs_cluster}",
+                &grpc_cluster("rlqs_server", self.service.rlqs.unwrap()),
+            )
+            .replace("{reporting_interval}", reporting_interval);
+        EnvoyOptions::bootstrap(&bootstrap).start()
+    }
+
+    /// `sluice_service_rlqs_reports_total` of domain `api`.
+    fn reports(&self) -> u64 {
+        let metrics = sluice_testkit::http::get(self.service.addr, "/metrics").text();
+        metrics
+            .lines()
+            .find(|l| l.starts_with("sluice_service_rlqs_reports_total{domain=\"api\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// When each request was sent (since the run began) and whether it passed.
+type Outcomes = Vec<(Duration, bool)>;
+
+/// Sends `per_s` requests a second to `envoy`, evenly paced, until `stop`.
+fn drive(
+    envoy: Arc<Envoy>,
+    per_s: u32,
+    start: Instant,
+    stop: Arc<AtomicBool>,
+) -> thread::JoinHandle<Outcomes> {
+    thread::spawn(move || {
+        let every = Duration::from_secs(1) / per_s;
+        let mut outcomes = Vec::new();
+        let mut next = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let sent = start.elapsed();
+            let status = envoy.get("/", &[]).status;
+            assert!(status == 200 || status == 429, "status {status}");
+            outcomes.push((sent, status == 200));
+            next += every;
+            thread::sleep(next.saturating_duration_since(Instant::now()));
+        }
+        outcomes
+    })
+}
+
+/// The requests of `outcomes` sent in [from, to) s: (passed, sent).
+fn count(outcomes: &Outcomes, from: f64, to: f64) -> (u64, u64) {
+    let window = outcomes
+        .iter()
+        .filter(|(at, _)| (from..to).contains(&at.as_secs_f64()));
+    window.fold((0, 0), |(passed, sent), (_, ok)| {
+        (passed + u64::from(*ok), sent + 1)
+    })
+}
+
+/// The three Envoys at once, and the run's timeline: each starts at 0 s; after a warm-up of 3
+/// reports (15 s) a minute is counted; then the 4/s Envoy is stopped, and the heavy one's share
+/// grows within 2 reports.
+#[test]
+fn three_envoys_at_14_4_and_2_a_second_share_600_a_minute_max_min_fairly() {
+    const WARM_UP: f64 = 15.0;
+    const WINDOW: f64 = 60.0;
+    const STOPPED: f64 = WARM_UP + WINDOW;
+    let setup = Setup::start();
+    let envoys: Vec<Arc<Envoy>> = (0..3).map(|_| Arc::new(setup.envoy("5s"))).collect();
+    let rates = [14, 4, 2];
+    let start = Instant::now();
+    let stops: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let drivers: Vec<_> = (0..3)
+        .map(|i| {
+            drive(
+                Arc::clone(&envoys[i]),
+                rates[i],
+                start,
+                Arc::clone(&stops[i]),
+            )
+        })
+        .collect();
+    thread::sleep(Duration::from_secs_f64(WARM_UP).saturating_sub(start.elapsed()));
+    let reports_before = setup.reports();
+    thread::sleep(Duration::from_secs_f64(STOPPED).saturating_sub(start.elapsed()));
+    let reports_after = setup.reports();
+    // The 4/s Envoy stops: its driver, then the process, as a crash would.
+    stops[1].store(true, Ordering::Relaxed);
+    let [heavy_driver, middle_driver, light_driver] = <[_; 3]>::try_from(drivers).ok().unwrap();
+    let middle = middle_driver.join().unwrap();
+    let mut envoys = envoys;
+    let mut stopped = Arc::try_unwrap(envoys.remove(1)).ok().unwrap();
+    stopped.kill();
+    thread::sleep(Duration::from_secs_f64(STOPPED + 20.0).saturating_sub(start.elapsed()));
+    stops[0].store(true, Ordering::Relaxed);
+    stops[2].store(true, Ordering::Relaxed);
+    let (heavy, light) = (heavy_driver.join().unwrap(), light_driver.join().unwrap());
+
+    let all = [&heavy, &middle, &light];
+    let window: Vec<(u64, u64)> = all.iter().map(|o| count(o, WARM_UP, STOPPED)).collect();
+    let warm: Vec<(u64, u64)> = all.iter().map(|o| count(o, 0.0, WARM_UP)).collect();
+    let admitted: u64 = window.iter().map(|c| c.0).sum();
+    let warm_admitted: u64 = warm.iter().map(|c| c.0).sum();
+    let after: Vec<(u64, u64)> = [&heavy, &light]
+        .iter()
+        .map(|o| count(o, STOPPED + 10.0, STOPPED + 20.0))
+        .collect();
+    eprintln!(
+        "14/4/2 a second, 600 a minute: warm-up {WARM_UP} s (passed, sent) {warm:?} = {warm_admitted}; \
+         the next {WINDOW} s {window:?} = {admitted}; 10-20 s after the 4/s one stopped, heavy and light {after:?}; \
+         reports {reports_before}..{reports_after}"
+    );
+    // Over the minute: the budget within 5%.
+    let budget = (BUDGET_PER_S * WINDOW) as u64;
+    assert!(
+        admitted * 100 >= budget * 95 && admitted * 100 <= budget * 105,
+        "{admitted} of {budget}: {window:?}"
+    );
+    // Max-min: the 2/s Envoy asks less than an equal share and gets nearly all it asks; the
+    // 4/s one asks as much as is left for each of the two busier ones (240 a minute), and gets
+    // nearly all; the heavy one the rest (about 4 a second, 240).
+    let (light_passed, light_sent) = window[2];
+    assert!(light_passed * 100 >= light_sent * 95, "{window:?}");
+    let (middle_passed, middle_sent) = window[1];
+    assert!(middle_passed * 100 >= middle_sent * 85, "{window:?}");
+    assert!((200..=290).contains(&window[0].0), "{window:?}");
+    // The warm-up stays within the budget of its 15 s too.
+    assert!(
+        warm_admitted <= (BUDGET_PER_S * WARM_UP) as u64,
+        "{warm_admitted}: {warm:?}"
+    );
+    // Once the 4/s Envoy is gone, the heavy one gets what it left within 2 reports (10 s):
+    // 480 a minute, 8 a second, the light one still all it asks, and the two within the budget.
+    let (heavy_after, light_after) = (after[0], after[1]);
+    assert!(heavy_after.0 >= 70, "{after:?}");
+    assert!(light_after.0 * 100 >= light_after.1 * 95, "{after:?}");
+    assert!(heavy_after.0 + light_after.0 <= 105, "{after:?}");
+    // Envoy 1.40 reports each bucket every 5 s: 12 a minute from each of the three.
+    let reports = reports_after - reports_before;
+    assert!(
+        (30..=40).contains(&reports),
+        "{reports} reports in about a minute"
+    );
+}
+
+/// Three Envoys asking 3, 2 and 1 requests a second, 360 a minute in all: once their demand is
+/// measured (their second report, 5 s after the first) every request passes; before, each has
+/// a starting share. Their `reporting_interval` of 1 s is ignored: Envoy 1.40 reports every 5 s.
+#[test]
+fn below_the_budget_every_request_passes_and_reports_come_every_5_s() {
+    let setup = Setup::start();
+    let envoys: Vec<Arc<Envoy>> = (0..3).map(|_| Arc::new(setup.envoy("1s"))).collect();
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers: Vec<_> = [3, 2, 1]
+        .into_iter()
+        .zip(&envoys)
+        .map(|(rate, envoy)| drive(Arc::clone(envoy), rate, start, Arc::clone(&stop)))
+        .collect();
+    thread::sleep(Duration::from_secs(5));
+    let reports_before = setup.reports();
+    thread::sleep(Duration::from_secs(30));
+    let reports = setup.reports() - reports_before;
+    stop.store(true, Ordering::Relaxed);
+    let outcomes: Vec<Outcomes> = drivers.into_iter().map(|d| d.join().unwrap()).collect();
+    let counts: Vec<(u64, u64)> = outcomes.iter().map(|o| count(o, 7.0, 3600.0)).collect();
+    let first: Vec<(u64, u64)> = outcomes.iter().map(|o| count(o, 0.0, 7.0)).collect();
+    eprintln!("3/2/1 a second: (passed, sent) first 7 s {first:?}, then {counts:?}; {reports} reports in 30 s");
+    for (passed, sent) in &counts {
+        assert_eq!(passed, sent, "{counts:?}");
+    }
+    // Three Envoys, one report each every 5 s: 18 in 30 s (a report a second would be 90).
+    assert!((15..=21).contains(&reports), "{reports} reports in 30 s");
+}
+
+/// A bucket an Envoy reports with no request three times running is abandoned: the Envoy
+/// forgets it and stops reporting it, and the next request makes it anew (under
+/// `no_assignment_behavior`, which lets it pass) with a report at once.
+#[test]
+fn a_bucket_nobody_asks_for_is_abandoned_and_made_anew_by_the_next_request() {
+    let setup = Setup::start();
+    let envoy = setup.envoy("5s");
+    assert_eq!(envoy.get("/", &[]).status, 200);
+    // Its first report at once, then reports of nothing at 5, 10 and 15 s: abandoned.
+    let abandoned = sluice_testkit::wait_for(Duration::from_secs(30), || {
+        let before = setup.reports();
+        thread::sleep(Duration::from_secs(7));
+        (before >= 4 && setup.reports() == before).then_some(before)
+    });
+    let reports = abandoned.unwrap_or_else(|| panic!("still reported: {}", setup.reports()));
+    thread::sleep(Duration::from_secs(5));
+    assert_eq!(setup.reports(), reports, "reported after it was abandoned");
+    assert_eq!(envoy.get("/", &[]).status, 200);
+    let again = sluice_testkit::wait_for(Duration::from_secs(3), || {
+        (setup.reports() > reports).then_some(())
+    });
+    assert!(again.is_some(), "no report of the bucket made anew");
+    eprintln!("abandoned after {reports} reports; made anew by a request");
+}
