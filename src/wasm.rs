@@ -5,7 +5,7 @@ use crate::config::GrpcStatus;
 use crate::config::{GlobalService, Protocol, Secret};
 use crate::core::request::{RequestSource, Snapshot, BODY_BYTES};
 use crate::core::usage::request::asks_stream_usage_on;
-use crate::filter::{Admitted, Filter, OverridesCall, Reported, Verdict};
+use crate::filter::{Admitted, Filter, OverridesCall, Reported, Route, Verdict};
 use crate::host::{Environment, Host};
 use crate::limiter::tab::Ending;
 use crate::limiter::Pending;
@@ -17,6 +17,7 @@ use crate::remote::overrides::Answer;
 use crate::response::Response;
 use crate::state::hold::HoldQueue;
 use crate::state::store::{Store, StoreError};
+use crate::wire::admin;
 use crate::wire::protocol::{self, Settlement};
 use crate::wire::rls;
 use proxy_wasm::hostcalls;
@@ -623,6 +624,7 @@ impl RootContext for Root {
             completed: false,
             live: false,
             awaiting_body: None,
+            awaiting_admin: false,
             headers_held: false,
             stream_path: false,
             chunked: false,
@@ -694,6 +696,8 @@ struct Exchange {
     denied: bool,
     /// Its headers went on before its decision (to wait for its body): they cannot change then.
     headers_sent: bool,
+    /// A call to the admin path, waiting for its body.
+    awaiting_admin: bool,
 }
 
 impl Exchange {
@@ -784,6 +788,20 @@ impl Exchange {
     /// trailers as they come; they must wait too.
     fn stopped(&self) -> bool {
         self.denied || self.pending.is_some() || self.held.borrow().holds(self.id)
+    }
+
+    /// Answers an admin call with its body (buffered by Envoy; one past the bound is refused).
+    fn answer_admin(&mut self) -> Action {
+        self.awaiting_admin = false;
+        let Some(filter) = self.filter.clone() else {
+            return Action::Pause;
+        };
+        let body = hostcalls::get_buffer(BufferType::HttpRequestBody, 0, admin::MAX_BODY_BYTES + 1)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let verdict = filter.answer_admin(&Envoy, &body);
+        self.act(verdict, false)
     }
 
     /// Decides a request whose decision waited for its whole body (buffered by Envoy).
@@ -878,9 +896,18 @@ impl HttpContext for Exchange {
             Envoy.send_response(&reply);
             return Action::Pause;
         };
+        let route = filter.route(&Envoy);
+        // An admin call is answered once its whole body has come (Envoy holds its headers).
+        if route == Route::Admin {
+            if end_of_stream || !filter.admin_authorized(&Envoy) {
+                return self.act(filter.answer_admin(&Envoy, &[]), false);
+            }
+            self.awaiting_admin = true;
+            return Action::Pause;
+        }
         // The status path is answered from the headers, whatever body comes with it.
-        if filter.reads_body() && !end_of_stream && !filter.asks_status(&Envoy) {
-            self.awaiting_body = Some(filter.snapshot(&Envoy));
+        if let (true, false, Route::Ordinary(path)) = (filter.reads_body(), end_of_stream, &route) {
+            self.awaiting_body = Some(filter.snapshot_routed(&Envoy, path.clone()));
             self.stream_path = filter.rewrites_body()
                 && Envoy
                     .header(":path")
@@ -913,13 +940,19 @@ impl HttpContext for Exchange {
             self.headers_held = true;
             return Action::Pause;
         }
-        let verdict = filter.on_request_headers(&Envoy);
+        let verdict = filter.on_routed_headers(&Envoy, route);
         self.act(verdict, false)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.stopped() {
             return Action::Pause;
+        }
+        if self.awaiting_admin {
+            if !end_of_stream && body_size <= admin::MAX_BODY_BYTES {
+                return Action::Pause;
+            }
+            return self.answer_admin();
         }
         let Some(filter) = self.filter.clone().filter(|_| self.awaiting_body.is_some()) else {
             return Action::Continue;
@@ -948,6 +981,9 @@ impl HttpContext for Exchange {
     fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
         if self.stopped() {
             return Action::Pause;
+        }
+        if self.awaiting_admin {
+            return self.answer_admin();
         }
         match self.filter.clone().filter(|_| self.awaiting_body.is_some()) {
             Some(filter) => self.decide_with_body(&filter),

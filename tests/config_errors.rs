@@ -83,7 +83,7 @@ fn join(path: &[Seg], more: &[Seg]) -> Vec<Seg> {
 /// the operator's deployment gives it (`global.token_env`).
 fn parse(json: &[u8]) -> Result<Plan, ConfigError> {
     parse_with_env(json, &|_| {
-        Some("a-secret-from-the-deployment, 32 bytes or more".to_string())
+        Some("a-secret-from-the-deployment-32-bytes-or-more".to_string())
     })
 }
 
@@ -198,6 +198,10 @@ const KNOWN_MEMBERS: &[&str] = &[
     "bypass",
     "route_metadata",
     "status_path",
+    "admin",
+    "listener",
+    "read_token_env",
+    "token_env",
     "key",
     "key_hash",
     "owner",

@@ -238,14 +238,16 @@ fn filter_tagged_series() -> BTreeSet<String> {
 /// A concurrency policy and a metered one, with the overrides pulled: the series of their
 /// slots, tokens and overrides are the code's whether or not a shipped configuration has them.
 fn plan_with_slots_and_tokens() -> sluice::config::Plan {
-    let config = serde_json::json!({"global": {"cluster": "sluice", "overrides": {}}, "policies": [
+    let config = serde_json::json!({"global": {"cluster": "sluice", "overrides": {}},
+        "admin": {"listener": "ops", "token_env": "ADMIN"}, "policies": [
         {"name": "slots", "key": ["ip"], "algorithm": "concurrency", "requests": 1},
         {"name": "tokens", "key": ["ip"], "requests": 1000, "per": "1m",
          "cost": {"from_response": {"usage": "total_tokens"}}},
         {"name": "spend", "key": ["ip"], "requests": 1000, "per": "1m",
          "cost": {"price": {"m": {"input": 1, "output": 1}}}},
     ]});
-    sluice::config::parse_with_env(config.to_string().as_bytes(), &|_| None).unwrap()
+    let token = |_: &str| Some("0123456789abcdef0123456789abcdef".to_string());
+    sluice::config::parse_with_env(config.to_string().as_bytes(), &token).unwrap()
 }
 
 /// A counter's name with its `<label>=.=<value>;.;` pairs taken out, as `stats_tags` does.
@@ -330,6 +332,7 @@ fn other_names() -> BTreeSet<String> {
     names.extend([Refusal::RateLimited, Refusal::Unavailable].map(|r| r.details().to_string()));
     names.insert(sluice::output::reply::MODEL_NOT_PRICED.to_string());
     names.insert(sluice::output::reply::STATUS.to_string());
+    names.insert(sluice::output::reply::ADMIN.to_string());
     names.extend(crate_names());
     names.extend(python_packages());
     names.extend(envoy_clusters());

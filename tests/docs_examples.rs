@@ -230,7 +230,7 @@ fn pages() -> Vec<(String, String)> {
 /// `"tiers"` member, a `"global"` one) are left to the schema's examples.
 #[test]
 fn every_whole_configuration_the_docs_show_is_one_the_filter_takes() {
-    let env = |_: &str| Some("a-secret-from-the-deployment, 32 bytes or more".to_string());
+    let env = |_: &str| Some("a-secret-from-the-deployment-32-bytes-or-more".to_string());
     let mut checked = 0;
     for (page, markdown) in pages() {
         for (lang, text) in blocks(&markdown) {

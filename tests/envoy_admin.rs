@@ -1,87 +1,157 @@
-//! The admin API's overrides through real Envoys (two, two workers each), the real
-//! sluice-service and a real Redis: an override set on the service changes what both Envoys
-//! decide for one tenant at once, with no configuration push, keeping what it used; other
-//! tenants keep the policy's limit.
+//! The filter's own admin path (`admin`) in a real Envoy with two workers and two listeners that
+//! run the same filter configuration: only the listener whose metadata names it
+//! (`filter_metadata.sluice.listener`) answers the admin path; on the other the path is an
+//! ordinary request, limited and forwarded. A reset and a credit taken by one worker are seen by
+//! the other (the state is in shared data), each applied once however often it is sent.
 
-// A test binary: panicking is how it reports failure, helpers included.
-#![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
+// Helpers report an unexpected response by panicking, as assertions do.
+#![allow(clippy::panic, clippy::indexing_slicing)]
 
-use serde_json::json;
-use sluice_testkit::envoy::Envoy;
-use sluice_testkit::http::send_with;
-use sluice_testkit::redis::RedisServer;
-use sluice_testkit::resp::Reply;
-use sluice_testkit::service::Service;
-use sluice_testkit::TempDir;
+use serde_json::{json, Value};
+use sluice_testkit::envoy::{wasm_path, Envoy, EnvoyOptions};
+use sluice_testkit::http::{send_with, Response};
+use std::net::SocketAddr;
 
-const ALICE: &[(&str, &[u8])] = &[("x-user-id", b"alice")];
-const BOB: &[(&str, &[u8])] = &[("x-user-id", b"bob")];
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+const READ: &str = "fedcba9876543210fedcba9876543210";
 
 fn config() -> String {
-    json!({
-        "global": {"cluster": "sluice_service", "authority": "sluice-service", "timeout": "500ms"},
-        "policies": [{"name": "global-user", "scope": "global", "key": ["header:x-user-id"],
-                      "requests": 1, "per": "1h", "burst": 10}],
-    })
+    json!({"admin": {"listener": "ops", "token_env": "SLUICE_ADMIN_TOKEN",
+                     "read_token_env": "SLUICE_READ_TOKEN"},
+           "policies": [{"name": "per-user", "key": ["header:x-user-id"],
+                         "requests": 1, "per": "1h", "burst": 5}]})
     .to_string()
 }
 
-#[test]
-fn a_global_override_raises_one_tenants_limit_in_every_envoy_at_once() {
-    let redis = RedisServer::start();
-    let dir = TempDir::new("envoy-admin");
-    let tokens = dir.path().join("admin");
-    std::fs::write(&tokens, "oncall s3cret\n").unwrap();
-    let args = [
-        "--redis",
-        &redis.url(),
-        "--admin-token-file",
-        tokens.to_str().unwrap(),
-    ];
-    let service = Service::start_with(&args, &[]);
-    let envoys: Vec<Envoy> = (0..2)
-        .map(|_| Envoy::options(&config()).service(&[service.addr]).start())
-        .collect();
+/// One listener: `metadata` its YAML metadata line (or none).
+fn listener(name: &str, port: &str, metadata: &str, filter: &str) -> String {
+    format!(
+        r#"  - name: {name}{metadata}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{ match: {{ prefix: / }}, direct_response: {{ status: 200, body: {{ inline_string: upstream }} }} }}]
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config: {filter}
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+"#
+    )
+}
 
-    // Alice's first request names her key in Redis: the policy and her key's hash.
-    assert_eq!(envoys[0].get("/api/x", ALICE).status, 200);
-    let keys = match redis.client().cmd(&["KEYS", "sluice:{global-user/*"]) {
-        Reply::Array(keys) => keys.iter().map(Reply::text).collect::<Vec<_>>(),
-        other => panic!("KEYS: {other:?}"),
-    };
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    let key = keys[0]
-        .split_once('{')
-        .unwrap()
-        .1
-        .split_once('}')
-        .unwrap()
-        .0
-        .to_string();
-
-    // 20 an hour for alice, at the policy's rate per token: her one request stays counted.
-    let body = json!({"key": key, "requests": 2, "per_ms": 7_200_000, "burst": 20,
-                      "owner": "accounts", "reason": "premium plan"})
-    .to_string();
-    let headers: &[(&str, &[u8])] = &[
-        ("authorization", b"Bearer s3cret"),
-        ("content-type", b"application/json"),
-    ];
-    let set = send_with(
-        service.addr,
-        "POST",
-        "/admin/v1/overrides",
-        headers,
-        body.as_bytes(),
+fn bootstrap() -> String {
+    let filter = format!(
+        r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice, allow_on_headers_stop_iteration: true, vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8, environment_variables: {{ host_env_keys: [SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN] }}, code: {{ local: {{ filename: {wasm:?} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json:?} }} }} }}"#,
+        wasm = wasm_path().to_string_lossy(),
+        json = config(),
     );
-    assert_eq!(set.status, 200, "{set:?}");
+    format!(
+        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {{admin_port}} }}\nstatic_resources:\n  listeners:\n{}{}",
+        listener("public", "{port}", "", &filter),
+        listener(
+            "ops",
+            "{backend_port}",
+            "\n    metadata: { filter_metadata: { sluice: { listener: ops } } }",
+            &filter
+        ),
+    )
+}
 
-    let alice: Vec<u16> = (0..30)
-        .map(|i| envoys[i % 2].get("/api/x", ALICE).status)
-        .collect();
-    assert_eq!(alice.iter().filter(|&&s| s == 200).count(), 19, "{alice:?}");
-    let bob: Vec<u16> = (0..30)
-        .map(|i| envoys[i % 2].get("/api/x", BOB).status)
-        .collect();
-    assert_eq!(bob.iter().filter(|&&s| s == 200).count(), 10, "{bob:?}");
+/// The admin listener's address, from Envoy's admin `/listeners`.
+fn ops_addr(envoy: &Envoy) -> SocketAddr {
+    let listing = envoy.admin_get("/listeners").text();
+    let line = listing
+        .lines()
+        .find_map(|l| l.strip_prefix("ops::"))
+        .unwrap_or_else(|| panic!("no ops listener: {listing}"));
+    line.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{line}: {e}"))
+}
+
+fn call(addr: SocketAddr, token: &str, path: &str, body: &Value) -> Response {
+    let bearer = format!("Bearer {token}");
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", bearer.as_bytes()),
+        ("content-type", b"application/json"),
+        ("x-user-id", b"mallory"),
+    ];
+    send_with(addr, "POST", path, headers, body.to_string().as_bytes())
+}
+
+fn alice(envoy: &Envoy, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| envoy.get("/api/x", &[("x-user-id", b"alice")]).status)
+        .collect()
+}
+
+#[test]
+fn only_the_named_listener_serves_the_admin_path_and_a_reset_reaches_every_worker_once() {
+    let envoy = EnvoyOptions::bootstrap(&bootstrap())
+        .vm_env("SLUICE_ADMIN_TOKEN", &format!("alice {TOKEN}"))
+        .vm_env("SLUICE_READ_TOKEN", READ)
+        .concurrency(2)
+        .start();
+    let ops = ops_addr(&envoy);
+    let show = json!({"policy": "per-user", "key": ["alice"]});
+    assert_eq!(alice(&envoy, 6), [200, 200, 200, 200, 200, 429]);
+
+    // The public listener: the admin path is an ordinary request (mallory's, forwarded).
+    let public = call(envoy.addr(), TOKEN, "/sluice/admin/v1/keys/show", &show);
+    assert_eq!((public.status, public.text()), (200, "upstream".into()));
+
+    let shown = call(ops, READ, "/sluice/admin/v1/keys/show", &show);
+    assert_eq!(shown.status, 200, "{}", shown.text());
+    let state = shown.json();
+    assert_eq!(
+        (state["remaining"].clone(), state["capacity"].clone()),
+        (json!(0), json!(5))
+    );
+    assert_eq!(state["source"], "policy");
+    let reset =
+        json!({"policy": "per-user", "key": ["alice"], "reason": "test", "id": "00000000000000a1"});
+    assert_eq!(
+        call(ops, READ, "/sluice/admin/v1/keys/reset", &reset).status,
+        403
+    );
+    assert_eq!(
+        call(ops, "nope", "/sluice/admin/v1/keys/show", &show).status,
+        401
+    );
+
+    let done = call(ops, TOKEN, "/sluice/admin/v1/keys/reset", &reset);
+    assert_eq!(
+        (done.status, done.json()["outcome"].clone()),
+        (200, json!("done")),
+        "{}",
+        done.text()
+    );
+    // Fresh connections land on either worker: each sees the whole bucket back.
+    assert_eq!(alice(&envoy, 6), [200, 200, 200, 200, 200, 429]);
+    let again = call(ops, TOKEN, "/sluice/admin/v1/keys/reset", &reset);
+    assert_eq!(again.json()["outcome"], "duplicate", "{}", again.text());
+    assert_eq!(alice(&envoy, 1), [429], "applied once");
+
+    let credit = json!({"policy": "per-user", "key": ["alice"], "reason": "test", "tokens": 2, "id": "00000000000000b2"});
+    for outcome in ["done", "duplicate"] {
+        let r = call(ops, TOKEN, "/sluice/admin/v1/keys/credit", &credit);
+        assert_eq!(r.json()["outcome"], outcome, "{}", r.text());
+    }
+    assert_eq!(alice(&envoy, 3), [200, 200, 429]);
+    assert_eq!(envoy.wait_for_wasm_counter("sluice.admin_writes", 4), 4);
+    assert!(
+        envoy
+            .log()
+            .contains("admin write: who=alice action=keys.reset"),
+        "audited"
+    );
 }

@@ -118,7 +118,7 @@ fn schema_is_a_valid_draft_2020_12_schema() {
 /// The filter's parser, in a VM whose environment has every variable a configuration names (as
 /// the operator's deployment gives it).
 fn filter_accepts(config: &Value) -> Result<(), sluice::config::ConfigError> {
-    let env = |_: &str| Some("a-secret-from-the-deployment, 32 bytes or more".to_string());
+    let env = |_: &str| Some("a-secret-from-the-deployment-32-bytes-or-more".to_string());
     sluice::config::parse_with_env(config.to_string().as_bytes(), &env).map(|_| ())
 }
 

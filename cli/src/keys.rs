@@ -1,4 +1,6 @@
-//! `sluice keys show|reset|credit`: one key of a global policy (`/admin/v1/keys/...`).
+//! `sluice keys show|reset|credit`: one key of a global policy (the service's
+//! `/admin/v1/keys/...`) or, with `--envoy`, of a local policy in each Envoy given (the filter's
+//! admin path, `<envoy-path>/keys/...`), or both.
 
 use std::process::ExitCode;
 
@@ -37,6 +39,82 @@ pub struct KeyName {
     pub hash_secret_env: Option<String>,
 }
 
+/// Where an answer came from, and the answer or why there is none.
+type Asked = (String, Result<Value, String>);
+
+/// The Envoys whose filter answers for local policies (its `admin` path).
+#[derive(Args, Debug)]
+pub struct Envoys {
+    /// Envoys to ask for a local policy's key, by the address of their admin listener
+    /// (host:port or http://host:port), comma-separated or one --envoy each
+    #[arg(
+        long,
+        env = "SLUICE_ENVOYS",
+        value_delimiter = ',',
+        value_name = "ADDR"
+    )]
+    pub envoy: Vec<String>,
+    /// The filter's admin path (its `admin.path`)
+    #[arg(long, default_value = "/sluice/admin/v1", value_name = "PATH")]
+    pub envoy_path: String,
+    /// A file holding the Envoys' token (a line of their token_env); else the service's
+    #[arg(long, env = "SLUICE_ENVOY_TOKEN_FILE", value_name = "PATH")]
+    pub envoy_token_file: Option<std::path::PathBuf>,
+    /// The tier the key runs at in a local policy, by its value
+    #[arg(long)]
+    pub tier: Option<String>,
+}
+
+impl Envoys {
+    /// The body of the filter's call: the key by its values or its hash.
+    fn body(&self, name: &KeyName) -> Value {
+        let mut body = json!({"policy": name.policy});
+        match &name.key_hash {
+            Some(hash) => body["key_hash"] = hash.clone().into(),
+            None => body["key"] = json!(name.key),
+        }
+        if let Some(tier) = &self.tier {
+            body["tier"] = tier.clone().into();
+        }
+        body
+    }
+
+    /// Asks every Envoy: each one's address and its answer or error, in the order given.
+    fn ask(&self, service: &Service, action: &str, body: &Value) -> Result<Vec<Asked>, String> {
+        let token = match &self.envoy_token_file {
+            Some(path) => Some(
+                std::fs::read_to_string(path)
+                    .map_err(|e| format!("--envoy-token-file {}: {e}", path.display()))?,
+            ),
+            None => None,
+        };
+        let path = format!("{}/keys/{action}", self.envoy_path.trim_end_matches('/'));
+        let mut answers = Vec::new();
+        for envoy in self
+            .envoy
+            .iter()
+            .map(|e| e.trim())
+            .filter(|e| !e.is_empty())
+        {
+            let address = if envoy.starts_with("http://") {
+                envoy.to_string()
+            } else {
+                format!("http://{envoy}")
+            };
+            let client = match &token {
+                Some(token) => {
+                    let token = token.split_whitespace().last().unwrap_or_default();
+                    crate::client::Client::new(&address, token.to_string())
+                }
+                None => service.client_of(&address),
+            };
+            let answer = client.and_then(|c| c.post(&path, body));
+            answers.push((envoy.to_string(), answer));
+        }
+        Ok(answers)
+    }
+}
+
 impl KeyName {
     /// `<policy>/<key hash>`, as the filter's checks name it.
     pub fn check_key(&self) -> Result<String, String> {
@@ -69,12 +147,12 @@ pub struct Key {
     /// The policy's algorithm
     #[arg(long, default_value = "token_bucket")]
     pub algorithm: String,
-    /// The policy's requests per --per
-    #[arg(long)]
-    pub requests: u64,
+    /// The policy's requests per --per (a global policy's: needed to ask the service)
+    #[arg(long, requires = "per")]
+    pub requests: Option<u64>,
     /// The policy's period (ms, s, m, h, d)
-    #[arg(long, value_parser = per_ms)]
-    pub per: u64,
+    #[arg(long, value_parser = per_ms, requires = "requests")]
+    pub per: Option<u64>,
     /// The policy's burst [default: --requests]
     #[arg(long)]
     pub burst: Option<u64>,
@@ -84,15 +162,19 @@ pub struct Key {
 }
 
 impl Key {
-    pub fn body(&self) -> Result<Value, String> {
-        Ok(json!({
+    /// The service's body, when the policy's numbers are given (a global policy).
+    pub fn body(&self) -> Result<Option<Value>, String> {
+        let (Some(requests), Some(per)) = (self.requests, self.per) else {
+            return Ok(None);
+        };
+        Ok(Some(json!({
             "namespace": self.namespace,
             "key": self.name.check_key()?,
             "algorithm": self.algorithm,
-            "requests": self.requests,
-            "per_ms": self.per,
-            "burst": self.burst.unwrap_or(self.requests),
-        }))
+            "requests": requests,
+            "per_ms": per,
+            "burst": self.burst.unwrap_or(requests),
+        })))
     }
 }
 
@@ -110,6 +192,8 @@ pub struct Show {
     #[command(flatten)]
     key: Key,
     #[command(flatten)]
+    envoys: Envoys,
+    #[command(flatten)]
     service: Service,
 }
 
@@ -117,6 +201,8 @@ pub struct Show {
 pub struct Reset {
     #[command(flatten)]
     key: Key,
+    #[command(flatten)]
+    envoys: Envoys,
     /// Why, for the audit log
     #[arg(long)]
     reason: String,
@@ -128,6 +214,8 @@ pub struct Reset {
 pub struct Credit {
     #[command(flatten)]
     key: Key,
+    #[command(flatten)]
+    envoys: Envoys,
     /// Tokens to give back
     #[arg(long)]
     tokens: u64,
@@ -143,61 +231,124 @@ pub struct Credit {
 }
 
 pub fn run(command: Keys) -> Result<ExitCode, String> {
-    match command {
-        Keys::Show(show) => {
-            let state = show
-                .service
-                .client()?
-                .post("/admin/v1/keys/show", &show.key.body()?)?;
-            table::show(show.service.json, &state, |s| {
-                let row = vec![
-                    cell(&s["key"]),
-                    cell(&s["algorithm"]),
-                    cell(&s["capacity"]),
-                    cell(&s["source"]),
-                    cell(&s["remaining"]),
-                    ms(&s["reset_ms"]),
-                ];
-                let headers = ["key", "algorithm", "limit", "from", "remaining", "whole in"];
-                table::print(&headers, &[row]);
-            });
-        }
+    let (action, key, envoys, service, extra) = match command {
+        Keys::Show(show) => ("show", show.key, show.envoys, show.service, json!({})),
         Keys::Reset(reset) => {
-            let mut body = reset.key.body()?;
-            body["reason"] = reset.reason.into();
-            let done = reset
-                .service
-                .client()?
-                .post("/admin/v1/keys/reset", &body)?;
-            written(reset.service.json, &done);
+            // The Envoys take an id for a reset too: sent again, it is applied once.
+            let id = new_id()?;
+            let extra = json!({"reason": reset.reason, "id": id});
+            ("reset", reset.key, reset.envoys, reset.service, extra)
         }
         Keys::Credit(credit) => {
             let id = match credit.id {
                 Some(id) => id,
                 None => new_id()?,
             };
-            let mut body = credit.key.body()?;
-            body["reason"] = credit.reason.into();
-            body["tokens"] = credit.tokens.into();
-            body["id"] = id.clone().into();
-            let done = credit
-                .service
-                .client()?
-                .post("/admin/v1/keys/credit", &body)?;
             if !credit.service.json {
                 println!("credit {id} (send it again with --id {id}: applied once)");
             }
-            written(credit.service.json, &done);
+            let extra = json!({"reason": credit.reason, "tokens": credit.tokens, "id": id});
+            ("credit", credit.key, credit.envoys, credit.service, extra)
         }
+    };
+    let service_body = key.body()?;
+    if service_body.is_none() && envoys.envoy.is_empty() {
+        return Err(
+            "give --requests and --per (a global policy's key, asked of the service), \
+                    or --envoy (a local policy's, asked of each Envoy)"
+                .to_string(),
+        );
     }
-    Ok(ExitCode::SUCCESS)
+    let with = |mut body: Value, service: bool| {
+        for (field, value) in extra.as_object().into_iter().flatten() {
+            // The service takes no id for a reset (it forgets the state whatever was sent).
+            if !(service && action == "reset" && field == "id") {
+                body[field] = value.clone();
+            }
+        }
+        body
+    };
+    let from_service = match service_body {
+        Some(body) => Some(
+            service
+                .client()?
+                .post(&format!("/admin/v1/keys/{action}"), &with(body, true))?,
+        ),
+        None => None,
+    };
+    let from_envoys = envoys.ask(&service, action, &with(envoys.body(&key.name), false))?;
+    if from_envoys.is_empty() {
+        let answer = from_service.unwrap_or_default();
+        table::show(service.json, &answer, |a| {
+            print_rows(action, &[(None, Ok(a.clone()))])
+        });
+        return Ok(ExitCode::SUCCESS);
+    }
+    let failed = from_envoys.iter().any(|(_, a)| a.is_err());
+    if service.json {
+        let envoys: Vec<Value> = (from_envoys.iter())
+            .map(|(envoy, answer)| match answer {
+                Ok(answer) => json!({"envoy": envoy, "answer": answer}),
+                Err(error) => json!({"envoy": envoy, "error": error}),
+            })
+            .collect();
+        println!("{}", json!({"service": from_service, "envoys": envoys}));
+    } else {
+        let mut rows: Vec<(Option<String>, Result<Value, String>)> = Vec::new();
+        if let Some(answer) = from_service {
+            rows.push((Some("service".to_string()), Ok(answer)));
+        }
+        rows.extend(from_envoys.into_iter().map(|(e, a)| (Some(e), a)));
+        print_rows(action, &rows);
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
-fn written(json: bool, done: &Value) {
-    table::show(json, done, |d| {
-        let row = vec![cell(&d["key"]), cell(&d["outcome"])];
-        table::print(&["key", "outcome"], &[row]);
-    });
+/// One row per answer (`from`: where it came from, when several were asked).
+fn print_rows(action: &str, answers: &[(Option<String>, Result<Value, String>)]) {
+    let several = answers.iter().any(|(from, _)| from.is_some());
+    let mut rows = Vec::new();
+    for (from, answer) in answers {
+        let mut row: Vec<String> = Vec::new();
+        if several {
+            row.push(from.clone().unwrap_or_default());
+        }
+        match (action, answer) {
+            (_, Err(error)) => row.push(format!("error: {error}")),
+            ("show", Ok(s)) => {
+                row.extend([
+                    cell(&s["key"]),
+                    cell(&s["algorithm"]),
+                    cell(&s["capacity"]),
+                    cell(&s["source"]),
+                    cell(&s["remaining"]),
+                    ms(&s["reset_ms"]),
+                ]);
+                if several {
+                    row.push(s.get("debt").map_or("-".to_string(), cell));
+                    row.push(s.get("slots_in_use").map_or("-".to_string(), cell));
+                }
+            }
+            (_, Ok(d)) => row.extend([cell(&d["key"]), cell(&d["outcome"])]),
+        }
+        rows.push(row);
+    }
+    let mut headers: Vec<&str> = Vec::new();
+    if several {
+        headers.push("asked");
+    }
+    match action {
+        "show" => headers.extend(["key", "algorithm", "limit", "from", "remaining", "whole in"]),
+        _ => headers.extend(["key", "outcome"]),
+    }
+    if several && action == "show" {
+        headers.extend(["debt", "slots"]);
+    }
+    table::print(&headers, &rows);
 }
 
 /// 16 hex digits from the system's random source.

@@ -80,6 +80,16 @@ impl Service {
             .to_string();
         Client::new(&self.service, token)
     }
+
+    /// A client of another address (an Envoy's admin listener) with the same token.
+    pub fn client_of(&self, address: &str) -> Result<Client, String> {
+        Service {
+            service: address.to_string(),
+            token_file: self.token_file.clone(),
+            json: self.json,
+        }
+        .client()
+    }
 }
 
 fn main() -> ExitCode {

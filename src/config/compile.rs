@@ -151,6 +151,9 @@ impl Compiler {
             .collect::<Result<Vec<_>, _>>()?
             .concat();
         let status_path = raw.status_path.as_deref().map(status_path).transpose()?;
+        let admin = (raw.admin.as_ref())
+            .map(|a| super::admin::admin(a, env))
+            .transpose()?;
         let route_metadata = raw.route_metadata.then(|| self.intern(Attr::RouteMetadata));
         let attrs = self.attrs;
         let reads_body = attrs.iter().any(|a| matches!(a, Attr::Body(_)))
@@ -172,6 +175,7 @@ impl Compiler {
             route_metadata,
             reads_body,
             status_path,
+            admin,
         })
     }
 

@@ -33,6 +33,8 @@ pub(super) struct RawConfig {
     pub(super) api: Option<Api>,
     /// The path at which the filter answers a client its own quota (off when absent).
     pub(super) status_path: Option<String>,
+    /// The filter's own admin path for local policies (off when absent).
+    pub(super) admin: Option<super::admin::RawAdmin>,
 }
 
 /// The answer to a denied request, each field falling back to the top-level `denial`, then to

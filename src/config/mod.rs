@@ -2,6 +2,7 @@
 //! `compile` validates it once, at configuration time, into the `plan` that every request
 //! reads. Any error names the field and the reason; nothing half-valid gets through.
 
+pub mod admin;
 mod answer;
 mod calendar;
 mod compile;

@@ -35,6 +35,8 @@ pub struct Plan {
     pub reads_body: bool,
     /// The path the filter answers itself with the client's own quota (`status_path`), if on.
     pub status_path: Option<String>,
+    /// The filter's own admin path (`admin`), if on.
+    pub admin: Option<super::admin::AdminPath>,
 }
 
 impl Plan {

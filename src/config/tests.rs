@@ -1459,3 +1459,96 @@ fn overrides_are_pulled_only_when_asked_and_within_their_bounds() {
         "overrides": {}}, "policies": [policy()]});
     assert_refused(rls, "global.overrides", "sluice-service's");
 }
+
+#[test]
+fn an_admin_path_is_off_unless_given_and_needs_a_listener_and_its_tokens() {
+    assert_eq!(
+        parse(with(json!({})).to_string().as_bytes()).unwrap().admin,
+        None
+    );
+    let token = "alice 0123456789abcdef0123456789abcdef\nbob fedcba9876543210fedcba9876543210";
+    let env = |name: &str| match name {
+        "ADMIN_T" => Some(token.to_string()),
+        "READ_T" => Some("fedcba9876543210fedcba98765432ff".to_string()),
+        "SHORT" => Some("tooshort".to_string()),
+        "THREE" => Some("a b c".to_string()),
+        _ => None,
+    };
+    let admin = |fields: Value| {
+        let mut config = with(json!({}));
+        config["admin"] = fields;
+        parse_with_env(config.to_string().as_bytes(), &env)
+    };
+    let plan =
+        admin(json!({"listener": "ops", "token_env": "ADMIN_T", "read_token_env": "READ_T"}))
+            .unwrap();
+    let path = plan.admin.unwrap();
+    assert_eq!(
+        (path.path.as_str(), path.listener.as_str()),
+        ("/sluice/admin/v1", "ops")
+    );
+    let names: Vec<(&str, bool)> = path
+        .tokens
+        .iter()
+        .map(|t| (t.name.as_str(), t.writes))
+        .collect();
+    assert_eq!(names, [("alice", true), ("bob", true), ("read", false)]);
+    assert!(path.covers(b"/sluice/admin/v1/keys/show"));
+    assert!(!path.covers(b"/sluice/admin/v10"));
+    let cases = [
+        (json!({"token_env": "ADMIN_T"}), "admin"),
+        (
+            json!({"listener": "", "token_env": "ADMIN_T"}),
+            "admin.listener",
+        ),
+        (
+            json!({"listener": "o p", "token_env": "ADMIN_T"}),
+            "admin.listener",
+        ),
+        (json!({"listener": "ops"}), "admin"),
+        (
+            json!({"listener": "ops", "token_env": "UNSET"}),
+            "admin.token_env",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "SHORT"}),
+            "admin.token_env",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "THREE"}),
+            "admin.token_env",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "1X"}),
+            "admin.token_env",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "ADMIN_T", "read_token_env": "UNSET"}),
+            "admin.read_token_env",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "ADMIN_T", "path": "/a/"}),
+            "admin.path",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "ADMIN_T", "path": "a"}),
+            "admin.path",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "ADMIN_T", "path": "/a?b"}),
+            "admin.path",
+        ),
+        (
+            json!({"listener": "ops", "token_env": "ADMIN_T", "other": 1}),
+            "admin.other",
+        ),
+    ];
+    for (fields, field) in cases {
+        let error = admin(fields.clone()).unwrap_err();
+        assert!(error.field.starts_with(field), "{fields}: {error}");
+        assert!(
+            !error.reason.contains("0123456789abcdef"),
+            "no token in {error}"
+        );
+    }
+}

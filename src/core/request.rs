@@ -129,6 +129,20 @@ impl<'a, S: RequestSource + ?Sized> Attributes<'a, S> {
             .as_deref()
     }
 
+    /// Gives attribute `index` (`Attr::Path`) the request's whole `:path`, read already for
+    /// something else (the status and admin paths), so that it is not read again.
+    pub fn seed_path(&mut self, index: usize, path: Vec<u8>) {
+        if !matches!(self.attrs.get(index), Some(Attr::Path)) {
+            return;
+        }
+        if self.cache.len() <= index {
+            self.cache.resize_with(index + 1, || None);
+        }
+        if let Some(slot) = self.cache.get_mut(index) {
+            *slot = Some(Some(strip_query(path)).filter(|v| !v.is_empty()));
+        }
+    }
+
     /// Whether the attribute has a value (read now if it was not yet).
     pub fn has(&mut self, index: usize) -> bool {
         self.get(index).is_some()

@@ -29,6 +29,11 @@ impl Filter {
         Attributes::new(host, &self.plan.attrs).snapshot()
     }
 
+    /// `snapshot` of a request routed already, with the `:path` its routing read.
+    pub fn snapshot_routed<H: Host>(&self, host: &H, path: Option<Vec<u8>>) -> Snapshot {
+        self.attributes(host, path).snapshot()
+    }
+
     /// Whether some policy may rewrite a request's body (`ask_stream_usage`).
     pub fn rewrites_body(&self) -> bool {
         self.plan.policies.iter().any(Policy::asks_stream_usage)

@@ -3,8 +3,11 @@
 //! Envoy's actions (continue, pause, resume). A request whose policies read its body is decided
 //! once the body has come (`body`); its response half is `response`'s.
 
+mod admin;
 mod body;
 mod status;
+
+pub use admin::Route;
 
 use crate::config::{
     self, key_check, Api, ConfigError, Denial, GlobalService, HeaderStyle, OverridesSync, Plan,
@@ -116,6 +119,8 @@ pub struct Filter {
     first_tick: Cell<u64>,
     /// When a failed pull was last logged: at most one line a minute.
     last_overrides_log: Cell<u64>,
+    /// Where `Attr::Path` is among the plan's attributes, if a policy reads it.
+    path_attr: Option<usize>,
 }
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
@@ -170,7 +175,9 @@ impl Filter {
         let me = env.random().map_or(start ^ 1, |bytes| {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
+        let path_attr = (plan.attrs.iter()).position(|a| *a == crate::core::request::Attr::Path);
         Ok(Filter {
+            path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
             first_tick: Cell::new(0),
@@ -193,10 +200,17 @@ impl Filter {
     /// Decides a request from its headers; sends a denial itself, and the answer to a request
     /// for the status path (`status`).
     pub fn on_request_headers(&self, host: &impl Host) -> Verdict {
-        if self.asks_status(host) {
-            return self.answer_status(host);
+        self.on_routed_headers(host, self.route(host))
+    }
+
+    /// `on_request_headers` for a request already routed (`route`): an admin call is answered
+    /// with no body (the glue hands a call with one to `answer_admin` once it has come).
+    pub fn on_routed_headers<H: Host>(&self, host: &H, route: Route) -> Verdict {
+        match route {
+            Route::Status => self.answer_status(host),
+            Route::Admin => self.answer_admin(host, &[]),
+            Route::Ordinary(path) => self.decide(host, self.attributes(host, path)),
         }
-        self.decide(host, Attributes::new(host, &self.plan.attrs))
     }
 
     /// Decides a request from its attributes, the request body's start among them when the

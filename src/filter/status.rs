@@ -17,15 +17,6 @@ use crate::output::reply::{self, LocalReply};
 use crate::output::status::{self, Line, Source};
 
 impl Filter {
-    /// Whether the request is for the status path: its whole `:path` is `status_path`.
-    pub fn asks_status(&self, host: &impl Host) -> bool {
-        let Some(path) = &self.plan.status_path else {
-            return false;
-        };
-        host.header(":path")
-            .is_some_and(|asked| asked == path.as_bytes())
-    }
-
     /// Answers a request for the status path (`asks_status`): a JSON 200 to GET and HEAD, a 405
     /// to the rest. Sends the reply itself.
     pub fn answer_status(&self, host: &impl Host) -> Verdict {

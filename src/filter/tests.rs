@@ -1570,3 +1570,296 @@ fn the_status_path_shows_a_keys_override_as_its_requests_meet_it() {
     assert_eq!(limit(ALICE), json!(5));
     assert_eq!(limit(&[("x-user-id", "bob")]), json!(2));
 }
+
+// --- The admin path: a local key seen, reset and credited on the listener named for it.
+
+const ADMIN_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+const READ_TOKEN: &str = "fedcba9876543210fedcba9876543210";
+
+fn with_admin(mut config: Value) -> Value {
+    config["admin"] =
+        json!({"listener": "ops", "token_env": "ADMIN_T", "read_token_env": "READ_T"});
+    config
+}
+
+fn admin_host() -> FakeHost {
+    FakeHost::new(Arc::default(), T0)
+        .with_env("ADMIN_T", &format!("alice {ADMIN_TOKEN}"))
+        .with_env("READ_T", READ_TOKEN)
+}
+
+/// Calls the admin path on a listener named `listener` (none: a listener without the
+/// metadata); the reply, or `None` when the request went on as an ordinary one.
+fn admin_call(
+    filter: &Filter,
+    host: &FakeHost,
+    (listener, token): (Option<&str>, Option<&str>),
+    (method, path): (&str, &str),
+    body: Value,
+) -> Option<(u32, Value)> {
+    let bearer = token.map(|t| format!("Bearer {t}"));
+    let mut headers = vec![(":method", method), (":path", path), ("x-user-id", "eve")];
+    if let Some(bearer) = &bearer {
+        headers.push(("authorization", bearer));
+    }
+    let mut request = FakeRequest::new(&headers).with_property("source.address", "10.0.0.1:5555");
+    if let Some(listener) = listener {
+        request = request.with_property(
+            "xds.listener_metadata.filter_metadata.sluice.listener",
+            listener,
+        );
+    }
+    *host.request.borrow_mut() = request;
+    host.reply.borrow_mut().take();
+    let verdict = match filter.route(host) {
+        Route::Admin => filter.answer_admin(host, body.to_string().as_bytes()),
+        route => filter.on_routed_headers(host, route),
+    };
+    match verdict {
+        Verdict::Denied => {
+            let reply = host.reply.borrow().clone()?;
+            let value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
+            Some((reply.status, value))
+        }
+        _ => None,
+    }
+}
+
+const SHOW: &str = "/sluice/admin/v1/keys/show";
+const RESET: &str = "/sluice/admin/v1/keys/reset";
+const CREDIT: &str = "/sluice/admin/v1/keys/credit";
+
+#[test]
+fn the_admin_path_shows_resets_and_credits_a_local_key_once_on_its_listener_only() {
+    let host = admin_host();
+    let filter = configure(&with_admin(json!({"policies": [per_user(5)]})), &host);
+    assert_eq!(
+        statuses(&filter, &host, 6, ALICE),
+        [200, 200, 200, 200, 200, 429]
+    );
+    let ops = (Some("ops"), Some(ADMIN_TOKEN));
+    let alice = json!({"policy": "per-user", "key": ["alice"]});
+    let (code, shown) = admin_call(&filter, &host, ops, ("POST", SHOW), alice.clone()).unwrap();
+    assert_eq!(code, 200, "{shown}");
+    assert_eq!(
+        (shown["remaining"].clone(), shown["capacity"].clone()),
+        (json!(0), json!(5))
+    );
+    assert_eq!(
+        (shown["source"].clone(), shown["algorithm"].clone()),
+        (json!("policy"), json!("token_bucket"))
+    );
+    let reset = json!({"policy": "per-user", "key": ["alice"], "reason": "INC-42", "id": "00000000000000aa"});
+    let (code, written) = admin_call(&filter, &host, ops, ("POST", RESET), reset.clone()).unwrap();
+    assert_eq!((code, written["outcome"].clone()), (200, json!("done")));
+    assert_eq!(statuses(&filter, &host, 1, ALICE), [200]);
+    let (_, again) = admin_call(&filter, &host, ops, ("POST", RESET), reset).unwrap();
+    assert_eq!(again["outcome"], "duplicate", "applied once");
+    assert_eq!(
+        statuses(&filter, &host, 5, ALICE),
+        [200, 200, 200, 200, 429]
+    );
+    let credit = json!({"policy": "per-user", "key": ["alice"], "reason": "goodwill", "tokens": 2, "id": "00000000000000bb"});
+    let (_, credited) = admin_call(&filter, &host, ops, ("POST", CREDIT), credit.clone()).unwrap();
+    assert_eq!(
+        (credited["outcome"].clone(), credited["credited"].clone()),
+        (json!("done"), json!(2))
+    );
+    let (_, twice) = admin_call(&filter, &host, ops, ("POST", CREDIT), credit).unwrap();
+    assert_eq!(twice["outcome"], "duplicate");
+    assert_eq!(statuses(&filter, &host, 3, ALICE), [200, 200, 429]);
+    filter.flush_counters(&host);
+    assert_eq!(host.counter("sluice.admin_writes"), 4);
+    // Another listener, or none named: the path is an ordinary request, decided and forwarded.
+    for listener in [None, Some("public"), Some("ops2")] {
+        let call = admin_call(
+            &filter,
+            &host,
+            (listener, Some(ADMIN_TOKEN)),
+            ("POST", RESET),
+            json!({}),
+        );
+        assert_eq!(call, None, "{listener:?}");
+    }
+}
+
+#[test]
+fn without_a_token_every_admin_call_is_401_and_a_read_token_cannot_write() {
+    let host = admin_host();
+    let filter = configure(&with_admin(json!({"policies": [per_user(5)]})), &host);
+    let alice = json!({"policy": "per-user", "key": ["alice"]});
+    for token in [
+        None,
+        Some("wrong"),
+        Some(&ADMIN_TOKEN[1..]),
+        Some("0123456789abcdef0123456789abcdeF"),
+    ] {
+        for path in [SHOW, RESET, "/sluice/admin/v1/nothing", "/sluice/admin/v1"] {
+            let (code, body) = admin_call(
+                &filter,
+                &host,
+                (Some("ops"), token),
+                ("POST", path),
+                alice.clone(),
+            )
+            .unwrap();
+            assert_eq!(
+                (code, body["error"].clone()),
+                (401, json!("unauthorized")),
+                "{token:?} {path}"
+            );
+        }
+    }
+    let read = (Some("ops"), Some(READ_TOKEN));
+    assert_eq!(
+        admin_call(&filter, &host, read, ("POST", SHOW), alice.clone())
+            .unwrap()
+            .0,
+        200
+    );
+    let reset = json!({"policy": "per-user", "key": ["alice"], "reason": "r"});
+    assert_eq!(
+        admin_call(&filter, &host, read, ("POST", RESET), reset.clone())
+            .unwrap()
+            .0,
+        403
+    );
+    assert_eq!(
+        admin_call(&filter, &host, read, ("GET", SHOW), alice.clone())
+            .unwrap()
+            .0,
+        405
+    );
+    assert_eq!(
+        admin_call(
+            &filter,
+            &host,
+            read,
+            ("POST", "/sluice/admin/v1/keys"),
+            alice
+        )
+        .unwrap()
+        .0,
+        404
+    );
+    let bad = json!({"policy": "per-user", "key": ["alice"], "reason": "r", "tokens": 99, "id": "0000000000000001"});
+    let (code, body) = admin_call(
+        &filter,
+        &host,
+        (Some("ops"), Some(ADMIN_TOKEN)),
+        ("POST", CREDIT),
+        bad,
+    )
+    .unwrap();
+    assert_eq!(code, 400);
+    assert!(
+        body["detail"].as_str().unwrap().starts_with("tokens:"),
+        "{body}"
+    );
+    filter.flush_counters(&host);
+    assert_eq!(host.counter("sluice.admin_unauthorized"), 17);
+}
+
+#[test]
+fn a_request_off_the_admin_path_reads_no_listener_and_no_more_than_without_it() {
+    let reads = |config: Value| {
+        let host = admin_host();
+        let filter = configure(&config, &host);
+        send(
+            &filter,
+            &host,
+            &[(":path", "/api/x"), ("x-user-id", "alice")],
+        );
+        let reads = host.request.borrow().reads.get();
+        reads
+    };
+    let plain = json!({"status_path": "/api/ratelimit/status", "policies": [per_user(5)]});
+    assert_eq!(
+        reads(with_admin(plain.clone())),
+        reads(plain),
+        "the one :path read serves both"
+    );
+    let without = json!({"policies": [per_user(5)]});
+    assert_eq!(
+        reads(with_admin(without.clone())),
+        reads(without) + 1,
+        ":path, and no property"
+    );
+    // A policy that matches the path takes the :path routing read: nothing more at all.
+    let matching = json!({"policies": [{"name": "api", "match": {"path_prefix": "/api/"},
+        "key": ["header:x-user-id"], "requests": 5, "per": "1s"}]});
+    assert_eq!(reads(with_admin(matching.clone())), reads(matching.clone()));
+    let mut both = with_admin(matching.clone());
+    both["status_path"] = json!("/api/ratelimit/status");
+    assert_eq!(reads(both), reads(matching));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    /// Whatever body a caller with the admin token sends, the answer is a 200 or a 400 that
+    /// names a field, and nothing else changes: no panic, no write but a reset or credit of a
+    /// key it names.
+    #[test]
+    fn any_admin_body_gets_a_200_or_a_400_naming_its_field(
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+        fields in proptest::collection::vec(("[a-z_]{1,10}", "[ -~]{0,20}"), 0..6),
+        endpoint in 0usize..3,
+    ) {
+        let host = admin_host();
+        let filter = configure(&with_admin(json!({"policies": [per_user(5)]})), &host);
+        let path = [SHOW, RESET, CREDIT][endpoint];
+        let mut object = serde_json::Map::new();
+        for (name, value) in fields {
+            let value = serde_json::from_str(&value).unwrap_or(Value::String(value));
+            object.insert(name, value);
+        }
+        for body in [body, Value::Object(object).to_string().into_bytes()] {
+            *host.request.borrow_mut() = FakeRequest::new(&[
+                (":method", "POST"),
+                (":path", path),
+                ("authorization", &format!("Bearer {ADMIN_TOKEN}")),
+            ])
+            .with_property("xds.listener_metadata.filter_metadata.sluice.listener", "ops");
+            proptest::prop_assert_eq!(filter.route(&host), Route::Admin);
+            let Verdict::Denied = filter.answer_admin(&host, &body) else {
+                panic!("answered");
+            };
+            let reply = host.reply.borrow().clone().unwrap();
+            let answer: Value = serde_json::from_str(&reply.body).unwrap();
+            match reply.status {
+                200 => {}
+                400 => proptest::prop_assert!(answer["detail"].as_str().is_some_and(|d| d.contains(':')), "{answer}"),
+                other => proptest::prop_assert!(false, "{other}: {answer}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_admin_path_says_a_key_runs_at_its_override() {
+    let host = admin_host();
+    let filter = configure(&with_admin(pulling(json!([per_user(2)]))), &host);
+    pull(
+        &filter,
+        &host,
+        Answer::Listing(listing(&[("per-user", "alice", 1, 5, None)])),
+    );
+    let ops = (Some("ops"), Some(READ_TOKEN));
+    let show = |who: &str| {
+        let body = json!({"policy": "per-user", "key": [who]});
+        admin_call(&filter, &host, ops, ("POST", SHOW), body)
+            .unwrap()
+            .1
+    };
+    let alice = show("alice");
+    assert_eq!(
+        (alice["source"].clone(), alice["capacity"].clone()),
+        (json!("override"), json!(5))
+    );
+    let bob = show("bob");
+    assert_eq!(
+        (bob["source"].clone(), bob["capacity"].clone()),
+        (json!("policy"), json!(2))
+    );
+}

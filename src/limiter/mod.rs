@@ -19,6 +19,7 @@
 //! read and judged again; if it now denies, the tables written before it keep their charge (a race
 //! can over-charge a request once, never over-admit).
 
+pub mod admin;
 mod asking;
 mod gather;
 mod global;

@@ -275,6 +275,10 @@ pub struct Counters {
     settlements_rejected: Counter,
     /// The overrides pulled from the service, when they are (`global.overrides`).
     overrides: Option<OverrideCounters>,
+    /// The admin path's writes (`sluice.admin_writes`, every one whatever its outcome), and its
+    /// calls refused for their token (`sluice.admin_unauthorized`: 401 and 403), when it is on.
+    pub admin_writes: Counter,
+    pub admin_unauthorized: Counter,
 }
 
 /// The overrides' pulls: the failed ones, and the age and number of the overrides held.
@@ -336,6 +340,14 @@ impl Counters {
                     age_seconds: metrics.define_gauge("sluice.overrides_age_seconds"),
                     held: metrics.define_gauge("sluice.overrides_held"),
                 }),
+            admin_writes: match plan.admin {
+                Some(_) => counter("sluice.admin_writes".into()),
+                None => Counter::default(),
+            },
+            admin_unauthorized: match plan.admin {
+                Some(_) => counter("sluice.admin_unauthorized".into()),
+                None => Counter::default(),
+            },
         }
     }
 
@@ -519,6 +531,8 @@ impl Counters {
                 &self.settlements_delivered,
                 &self.settlements_dropped,
                 &self.settlements_rejected,
+                &self.admin_writes,
+                &self.admin_unauthorized,
             ])
             .chain(self.overrides.as_ref().map(|o| &o.pull_failures))
             .for_each(|c| c.flush(metrics));

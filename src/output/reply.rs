@@ -26,6 +26,8 @@ pub const BODY_TOO_LARGE: &str = "sluice_body_too_large";
 /// `%RESPONSE_CODE_DETAILS%` of a request the filter answered at the status path (`status_path`),
 /// with the client's quota or, to a method other than GET and HEAD, a 405.
 pub const STATUS: &str = "sluice_status";
+/// `%RESPONSE_CODE_DETAILS%` of a request the filter answered at its admin path (`admin`).
+pub const ADMIN: &str = "sluice_admin";
 /// `%RESPONSE_CODE_DETAILS%` of a request refused for want of a configuration.
 pub const NOT_CONFIGURED: &str = "sluice_not_configured";
 

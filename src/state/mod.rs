@@ -1,8 +1,10 @@
 //! Where limits keep their state: the key-value store shared by an Envoy's workers (`store`,
 //! proxy-wasm shared data), the bounded tables of key states in it (`table`), one worker's
 //! loans from shared buckets (`ledger`), the requests a leaky bucket holds for their turn
-//! (`hold`), and the overrides pulled from the service (`overrides`).
+//! (`hold`), the overrides pulled from the service (`overrides`), and the admin path's writes
+//! applied once (`applied`).
 
+pub mod applied;
 pub mod hold;
 pub mod ledger;
 pub mod overrides;

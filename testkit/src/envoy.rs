@@ -84,6 +84,8 @@ pub struct EnvoyOptions {
     /// The wasm plugin's `allow_on_headers_stop_iteration`: on (the documented setup), Envoy
     /// holds a request's headers while sluice reads its body.
     pub hold_headers: bool,
+    /// The listener's `metadata` (YAML flow), e.g. the admin path's listener name.
+    pub listener_metadata: Option<String>,
     /// Environment variables set for the Envoy process and handed to the wasm VM
     /// (`vm_config.environment_variables.host_env_keys`), as an operator passes secrets.
     pub vm_env: Vec<(String, String)>,
@@ -129,6 +131,7 @@ impl EnvoyOptions {
             upstream: None,
             route_timeout: None,
             route_idle_timeout: None,
+            listener_metadata: None,
         }
     }
 
@@ -149,6 +152,13 @@ impl EnvoyOptions {
             plugin_json: None,
             ..EnvoyOptions::new("")
         }
+    }
+
+    /// Gives the listener this `metadata` (YAML flow): `{ filter_metadata: { sluice: { listener:
+    /// ops } } }` names it for the filter's admin path.
+    pub fn listener_metadata(mut self, yaml: &str) -> Self {
+        self.listener_metadata = Some(yaml.into());
+        self
     }
 
     /// Sets `name` in Envoy's environment and lets the wasm VM read it. Each call adds one.
@@ -900,8 +910,11 @@ fn listener_yaml(opts: &EnvoyOptions, dir: &Path, port: u16, item: &str) -> Stri
     let routes = extra_routes(opts);
     let action = route_action(opts);
     let wasm_filter = sluice_filter_yaml(opts, dir);
+    let metadata = (opts.listener_metadata.as_deref())
+        .map(|m| format!("\n    metadata: {m}"))
+        .unwrap_or_default();
     format!(
-        r#"{item}name: test
+        r#"{item}name: test{metadata}
     address:
       socket_address: {{ address: 127.0.0.1, port_value: {port} }}
     filter_chains:

@@ -1,0 +1,91 @@
+//! `sluice keys ... --envoy`: a local policy's key shown, reset and credited in each Envoy given,
+//! through the filter's admin path (a real Envoy with two workers), tables by default and JSON
+//! with `--json`; an Envoy that cannot be reached is an error of its own row.
+// A test binary: panicking is how it reports failure, helpers included.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::process::{Command, Output};
+
+use serde_json::{json, Value};
+use sluice_testkit::envoy::Envoy;
+
+const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+
+fn sluice(envoys: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .env("SLUICE_ENVOYS", envoys)
+        .env("SLUICE_ADMIN_TOKEN", TOKEN)
+        .env_remove("SLUICE_ADMIN_TOKEN_FILE")
+        .output()
+        .unwrap()
+}
+
+fn start() -> Envoy {
+    let config = json!({"admin": {"listener": "ops", "token_env": "SLUICE_ADMIN_TOKEN"},
+        "policies": [{"name": "api", "key": ["header:x-api-key"], "requests": 1, "per": "1h", "burst": 3}]});
+    Envoy::options(&config.to_string())
+        .vm_env("SLUICE_ADMIN_TOKEN", &format!("ops-bot {TOKEN}"))
+        .listener_metadata("{ filter_metadata: { sluice: { listener: ops } } }")
+        .concurrency(2)
+        .start()
+}
+
+fn spend(envoy: &Envoy, n: usize) -> Vec<u16> {
+    (0..n)
+        .map(|_| envoy.get("/api/x", &[("x-api-key", b"acme")]).status)
+        .collect()
+}
+
+#[test]
+fn an_operator_sees_and_resets_a_local_key_in_every_envoy_given() {
+    let (one, two) = (start(), start());
+    assert_eq!(spend(&one, 4), [200, 200, 200, 429]);
+    assert_eq!(spend(&two, 1), [200]);
+    let envoys = format!("{},{}", one.addr(), two.addr());
+    let key = ["--policy", "api", "--key", "acme"];
+
+    let shown = sluice(&envoys, &[&["keys", "show", "--json"][..], &key].concat());
+    assert!(shown.status.success(), "{shown:?}");
+    let json: Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let left: Vec<&Value> = (json["envoys"].as_array().unwrap().iter())
+        .map(|e| &e["answer"]["remaining"])
+        .collect();
+    assert_eq!(left, [&json!(0), &json!(2)], "{json}");
+    assert_eq!(
+        json["service"],
+        Value::Null,
+        "a local key: the service is not asked"
+    );
+
+    let table = sluice(&envoys, &[&["keys", "show"][..], &key].concat());
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.starts_with("ASKED"), "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
+
+    let reset = sluice(
+        &envoys,
+        &[&["keys", "reset", "--reason", "INC-9"][..], &key].concat(),
+    );
+    assert!(reset.status.success(), "{reset:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&reset.stdout)
+            .matches("done")
+            .count(),
+        2
+    );
+    assert_eq!(spend(&one, 4), [200, 200, 200, 429]);
+
+    let unreachable = format!("{},127.0.0.1:9", one.addr());
+    let partly = sluice(&unreachable, &[&["keys", "show"][..], &key].concat());
+    assert!(!partly.status.success());
+    assert!(
+        String::from_utf8_lossy(&partly.stdout).contains("error:"),
+        "{partly:?}"
+    );
+}

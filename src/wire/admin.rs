@@ -1,0 +1,444 @@
+//! The filter's admin path on the wire (`config::admin`): the bodies of `keys/show`,
+//! `keys/reset` and `keys/credit` for a local policy's key, read strictly and bounded (an
+//! error names the field, as sluice-service's admin API does), and the answers, in the shapes
+//! of the service's (`key`, `algorithm`, `capacity`, `remaining`, `reset_ms`, `outcome`).
+
+use serde::{Deserialize, Serialize};
+
+/// The largest body read: a key of a few parts and a reason.
+pub const MAX_BODY_BYTES: usize = 8 * 1024;
+/// The longest `reason`, as the service's.
+pub const MAX_REASON_BYTES: usize = 500;
+/// The most key parts, and the longest of each.
+pub const MAX_KEY_PARTS: usize = 16;
+pub const MAX_KEY_PART_BYTES: usize = 1024;
+
+/// The endpoints, after the admin path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Show,
+    Reset,
+    Credit,
+}
+
+impl Action {
+    /// The endpoint `rest` names (what follows the admin path in `:path`).
+    pub fn of(rest: &[u8]) -> Option<Action> {
+        match rest {
+            b"/keys/show" => Some(Action::Show),
+            b"/keys/reset" => Some(Action::Reset),
+            b"/keys/credit" => Some(Action::Credit),
+            _ => None,
+        }
+    }
+
+    /// As the audit log and the service name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Show => "keys.show",
+            Action::Reset => "keys.reset",
+            Action::Credit => "keys.credit",
+        }
+    }
+
+    pub fn writes(self) -> bool {
+        self != Action::Show
+    }
+}
+
+/// A refused body: `detail` names the field first (`tokens: must be ...`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadRequest {
+    pub detail: String,
+}
+
+impl BadRequest {
+    pub fn new(field: &str, reason: impl std::fmt::Display) -> Self {
+        BadRequest {
+            detail: format!("{field}: {reason}"),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeyRequest {
+    policy: String,
+    #[serde(default)]
+    key: Option<Vec<String>>,
+    #[serde(default)]
+    key_hash: Option<String>,
+    #[serde(default)]
+    tier: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// How a key is named: by its parts' values (each its part's first alternative, as a bypass
+/// entry's `key`), or by its hash as the logs show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyName {
+    Values(Vec<String>),
+    Hash(u64),
+}
+
+/// A keys call, read and bounded; the policy and tier are still names (`limiter::admin` finds
+/// them in the plan).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRequest {
+    pub policy: String,
+    pub key: KeyName,
+    /// The tier the key runs at, by the value that selects it; the policy's own limit if none.
+    pub tier: Option<String>,
+    /// Why (a write's); empty for a read.
+    pub reason: String,
+    /// A credit's tokens; 0 otherwise.
+    pub tokens: u64,
+    /// Names a write so that it is applied once (`state::applied`).
+    pub id: Option<u64>,
+}
+
+/// Reads a keys call's body for `action`.
+pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(BadRequest::new(
+            "body",
+            format!("must be at most {MAX_BODY_BYTES} bytes"),
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let raw: RawKeyRequest = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "body".into() } else { path };
+        BadRequest::new(&field, e.inner())
+    })?;
+    deserializer.end().map_err(|e| BadRequest::new("body", e))?;
+    if raw.policy.is_empty() || raw.policy.len() > 64 {
+        return Err(BadRequest::new("policy", "must be 1 to 64 bytes"));
+    }
+    let key = match (raw.key, raw.key_hash) {
+        (Some(_), Some(_)) => {
+            return Err(BadRequest::new(
+                "key_hash",
+                "give key or key_hash, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(BadRequest::new(
+                "key",
+                "required: the key's value, one string per key part (or key_hash)",
+            ))
+        }
+        (Some(values), None) => {
+            if values.is_empty() || values.len() > MAX_KEY_PARTS {
+                return Err(BadRequest::new(
+                    "key",
+                    format!("must hold 1 to {MAX_KEY_PARTS} parts"),
+                ));
+            }
+            if let Some(i) = values.iter().position(|v| v.len() > MAX_KEY_PART_BYTES) {
+                return Err(BadRequest::new(
+                    &format!("key[{i}]"),
+                    format!("must be at most {MAX_KEY_PART_BYTES} bytes"),
+                ));
+            }
+            KeyName::Values(values)
+        }
+        (None, Some(hash)) => KeyName::Hash(hex16("key_hash", &hash)?),
+    };
+    if let Some(tier) = &raw.tier {
+        if tier.len() > MAX_KEY_PART_BYTES {
+            return Err(BadRequest::new(
+                "tier",
+                format!("must be at most {MAX_KEY_PART_BYTES} bytes"),
+            ));
+        }
+    }
+    let unwanted = |field: &str, given: bool| {
+        if given {
+            Err(BadRequest::new(
+                field,
+                format!("not taken by {}", action.name()),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    unwanted("reason", !action.writes() && raw.reason.is_some())?;
+    unwanted("id", !action.writes() && raw.id.is_some())?;
+    unwanted("tokens", action != Action::Credit && raw.tokens.is_some())?;
+    let reason = match action.writes() {
+        true => reason(raw.reason.as_deref())?,
+        false => String::new(),
+    };
+    let tokens = match (action, raw.tokens) {
+        (Action::Credit, None) => {
+            return Err(BadRequest::new(
+                "tokens",
+                "required: how many tokens to give back",
+            ))
+        }
+        (Action::Credit, Some(0)) => return Err(BadRequest::new("tokens", "must be at least 1")),
+        (_, tokens) => tokens.unwrap_or(0),
+    };
+    let id =
+        match (action, raw.id) {
+            (Action::Credit, None) => return Err(BadRequest::new(
+                "id",
+                "required: 16 lowercase hex digits naming this credit, so that it is applied once",
+            )),
+            (_, Some(id)) => Some(hex16("id", &id)?.max(1)),
+            (_, None) => None,
+        };
+    Ok(KeyRequest {
+        policy: raw.policy,
+        key,
+        tier: raw.tier,
+        reason,
+        tokens,
+        id,
+    })
+}
+
+/// 16 lowercase hex digits.
+fn hex16(field: &str, text: &str) -> Result<u64, BadRequest> {
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if text.len() == 16 && text.chars().all(hex) {
+        if let Ok(n) = u64::from_str_radix(text, 16) {
+            return Ok(n);
+        }
+    }
+    let shown: String = text.chars().take(32).collect();
+    Err(BadRequest::new(
+        field,
+        format!("must be 16 lowercase hex digits, got {shown:?}"),
+    ))
+}
+
+/// A write's `reason`: required, 1 to `MAX_REASON_BYTES` once trimmed, no control characters.
+fn reason(reason: Option<&str>) -> Result<String, BadRequest> {
+    let Some(reason) = reason.map(str::trim) else {
+        return Err(BadRequest::new(
+            "reason",
+            "required for a write: why it is made, for the audit log",
+        ));
+    };
+    if reason.is_empty() || reason.len() > MAX_REASON_BYTES {
+        return Err(BadRequest::new(
+            "reason",
+            format!(
+                "must be 1 to {MAX_REASON_BYTES} bytes, got {}",
+                reason.len()
+            ),
+        ));
+    }
+    if reason.chars().any(char::is_control) {
+        return Err(BadRequest::new("reason", "must hold no control characters"));
+    }
+    Ok(reason.to_string())
+}
+
+/// A local key's state in this Envoy, as `keys/show` answers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct KeyState {
+    /// `<policy>/<key hash>`, as the service and the access log name a key.
+    pub key: String,
+    pub policy: String,
+    /// The key's hash as the logs show it (16 hex digits).
+    pub key_hash: String,
+    pub scope: &'static str,
+    pub algorithm: &'static str,
+    /// The limit: the most one request can get (the bucket, the window's limit, the slots).
+    pub capacity: u64,
+    pub requests: u64,
+    pub per_ms: u64,
+    /// Where the limit comes from: `policy`, `tier` or `override`.
+    pub source: &'static str,
+    /// The tier's value, when a tier's limit applies.
+    pub tier: Option<String>,
+    /// Whole tokens (slots) left now, with this worker's loans.
+    pub remaining: u64,
+    /// Until the bucket is full again, or the window ends.
+    pub reset_ms: u64,
+    /// Tokens owed past the limit (0 for an algorithm that cannot owe).
+    pub debt: u64,
+    /// A concurrency policy's slots in use; `None` for the others.
+    pub slots_in_use: Option<u64>,
+    /// Whether this Envoy holds a state for the key at all (a key it has not seen has its
+    /// whole limit).
+    pub held: bool,
+}
+
+/// The answer of a write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Written {
+    pub key: String,
+    /// `done`; `unchanged` (nothing to reset or give back); `duplicate` (its `id` was
+    /// applied already).
+    pub outcome: &'static str,
+    /// A credit's tokens given back (at most what was asked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub credited: Option<u64>,
+}
+
+/// The body of an error: `{"error": ..., "detail": ...}`, as the service's.
+pub fn error_body(error: &str, detail: &str) -> String {
+    #[derive(Serialize)]
+    struct ErrorBody<'a> {
+        error: &'a str,
+        detail: &'a str,
+    }
+    serde_json::to_string(&ErrorBody { error, detail }).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(action: Action, body: &str) -> String {
+        parse(action, body.as_bytes()).unwrap_err().detail
+    }
+
+    #[test]
+    fn a_show_names_a_key_by_its_values_or_its_hash() {
+        let by_value = parse(Action::Show, br#"{"policy": "api", "key": ["acme"]}"#).unwrap();
+        assert_eq!(by_value.key, KeyName::Values(vec!["acme".into()]));
+        let by_hash = parse(
+            Action::Show,
+            br#"{"policy": "api", "key_hash": "5c0f4b1de6a2b3c4"}"#,
+        )
+        .unwrap();
+        assert_eq!(by_hash.key, KeyName::Hash(0x5c0f_4b1d_e6a2_b3c4));
+        assert_eq!((by_hash.reason.as_str(), by_hash.id), ("", None));
+    }
+
+    #[test]
+    fn every_refusal_names_its_field() {
+        let cases = [
+            (Action::Show, r#"{"policy": "api"}"#, "key:"),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "key_hash": "0000000000000001"}"#,
+                "key_hash:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key_hash": "5C0F4B1DE6A2B3C4"}"#,
+                "key_hash:",
+            ),
+            (Action::Show, r#"{"policy": "api", "key": []}"#, "key:"),
+            (Action::Show, r#"{"policy": "", "key": ["a"]}"#, "policy:"),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "reason": "x"}"#,
+                "reason:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"], "extra": 1}"#,
+                "extra:",
+            ),
+            (Action::Show, r#"{"policy": "api", "key": [1]}"#, "key[0]:"),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"]}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": " "}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": "a\u0007"}"#,
+                "reason:",
+            ),
+            (
+                Action::Reset,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 1}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 0, "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2}"#,
+                "id:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": -2, "id": "0000000000000001"}"#,
+                "tokens:",
+            ),
+            (
+                Action::Credit,
+                r#"{"policy": "api", "key": ["a"], "reason": "r", "tokens": 2, "id": "xyz"}"#,
+                "id:",
+            ),
+            (
+                Action::Show,
+                r#"{"policy": "api", "key": ["a"]} {}"#,
+                "body:",
+            ),
+            (Action::Show, "", "body:"),
+        ];
+        for (action, body, field) in cases {
+            let detail = refused(action, body);
+            assert!(detail.starts_with(field), "{body}: {detail}");
+        }
+        let long = format!(
+            r#"{{"policy": "api", "key": ["a"], "reason": "{}"}}"#,
+            "r".repeat(501)
+        );
+        assert!(refused(Action::Reset, &long).starts_with("reason:"));
+        let huge = format!(r#"{{"policy": "api", "key": ["{}"]}}"#, "a".repeat(9000));
+        assert!(refused(Action::Show, &huge).starts_with("body:"));
+    }
+
+    #[test]
+    fn a_write_keeps_its_reason_and_id() {
+        let credit = parse(
+            Action::Credit,
+            br#"{"policy": "api", "key": ["acme"], "tokens": 5, "id": "4f1e9a0c2b3d5e6f", "reason": " goodwill "}"#,
+        )
+        .unwrap();
+        assert_eq!(credit.tokens, 5);
+        assert_eq!(credit.id, Some(0x4f1e_9a0c_2b3d_5e6f));
+        assert_eq!(credit.reason, "goodwill");
+        let reset = parse(
+            Action::Reset,
+            br#"{"policy": "api", "key": ["acme"], "reason": "INC-42"}"#,
+        )
+        .unwrap();
+        assert_eq!(reset.id, None, "a reset's id is optional");
+    }
+
+    #[test]
+    fn only_the_three_endpoints_are_actions() {
+        assert_eq!(Action::of(b"/keys/show"), Some(Action::Show));
+        assert_eq!(Action::of(b"/keys/credit"), Some(Action::Credit));
+        for other in [
+            &b""[..],
+            b"/",
+            b"/keys",
+            b"/keys/show/",
+            b"/keys/show?x=1",
+            b"/KEYS/SHOW",
+        ] {
+            assert_eq!(Action::of(other), None);
+        }
+    }
+}
