@@ -49,14 +49,22 @@ fn set_override(service: &Service, user: &str, expires_in_ms: Option<u64>) {
         ("content-type", b"application/json"),
     ];
     let body = body.to_string();
-    let set = send_with(
-        service.addr,
-        "POST",
-        "/admin/v1/overrides",
-        headers,
-        body.as_bytes(),
-    );
-    assert_eq!(set.status, 200, "{set:?}");
+    // A loaded machine can hold Redis past the service's 1 s bound (503): the write is retried.
+    for _ in 0..5 {
+        let set = send_with(
+            service.addr,
+            "POST",
+            "/admin/v1/overrides",
+            headers,
+            body.as_bytes(),
+        );
+        if set.status == 200 {
+            return;
+        }
+        assert_eq!(set.status, 503, "{set:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    panic!("the override was not set in 5 tries");
 }
 
 fn statuses(envoy: &Envoy, n: usize, user: &[(&str, &[u8])]) -> Vec<u16> {
