@@ -100,19 +100,9 @@ fn max_requests(kind: Kind) -> u64 {
     }
 }
 
-/// Why a request was refused: `detail` is `"<field>: <reason>"`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BadRequest {
-    pub detail: String,
-}
-
-impl BadRequest {
-    pub fn new(field: &str, reason: impl std::fmt::Display) -> Self {
-        BadRequest {
-            detail: format!("{field}: {reason}"),
-        }
-    }
-}
+/// Why a request was refused: `detail` is `"<field>: <reason>"`, as the filter's admin path
+/// says it.
+pub use sluice::wire::admin::BadRequest;
 
 /// Parses and validates a request body into the checks to decide, in request order.
 pub fn parse(body: &[u8], bounds: &Bounds) -> Result<Vec<Check>, BadRequest> {
