@@ -907,11 +907,15 @@ impl HttpContext for Exchange {
         }
         // The status path is answered from the headers, whatever body comes with it.
         if let (true, false, Route::Ordinary(path)) = (filter.reads_body(), end_of_stream, &route) {
-            self.awaiting_body = Some(filter.snapshot_routed(&Envoy, path.clone()));
+            // The path the routing read, if it did, rather than a second read.
             self.stream_path = filter.rewrites_body()
-                && Envoy
-                    .header(":path")
-                    .is_some_and(|path| asks_stream_usage_on(&path));
+                && match path {
+                    Some(path) => asks_stream_usage_on(path),
+                    None => Envoy
+                        .header(":path")
+                        .is_some_and(|path| asks_stream_usage_on(&path)),
+                };
+            self.awaiting_body = Some(filter.snapshot_routed(&Envoy, path.clone()));
             let Ok(mut wait) = self.body_wait.try_borrow_mut() else {
                 return Action::Continue;
             };
