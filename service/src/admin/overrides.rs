@@ -119,10 +119,37 @@ impl Listed {
     }
 }
 
+/// A live override as a check meets it: its algorithm, and the numbers it was given (for the
+/// RLS's `current_limit` and headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overridden {
+    pub algorithm: Algorithm,
+    pub requests: u64,
+    pub per_ms: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Applied {
-    algorithm: Algorithm,
+    overridden: Overridden,
     expires_at_ms: Option<u64>,
+}
+
+/// The overrides as they are at one moment, for the checks of one call.
+pub struct Current {
+    table: Arc<HashMap<(Namespace, String), Applied>>,
+    now_ms: u64,
+}
+
+impl Current {
+    /// The live override of `key` in `namespace`, if there is one.
+    pub fn find(&self, namespace: Namespace, key: &str) -> Option<&Overridden> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let applied = self.table.get(&(namespace, key.to_owned()))?;
+        let live = applied.expires_at_ms.is_none_or(|t| t > self.now_ms);
+        live.then_some(&applied.overridden)
+    }
 }
 
 impl OverrideTable {
@@ -130,23 +157,18 @@ impl OverrideTable {
     /// still deciding the state of its own limit (`Check::state_of`): the usage so far carries
     /// over. Without any override, one read lock and nothing else. How many it replaced.
     pub fn apply(&self, checks: &mut [Check]) -> usize {
-        let table = Arc::clone(&self.by_key.read().unwrap_or_else(PoisonError::into_inner));
-        if table.is_empty() {
-            return 0;
-        }
+        let current = self.current();
         let mut applied_to = 0;
-        let now = now_ms();
         for check in checks {
-            let found = table.get(&(check.namespace, check.key.clone()));
-            let Some(applied) = found.filter(|a| a.expires_at_ms.is_none_or(|t| t > now)) else {
+            let Some(found) = current.find(check.namespace, &check.key) else {
                 continue;
             };
-            if applied.algorithm.kind() != check.algorithm.kind() {
+            if found.algorithm.kind() != check.algorithm.kind() {
                 continue;
             }
             check.state_of.get_or_insert(check.algorithm);
-            check.algorithm = applied.algorithm;
-            let capacity = applied.algorithm.capacity();
+            check.algorithm = found.algorithm;
+            let capacity = found.algorithm.capacity();
             check.cost = check.cost.min(capacity);
             check.take = check.take.min(capacity);
             applied_to += 1;
@@ -154,13 +176,25 @@ impl OverrideTable {
         applied_to
     }
 
+    /// The overrides now: one read lock (and no clock read while there are none).
+    pub fn current(&self) -> Current {
+        let table = Arc::clone(&self.by_key.read().unwrap_or_else(PoisonError::into_inner));
+        let now_ms = if table.is_empty() { 0 } else { now_ms() };
+        Current { table, now_ms }
+    }
+
     fn replace(&self, overrides: &[Override], bounds: &Bounds) {
         let mut table = HashMap::new();
         let mut listed = Vec::new();
         for o in overrides {
             if let Ok((namespace, algorithm)) = validate(o, bounds) {
-                let applied = Applied {
+                let overridden = Overridden {
                     algorithm,
+                    requests: o.requests,
+                    per_ms: o.per_ms,
+                };
+                let applied = Applied {
+                    overridden,
                     expires_at_ms: o.expires_at_ms,
                 };
                 table.insert((namespace, o.key.clone()), applied);

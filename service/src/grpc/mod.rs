@@ -175,6 +175,8 @@ pub struct Settings {
     pub max_request_bytes: usize,
     /// Where the heaviest keys are recorded (with the admin API), shared with `/admin/v1/top`.
     pub top: Option<Arc<crate::top::TopRecorder>>,
+    /// The operators' overrides (with the admin API), shared with `/admin/v1/overrides`.
+    pub overrides: Option<Arc<crate::admin::overrides::OverrideTable>>,
 }
 
 /// A bound listener and the address it got.
@@ -284,6 +286,7 @@ impl<S: Store + Clone> Rls<S> {
             stop_increments: args.stop_cache_key_increment_when_overlimit,
             top: settings.top,
             top_show: args.rls_top_show.clone(),
+            overrides: settings.overrides,
         };
         Ok(Some(Rls {
             rls,
