@@ -499,6 +499,10 @@ pub trait Store: Send + Sync + 'static {
     /// Every override kept, `(name, value)`.
     fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 
+    /// A number every set and delete of an override changes, so that a replica reads them all
+    /// only when they changed.
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Enters one Envoy's report of an RLQS bucket and reads the bucket's live demands, in one
     /// atomic step (`quota`): every live Envoy's, this one's included unless the bucket holds
     /// `quota::MAX_ENVOYS` others.
@@ -563,6 +567,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send {
         S::overrides(self)
+    }
+
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::overrides_version(self)
     }
 
     fn report_quota(

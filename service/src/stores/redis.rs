@@ -1074,6 +1074,10 @@ impl Store for RedisStore {
         bounded(COMMAND_TIMEOUT, self.core.overrides()).await
     }
 
+    async fn overrides_version(&self) -> Result<u64, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.overrides_version()).await
+    }
+
     async fn report_quota(&self, report: &QuotaReport) -> Result<Vec<Demand>, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.report_quota(report)).await
     }
