@@ -634,14 +634,20 @@ mod tests {
         assert!(!table.is_current(version().await, 0), "never read");
         let lasting = premium("api/a", Kind::TokenBucket, None);
         let value = serde_json::to_string(&lasting).unwrap();
-        store.put_override(&lasting.name(), &value, 10).await.unwrap();
+        store
+            .put_override(&lasting.name(), &value, 10)
+            .await
+            .unwrap();
         refresh(&store, &table, &bounds).await.unwrap();
         assert!(table.is_current(version().await, now_ms()));
 
         // Another replica's write changes the version.
         let expiring = premium("api/b", Kind::TokenBucket, Some(now_ms() + 60_000));
         let value = serde_json::to_string(&expiring).unwrap();
-        store.put_override(&expiring.name(), &value, 10).await.unwrap();
+        store
+            .put_override(&expiring.name(), &value, 10)
+            .await
+            .unwrap();
         assert!(!table.is_current(version().await, now_ms()));
         refresh(&store, &table, &bounds).await.unwrap();
         assert!(table.is_current(version().await, now_ms()));
