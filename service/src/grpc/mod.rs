@@ -338,6 +338,7 @@ impl<S: Store + Clone> Rls<S> {
         let (rls_port, rlqs_port) = (self.rls, self.rlqs);
         let config = self.service.config.clone();
         let rlqs = RlqsService::new(config, self.rlqs_guard, self.rlqs_store, self.rlqs_metrics);
+        let beating = rlqs_port.as_ref().map(|_| tokio::spawn(rlqs.beating()));
         let rlqs = RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(max_bytes);
         let rls = RateLimitServiceServer::new(self.service).max_decoding_message_size(max_bytes);
         let (gate_rls, readiness_rls, stopping_rls) =
@@ -369,6 +370,9 @@ impl<S: Store + Clone> Rls<S> {
         };
         let (rls, rlqs) = tokio::join!(serving_rls, serving_rlqs);
         watching.abort();
+        if let Some(beating) = beating {
+            beating.abort();
+        }
         Ok(rls? && rlqs?)
     }
 }

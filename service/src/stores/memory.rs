@@ -238,6 +238,11 @@ impl Store for MemoryStore {
             (self.quota.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
         Ok(ledger.hold(key, envoy, held))
     }
+
+    /// One process is one replica: none is dead.
+    async fn beat_replica(&self, _replica: &str) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
 }
 
 /// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind

@@ -519,6 +519,13 @@ pub trait Store: Send + Sync + 'static {
         envoy: &str,
         held: Option<u64>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Enters the RLQS replica `replica`'s heartbeat now, and returns the replicas found dead
+    /// (`quota::REPLICA_BEAT_LUA`).
+    fn beat_replica(
+        &self,
+        replica: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -587,6 +594,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
         held: Option<u64>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         S::hold_quota(self, key, envoy, held)
+    }
+
+    fn beat_replica(
+        &self,
+        replica: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        S::beat_replica(self, replica)
     }
 }
 
