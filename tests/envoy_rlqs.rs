@@ -401,3 +401,49 @@ fn a_replica_killed_mid_run_keeps_the_budget_shared() {
         );
     }
 }
+
+/// The service killed under an Envoy at 20 requests a second holding a share of 10: Envoy 1.40
+/// keeps its assignment until its time to live (15 s from the last report answered), then
+/// applies `expired_assignment_behavior` (here DENY_ALL for 20 s), then falls back to
+/// `no_assignment_behavior` (here ALLOW_ALL). What operators choose between
+/// (docs/rlqs.md#when-the-service-is-away), pinned.
+#[test]
+fn with_the_service_gone_envoy_keeps_its_assignment_then_its_expired_then_its_no_assignment_behavior(
+) {
+    let setup = Setup::start();
+    let bootstrap = BOOTSTRAP
+        .replace(
+            "{rlqs_cluster}",
+            &grpc_cluster_of("rlqs_server", &[setup.service.rlqs.unwrap()]),
+        )
+        .replace("{reporting_interval}", "5s")
+        .replace(
+            "expired_assignment_behavior_timeout: 60s",
+            "expired_assignment_behavior_timeout: 20s",
+        );
+    assert!(bootstrap.contains("timeout: 20s"));
+    let envoy = Arc::new(EnvoyOptions::bootstrap(&bootstrap).start());
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = drive(Arc::clone(&envoy), 20, start, Arc::clone(&stop));
+    thread::sleep(Duration::from_secs(15));
+    let mut service = setup.service;
+    service.signal(9);
+    service.wait_exit(Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_secs(40));
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = driver.join().unwrap();
+    let passed = |from: f64, to: f64| count(&outcomes, from, to);
+    let by_s: Vec<u64> = (0..55)
+        .map(|i| passed(i as f64, i as f64 + 1.0).0)
+        .collect();
+    eprintln!("20 a second, a share of 10, the service killed at 15 s: passed per s {by_s:?}");
+    // The last answer came at 10 to 15 s: its assignment holds until 25 to 30 s.
+    let (held, sent) = passed(16.0, 24.0);
+    assert!((60..=100).contains(&held), "{held} of {sent}: {by_s:?}");
+    // Then DENY_ALL for 20 s, until 45 to 50 s.
+    assert_eq!(passed(31.0, 44.0).0, 0, "{by_s:?}");
+    // Then ALLOW_ALL.
+    let (allowed, sent) = passed(51.0, 55.0);
+    assert!(allowed * 100 >= sent * 95, "{allowed} of {sent}: {by_s:?}");
+}
