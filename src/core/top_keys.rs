@@ -218,8 +218,85 @@ impl<V: Clone> TopKeys<V> {
     }
 }
 
+/// One span of a `Ring`: the refusals and the consumption of its keys, and the count allowed.
+#[derive(Debug, Clone)]
+pub struct Slot<V> {
+    /// The slot's index in time plus 1; 0: never used.
+    pub epoch: u64,
+    pub refused: TopKeys<V>,
+    pub consumed: TopKeys<V>,
+    pub allowed: u64,
+}
+
+/// A sliding window of sketches: `slots` spans of `width_s` seconds, the oldest reused for the
+/// newest. The service's `/admin/v1/top` and the filter's per-worker top keys both keep these.
+#[derive(Debug, Clone)]
+pub struct Ring<V> {
+    width_s: u64,
+    slots: Vec<Slot<V>>,
+}
+
+impl<V: Clone> Ring<V> {
+    pub fn new(width_s: u64, slots: usize, kept: usize) -> Ring<V> {
+        let slot = Slot {
+            epoch: 0,
+            refused: TopKeys::with_kept(kept),
+            consumed: TopKeys::with_kept(kept),
+            allowed: 0,
+        };
+        Ring {
+            width_s: width_s.max(1),
+            slots: vec![slot; slots.max(1)],
+        }
+    }
+
+    /// The slot of `now_s`, emptied first if it last held an older span.
+    pub fn at(&mut self, now_s: u64) -> Option<&mut Slot<V>> {
+        let index = now_s / self.width_s;
+        let len = self.slots.len() as u64;
+        let slot = self.slots.get_mut(usize::try_from(index % len).ok()?)?;
+        if slot.epoch != index + 1 {
+            slot.refused.clear();
+            slot.consumed.clear();
+            slot.allowed = 0;
+            slot.epoch = index + 1;
+        }
+        Some(slot)
+    }
+
+    /// Every slot, live or not (for counting memory).
+    pub fn slots(&self) -> &[Slot<V>] {
+        &self.slots
+    }
+
+    /// The slots of the span that ends at `now_s`.
+    pub fn live(&self, now_s: u64) -> impl Iterator<Item = &Slot<V>> {
+        let newest = now_s / self.width_s + 1;
+        let oldest = newest.saturating_sub(self.slots.len() as u64 - 1);
+        (self.slots.iter()).filter(move |s| s.epoch != 0 && (oldest..=newest).contains(&s.epoch))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_ring_keeps_only_its_last_spans_and_reuses_the_oldest_slot() {
+        let mut ring: Ring<()> = Ring::new(10, 3, 4);
+        for now_s in [0, 10, 20, 30] {
+            let Some(slot) = ring.at(now_s) else {
+                panic!("no slot")
+            };
+            slot.refused.add(now_s, || None);
+            slot.allowed += 1;
+        }
+        // At 30 s the live spans are 10..40 (three slots of 10 s): the span 0..10 was reused.
+        let live: Vec<u64> = ring.live(30).map(|s| s.refused.top(1)[0].key).collect();
+        assert_eq!(live.len(), 3, "{live:?}");
+        assert!(!live.contains(&0), "{live:?}");
+        assert_eq!(ring.slots().len(), 3);
+        assert_eq!(ring.live(1_000).count(), 0);
+    }
     use super::*;
     use proptest::prelude::*;
 
