@@ -277,8 +277,87 @@ impl<V: Clone> Ring<V> {
     }
 }
 
+/// What one part of a stream (one filter worker's window) publishes: its top keys and its
+/// floor, the count of any key it does not list (the sum of its sketches' floors).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Part {
+    pub floor: u64,
+    pub top: Vec<(u64, u64, u64)>,
+}
+
+impl Part {
+    /// A window's `n` top keys of `sketches` (its live slots), as a worker publishes them.
+    pub fn of<V: Clone>(sketches: &[&TopKeys<V>], n: usize) -> Part {
+        let floor = sketches
+            .iter()
+            .map(|s| s.floor())
+            .fold(0u64, u64::saturating_add);
+        let top = TopKeys::merge(sketches, n)
+            .into_iter()
+            .map(|c| (c.key, c.count, c.error));
+        Part {
+            floor,
+            top: top.collect(),
+        }
+    }
+
+    /// The `n` keys counted most over disjoint `parts`, with `TopKeys::merge`'s rule: a key a
+    /// part does not list is counted there at its floor, with that much error.
+    pub fn merge(parts: &[Part], n: usize) -> Vec<Counted<()>> {
+        let mut merged: Map<()> = Map::default();
+        for part in parts {
+            for &(key, _, _) in &part.top {
+                merged.entry(key).or_insert(Counted {
+                    key,
+                    count: 0,
+                    error: 0,
+                    value: None,
+                });
+            }
+        }
+        for counted in merged.values_mut() {
+            for part in parts {
+                let own = part.top.iter().find(|(k, _, _)| *k == counted.key);
+                let (count, error) = own.map_or((part.floor, part.floor), |&(_, c, e)| (c, e));
+                counted.count = counted.count.saturating_add(count);
+                counted.error = counted.error.saturating_add(error);
+            }
+        }
+        let mut all: Vec<Counted<()>> = merged.into_values().collect();
+        all.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key)));
+        all.truncate(n);
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn parts_of_two_workers_merge_like_their_sketches() {
+        let mut a: TopKeys<()> = TopKeys::with_kept(2);
+        let mut b: TopKeys<()> = TopKeys::with_kept(2);
+        for key in 0..50u64 {
+            a.add_weighted(key, if key < 3 { 100 } else { 1 }, || None);
+            b.add_weighted(key + 1000, 1, || None);
+            b.add_weighted(key % 3, 50, || None);
+        }
+        let direct = TopKeys::merge(&[&a, &b], 3);
+        let parts = [Part::of(&[&a], 8), Part::of(&[&b], 8)];
+        let merged = Part::merge(&parts, 3);
+        let keys: Vec<u64> = merged.iter().map(|c| c.key).collect();
+        assert_eq!(keys, direct.iter().map(|c| c.key).collect::<Vec<_>>());
+        let mut top3 = keys.clone();
+        top3.sort_unstable();
+        assert_eq!(top3, vec![0, 1, 2]);
+        for c in &merged {
+            let truth = 100 + 50 * 17 - if c.key == 2 { 50 } else { 0 };
+            assert!(
+                c.count >= truth && c.count - c.error <= truth,
+                "{c:?} {truth}"
+            );
+        }
+    }
 
     #[test]
     fn a_ring_keeps_only_its_last_spans_and_reuses_the_oldest_slot() {
