@@ -301,6 +301,34 @@ impl Part {
         }
     }
 
+    /// The bytes a worker sets in shared data: the floor, then each key's key, count and
+    /// error, all little-endian `u64`s.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 24 * self.top.len());
+        out.extend_from_slice(&self.floor.to_le_bytes());
+        for &(key, count, error) in &self.top {
+            for n in [key, count, error] {
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// `to_bytes` read back; `None` for bytes not of that shape.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Part> {
+        let mut words = bytes.chunks_exact(8);
+        if !words.remainder().is_empty() || (bytes.len() / 8) % 3 != 1 {
+            return None;
+        }
+        let mut next = || Some(u64::from_le_bytes(words.next()?.try_into().ok()?));
+        let floor = next()?;
+        let mut top = Vec::with_capacity(bytes.len() / 24);
+        while let Some(key) = next() {
+            top.push((key, next()?, next()?));
+        }
+        Some(Part { floor, top })
+    }
+
     /// The `n` keys counted most over disjoint `parts`, with `TopKeys::merge`'s rule: a key a
     /// part does not list is counted there at its floor, with that much error.
     pub fn merge(parts: &[Part], n: usize) -> Vec<Counted<()>> {
@@ -332,6 +360,23 @@ impl Part {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_part_reads_back_from_its_bytes_and_refuses_other_shapes() {
+        let part = Part {
+            floor: 7,
+            top: vec![(1, 20, 7), (u64::MAX, 9, 0)],
+        };
+        assert_eq!(Part::from_bytes(&part.to_bytes()), Some(part.clone()));
+        assert_eq!(
+            Part::from_bytes(&Part::default().to_bytes()),
+            Some(Part::default())
+        );
+        let bytes = part.to_bytes();
+        assert_eq!(Part::from_bytes(&bytes[..bytes.len() - 8]), None);
+        assert_eq!(Part::from_bytes(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Part::from_bytes(&[]), None);
+    }
 
     #[test]
     fn parts_of_two_workers_merge_like_their_sketches() {
