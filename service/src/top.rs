@@ -30,7 +30,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use sluice::core::top_keys::{Counted, TopKeys};
+use sluice::core::top_keys::{Counted, Ring, Slot, TopKeys};
 use tracing::info;
 
 use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
@@ -101,75 +101,19 @@ pub struct Totals {
     pub consumed: u64,
 }
 
-#[derive(Debug, Clone)]
-struct Slot {
-    /// The slot's index in time plus 1; 0: never used.
-    epoch: u64,
-    refused: TopKeys<Arc<Shown>>,
-    consumed: TopKeys<Arc<Shown>>,
-    allowed: u64,
-}
-
-impl Slot {
-    fn new() -> Slot {
-        Slot {
-            epoch: 0,
-            refused: TopKeys::with_kept(KEPT),
-            consumed: TopKeys::with_kept(KEPT),
-            allowed: 0,
-        }
-    }
-
-    fn sketch(&self, by: By) -> &TopKeys<Arc<Shown>> {
-        match by {
-            By::Refused => &self.refused,
-            By::Consumed => &self.consumed,
-        }
+fn sketch(slot: &Slot<Arc<Shown>>, by: By) -> &TopKeys<Arc<Shown>> {
+    match by {
+        By::Refused => &slot.refused,
+        By::Consumed => &slot.consumed,
     }
 }
 
-#[derive(Debug, Clone)]
-struct Ring {
-    width_s: u64,
-    slots: Vec<Slot>,
-}
-
-impl Ring {
-    fn new(width_s: u64, slots: usize) -> Ring {
-        Ring {
-            width_s,
-            slots: vec![Slot::new(); slots],
-        }
-    }
-
-    /// The slot of `now_s`, emptied first if it last held an older span.
-    fn at(&mut self, now_s: u64) -> Option<&mut Slot> {
-        let index = now_s / self.width_s;
-        let len = self.slots.len() as u64;
-        let slot = self.slots.get_mut(usize::try_from(index % len).ok()?)?;
-        if slot.epoch != index + 1 {
-            slot.refused.clear();
-            slot.consumed.clear();
-            slot.allowed = 0;
-            slot.epoch = index + 1;
-        }
-        Some(slot)
-    }
-
-    /// The slots of the span that ends at `now_s`.
-    fn live(&self, now_s: u64) -> impl Iterator<Item = &Slot> {
-        let newest = now_s / self.width_s + 1;
-        let oldest = newest.saturating_sub(self.slots.len() as u64 - 1);
-        (self.slots.iter()).filter(move |s| s.epoch != 0 && (oldest..=newest).contains(&s.epoch))
-    }
-
-    fn totals(&self, now_s: u64) -> Totals {
-        self.live(now_s).fold(Totals::default(), |t, s| Totals {
-            allowed: t.allowed + s.allowed,
-            refused: t.refused + s.refused.total(),
-            consumed: t.consumed + s.consumed.total(),
-        })
-    }
+fn totals(ring: &Ring<Arc<Shown>>, now_s: u64) -> Totals {
+    ring.live(now_s).fold(Totals::default(), |t, s| Totals {
+        allowed: t.allowed + s.allowed,
+        refused: t.refused + s.refused.total(),
+        consumed: t.consumed + s.consumed.total(),
+    })
 }
 
 /// One policy's rings.
@@ -177,12 +121,12 @@ impl Ring {
 struct Policy {
     namespace: Namespace,
     name: String,
-    minute: Ring,
-    hour: Ring,
+    minute: Ring<Arc<Shown>>,
+    hour: Ring<Arc<Shown>>,
 }
 
 impl Policy {
-    fn ring(&self, window: Window) -> &Ring {
+    fn ring(&self, window: Window) -> &Ring<Arc<Shown>> {
         match window {
             Window::Minute => &self.minute,
             Window::Hour => &self.hour,
@@ -328,8 +272,8 @@ impl TopRecorder {
             Arc::new(Mutex::new(Policy {
                 namespace,
                 name: name_of(namespace, name),
-                minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS),
-                hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS),
+                minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS, KEPT),
+                hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS, KEPT),
             }))
         });
         Some(Arc::clone(made))
@@ -390,7 +334,7 @@ impl TopRecorder {
         (policies.values())
             .map(|policy| {
                 let policy = policy.lock().unwrap_or_else(PoisonError::into_inner);
-                (policy.minute.slots.iter().chain(&policy.hour.slots))
+                (policy.minute.slots().iter().chain(policy.hour.slots()))
                     .map(|slot| slot.refused.len() + slot.consumed.len())
                     .sum::<usize>()
             })
@@ -426,9 +370,9 @@ impl TopRecorder {
         }
         let ring = policy.ring(window);
         let sketches: Vec<&TopKeys<Arc<Shown>>> =
-            ring.live(now_s).map(|slot| slot.sketch(by)).collect();
+            ring.live(now_s).map(|slot| sketch(slot, by)).collect();
         Some(Ranking {
-            totals: ring.totals(now_s),
+            totals: totals(ring, now_s),
             error_bound: sketches.iter().map(|s| s.floor()).sum(),
             keys: TopKeys::merge(&sketches, limit),
         })
@@ -447,8 +391,8 @@ impl TopRecorder {
                 Summary {
                     namespace: policy.namespace,
                     policy: policy.name.clone(),
-                    minute: policy.minute.totals(now_s),
-                    hour: policy.hour.totals(now_s),
+                    minute: totals(&policy.minute, now_s),
+                    hour: totals(&policy.hour, now_s),
                 }
             })
             .collect();

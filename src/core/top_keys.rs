@@ -218,8 +218,209 @@ impl<V: Clone> TopKeys<V> {
     }
 }
 
+/// One span of a `Ring`: the refusals and the consumption of its keys, and the count allowed.
+#[derive(Debug, Clone)]
+pub struct Slot<V> {
+    /// The slot's index in time plus 1; 0: never used.
+    pub epoch: u64,
+    pub refused: TopKeys<V>,
+    pub consumed: TopKeys<V>,
+    pub allowed: u64,
+}
+
+/// A sliding window of sketches: `slots` spans of `width_s` seconds, the oldest reused for the
+/// newest. The service's `/admin/v1/top` and the filter's per-worker top keys both keep these.
+#[derive(Debug, Clone)]
+pub struct Ring<V> {
+    width_s: u64,
+    slots: Vec<Slot<V>>,
+}
+
+impl<V: Clone> Ring<V> {
+    pub fn new(width_s: u64, slots: usize, kept: usize) -> Ring<V> {
+        let slot = Slot {
+            epoch: 0,
+            refused: TopKeys::with_kept(kept),
+            consumed: TopKeys::with_kept(kept),
+            allowed: 0,
+        };
+        Ring {
+            width_s: width_s.max(1),
+            slots: vec![slot; slots.max(1)],
+        }
+    }
+
+    /// The slot of `now_s`, emptied first if it last held an older span.
+    pub fn at(&mut self, now_s: u64) -> Option<&mut Slot<V>> {
+        let index = now_s / self.width_s;
+        let len = self.slots.len() as u64;
+        let slot = self.slots.get_mut(usize::try_from(index % len).ok()?)?;
+        if slot.epoch != index + 1 {
+            slot.refused.clear();
+            slot.consumed.clear();
+            slot.allowed = 0;
+            slot.epoch = index + 1;
+        }
+        Some(slot)
+    }
+
+    /// Every slot, live or not (for counting memory).
+    pub fn slots(&self) -> &[Slot<V>] {
+        &self.slots
+    }
+
+    /// The slots of the span that ends at `now_s`.
+    pub fn live(&self, now_s: u64) -> impl Iterator<Item = &Slot<V>> {
+        let newest = now_s / self.width_s + 1;
+        let oldest = newest.saturating_sub(self.slots.len() as u64 - 1);
+        (self.slots.iter()).filter(move |s| s.epoch != 0 && (oldest..=newest).contains(&s.epoch))
+    }
+}
+
+/// What one part of a stream (one filter worker's window) publishes: its top keys and its
+/// floor, the count of any key it does not list (the sum of its sketches' floors).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Part {
+    pub floor: u64,
+    pub top: Vec<(u64, u64, u64)>,
+}
+
+impl Part {
+    /// A window's `n` top keys of `sketches` (its live slots), as a worker publishes them.
+    pub fn of<V: Clone>(sketches: &[&TopKeys<V>], n: usize) -> Part {
+        let floor = sketches
+            .iter()
+            .map(|s| s.floor())
+            .fold(0u64, u64::saturating_add);
+        let top = TopKeys::merge(sketches, n)
+            .into_iter()
+            .map(|c| (c.key, c.count, c.error));
+        Part {
+            floor,
+            top: top.collect(),
+        }
+    }
+
+    /// The bytes a worker sets in shared data: the floor, then each key's key, count and
+    /// error, all little-endian `u64`s.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + 24 * self.top.len());
+        out.extend_from_slice(&self.floor.to_le_bytes());
+        for &(key, count, error) in &self.top {
+            for n in [key, count, error] {
+                out.extend_from_slice(&n.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// `to_bytes` read back; `None` for bytes not of that shape.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Part> {
+        let mut words = bytes.chunks_exact(8);
+        if !words.remainder().is_empty() || (bytes.len() / 8) % 3 != 1 {
+            return None;
+        }
+        let mut next = || Some(u64::from_le_bytes(words.next()?.try_into().ok()?));
+        let floor = next()?;
+        let mut top = Vec::with_capacity(bytes.len() / 24);
+        while let Some(key) = next() {
+            top.push((key, next()?, next()?));
+        }
+        Some(Part { floor, top })
+    }
+
+    /// The `n` keys counted most over disjoint `parts`, with `TopKeys::merge`'s rule: a key a
+    /// part does not list is counted there at its floor, with that much error.
+    pub fn merge(parts: &[Part], n: usize) -> Vec<Counted<()>> {
+        let mut merged: Map<()> = Map::default();
+        for part in parts {
+            for &(key, _, _) in &part.top {
+                merged.entry(key).or_insert(Counted {
+                    key,
+                    count: 0,
+                    error: 0,
+                    value: None,
+                });
+            }
+        }
+        for counted in merged.values_mut() {
+            for part in parts {
+                let own = part.top.iter().find(|(k, _, _)| *k == counted.key);
+                let (count, error) = own.map_or((part.floor, part.floor), |&(_, c, e)| (c, e));
+                counted.count = counted.count.saturating_add(count);
+                counted.error = counted.error.saturating_add(error);
+            }
+        }
+        let mut all: Vec<Counted<()>> = merged.into_values().collect();
+        all.sort_unstable_by(|a, b| b.count.cmp(&a.count).then(a.key.cmp(&b.key)));
+        all.truncate(n);
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_part_reads_back_from_its_bytes_and_refuses_other_shapes() {
+        let part = Part {
+            floor: 7,
+            top: vec![(1, 20, 7), (u64::MAX, 9, 0)],
+        };
+        assert_eq!(Part::from_bytes(&part.to_bytes()), Some(part.clone()));
+        assert_eq!(
+            Part::from_bytes(&Part::default().to_bytes()),
+            Some(Part::default())
+        );
+        let bytes = part.to_bytes();
+        assert_eq!(Part::from_bytes(&bytes[..bytes.len() - 8]), None);
+        assert_eq!(Part::from_bytes(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(Part::from_bytes(&[]), None);
+    }
+
+    #[test]
+    fn parts_of_two_workers_merge_like_their_sketches() {
+        let mut a: TopKeys<()> = TopKeys::with_kept(2);
+        let mut b: TopKeys<()> = TopKeys::with_kept(2);
+        for key in 0..50u64 {
+            a.add_weighted(key, if key < 3 { 100 } else { 1 }, || None);
+            b.add_weighted(key + 1000, 1, || None);
+            b.add_weighted(key % 3, 50, || None);
+        }
+        let direct = TopKeys::merge(&[&a, &b], 3);
+        let parts = [Part::of(&[&a], 8), Part::of(&[&b], 8)];
+        let merged = Part::merge(&parts, 3);
+        let keys: Vec<u64> = merged.iter().map(|c| c.key).collect();
+        assert_eq!(keys, direct.iter().map(|c| c.key).collect::<Vec<_>>());
+        let mut top3 = keys.clone();
+        top3.sort_unstable();
+        assert_eq!(top3, vec![0, 1, 2]);
+        for c in &merged {
+            let truth = 100 + 50 * 17 - if c.key == 2 { 50 } else { 0 };
+            assert!(
+                c.count >= truth && c.count - c.error <= truth,
+                "{c:?} {truth}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_ring_keeps_only_its_last_spans_and_reuses_the_oldest_slot() {
+        let mut ring: Ring<()> = Ring::new(10, 3, 4);
+        for now_s in [0, 10, 20, 30] {
+            let Some(slot) = ring.at(now_s) else {
+                panic!("no slot")
+            };
+            slot.refused.add(now_s, || None);
+            slot.allowed += 1;
+        }
+        // At 30 s the live spans are 10..40 (three slots of 10 s): the span 0..10 was reused.
+        let live: Vec<u64> = ring.live(30).map(|s| s.refused.top(1)[0].key).collect();
+        assert_eq!(live.len(), 3, "{live:?}");
+        assert!(!live.contains(&0), "{live:?}");
+        assert_eq!(ring.slots().len(), 3);
+        assert_eq!(ring.live(1_000).count(), 0);
+    }
     use super::*;
     use proptest::prelude::*;
 
