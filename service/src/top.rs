@@ -30,7 +30,10 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use sluice::core::top_keys::{Counted, Ring, Slot, TopKeys};
+pub use sluice::core::top_keys::{By, Totals, Window};
+use sluice::core::top_keys::{
+    Counted, Ring, Slot, TopKeys, HOUR_SLOTS, HOUR_SLOT_S, MINUTE_SLOTS, MINUTE_SLOT_S,
+};
 use tracing::info;
 
 use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
@@ -46,59 +49,12 @@ pub const MAX_LIMIT: usize = KEPT;
 /// Keys a minute's log record names.
 pub const LOGGED_KEYS: usize = 5;
 
-const MINUTE_SLOT_S: u64 = 10;
-const MINUTE_SLOTS: usize = 7;
-const HOUR_SLOT_S: u64 = 300;
-const HOUR_SLOTS: usize = 13;
-
-/// What the keys are ranked by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum By {
-    /// Requests refused (each refused check of a limit is one).
-    Refused,
-    /// Tokens granted: requests, or the units of a cost (an LLM call's reservation).
-    Consumed,
-}
-
-impl By {
-    pub fn name(self) -> &'static str {
-        match self {
-            By::Refused => "refused",
-            By::Consumed => "consumed",
-        }
-    }
-}
-
-/// Over how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
-    Minute,
-    Hour,
-}
-
-impl Window {
-    pub fn name(self) -> &'static str {
-        match self {
-            Window::Minute => "1m",
-            Window::Hour => "1h",
-        }
-    }
-}
-
 /// How an RLS key shows: the hash that names it, and its entries as the operator lets them be
 /// shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shown {
     pub key: Box<str>,
     pub parts: Box<str>,
-}
-
-/// One policy's counts in one span.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Totals {
-    pub allowed: u64,
-    pub refused: u64,
-    pub consumed: u64,
 }
 
 fn sketch(slot: &Slot<Arc<Shown>>, by: By) -> &TopKeys<Arc<Shown>> {
@@ -109,11 +65,7 @@ fn sketch(slot: &Slot<Arc<Shown>>, by: By) -> &TopKeys<Arc<Shown>> {
 }
 
 fn totals(ring: &Ring<Arc<Shown>>, now_s: u64) -> Totals {
-    ring.live(now_s).fold(Totals::default(), |t, s| Totals {
-        allowed: t.allowed + s.allowed,
-        refused: t.refused + s.refused.total(),
-        consumed: t.consumed + s.consumed.total(),
-    })
+    Totals::of(ring, now_s)
 }
 
 /// One policy's rings.

@@ -286,18 +286,23 @@ pub struct Part {
 }
 
 impl Part {
-    /// A window's `n` top keys of `sketches` (its live slots), as a worker publishes them.
+    /// A window's `n` top keys of `sketches` (its live slots), as a worker publishes them. Its
+    /// floor bounds the count of every key it leaves out: the sum of the sketches' floors (a key
+    /// none counts) or the count of the first key past the `n` listed (a key counted, not
+    /// listed), whichever is more; so it is at most `Σ floor + W / (n + 1)`.
     pub fn of<V: Clone>(sketches: &[&TopKeys<V>], n: usize) -> Part {
-        let floor = sketches
+        let floors = sketches
             .iter()
             .map(|s| s.floor())
             .fold(0u64, u64::saturating_add);
-        let top = TopKeys::merge(sketches, n)
+        let mut top: Vec<(u64, u64, u64)> = TopKeys::merge(sketches, n.saturating_add(1))
             .into_iter()
-            .map(|c| (c.key, c.count, c.error));
+            .map(|c| (c.key, c.count, c.error))
+            .collect();
+        let past = if top.len() > n { top.pop() } else { None };
         Part {
-            floor,
-            top: top.collect(),
+            floor: past.map_or(floors, |(_, count, _)| count.max(floors)),
+            top,
         }
     }
 
@@ -358,6 +363,307 @@ impl Part {
     }
 }
 
+/// The spans of a policy's minute ring (seven of 10 s: the last 60 to 70 s) and hour ring
+/// (thirteen of 5 min: the last 60 to 65 min), in the service and in each filter worker alike.
+pub const MINUTE_SLOT_S: u64 = 10;
+pub const MINUTE_SLOTS: usize = 7;
+pub const HOUR_SLOT_S: u64 = 300;
+pub const HOUR_SLOTS: usize = 13;
+
+/// What the keys are ranked by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// Requests refused (each refused check of a limit is one).
+    Refused,
+    /// Tokens granted: requests, or the units of a cost (an LLM call's reservation).
+    Consumed,
+}
+
+impl By {
+    pub fn name(self) -> &'static str {
+        match self {
+            By::Refused => "refused",
+            By::Consumed => "consumed",
+        }
+    }
+
+    /// `refused` or `consumed`.
+    pub fn of(name: &str) -> Option<By> {
+        [By::Refused, By::Consumed]
+            .into_iter()
+            .find(|b| b.name() == name)
+    }
+}
+
+/// Over how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Window {
+    Minute,
+    Hour,
+}
+
+impl Window {
+    pub fn name(self) -> &'static str {
+        match self {
+            Window::Minute => "1m",
+            Window::Hour => "1h",
+        }
+    }
+
+    /// `1m` or `1h`.
+    pub fn of(name: &str) -> Option<Window> {
+        [Window::Minute, Window::Hour]
+            .into_iter()
+            .find(|w| w.name() == name)
+    }
+}
+
+/// One policy's counts in one span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Totals {
+    pub allowed: u64,
+    pub refused: u64,
+    pub consumed: u64,
+}
+
+impl Totals {
+    fn add(self, other: Totals) -> Totals {
+        Totals {
+            allowed: self.allowed.saturating_add(other.allowed),
+            refused: self.refused.saturating_add(other.refused),
+            consumed: self.consumed.saturating_add(other.consumed),
+        }
+    }
+
+    /// The totals of a ring's slots live at `now_s`.
+    pub fn of<V: Clone>(ring: &Ring<V>, now_s: u64) -> Totals {
+        ring.live(now_s).fold(Totals::default(), |t, s| {
+            t.add(Totals {
+                allowed: s.allowed,
+                refused: s.refused.total(),
+                consumed: s.consumed.total(),
+            })
+        })
+    }
+}
+
+/// One policy's minute and hour in one filter worker: what it refused and what it let through,
+/// by key hash.
+#[derive(Debug, Clone)]
+pub struct Windows {
+    minute: Ring<()>,
+    hour: Ring<()>,
+}
+
+impl Windows {
+    /// Rings whose sketches keep `kept` keys.
+    pub fn new(kept: usize) -> Windows {
+        Windows {
+            minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS, kept),
+            hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS, kept),
+        }
+    }
+
+    /// One decision of `key` at `now_s`: refused, or allowed having consumed `consumed`.
+    pub fn record(&mut self, now_s: u64, key: u64, refused: bool, consumed: u64) {
+        for ring in [&mut self.minute, &mut self.hour] {
+            let Some(slot) = ring.at(now_s) else {
+                continue;
+            };
+            if refused {
+                slot.refused.add(key, || None);
+            } else {
+                slot.allowed += 1;
+            }
+            slot.consumed.add_weighted(key, consumed, || None);
+        }
+    }
+
+    /// Keys counted now, in every sketch (at most `2 × kept` each, 40 sketches).
+    pub fn entries(&self) -> usize {
+        let slots = self.minute.slots().iter().chain(self.hour.slots());
+        slots.map(|s| s.refused.len() + s.consumed.len()).sum()
+    }
+
+    /// What a worker publishes of the policy at `now_s`, its `n` top keys of each window and
+    /// measure; `None` when nothing is live in the last hour (nothing to publish).
+    pub fn publish(&self, policy: u64, now_s: u64, n: usize) -> Option<PolicyPart> {
+        self.hour.live(now_s).next()?;
+        let window = |ring: &Ring<()>| {
+            let live: Vec<&Slot<()>> = ring.live(now_s).collect();
+            let refused: Vec<&TopKeys<()>> = live.iter().map(|s| &s.refused).collect();
+            let consumed: Vec<&TopKeys<()>> = live.iter().map(|s| &s.consumed).collect();
+            WindowPart {
+                totals: Totals::of(ring, now_s),
+                refused: Part::of(&refused, n),
+                consumed: Part::of(&consumed, n),
+            }
+        };
+        Some(PolicyPart {
+            policy,
+            minute: window(&self.minute),
+            hour: window(&self.hour),
+        })
+    }
+}
+
+/// One window of one policy as one worker publishes it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WindowPart {
+    pub totals: Totals,
+    pub refused: Part,
+    pub consumed: Part,
+}
+
+/// One policy as one worker publishes it; `policy` names it (`policy_id` of its name).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PolicyPart {
+    pub policy: u64,
+    pub minute: WindowPart,
+    pub hour: WindowPart,
+}
+
+impl PolicyPart {
+    pub fn window(&self, window: Window) -> &WindowPart {
+        match window {
+            Window::Minute => &self.minute,
+            Window::Hour => &self.hour,
+        }
+    }
+}
+
+impl WindowPart {
+    pub fn part(&self, by: By) -> &Part {
+        match by {
+            By::Refused => &self.refused,
+            By::Consumed => &self.consumed,
+        }
+    }
+}
+
+/// A policy's name as the published parts name it: FNV-1a, the same in every worker.
+pub fn policy_id(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// What one filter worker publishes once a second: who it is (`worker`, its random name), when
+/// (`at_s`, seconds of the wall clock), and each policy it recorded anything of in the hour.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Board {
+    pub worker: u64,
+    pub at_s: u64,
+    pub policies: Vec<PolicyPart>,
+}
+
+impl Board {
+    /// Little-endian `u64`s: worker, at_s, the number of policies, then for each its id and,
+    /// for the minute then the hour, the three totals and the refused and consumed parts, each
+    /// its number of keys followed by `Part::to_bytes`.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let word = |out: &mut Vec<u8>, n: u64| out.extend_from_slice(&n.to_le_bytes());
+        word(&mut out, self.worker);
+        word(&mut out, self.at_s);
+        word(&mut out, self.policies.len() as u64);
+        for policy in &self.policies {
+            word(&mut out, policy.policy);
+            for window in [&policy.minute, &policy.hour] {
+                let Totals {
+                    allowed,
+                    refused,
+                    consumed,
+                } = window.totals;
+                for n in [allowed, refused, consumed] {
+                    word(&mut out, n);
+                }
+                for part in [&window.refused, &window.consumed] {
+                    word(&mut out, part.top.len() as u64);
+                    out.extend_from_slice(&part.to_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// `to_bytes` read back; `None` for bytes not of that shape.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Board> {
+        let mut rest = bytes;
+        let word = |rest: &mut &[u8]| -> Option<u64> {
+            let (head, tail) = rest.split_at_checked(8)?;
+            *rest = tail;
+            Some(u64::from_le_bytes(head.try_into().ok()?))
+        };
+        let worker = word(&mut rest)?;
+        let at_s = word(&mut rest)?;
+        let count = word(&mut rest)?;
+        // Each policy takes at least 12 words: no count of policies the bytes cannot hold.
+        if count > (rest.len() / 96) as u64 {
+            return None;
+        }
+        let mut policies = Vec::new();
+        for _ in 0..count {
+            let policy = word(&mut rest)?;
+            let mut windows = [WindowPart::default(), WindowPart::default()];
+            for window in &mut windows {
+                let (allowed, refused, consumed) =
+                    (word(&mut rest)?, word(&mut rest)?, word(&mut rest)?);
+                window.totals = Totals {
+                    allowed,
+                    refused,
+                    consumed,
+                };
+                for part in [&mut window.refused, &mut window.consumed] {
+                    let keys = usize::try_from(word(&mut rest)?).ok()?;
+                    let len = keys.checked_mul(24)?.checked_add(8)?;
+                    let (head, tail) = rest.split_at_checked(len)?;
+                    rest = tail;
+                    *part = Part::from_bytes(head)?;
+                }
+            }
+            let [minute, hour] = windows;
+            policies.push(PolicyPart {
+                policy,
+                minute,
+                hour,
+            });
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+        Some(Board {
+            worker,
+            at_s,
+            policies,
+        })
+    }
+}
+
+/// The ranking of one policy over every worker's part.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ranking {
+    pub totals: Totals,
+    /// The bound of every key's `error`: the sum of the parts' floors.
+    pub error_bound: u64,
+    pub keys: Vec<Counted<()>>,
+}
+
+/// The `limit` keys of `policy` ranked `by` over `window`, over the `boards` of every worker
+/// (a worker that recorded nothing of the policy adds nothing).
+pub fn rank(boards: &[Board], policy: u64, window: Window, by: By, limit: usize) -> Ranking {
+    let windows: Vec<&WindowPart> = (boards.iter())
+        .flat_map(|b| b.policies.iter().filter(|p| p.policy == policy))
+        .map(|p| p.window(window))
+        .collect();
+    let parts: Vec<Part> = windows.iter().map(|w| w.part(by).clone()).collect();
+    Ranking {
+        totals: (windows.iter()).fold(Totals::default(), |t, w| t.add(w.totals)),
+        error_bound: parts.iter().map(|p| p.floor).fold(0, u64::saturating_add),
+        keys: Part::merge(&parts, limit),
+    }
+}
+
 #[cfg(test)]
 mod tests {
 
@@ -402,6 +708,100 @@ mod tests {
                 "{c:?} {truth}"
             );
         }
+    }
+
+    #[test]
+    fn a_part_bounds_the_keys_it_leaves_out_by_the_first_one_past_its_list() {
+        let mut a: TopKeys<()> = TopKeys::with_kept(8);
+        for (key, times) in [(1u64, 9u64), (2, 7), (3, 5)] {
+            a.add_weighted(key, times, || None);
+        }
+        let part = Part::of(&[&a], 2);
+        assert_eq!(part.top.len(), 2);
+        assert_eq!(
+            part.floor, 5,
+            "key 3 is counted but not listed: the floor covers it"
+        );
+        let merged = Part::merge(&[part, Part::default()], 3);
+        assert!(merged.iter().all(|c| c.key != 3));
+    }
+
+    /// A worker's board of one policy: `light` keys refused once each and `heavy` keys refused
+    /// that many times, all at `now_s`.
+    fn board(worker: u64, light: std::ops::Range<u64>, heavy: &[(u64, u64)]) -> Board {
+        let mut windows = Windows::new(64);
+        for key in light {
+            windows.record(5, key, true, 0);
+            windows.record(5, key, false, 1);
+        }
+        for &(key, times) in heavy {
+            for _ in 0..times {
+                windows.record(5, key, true, 0);
+            }
+        }
+        let policy = windows.publish(policy_id("api"), 5, 64);
+        Board {
+            worker,
+            at_s: 5,
+            policies: policy.into_iter().collect(),
+        }
+    }
+
+    #[test]
+    fn a_board_reads_back_from_its_bytes_and_refuses_other_shapes() {
+        let board = board(9, 0..500, &[(7, 40)]);
+        let bytes = board.to_bytes();
+        assert_eq!(Board::from_bytes(&bytes), Some(board.clone()));
+        for cut in [1, 8, 24, bytes.len() - 8] {
+            assert_eq!(Board::from_bytes(&bytes[..bytes.len() - cut]), None);
+        }
+        let mut longer = bytes.clone();
+        longer.extend_from_slice(&[0; 8]);
+        assert_eq!(Board::from_bytes(&longer), None);
+        let mut lying = bytes;
+        lying[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(Board::from_bytes(&lying), None);
+        let empty = Board::default();
+        assert_eq!(Board::from_bytes(&empty.to_bytes()), Some(empty));
+    }
+
+    #[test]
+    fn three_heavy_keys_top_two_workers_floods_within_the_stated_error() {
+        // 20,000 light keys over two workers, each refused once, and three heavy keys.
+        let heavy = [(1u64, 1_800u64), (2, 1_500), (3, 1_200)];
+        let split = |share: u64| heavy.map(|(k, t)| (k, t * share / 3));
+        let boards = [
+            board(1, 10_000..20_000, &split(2)),
+            board(2, 20_000..30_000, &split(1)),
+        ];
+        let ranking = rank(&boards, policy_id("api"), Window::Minute, By::Refused, 3);
+        let refused: u64 = 20_000 + heavy.iter().map(|h| h.1).sum::<u64>();
+        assert_eq!(ranking.totals.refused, refused);
+        assert_eq!(ranking.totals.allowed, 20_000);
+        assert!(ranking.error_bound <= 2 * refused / 64, "{ranking:?}");
+        for (counted, (key, times)) in ranking.keys.iter().zip(heavy) {
+            assert_eq!(counted.key, key, "{ranking:?}");
+            assert!(counted.count >= times && counted.count - counted.error <= times);
+            assert!(counted.error <= ranking.error_bound);
+        }
+        let hour = rank(&boards, policy_id("api"), Window::Hour, By::Consumed, 1);
+        assert_eq!(hour.totals.consumed, 20_000);
+        assert!(
+            rank(&boards, policy_id("other"), Window::Minute, By::Refused, 3)
+                .keys
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn a_policy_idle_for_an_hour_publishes_nothing_and_its_memory_is_bounded() {
+        let mut windows = Windows::new(4);
+        for key in 0..1_000 {
+            windows.record(0, key, true, 1);
+        }
+        assert!(windows.entries() <= 2 * 2 * 2 * 4, "{}", windows.entries());
+        assert!(windows.publish(1, 60, 4).is_some());
+        assert!(windows.publish(1, 3_900, 4).is_none());
     }
 
     #[test]
