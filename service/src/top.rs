@@ -39,7 +39,7 @@ use tracing::info;
 use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
 
 /// Keys each sketch keeps (it counts up to twice as many).
-pub const KEPT: usize = 64;
+pub const KEPT: usize = sluice::core::top_keys::KEPT_LIVE;
 /// Policies recorded, both namespaces together.
 pub const MAX_POLICIES: usize = 64;
 /// The longest shown text of an RLS key (longer is cut, on a character boundary).

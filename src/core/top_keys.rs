@@ -366,6 +366,9 @@ impl Part {
 /// The spans of a policy's minute ring (seven of 10 s: the last 60 to 70 s) and hour ring
 /// (thirteen of 5 min: the last 60 to 65 min), in the service and in each filter worker alike.
 pub const MINUTE_SLOT_S: u64 = 10;
+/// Keys each live sketch keeps (the service's and each filter worker's); also the most keys a
+/// live answer lists.
+pub const KEPT_LIVE: usize = 64;
 pub const MINUTE_SLOTS: usize = 7;
 pub const HOUR_SLOT_S: u64 = 300;
 pub const HOUR_SLOTS: usize = 13;

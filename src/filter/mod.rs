@@ -35,6 +35,7 @@ use crate::state::ledger::Ledger;
 use crate::state::overrides::View;
 use crate::state::store::{Store, ABSENT};
 use crate::state::table;
+use crate::state::top::Top;
 use crate::wire::protocol::{self, SettleOp, Settlement};
 use crate::wire::rls;
 use smallvec::SmallVec;
@@ -121,6 +122,8 @@ pub struct Filter {
     last_overrides_log: Cell<u64>,
     /// Where `Attr::Path` is among the plan's attributes, if a policy reads it.
     path_attr: Option<usize>,
+    /// This worker's top keys of local policies (`state::top`): kept while the admin path is on.
+    top: Option<RefCell<Top>>,
 }
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
@@ -176,7 +179,15 @@ impl Filter {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
         let path_attr = (plan.attrs.iter()).position(|a| *a == crate::core::request::Attr::Path);
+        let local = plan
+            .policies
+            .iter()
+            .map(|p| (p.name.as_str(), p.scope == Scope::Local));
+        let top = (plan.admin.as_ref())
+            .and_then(|_| Top::new(local, me ^ 0x746f_70))
+            .map(RefCell::new);
         Ok(Filter {
+            top,
             path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
@@ -520,6 +531,7 @@ impl Filter {
 
     fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
         self.give_back(host, &outcome.unkept);
+        self.record_top(outcome, now);
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
@@ -550,6 +562,44 @@ impl Filter {
                     delay => Verdict::Hold { delay, admitted },
                 }
             }
+        }
+    }
+
+    /// Records each local policy's decision among this worker's top keys (with the admin path
+    /// on): a refusal, or what an admission consumed.
+    fn record_top(&self, outcome: &Outcome, now: u64) {
+        let Some(Ok(mut top)) = self.top.as_ref().map(RefCell::try_borrow_mut) else {
+            return;
+        };
+        let now_s = now / NANOS_PER_SEC;
+        for a in &outcome.applied {
+            if let Some(key) = a.key {
+                let allowed = a.decision.allowed && !outcome.exhausted;
+                let consumed = if allowed { a.cost } else { 0 };
+                top.record(now_s, a.policy, key, !allowed, consumed);
+            }
+        }
+    }
+
+    /// Once a second: sets this worker's top keys in its slot of shared data for the admin
+    /// path (`state::top`).
+    pub fn publish_top(&self, host: &impl Host) {
+        let Some(Ok(mut top)) = self.top.as_ref().map(RefCell::try_borrow_mut) else {
+            return;
+        };
+        let now_s = self.now(host) / NANOS_PER_SEC;
+        if top.publish(host, &self.prefix, now_s).is_err() {
+            log::debug!("top keys not published this second");
+        }
+    }
+
+    /// A new configuration of this worker takes the worker slot `old` held for its top keys.
+    pub fn succeed(&self, old: &Filter) {
+        let (Some(new), Some(old)) = (&self.top, &old.top) else {
+            return;
+        };
+        if let (Ok(mut new), Ok(old)) = (new.try_borrow_mut(), old.try_borrow()) {
+            new.adopt(&old);
         }
     }
 

@@ -17,7 +17,7 @@ use crate::core::top_keys::{policy_id, Board, Windows};
 use crate::state::store::{Store, StoreError, ABSENT};
 
 /// Keys each sketch keeps (it counts up to twice as many): as the service's.
-pub const KEPT: usize = 64;
+pub const KEPT: usize = crate::core::top_keys::KEPT_LIVE;
 /// Keys a worker publishes of each window and measure: the most an answer lists.
 pub const PUBLISHED: usize = KEPT;
 /// The local policies recorded per worker (the first ones of the configuration).
