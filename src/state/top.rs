@@ -97,14 +97,20 @@ impl Top {
         }
     }
 
-    /// Sets this worker's board in its slot, taking one first if it has none (or lost it).
+    /// Sets this worker's board in its slot, taking one first if it has none (or lost it). A
+    /// worker that has recorded nothing in the last hour and holds no slot publishes nothing
+    /// (Envoy's main thread runs a root context too: it never takes one).
     pub fn publish(
         &mut self,
         store: &impl Store,
         prefix: &str,
         now_s: u64,
     ) -> Result<(), StoreError> {
-        let bytes = self.board(now_s).to_bytes();
+        let board = self.board(now_s);
+        if board.policies.is_empty() && self.slot.is_none() {
+            return Ok(());
+        }
+        let bytes = board.to_bytes();
         if let Some(slot) = self.slot {
             let name = slot_name(prefix, slot);
             if let Some((held, cas)) = store.get(&name) {
@@ -218,6 +224,9 @@ mod tests {
         gone.publish(&store, "p", 100).unwrap();
         let mut next = top(2);
         next.publish(&store, "p", 105).unwrap();
+        assert_eq!(next.slot, None, "nothing recorded, nothing published");
+        next.record(105, 2, 1, true, 0);
+        next.publish(&store, "p", 105).unwrap();
         assert_eq!(next.slot, Some(1));
         assert_eq!(read(&store, "p", 109).len(), 2);
         assert_eq!(
@@ -226,6 +235,7 @@ mod tests {
             "the gone worker's board lapsed"
         );
         let mut third = top(3);
+        third.record(110, 2, 1, true, 0);
         third.publish(&store, "p", 110).unwrap();
         assert_eq!(third.slot, Some(0), "the lapsed slot is taken over");
         // A reload keeps its worker's slot.

@@ -386,8 +386,8 @@ pub struct TopAnswer {
     /// The bound of every key's `error`.
     pub error_bound: u64,
     pub keys: Vec<TopKey>,
-    /// Workers of this Envoy whose parts were merged (those that published in the last
-    /// `state::top::LAPSE_S` seconds).
+    /// Workers of this Envoy whose parts were merged: those that recorded anything of a local
+    /// policy in the last hour (and published in the last `state::top::LAPSE_S` seconds).
     pub workers: usize,
 }
 
