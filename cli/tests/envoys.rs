@@ -129,7 +129,7 @@ fn an_operator_sees_a_local_policys_heaviest_keys_in_every_envoy_as_hashes_only(
     }
     let table = sluice(&envoys, &args[..5]);
     let text = String::from_utf8_lossy(&table.stdout);
-    assert_eq!(text.matches(&format!("envoy ")).count(), 2, "{text}");
+    assert_eq!(text.matches("envoy ").count(), 2, "{text}");
     assert!(text.contains(&hash) && !text.contains("acme"), "{text}");
     let no_policy = sluice(&envoys, &["top"]);
     assert!(!no_policy.status.success(), "{no_policy:?}");

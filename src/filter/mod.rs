@@ -184,7 +184,7 @@ impl Filter {
             .iter()
             .map(|p| (p.name.as_str(), p.scope == Scope::Local));
         let top = (plan.admin.as_ref())
-            .and_then(|_| Top::new(local, me ^ 0x746f_70))
+            .and_then(|_| Top::new(local, me))
             .map(RefCell::new);
         Ok(Filter {
             top,
