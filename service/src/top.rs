@@ -30,10 +30,10 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-pub use sluice::core::top_keys::{By, Totals, Window};
 use sluice::core::top_keys::{
-    Counted, Ring, Slot, TopKeys, HOUR_SLOTS, HOUR_SLOT_S, MINUTE_SLOTS, MINUTE_SLOT_S,
+    shown_text, Counted, Ring, Slot, TopKeys, HOUR_SLOTS, HOUR_SLOT_S, MINUTE_SLOTS, MINUTE_SLOT_S,
 };
+pub use sluice::core::top_keys::{By, Totals, Window};
 use tracing::info;
 
 use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
@@ -42,8 +42,7 @@ use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
 pub const KEPT: usize = sluice::core::top_keys::KEPT_LIVE;
 /// Policies recorded, both namespaces together.
 pub const MAX_POLICIES: usize = 64;
-/// The longest shown text of an RLS key (longer is cut, on a character boundary).
-pub const MAX_SHOWN_BYTES: usize = 128;
+pub use sluice::core::top_keys::MAX_SHOWN_BYTES;
 /// The most keys one answer lists.
 pub const MAX_LIMIT: usize = KEPT;
 /// Keys a minute's log record names.
@@ -483,36 +482,18 @@ pub fn rls_key(key: &str) -> Option<u64> {
     u64::from_str_radix(key.get(..16)?, 16).ok()
 }
 
-/// The text an RLS key shows: each entry as `key=value` when `show` names it, else its key
-/// alone with `=#` (hashed, never shown), control characters as `?`, at most
-/// `MAX_SHOWN_BYTES`.
+/// The text an RLS key shows (`shown_text`, the filter's rule too): each entry as `key=value`
+/// when `show` names it, else its key alone with `=#` (hashed, never shown).
 pub fn rls_shown<'e>(
     key: &str,
     entries: impl Iterator<Item = (&'e str, &'e str)>,
     show: &[String],
 ) -> Shown {
-    let mut parts = String::new();
-    for (name, value) in entries {
-        if !parts.is_empty() {
-            parts.push(' ');
-        }
-        parts.push_str(name);
-        if show.iter().any(|s| s == name) {
-            parts.push('=');
-            parts.push_str(value);
-        } else {
-            parts.push_str("=#");
-        }
-    }
-    // A terminal or a log must not take a request's bytes for commands.
-    let mut parts: String = (parts.chars())
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
-    let mut end = parts.len().min(MAX_SHOWN_BYTES);
-    while !parts.is_char_boundary(end) {
-        end -= 1;
-    }
-    parts.truncate(end);
+    let entries = entries.map(|(name, value)| {
+        let shown = show.iter().any(|s| s == name);
+        (name, shown.then_some(value.as_bytes()))
+    });
+    let parts = shown_text(entries);
     Shown {
         key: key.into(),
         parts: parts.into(),

@@ -291,19 +291,26 @@ impl Part {
     /// none counts) or the count of the first key past the `n` listed (a key counted, not
     /// listed), whichever is more; so it is at most `Σ floor + W / (n + 1)`.
     pub fn of<V: Clone>(sketches: &[&TopKeys<V>], n: usize) -> Part {
+        Part::with_values(sketches, n).0
+    }
+
+    /// `of`, and the values of the keys it lists that have one.
+    pub fn with_values<V: Clone>(sketches: &[&TopKeys<V>], n: usize) -> (Part, Vec<(u64, V)>) {
         let floors = sketches
             .iter()
             .map(|s| s.floor())
             .fold(0u64, u64::saturating_add);
-        let mut top: Vec<(u64, u64, u64)> = TopKeys::merge(sketches, n.saturating_add(1))
-            .into_iter()
-            .map(|c| (c.key, c.count, c.error))
+        let mut merged = TopKeys::merge(sketches, n.saturating_add(1));
+        let past = if merged.len() > n { merged.pop() } else { None };
+        let top = merged.iter().map(|c| (c.key, c.count, c.error)).collect();
+        let values = (merged.into_iter())
+            .filter_map(|c| Some((c.key, c.value?)))
             .collect();
-        let past = if top.len() > n { top.pop() } else { None };
-        Part {
-            floor: past.map_or(floors, |(_, count, _)| count.max(floors)),
+        let part = Part {
+            floor: past.map_or(floors, |c| c.count.max(floors)),
             top,
-        }
+        };
+        (part, values)
     }
 
     /// The bytes a worker sets in shared data: the floor, then each key's key, count and
@@ -372,6 +379,42 @@ pub const KEPT_LIVE: usize = 64;
 pub const MINUTE_SLOTS: usize = 7;
 pub const HOUR_SLOT_S: u64 = 300;
 pub const HOUR_SLOTS: usize = 13;
+
+/// The longest text a key shows (longer is cut, on a character boundary).
+pub const MAX_SHOWN_BYTES: usize = 128;
+
+/// How a key shows, in the service (an RLS key's entries) and the filter (a local key's parts)
+/// alike: each part as `name=value` when its value is given (the operator lets it be shown),
+/// else as `name=#` (never shown), separated by spaces; control characters as `?` (a terminal
+/// or a log must not take a request's bytes for commands), at most `MAX_SHOWN_BYTES`.
+pub fn shown_text<'e>(parts: impl Iterator<Item = (&'e str, Option<&'e [u8]>)>) -> String {
+    let mut text = String::new();
+    for (name, value) in parts {
+        if !text.is_empty() {
+            text.push(' ');
+        }
+        text.push_str(name);
+        match value {
+            Some(value) => {
+                text.push('=');
+                text.push_str(&String::from_utf8_lossy(value));
+            }
+            None => text.push_str("=#"),
+        }
+        if text.len() > MAX_SHOWN_BYTES {
+            break;
+        }
+    }
+    let mut text: String = (text.chars())
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect();
+    let mut end = text.len().min(MAX_SHOWN_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text
+}
 
 /// What the keys are ranked by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -454,8 +497,8 @@ impl Totals {
 /// by key hash.
 #[derive(Debug, Clone)]
 pub struct Windows {
-    minute: Ring<()>,
-    hour: Ring<()>,
+    minute: Ring<Box<str>>,
+    hour: Ring<Box<str>>,
 }
 
 impl Windows {
@@ -468,17 +511,33 @@ impl Windows {
     }
 
     /// One decision of `key` at `now_s`: refused, or allowed having consumed `consumed`.
-    pub fn record(&mut self, now_s: u64, key: u64, refused: bool, consumed: u64) {
+    /// `shown` gives the key's text (`shown_text`), asked at most once, and only for a key new
+    /// to a sketch.
+    pub fn record(
+        &mut self,
+        now_s: u64,
+        key: u64,
+        (refused, consumed): (bool, u64),
+        shown: impl FnOnce() -> Option<Box<str>>,
+    ) {
+        let mut shown = Some(shown);
+        let mut text: Option<Box<str>> = None;
+        let mut value = || {
+            if let Some(shown) = shown.take() {
+                text = shown();
+            }
+            text.clone()
+        };
         for ring in [&mut self.minute, &mut self.hour] {
             let Some(slot) = ring.at(now_s) else {
                 continue;
             };
             if refused {
-                slot.refused.add(key, || None);
+                slot.refused.add(key, &mut value);
             } else {
                 slot.allowed += 1;
             }
-            slot.consumed.add_weighted(key, consumed, || None);
+            slot.consumed.add_weighted(key, consumed, &mut value);
         }
     }
 
@@ -492,20 +551,29 @@ impl Windows {
     /// measure; `None` when nothing is live in the last hour (nothing to publish).
     pub fn publish(&self, policy: u64, now_s: u64, n: usize) -> Option<PolicyPart> {
         self.hour.live(now_s).next()?;
-        let window = |ring: &Ring<()>| {
-            let live: Vec<&Slot<()>> = ring.live(now_s).collect();
-            let refused: Vec<&TopKeys<()>> = live.iter().map(|s| &s.refused).collect();
-            let consumed: Vec<&TopKeys<()>> = live.iter().map(|s| &s.consumed).collect();
+        let mut shown: Vec<(u64, Box<str>)> = Vec::new();
+        let mut window = |ring: &Ring<Box<str>>| {
+            let live: Vec<&Slot<Box<str>>> = ring.live(now_s).collect();
+            let refused: Vec<&TopKeys<Box<str>>> = live.iter().map(|s| &s.refused).collect();
+            let consumed: Vec<&TopKeys<Box<str>>> = live.iter().map(|s| &s.consumed).collect();
+            let (refused, texts) = Part::with_values(&refused, n);
+            shown.extend(texts);
+            let (consumed, texts) = Part::with_values(&consumed, n);
+            shown.extend(texts);
             WindowPart {
                 totals: Totals::of(ring, now_s),
-                refused: Part::of(&refused, n),
-                consumed: Part::of(&consumed, n),
+                refused,
+                consumed,
             }
         };
+        let (minute, hour) = (window(&self.minute), window(&self.hour));
+        shown.sort_unstable_by_key(|(key, _)| *key);
+        shown.dedup_by_key(|(key, _)| *key);
         Some(PolicyPart {
             policy,
-            minute: window(&self.minute),
-            hour: window(&self.hour),
+            minute,
+            hour,
+            shown,
         })
     }
 }
@@ -518,12 +586,14 @@ pub struct WindowPart {
     pub consumed: Part,
 }
 
-/// One policy as one worker publishes it; `policy` names it (`policy_id` of its name).
+/// One policy as one worker publishes it; `policy` names it (`policy_id` of its name), and
+/// `shown` gives the text of each key listed that has one (`shown_text`), by key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PolicyPart {
     pub policy: u64,
     pub minute: WindowPart,
     pub hour: WindowPart,
+    pub shown: Vec<(u64, Box<str>)>,
 }
 
 impl PolicyPart {
@@ -563,7 +633,8 @@ pub struct Board {
 impl Board {
     /// Little-endian `u64`s: worker, at_s, the number of policies, then for each its id and,
     /// for the minute then the hour, the three totals and the refused and consumed parts, each
-    /// its number of keys followed by `Part::to_bytes`.
+    /// its number of keys followed by `Part::to_bytes`; then the number of texts shown, each
+    /// its key, its length in bytes and its UTF-8 bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::new();
         let word = |out: &mut Vec<u8>, n: u64| out.extend_from_slice(&n.to_le_bytes());
@@ -586,6 +657,12 @@ impl Board {
                     out.extend_from_slice(&part.to_bytes());
                 }
             }
+            word(&mut out, policy.shown.len() as u64);
+            for (key, text) in &policy.shown {
+                word(&mut out, *key);
+                word(&mut out, text.len() as u64);
+                out.extend_from_slice(text.as_bytes());
+            }
         }
         out
     }
@@ -601,8 +678,8 @@ impl Board {
         let worker = word(&mut rest)?;
         let at_s = word(&mut rest)?;
         let count = word(&mut rest)?;
-        // Each policy takes at least 12 words: no count of policies the bytes cannot hold.
-        if count > (rest.len() / 96) as u64 {
+        // Each policy takes at least 14 words: no count of policies the bytes cannot hold.
+        if count > (rest.len() / 112) as u64 {
             return None;
         }
         let mut policies = Vec::new();
@@ -625,11 +702,27 @@ impl Board {
                     *part = Part::from_bytes(head)?;
                 }
             }
+            let texts = usize::try_from(word(&mut rest)?).ok()?;
+            if texts > rest.len() / 16 {
+                return None;
+            }
+            let mut shown = Vec::with_capacity(texts);
+            for _ in 0..texts {
+                let key = word(&mut rest)?;
+                let len = usize::try_from(word(&mut rest)?).ok()?;
+                if len > MAX_SHOWN_BYTES {
+                    return None;
+                }
+                let (text, tail) = rest.split_at_checked(len)?;
+                rest = tail;
+                shown.push((key, std::str::from_utf8(text).ok()?.into()));
+            }
             let [minute, hour] = windows;
             policies.push(PolicyPart {
                 policy,
                 minute,
                 hour,
+                shown,
             });
         }
         if !rest.is_empty() {
@@ -649,21 +742,34 @@ pub struct Ranking {
     pub totals: Totals,
     /// The bound of every key's `error`: the sum of the parts' floors.
     pub error_bound: u64,
-    pub keys: Vec<Counted<()>>,
+    /// The keys, with their text when a worker gave one.
+    pub keys: Vec<Counted<Box<str>>>,
 }
 
 /// The `limit` keys of `policy` ranked `by` over `window`, over the `boards` of every worker
 /// (a worker that recorded nothing of the policy adds nothing).
 pub fn rank(boards: &[Board], policy: u64, window: Window, by: By, limit: usize) -> Ranking {
-    let windows: Vec<&WindowPart> = (boards.iter())
+    let policies: Vec<&PolicyPart> = (boards.iter())
         .flat_map(|b| b.policies.iter().filter(|p| p.policy == policy))
-        .map(|p| p.window(window))
         .collect();
+    let windows: Vec<&WindowPart> = policies.iter().map(|p| p.window(window)).collect();
     let parts: Vec<Part> = windows.iter().map(|w| w.part(by).clone()).collect();
+    let text = |key: u64| {
+        let mut texts = policies.iter().flat_map(|p| p.shown.iter());
+        texts.find(|(k, _)| *k == key).map(|(_, text)| text.clone())
+    };
+    let keys = (Part::merge(&parts, limit).into_iter())
+        .map(|c| Counted {
+            value: text(c.key),
+            key: c.key,
+            count: c.count,
+            error: c.error,
+        })
+        .collect();
     Ranking {
         totals: (windows.iter()).fold(Totals::default(), |t, w| t.add(w.totals)),
         error_bound: parts.iter().map(|p| p.floor).fold(0, u64::saturating_add),
-        keys: Part::merge(&parts, limit),
+        keys,
     }
 }
 
@@ -734,12 +840,12 @@ mod tests {
     fn board(worker: u64, light: std::ops::Range<u64>, heavy: &[(u64, u64)]) -> Board {
         let mut windows = Windows::new(64);
         for key in light {
-            windows.record(5, key, true, 0);
-            windows.record(5, key, false, 1);
+            windows.record(5, key, (true, 0), || None);
+            windows.record(5, key, (false, 1), || None);
         }
         for &(key, times) in heavy {
             for _ in 0..times {
-                windows.record(5, key, true, 0);
+                windows.record(5, key, (true, 0), || Some(format!("user=u{key}").into()));
             }
         }
         let policy = windows.publish(policy_id("api"), 5, 64);
@@ -748,6 +854,23 @@ mod tests {
             at_s: 5,
             policies: policy.into_iter().collect(),
         }
+    }
+
+    #[test]
+    fn a_key_shows_the_parts_given_and_hides_the_others_as_a_hash() {
+        let parts = [
+            ("header:x-user", Some(&b"alice"[..])),
+            ("header:x-api-key", None),
+        ];
+        assert_eq!(
+            shown_text(parts.into_iter()),
+            "header:x-user=alice header:x-api-key=#"
+        );
+        let sneaky = [("user", Some(&b"a\x1b[2J\nb"[..]))];
+        assert_eq!(shown_text(sneaky.into_iter()), "user=a?[2J?b");
+        let long = "é".repeat(200);
+        let parts = [("user", Some(long.as_bytes()))];
+        assert!(shown_text(parts.into_iter()).len() <= MAX_SHOWN_BYTES);
     }
 
     #[test]
@@ -784,6 +907,10 @@ mod tests {
         assert!(ranking.error_bound <= 2 * refused / 64, "{ranking:?}");
         for (counted, (key, times)) in ranking.keys.iter().zip(heavy) {
             assert_eq!(counted.key, key, "{ranking:?}");
+            assert_eq!(
+                counted.value.as_deref(),
+                Some(format!("user=u{key}").as_str())
+            );
             assert!(counted.count >= times && counted.count - counted.error <= times);
             assert!(counted.error <= ranking.error_bound);
         }
@@ -800,7 +927,7 @@ mod tests {
     fn a_policy_idle_for_an_hour_publishes_nothing_and_its_memory_is_bounded() {
         let mut windows = Windows::new(4);
         for key in 0..1_000 {
-            windows.record(0, key, true, 1);
+            windows.record(0, key, (true, 1), || None);
         }
         assert!(windows.entries() <= 2 * 2 * 2 * 4, "{}", windows.entries());
         assert!(windows.publish(1, 60, 4).is_some());

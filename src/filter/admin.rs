@@ -225,6 +225,7 @@ impl Filter {
                     key,
                     count: counted.count,
                     error: counted.error,
+                    shown: counted.value.as_deref().map(str::to_string),
                 }
             })
             .collect();

@@ -15,9 +15,11 @@ use crate::config::{
 };
 use crate::core::algorithm::Algorithm;
 use crate::core::duration::NANOS_PER_SEC;
+use crate::core::key::Source;
 use crate::core::key::{HashSecret, Keying};
-use crate::core::request::Attributes;
+use crate::core::request::{Attr, Attributes, RequestSource};
 use crate::core::time::WorkerClock;
+use crate::core::top_keys::shown_text;
 use crate::host::{Environment, Host};
 use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
@@ -124,6 +126,8 @@ pub struct Filter {
     path_attr: Option<usize>,
     /// This worker's top keys of local policies (`state::top`): kept while the admin path is on.
     top: Option<RefCell<Top>>,
+    /// By attribute index: whether `admin.top_show` lets its value show among the top keys.
+    top_show: Vec<bool>,
 }
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
@@ -186,8 +190,15 @@ impl Filter {
         let top = (plan.admin.as_ref())
             .and_then(|_| Top::new(local, me))
             .map(RefCell::new);
+        let shown = plan
+            .admin
+            .as_ref()
+            .map(|a| a.top_show.as_slice())
+            .unwrap_or_default();
+        let top_show = plan.attrs.iter().map(|attr| shown.contains(attr)).collect();
         Ok(Filter {
             top,
+            top_show,
             path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
@@ -230,6 +241,9 @@ impl Filter {
         let now = self.now(host);
         let service_up = self.breaker.allows(now);
         let step = self.limiter(host, |l| l.evaluate(&mut request, now, service_up));
+        if let Step::Done(outcome) = &step {
+            self.record_top(outcome, now, &mut |policy| self.shown(policy, &mut request));
+        }
         self.proceed(host, step, now)
     }
 
@@ -255,6 +269,9 @@ impl Filter {
         let now = self.now(host);
         self.record_call(answers.is_some(), now);
         let step = self.limiter(host, |l| l.resume(pending, answers));
+        if let Step::Done(outcome) = &step {
+            self.record_top(outcome, now, &mut |_| None);
+        }
         self.proceed(host, step, now)
     }
 
@@ -466,9 +483,17 @@ impl Filter {
 
     /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
     fn proceed(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
+        let mut waited = false;
         loop {
             match step {
-                Step::Done(outcome) => return self.finish(host, &outcome, now),
+                Step::Done(outcome) => {
+                    // A request decided without the service was recorded as it was decided,
+                    // with its key's text; one that waited is recorded here, by hash only.
+                    if waited {
+                        self.record_top(&outcome, now, &mut |_| None);
+                    }
+                    return self.finish(host, &outcome, now);
+                }
                 Step::Callout(mut pending) => {
                     self.counters.callouts.add(1);
                     pending.name_slots(|| self.next_id());
@@ -483,6 +508,7 @@ impl Filter {
                         return Verdict::Waiting(pending);
                     }
                     self.record_call(false, now);
+                    waited = true;
                     step = self.limiter(host, |l| l.resume(pending, None));
                 }
             }
@@ -531,7 +557,6 @@ impl Filter {
 
     fn finish(&self, host: &impl Host, outcome: &Outcome, now: u64) -> Verdict {
         self.give_back(host, &outcome.unkept);
-        self.record_top(outcome, now);
         self.counters.count(&self.plan, outcome);
         self.log_degraded(outcome, now);
         self.log_bypass(outcome, now);
@@ -567,7 +592,13 @@ impl Filter {
 
     /// Records each local policy's decision among this worker's top keys (with the admin path
     /// on): a refusal, or what an admission consumed.
-    fn record_top(&self, outcome: &Outcome, now: u64) {
+    /// `shown` gives a policy's key's text (`shown`), asked only for a key new to a sketch.
+    fn record_top(
+        &self,
+        outcome: &Outcome,
+        now: u64,
+        shown: &mut dyn FnMut(usize) -> Option<Box<str>>,
+    ) {
         let Some(Ok(mut top)) = self.top.as_ref().map(RefCell::try_borrow_mut) else {
             return;
         };
@@ -576,9 +607,47 @@ impl Filter {
             if let Some(key) = a.key {
                 let allowed = a.decision.allowed && !outcome.exhausted;
                 let consumed = if allowed { a.cost } else { 0 };
-                top.record(now_s, a.policy, key, !allowed, consumed);
+                let decided = (!allowed, consumed);
+                top.record(now_s, (a.policy, key), decided, || shown(a.policy));
             }
         }
+    }
+
+    /// How `policy`'s key of `request` shows among the top keys (`core::top_keys::shown_text`):
+    /// each part as `name=value` when `admin.top_show` names its source, else `name=#`; `None`
+    /// when `top_show` names nothing (every key is its hash alone). The values were read for
+    /// the key's hash already: no hostcall.
+    fn shown<R: RequestSource + ?Sized>(
+        &self,
+        policy: usize,
+        request: &mut Attributes<R>,
+    ) -> Option<Box<str>> {
+        if !self.top_show.contains(&true) {
+            return None;
+        }
+        let policy = self.plan.policies.get(policy)?;
+        let table = self.plan.tables.get(policy.table)?;
+        let mut parts: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(table.key.len());
+        for part in &table.key {
+            let Some((position, value)) = part.resolve(request) else {
+                continue;
+            };
+            let value = value.to_vec();
+            let (name, shown) = match part.alternatives.get(position) {
+                Some(Source::Attr(index)) => (
+                    self.plan
+                        .attrs
+                        .get(*index)
+                        .map(Attr::name)
+                        .unwrap_or_default(),
+                    self.top_show.get(*index).copied().unwrap_or(false),
+                ),
+                _ => ("global".to_string(), false),
+            };
+            parts.push((name, shown.then_some(value)));
+        }
+        let parts = parts.iter().map(|(n, v)| (n.as_str(), v.as_deref()));
+        Some(shown_text(parts).into())
     }
 
     /// Once a second: sets this worker's top keys in its slot of shared data for the admin

@@ -1933,3 +1933,37 @@ fn the_admin_path_merges_every_workers_top_keys_and_shows_only_key_hashes() {
     let (code, _) = admin_call(&a, &one, (Some("ops"), None), ("POST", TOP), asked).unwrap();
     assert_eq!(code, 401);
 }
+
+#[test]
+fn top_keys_show_the_parts_top_show_names_and_never_an_api_key() {
+    let policy = json!({"name": "pair", "key": ["header:x-user-id", "header:x-api-key"],
+                        "requests": 1, "per": "1m"});
+    let mut config = with_admin(json!({"policies": [policy]}));
+    config["admin"]["top_show"] = json!(["header:x-user-id"]);
+    let host = admin_host();
+    let filter = configure(&config, &host);
+    statuses(
+        &filter,
+        &host,
+        3,
+        &[("x-user-id", "alice"), ("x-api-key", "sk-secret")],
+    );
+    filter.publish_top(&host);
+    let asked = json!({"policy": "pair"});
+    let read = (Some("ops"), Some(READ_TOKEN));
+    let (code, top) = admin_call(&filter, &host, read, ("POST", TOP), asked).unwrap();
+    assert_eq!(code, 200, "{top}");
+    assert_eq!(top["keys"][0]["count"], 2);
+    assert_eq!(
+        top["keys"][0]["shown"], "header:x-user-id=alice header:x-api-key=#",
+        "{top}"
+    );
+    assert!(!top.to_string().contains("sk-secret"), "{top}");
+    for secret in ["header:x-api-key", "header:authorization", "header:cookie"] {
+        let mut config = config.clone();
+        config["admin"]["top_show"] = json!(["header:x-user-id", secret]);
+        let error = Filter::configure(config.to_string().as_bytes(), "t", &host, &host, &host);
+        let error = error.unwrap_err().to_string();
+        assert!(error.starts_with("admin.top_show[1]: "), "{error}");
+    }
+}

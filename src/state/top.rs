@@ -70,10 +70,16 @@ impl Top {
     }
 
     /// One decision of a local policy's key at `now_s`: refused, or allowed having consumed
-    /// `consumed`.
-    pub fn record(&mut self, now_s: u64, policy: usize, key: u64, refused: bool, consumed: u64) {
+    /// `consumed`; `shown` gives the key's text, asked only for a key new to a sketch.
+    pub fn record(
+        &mut self,
+        now_s: u64,
+        (policy, key): (usize, u64),
+        decided: (bool, u64),
+        shown: impl FnOnce() -> Option<Box<str>>,
+    ) {
         if let Some(Some((_, windows))) = self.windows.get_mut(policy) {
-            windows.record(now_s, key, refused, consumed);
+            windows.record(now_s, key, decided, shown);
         }
     }
 
@@ -191,15 +197,15 @@ mod tests {
         let store = MemoryStore::default();
         let (mut a, mut b) = (top(1), top(2));
         for key in 0..1_000 {
-            a.record(100, 1, 10 + key, true, 0);
-            b.record(100, 1, 5_000 + key, true, 0);
+            a.record(100, (1, 10 + key), (true, 0), || None);
+            b.record(100, (1, 5_000 + key), (true, 0), || None);
         }
         for _ in 0..300 {
-            a.record(100, 1, 7, true, 0);
-            b.record(100, 1, 7, true, 0);
+            a.record(100, (1, 7), (true, 0), || None);
+            b.record(100, (1, 7), (true, 0), || None);
         }
-        b.record(100, 2, 9, false, 3);
-        b.record(100, 0, 9, true, 0);
+        b.record(100, (2, 9), (false, 3), || None);
+        b.record(100, (0, 9), (true, 0), || None);
         a.publish(&store, "p", 100).unwrap();
         b.publish(&store, "p", 100).unwrap();
         a.publish(&store, "p", 101).unwrap();
@@ -220,12 +226,12 @@ mod tests {
     fn a_gone_worker_lapses_and_its_slot_is_taken_over_so_slots_stay_bounded() {
         let store = MemoryStore::default();
         let mut gone = top(1);
-        gone.record(100, 1, 7, true, 0);
+        gone.record(100, (1, 7), (true, 0), || None);
         gone.publish(&store, "p", 100).unwrap();
         let mut next = top(2);
         next.publish(&store, "p", 105).unwrap();
         assert_eq!(next.slot, None, "nothing recorded, nothing published");
-        next.record(105, 2, 1, true, 0);
+        next.record(105, (2, 1), (true, 0), || None);
         next.publish(&store, "p", 105).unwrap();
         assert_eq!(next.slot, Some(1));
         assert_eq!(read(&store, "p", 109).len(), 2);
@@ -235,7 +241,7 @@ mod tests {
             "the gone worker's board lapsed"
         );
         let mut third = top(3);
-        third.record(110, 2, 1, true, 0);
+        third.record(110, (2, 1), (true, 0), || None);
         third.publish(&store, "p", 110).unwrap();
         assert_eq!(third.slot, Some(0), "the lapsed slot is taken over");
         // A reload keeps its worker's slot.

@@ -365,13 +365,17 @@ pub fn parse_top(body: &[u8]) -> Result<TopRequest, BadRequest> {
     })
 }
 
-/// One key of a `top` answer: its hash as the logs show it (never its value), its count and
+/// One key of a `top` answer: its hash as the logs show it, its count and
 /// how much of the count may be other keys' (the true count is in `count - error ..= count`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TopKey {
     pub key: String,
     pub count: u64,
     pub error: u64,
+    /// Its parts as `admin.top_show` lets them show (`header:x-user=alice header:x-api-key=#`);
+    /// absent when it names none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shown: Option<String>,
 }
 
 /// The answer of `top`, in the shape of the service's `GET /admin/v1/top` (with `namespace`
