@@ -7,8 +7,8 @@
 //! `local`: the filter's own top keys of local policies (`POST <admin path>/top`) in one Envoy
 //! with two workers: a flood of 20,000 distinct keys, each refused once, with three heavy keys
 //! among them; the heavy keys are the top three by refusals within 5 s of the flood, their
-//! counts within the answer's stated error, and an API key shows only as its hash. On the
-//! public listener the path is an ordinary request, forwarded.
+//! counts within the answer's stated error, a user shown as `admin.top_show` lets it be, and an
+//! API key only as its hash. On the public listener the path is an ordinary request, forwarded.
 
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
@@ -153,7 +153,7 @@ mod local {
 
     fn start() -> Envoy {
         let config = json!({"admin": {"listener": "ops", "token_env": "SLUICE_ADMIN_TOKEN",
-                                      "read_token_env": "SLUICE_READ_TOKEN"},
+                                      "read_token_env": "SLUICE_READ_TOKEN", "top_show": ["header:x-user"]},
             "policies": [
                 {"name": "per-key", "key": ["header:x-api-key"], "requests": 1, "per": "1h",
                  "max_keys": 50_000},
@@ -304,6 +304,13 @@ mod local {
                     "{key} of {answer}"
                 );
                 assert!(error <= bound, "{key} of {answer}");
+            }
+            for (key, heavy) in answer["keys"].as_array().unwrap().iter().zip(HEAVY) {
+                let shown = match policy {
+                    "per-key" => "header:x-api-key=#".to_string(),
+                    _ => format!("header:x-user={}", heavy.1),
+                };
+                assert_eq!(key["shown"], json!(shown), "{answer}");
             }
             assert!(
                 !answer.to_string().contains("sk-"),
