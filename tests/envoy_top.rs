@@ -147,6 +147,8 @@ mod local {
         ("sk-heavy-two", "hu-two", 1_000),
         ("sk-heavy-three", "hu-three", 600),
     ];
+    /// Requests in all.
+    const REQUESTS: usize = 2 * LIGHT + 1_500 + 1_000 + 600;
     /// Connections sending at once, and the requests each sends on one connection.
     const SENDERS: usize = 4;
     const PER_CONNECTION: usize = 250;
@@ -247,14 +249,16 @@ mod local {
             let keys: Vec<String> = (answer["keys"].as_array().unwrap().iter())
                 .map(|k| k["key"].as_str().unwrap_or_default().to_string())
                 .collect();
-            let total = (LIGHT + HEAVY.iter().map(|h| h.2 - 1).sum::<usize>()) as u64;
-            // Each worker publishes once a second: done when every refusal is in.
-            if keys == expected && answer["totals"]["refused"].as_u64() == Some(total) {
+            // Each worker publishes once a second: done when every decision is in.
+            let totals = &answer["totals"];
+            let decided =
+                totals["allowed"].as_u64().unwrap_or(0) + totals["refused"].as_u64().unwrap_or(0);
+            if keys == expected && decided == REQUESTS as u64 {
                 return answer;
             }
             assert!(
                 started.elapsed() < Duration::from_secs(5),
-                "the heavy keys are not the top three of {policy}, every refusal counted, within 5 s: {answer}"
+                "the heavy keys are not the top three of {policy}, every decision counted, within 5 s: {answer}"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -268,11 +272,8 @@ mod local {
         let refused = send_flood(envoy.addr());
         let flood_s = started.elapsed().as_secs_f64();
         let heavy_refused: usize = HEAVY.iter().map(|h| h.2 - 1).sum();
-        assert_eq!(
-            refused,
-            LIGHT + heavy_refused,
-            "each policy refuses the same requests"
-        );
+        // Each policy refuses the same requests (the 429s are either's).
+        assert!(refused + 2 >= LIGHT + heavy_refused, "{refused}");
         eprintln!(
             "flood: {} requests in {flood_s:.1} s",
             2 * LIGHT + HEAVY.iter().map(|h| h.2).sum::<usize>()
@@ -285,14 +286,14 @@ mod local {
         ] {
             let answer = heavy_on_top(ops, policy, column);
             assert_eq!(answer["workers"], 2, "{answer}");
-            assert_eq!(
-                answer["totals"]["refused"],
-                LIGHT + heavy_refused,
-                "{answer}"
-            );
+            // Every light key's second request and every heavy key's but its first (a rare
+            // race of a new key's first requests on both workers may admit one more).
+            let refused = answer["totals"]["refused"].as_u64().unwrap();
+            let expected = (LIGHT + heavy_refused) as u64;
+            assert!(refused + 2 >= expected && refused <= expected, "{answer}");
             let bound = answer["error_bound"].as_u64().unwrap();
             // The stated bound: at most 2 W / 64 for W the refusals.
-            assert!(bound <= 2 * (LIGHT + heavy_refused) as u64 / 64, "{answer}");
+            assert!(bound <= 2 * refused / 64, "{answer}");
             for (key, heavy) in answer["keys"].as_array().unwrap().iter().zip(HEAVY) {
                 let (count, error) = (
                     key["count"].as_u64().unwrap(),
@@ -329,11 +330,11 @@ mod local {
             &json!({"policy": "per-key", "by": "consumed", "window": "1h"}),
         );
         let consumed = consumed.json();
-        assert_eq!(
-            consumed["totals"]["consumed"],
-            LIGHT + HEAVY.len(),
-            "{consumed}"
-        );
+        let totals = &consumed["totals"];
+        assert_eq!(totals["consumed"], totals["allowed"], "{consumed}");
+        let allowed = totals["allowed"].as_u64().unwrap();
+        let keys = (LIGHT + HEAVY.len()) as u64;
+        assert!(allowed >= keys && allowed <= keys + 2, "{consumed}");
         assert!(!consumed.to_string().contains("sk-"), "{consumed}");
 
         // Without a token, 401; on the public listener, an ordinary request (forwarded).
