@@ -9,8 +9,10 @@
 //! and merges only the fresh boards.
 //!
 //! Memory per worker: at most `MAX_POLICIES` local policies × 20 slots (the minute's 7 and the
-//! hour's 13) × 2 measures × `2 × KEPT` entries (163,840 entries, when every slot is full); a
-//! board is at most `MAX_POLICIES` × 2 windows × (5 + 2 × (2 + 3 × `PUBLISHED`)) words (195 KiB),
+//! hour's 13) × 2 measures × `2 × KEPT` entries (163,840 entries, when every slot is full), each
+//! with its text when `admin.top_show` names a part (at most `MAX_SHOWN_BYTES`); a board is at
+//! most `MAX_POLICIES` × (1 + 2 × (3 + 2 × (2 + 3 × `PUBLISHED`))) words (196 KiB), plus with
+//! `top_show` at most 4 × `PUBLISHED` texts of 16 + `MAX_SHOWN_BYTES` bytes per policy (36 KiB),
 //! and a policy with nothing in the last hour adds nothing to it.
 
 use crate::core::top_keys::{policy_id, Board, Windows};
