@@ -19,7 +19,7 @@ use crate::core::key::Source;
 use crate::core::key::{HashSecret, Keying};
 use crate::core::request::{Attr, Attributes, RequestSource};
 use crate::core::time::WorkerClock;
-use crate::core::top_keys::shown_text;
+use crate::core::top_keys::{shown_text, MAX_SHOWN_BYTES};
 use crate::host::{Environment, Host};
 use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
@@ -632,7 +632,8 @@ impl Filter {
             let Some((position, value)) = part.resolve(request) else {
                 continue;
             };
-            let value = value.to_vec();
+            // No more of a value than a text shows (a header may be kilobytes).
+            let value = value.get(..MAX_SHOWN_BYTES).unwrap_or(value).to_vec();
             let (name, shown) = match part.alternatives.get(position) {
                 Some(Source::Attr(index)) => (
                     self.plan
