@@ -606,7 +606,12 @@ impl Filter {
         for a in &outcome.applied {
             if let Some(key) = a.key {
                 let allowed = a.decision.allowed && !outcome.exhausted;
-                let consumed = if allowed { a.cost } else { 0 };
+                // A policy that let through a request another refused charged nothing.
+                let consumed = if allowed && !outcome.is_denied() {
+                    a.cost
+                } else {
+                    0
+                };
                 let decided = (!allowed, consumed);
                 top.record(now_s, (a.policy, key), decided, || shown(a.policy));
             }
