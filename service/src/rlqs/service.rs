@@ -28,6 +28,7 @@ use super::action::{abandon, assign};
 use super::budget::{budget, Budget};
 use super::ledger::share;
 use super::metrics::{RlqsMetrics, StreamOpen};
+use super::replicas::Replicas;
 use crate::auth::Guard;
 use crate::connections::Activity;
 use crate::logging::Throttle;
@@ -52,6 +53,8 @@ pub struct RlqsService<S> {
     store: Arc<S>,
     /// This replica's random name, the first half of its streams' ids.
     replica: u64,
+    /// The replicas found dead, whose streams' entries the reports forget.
+    replicas: Arc<Replicas>,
     streams: AtomicU64,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
@@ -71,10 +74,19 @@ impl<S: Store> RlqsService<S> {
             guard,
             store: Arc::new(store),
             replica: random.finish(),
+            replicas: Arc::default(),
             streams: AtomicU64::new(0),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics,
         }
+    }
+}
+
+impl<S: Store> RlqsService<S> {
+    /// This replica's heartbeat, for as long as it serves (`replicas`).
+    pub fn beating(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let replica = format!("{:016x}", self.replica);
+        Arc::clone(&self.replicas).keep_beating(Arc::clone(&self.store), replica)
     }
 }
 
@@ -95,6 +107,7 @@ struct StreamState<S: Store> {
     store: Arc<S>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
+    replicas: Arc<Replicas>,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
     _open: StreamOpen,
 }
@@ -105,6 +118,7 @@ async fn answer<S: Store>(
     reports: &RateLimitQuotaUsageReports,
 ) -> RateLimitQuotaResponse {
     let config = state.config.current();
+    let dead = state.replicas.dead();
     let mut entered: Vec<(&BucketId, Budget, QuotaReport)> = Vec::new();
     let mut actions = Vec::new();
     let mut this_message = HashSet::new();
@@ -146,6 +160,7 @@ async fn answer<S: Store>(
             requests,
             period_ms,
             ttl_ms: ASSIGNMENT_TTL.as_secs() * 1_000,
+            dead: Arc::clone(&dead),
         };
         entered.push((id, limit, report));
     }
@@ -242,6 +257,7 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
             metrics: Arc::clone(&self.metrics),
+            replicas: Arc::clone(&self.replicas),
             _open: self.metrics.stream_open(),
         };
         let answers = futures_util::stream::unfold(
@@ -292,6 +308,7 @@ descriptors:
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics: Arc::clone(&metrics),
+            replicas: Arc::default(),
             _open: metrics.stream_open(),
         }
     }
