@@ -275,7 +275,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
         Keys::Reset(reset) => {
             // The Envoys take an id for a reset too: sent again, it is applied once. The
             // service forgets the state whatever is sent, so a reset of it alone prints none.
-            let quiet = reset.service.json || reset.envoys.envoy.is_empty();
+            let quiet = reset.service.json || reset.envoys.at.envoy.is_empty();
             let id = reset.once.id("reset", quiet)?;
             let extra = json!({"reason": reset.reason, "id": id});
             ("reset", reset.key, reset.envoys, reset.service, extra)
