@@ -337,6 +337,21 @@ mod local {
         assert_eq!(totals["allowed"], LIGHT + HEAVY.len(), "{consumed}");
         assert!(!consumed.to_string().contains("sk-"), "{consumed}");
 
+        // The minute's log record (written by one worker, at its first board and then once a
+        // minute) names keys by their hash only: no API key, no user, shown or not.
+        let log = envoy.log();
+        assert!(
+            !log.contains("sk-heavy") && !log.contains("hu-one"),
+            "{log}"
+        );
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains("top refused keys: policy=per-key"))
+        {
+            assert!(line.contains("window=1m allowed="), "{line}");
+            eprintln!("logged: {line}");
+        }
+
         // Without a token, 401; on the public listener, an ordinary request (forwarded).
         assert_eq!(call(ops, "nope", &json!({"policy": "per-key"})).status, 401);
         let public = call(envoy.addr(), TOKEN, &json!({"policy": "per-key"}));

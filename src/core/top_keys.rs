@@ -746,6 +746,25 @@ pub struct Ranking {
     pub keys: Vec<Counted<Box<str>>>,
 }
 
+/// A ranking by refusals as the minute's log record writes it, after the policy: its counts,
+/// its error bound and its keys as `KEY=COUNT` (16 hex digits: the key's hash only, never its
+/// text), most first, separated by spaces.
+pub fn log_fields(ranking: &Ranking) -> String {
+    let Totals {
+        allowed,
+        refused,
+        consumed,
+    } = ranking.totals;
+    let top: Vec<String> = (ranking.keys.iter())
+        .map(|c| format!("{:016x}={}", c.key, c.count))
+        .collect();
+    format!(
+        "allowed={allowed} refused={refused} consumed={consumed} error_bound={} top=\"{}\"",
+        ranking.error_bound,
+        top.join(" ")
+    )
+}
+
 /// The `limit` keys of `policy` ranked `by` over `window`, over the `boards` of every worker
 /// (a worker that recorded nothing of the policy adds nothing).
 pub fn rank(boards: &[Board], policy: u64, window: Window, by: By, limit: usize) -> Ranking {
@@ -914,6 +933,25 @@ mod tests {
             assert!(counted.count >= times && counted.count - counted.error <= times);
             assert!(counted.error <= ranking.error_bound);
         }
+        let logged = log_fields(&rank(
+            &boards,
+            policy_id("api"),
+            Window::Minute,
+            By::Refused,
+            2,
+        ));
+        assert!(
+            logged.starts_with(&format!(
+                "allowed=20000 refused={refused} consumed=20000 error_bound="
+            )),
+            "{logged}"
+        );
+        let (one, two) = (format!("top=\"{:016x}=", 1), format!(" {:016x}=", 2));
+        assert!(logged.contains(&one) && logged.contains(&two), "{logged}");
+        assert!(
+            !logged.contains("user="),
+            "a key's text is never logged: {logged}"
+        );
         let hour = rank(&boards, policy_id("api"), Window::Hour, By::Consumed, 1);
         assert_eq!(hour.totals.consumed, 20_000);
         assert!(

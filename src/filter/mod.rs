@@ -19,7 +19,7 @@ use crate::core::key::Source;
 use crate::core::key::{HashSecret, Keying};
 use crate::core::request::{Attr, Attributes, RequestSource};
 use crate::core::time::WorkerClock;
-use crate::core::top_keys::{shown_text, MAX_SHOWN_BYTES};
+use crate::core::top_keys::{log_fields, rank, shown_text, By, Window, MAX_SHOWN_BYTES};
 use crate::host::{Environment, Host};
 use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
@@ -128,7 +128,12 @@ pub struct Filter {
     top: Option<RefCell<Top>>,
     /// By attribute index: whether `admin.top_show` lets its value show among the top keys.
     top_show: Vec<bool>,
+    /// When the minute's `top refused keys` record was last written (seconds).
+    last_top_log: Cell<u64>,
 }
+
+/// Keys the minute's `top refused keys` record names, as the service's.
+const LOGGED_KEYS: usize = 5;
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
 /// service's token and `if-none-match`.
@@ -199,6 +204,7 @@ impl Filter {
         Ok(Filter {
             top,
             top_show,
+            last_top_log: Cell::new(0),
             path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
@@ -665,6 +671,24 @@ impl Filter {
         let now_s = self.now(host) / NANOS_PER_SEC;
         if top.publish(host, &self.prefix, now_s).is_err() {
             log::debug!("top keys not published this second");
+        }
+        // Once a minute, by the worker of the first slot: each local policy that refused
+        // anything in the last minute, over every worker.
+        let last = self.last_top_log.get();
+        if !top.holds_first_slot() || (last != 0 && now_s < last.saturating_add(60)) {
+            return;
+        }
+        self.last_top_log.set(now_s);
+        let boards = crate::state::top::read(host, &self.prefix, now_s);
+        for (index, id) in top.policies() {
+            let ranking = rank(&boards, id, Window::Minute, By::Refused, LOGGED_KEYS);
+            if ranking.totals.refused > 0 {
+                log::info!(
+                    "top refused keys: policy={} window=1m {}",
+                    self.policy_name(index),
+                    log_fields(&ranking)
+                );
+            }
         }
     }
 

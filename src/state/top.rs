@@ -85,6 +85,17 @@ impl Top {
         }
     }
 
+    /// Whether this worker holds the first worker slot: the one worker of the Envoy that writes
+    /// the minute's log record.
+    pub fn holds_first_slot(&self) -> bool {
+        self.slot == Some(0)
+    }
+
+    /// The recorded policies: their index in the configuration and their `policy_id`.
+    pub fn policies(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        (self.windows.iter().enumerate()).filter_map(|(i, w)| Some((i, w.as_ref()?.0)))
+    }
+
     /// Keys counted now, in every sketch of every policy.
     pub fn entries(&self) -> usize {
         self.windows
