@@ -565,6 +565,9 @@ impl RootContext for Root {
                 } else {
                     COUNTER_FLUSH_PERIOD
                 };
+                if let Some(old) = &self.filter {
+                    filter.succeed(old);
+                }
                 if let Some(old) = self.filter.replace(Rc::new(filter)) {
                     old.forget_debts();
                     old.flush_counters(&Envoy);
@@ -607,6 +610,7 @@ impl RootContext for Root {
                         None => filter.overrides_not_sent(&Envoy),
                     }
                 }
+                filter.publish_top(&Envoy);
                 filter.flush_counters(&Envoy);
             }
             self.last_second = now;

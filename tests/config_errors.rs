@@ -202,6 +202,7 @@ const KNOWN_MEMBERS: &[&str] = &[
     "listener",
     "read_token_env",
     "token_env",
+    "top_show",
     "key",
     "key_hash",
     "owner",

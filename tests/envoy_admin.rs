@@ -8,7 +8,7 @@
 #![allow(clippy::panic, clippy::indexing_slicing)]
 
 use serde_json::{json, Value};
-use sluice_testkit::envoy::{wasm_path, Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{admin_bootstrap, Envoy, EnvoyOptions};
 use sluice_testkit::http::{send_with, Response};
 use std::net::SocketAddr;
 
@@ -23,59 +23,8 @@ fn config() -> String {
     .to_string()
 }
 
-/// One listener: `metadata` its YAML metadata line (or none).
-fn listener(name: &str, port: &str, metadata: &str, filter: &str) -> String {
-    format!(
-        r#"  - name: {name}{metadata}
-    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: {name}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes: [{{ match: {{ prefix: / }}, direct_response: {{ status: 200, body: {{ inline_string: upstream }} }} }}]
-          http_filters:
-          - name: envoy.filters.http.wasm
-            typed_config: {filter}
-          - name: envoy.filters.http.router
-            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
-"#
-    )
-}
-
 fn bootstrap() -> String {
-    let filter = format!(
-        r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice, allow_on_headers_stop_iteration: true, vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8, environment_variables: {{ host_env_keys: [SLUICE_ADMIN_TOKEN, SLUICE_READ_TOKEN] }}, code: {{ local: {{ filename: {wasm:?} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json:?} }} }} }}"#,
-        wasm = wasm_path().to_string_lossy(),
-        json = config(),
-    );
-    format!(
-        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {{admin_port}} }}\nstatic_resources:\n  listeners:\n{}{}",
-        listener("public", "{port}", "", &filter),
-        listener(
-            "ops",
-            "{backend_port}",
-            "\n    metadata: { filter_metadata: { sluice: { listener: ops } } }",
-            &filter
-        ),
-    )
-}
-
-/// The admin listener's address, from Envoy's admin `/listeners`.
-fn ops_addr(envoy: &Envoy) -> SocketAddr {
-    let listing = envoy.admin_get("/listeners").text();
-    let line = listing
-        .lines()
-        .find_map(|l| l.strip_prefix("ops::"))
-        .unwrap_or_else(|| panic!("no ops listener: {listing}"));
-    line.trim()
-        .parse()
-        .unwrap_or_else(|e| panic!("{line}: {e}"))
+    admin_bootstrap(&config(), &["SLUICE_ADMIN_TOKEN", "SLUICE_READ_TOKEN"])
 }
 
 fn call(addr: SocketAddr, token: &str, path: &str, body: &Value) -> Response {
@@ -101,7 +50,7 @@ fn only_the_named_listener_serves_the_admin_path_and_a_reset_reaches_every_worke
         .vm_env("SLUICE_READ_TOKEN", READ)
         .concurrency(2)
         .start();
-    let ops = ops_addr(&envoy);
+    let ops = envoy.listener_addr("ops");
     let show = json!({"policy": "per-user", "key": ["alice"]});
     assert_eq!(alice(&envoy, 6), [200, 200, 200, 200, 200, 429]);
 

@@ -245,6 +245,14 @@ fn classic_mistakes_are_rejected_where_they_are() {
         ("status path not a path", "/status_path", |c| {
             c["status_path"] = json!("ratelimit/status");
         }),
+        (
+            "an API key shown among the top keys",
+            "/admin/top_show/0",
+            |c| {
+                c["admin"] = json!({"listener": "ops", "token_env": "T",
+                                "top_show": ["header:X-Api-Key"]});
+            },
+        ),
         ("unknown policy field", "/policies/0", |c| {
             c["policies"][0]["limit"] = json!(5);
         }),

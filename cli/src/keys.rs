@@ -40,12 +40,23 @@ pub struct KeyName {
 }
 
 /// Where an answer came from, and the answer or why there is none.
-type Asked = (String, Result<Value, String>);
+pub type Asked = (String, Result<Value, String>);
 
-/// The Envoys whose filter answers for local policies (its `admin` path).
+/// The Envoys whose filter answers for local policies (its `admin` path), and the tier to ask
+/// a key at.
 #[derive(Args, Debug)]
 pub struct Envoys {
-    /// Envoys to ask for a local policy's key, by the address of their admin listener
+    #[command(flatten)]
+    pub at: EnvoyAddrs,
+    /// The tier the key runs at in a local policy, by its value
+    #[arg(long)]
+    pub tier: Option<String>,
+}
+
+/// Where the Envoys' admin paths are and how to reach them: `keys` and `top` alike.
+#[derive(Args, Debug)]
+pub struct EnvoyAddrs {
+    /// Envoys to ask about a local policy, by the address of their admin listener
     /// (host:port or http://host:port), comma-separated or one --envoy each
     #[arg(
         long,
@@ -60,9 +71,6 @@ pub struct Envoys {
     /// A file holding the Envoys' token (a line of their token_env); else the service's
     #[arg(long, env = "SLUICE_ENVOY_TOKEN_FILE", value_name = "PATH")]
     pub envoy_token_file: Option<std::path::PathBuf>,
-    /// The tier the key runs at in a local policy, by its value
-    #[arg(long)]
-    pub tier: Option<String>,
 }
 
 impl Envoys {
@@ -78,9 +86,17 @@ impl Envoys {
         }
         body
     }
+}
 
-    /// Asks every Envoy: each one's address and its answer or error, in the order given.
-    fn ask(&self, service: &Service, action: &str, body: &Value) -> Result<Vec<Asked>, String> {
+impl EnvoyAddrs {
+    /// POSTs `body` to `<envoy-path>/<endpoint>` of every Envoy: each one's address and its
+    /// answer or error, in the order given.
+    pub fn ask(
+        &self,
+        service: &Service,
+        endpoint: &str,
+        body: &Value,
+    ) -> Result<Vec<Asked>, String> {
         let token = match &self.envoy_token_file {
             Some(path) => Some(
                 std::fs::read_to_string(path)
@@ -88,7 +104,7 @@ impl Envoys {
             ),
             None => None,
         };
-        let path = format!("{}/keys/{action}", self.envoy_path.trim_end_matches('/'));
+        let path = format!("{}/{endpoint}", self.envoy_path.trim_end_matches('/'));
         let mut answers = Vec::new();
         for envoy in self
             .envoy
@@ -259,7 +275,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
         Keys::Reset(reset) => {
             // The Envoys take an id for a reset too: sent again, it is applied once. The
             // service forgets the state whatever is sent, so a reset of it alone prints none.
-            let quiet = reset.service.json || reset.envoys.envoy.is_empty();
+            let quiet = reset.service.json || reset.envoys.at.envoy.is_empty();
             let id = reset.once.id("reset", quiet)?;
             let extra = json!({"reason": reset.reason, "id": id});
             ("reset", reset.key, reset.envoys, reset.service, extra)
@@ -271,7 +287,7 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
         }
     };
     let service_body = key.body()?;
-    if service_body.is_none() && envoys.envoy.is_empty() {
+    if service_body.is_none() && envoys.at.envoy.is_empty() {
         return Err(
             "give --requests and --per (a global policy's key, asked of the service), \
                     or --envoy (a local policy's, asked of each Envoy)"
@@ -295,7 +311,8 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
         ),
         None => None,
     };
-    let from_envoys = envoys.ask(&service, action, &with(envoys.body(&key.name), false))?;
+    let body = with(envoys.body(&key.name), false);
+    let from_envoys = envoys.at.ask(&service, &format!("keys/{action}"), &body)?;
     if from_envoys.is_empty() {
         let answer = from_service.unwrap_or_default();
         table::show(service.json, &answer, |a| {

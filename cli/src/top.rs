@@ -1,11 +1,14 @@
 //! `sluice top`: the heaviest keys of a policy (`GET /admin/v1/top`), or without `--policy`
-//! every policy the service records, with its counts over the last minute and hour.
+//! every policy the service records, with its counts over the last minute and hour. With
+//! `--envoy`, a local policy's heaviest keys in each Envoy given (the filter's admin path,
+//! `POST <envoy-path>/top`, which answers in the service's shape), one table per Envoy.
 
 use std::process::ExitCode;
 
 use clap::Args;
 use serde_json::Value;
 
+use crate::keys::EnvoyAddrs;
 use crate::table::{self, cell};
 use crate::Service;
 
@@ -27,10 +30,15 @@ pub struct Top {
     #[arg(long, default_value = "http", value_parser = ["http", "rls"])]
     namespace: String,
     #[command(flatten)]
+    envoys: EnvoyAddrs,
+    #[command(flatten)]
     service: Service,
 }
 
 pub fn run(top: Top) -> Result<ExitCode, String> {
+    if !top.envoys.envoy.is_empty() {
+        return from_envoys(&top);
+    }
     let client = top.service.client()?;
     let Some(policy) = &top.policy else {
         let answer = client.get("/admin/v1/top")?;
@@ -48,6 +56,46 @@ pub fn run(top: Top) -> Result<ExitCode, String> {
     let answer = client.get(&path)?;
     table::show(top.service.json, &answer, keys);
     Ok(ExitCode::SUCCESS)
+}
+
+/// A local policy's heaviest keys in each Envoy: one table each (an Envoy that failed, its
+/// error), or with `--json` `{"envoys": [{"envoy", "answer" | "error"}]}`.
+fn from_envoys(top: &Top) -> Result<ExitCode, String> {
+    let Some(policy) = &top.policy else {
+        return Err("--envoy asks for a local policy's keys: give --policy".to_string());
+    };
+    let body = serde_json::json!({
+        "policy": policy, "by": top.by, "window": top.window, "limit": top.limit
+    });
+    let answers = top.envoys.ask(&top.service, "top", &body)?;
+    let failed = answers.iter().any(|(_, a)| a.is_err());
+    if top.service.json {
+        let envoys: Vec<Value> = (answers.iter())
+            .map(|(envoy, answer)| match answer {
+                Ok(answer) => serde_json::json!({"envoy": envoy, "answer": answer}),
+                Err(error) => serde_json::json!({"envoy": envoy, "error": error}),
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "envoys": envoys }));
+    } else {
+        for (i, (envoy, answer)) in answers.iter().enumerate() {
+            if i > 0 {
+                println!();
+            }
+            match answer {
+                Ok(answer) => {
+                    println!("envoy {envoy} ({} workers):", cell(&answer["workers"]));
+                    keys(answer);
+                }
+                Err(error) => println!("envoy {envoy}: error: {error}"),
+            }
+        }
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// A query value percent-encoded: every byte but `A-Z a-z 0-9 - . _ ~`.

@@ -1,6 +1,7 @@
 //! `sluice keys ... --envoy`: a local policy's key shown, reset and credited in each Envoy given,
 //! through the filter's admin path (a real Envoy with two workers), tables by default and JSON
-//! with `--json`; an Envoy that cannot be reached is an error of its own row.
+//! with `--json`; an Envoy that cannot be reached is an error of its own row. `sluice top
+//! --envoy`: a local policy's heaviest keys in each Envoy, by key hash, never the API key.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -103,4 +104,48 @@ fn an_operator_sees_and_resets_a_local_key_in_every_envoy_given() {
         String::from_utf8_lossy(&partly.stdout).contains("error:"),
         "{partly:?}"
     );
+}
+
+#[test]
+fn an_operator_sees_a_local_policys_heaviest_keys_in_every_envoy_as_hashes_only() {
+    let (one, two) = (start(), start());
+    for i in 0..50 {
+        let key = format!("sk-light-{i}");
+        one.get("/api/x", &[("x-api-key", key.as_bytes())]);
+    }
+    assert_eq!(spend(&one, 10).iter().filter(|&&s| s == 429).count(), 7);
+    assert_eq!(spend(&two, 5).iter().filter(|&&s| s == 429).count(), 2);
+    let envoys = format!("{},{}", one.addr(), two.addr());
+    let hash = format!(
+        "{:016x}",
+        sluice::core::key::hash_values(&["acme".into()], &sluice::core::key::HashSecret::PUBLIC)
+    );
+    let args = ["top", "--policy", "api", "--limit", "3", "--json"];
+    let started = std::time::Instant::now();
+    let json = loop {
+        let out = sluice(&envoys, &args);
+        assert!(out.status.success(), "{out:?}");
+        assert!(
+            !String::from_utf8_lossy(&out.stdout).contains("acme"),
+            "{out:?}"
+        );
+        let json: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let counts: Vec<&Value> = (json["envoys"].as_array().unwrap().iter())
+            .map(|e| &e["answer"]["keys"][0]["count"])
+            .collect();
+        if counts == [&json!(7), &json!(2)] {
+            break json;
+        }
+        assert!(started.elapsed().as_secs() < 5, "{json}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    for envoy in json["envoys"].as_array().unwrap() {
+        assert_eq!(envoy["answer"]["keys"][0]["key"], json!(hash), "{json}");
+    }
+    let table = sluice(&envoys, &args[..5]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert_eq!(text.matches("envoy ").count(), 2, "{text}");
+    assert!(text.contains(&hash) && !text.contains("acme"), "{text}");
+    let no_policy = sluice(&envoys, &["top"]);
+    assert!(!no_policy.status.success(), "{no_policy:?}");
 }

@@ -30,60 +30,23 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use sluice::core::top_keys::{Counted, TopKeys};
+use sluice::core::top_keys::{
+    shown_text, Counted, Ring, Slot, TopKeys, HOUR_SLOTS, HOUR_SLOT_S, MINUTE_SLOTS, MINUTE_SLOT_S,
+};
+pub use sluice::core::top_keys::{By, Totals, Window};
 use tracing::info;
 
 use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
 
 /// Keys each sketch keeps (it counts up to twice as many).
-pub const KEPT: usize = 64;
+pub const KEPT: usize = sluice::core::top_keys::KEPT_LIVE;
 /// Policies recorded, both namespaces together.
 pub const MAX_POLICIES: usize = 64;
-/// The longest shown text of an RLS key (longer is cut, on a character boundary).
-pub const MAX_SHOWN_BYTES: usize = 128;
+pub use sluice::core::top_keys::MAX_SHOWN_BYTES;
 /// The most keys one answer lists.
 pub const MAX_LIMIT: usize = KEPT;
 /// Keys a minute's log record names.
 pub const LOGGED_KEYS: usize = 5;
-
-const MINUTE_SLOT_S: u64 = 10;
-const MINUTE_SLOTS: usize = 7;
-const HOUR_SLOT_S: u64 = 300;
-const HOUR_SLOTS: usize = 13;
-
-/// What the keys are ranked by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum By {
-    /// Requests refused (each refused check of a limit is one).
-    Refused,
-    /// Tokens granted: requests, or the units of a cost (an LLM call's reservation).
-    Consumed,
-}
-
-impl By {
-    pub fn name(self) -> &'static str {
-        match self {
-            By::Refused => "refused",
-            By::Consumed => "consumed",
-        }
-    }
-}
-
-/// Over how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Window {
-    Minute,
-    Hour,
-}
-
-impl Window {
-    pub fn name(self) -> &'static str {
-        match self {
-            Window::Minute => "1m",
-            Window::Hour => "1h",
-        }
-    }
-}
 
 /// How an RLS key shows: the hash that names it, and its entries as the operator lets them be
 /// shown.
@@ -93,83 +56,15 @@ pub struct Shown {
     pub parts: Box<str>,
 }
 
-/// One policy's counts in one span.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Totals {
-    pub allowed: u64,
-    pub refused: u64,
-    pub consumed: u64,
-}
-
-#[derive(Debug, Clone)]
-struct Slot {
-    /// The slot's index in time plus 1; 0: never used.
-    epoch: u64,
-    refused: TopKeys<Arc<Shown>>,
-    consumed: TopKeys<Arc<Shown>>,
-    allowed: u64,
-}
-
-impl Slot {
-    fn new() -> Slot {
-        Slot {
-            epoch: 0,
-            refused: TopKeys::with_kept(KEPT),
-            consumed: TopKeys::with_kept(KEPT),
-            allowed: 0,
-        }
-    }
-
-    fn sketch(&self, by: By) -> &TopKeys<Arc<Shown>> {
-        match by {
-            By::Refused => &self.refused,
-            By::Consumed => &self.consumed,
-        }
+fn sketch(slot: &Slot<Arc<Shown>>, by: By) -> &TopKeys<Arc<Shown>> {
+    match by {
+        By::Refused => &slot.refused,
+        By::Consumed => &slot.consumed,
     }
 }
 
-#[derive(Debug, Clone)]
-struct Ring {
-    width_s: u64,
-    slots: Vec<Slot>,
-}
-
-impl Ring {
-    fn new(width_s: u64, slots: usize) -> Ring {
-        Ring {
-            width_s,
-            slots: vec![Slot::new(); slots],
-        }
-    }
-
-    /// The slot of `now_s`, emptied first if it last held an older span.
-    fn at(&mut self, now_s: u64) -> Option<&mut Slot> {
-        let index = now_s / self.width_s;
-        let len = self.slots.len() as u64;
-        let slot = self.slots.get_mut(usize::try_from(index % len).ok()?)?;
-        if slot.epoch != index + 1 {
-            slot.refused.clear();
-            slot.consumed.clear();
-            slot.allowed = 0;
-            slot.epoch = index + 1;
-        }
-        Some(slot)
-    }
-
-    /// The slots of the span that ends at `now_s`.
-    fn live(&self, now_s: u64) -> impl Iterator<Item = &Slot> {
-        let newest = now_s / self.width_s + 1;
-        let oldest = newest.saturating_sub(self.slots.len() as u64 - 1);
-        (self.slots.iter()).filter(move |s| s.epoch != 0 && (oldest..=newest).contains(&s.epoch))
-    }
-
-    fn totals(&self, now_s: u64) -> Totals {
-        self.live(now_s).fold(Totals::default(), |t, s| Totals {
-            allowed: t.allowed + s.allowed,
-            refused: t.refused + s.refused.total(),
-            consumed: t.consumed + s.consumed.total(),
-        })
-    }
+fn totals(ring: &Ring<Arc<Shown>>, now_s: u64) -> Totals {
+    Totals::of(ring, now_s)
 }
 
 /// One policy's rings.
@@ -177,12 +72,12 @@ impl Ring {
 struct Policy {
     namespace: Namespace,
     name: String,
-    minute: Ring,
-    hour: Ring,
+    minute: Ring<Arc<Shown>>,
+    hour: Ring<Arc<Shown>>,
 }
 
 impl Policy {
-    fn ring(&self, window: Window) -> &Ring {
+    fn ring(&self, window: Window) -> &Ring<Arc<Shown>> {
         match window {
             Window::Minute => &self.minute,
             Window::Hour => &self.hour,
@@ -328,8 +223,8 @@ impl TopRecorder {
             Arc::new(Mutex::new(Policy {
                 namespace,
                 name: name_of(namespace, name),
-                minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS),
-                hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS),
+                minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS, KEPT),
+                hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS, KEPT),
             }))
         });
         Some(Arc::clone(made))
@@ -390,7 +285,7 @@ impl TopRecorder {
         (policies.values())
             .map(|policy| {
                 let policy = policy.lock().unwrap_or_else(PoisonError::into_inner);
-                (policy.minute.slots.iter().chain(&policy.hour.slots))
+                (policy.minute.slots().iter().chain(policy.hour.slots()))
                     .map(|slot| slot.refused.len() + slot.consumed.len())
                     .sum::<usize>()
             })
@@ -426,9 +321,9 @@ impl TopRecorder {
         }
         let ring = policy.ring(window);
         let sketches: Vec<&TopKeys<Arc<Shown>>> =
-            ring.live(now_s).map(|slot| slot.sketch(by)).collect();
+            ring.live(now_s).map(|slot| sketch(slot, by)).collect();
         Some(Ranking {
-            totals: ring.totals(now_s),
+            totals: totals(ring, now_s),
             error_bound: sketches.iter().map(|s| s.floor()).sum(),
             keys: TopKeys::merge(&sketches, limit),
         })
@@ -447,8 +342,8 @@ impl TopRecorder {
                 Summary {
                     namespace: policy.namespace,
                     policy: policy.name.clone(),
-                    minute: policy.minute.totals(now_s),
-                    hour: policy.hour.totals(now_s),
+                    minute: totals(&policy.minute, now_s),
+                    hour: totals(&policy.hour, now_s),
                 }
             })
             .collect();
@@ -587,36 +482,18 @@ pub fn rls_key(key: &str) -> Option<u64> {
     u64::from_str_radix(key.get(..16)?, 16).ok()
 }
 
-/// The text an RLS key shows: each entry as `key=value` when `show` names it, else its key
-/// alone with `=#` (hashed, never shown), control characters as `?`, at most
-/// `MAX_SHOWN_BYTES`.
+/// The text an RLS key shows (`shown_text`, the filter's rule too): each entry as `key=value`
+/// when `show` names it, else its key alone with `=#` (hashed, never shown).
 pub fn rls_shown<'e>(
     key: &str,
     entries: impl Iterator<Item = (&'e str, &'e str)>,
     show: &[String],
 ) -> Shown {
-    let mut parts = String::new();
-    for (name, value) in entries {
-        if !parts.is_empty() {
-            parts.push(' ');
-        }
-        parts.push_str(name);
-        if show.iter().any(|s| s == name) {
-            parts.push('=');
-            parts.push_str(value);
-        } else {
-            parts.push_str("=#");
-        }
-    }
-    // A terminal or a log must not take a request's bytes for commands.
-    let mut parts: String = (parts.chars())
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect();
-    let mut end = parts.len().min(MAX_SHOWN_BYTES);
-    while !parts.is_char_boundary(end) {
-        end -= 1;
-    }
-    parts.truncate(end);
+    let entries = entries.map(|(name, value)| {
+        let shown = show.iter().any(|s| s == name);
+        (name, shown.then_some(value.as_bytes()))
+    });
+    let parts = shown_text(entries);
     Shown {
         key: key.into(),
         parts: parts.into(),

@@ -8,6 +8,8 @@
 //! `xds.listener_metadata`. A listener without it, or with another name, never serves the path.
 
 use super::{error, ConfigError, Env};
+use crate::core::key::{parse_part, Source};
+use crate::core::request::Attr;
 
 /// `admin.path` when the configuration does not say.
 pub const DEFAULT_ADMIN_PATH: &str = "/sluice/admin/v1";
@@ -34,6 +36,9 @@ pub struct AdminPath {
     /// The name the serving listener's metadata must give (`LISTENER_PROPERTY`).
     pub listener: String,
     pub tokens: Vec<AdminToken>,
+    /// The key parts whose values `<path>/top` shows (`top_show`), each one source; every
+    /// other part shows as `name=#`.
+    pub top_show: Vec<Attr>,
 }
 
 /// A token, which must never reach a log: its `Debug` shows only that it is there.
@@ -113,6 +118,8 @@ pub(super) struct RawAdmin {
     pub(super) listener: String,
     pub(super) token_env: String,
     pub(super) read_token_env: Option<String>,
+    #[serde(default)]
+    pub(super) top_show: Vec<String>,
 }
 
 pub(super) fn admin(raw: &RawAdmin, env: Env) -> Result<AdminPath, ConfigError> {
@@ -134,6 +141,7 @@ pub(super) fn admin(raw: &RawAdmin, env: Env) -> Result<AdminPath, ConfigError> 
         path,
         listener: raw.listener.clone(),
         tokens,
+        top_show: top_show(&raw.top_show)?,
     })
 }
 
@@ -216,6 +224,57 @@ fn tokens_of(
         ));
     }
     Ok(tokens)
+}
+
+/// The most entries of `admin.top_show`.
+pub const MAX_TOP_SHOW: usize = 16;
+
+/// `admin.top_show`: key parts as a policy's `key` writes them, one source each (`header:NAME`,
+/// `metadata:NAMESPACE:KEY`, `ip`, ...), whose values `<path>/top` may show. A part that carries
+/// a credential never is: `authorization`, `proxy-authorization`, `cookie`, and any header whose
+/// name holds `key`, `token`, `secret`, `auth`, `pass` or `session`; those show as their key
+/// hash only.
+fn top_show(entries: &[String]) -> Result<Vec<Attr>, ConfigError> {
+    if entries.len() > MAX_TOP_SHOW {
+        return Err(error(
+            "admin.top_show",
+            format!("at most {MAX_TOP_SHOW} key parts"),
+        ));
+    }
+    let mut shown = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let field = format!("admin.top_show[{i}]");
+        let mut attrs = Vec::new();
+        let part = parse_part(entry, &mut |attr| {
+            attrs.push(attr);
+            attrs.len() - 1
+        })
+        .map_err(|e| error(&field, e))?;
+        let [Source::Attr(_)] = part.alternatives.as_slice() else {
+            return Err(error(
+                &field,
+                "must be one key part source (`header:x-user-id`, not `header:a|ip` or `global`)",
+            ));
+        };
+        let Some(attr) = attrs.pop() else {
+            return Err(error(&field, "must name a request attribute"));
+        };
+        if let Attr::Header(name) = &attr {
+            const SECRET: [&str; 7] = [
+                "key", "token", "secret", "auth", "pass", "session", "cookie",
+            ];
+            if SECRET.iter().any(|s| name.contains(s)) {
+                return Err(error(
+                    &field,
+                    format!(
+                        "{name:?} may carry a credential (an API key, a token, an Authorization): it shows only as the key's hash"
+                    ),
+                ));
+            }
+        }
+        shown.push(attr);
+    }
+    Ok(shown)
 }
 
 fn is_name(name: &str) -> bool {

@@ -28,6 +28,26 @@ pub enum Attr {
     Body(BodyField),
 }
 
+impl Attr {
+    /// The attribute as a policy's `key` writes it (`header:x-user-id`, `ip`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Attr::Header(name) => format!("header:{name}"),
+            Attr::Ip => "ip".into(),
+            Attr::Path => "path".into(),
+            Attr::Method => "method".into(),
+            Attr::Authority => "authority".into(),
+            Attr::Route => "route".into(),
+            Attr::RouteMetadata => "route_metadata".into(),
+            Attr::Metadata { namespace, path } => {
+                format!("metadata:{namespace}:{}", path.join("."))
+            }
+            Attr::Body(BodyField::String(field)) => format!("body:{field}"),
+            Attr::Body(BodyField::MaxOutputTokens) => "body:max_tokens".into(),
+        }
+    }
+}
+
 /// A field of the JSON request body.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum BodyField {

@@ -1,6 +1,6 @@
 //! The filter's own admin path (`admin`): `POST <path>/keys/show|reset|credit` for a key of a
-//! local policy, whose state lives in this Envoy's shared data (sluice-service answers for
-//! global ones). Served only when the request came on the listener the configuration names
+//! local policy, whose state lives in this Envoy's shared data, and `POST <path>/top` for a
+//! local policy's heaviest keys in this Envoy (sluice-service answers for global ones). Served only when the request came on the listener the configuration names
 //! (`config::admin::LISTENER_PROPERTY`), looked up only for a `:path` under the admin path: any
 //! other request pays nothing for it, and on any other listener the path is an ordinary request.
 //!
@@ -12,11 +12,15 @@
 
 use super::{Filter, Host, Verdict};
 use crate::config::admin::{Caller, LISTENER_PROPERTY};
-use crate::config::GrpcStatus;
+use crate::config::{GrpcStatus, Scope};
+use crate::core::duration::NANOS_PER_SEC;
 use crate::core::request::Attributes;
+use crate::core::top_keys::{policy_id, rank};
 use crate::output::reply::{self, LocalReply};
 use crate::state::applied;
-use crate::wire::admin::{self, error_body, Action, BadRequest, KeyRequest, Written};
+use crate::wire::admin::{
+    self, error_body, Action, BadRequest, KeyRequest, TopAnswer, TopKey, Written,
+};
 
 /// What the filter does with a request, by its `:path` (read once, and only when the status
 /// path or the admin path is configured).
@@ -125,6 +129,9 @@ impl Filter {
                 error_body("forbidden", "a read-only token may not write"),
             );
         }
+        if action == Action::Top {
+            return self.answer_top(host, body);
+        }
         let asked = match admin::parse(action, body) {
             Ok(asked) => asked,
             Err(bad) => return bad_request(&bad),
@@ -185,6 +192,54 @@ impl Filter {
                 ),
             ),
         }
+    }
+
+    /// `top`: a local policy's heaviest keys, merged over the boards every worker of this
+    /// Envoy published (`state::top`), each key by its hash only.
+    fn answer_top(&self, host: &impl Host, body: &[u8]) -> (u32, String) {
+        let asked = match admin::parse_top(body) {
+            Ok(asked) => asked,
+            Err(bad) => return bad_request(&bad),
+        };
+        let policy = self.plan.policy_index(asked.policy.as_bytes());
+        let policy = policy.and_then(|i| self.plan.policies.get(i));
+        let Some(policy) = policy.filter(|p| p.scope == Scope::Local) else {
+            let why = "not a local policy of this configuration (sluice-service answers for \
+                       global ones: GET /admin/v1/top)";
+            return bad_request(&BadRequest::new("policy", why));
+        };
+        let now_s = self.now(host) / NANOS_PER_SEC;
+        let boards = crate::state::top::read(host, &self.prefix, now_s);
+        let ranking = rank(
+            &boards,
+            policy_id(&policy.name),
+            asked.window,
+            asked.by,
+            asked.limit,
+        );
+        let keys = (ranking.keys.iter())
+            .map(|counted| {
+                let mut key = String::with_capacity(16);
+                crate::core::text::push_hex16(&mut key, counted.key);
+                TopKey {
+                    key,
+                    count: counted.count,
+                    error: counted.error,
+                    shown: counted.value.as_deref().map(str::to_string),
+                }
+            })
+            .collect();
+        let answer = TopAnswer {
+            namespace: "local",
+            policy: policy.name.clone(),
+            by: asked.by.name(),
+            window: asked.window.name(),
+            totals: ranking.totals,
+            error_bound: ranking.error_bound,
+            keys,
+            workers: boards.len(),
+        };
+        (200, serde_json::to_string(&answer).unwrap_or_default())
     }
 
     /// Applies a write once per `id`: `done`, `unchanged` or `duplicate`, and a credit's tokens.

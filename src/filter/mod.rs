@@ -15,9 +15,11 @@ use crate::config::{
 };
 use crate::core::algorithm::Algorithm;
 use crate::core::duration::NANOS_PER_SEC;
+use crate::core::key::Source;
 use crate::core::key::{HashSecret, Keying};
-use crate::core::request::Attributes;
+use crate::core::request::{Attr, Attributes, RequestSource};
 use crate::core::time::WorkerClock;
+use crate::core::top_keys::{log_fields, rank, shown_text, By, Window, MAX_SHOWN_BYTES};
 use crate::host::{Environment, Host};
 use crate::limiter::tab::{Entry, Held, Op, Tab};
 use crate::limiter::{slot_name, Applied, Basis, Limiter, Outcome, Pending, Settled, Step};
@@ -35,6 +37,7 @@ use crate::state::ledger::Ledger;
 use crate::state::overrides::View;
 use crate::state::store::{Store, ABSENT};
 use crate::state::table;
+use crate::state::top::Top;
 use crate::wire::protocol::{self, SettleOp, Settlement};
 use crate::wire::rls;
 use smallvec::SmallVec;
@@ -121,7 +124,16 @@ pub struct Filter {
     last_overrides_log: Cell<u64>,
     /// Where `Attr::Path` is among the plan's attributes, if a policy reads it.
     path_attr: Option<usize>,
+    /// This worker's top keys of local policies (`state::top`): kept while the admin path is on.
+    top: Option<RefCell<Top>>,
+    /// By attribute index: whether `admin.top_show` lets its value show among the top keys.
+    top_show: Vec<bool>,
+    /// When the minute's `top refused keys` record was last written (seconds).
+    last_top_log: Cell<u64>,
 }
+
+/// Keys the minute's `top refused keys` record names, as the service's.
+const LOGGED_KEYS: usize = 5;
 
 /// A pull of the overrides for the glue to send: `GET path` on the service's cluster, with the
 /// service's token and `if-none-match`.
@@ -176,7 +188,23 @@ impl Filter {
             u64::from_le_bytes(bytes.first_chunk().copied().unwrap_or_default())
         });
         let path_attr = (plan.attrs.iter()).position(|a| *a == crate::core::request::Attr::Path);
+        let local = plan
+            .policies
+            .iter()
+            .map(|p| (p.name.as_str(), p.scope == Scope::Local));
+        let top = (plan.admin.as_ref())
+            .and_then(|_| Top::new(local, me))
+            .map(RefCell::new);
+        let shown = plan
+            .admin
+            .as_ref()
+            .map(|a| a.top_show.as_slice())
+            .unwrap_or_default();
+        let top_show = plan.attrs.iter().map(|attr| shown.contains(attr)).collect();
         Ok(Filter {
+            top,
+            top_show,
+            last_top_log: Cell::new(0),
             path_attr,
             overrides: RefCell::default(),
             poller: RefCell::new(Poller::new(me)),
@@ -219,6 +247,9 @@ impl Filter {
         let now = self.now(host);
         let service_up = self.breaker.allows(now);
         let step = self.limiter(host, |l| l.evaluate(&mut request, now, service_up));
+        if let Step::Done(outcome) = &step {
+            self.record_top(outcome, now, &mut |policy| self.shown(policy, &mut request));
+        }
         self.proceed(host, step, now)
     }
 
@@ -244,6 +275,9 @@ impl Filter {
         let now = self.now(host);
         self.record_call(answers.is_some(), now);
         let step = self.limiter(host, |l| l.resume(pending, answers));
+        if let Step::Done(outcome) = &step {
+            self.record_top(outcome, now, &mut |_| None);
+        }
         self.proceed(host, step, now)
     }
 
@@ -455,9 +489,17 @@ impl Filter {
 
     /// What Envoy does next: wait for the service's answer to the step's checks, or finish.
     fn proceed(&self, host: &impl Host, mut step: Step, now: u64) -> Verdict {
+        let mut waited = false;
         loop {
             match step {
-                Step::Done(outcome) => return self.finish(host, &outcome, now),
+                Step::Done(outcome) => {
+                    // A request decided without the service was recorded as it was decided,
+                    // with its key's text; one that waited is recorded here, by hash only.
+                    if waited {
+                        self.record_top(&outcome, now, &mut |_| None);
+                    }
+                    return self.finish(host, &outcome, now);
+                }
                 Step::Callout(mut pending) => {
                     self.counters.callouts.add(1);
                     pending.name_slots(|| self.next_id());
@@ -472,6 +514,7 @@ impl Filter {
                         return Verdict::Waiting(pending);
                     }
                     self.record_call(false, now);
+                    waited = true;
                     step = self.limiter(host, |l| l.resume(pending, None));
                 }
             }
@@ -550,6 +593,112 @@ impl Filter {
                     delay => Verdict::Hold { delay, admitted },
                 }
             }
+        }
+    }
+
+    /// Records each local policy's decision among this worker's top keys (with the admin path
+    /// on): a refusal, or what an admission consumed.
+    /// `shown` gives a policy's key's text (`shown`), asked only for a key new to a sketch.
+    fn record_top(
+        &self,
+        outcome: &Outcome,
+        now: u64,
+        shown: &mut dyn FnMut(usize) -> Option<Box<str>>,
+    ) {
+        let Some(Ok(mut top)) = self.top.as_ref().map(RefCell::try_borrow_mut) else {
+            return;
+        };
+        let now_s = now / NANOS_PER_SEC;
+        for a in &outcome.applied {
+            if let Some(key) = a.key {
+                let allowed = a.decision.allowed && !outcome.exhausted;
+                // A policy that let through a request another refused charged nothing.
+                let consumed = if allowed && !outcome.is_denied() {
+                    a.cost
+                } else {
+                    0
+                };
+                let decided = (!allowed, consumed);
+                top.record(now_s, (a.policy, key), decided, || shown(a.policy));
+            }
+        }
+    }
+
+    /// How `policy`'s key of `request` shows among the top keys (`core::top_keys::shown_text`):
+    /// each part as `name=value` when `admin.top_show` names its source, else `name=#`; `None`
+    /// when `top_show` names nothing (every key is its hash alone). The values were read for
+    /// the key's hash already: no hostcall.
+    fn shown<R: RequestSource + ?Sized>(
+        &self,
+        policy: usize,
+        request: &mut Attributes<R>,
+    ) -> Option<Box<str>> {
+        if !self.top_show.contains(&true) {
+            return None;
+        }
+        let policy = self.plan.policies.get(policy)?;
+        let table = self.plan.tables.get(policy.table)?;
+        let mut parts: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(table.key.len());
+        for part in &table.key {
+            let Some((position, value)) = part.resolve(request) else {
+                continue;
+            };
+            // No more of a value than a text shows (a header may be kilobytes).
+            let value = value.get(..MAX_SHOWN_BYTES).unwrap_or(value).to_vec();
+            let (name, shown) = match part.alternatives.get(position) {
+                Some(Source::Attr(index)) => (
+                    self.plan
+                        .attrs
+                        .get(*index)
+                        .map(Attr::name)
+                        .unwrap_or_default(),
+                    self.top_show.get(*index).copied().unwrap_or(false),
+                ),
+                _ => ("global".to_string(), false),
+            };
+            parts.push((name, shown.then_some(value)));
+        }
+        let parts = parts.iter().map(|(n, v)| (n.as_str(), v.as_deref()));
+        Some(shown_text(parts).into())
+    }
+
+    /// Once a second: sets this worker's top keys in its slot of shared data for the admin
+    /// path (`state::top`).
+    pub fn publish_top(&self, host: &impl Host) {
+        let Some(Ok(mut top)) = self.top.as_ref().map(RefCell::try_borrow_mut) else {
+            return;
+        };
+        let now_s = self.now(host) / NANOS_PER_SEC;
+        if top.publish(host, &self.prefix, now_s).is_err() {
+            log::debug!("top keys not published this second");
+        }
+        // Once a minute, by the worker of the first slot: each local policy that refused
+        // anything in the last minute, over every worker.
+        let last = self.last_top_log.get();
+        if !top.holds_first_slot() || (last != 0 && now_s < last.saturating_add(60)) {
+            return;
+        }
+        self.last_top_log.set(now_s);
+        let boards = crate::state::top::read(host, &self.prefix, now_s);
+        for (index, id) in top.policies() {
+            let ranking = rank(&boards, id, Window::Minute, By::Refused, LOGGED_KEYS);
+            if ranking.totals.refused > 0 {
+                log::info!(
+                    "top refused keys: policy={} window=1m {}",
+                    self.policy_name(index),
+                    log_fields(&ranking)
+                );
+            }
+        }
+    }
+
+    /// A new configuration of this worker takes the worker slot `old` held for its top keys.
+    pub fn succeed(&self, old: &Filter) {
+        let (Some(new), Some(old)) = (&self.top, &old.top) else {
+            return;
+        };
+        if let (Ok(mut new), Ok(old)) = (new.try_borrow_mut(), old.try_borrow()) {
+            new.adopt(&old);
         }
     }
 

@@ -1863,3 +1863,107 @@ fn the_admin_path_says_a_key_runs_at_its_override() {
         (json!("policy"), json!(2))
     );
 }
+
+// --- The admin path's top keys: every worker's board merged, keys by their hash only.
+
+const TOP: &str = "/sluice/admin/v1/top";
+
+#[test]
+fn the_admin_path_merges_every_workers_top_keys_and_shows_only_key_hashes() {
+    let per_key =
+        json!({"name": "per-key", "key": ["header:x-api-key"], "requests": 1, "per": "1m"});
+    let config = with_admin(json!({"policies": [per_key]}));
+    let one = admin_host();
+    let two = FakeHost::new(Arc::clone(&one.store), T0)
+        .with_env("ADMIN_T", &format!("alice {ADMIN_TOKEN}"))
+        .with_env("READ_T", READ_TOKEN);
+    let (a, b) = (configure(&config, &one), configure(&config, &two));
+    let heavy = [("sk-heavy-1", 60), ("sk-heavy-2", 40), ("sk-heavy-3", 20)];
+    for (i, (filter, host)) in [(&a, &one), (&b, &two)].into_iter().enumerate() {
+        for light in 0..300 {
+            let key = format!("sk-light-{i}-{light}");
+            statuses(filter, host, 2, &[("x-api-key", &key)]);
+        }
+        for (key, times) in heavy {
+            statuses(filter, host, times / 2, &[("x-api-key", key)]);
+        }
+        filter.publish_top(host);
+    }
+    let read = (Some("ops"), Some(READ_TOKEN));
+    let asked = json!({"policy": "per-key", "limit": 3});
+    let (code, top) = admin_call(&a, &one, read, ("POST", TOP), asked.clone()).unwrap();
+    assert_eq!(code, 200, "{top}");
+    assert_eq!(top["workers"], 2);
+    assert_eq!(top["namespace"], "local");
+    assert_eq!(top["totals"]["refused"], 600 + 120 - 3);
+    let hash = |key: &str| {
+        let hash = crate::core::key::hash_values(&[key.into()], &HashSecret::PUBLIC);
+        format!("{hash:016x}")
+    };
+    let keys: Vec<&str> = (top["keys"].as_array().unwrap().iter())
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    let expected: Vec<String> = heavy.iter().map(|(k, _)| hash(k)).collect();
+    assert_eq!(keys, expected, "{top}");
+    for (key, (_, times)) in top["keys"].as_array().unwrap().iter().zip(heavy) {
+        let (count, error) = (
+            key["count"].as_u64().unwrap(),
+            key["error"].as_u64().unwrap(),
+        );
+        let refused = times as u64 - 1;
+        assert!(count >= refused && count - error <= refused, "{key}");
+    }
+    assert!(!top.to_string().contains("sk-"), "{top}");
+    let consumed = json!({"policy": "per-key", "by": "consumed", "window": "1h"});
+    let (_, consumed) = admin_call(&a, &one, read, ("POST", TOP), consumed).unwrap();
+    assert_eq!(consumed["totals"]["consumed"], 600 + 3, "{consumed}");
+    let unknown = json!({"policy": "nope"});
+    let (code, error) = admin_call(&a, &one, read, ("POST", TOP), unknown).unwrap();
+    assert_eq!(code, 400);
+    assert!(error["detail"].as_str().unwrap().starts_with("policy: "));
+    // On a listener not named, the path is an ordinary request; without a token, 401.
+    assert!(admin_call(
+        &a,
+        &one,
+        (None, Some(READ_TOKEN)),
+        ("POST", TOP),
+        asked.clone()
+    )
+    .is_none());
+    let (code, _) = admin_call(&a, &one, (Some("ops"), None), ("POST", TOP), asked).unwrap();
+    assert_eq!(code, 401);
+}
+
+#[test]
+fn top_keys_show_the_parts_top_show_names_and_never_an_api_key() {
+    let policy = json!({"name": "pair", "key": ["header:x-user-id", "header:x-api-key"],
+                        "requests": 1, "per": "1m"});
+    let mut config = with_admin(json!({"policies": [policy]}));
+    config["admin"]["top_show"] = json!(["header:x-user-id"]);
+    let host = admin_host();
+    let filter = configure(&config, &host);
+    statuses(
+        &filter,
+        &host,
+        3,
+        &[("x-user-id", "alice"), ("x-api-key", "sk-secret")],
+    );
+    filter.publish_top(&host);
+    let asked = json!({"policy": "pair"});
+    let read = (Some("ops"), Some(READ_TOKEN));
+    let (code, top) = admin_call(&filter, &host, read, ("POST", TOP), asked).unwrap();
+    assert_eq!(code, 200, "{top}");
+    assert_eq!(top["keys"][0]["count"], 2);
+    assert_eq!(
+        top["keys"][0]["shown"], "header:x-user-id=alice header:x-api-key=#",
+        "{top}"
+    );
+    assert!(!top.to_string().contains("sk-secret"), "{top}");
+    for secret in ["header:x-api-key", "header:authorization", "header:cookie"] {
+        let mut config = config.clone();
+        config["admin"]["top_show"] = json!(["header:x-user-id", secret]);
+        let error = Filter::configure(config.to_string().as_bytes(), "t", &host, &host, &host);
+        let error = error.unwrap_err().to_string();
+        assert!(error.starts_with("admin.top_show[1]: "), "{error}");
+    }
+}

@@ -9,7 +9,7 @@
 use super::member::{Member, Service};
 use super::overrides::Lookup;
 use super::work::Work;
-use super::{Outcome, Progress, Step, Works};
+use super::{Applied, Outcome, Progress, Step, Works};
 use crate::config::{Plan, Policy};
 use crate::core::key::{hash_key, Keying, MISSING_KEY};
 use crate::core::request::{Attributes, RequestSource};
@@ -198,7 +198,8 @@ fn shared_hash<R: RequestSource + ?Sized>(
 
 /// Names by their shared hash the keys a request ended up needing it for, which `hashes_of` left
 /// unnamed: those of policies that refused it (or would have, in shadow mode; every one when a
-/// contended slot refused it), which the access log and the logs show; those a metered policy
+/// contended slot refused it), which the access log and the logs show; with the admin path on,
+/// every local policy's, which its top keys record; those a metered policy
 /// admitted, whose charge the access log shows when the request ends; and, for a request that
 /// waits for the service, every one, since the request will not be at hand when it resumes.
 pub(super) fn name_keys<R: RequestSource + ?Sized>(
@@ -214,8 +215,16 @@ pub(super) fn name_keys<R: RequestSource + ?Sized>(
     match step {
         Step::Done(outcome) => {
             let exhausted = outcome.exhausted;
+            // With the admin path on, every local policy's key is recorded among its top keys
+            // (`state::top`), allowed or not: a second hash, no hostcall.
+            let top = plan.admin.is_some();
+            let local = |a: &Applied| {
+                let policy = plan.policies.get(a.policy);
+                top && policy.is_some_and(|p| p.scope == crate::config::Scope::Local)
+            };
             let applied = outcome.applied.iter_mut().chain(outcome.denied_by.as_mut());
-            for a in applied.filter(|a| a.key.is_none() && (exhausted || !a.decision.allowed)) {
+            let named = |a: &&mut Applied| exhausted || !a.decision.allowed || local(a);
+            for a in applied.filter(|a| a.key.is_none()).filter(named) {
                 a.key = shared(plan.policies.get(a.policy).map(|p| p.table));
             }
             // A metered policy's charge gets an access-log record when the request ends, which

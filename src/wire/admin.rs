@@ -1,8 +1,10 @@
 //! The filter's admin path on the wire (`config::admin`): the bodies of `keys/show`,
-//! `keys/reset` and `keys/credit` for a local policy's key, read strictly and bounded (an
-//! error names the field, as sluice-service's admin API does), and the answers, in the shapes
-//! of the service's (`key`, `algorithm`, `capacity`, `remaining`, `reset_ms`, `outcome`).
+//! `keys/reset` and `keys/credit` for a local policy's key, and of `top` for a local policy's
+//! heaviest keys, read strictly and bounded (an error names the field, as sluice-service's
+//! admin API does), and the answers, in the shapes of the service's (`key`, `algorithm`,
+//! `capacity`, `remaining`, `reset_ms`, `outcome`; `top`'s as `GET /admin/v1/top`'s).
 
+use crate::core::top_keys::{By, Totals, Window};
 use serde::{Deserialize, Serialize};
 
 /// The largest body read: a key of a few parts and a reason.
@@ -19,6 +21,8 @@ pub enum Action {
     Show,
     Reset,
     Credit,
+    /// A local policy's heaviest keys in this Envoy (`top`).
+    Top,
 }
 
 impl Action {
@@ -28,6 +32,7 @@ impl Action {
             b"/keys/show" => Some(Action::Show),
             b"/keys/reset" => Some(Action::Reset),
             b"/keys/credit" => Some(Action::Credit),
+            b"/top" => Some(Action::Top),
             _ => None,
         }
     }
@@ -38,11 +43,12 @@ impl Action {
             Action::Show => "keys.show",
             Action::Reset => "keys.reset",
             Action::Credit => "keys.credit",
+            Action::Top => "top.show",
         }
     }
 
     pub fn writes(self) -> bool {
-        self != Action::Show
+        matches!(self, Action::Reset | Action::Credit)
     }
 }
 
@@ -285,6 +291,110 @@ pub struct Written {
     pub credited: Option<u64>,
 }
 
+/// Keys `top` lists when `limit` is not given, and the most it lists (as the service's).
+pub const DEFAULT_TOP_LIMIT: usize = 10;
+pub const MAX_TOP_LIMIT: usize = crate::core::top_keys::KEPT_LIVE;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTopRequest {
+    policy: String,
+    #[serde(default)]
+    by: Option<String>,
+    #[serde(default)]
+    window: Option<String>,
+    #[serde(default)]
+    limit: Option<u64>,
+}
+
+/// A `top` call: a local policy's `limit` heaviest keys `by` refusals or consumption over
+/// `window`; the policy still a name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopRequest {
+    pub policy: String,
+    pub by: By,
+    pub window: Window,
+    pub limit: usize,
+}
+
+/// Reads a `top` call's body: `{"policy": P, "by": "refused"|"consumed", "window":
+/// "1m"|"1h", "limit": 1..=64}`, `by`, `window` and `limit` optional as in the service's query.
+pub fn parse_top(body: &[u8]) -> Result<TopRequest, BadRequest> {
+    if body.len() > MAX_BODY_BYTES {
+        return Err(BadRequest::new(
+            "body",
+            format!("must be at most {MAX_BODY_BYTES} bytes"),
+        ));
+    }
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let raw: RawTopRequest = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { "body".into() } else { path };
+        BadRequest::new(&field, e.inner())
+    })?;
+    deserializer.end().map_err(|e| BadRequest::new("body", e))?;
+    if raw.policy.is_empty() || raw.policy.len() > 64 {
+        return Err(BadRequest::new("policy", "must be 1 to 64 bytes"));
+    }
+    let got = |text: &str| format!("got {:?}", text.chars().take(32).collect::<String>());
+    let by = match raw.by.as_deref() {
+        None => By::Refused,
+        Some(text) => By::of(text).ok_or_else(|| {
+            BadRequest::new("by", format!("must be refused or consumed, {}", got(text)))
+        })?,
+    };
+    let window = match raw.window.as_deref() {
+        None => Window::Minute,
+        Some(text) => Window::of(text)
+            .ok_or_else(|| BadRequest::new("window", format!("must be 1m or 1h, {}", got(text))))?,
+    };
+    let limit = match raw.limit {
+        None => DEFAULT_TOP_LIMIT,
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_TOP_LIMIT).contains(n))
+            .ok_or_else(|| {
+                BadRequest::new("limit", format!("must be 1 to {MAX_TOP_LIMIT}, got {n}"))
+            })?,
+    };
+    Ok(TopRequest {
+        policy: raw.policy,
+        by,
+        window,
+        limit,
+    })
+}
+
+/// One key of a `top` answer: its hash as the logs show it, its count and
+/// how much of the count may be other keys' (the true count is in `count - error ..= count`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TopKey {
+    pub key: String,
+    pub count: u64,
+    pub error: u64,
+    /// Its parts as `admin.top_show` lets them show (`header:x-user=alice header:x-api-key=#`);
+    /// absent when it names none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shown: Option<String>,
+}
+
+/// The answer of `top`, in the shape of the service's `GET /admin/v1/top` (with `namespace`
+/// `local`), and the workers whose parts it merged.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TopAnswer {
+    pub namespace: &'static str,
+    pub policy: String,
+    pub by: &'static str,
+    pub window: &'static str,
+    pub totals: Totals,
+    /// The bound of every key's `error`.
+    pub error_bound: u64,
+    pub keys: Vec<TopKey>,
+    /// Workers of this Envoy whose parts were merged: those that recorded anything of a local
+    /// policy in the last hour (and published in the last `state::top::LAPSE_S` seconds).
+    pub workers: usize,
+}
+
 /// The body of an error: `{"error": ..., "detail": ...}`, as the service's.
 pub fn error_body(error: &str, detail: &str) -> String {
     #[derive(Serialize)]
@@ -301,6 +411,33 @@ mod tests {
 
     fn refused(action: Action, body: &str) -> String {
         parse(action, body.as_bytes()).unwrap_err().detail
+    }
+
+    #[test]
+    fn a_top_call_defaults_to_refusals_over_the_minute_and_names_a_bad_field() {
+        let asked = parse_top(br#"{"policy": "api"}"#).unwrap();
+        let expected = TopRequest {
+            policy: "api".into(),
+            by: By::Refused,
+            window: Window::Minute,
+            limit: DEFAULT_TOP_LIMIT,
+        };
+        assert_eq!(asked, expected);
+        let asked =
+            parse_top(br#"{"policy": "api", "by": "consumed", "window": "1h", "limit": 64}"#);
+        let asked = asked.unwrap();
+        assert_eq!(
+            (asked.by, asked.window, asked.limit),
+            (By::Consumed, Window::Hour, 64)
+        );
+        let detail = |body: &str| parse_top(body.as_bytes()).unwrap_err().detail;
+        assert!(detail(r#"{"policy": "api", "by": "denied"}"#).starts_with("by: must be"));
+        assert!(detail(r#"{"policy": "api", "window": "5m"}"#).starts_with("window: must be"));
+        assert!(detail(r#"{"policy": "api", "limit": 65}"#).starts_with("limit: must be 1 to 64"));
+        assert!(detail(r#"{"policy": "api", "limit": 0}"#).starts_with("limit: "));
+        assert!(detail(r#"{"policy": ""}"#).starts_with("policy: "));
+        assert!(detail(r#"{"policy": "api", "key": "x"}"#).contains("unknown field `key`"));
+        assert!(detail(r#"{}"#).contains("policy"));
     }
 
     #[test]

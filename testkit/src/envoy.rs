@@ -453,6 +453,16 @@ impl Envoy {
         rss_kib(self.child.id())
     }
 
+    /// The address of the listener `name`, from Envoy's admin `/listeners`.
+    pub fn listener_addr(&self, name: &str) -> SocketAddr {
+        let listing = self.admin_get("/listeners").text();
+        let prefix = format!("{name}::");
+        let line = (listing.lines())
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .unwrap_or_else(|| panic!("no listener {name}: {listing}"));
+        (line.trim().parse()).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
     /// GET on the admin interface.
     pub fn admin_get(&self, path: &str) -> Response {
         http_request(self.admin_addr(), "GET", path, &[])
@@ -681,6 +691,51 @@ pub fn envoy_binary() -> PathBuf {
             PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         })
         .clone()
+}
+
+/// A bootstrap (`EnvoyOptions::bootstrap`) of two listeners running the filter with
+/// `plugin_json`: `public` on `{port}`, and `ops` on `{backend_port}`, whose metadata names it
+/// `ops` for the filter's admin path (`admin.listener`). Each answers 200 `upstream` for what
+/// the filter lets through; `env_keys` are the environment variables the VM reads.
+pub fn admin_bootstrap(plugin_json: &str, env_keys: &[&str]) -> String {
+    let filter = format!(
+        r#"{{ "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm, config: {{ name: sluice, root_id: sluice, allow_on_headers_stop_iteration: true, vm_config: {{ vm_id: sluice, runtime: envoy.wasm.runtime.v8, environment_variables: {{ host_env_keys: [{keys}] }}, code: {{ local: {{ filename: {wasm:?} }} }} }}, configuration: {{ "@type": type.googleapis.com/google.protobuf.StringValue, value: {json:?} }} }} }}"#,
+        keys = env_keys.join(", "),
+        wasm = wasm_path().to_string_lossy(),
+        json = plugin_json,
+    );
+    let listener = |name: &str, port: &str, metadata: &str| {
+        format!(
+            r#"  - name: {name}{metadata}
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: {name}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{ match: {{ prefix: / }}, direct_response: {{ status: 200, body: {{ inline_string: upstream }} }} }}]
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config: {filter}
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+"#
+        )
+    };
+    format!(
+        "admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {{admin_port}} }}\nstatic_resources:\n  listeners:\n{}{}",
+        listener("public", "{port}", ""),
+        listener(
+            "ops",
+            "{backend_port}",
+            "\n    metadata: { filter_metadata: { sluice: { listener: ops } } }",
+        ),
+    )
 }
 
 /// Absolute path of the release wasm (`$SLUICE_WASM` overrides it); panics if
