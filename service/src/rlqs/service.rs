@@ -27,7 +27,7 @@ use tracing::warn;
 use super::action::{abandon, assign};
 use super::budget::{budget, Budget};
 use super::ledger::share;
-use super::metrics::{RlqsMetrics, StreamOpen};
+use super::metrics::{Descriptor, Holdings, RlqsMetrics, StreamOpen};
 use crate::auth::Guard;
 use crate::connections::Activity;
 use crate::logging::Throttle;
@@ -79,10 +79,10 @@ impl<S: Store> RlqsService<S> {
 }
 
 /// What a stream knows of one bucket it reports.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Bucket {
-    /// The share it was last sent.
-    held: Option<u64>,
+    /// The share it was last sent, and the descriptor it was counted under.
+    held: Option<(u64, Descriptor)>,
     /// Its reports with no request, running.
     idle: u32,
 }
@@ -95,6 +95,8 @@ struct StreamState<S: Store> {
     store: Arc<S>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
+    /// Its shares, in `sluice_service_rlqs_assigned` and `_envoys` while it lives.
+    holdings: Holdings,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
     _open: StreamOpen,
 }
@@ -105,7 +107,7 @@ async fn answer<S: Store>(
     reports: &RateLimitQuotaUsageReports,
 ) -> RateLimitQuotaResponse {
     let config = state.config.current();
-    let mut entered: Vec<(&BucketId, Budget, QuotaReport)> = Vec::new();
+    let mut entered: Vec<(&BucketId, Budget, Descriptor, QuotaReport)> = Vec::new();
     let mut actions = Vec::new();
     let mut this_message = HashSet::new();
     for usage in &reports.bucket_quota_usages {
@@ -120,16 +122,17 @@ async fn answer<S: Store>(
             continue;
         }
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
-        state
-            .metrics
-            .record_report(&reports.domain, allowed, denied);
+        let descriptor = Descriptor::new(&reports.domain, limit.label);
+        state.metrics.record_report(&descriptor, allowed, denied);
         let requests = allowed.saturating_add(denied);
         let bucket = state.buckets.entry(key.clone()).or_default();
         bucket.idle = if requests == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= ABANDON_AFTER {
             // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
             // when a request comes), and its share goes back to the others.
-            state.buckets.remove(&key);
+            if let Some((share, counted)) = state.buckets.remove(&key).and_then(|b| b.held) {
+                state.holdings.change(Some((&counted, share)), None);
+            }
             // Not a store error of the metric (the abandon is sent); the entry lapses anyway.
             if let Err(failure) = state.store.hold_quota(&key, &state.id, None).await {
                 if let Some(others) = state.warnings.pass() {
@@ -147,15 +150,15 @@ async fn answer<S: Store>(
             period_ms,
             ttl_ms: ASSIGNMENT_TTL.as_secs() * 1_000,
         };
-        entered.push((id, limit, report));
+        entered.push((id, limit, descriptor, report));
     }
     let store = &state.store;
     let ledgers = entered
         .iter()
-        .map(|(_, _, report)| store.report_quota(report));
+        .map(|(_, _, _, report)| store.report_quota(report));
     let demands = futures_util::future::join_all(ledgers).await;
     let mut sent = Vec::new();
-    for ((id, limit, report), demands) in entered.into_iter().zip(demands) {
+    for ((id, limit, descriptor, report), demands) in entered.into_iter().zip(demands) {
         let demands = match demands {
             Ok(demands) => demands,
             Err(failure) => {
@@ -167,11 +170,14 @@ async fn answer<S: Store>(
             }
         };
         let bucket = state.buckets.get_mut(&report.key);
-        let held = bucket.as_ref().and_then(|b| b.held);
+        let before = bucket.as_ref().and_then(|b| b.held.clone());
+        let held = before.as_ref().map(|(share, _)| *share);
         if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests, held) {
             tracing::debug!(envoy = %state.id, ?demands, ?held, share, "rlqs share");
+            let was = before.as_ref().map(|(share, counted)| (counted, *share));
+            state.holdings.change(was, Some((&descriptor, share)));
             if let Some(bucket) = bucket {
-                bucket.held = Some(share);
+                bucket.held = Some((share, descriptor));
             }
             sent.push((report.key, share));
             actions.push(assign(id.clone(), share, limit.period, ASSIGNMENT_TTL));
@@ -242,6 +248,7 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
             metrics: Arc::clone(&self.metrics),
+            holdings: Holdings::new(&self.metrics),
             _open: self.metrics.stream_open(),
         };
         let answers = futures_util::stream::unfold(
@@ -292,6 +299,7 @@ descriptors:
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics: Arc::clone(&metrics),
+            holdings: Holdings::new(&metrics),
             _open: metrics.stream_open(),
         }
     }

@@ -122,3 +122,13 @@ pub fn per_minute(response: &RateLimitQuotaResponse) -> Option<u64> {
         _ => None,
     }
 }
+
+/// The value of the sample `series` (its name and labels, as `/metrics` writes them) on the
+/// HTTP port `address` (started with `--listen`); `None` if there is none.
+pub fn metric(address: SocketAddr, series: &str) -> Option<u64> {
+    let metrics = sluice_testkit::http::get(address, "/metrics");
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    let line = text.lines().find(|l| l.split(' ').next() == Some(series))?;
+    line.rsplit(' ').next()?.parse().ok()
+}
