@@ -7,12 +7,17 @@
 //! bucket the stream reports with no request `ABANDON_AFTER` times running is abandoned: Envoy
 //! forgets it, and so does the ledger. When a stream ends, its Envoy is forgotten at once, so
 //! the others' next reports share what it held.
+//!
+//! Bounded against hostile clients: a stream keeps at most `MAX_BUCKETS_PER_STREAM` buckets
+//! and a replica `MAX_BUCKETS_PER_REPLICA` over all its streams (each one a key in the store
+//! for its time to live), and a replica holds at most `MAX_STREAMS_PER_REPLICA` streams open,
+//! since the connection bounds (`--max-connections`, `--rls-max-streams` each) multiply.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,9 +46,47 @@ pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
 /// The most buckets one stream may report: the reports of others are not entered, and get no
 /// action (Envoy's `no_assignment_behavior`).
 pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
+/// The most buckets the streams of one replica may report in all: a new bucket beyond them gets
+/// no action (Envoy's `no_assignment_behavior`) until others are abandoned or their streams end.
+/// Keeps the replica's memory (about 200 bytes a bucket) and the store's keys bounded whatever
+/// the number of streams.
+pub const MAX_BUCKETS_PER_REPLICA: usize = 100_000;
+/// The most streams one replica holds open: a stream beyond them is refused
+/// `RESOURCE_EXHAUSTED` (Envoy retries). One stream is one Envoy.
+pub const MAX_STREAMS_PER_REPLICA: usize = 10_000;
 /// A bucket reported with no request this many times running (15 s, the assignment's time to
 /// live) is abandoned.
 pub const ABANDON_AFTER: u32 = 3;
+
+/// Places counted against a replica-wide bound, taken and given back by the streams.
+#[derive(Debug, Default)]
+struct Places(AtomicUsize);
+
+impl Places {
+    /// Takes one place if fewer than `max` are taken.
+    fn take(&self, max: usize) -> bool {
+        let more = |n: usize| (n < max).then_some(n + 1);
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, more)
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        let fewer = |taken: usize| Some(taken.saturating_sub(n));
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fewer);
+    }
+}
+
+/// A stream's place among `MAX_STREAMS_PER_REPLICA`, given back when dropped.
+struct StreamPlace(Arc<Places>);
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.0.give_back(1);
+    }
+}
 
 /// The service: every stream's reports go to one store, shared with the other replicas.
 pub struct RlqsService<S> {
@@ -53,6 +96,9 @@ pub struct RlqsService<S> {
     /// This replica's random name, the first half of its streams' ids.
     replica: u64,
     streams: AtomicU64,
+    /// The streams open and the buckets they keep, against the replica's bounds.
+    open: Arc<Places>,
+    buckets: Arc<Places>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
 }
@@ -72,6 +118,8 @@ impl<S: Store> RlqsService<S> {
             store: Arc::new(store),
             replica: random.finish(),
             streams: AtomicU64::new(0),
+            open: Arc::default(),
+            buckets: Arc::default(),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics,
         }
@@ -91,6 +139,8 @@ struct Bucket {
 struct StreamState<S: Store> {
     id: String,
     buckets: HashMap<String, Bucket>,
+    /// The replica's count of buckets, one place per entry of `buckets`.
+    replica_buckets: Arc<Places>,
     config: SharedConfig,
     store: Arc<S>,
     warnings: Arc<Throttle>,
@@ -99,6 +149,8 @@ struct StreamState<S: Store> {
     holdings: Holdings,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
     _open: StreamOpen,
+    /// Its place among the replica's `MAX_STREAMS_PER_REPLICA`.
+    _place: StreamPlace,
 }
 
 /// The answer to one message of reports.
@@ -117,10 +169,25 @@ async fn answer<S: Store>(
         };
         let entries = id.bucket.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let key = quota_key(&reports.domain, entries);
-        let full = state.buckets.len() >= MAX_BUCKETS_PER_STREAM;
-        if (full && !state.buckets.contains_key(&key)) || !this_message.insert(key.clone()) {
+        if this_message.contains(&key) {
             continue;
         }
+        if !state.buckets.contains_key(&key) {
+            if state.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+                continue;
+            }
+            if !state.replica_buckets.take(MAX_BUCKETS_PER_REPLICA) {
+                if let Some(others) = state.warnings.pass() {
+                    warn!(
+                        limit = MAX_BUCKETS_PER_REPLICA,
+                        others,
+                        "rlqs: the replica keeps the most buckets it may; a new one gets no action"
+                    );
+                }
+                continue;
+            }
+        }
+        this_message.insert(key.clone());
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         let descriptor = Descriptor::new(&reports.domain, limit.label);
         state.metrics.record_report(&descriptor, allowed, denied);
@@ -130,8 +197,11 @@ async fn answer<S: Store>(
         if bucket.idle >= ABANDON_AFTER {
             // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
             // when a request comes), and its share goes back to the others.
-            if let Some((share, counted)) = state.buckets.remove(&key).and_then(|b| b.held) {
-                state.holdings.change(Some((&counted, share)), None);
+            if let Some(removed) = state.buckets.remove(&key) {
+                state.replica_buckets.give_back(1);
+                if let Some((share, counted)) = removed.held {
+                    state.holdings.change(Some((&counted, share)), None);
+                }
             }
             // Not a store error of the metric (the abandon is sent); the entry lapses anyway.
             if let Err(failure) = state.store.hold_quota(&key, &state.id, None).await {
@@ -203,6 +273,7 @@ async fn answer<S: Store>(
 /// (A replica that dies forgets nothing: its Envoys' entries lapse after their time to live.)
 impl<S: Store> Drop for StreamState<S> {
     fn drop(&mut self) {
+        self.replica_buckets.give_back(self.buckets.len());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -238,18 +309,26 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
         {
             return Err(Status::unauthenticated("a valid bearer token is required"));
         }
+        if !self.open.take(MAX_STREAMS_PER_REPLICA) {
+            return Err(Status::resource_exhausted(
+                "this replica holds the most RLQS streams it may",
+            ));
+        }
+        let place = StreamPlace(Arc::clone(&self.open));
         let activity = request.extensions().get::<Activity>().cloned();
         let inbound = request.into_inner();
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let state = StreamState {
             id: format!("{:016x}.{number}", self.replica),
             buckets: HashMap::new(),
+            replica_buckets: Arc::clone(&self.buckets),
             config: self.config.clone(),
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
             metrics: Arc::clone(&self.metrics),
             holdings: Holdings::new(&self.metrics),
             _open: self.metrics.stream_open(),
+            _place: place,
         };
         let answers = futures_util::stream::unfold(
             (inbound, state, activity),
@@ -289,18 +368,29 @@ descriptors:
 ";
 
     fn stream(id: &str, store: &Arc<MemoryStore>) -> StreamState<MemoryStore> {
+        stream_of(id, store, &Arc::default())
+    }
+
+    /// A stream of a replica whose buckets are counted in `replica`.
+    fn stream_of(
+        id: &str,
+        store: &Arc<MemoryStore>,
+        replica: &Arc<Places>,
+    ) -> StreamState<MemoryStore> {
         let metrics = Arc::new(RlqsMetrics::register(&mut Default::default()));
         let files = vec![(PathBuf::from("api.yaml"), LIMITS.to_owned())];
         let config = Config::from_files(&files, &Bounds::default()).unwrap();
         StreamState {
             id: id.to_owned(),
             buckets: HashMap::new(),
+            replica_buckets: Arc::clone(replica),
             config: SharedConfig::new(config),
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics: Arc::clone(&metrics),
             holdings: Holdings::new(&metrics),
             _open: metrics.stream_open(),
+            _place: StreamPlace(Arc::default()),
         }
     }
 
@@ -410,5 +500,35 @@ descriptors:
         let twice = vec![usage("x", 1, 0), usage("x", 1, 0)];
         let response = answer(&mut other, &reports("api", twice)).await;
         assert_eq!(response.bucket_action.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_replica_keeps_a_bounded_number_of_buckets_over_all_its_streams() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = Arc::new(Places::default());
+        // Other streams keep all but 5 places.
+        replica
+            .0
+            .store(MAX_BUCKETS_PER_REPLICA - 5, Ordering::Relaxed);
+        let mut state = stream_of("1", &store, &replica);
+        let many = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
+        let response = answer(&mut state, &reports("api", many)).await;
+        assert_eq!(response.bucket_action.len(), 5);
+        // The buckets it keeps are still answered; the others get no action.
+        let again = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
+        let response = answer(&mut state, &reports("api", again)).await;
+        assert_eq!(response.bucket_action.len(), 5);
+        assert_eq!(replica.0.load(Ordering::Relaxed), MAX_BUCKETS_PER_REPLICA);
+        // A stream that ends gives its places back.
+        drop(state);
+        assert_eq!(
+            replica.0.load(Ordering::Relaxed),
+            MAX_BUCKETS_PER_REPLICA - 5
+        );
+        let places = Places::default();
+        assert!((0..3).all(|_| places.take(3)));
+        assert!(!places.take(3));
+        places.give_back(10);
+        assert!(places.take(3));
     }
 }
