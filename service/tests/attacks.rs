@@ -1,6 +1,8 @@
 //! Issue 20's attacks on `sluice-service`, one test per finding, each written as the attack it
-//! stops, against the real service and a real Redis. Connection floods run the service under
-//! `ulimit -n 1024` (the test process raises its own limit to hold the attacker's sockets).
+//! stops, against the real service and a real Redis; and issue 36's on the RLQS's port (streams
+//! that never report, huge counts, 100,000 bucket ids, readers that never read). Connection
+//! floods run the service under `ulimit -n 1024` (the test process raises its own limit to hold
+//! the attacker's sockets).
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -987,4 +989,105 @@ async fn an_rlqs_client_that_never_reads_its_answers_is_held_back_by_flow_contro
         let next = tokio::time::timeout(Duration::from_secs(10), reader.answers.next()).await;
         assert_eq!(next.unwrap().unwrap().unwrap().bucket_action.len(), 500);
     }
+}
+
+/// Sends `message` (a gRPC frame) on `send` as flow control lets it, until `deadline`; whether
+/// it all went.
+async fn send_frame(
+    send: &mut h2::SendStream<Bytes>,
+    message: &Bytes,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let mut left = message.clone();
+    while !left.is_empty() {
+        send.reserve_capacity(left.len());
+        let capacity = std::future::poll_fn(|cx| send.poll_capacity(cx));
+        match tokio::time::timeout_at(deadline, capacity).await {
+            Ok(Some(Ok(n))) if n > 0 => {
+                let chunk = left.split_to(n.min(left.len()));
+                if send.send_data(chunk, false).is_err() {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_rlqs_streams_that_never_read_their_answers_are_not_read_on_and_then_closed() {
+    let ports = ["--rlqs", "127.0.0.1:0"];
+    let extra = [WITH_HTTP, &["--idle-timeout", "4"]].concat();
+    let service = rlqs::Rlqs::start(&["--memory"], RLQS_LIMITS, &ports, &extra);
+    let address = service.address();
+    let before = service.service.rss_kib();
+    // Each message reports 1,000 buckets (its answer is about 50 KB); the client's windows
+    // are h2's 64 KiB, and it never reads an answer nor gives the window back.
+    let mut message = vec![0u8];
+    let body = prost::Message::encode_to_vec(&many_reports(0..1_000, 1));
+    message.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    message.extend_from_slice(&body);
+    let message = Bytes::from(message);
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driving = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+    let mut streams = Vec::new();
+    for _ in 0..50 {
+        client = client.ready().await.unwrap();
+        let call = http::Request::post(format!(
+            "http://{address}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut send) = client.send_request(call, false).unwrap();
+        let message = message.clone();
+        streams.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while send_frame(&mut send, &message, deadline).await {
+                sent += 1;
+            }
+            (sent, response, send)
+        }));
+    }
+    let mut sent = Vec::new();
+    let mut held = Vec::new();
+    for stream in streams {
+        let (n, response, send) = stream.await.unwrap();
+        sent.push(n);
+        held.push((response, send));
+    }
+    let reports = format!("sluice_service_rlqs_reports_total{NAME}");
+    let answered = rlqs_metric(&service, &reports) / 1_000;
+    let grown_kib = service.service.rss_kib().saturating_sub(before);
+    let most = sent.iter().max().unwrap();
+    println!(
+        "50 streams that never read: {} messages sent ({most} at most on one), {answered} \
+         answered; RSS {before} KiB before, +{grown_kib} KiB",
+        sent.iter().sum::<usize>()
+    );
+    // Hyper takes a stream's next answer only once the last one has gone into the client's
+    // windows (64 KiB for the stream, as much for the connection): then the stream is not read
+    // on, and its next report waits in the service's window (64 KiB a stream, 1 MiB a
+    // connection), unread. So at most an answer or two a stream.
+    assert!(answered <= 2 * 50, "{answered} answered");
+    assert!(grown_kib < 64 * 1024, "RSS grew by {grown_kib} KiB");
+    // Nothing is answered any more: the idle deadline closes the connection, and its streams.
+    let closed = r#"sluice_service_connections_closed_total{server="rlqs",reason="idle_timeout"}"#;
+    let mut waited = 0;
+    while rlqs_metric(&service, closed) == 0 {
+        waited += 1;
+        assert!(
+            waited < 100,
+            "the connection was not closed 10 s after its last answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rlqs_metric(&service, "sluice_service_rlqs_streams"), 0);
+    drop(held);
+    driving.abort();
 }

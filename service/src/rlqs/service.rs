@@ -48,8 +48,9 @@ pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
 pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
 /// The most buckets the streams of one replica may report in all: a new bucket beyond them gets
 /// no action (Envoy's `no_assignment_behavior`) until others are abandoned or their streams end.
-/// Keeps the replica's memory (about 200 bytes a bucket) and the store's keys bounded whatever
-/// the number of streams.
+/// Keeps the replica's memory and the store's keys bounded whatever the number of streams
+/// (measured: 50 streams of 1,000 buckets each grew the RSS by 36 MB, `--memory`'s ledger and
+/// the decoding of their reports included).
 pub const MAX_BUCKETS_PER_REPLICA: usize = 100_000;
 /// The most streams one replica holds open: a stream beyond them is refused
 /// `RESOURCE_EXHAUSTED` (Envoy retries). One stream is one Envoy.
