@@ -949,13 +949,22 @@ fn rlqs_max_buckets() -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_rlqs_client_that_never_reads_its_answers_is_held_back_by_flow_control() {
-    // In the service's memory: a thousand Redis calls a message, none read, only time out on a
-    // loaded machine; what is measured here is what the service buffers.
+    // In the service's memory: what is measured here is what the service buffers.
     let ports = ["--rlqs", "127.0.0.1:0"];
     let service = rlqs::Rlqs::start(&["--memory"], RLQS_LIMITS, &ports, WITH_HTTP);
     let address = service.address();
     let before = service.service.rss_kib();
-    let mut reader = rlqs::open(address, None).await.unwrap();
+    // tonic's client with h2's windows of 64 KiB (its own are 2 MiB a stream).
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut reader = rlqs::open_on(&mut rlqs::Client::new(channel), None)
+        .await
+        .unwrap();
     // Each message reports the same 500 buckets: each answer is about 25 KB, and none is read.
     let mut sent = 0;
     while sent < 2_000 {
@@ -970,25 +979,71 @@ async fn an_rlqs_client_that_never_reads_its_answers_is_held_back_by_flow_contro
         sent < 2_000,
         "every message was taken without an answer read"
     );
-    let reports = format!("sluice_service_rlqs_reports_total{NAME}");
-    let answered = rlqs_metric(&service, &reports) / 500;
+    // The bucket reports the service read, entered or deferred.
+    let entered = format!("sluice_service_rlqs_reports_total{NAME}");
+    let read = || {
+        rlqs_metric(&service, &entered)
+            + rlqs_metric(&service, "sluice_service_rlqs_reports_deferred_total")
+    };
+    let messages_read = read() / 500;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(
-        rlqs_metric(&service, &reports) / 500,
-        answered,
-        "still answering"
-    );
+    assert_eq!(read() / 500, messages_read, "still reading");
     let grown_kib = service.service.rss_kib().saturating_sub(before);
     println!(
-        "a reader that never reads: {sent} messages sent before the send stalled, {answered} \
-         answered; RSS {before} KiB before, +{grown_kib} KiB"
+        "a reader that never reads: {sent} messages sent before the send stalled, \
+         {messages_read} read by the service; RSS {before} KiB before, +{grown_kib} KiB"
     );
-    assert!(grown_kib < 32 * 1024, "RSS grew by {grown_kib} KiB");
+    assert!(messages_read < 20, "{messages_read} messages read");
+    assert!(grown_kib < 16 * 1024, "RSS grew by {grown_kib} KiB");
     // Reading again lets it go on.
-    for _ in 0..answered {
-        let next = tokio::time::timeout(Duration::from_secs(10), reader.answers.next()).await;
-        assert_eq!(next.unwrap().unwrap().unwrap().bucket_action.len(), 500);
+    let next = tokio::time::timeout(Duration::from_secs(10), reader.answers.next()).await;
+    assert!(!next.unwrap().unwrap().unwrap().bucket_action.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rlqs_stream_reporting_faster_than_any_envoy_makes_a_bounded_number_of_store_calls() {
+    let redis = RedisServer::start();
+    let service = rlqs_on(&redis, &[]);
+    let hostile = rlqs::open(service.address(), None).await.unwrap();
+    let started = Instant::now();
+    // 20 messages of the same 1,000 buckets at once: an Envoy reports them once in 5 s.
+    for _ in 0..20 {
+        hostile.send(many_reports(0..1_000, 1)).await;
     }
+    let entered = format!("sluice_service_rlqs_reports_total{NAME}");
+    let deferred = "sluice_service_rlqs_reports_deferred_total";
+    let mut waited = 0;
+    while rlqs_metric(&service, &entered) + rlqs_metric(&service, deferred) < 20_000 {
+        waited += 1;
+        assert!(waited < 300, "20,000 bucket reports not read in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    let (entered, deferred) = (
+        rlqs_metric(&service, &entered),
+        rlqs_metric(&service, deferred),
+    );
+    let info = redis.client().cmd(&["INFO", "commandstats"]).text();
+    let scripts: u64 = (info.lines())
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    println!(
+        "20 messages of 1,000 buckets in {took:?}: {entered} entered, {deferred} deferred; \
+         {scripts} scripts run in Redis"
+    );
+    // 2,000 at once, then 1,000 a second; two scripts each (report, hold).
+    let allowed = 2_000 + 1_000 * (took.as_millis() as u64 + 999) / 1_000;
+    assert!(entered <= allowed, "{entered} entered in {took:?}");
+    assert!(deferred >= 20_000 - allowed);
+    assert!(scripts <= 2 * entered + 10, "{scripts} scripts");
 }
 
 /// Sends `message` (a gRPC frame) on `send` as flow control lets it, until `deadline`; whether

@@ -50,6 +50,7 @@ pub struct RlqsMetrics {
     assigned: Family<Descriptor, Gauge>,
     envoys: Family<Descriptor, Gauge>,
     store_errors: Counter,
+    deferred: Counter,
     streams: Gauge,
 }
 
@@ -63,6 +64,7 @@ impl RlqsMetrics {
             assigned: Family::default(),
             envoys: Family::default(),
             store_errors: Counter::default(),
+            deferred: Counter::default(),
             streams: Gauge::default(),
         };
         // prometheus-client ends each help text with a full stop itself.
@@ -94,6 +96,12 @@ impl RlqsMetrics {
             "Bucket reports the store did not take (Redis away): no assignment was sent",
             metrics.store_errors.clone(),
         );
+        registry.register(
+            "reports_deferred",
+            "Bucket reports over their stream's allowance (faster than any Envoy reports): no \
+             store call, no action, their requests counted at the bucket's next report",
+            metrics.deferred.clone(),
+        );
         registry.register("streams", "RLQS streams open", metrics.streams.clone());
         metrics
     }
@@ -110,6 +118,10 @@ impl RlqsMetrics {
             let count = count.min(crate::stores::quota::MAX_REQUESTS);
             saturating_add(&self.requests.get_or_create(&labels), count);
         }
+    }
+
+    pub fn record_deferred(&self) {
+        self.deferred.inc();
     }
 
     pub fn record_store_error(&self) {

@@ -10,8 +10,9 @@
 //!
 //! Bounded against hostile clients: a stream keeps at most `MAX_BUCKETS_PER_STREAM` buckets
 //! and a replica `MAX_BUCKETS_PER_REPLICA` over all its streams (each one a key in the store
-//! for its time to live), and a replica holds at most `MAX_STREAMS_PER_REPLICA` streams open,
-//! since the connection bounds (`--max-connections`, `--rls-max-streams` each) multiply.
+//! for its time to live), a replica holds at most `MAX_STREAMS_PER_REPLICA` streams open,
+//! since the connection bounds (`--max-connections`, `--rls-max-streams` each) multiply, and a
+//! stream's reports make at most `REPORTS_PER_SECOND` store calls a second (`Allowance`).
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
@@ -19,7 +20,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -151,6 +152,51 @@ struct Bucket {
     held: Option<(u64, Descriptor)>,
     /// Its reports with no request, running.
     idle: u32,
+    /// The requests of its reports deferred (over the stream's `Allowance`), for its next.
+    unreported: u64,
+}
+
+/// The bucket reports a stream may have entered a second (a store call each, two with the
+/// share held), and at once: an Envoy 1.40 reports each of its buckets every 5 s (at most
+/// `MAX_BUCKETS_PER_STREAM`), so only a client that reports faster than any Envoy goes over.
+pub const REPORTS_PER_SECOND: u64 = MAX_BUCKETS_PER_STREAM as u64;
+pub const REPORTS_AT_ONCE: u64 = 2 * REPORTS_PER_SECOND;
+
+/// A stream's allowance of reports entered: a token bucket of `REPORTS_AT_ONCE` tokens,
+/// refilled at `REPORTS_PER_SECOND`. A report over it is deferred (`answer`).
+#[derive(Debug, Clone, Copy)]
+struct Allowance {
+    tokens: u64,
+    /// When the tokens were last counted.
+    at: Instant,
+}
+
+impl Allowance {
+    fn new(now: Instant) -> Allowance {
+        Allowance {
+            tokens: REPORTS_AT_ONCE,
+            at: now,
+        }
+    }
+
+    /// Takes one report's token, if there is one at `now`.
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed_us = u64::try_from(now.saturating_duration_since(self.at).as_micros());
+        let earned = elapsed_us
+            .unwrap_or(u64::MAX)
+            .saturating_mul(REPORTS_PER_SECOND)
+            / 1_000_000;
+        if earned > 0 {
+            self.tokens = self.tokens.saturating_add(earned).min(REPORTS_AT_ONCE);
+            // Whole tokens only: the part of one earned stays for the next count.
+            self.at += Duration::from_micros(earned * 1_000_000 / REPORTS_PER_SECOND);
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
 }
 
 /// One stream: its id in the ledger (unique across replicas), the buckets it reported (by key).
@@ -159,6 +205,8 @@ struct StreamState<S: Store> {
     buckets: HashMap<String, Bucket>,
     /// The replica's count of buckets, one place per entry of `buckets`.
     replica_buckets: Arc<Places>,
+    /// Its reports entered, against `REPORTS_PER_SECOND`.
+    allowance: Allowance,
     config: SharedConfig,
     store: Arc<S>,
     warnings: Arc<Throttle>,
@@ -190,27 +238,37 @@ async fn answer<S: Store>(
         if this_message.contains(&key) {
             continue;
         }
-        if !state.buckets.contains_key(&key) {
-            if state.buckets.len() >= MAX_BUCKETS_PER_STREAM {
-                continue;
+        let known = state.buckets.contains_key(&key);
+        if !known && state.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+            continue;
+        }
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        let requests = allowed.saturating_add(denied);
+        if !state.allowance.take(Instant::now()) {
+            // Reported faster than any Envoy does: no action (Envoy keeps what it holds), no
+            // store call; a known bucket's requests count at its next report entered.
+            this_message.insert(key.clone());
+            if let Some(bucket) = state.buckets.get_mut(&key) {
+                bucket.unreported = bucket.unreported.saturating_add(requests);
             }
-            if !state.replica_buckets.take(MAX_BUCKETS_PER_REPLICA) {
-                if let Some(others) = state.warnings.pass() {
-                    warn!(
-                        limit = MAX_BUCKETS_PER_REPLICA,
-                        others,
-                        "rlqs: the replica keeps the most buckets it may; a new one gets no action"
-                    );
-                }
-                continue;
+            state.metrics.record_deferred();
+            continue;
+        }
+        if !known && !state.replica_buckets.take(MAX_BUCKETS_PER_REPLICA) {
+            if let Some(others) = state.warnings.pass() {
+                warn!(
+                    limit = MAX_BUCKETS_PER_REPLICA,
+                    others,
+                    "rlqs: the replica keeps the most buckets it may; a new one gets no action"
+                );
             }
+            continue;
         }
         this_message.insert(key.clone());
-        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
         let descriptor = Descriptor::new(&reports.domain, limit.label);
         state.metrics.record_report(&descriptor, allowed, denied);
-        let requests = allowed.saturating_add(denied);
         let bucket = state.buckets.entry(key.clone()).or_default();
+        let requests = requests.saturating_add(std::mem::take(&mut bucket.unreported));
         bucket.idle = if requests == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= ABANDON_AFTER {
             // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
@@ -343,6 +401,7 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
             id: format!("{:016x}.{number}", self.replica),
             buckets: HashMap::new(),
             replica_buckets: Arc::clone(&self.buckets),
+            allowance: Allowance::new(Instant::now()),
             config: self.config.clone(),
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
@@ -405,6 +464,7 @@ descriptors:
             id: id.to_owned(),
             buckets: HashMap::new(),
             replica_buckets: Arc::clone(replica),
+            allowance: Allowance::new(Instant::now()),
             config: SharedConfig::new(config),
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
@@ -562,5 +622,46 @@ descriptors:
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         drop(last);
         assert!(StreamPlace::take(&open).is_ok());
+    }
+
+    #[test]
+    fn a_streams_allowance_is_2000_reports_at_once_then_1000_a_second() {
+        let start = Instant::now();
+        let mut allowance = Allowance::new(start);
+        assert!((0..REPORTS_AT_ONCE).all(|_| allowance.take(start)));
+        assert!(!allowance.take(start));
+        assert!(!allowance.take(start + Duration::from_micros(999)));
+        assert!(allowance.take(start + Duration::from_millis(1)));
+        assert!(!allowance.take(start + Duration::from_millis(1)));
+        // However long a stream waits, it has the burst, no more.
+        let later = start + Duration::from_secs(3_600);
+        let taken = (0..3 * REPORTS_AT_ONCE)
+            .filter(|_| allowance.take(later))
+            .count();
+        assert_eq!(taken as u64, REPORTS_AT_ONCE);
+    }
+
+    #[tokio::test]
+    async fn a_report_over_the_allowance_gets_no_action_and_its_requests_count_at_the_next() {
+        let store = Arc::new(MemoryStore::default());
+        let mut state = stream("1", &store);
+        let first = answer(&mut state, &reports("api", vec![usage("b", 10, 0)])).await;
+        assert!(per_minute(&first).is_some());
+        // A client that has reported faster than any Envoy: nothing left for an hour.
+        let spent = Allowance {
+            tokens: 0,
+            at: Instant::now() + Duration::from_secs(3_600),
+        };
+        state.allowance = spent;
+        let deferred = answer(&mut state, &reports("api", vec![usage("b", 900, 100)])).await;
+        assert!(deferred.bucket_action.is_empty(), "{deferred:?}");
+        let key = quota_key("api", [("name", "b")].into_iter());
+        assert_eq!(state.buckets.get(&key).unwrap().unreported, 1_000);
+        state.allowance = Allowance::new(Instant::now());
+        // The next report of nothing is entered with the 1,000 deferred: not idle.
+        let next = answer(&mut state, &reports("api", vec![usage("b", 0, 0)])).await;
+        assert!(per_minute(&next).is_some_and(|share| share > 0), "{next:?}");
+        let bucket = state.buckets.get(&key).unwrap();
+        assert_eq!((bucket.unreported, bucket.idle), (0, 0));
     }
 }
