@@ -54,7 +54,7 @@ pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
 /// the decoding of their reports included).
 pub const MAX_BUCKETS_PER_REPLICA: usize = 100_000;
 /// The most streams one replica holds open: a stream beyond them is refused
-/// `RESOURCE_EXHAUSTED` (Envoy retries). One stream is one Envoy.
+/// `RESOURCE_EXHAUSTED`. One stream is one Envoy.
 pub const MAX_STREAMS_PER_REPLICA: usize = 10_000;
 /// A bucket reported with no request this many times running (15 s, the assignment's time to
 /// live) is abandoned.
