@@ -1,7 +1,8 @@
 //! Envoy 1.40's own `rate_limit_quota` filter against `sluice-service --rlqs` and a real Redis:
 //! three Envoys that report demand for one bucket of 600 requests a minute share it max-min
 //! fairly, within 5% of the budget, the warm-up included; below the budget every request passes;
-//! an Envoy that stops is reclaimed at once; a bucket nobody asks for is abandoned. It also pins the facts of Envoy 1.40 that the
+//! an Envoy that stops is reclaimed at once; a bucket nobody asks for is abandoned; a replica
+//! killed mid-run leaves the budget shared by the other. It also pins the facts of Envoy 1.40 that the
 //! service relies on (docs/rlqs.md#envoy-140-as-a-client): a report every 5 s whatever
 //! `reporting_interval` says.
 
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use sluice_testkit::envoy::{grpc_cluster, Envoy, EnvoyOptions};
+use sluice_testkit::envoy::{grpc_cluster_of, Envoy, EnvoyOptions};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::Service;
 use sluice_testkit::TempDir;
@@ -79,9 +80,9 @@ static_resources:
 
 /// Redis, the service over it (`--rlqs`, and `--listen` for its metrics), and its limits.
 struct Setup {
-    _redis: RedisServer,
+    redis: RedisServer,
     service: Service,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl Setup {
@@ -89,47 +90,66 @@ impl Setup {
         let redis = RedisServer::start();
         let dir = TempDir::new("rlqs-config");
         std::fs::write(dir.path().join("limits.yaml"), LIMITS).unwrap();
-        let config = dir.path().to_string_lossy().into_owned();
-        let url = redis.url();
-        let args = [
-            "--redis",
-            &url,
-            "--rlqs",
-            "127.0.0.1:0",
-            "--rls-config",
-            &config,
-            "--listen",
-            "127.0.0.1:0",
-        ];
-        let service = Service::start_rls(&args, &[]);
+        let service = replica(&redis, &dir);
         Setup {
-            _redis: redis,
+            redis,
             service,
-            _dir: dir,
+            dir,
         }
+    }
+
+    /// Another replica of the service, over the same Redis and limits.
+    fn replica(&self) -> Service {
+        replica(&self.redis, &self.dir)
     }
 
     /// An Envoy with the filter, `reporting_interval` as given.
     fn envoy(&self, reporting_interval: &str) -> Envoy {
-        let bootstrap = BOOTSTRAP
-            .replace(
-                "{rlqs_cluster}",
-                &grpc_cluster("rlqs_server", self.service.rlqs.unwrap()),
-            )
-            .replace("{reporting_interval}", reporting_interval);
-        EnvoyOptions::bootstrap(&bootstrap).start()
+        envoy_of(&[self.service.rlqs.unwrap()], reporting_interval)
     }
 
     /// `sluice_service_rlqs_reports_total` of domain `api`.
     fn reports(&self) -> u64 {
-        let metrics = sluice_testkit::http::get(self.service.addr, "/metrics").text();
-        // Of every descriptor of the domain (the limits here have one).
-        let of_api = "sluice_service_rlqs_reports_total{domain=\"api\",";
-        (metrics.lines())
-            .filter(|l| l.starts_with(of_api))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
+        // Of the limits' one descriptor: the series are by domain and descriptor.
+        metric(
+            &self.service,
+            "sluice_service_rlqs_reports_total{domain=\"api\",",
+        )
     }
+}
+
+fn replica(redis: &RedisServer, dir: &TempDir) -> Service {
+    let config = dir.path().to_string_lossy().into_owned();
+    let url = redis.url();
+    let args = [
+        "--redis",
+        &url,
+        "--rlqs",
+        "127.0.0.1:0",
+        "--rls-config",
+        &config,
+        "--listen",
+        "127.0.0.1:0",
+    ];
+    Service::start_rls(&args, &[])
+}
+
+/// An Envoy with the filter whose streams go to any of `servers`.
+fn envoy_of(servers: &[std::net::SocketAddr], reporting_interval: &str) -> Envoy {
+    let bootstrap = BOOTSTRAP
+        .replace("{rlqs_cluster}", &grpc_cluster_of("rlqs_server", servers))
+        .replace("{reporting_interval}", reporting_interval);
+    EnvoyOptions::bootstrap(&bootstrap).start()
+}
+
+/// The value of the series `series` (name and labels) in `service`'s metrics, 0 if absent.
+fn metric(service: &Service, series: &str) -> u64 {
+    let metrics = sluice_testkit::http::get(service.addr, "/metrics").text();
+    metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 /// When each request was sent (since the run began) and whether it passed.
@@ -307,4 +327,124 @@ fn a_bucket_nobody_asks_for_is_abandoned_and_made_anew_by_the_next_request() {
     });
     assert!(again.is_some(), "no report of the bucket made anew");
     eprintln!("abandoned after {reports} reports; made anew by a request");
+}
+
+/// Two replicas over one Redis, two Envoys at 10 and 5 requests a second (15 against a budget of
+/// 10) whose streams go to either; the replica holding more streams is killed (SIGKILL) 25 s
+/// into the counted minute. The Envoys open their streams again on the other replica, where
+/// they are new Envoys: their old streams' shares count as held until the killed replica is
+/// found dead (3 s without a heartbeat), so they run on a newcomer's share until their next
+/// report after that. The minute admits less, never more, than its budget, and 10 s after the
+/// kill both have their fair shares again, from the same ledger.
+#[test]
+fn a_replica_killed_mid_run_keeps_the_budget_shared() {
+    const WARM_UP: f64 = 15.0;
+    const WINDOW: f64 = 60.0;
+    const KILLED: f64 = WARM_UP + 25.0;
+    const END: f64 = WARM_UP + WINDOW;
+    let setup = Setup::start();
+    let other = setup.replica();
+    let servers = [setup.service.rlqs.unwrap(), other.rlqs.unwrap()];
+    let envoys: Vec<Arc<Envoy>> = (0..2).map(|_| Arc::new(envoy_of(&servers, "5s"))).collect();
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let drivers: Vec<_> = [10, 5]
+        .into_iter()
+        .zip(&envoys)
+        .map(|(rate, envoy)| drive(Arc::clone(envoy), rate, start, Arc::clone(&stop)))
+        .collect();
+    thread::sleep(Duration::from_secs_f64(KILLED).saturating_sub(start.elapsed()));
+    let mut replicas = [setup.service, other];
+    let streams = |service: &Service| metric(service, "sluice_service_rlqs_streams ");
+    let held: Vec<u64> = replicas.iter().map(streams).collect();
+    let victim = usize::from(held[1] > held[0]);
+    replicas[victim].signal(9);
+    replicas[victim].wait_exit(Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_secs_f64(END).saturating_sub(start.elapsed()));
+    stop.store(true, Ordering::Relaxed);
+    let outcomes: Vec<Outcomes> = drivers.into_iter().map(|d| d.join().unwrap()).collect();
+    let passed = |from: f64, to: f64| -> Vec<u64> {
+        outcomes.iter().map(|o| count(o, from, to).0).collect()
+    };
+    let by_5s: Vec<Vec<u64>> = (0..15)
+        .map(|i| passed(i as f64 * 5.0, i as f64 * 5.0 + 5.0))
+        .collect();
+    let admitted: u64 = passed(WARM_UP, END).iter().sum();
+    let before: Vec<u64> = passed(WARM_UP, KILLED);
+    let recovered: Vec<u64> = passed(KILLED + 10.0, END);
+    eprintln!(
+        "10/5 a second, 600 a minute, streams per replica {held:?}, replica {victim} killed at \
+         {KILLED} s: passed per 5 s {by_5s:?}; the minute {admitted}; before the kill {before:?}, \
+         from 10 s after it {recovered:?}"
+    );
+    assert!(held.iter().sum::<u64>() >= 2, "streams {held:?}");
+    let budget = BUDGET_PER_S * WINDOW;
+    // Never more than the budget; less by at most what the moved Envoys lose until the
+    // killed replica is found dead and they report again (10 s of 10 a second).
+    assert!(
+        (admitted as f64) <= budget * 1.05 && (admitted as f64) >= budget * 0.8,
+        "{admitted} of {budget}: {by_5s:?}"
+    );
+    // Before the kill and from 10 s after it, the budget within 5%, each Envoy 5 a second.
+    for (window, seconds) in [
+        (&before, KILLED - WARM_UP),
+        (&recovered, END - KILLED - 10.0),
+    ] {
+        let total: u64 = window.iter().sum();
+        let expected = BUDGET_PER_S * seconds;
+        assert!(
+            (total as f64 - expected).abs() <= expected * 0.05,
+            "{window:?} in {seconds} s: {by_5s:?}"
+        );
+        assert!(
+            window.iter().all(|&p| p as f64 >= expected * 0.4),
+            "{window:?}"
+        );
+    }
+}
+
+/// The service killed under an Envoy at 20 requests a second holding a share of 10: Envoy 1.40
+/// keeps its assignment until its time to live (15 s from the last report answered), then
+/// applies `expired_assignment_behavior` (here DENY_ALL for 20 s), then falls back to
+/// `no_assignment_behavior` (here ALLOW_ALL). What operators choose between
+/// (docs/rlqs.md#when-the-service-is-away), pinned.
+#[test]
+fn with_the_service_gone_envoy_keeps_its_assignment_then_its_expired_then_its_no_assignment_behavior(
+) {
+    let setup = Setup::start();
+    let bootstrap = BOOTSTRAP
+        .replace(
+            "{rlqs_cluster}",
+            &grpc_cluster_of("rlqs_server", &[setup.service.rlqs.unwrap()]),
+        )
+        .replace("{reporting_interval}", "5s")
+        .replace(
+            "expired_assignment_behavior_timeout: 60s",
+            "expired_assignment_behavior_timeout: 20s",
+        );
+    assert!(bootstrap.contains("timeout: 20s"));
+    let envoy = Arc::new(EnvoyOptions::bootstrap(&bootstrap).start());
+    let start = Instant::now();
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = drive(Arc::clone(&envoy), 20, start, Arc::clone(&stop));
+    thread::sleep(Duration::from_secs(15));
+    let mut service = setup.service;
+    service.signal(9);
+    service.wait_exit(Duration::from_secs(5)).unwrap();
+    thread::sleep(Duration::from_secs(40));
+    stop.store(true, Ordering::Relaxed);
+    let outcomes = driver.join().unwrap();
+    let passed = |from: f64, to: f64| count(&outcomes, from, to);
+    let by_s: Vec<u64> = (0..55)
+        .map(|i| passed(i as f64, i as f64 + 1.0).0)
+        .collect();
+    eprintln!("20 a second, a share of 10, the service killed at 15 s: passed per s {by_s:?}");
+    // The last answer came at 10 to 15 s: its assignment holds until 25 to 30 s.
+    let (held, sent) = passed(16.0, 24.0);
+    assert!((60..=100).contains(&held), "{held} of {sent}: {by_s:?}");
+    // Then DENY_ALL for 20 s, until 45 to 50 s.
+    assert_eq!(passed(31.0, 44.0).0, 0, "{by_s:?}");
+    // Then ALLOW_ALL.
+    let (allowed, sent) = passed(51.0, 55.0);
+    assert!(allowed * 100 >= sent * 95, "{allowed} of {sent}: {by_s:?}");
 }

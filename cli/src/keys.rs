@@ -203,6 +203,8 @@ pub struct Reset {
     key: Key,
     #[command(flatten)]
     envoys: Envoys,
+    #[command(flatten)]
+    once: Once,
     /// Why, for the audit log
     #[arg(long)]
     reason: String,
@@ -219,10 +221,8 @@ pub struct Credit {
     /// Tokens to give back
     #[arg(long)]
     tokens: u64,
-    /// The credit's name, 16 hex digits: the same id sent again is applied once [default: a
-    /// new one, printed]
-    #[arg(long)]
-    id: Option<String>,
+    #[command(flatten)]
+    once: Once,
     /// Why, for the audit log
     #[arg(long)]
     reason: String,
@@ -230,23 +230,42 @@ pub struct Credit {
     service: Service,
 }
 
+/// A write's name, so that a retry of it is applied once.
+#[derive(Args, Debug)]
+pub struct Once {
+    /// The write's name, 16 hex digits: the same id sent again is applied once (by the service
+    /// for a credit, by every Envoy for a reset and a credit) [default: a new one, printed]
+    #[arg(long)]
+    id: Option<String>,
+}
+
+impl Once {
+    /// The id given, else a new one; printed (unless `quiet`) so that a retry can name it.
+    fn id(self, action: &str, quiet: bool) -> Result<String, String> {
+        let id = match self.id {
+            Some(id) => id,
+            None => new_id()?,
+        };
+        if !quiet {
+            println!("{action} {id} (send it again with --id {id}: applied once)");
+        }
+        Ok(id)
+    }
+}
+
 pub fn run(command: Keys) -> Result<ExitCode, String> {
     let (action, key, envoys, service, extra) = match command {
         Keys::Show(show) => ("show", show.key, show.envoys, show.service, json!({})),
         Keys::Reset(reset) => {
-            // The Envoys take an id for a reset too: sent again, it is applied once.
-            let id = new_id()?;
+            // The Envoys take an id for a reset too: sent again, it is applied once. The
+            // service forgets the state whatever is sent, so a reset of it alone prints none.
+            let quiet = reset.service.json || reset.envoys.envoy.is_empty();
+            let id = reset.once.id("reset", quiet)?;
             let extra = json!({"reason": reset.reason, "id": id});
             ("reset", reset.key, reset.envoys, reset.service, extra)
         }
         Keys::Credit(credit) => {
-            let id = match credit.id {
-                Some(id) => id,
-                None => new_id()?,
-            };
-            if !credit.service.json {
-                println!("credit {id} (send it again with --id {id}: applied once)");
-            }
+            let id = credit.once.id("credit", credit.service.json)?;
             let extra = json!({"reason": credit.reason, "tokens": credit.tokens, "id": id});
             ("credit", credit.key, credit.envoys, credit.service, extra)
         }

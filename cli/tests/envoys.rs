@@ -80,6 +80,21 @@ fn an_operator_sees_and_resets_a_local_key_in_every_envoy_given() {
         2
     );
     assert_eq!(spend(&one, 4), [200, 200, 200, 429]);
+    // The same reset sent again (its printed --id) is applied once: nothing comes back.
+    let stdout = String::from_utf8_lossy(&reset.stdout);
+    let id = stdout.split_whitespace().nth(1).unwrap();
+    let again = sluice(
+        &envoys,
+        &[
+            &["keys", "reset", "--reason", "INC-9", "--id", id][..],
+            &key,
+        ]
+        .concat(),
+    );
+    assert!(again.status.success(), "{again:?}");
+    let again = String::from_utf8_lossy(&again.stdout);
+    assert_eq!(again.matches("duplicate").count(), 2, "{again}");
+    assert_eq!(spend(&one, 1), [429]);
 
     let unreachable = format!("{},127.0.0.1:9", one.addr());
     let partly = sluice(&unreachable, &[&["keys", "show"][..], &key].concat());

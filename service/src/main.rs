@@ -134,6 +134,10 @@ async fn serve_with<S: Store>(
         let every = std::time::Duration::from_secs(args.top_log_every);
         tokio::spawn(top::log_every(Arc::clone(recorder), every));
     }
+    // Applied by the checks and the RLS alike, kept by the admin API.
+    let override_table = admin_tokens
+        .as_ref()
+        .map(|_| Arc::new(overrides::OverrideTable::default()));
     let rls_settings = grpc::Settings {
         bounds,
         guard: Guard::new(
@@ -146,6 +150,7 @@ async fn serve_with<S: Store>(
         ),
         max_request_bytes,
         top: top.clone(),
+        overrides: override_table.clone(),
     };
     let rls = Rls::prepare(
         &args.rls,
@@ -211,6 +216,10 @@ async fn serve_with<S: Store>(
         let admin = (admin_tokens.zip(audit))
             .map(|(tokens, audit)| Admin::new(Arc::clone(&store), tokens, audit, limits))
             .map(|admin| admin.with_max_overrides(args.max_overrides))
+            .map(|admin| match &override_table {
+                Some(table) => admin.with_overrides(Arc::clone(table)),
+                None => admin,
+            })
             .map(|admin| match &top {
                 Some(recorder) => admin.with_top(Arc::clone(recorder)),
                 None => admin,

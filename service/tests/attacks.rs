@@ -871,7 +871,7 @@ async fn an_rlqs_report_of_u64_max_requests_assigns_at_most_the_budget_and_wraps
     let denied = allowed.replace("allowed", "denied");
     assert_eq!(rlqs_metric(&service, allowed), 2 * max_requests + 10);
     assert_eq!(rlqs_metric(&service, &denied), 2 * max_requests);
-    let bucket_keys = keys(&redis, "sluice:rlqs:*");
+    let bucket_keys = keys(&redis, "sluice:rlqs:{*");
     assert_eq!(bucket_keys.len(), 1, "{bucket_keys:?}");
     let Reply::Array(fields) = redis.client().cmd(&["HGETALL", &bucket_keys[0]]) else {
         panic!("HGETALL")
@@ -907,7 +907,7 @@ async fn a_hundred_thousand_rlqs_bucket_ids_on_one_stream_keep_a_thousand() {
     assert_eq!(last.bucket_action.len(), 1, "{last:?}");
     let took = started.elapsed();
     let grown_kib = service.service.rss_kib().saturating_sub(before);
-    let bucket_keys = keys(&redis, "sluice:rlqs:*").len();
+    let bucket_keys = keys(&redis, "sluice:rlqs:{*").len();
     let metrics = get(service.service.addr, "/metrics");
     println!(
         "100,000 bucket ids in {took:?}: RSS {before} KiB before, +{grown_kib} KiB; \

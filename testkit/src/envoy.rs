@@ -992,7 +992,17 @@ fn access_log_yaml(opts: &EnvoyOptions, dir: &Path) -> Option<String> {
 /// A cluster of plaintext HTTP/2 to one gRPC server, as an item of a bootstrap's cluster list
 /// (the RLS's `sluice_rls` of a test's own bootstrap, say).
 pub fn grpc_cluster(name: &str, server: SocketAddr) -> String {
-    let (ip, port) = (server.ip(), server.port());
+    grpc_cluster_of(name, &[server])
+}
+
+/// `grpc_cluster` of several servers (replicas), each call or stream to one of them.
+pub fn grpc_cluster_of(name: &str, servers: &[SocketAddr]) -> String {
+    let endpoints: String = (servers.iter())
+        .map(|server| {
+            let (ip, port) = (server.ip(), server.port());
+            format!("        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}\n")
+        })
+        .collect();
     format!(
         r#"  - name: {name}
     type: STATIC
@@ -1005,8 +1015,7 @@ pub fn grpc_cluster(name: &str, server: SocketAddr) -> String {
       cluster_name: {name}
       endpoints:
       - lb_endpoints:
-        - endpoint: {{ address: {{ socket_address: {{ address: {ip}, port_value: {port} }} }} }}
-"#
+{endpoints}"#
     )
 }
 

@@ -28,6 +28,13 @@ impl Reply {
         }
     }
 
+    pub fn texts(&self) -> Vec<String> {
+        match self {
+            Reply::Array(items) => items.iter().map(Reply::text).collect(),
+            other => panic!("expected an array, got {other:?}"),
+        }
+    }
+
     pub fn ints(&self) -> Vec<i64> {
         match self {
             Reply::Array(items) => items.iter().map(Reply::int).collect(),

@@ -136,6 +136,12 @@ impl<S: Store> Admin<S> {
         self
     }
 
+    /// Applies and keeps the overrides in `table` (shared with the RLS).
+    pub fn with_overrides(mut self, table: Arc<OverrideTable>) -> Self {
+        self.overrides = table;
+        self
+    }
+
     /// Keeps at most `max` overrides.
     pub fn with_max_overrides(mut self, max: u64) -> Self {
         self.max_overrides = max;

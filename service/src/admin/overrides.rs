@@ -3,15 +3,17 @@
 //! limit's numbers that replace a check's own when the check is of the same algorithm. They are
 //! kept in the store (`Store::put_override`: Redis for persistence), at most `--max-overrides` (`MAX_OVERRIDES`); a
 //! new one past the bound is refused (409), replacing one is not. Each replica keeps a copy
-//! (`OverrideTable`), refreshed from the store every `REFRESH_EVERY` and at once after its own
-//! writes: checks see an override within that delay on every replica. An expired one stops
-//! applying at once and is deleted from the store at the next refresh.
+//! (`OverrideTable`), refreshed from the store at once after its own writes, and otherwise
+//! whenever the store's version of them (`Store::overrides_version`, asked every
+//! `REFRESH_EVERY`) changed or one of them expired: checks see an override within that delay on
+//! every replica, and 100,000 unchanged overrides cost a replica one small read a second. An
+//! expired one stops applying at once and is deleted from the store at the next refresh.
 //! - `GET /admin/v1/overrides` (read): every live override.
 //! - `POST /admin/v1/overrides` (write): sets one.
 //! - `POST /admin/v1/overrides/delete` (write): deletes one.
 
 use std::collections::HashMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hyper::body::{Bytes, Incoming};
@@ -29,7 +31,7 @@ use crate::web::{error, json, Reply};
 
 /// The most overrides kept by default (`--max-overrides`).
 pub const MAX_OVERRIDES: u64 = 10_000;
-/// How often each replica reads the overrides again.
+/// How often each replica asks whether the overrides changed.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// The longest an override may be set for.
 const MAX_EXPIRES_MS: u64 = 366 * 24 * 3600 * 1000;
@@ -94,6 +96,15 @@ impl Override {
 pub struct OverrideTable {
     by_key: RwLock<Arc<HashMap<(Namespace, String), Applied>>>,
     listing: RwLock<Option<Arc<Listed>>>,
+    read_at: Mutex<Option<ReadAt>>,
+}
+
+/// What the table was last read at: the store's version of the overrides, and when the first
+/// of those read expires.
+#[derive(Debug, Clone, Copy)]
+struct ReadAt {
+    version: u64,
+    first_expiry_ms: Option<u64>,
 }
 
 /// The filters' listing as served: its version (the `ETag`) and its JSON body, made once per
@@ -119,10 +130,37 @@ impl Listed {
     }
 }
 
+/// A live override as a check meets it: its algorithm, and the numbers it was given (for the
+/// RLS's `current_limit` and headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overridden {
+    pub algorithm: Algorithm,
+    pub requests: u64,
+    pub per_ms: u64,
+}
+
 #[derive(Debug, Clone)]
 struct Applied {
-    algorithm: Algorithm,
+    overridden: Overridden,
     expires_at_ms: Option<u64>,
+}
+
+/// The overrides as they are at one moment, for the checks of one call.
+pub struct Current {
+    table: Arc<HashMap<(Namespace, String), Applied>>,
+    now_ms: u64,
+}
+
+impl Current {
+    /// The live override of `key` in `namespace`, if there is one.
+    pub fn find(&self, namespace: Namespace, key: &str) -> Option<&Overridden> {
+        if self.table.is_empty() {
+            return None;
+        }
+        let applied = self.table.get(&(namespace, key.to_owned()))?;
+        let live = applied.expires_at_ms.is_none_or(|t| t > self.now_ms);
+        live.then_some(&applied.overridden)
+    }
 }
 
 impl OverrideTable {
@@ -130,23 +168,18 @@ impl OverrideTable {
     /// still deciding the state of its own limit (`Check::state_of`): the usage so far carries
     /// over. Without any override, one read lock and nothing else. How many it replaced.
     pub fn apply(&self, checks: &mut [Check]) -> usize {
-        let table = Arc::clone(&self.by_key.read().unwrap_or_else(PoisonError::into_inner));
-        if table.is_empty() {
-            return 0;
-        }
+        let current = self.current();
         let mut applied_to = 0;
-        let now = now_ms();
         for check in checks {
-            let found = table.get(&(check.namespace, check.key.clone()));
-            let Some(applied) = found.filter(|a| a.expires_at_ms.is_none_or(|t| t > now)) else {
+            let Some(found) = current.find(check.namespace, &check.key) else {
                 continue;
             };
-            if applied.algorithm.kind() != check.algorithm.kind() {
+            if found.algorithm.kind() != check.algorithm.kind() {
                 continue;
             }
             check.state_of.get_or_insert(check.algorithm);
-            check.algorithm = applied.algorithm;
-            let capacity = applied.algorithm.capacity();
+            check.algorithm = found.algorithm;
+            let capacity = found.algorithm.capacity();
             check.cost = check.cost.min(capacity);
             check.take = check.take.min(capacity);
             applied_to += 1;
@@ -154,13 +187,25 @@ impl OverrideTable {
         applied_to
     }
 
+    /// The overrides now: one read lock (and no clock read while there are none).
+    pub fn current(&self) -> Current {
+        let table = Arc::clone(&self.by_key.read().unwrap_or_else(PoisonError::into_inner));
+        let now_ms = if table.is_empty() { 0 } else { now_ms() };
+        Current { table, now_ms }
+    }
+
     fn replace(&self, overrides: &[Override], bounds: &Bounds) {
         let mut table = HashMap::new();
         let mut listed = Vec::new();
         for o in overrides {
             if let Ok((namespace, algorithm)) = validate(o, bounds) {
-                let applied = Applied {
+                let overridden = Overridden {
                     algorithm,
+                    requests: o.requests,
+                    per_ms: o.per_ms,
+                };
+                let applied = Applied {
+                    overridden,
                     expires_at_ms: o.expires_at_ms,
                 };
                 table.insert((namespace, o.key.clone()), applied);
@@ -187,6 +232,14 @@ impl OverrideTable {
         }
     }
 
+    /// Whether the table holds what the store's overrides at `version` are at `now_ms`.
+    fn is_current(&self, version: Option<u64>, now_ms: u64) -> bool {
+        let read_at = *self.read_at.lock().unwrap_or_else(PoisonError::into_inner);
+        read_at.is_some_and(|read| {
+            version == Some(read.version) && read.first_expiry_ms.is_none_or(|t| t > now_ms)
+        })
+    }
+
     /// The filters' listing of the `http` overrides now (none before the first refresh).
     pub fn listing(&self) -> Arc<Listed> {
         let listing = self.listing.read().unwrap_or_else(PoisonError::into_inner);
@@ -197,10 +250,14 @@ impl OverrideTable {
     }
 }
 
-/// Reads the overrides from the store every `REFRESH_EVERY`, deleting expired ones.
+/// Reads the overrides from the store when they changed (or one expired), asking every
+/// `REFRESH_EVERY`, deleting expired ones.
 pub async fn keep_current<S: Store>(store: Arc<S>, table: Arc<OverrideTable>, bounds: Bounds) {
     loop {
-        refresh(&*store, &table, &bounds).await;
+        let version = store.overrides_version().await.ok();
+        if !table.is_current(version, now_ms()) {
+            refresh(&*store, &table, &bounds).await;
+        }
         tokio::time::sleep(REFRESH_EVERY).await;
     }
 }
@@ -211,6 +268,8 @@ async fn refresh<S: Store>(
     table: &OverrideTable,
     bounds: &Bounds,
 ) -> Option<Vec<Override>> {
+    // Read before the overrides: a write between the two reads them again at the next ask.
+    let version = store.overrides_version().await.ok();
     let kept = match store.overrides().await {
         Ok(kept) => kept,
         Err(failure) => {
@@ -223,16 +282,21 @@ async fn refresh<S: Store>(
     };
     let now = now_ms();
     let mut live = Vec::with_capacity(kept.len());
+    let mut deleted = false;
     for (name, value) in kept {
         match serde_json::from_str::<Override>(&value) {
             Ok(o) if o.live(now) => live.push(o),
             // Expired, or not one this version reads: the bound counts only live ones.
-            _ => {
-                let _ = store.delete_override(&name).await;
-            }
+            _ => deleted |= store.delete_override(&name).await.is_ok(),
         }
     }
     table.replace(&live, bounds);
+    // A deletion here changed the version: the next ask reads once more.
+    let read_at = version.filter(|_| !deleted).map(|version| ReadAt {
+        version,
+        first_expiry_ms: live.iter().filter_map(|o| o.expires_at_ms).min(),
+    });
+    *table.read_at.lock().unwrap_or_else(PoisonError::into_inner) = read_at;
     live.sort_by(|a, b| (&a.namespace, &a.key).cmp(&(&b.namespace, &b.key)));
     Some(live)
 }
@@ -559,5 +623,39 @@ mod tests {
             10,
             "another algorithm: the policy's"
         );
+    }
+
+    #[tokio::test]
+    async fn a_replica_reads_the_overrides_again_only_when_they_changed_or_one_expired() {
+        let store = crate::stores::memory::MemoryStore::default();
+        let table = OverrideTable::default();
+        let bounds = Bounds::default();
+        let version = || async { store.overrides_version().await.ok() };
+        assert!(!table.is_current(version().await, 0), "never read");
+        let lasting = premium("api/a", Kind::TokenBucket, None);
+        let value = serde_json::to_string(&lasting).unwrap();
+        store
+            .put_override(&lasting.name(), &value, 10)
+            .await
+            .unwrap();
+        refresh(&store, &table, &bounds).await.unwrap();
+        assert!(table.is_current(version().await, now_ms()));
+
+        // Another replica's write changes the version.
+        let expiring = premium("api/b", Kind::TokenBucket, Some(now_ms() + 60_000));
+        let value = serde_json::to_string(&expiring).unwrap();
+        store
+            .put_override(&expiring.name(), &value, 10)
+            .await
+            .unwrap();
+        assert!(!table.is_current(version().await, now_ms()));
+        refresh(&store, &table, &bounds).await.unwrap();
+        assert!(table.is_current(version().await, now_ms()));
+        assert!(
+            !table.is_current(version().await, now_ms() + 60_000),
+            "its first override expired: read again, and delete it"
+        );
+        store.delete_override(&lasting.name()).await.unwrap();
+        assert!(!table.is_current(version().await, now_ms()));
     }
 }

@@ -175,6 +175,8 @@ pub struct Settings {
     pub max_request_bytes: usize,
     /// Where the heaviest keys are recorded (with the admin API), shared with `/admin/v1/top`.
     pub top: Option<Arc<crate::top::TopRecorder>>,
+    /// The operators' overrides (with the admin API), shared with `/admin/v1/overrides`.
+    pub overrides: Option<Arc<crate::admin::overrides::OverrideTable>>,
 }
 
 /// A bound listener and the address it got.
@@ -284,6 +286,7 @@ impl<S: Store + Clone> Rls<S> {
             stop_increments: args.stop_cache_key_increment_when_overlimit,
             top: settings.top,
             top_show: args.rls_top_show.clone(),
+            overrides: settings.overrides,
         };
         Ok(Some(Rls {
             rls,
@@ -335,6 +338,7 @@ impl<S: Store + Clone> Rls<S> {
         let (rls_port, rlqs_port) = (self.rls, self.rlqs);
         let config = self.service.config.clone();
         let rlqs = RlqsService::new(config, self.rlqs_guard, self.rlqs_store, self.rlqs_metrics);
+        let beating = rlqs_port.as_ref().map(|_| tokio::spawn(rlqs.beating()));
         let rlqs = RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(max_bytes);
         let rls = RateLimitServiceServer::new(self.service).max_decoding_message_size(max_bytes);
         let (gate_rls, readiness_rls, stopping_rls) =
@@ -366,6 +370,9 @@ impl<S: Store + Clone> Rls<S> {
         };
         let (rls, rlqs) = tokio::join!(serving_rls, serving_rlqs);
         watching.abort();
+        if let Some(beating) = beating {
+            beating.abort();
+        }
         Ok(rls? && rlqs?)
     }
 }

@@ -89,6 +89,7 @@ mod tests {
             requests,
             period_ms: 60_000,
             ttl_ms: 15_000,
+            dead: std::sync::Arc::new([]),
         };
         let demands = ledger.report(&report, at_s * 1_000);
         let (sent, envoys) = share(&demands, envoy, 600, None).unwrap();

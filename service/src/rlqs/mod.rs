@@ -4,11 +4,12 @@
 //! clock (`stores::quota`, Redis shared by every replica), `ledger` takes one Envoy's share of
 //! it (from budget the others do not hold, held steady), `fair` divides the budget max-min
 //! fairly, `action` turns a share into what Envoy 1.40 accepts, `service` is the stream,
-//! `metrics` its series.
+//! `metrics` its series, `replicas` tells the live replicas from the crashed.
 
 pub mod action;
 pub mod budget;
 pub mod fair;
 pub mod ledger;
 pub mod metrics;
+pub mod replicas;
 pub mod service;

@@ -34,6 +34,7 @@ use super::action::{abandon, assign};
 use super::budget::{budget, Budget};
 use super::ledger::share;
 use super::metrics::{Descriptor, Holdings, RlqsMetrics, StreamOpen};
+use super::replicas::Replicas;
 use crate::auth::Guard;
 use crate::connections::Activity;
 use crate::logging::Throttle;
@@ -114,6 +115,8 @@ pub struct RlqsService<S> {
     store: Arc<S>,
     /// This replica's random name, the first half of its streams' ids.
     replica: u64,
+    /// The replicas found dead, whose streams' entries the reports forget.
+    replicas: Arc<Replicas>,
     streams: AtomicU64,
     /// The streams open and the buckets they keep, against the replica's bounds.
     open: Arc<Places>,
@@ -136,12 +139,21 @@ impl<S: Store> RlqsService<S> {
             guard,
             store: Arc::new(store),
             replica: random.finish(),
+            replicas: Arc::default(),
             streams: AtomicU64::new(0),
             open: Arc::default(),
             buckets: Arc::default(),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics,
         }
+    }
+}
+
+impl<S: Store> RlqsService<S> {
+    /// This replica's heartbeat, for as long as it serves (`replicas`).
+    pub fn beating(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let replica = format!("{:016x}", self.replica);
+        Arc::clone(&self.replicas).keep_beating(Arc::clone(&self.store), replica)
     }
 }
 
@@ -211,6 +223,7 @@ struct StreamState<S: Store> {
     store: Arc<S>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
+    replicas: Arc<Replicas>,
     /// Its shares, in `sluice_service_rlqs_assigned` and `_envoys` while it lives.
     holdings: Holdings,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
@@ -225,6 +238,7 @@ async fn answer<S: Store>(
     reports: &RateLimitQuotaUsageReports,
 ) -> RateLimitQuotaResponse {
     let config = state.config.current();
+    let dead = state.replicas.dead();
     let mut entered: Vec<(&BucketId, Budget, Descriptor, QuotaReport)> = Vec::new();
     let mut actions = Vec::new();
     let mut this_message = HashSet::new();
@@ -295,6 +309,7 @@ async fn answer<S: Store>(
             requests,
             period_ms,
             ttl_ms: ASSIGNMENT_TTL.as_secs() * 1_000,
+            dead: Arc::clone(&dead),
         };
         entered.push((id, limit, descriptor, report));
     }
@@ -406,6 +421,7 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
             metrics: Arc::clone(&self.metrics),
+            replicas: Arc::clone(&self.replicas),
             holdings: Holdings::new(&self.metrics),
             _open: self.metrics.stream_open(),
             _place: place,
@@ -469,6 +485,7 @@ descriptors:
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics: Arc::clone(&metrics),
+            replicas: Arc::default(),
             holdings: Holdings::new(&metrics),
             _open: metrics.stream_open(),
             _place: StreamPlace(Arc::default()),

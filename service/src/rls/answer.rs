@@ -113,12 +113,16 @@ pub struct Answer<'p> {
     pub tallies: Vec<Tally<'p>>,
 }
 
+/// An operator's override of a limit's key (its store key): the rate it runs at instead.
+pub type Overrides<'o> = &'o dyn Fn(&str) -> Option<Rate>;
+
 /// Validates `request` and matches each descriptor against `config`; keys are hashed under
-/// `secret`.
+/// `secret`, and a key `overrides` names runs at its override's rate.
 pub fn plan<'c>(
     config: &'c Config,
     request: &RateLimitRequest,
     secret: &HashSecret,
+    overrides: Overrides,
 ) -> Result<Plan<'c>, Invalid> {
     validate(request)?;
     let Some(root) = config.domain(&request.domain) else {
@@ -144,6 +148,7 @@ pub fn plan<'c>(
             let keys = Keys {
                 domain: &request.domain,
                 secret,
+                overrides,
             };
             planned(&keys, matched.as_ref(), &replaced, hits, &mut checks)
         })
@@ -336,10 +341,12 @@ fn hits(request: &RateLimitRequest, descriptor: &RateLimitDescriptor) -> Hits {
     }
 }
 
-/// What a call's store keys are made of: its domain, hashed under the operator's secret.
+/// What a call's store keys are made of: its domain, hashed under the operator's secret; and
+/// the keys whose limits an operator overrode.
 struct Keys<'r> {
     domain: &'r str,
     secret: &'r HashSecret,
+    overrides: Overrides<'r>,
 }
 
 fn planned<'c>(
@@ -366,10 +373,25 @@ fn planned<'c>(
         let parts = [keys.domain, limit.identity.as_str()].into_iter();
         let parts = parts.chain(matched.counted.iter().copied());
         let key = hashed_key_of(keys.secret, parts.map(str::as_bytes));
-        let (check, beyond_capacity) = match rate.algorithm {
+        // An overridden limit's check decides its configured state (`Check::state_of`), so
+        // the usage so far carries over to the override and back.
+        let configured = rate.algorithm;
+        let (limit, state_of) = match overridden(keys, &key, rate) {
+            Some(rate) => {
+                let mut owned = limit.into_owned();
+                owned.rule = Rule::Limited(rate);
+                (Cow::Owned(owned), Some(configured))
+            }
+            None => (limit, None),
+        };
+        let Rule::Limited(rate) = &limit.rule else {
+            continue;
+        };
+        let (mut check, beyond_capacity) = match rate.algorithm {
             Algorithm::Concurrency { .. } if given.negative => (give_back(key, rate, given), false),
             _ => charge(key, rate, limit.charge_refused, hits),
         };
+        check.state_of = state_of;
         checks.push(check);
         limits.push(Applied {
             label,
@@ -383,6 +405,13 @@ fn planned<'c>(
     } else {
         Planned::Limited { hits, limits }
     }
+}
+
+/// The override of `key`, if it is of the configured rate's algorithm (one of another is left
+/// alone, as `/v1/check` leaves it).
+fn overridden(keys: &Keys, key: &str, configured: &Rate) -> Option<Rate> {
+    let rate = (keys.overrides)(key)?;
+    (rate.algorithm.kind() == configured.algorithm.kind()).then_some(rate)
 }
 
 /// The check that charges `hits` to a limit, and whether they are beyond its capacity (then it
@@ -786,7 +815,7 @@ descriptors:
         config: &'c Config,
         request: &RateLimitRequest,
     ) -> Result<Plan<'c>, Invalid> {
-        plan(config, request, &HashSecret::PUBLIC)
+        plan(config, request, &HashSecret::PUBLIC, &|_| None)
     }
 
     fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -1279,6 +1308,43 @@ descriptors:
         assert_eq!(
             refused.0,
             "descriptors[0].limit.unit: its key would live 365d, more than --max-key-ttl 62d"
+        );
+    }
+
+    #[test]
+    fn an_operators_override_of_a_key_runs_it_at_its_own_rate_deciding_the_configured_state() {
+        let config = config();
+        let call = request(vec![descriptor(&[("user", "a")])]);
+        let keys: Vec<String> = (plan_public(&config, &call).unwrap().checks.iter())
+            .map(|c| c.key.clone())
+            .collect();
+        let window = Algorithm::FixedWindow {
+            limit: 1_000,
+            window_us: 60_000_000,
+        };
+        // The first limit's key (10 a minute, a window) is overridden; a token bucket offered
+        // for the second limit's key (a token bucket) too, a window for a bucket is left alone.
+        let overrides = |key: &str| {
+            (key == keys[0] || key == keys[1]).then(|| Rate::overridden(window, 1_000, 60_000))
+        };
+        let plan = plan(&config, &call, &HashSecret::PUBLIC, &overrides).unwrap();
+        let configured = Algorithm::FixedWindow {
+            limit: 10,
+            window_us: 60_000_000,
+        };
+        let first = &plan.checks[0];
+        assert_eq!(
+            (first.algorithm, first.state_of, first.cost, first.debt),
+            (window, Some(configured), 1, 1_000),
+            "the override's numbers; the usage of the configured window carries over"
+        );
+        assert_eq!(plan.checks[1].state_of, None);
+        let answer = answer(&plan, &[denied(), allowed(7)], HeaderStyle::None, 0);
+        let limit = answer.response.statuses[0].current_limit.clone().unwrap();
+        assert_eq!(
+            (overall(&answer), limit.requests_per_unit, limit.unit),
+            (Code::OverLimit, 1_000, rate_limit::Unit::Minute.into()),
+            "the refusal names the overridden limit"
         );
     }
 

@@ -17,8 +17,10 @@ use tonic::{Request, Response, Status};
 
 use super::answer::{answer, plan, Invalid, Plan, Tally};
 use super::metrics::{Failure, RlsMetrics};
+use crate::admin::overrides::OverrideTable;
 use crate::auth::Guard;
 use crate::connections::Activity;
+use crate::rules::config::Rate;
 use crate::rules::watch::SharedConfig;
 use crate::stores::{Decision, Namespace, Store, StoreError};
 use crate::top::{self, Record, TopRecorder, What};
@@ -38,6 +40,8 @@ pub struct RlsService<S> {
     /// Where the heaviest keys are recorded (`crate::top`), with the entries whose values show.
     pub top: Option<Arc<TopRecorder>>,
     pub top_show: Vec<String>,
+    /// The operators' overrides (with the admin API), shared with `/admin/v1/overrides`.
+    pub overrides: Option<Arc<OverrideTable>>,
 }
 
 impl<S: Store> RlsService<S> {
@@ -54,11 +58,21 @@ impl<S: Store> RlsService<S> {
 
     async fn decide(&self, request: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
         let config = self.config.current();
-        let plan = plan(&config, request, &self.secret).map_err(|Invalid(reason)| {
-            self.metrics.record_failure(Failure::Request);
-            // What envoyproxy/ratelimit's Go gRPC server makes of its plain errors.
-            Status::unknown(reason)
-        })?;
+        let current = self.overrides.as_ref().map(|table| table.current());
+        let overrides = |key: &str| {
+            let found = current.as_ref()?.find(Namespace::Rls, key)?;
+            Some(Rate::overridden(
+                found.algorithm,
+                found.requests,
+                found.per_ms,
+            ))
+        };
+        let plan =
+            plan(&config, request, &self.secret, &overrides).map_err(|Invalid(reason)| {
+                self.metrics.record_failure(Failure::Request);
+                // What envoyproxy/ratelimit's Go gRPC server makes of its plain errors.
+                Status::unknown(reason)
+            })?;
         if plan.unknown_domain {
             self.metrics.record_unknown_domain();
         }

@@ -122,6 +122,21 @@ pub struct Rate {
 }
 
 impl Rate {
+    /// An operator's override (`/admin/v1/overrides`) of `requests` per `per_ms` (a
+    /// concurrency limit's lease), already validated into `algorithm`.
+    pub fn overridden(algorithm: Algorithm, requests: u64, per_ms: u64) -> Rate {
+        let unit = match algorithm {
+            Algorithm::Concurrency { .. } => Unit::Unknown,
+            _ => Unit::of_window(per_ms),
+        };
+        Rate {
+            algorithm,
+            requests: u32::try_from(requests).unwrap_or(u32::MAX),
+            window_ms: per_ms,
+            unit,
+        }
+    }
+
     /// The most a request can ever get: the bucket, the window's limit, the queue.
     pub fn capacity(&self) -> u64 {
         self.algorithm.capacity()

@@ -25,8 +25,9 @@ const SWEEP_EVERY: u64 = 4096;
 #[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
-    /// The admin API's overrides, by name.
+    /// The admin API's overrides, by name, and how many times they changed.
     overrides: Mutex<std::collections::BTreeMap<String, String>>,
+    overrides_version: AtomicU64,
     /// The RLQS's demands.
     quota: Mutex<QuotaLedger>,
     calls: AtomicU64,
@@ -197,13 +198,22 @@ impl Store for MemoryStore {
             return Ok(false);
         }
         kept.insert(name.to_string(), value.to_string());
+        self.overrides_version.fetch_add(1, Relaxed);
         Ok(true)
     }
 
     async fn delete_override(&self, name: &str) -> Result<bool, StoreError> {
         let mut kept =
             (self.overrides.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
-        Ok(kept.remove(name).is_some())
+        let deleted = kept.remove(name).is_some();
+        if deleted {
+            self.overrides_version.fetch_add(1, Relaxed);
+        }
+        Ok(deleted)
+    }
+
+    async fn overrides_version(&self) -> Result<u64, StoreError> {
+        Ok(self.overrides_version.load(Relaxed))
     }
 
     async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
@@ -227,6 +237,11 @@ impl Store for MemoryStore {
         let mut ledger =
             (self.quota.lock()).map_err(|_| failure("the store's lock is poisoned"))?;
         Ok(ledger.hold(key, envoy, held))
+    }
+
+    /// One process is one replica: none is dead.
+    async fn beat_replica(&self, _replica: &str) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
     }
 }
 

@@ -499,6 +499,10 @@ pub trait Store: Send + Sync + 'static {
     /// Every override kept, `(name, value)`.
     fn overrides(&self) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 
+    /// A number every set and delete of an override changes, so that a replica reads them all
+    /// only when they changed.
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
     /// Enters one Envoy's report of an RLQS bucket and reads the bucket's live demands, in one
     /// atomic step (`quota`): every live Envoy's, this one's included unless the bucket holds
     /// `quota::MAX_ENVOYS` others.
@@ -515,6 +519,13 @@ pub trait Store: Send + Sync + 'static {
         envoy: &str,
         held: Option<u64>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Enters the RLQS replica `replica`'s heartbeat now, and returns the replicas found dead
+    /// (`quota::REPLICA_BEAT_LUA`).
+    fn beat_replica(
+        &self,
+        replica: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
 }
 
 /// One store shared by the HTTP API and the RLS.
@@ -565,6 +576,10 @@ impl<S: Store> Store for std::sync::Arc<S> {
         S::overrides(self)
     }
 
+    fn overrides_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        S::overrides_version(self)
+    }
+
     fn report_quota(
         &self,
         report: &QuotaReport,
@@ -579,6 +594,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
         held: Option<u64>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         S::hold_quota(self, key, envoy, held)
+    }
+
+    fn beat_replica(
+        &self,
+        replica: &str,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send {
+        S::beat_replica(self, replica)
     }
 }
 

@@ -27,6 +27,10 @@ pub struct QuotaReport {
     pub period_ms: u64,
     /// How long a report counts; the bucket's key goes once none does.
     pub ttl_ms: u64,
+    /// Replicas found dead (`REPLICA_BEAT_LUA`): their streams' entries are forgotten at once,
+    /// as if their time to live had run out, so that an Envoy that moved to a live replica is
+    /// not kept from the share its old stream held.
+    pub dead: std::sync::Arc<[String]>,
 }
 
 /// One live Envoy's demand of a bucket: requests per budget period, and the share it holds
@@ -81,20 +85,25 @@ pub fn demand(requests: u64, period_ms: u64, elapsed_ms: Option<u64>) -> u64 {
 /// its demand, when it was measured by `TIME`, and the share it was last sent. ARGV[1] the
 /// Envoy, ARGV[2] its requests since its last report, ARGV[3] the budget's period (ms), ARGV[4]
 /// the time to live (ms), ARGV[5] `MAX_ENVOYS`, ARGV[6] `FIRST_REPORT_MS`, ARGV[7]
-/// `MIN_ELAPSED_MS`, ARGV[8] `MAX_DEMAND`. Forgets the fields older than the time to live,
-/// enters this Envoy's demand as `demand` does, keeping what it holds (unless it is new and the
-/// bucket holds `MAX_ENVOYS` others), and keeps the hash for the time to live. Returns the flat
-/// list of every live Envoy, its demand and its share held, this one's last.
+/// `MIN_ELAPSED_MS`, ARGV[8] `MAX_DEMAND`, ARGV[9] the dead replicas, space-separated (an
+/// Envoy's id is `<replica>.<n>`). Forgets the fields older than the time to live and those of
+/// dead replicas, enters this Envoy's demand as `demand` does, keeping what it holds (unless it
+/// is new and the bucket holds `MAX_ENVOYS` others), and keeps the hash for the time to live.
+/// Returns the flat list of every live Envoy, its demand and its share held, this one's last.
 pub const QUOTA_REPORT_LUA: &str = r"
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local ttl = tonumber(ARGV[4])
+local dead = {}
+for replica in string.gmatch(ARGV[9], '%S+') do
+  dead[replica] = true
+end
 local fields = redis.call('HGETALL', KEYS[1])
 local live, others, last, kept = {}, 0, nil, '0'
 for i = 1, #fields, 2 do
   local demand, at, held = string.match(fields[i + 1], '^(%d+):(%d+):(%d+)$')
   at = tonumber(at)
-  if at == nil or now - at > ttl then
+  if at == nil or now - at > ttl or dead[string.match(fields[i], '^([^.]*)')] then
     redis.call('HDEL', KEYS[1], fields[i])
   elseif fields[i] == ARGV[1] then
     last = at
@@ -143,8 +152,40 @@ redis.call('HSET', KEYS[1], ARGV[1], demand .. ':' .. at .. ':' .. ARGV[2])
 return 1
 ";
 
+/// The key of the replicas' heartbeats: field = a replica, value = when it last beat, by
+/// `TIME` (ms). One key, in one Cluster slot.
+pub const REPLICAS_KEY: &str = "sluice:rlqs:replicas";
+
+/// A replica that has not beaten for this long is dead: its streams' entries are forgotten
+/// (`QuotaReport::dead`). Three beats (`rlqs::replicas::BEAT_EVERY`).
+pub const DEAD_AFTER_MS: u64 = 3_000;
+
+/// A dead replica's heartbeat is forgotten this long after its last: longer than its streams'
+/// entries can live, so the list of the dead stays short.
+pub const FORGET_AFTER_MS: u64 = 60_000;
+
+/// KEYS[1] `REPLICAS_KEY`; ARGV[1] this replica, ARGV[2] `DEAD_AFTER_MS`, ARGV[3]
+/// `FORGET_AFTER_MS`. Enters this replica's beat now, forgets the beats older than ARGV[3], and
+/// returns the replicas whose last beat is older than ARGV[2].
+pub const REPLICA_BEAT_LUA: &str = r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now)
+local beats = redis.call('HGETALL', KEYS[1])
+local dead = {}
+for i = 1, #beats, 2 do
+  local at = tonumber(beats[i + 1])
+  if at == nil or now - at > tonumber(ARGV[3]) then
+    redis.call('HDEL', KEYS[1], beats[i])
+  elseif now - at > tonumber(ARGV[2]) then
+    dead[#dead + 1] = beats[i]
+  end
+end
+return dead
+";
+
 /// The ledger in this process's memory (`--memory`): what `QUOTA_REPORT_LUA` keeps, by the
-/// system clock.
+/// system clock. One process is one replica, so no stream of it belongs to a dead one.
 #[derive(Default, Debug)]
 pub struct QuotaLedger {
     /// Per bucket key, per Envoy: (demand, when in ms, share held).
@@ -218,6 +259,7 @@ mod tests {
             requests,
             period_ms: 60_000,
             ttl_ms: 15_000,
+            dead: std::sync::Arc::new([]),
         }
     }
 

@@ -606,6 +606,8 @@ struct Scripts {
     quota_report: Script,
     /// `quota::QUOTA_HOLD_LUA`: the share an Envoy was sent, or its stream's end.
     quota_hold: Script,
+    /// `quota::REPLICA_BEAT_LUA`: an RLQS replica's heartbeat.
+    replica_beat: Script,
 }
 
 impl Scripts {
@@ -630,10 +632,11 @@ impl Scripts {
             checks: Script::new(lua::CHECKS_LUA),
             quota_report: Script::new(quota::QUOTA_REPORT_LUA),
             quota_hold: Script::new(quota::QUOTA_HOLD_LUA),
+            replica_beat: Script::new(quota::REPLICA_BEAT_LUA),
         }
     }
 
-    fn all(&self) -> [&Script; 18] {
+    fn all(&self) -> [&Script; 19] {
         [
             &self.token_bucket,
             &self.fixed_window,
@@ -653,6 +656,7 @@ impl Scripts {
             &self.checks,
             &self.quota_report,
             &self.quota_hold,
+            &self.replica_beat,
         ]
     }
 
@@ -960,15 +964,12 @@ impl Core {
         for number in numbers {
             eval = eval.with(number.to_string());
         }
+        eval = eval.with(report.dead.join(" "));
         let reply = self.run(&[eval], Order::AsGiven).await?;
         let fields = match reply.into_iter().next() {
             Some(Value::Array(fields)) => fields,
             Some(Value::ServerError(error)) => return Err(error.into()),
             other => return Err(unexpected_reply(format!("{other:?}"))),
-        };
-        let text = |value: &Value| match value {
-            Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
-            _ => None,
         };
         let triples = fields.chunks_exact(3).map(|entry| {
             let (envoy, demand, held) = (
@@ -1002,6 +1003,31 @@ impl Core {
             Some(Value::ServerError(error)) => Err(error.into()),
             other => Err(unexpected_reply(format!("{other:?}"))),
         }
+    }
+
+    async fn beat_replica(&self, replica: &str) -> RedisResult<Vec<String>> {
+        let eval = Eval::new(
+            &self.scripts.replica_beat,
+            quota::REPLICAS_KEY.to_owned(),
+            &[],
+        )
+        .with(replica.to_owned())
+        .with(quota::DEAD_AFTER_MS.to_string())
+        .with(quota::FORGET_AFTER_MS.to_string());
+        let reply = self.run(&[eval], Order::AsGiven).await?;
+        match reply.into_iter().next() {
+            Some(Value::Array(dead)) => Ok(dead.iter().filter_map(text).collect()),
+            Some(Value::ServerError(error)) => Err(error.into()),
+            other => Err(unexpected_reply(format!("{other:?}"))),
+        }
+    }
+}
+
+/// A bulk string's text (lossy), else nothing.
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => Some(String::from_utf8_lossy(bytes).into_owned()),
+        _ => None,
     }
 }
 
@@ -1074,6 +1100,10 @@ impl Store for RedisStore {
         bounded(COMMAND_TIMEOUT, self.core.overrides()).await
     }
 
+    async fn overrides_version(&self) -> Result<u64, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.overrides_version()).await
+    }
+
     async fn report_quota(&self, report: &QuotaReport) -> Result<Vec<Demand>, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.report_quota(report)).await
     }
@@ -1085,6 +1115,10 @@ impl Store for RedisStore {
         held: Option<u64>,
     ) -> Result<bool, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.hold_quota(key, envoy, held)).await
+    }
+
+    async fn beat_replica(&self, replica: &str) -> Result<Vec<String>, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.beat_replica(replica)).await
     }
 }
 

@@ -10,15 +10,31 @@ use super::{Connection, Core};
 /// listing them is one `HGETALL`; in a Cluster it lives on one node.
 pub const OVERRIDES_KEY: &str = "sluice:admin:overrides";
 
-/// KEYS[1] the overrides' hash; ARGV[1] the name, ARGV[2] the value, ARGV[3] the most fields.
-/// Sets the field unless it is new and the hash holds the most already. Returns 1 if set, 0 if
-/// refused at the bound.
+/// The field of `OVERRIDES_KEY` that every set and delete increments (no override's name, which
+/// is `<namespace>:<key>`, starts with `#`): a replica reads it each second and the whole hash
+/// only when it changed.
+pub const VERSION_FIELD: &str = "#version";
+
+/// KEYS[1] the overrides' hash; ARGV[1] the name, ARGV[2] the value, ARGV[3] the most
+/// overrides. Sets the field unless it is new and the hash holds the most already (its version
+/// field aside), and counts the change. Returns 1 if set, 0 if refused at the bound.
 pub const PUT_OVERRIDE_LUA: &str = r"
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0
-   and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+local kept = redis.call('HLEN', KEYS[1]) - redis.call('HEXISTS', KEYS[1], '#version')
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 and kept >= tonumber(ARGV[3]) then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HINCRBY', KEYS[1], '#version', 1)
+return 1
+";
+
+/// KEYS[1] the overrides' hash; ARGV[1] the name. Deletes the field and counts the change;
+/// returns 1 if it was there.
+pub const DELETE_OVERRIDE_LUA: &str = r"
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HINCRBY', KEYS[1], '#version', 1)
 return 1
 ";
 
@@ -48,16 +64,29 @@ impl Core {
     }
 
     pub(super) async fn delete_override(&self, name: &str) -> RedisResult<bool> {
-        let mut command = redis::cmd("HDEL");
-        command.arg(OVERRIDES_KEY).arg(name);
-        let deleted: i64 = self.query(&command).await?;
-        Ok(deleted > 0)
+        let script = Script::new(DELETE_OVERRIDE_LUA);
+        let mut invocation = script.key(OVERRIDES_KEY);
+        invocation.arg(name);
+        let deleted: i64 = match self.link.connect().await? {
+            Connection::Single(mut con) => invocation.invoke_async(&mut con).await?,
+            Connection::Cluster(mut con) => invocation.invoke_async(&mut con).await?,
+        };
+        Ok(deleted == 1)
     }
 
     pub(super) async fn overrides(&self) -> RedisResult<Vec<(String, String)>> {
         let mut command = redis::cmd("HGETALL");
         command.arg(OVERRIDES_KEY);
-        self.query(&command).await
+        let mut kept: Vec<(String, String)> = self.query(&command).await?;
+        kept.retain(|(name, _)| name != VERSION_FIELD);
+        Ok(kept)
+    }
+
+    pub(super) async fn overrides_version(&self) -> RedisResult<u64> {
+        let mut command = redis::cmd("HGET");
+        command.arg(OVERRIDES_KEY).arg(VERSION_FIELD);
+        let version: Option<u64> = self.query(&command).await?;
+        Ok(version.unwrap_or(0))
     }
 
     async fn query<T: FromRedisValue>(&self, command: &Cmd) -> RedisResult<T> {
