@@ -110,9 +110,10 @@ impl Setup {
 
     /// `sluice_service_rlqs_reports_total` of domain `api`.
     fn reports(&self) -> u64 {
+        // Of the limits' one descriptor: the series are by domain and descriptor.
         metric(
             &self.service,
-            "sluice_service_rlqs_reports_total{domain=\"api\"}",
+            "sluice_service_rlqs_reports_total{domain=\"api\",",
         )
     }
 }

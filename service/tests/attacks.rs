@@ -1,6 +1,8 @@
 //! Issue 20's attacks on `sluice-service`, one test per finding, each written as the attack it
-//! stops, against the real service and a real Redis. Connection floods run the service under
-//! `ulimit -n 1024` (the test process raises its own limit to hold the attacker's sockets).
+//! stops, against the real service and a real Redis; and issue 36's on the RLQS's port (streams
+//! that never report, huge counts, 100,000 bucket ids, readers that never read). Connection
+//! floods run the service under `ulimit -n 1024` (the test process raises its own limit to hold
+//! the attacker's sockets).
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -10,6 +12,8 @@
 )]
 
 mod common;
+#[path = "rlqs/client.rs"]
+mod rlqs;
 #[path = "rls/client.rs"]
 mod rls;
 
@@ -25,6 +29,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
+use futures_util::StreamExt;
 use rls::{ask, connect, descriptor, overall, overall_codes, request, Client, Rls};
 use sluice_testkit::http::{get, post_json};
 use sluice_testkit::redis::RedisServer;
@@ -731,4 +736,416 @@ async fn an_rls_config_directory_left_without_yaml_keeps_its_limits() {
         overall_codes(&mut client, &bob, 4).await,
         rls::oks_then_over(3, 1)
     );
+}
+
+// ---- 9. The RLQS: streams that never report, huge counts, 100,000 buckets, a slow reader ------
+
+const RLQS_LIMITS: &str = "domain: api
+descriptors:
+  - key: name
+    rate_limit: {unit: minute, requests_per_unit: 600}
+";
+
+/// `sluice-service --rlqs` over `redis`, with HTTP for /metrics, and `extra` arguments.
+fn rlqs_on(redis: &RedisServer, extra: &[&str]) -> rlqs::Rlqs {
+    let url = redis.url();
+    let store = ["--redis", url.as_str()];
+    let extra = [WITH_HTTP, extra].concat();
+    rlqs::Rlqs::start(&store, RLQS_LIMITS, &["--rlqs", "127.0.0.1:0"], &extra)
+}
+
+/// The sample `series` of the RLQS's `/metrics`, 0 if absent.
+fn rlqs_metric(service: &rlqs::Rlqs, series: &str) -> u64 {
+    rlqs::metric(service.service.addr, series).unwrap_or(0)
+}
+
+const NAME: &str = r#"{domain="api",descriptor="name"}"#;
+
+/// One message reporting `allowed` requests of each bucket `{name: <n>}` for `n` in `names`.
+fn many_reports(
+    names: impl Iterator<Item = usize>,
+    allowed: u64,
+) -> envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports {
+    let mut message = rlqs::reports("api", rlqs::bucket("x"), 0, 0);
+    let template = message.bucket_quota_usages.pop().unwrap();
+    for n in names {
+        let mut usage = template.clone();
+        usage.bucket_id = Some(rlqs::bucket(&n.to_string()));
+        usage.num_requests_allowed = allowed;
+        message.bucket_quota_usages.push(usage);
+    }
+    message
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rlqs_streams_that_never_report_hold_no_budget_and_go_with_their_connection() {
+    let redis = RedisServer::start();
+    let limits = ["--idle-timeout", "2", "--max-connections", "20"];
+    let service = rlqs_on(&redis, &limits);
+    let address = service.address();
+    let before = service.service.rss_kib();
+    // One connection opens as many streams as HTTP/2 lets it (--rls-max-streams, 100) and never
+    // reports on them; a 101st waits for a place that does not come.
+    let client = rlqs::connect(address).await;
+    let mut silent = Vec::new();
+    for _ in 0..100 {
+        let mut shared = client.clone();
+        let opened = tokio::time::timeout(Duration::from_secs(5), rlqs::open_on(&mut shared, None));
+        silent.push(opened.await.unwrap().unwrap());
+    }
+    let mut shared = client.clone();
+    let more = tokio::time::timeout(Duration::from_secs(1), rlqs::open_on(&mut shared, None));
+    assert!(
+        more.await.is_err(),
+        "a 101st stream opened on one connection"
+    );
+    assert_eq!(rlqs_metric(&service, "sluice_service_rlqs_streams"), 100);
+    let grown_kib = service.service.rss_kib().saturating_sub(before);
+    println!("100 silent RLQS streams: RSS {before} KiB before, +{grown_kib} KiB");
+    assert!(grown_kib < 16 * 1024, "RSS grew by {grown_kib} KiB");
+    // They hold no budget: an Envoy that reports gets all of it.
+    let mut envoy = rlqs::open(address, None).await.unwrap();
+    let answer = envoy
+        .report(rlqs::reports("api", rlqs::bucket("b"), 50, 0))
+        .await;
+    assert_eq!(rlqs::per_minute(&answer), Some(600), "{answer:?}");
+    // More connections of silent streams than --max-connections: the silent ones are shed for
+    // newcomers (they never had an answer), never more open than the bound.
+    let mut flood = Vec::new();
+    for _ in 0..30 {
+        let opened = tokio::time::timeout(Duration::from_secs(2), rlqs::open(address, None)).await;
+        if let Ok(Ok(stream)) = opened {
+            flood.push(stream);
+        }
+    }
+    let open = rlqs_metric(&service, r#"sluice_service_connections{server="rlqs"}"#);
+    assert!(open <= 20, "{open} RLQS connections open");
+    // Nothing reports: the idle deadline (--idle-timeout) closes every connection, and its
+    // streams end with it.
+    let mut waited = 0;
+    while rlqs_metric(&service, "sluice_service_rlqs_streams") > 0 {
+        waited += 1;
+        assert!(
+            waited < 50,
+            "RLQS streams still open 5 s after their last report"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let idle = r#"sluice_service_connections_closed_total{server="rlqs",reason="idle_timeout"}"#;
+    let shed = r#"sluice_service_connections_closed_total{server="rlqs",reason="shed"}"#;
+    println!(
+        "RLQS connections closed: {} idle, {} shed; {} of 30 flood streams opened",
+        rlqs_metric(&service, idle),
+        rlqs_metric(&service, shed),
+        flood.len()
+    );
+    assert!(rlqs_metric(&service, idle) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rlqs_report_of_u64_max_requests_assigns_at_most_the_budget_and_wraps_nothing() {
+    let redis = RedisServer::start();
+    let service = rlqs_on(&redis, &[]);
+    let (address, huge) = (service.address(), u64::MAX);
+    let mut hostile = rlqs::open(address, None).await.unwrap();
+    let answer = hostile
+        .report(rlqs::reports("api", rlqs::bucket("b"), huge, huge))
+        .await;
+    assert_eq!(rlqs::per_minute(&answer), Some(600), "{answer:?}");
+    // An Envoy beside it still gets a share, and the hostile one's shrinks to leave it.
+    let mut envoy = rlqs::open(address, None).await.unwrap();
+    let light = envoy
+        .report(rlqs::reports("api", rlqs::bucket("b"), 10, 0))
+        .await;
+    let light = rlqs::per_minute(&light).unwrap();
+    assert!(light > 0);
+    let answer = hostile
+        .report(rlqs::reports("api", rlqs::bucket("b"), huge, huge))
+        .await;
+    let heavy = rlqs::per_minute(&answer).unwrap();
+    assert!(heavy + light <= 600, "{heavy} + {light}");
+    // The ledger's demand is capped, the counters add at most 2^40 a report and do not wrap.
+    let max_requests = 1u64 << 40;
+    let allowed =
+        r#"sluice_service_rlqs_requests_total{domain="api",descriptor="name",outcome="allowed"}"#;
+    let denied = allowed.replace("allowed", "denied");
+    assert_eq!(rlqs_metric(&service, allowed), 2 * max_requests + 10);
+    assert_eq!(rlqs_metric(&service, &denied), 2 * max_requests);
+    let bucket_keys = keys(&redis, "sluice:rlqs:{*");
+    assert_eq!(bucket_keys.len(), 1, "{bucket_keys:?}");
+    let Reply::Array(fields) = redis.client().cmd(&["HGETALL", &bucket_keys[0]]) else {
+        panic!("HGETALL")
+    };
+    for value in fields.iter().skip(1).step_by(2) {
+        let value = value.text();
+        let parts: Vec<u64> = value.split(':').map(|p| p.parse().unwrap()).collect();
+        assert!(parts[0] <= 1 << 50, "demand {value}");
+        assert!(parts[2] <= 600, "held {value}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hundred_thousand_rlqs_bucket_ids_on_one_stream_keep_a_thousand() {
+    let redis = RedisServer::start();
+    let service = rlqs_on(&redis, &[]);
+    let address = service.address();
+    let before = service.service.rss_kib();
+    let started = Instant::now();
+    let mut hostile = rlqs::open(address, None).await.unwrap();
+    // 50 messages of 2,000 buckets each (each message under --max-request-bytes' 64 KiB).
+    for first in (0..100_000).step_by(2_000) {
+        hostile.send(many_reports(first..first + 2_000, 1)).await;
+    }
+    // Then a bucket it keeps: answered once every message before it has been.
+    hostile.send(many_reports(0..1, 1)).await;
+    let first = next_answer(&mut hostile).await;
+    // A report the store did not take in time (Redis on a loaded machine) gets no action.
+    let errors = rlqs_metric(&service, "sluice_service_rlqs_store_errors_total");
+    let errors = usize::try_from(errors).unwrap();
+    assert_eq!(first.bucket_action.len() + errors, rlqs_max_buckets());
+    let last = next_answer(&mut hostile).await;
+    assert_eq!(last.bucket_action.len(), 1, "{last:?}");
+    let took = started.elapsed();
+    let grown_kib = service.service.rss_kib().saturating_sub(before);
+    let bucket_keys = keys(&redis, "sluice:rlqs:{*").len();
+    let metrics = get(service.service.addr, "/metrics");
+    println!(
+        "100,000 bucket ids in {took:?}: RSS {before} KiB before, +{grown_kib} KiB; \
+         {bucket_keys} Redis keys; /metrics {} bytes",
+        metrics.body.len()
+    );
+    assert!((first.bucket_action.len()..=rlqs_max_buckets()).contains(&bucket_keys));
+    let reports = format!("sluice_service_rlqs_reports_total{NAME}");
+    assert_eq!(rlqs_metric(&service, &reports), 1_001);
+    assert!(grown_kib < 32 * 1024, "RSS grew by {grown_kib} KiB");
+    assert!(
+        metrics.body.len() < 64 * 1024,
+        "{} bytes",
+        metrics.body.len()
+    );
+    // Another Envoy is answered as ever.
+    let mut envoy = rlqs::open(address, None).await.unwrap();
+    let answer = envoy
+        .report(rlqs::reports("api", rlqs::bucket("fresh"), 10, 0))
+        .await;
+    assert!(
+        rlqs::per_minute(&answer).is_some_and(|share| share > 0),
+        "{answer:?}"
+    );
+}
+
+/// The next answer on `stream`, within 60 s.
+async fn next_answer(
+    stream: &mut rlqs::Stream,
+) -> envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaResponse {
+    let next = tokio::time::timeout(Duration::from_secs(60), stream.answers.next());
+    next.await.unwrap().unwrap().unwrap()
+}
+
+/// `MAX_BUCKETS_PER_STREAM` of `service/src/rlqs/service.rs`.
+fn rlqs_max_buckets() -> usize {
+    sluice_service::rlqs::service::MAX_BUCKETS_PER_STREAM
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rlqs_client_that_never_reads_its_answers_is_held_back_by_flow_control() {
+    // In the service's memory: what is measured here is what the service buffers.
+    let ports = ["--rlqs", "127.0.0.1:0"];
+    let service = rlqs::Rlqs::start(&["--memory"], RLQS_LIMITS, &ports, WITH_HTTP);
+    let address = service.address();
+    let before = service.service.rss_kib();
+    // tonic's client with h2's windows of 64 KiB (its own are 2 MiB a stream).
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}"))
+        .unwrap()
+        .initial_stream_window_size(65_535)
+        .initial_connection_window_size(65_535)
+        .connect()
+        .await
+        .unwrap();
+    let mut reader = rlqs::open_on(&mut rlqs::Client::new(channel), None)
+        .await
+        .unwrap();
+    // Each message reports the same 500 buckets: each answer is about 25 KB, and none is read.
+    let mut sent = 0;
+    while sent < 2_000 {
+        let sending =
+            tokio::time::timeout(Duration::from_secs(2), reader.send(many_reports(0..500, 1)));
+        if sending.await.is_err() {
+            break;
+        }
+        sent += 1;
+    }
+    assert!(
+        sent < 2_000,
+        "every message was taken without an answer read"
+    );
+    // The bucket reports the service read, entered or deferred.
+    let entered = format!("sluice_service_rlqs_reports_total{NAME}");
+    let read = || {
+        rlqs_metric(&service, &entered)
+            + rlqs_metric(&service, "sluice_service_rlqs_reports_deferred_total")
+    };
+    let messages_read = read() / 500;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(read() / 500, messages_read, "still reading");
+    let grown_kib = service.service.rss_kib().saturating_sub(before);
+    println!(
+        "a reader that never reads: {sent} messages sent before the send stalled, \
+         {messages_read} read by the service; RSS {before} KiB before, +{grown_kib} KiB"
+    );
+    // A message whose every report is deferred (over the stream's allowance) has no answer, so
+    // the next is read at once: more are read than answered, but once answers wait, none.
+    assert!(messages_read <= sent, "{messages_read} messages read");
+    assert!(grown_kib < 16 * 1024, "RSS grew by {grown_kib} KiB");
+    // Reading again lets it go on.
+    let next = tokio::time::timeout(Duration::from_secs(10), reader.answers.next()).await;
+    assert!(!next.unwrap().unwrap().unwrap().bucket_action.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_rlqs_stream_reporting_faster_than_any_envoy_makes_a_bounded_number_of_store_calls() {
+    let redis = RedisServer::start();
+    let service = rlqs_on(&redis, &[]);
+    let hostile = rlqs::open(service.address(), None).await.unwrap();
+    let started = Instant::now();
+    // 20 messages of the same 1,000 buckets at once: an Envoy reports them once in 5 s.
+    for _ in 0..20 {
+        hostile.send(many_reports(0..1_000, 1)).await;
+    }
+    let entered = format!("sluice_service_rlqs_reports_total{NAME}");
+    let deferred = "sluice_service_rlqs_reports_deferred_total";
+    let mut waited = 0;
+    while rlqs_metric(&service, &entered) + rlqs_metric(&service, deferred) < 20_000 {
+        waited += 1;
+        assert!(waited < 300, "20,000 bucket reports not read in 30 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let took = started.elapsed();
+    let (entered, deferred) = (
+        rlqs_metric(&service, &entered),
+        rlqs_metric(&service, deferred),
+    );
+    let info = redis.client().cmd(&["INFO", "commandstats"]).text();
+    let scripts: u64 = (info.lines())
+        .filter(|l| l.starts_with("cmdstat_eval"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    println!(
+        "20 messages of 1,000 buckets in {took:?}: {entered} entered, {deferred} deferred; \
+         {scripts} scripts run in Redis"
+    );
+    // 2,000 at once, then 1,000 a second; two scripts each (report, hold).
+    let allowed = 2_000 + 1_000 * (took.as_millis() as u64 + 999) / 1_000;
+    assert!(entered <= allowed, "{entered} entered in {took:?}");
+    assert!(deferred >= 20_000 - allowed);
+    assert!(scripts <= 2 * entered + 10, "{scripts} scripts");
+}
+
+/// Sends `message` (a gRPC frame) on `send` as flow control lets it, until `deadline`; whether
+/// it all went.
+async fn send_frame(
+    send: &mut h2::SendStream<Bytes>,
+    message: &Bytes,
+    deadline: tokio::time::Instant,
+) -> bool {
+    let mut left = message.clone();
+    while !left.is_empty() {
+        send.reserve_capacity(left.len());
+        let capacity = std::future::poll_fn(|cx| send.poll_capacity(cx));
+        match tokio::time::timeout_at(deadline, capacity).await {
+            Ok(Some(Ok(n))) if n > 0 => {
+                let chunk = left.split_to(n.min(left.len()));
+                if send.send_data(chunk, false).is_err() {
+                    return false;
+                }
+            }
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fifty_rlqs_streams_that_never_read_their_answers_are_not_read_on_and_then_closed() {
+    let ports = ["--rlqs", "127.0.0.1:0"];
+    let extra = [WITH_HTTP, &["--idle-timeout", "4"]].concat();
+    let service = rlqs::Rlqs::start(&["--memory"], RLQS_LIMITS, &ports, &extra);
+    let address = service.address();
+    let before = service.service.rss_kib();
+    // Each message reports 1,000 buckets (its answer is about 50 KB); the client's windows
+    // are h2's 64 KiB, and it never reads an answer nor gives the window back.
+    let mut message = vec![0u8];
+    let body = prost::Message::encode_to_vec(&many_reports(0..1_000, 1));
+    message.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+    message.extend_from_slice(&body);
+    let message = Bytes::from(message);
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driving = tokio::spawn(connection);
+    let mut client = client.ready().await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(4);
+    let mut streams = Vec::new();
+    for _ in 0..50 {
+        client = client.ready().await.unwrap();
+        let call = http::Request::post(format!(
+            "http://{address}/envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas"
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+        let (response, mut send) = client.send_request(call, false).unwrap();
+        let message = message.clone();
+        streams.push(tokio::spawn(async move {
+            let mut sent = 0;
+            while send_frame(&mut send, &message, deadline).await {
+                sent += 1;
+            }
+            (sent, response, send)
+        }));
+    }
+    let mut sent = Vec::new();
+    let mut held = Vec::new();
+    for stream in streams {
+        let (n, response, send) = stream.await.unwrap();
+        sent.push(n);
+        held.push((response, send));
+    }
+    let reports = format!("sluice_service_rlqs_reports_total{NAME}");
+    let answered = rlqs_metric(&service, &reports) / 1_000;
+    let grown_kib = service.service.rss_kib().saturating_sub(before);
+    let most = sent.iter().max().unwrap();
+    println!(
+        "50 streams that never read: {} messages sent ({most} at most on one), {answered} \
+         answered; RSS {before} KiB before, +{grown_kib} KiB",
+        sent.iter().sum::<usize>()
+    );
+    // Hyper takes a stream's next answer only once the last one has gone into the client's
+    // windows (64 KiB for the stream, as much for the connection): then the stream is not read
+    // on, and its next report waits in the service's window (64 KiB a stream, 1 MiB a
+    // connection), unread. So at most an answer or two a stream.
+    assert!(answered <= 2 * 50, "{answered} answered");
+    assert!(grown_kib < 64 * 1024, "RSS grew by {grown_kib} KiB");
+    // Nothing is answered any more: the idle deadline closes the connection, and its streams.
+    let closed = r#"sluice_service_connections_closed_total{server="rlqs",reason="idle_timeout"}"#;
+    let mut waited = 0;
+    while rlqs_metric(&service, closed) == 0
+        || rlqs_metric(&service, "sluice_service_rlqs_streams") > 0
+    {
+        waited += 1;
+        assert!(
+            waited < 100,
+            "the connection or its streams open 10 s after its last answer"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(held);
+    driving.abort();
 }

@@ -1,9 +1,10 @@
 //! The RLQS's shares live in Redis: two replicas of the service against one redis-server divide
-//! one budget between the Envoys whose streams they hold, a replica killed mid-interval loses no
-//! Envoy's demand (another replica still counts it) until it is found dead (3 s without a
-//! heartbeat), when an Envoy moved to a live replica gets its fair share; and while Redis is
-//! away a replica answers nothing (Envoy keeps its last assignment) and answers again once
-//! Redis is back.
+//! one budget between the Envoys whose streams they hold, each replica's `/metrics` showing the
+//! shares its own streams were sent and the requests they reported, a replica killed
+//! mid-interval loses no Envoy's demand (another replica still counts it) until it is found
+//! dead (3 s without a heartbeat), when an Envoy moved to a live replica gets its fair share;
+//! and while Redis is away a replica answers nothing (Envoy keeps its last assignment) and
+//! answers again once Redis is back.
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -18,7 +19,7 @@ mod rlqs;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use rlqs::{bucket, open, per_minute, reports, Rlqs};
+use rlqs::{bucket, metric, open, per_minute, reports, Rlqs};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::resp::Reply;
 
@@ -29,14 +30,16 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 600}
 ";
 const PORT: [&str; 2] = ["--rlqs", "127.0.0.1:0"];
+/// With HTTP as well, for /metrics.
+const WITH_HTTP: [&str; 2] = ["--listen", "127.0.0.1:0"];
 
 #[tokio::test]
 async fn two_replicas_divide_one_budget_and_a_killed_replica_loses_nothing() {
     let redis = RedisServer::start();
     let url = redis.url();
     let store = ["--redis", url.as_str()];
-    let one = Rlqs::start(&store, LIMITS, &PORT, &[]);
-    let two = Rlqs::start(&store, LIMITS, &PORT, &[]);
+    let one = Rlqs::start(&store, LIMITS, &PORT, &WITH_HTTP);
+    let two = Rlqs::start(&store, LIMITS, &PORT, &WITH_HTTP);
     // Each first report counts over 5 s: 100 requests are 1,200 a minute, 10 are 120.
     let mut heavy = open(one.address(), None).await.unwrap();
     let alone = heavy.report(reports("api", bucket("b"), 90, 10)).await;
@@ -60,6 +63,37 @@ async fn two_replicas_divide_one_budget_and_a_killed_replica_loses_nothing() {
     assert_eq!(per_minute(&answer), Some(237), "{answer:?}");
     let answer = second.report(reports("api", bucket("b"), 100, 0)).await;
     assert_eq!(per_minute(&answer), Some(237), "{answer:?}");
+    // Each replica's series are its own streams', under the descriptor the bucket matched (the
+    // limits' `name`, never the bucket's value `b`): replica one sent the heavy Envoy 237 a
+    // minute, replica two the light one 126 and the second 237; summed, the budget's 600.
+    let series = |replica: &Rlqs, name: &str| {
+        let labels = r#"{domain="api",descriptor="name"}"#;
+        metric(
+            replica.service.addr,
+            &format!("sluice_service_rlqs_{name}{labels}"),
+        )
+    };
+    let outcome = |replica: &Rlqs, outcome: &str| {
+        let labels = format!(r#"{{domain="api",descriptor="name",outcome="{outcome}"}}"#);
+        metric(
+            replica.service.addr,
+            &format!("sluice_service_rlqs_requests_total{labels}"),
+        )
+    };
+    assert_eq!(series(&one, "assigned"), Some(237));
+    assert_eq!(series(&one, "envoys"), Some(1));
+    assert_eq!(series(&two, "assigned"), Some(126 + 237));
+    assert_eq!(series(&two, "envoys"), Some(2));
+    assert_eq!(series(&one, "reports_total"), Some(3));
+    assert_eq!(outcome(&one, "allowed"), Some(90 + 100 + 100));
+    assert_eq!(outcome(&one, "denied"), Some(10));
+    assert_eq!(outcome(&two, "allowed"), Some(10 + 2 + 100 + 100));
+    assert_eq!(outcome(&two, "denied"), Some(0));
+    let text = sluice_testkit::http::get(two.service.addr, "/metrics").text();
+    assert!(
+        !text.contains("\"b\""),
+        "a bucket's value is a label:\n{text}"
+    );
     // Replica one is killed under the first heavy Envoy's stream: its demand and its share
     // stay in Redis until the replica is found dead (3 s without a heartbeat, below), so a
     // third heavy Envoy at once finds the whole budget
@@ -79,6 +113,17 @@ async fn two_replicas_divide_one_budget_and_a_killed_replica_loses_nothing() {
     assert_eq!(redis.client().cmd(&["HLEN", &key]).int(), 4);
     let ttl = redis.client().cmd(&["PTTL", &key]).int();
     assert!((1..=15_000).contains(&ttl), "{ttl}");
+    // A stream that ends takes its share and itself out of its replica's series: replica two
+    // holds the light Envoy's 126 and the third's 12.
+    drop(second);
+    let mut left = 50;
+    while series(&two, "envoys") != Some(2) {
+        left -= 1;
+        assert!(left > 0, "the ended stream still counted after 5 s");
+        // The client's connection closes on this runtime's thread: let it run.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(series(&two, "assigned"), Some(126 + 12));
 }
 
 #[tokio::test]

@@ -1,22 +1,28 @@
 //! A bucket's global budget, from the RLS's limits files: the report's `domain` names the
 //! file's domain, and the bucket id's entries walk its descriptor tree (each level takes the
 //! entry that has a node there, most specific first: `key_value`, a wildcard, the bare `key`),
-//! so one limits file serves both protocols. The budget is the node's first limited rule.
+//! so one limits file serves both protocols. The budget is the node's first limited rule, with
+//! its metrics label (the descriptor's path in the limits, never a request's value).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::rules::config::{Config, Node, Rule};
 
-/// Requests per period.
+/// Requests per period, and the metrics label of the limit that gives them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
+pub struct Budget<'c> {
     pub requests: u64,
     pub period: Duration,
+    pub label: &'c str,
 }
 
 /// The budget of `bucket` in `domain`, if the limits give it one.
-pub fn budget(config: &Config, domain: &str, bucket: &HashMap<String, String>) -> Option<Budget> {
+pub fn budget<'c>(
+    config: &'c Config,
+    domain: &str,
+    bucket: &HashMap<String, String>,
+) -> Option<Budget<'c>> {
     let mut level = config.domain(domain)?;
     let mut left: Vec<(&String, &String)> = bucket.iter().collect();
     left.sort();
@@ -32,6 +38,7 @@ pub fn budget(config: &Config, domain: &str, bucket: &HashMap<String, String>) -
         Rule::Limited(rate) => Some(Budget {
             requests: u64::from(rate.requests),
             period: Duration::from_millis(rate.window_ms),
+            label: &limit.label,
         }),
         Rule::Unlimited => None,
     })
@@ -85,15 +92,17 @@ descriptors:
         let per_minute = Budget {
             requests: 600,
             period: Duration::from_secs(60),
+            label: "tenant_acme.path",
         };
+        let config = config();
         let found = budget(
-            &config(),
+            &config,
             "api",
             &bucket(&[("path", "/a"), ("tenant", "acme")]),
         );
         assert_eq!(found, Some(per_minute));
-        let other = budget(&config(), "api", &bucket(&[("tenant", "globex")]));
-        assert_eq!(other.map(|b| b.requests), Some(5));
+        let other = budget(&config, "api", &bucket(&[("tenant", "globex")]));
+        assert_eq!(other.map(|b| (b.requests, b.label)), Some((5, "tenant")));
     }
 
     #[test]

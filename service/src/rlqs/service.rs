@@ -7,14 +7,20 @@
 //! bucket the stream reports with no request `ABANDON_AFTER` times running is abandoned: Envoy
 //! forgets it, and so does the ledger. When a stream ends, its Envoy is forgotten at once, so
 //! the others' next reports share what it held.
+//!
+//! Bounded against hostile clients: a stream keeps at most `MAX_BUCKETS_PER_STREAM` buckets
+//! and a replica `MAX_BUCKETS_PER_REPLICA` over all its streams (each one a key in the store
+//! for its time to live), a replica holds at most `MAX_STREAMS_PER_REPLICA` streams open,
+//! since the connection bounds (`--max-connections`, `--rls-max-streams` each) multiply, and a
+//! stream's reports make at most `REPORTS_PER_SECOND` store calls a second (`Allowance`).
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaService;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
@@ -27,7 +33,7 @@ use tracing::warn;
 use super::action::{abandon, assign};
 use super::budget::{budget, Budget};
 use super::ledger::share;
-use super::metrics::{RlqsMetrics, StreamOpen};
+use super::metrics::{Descriptor, Holdings, RlqsMetrics, StreamOpen};
 use super::replicas::Replicas;
 use crate::auth::Guard;
 use crate::connections::Activity;
@@ -42,9 +48,65 @@ pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
 /// The most buckets one stream may report: the reports of others are not entered, and get no
 /// action (Envoy's `no_assignment_behavior`).
 pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
+/// The most buckets the streams of one replica may report in all: a new bucket beyond them gets
+/// no action (Envoy's `no_assignment_behavior`) until others are abandoned or their streams end.
+/// Keeps the replica's memory and the store's keys bounded whatever the number of streams
+/// (measured: 50 streams of 1,000 buckets each grew the RSS by 36 MB, `--memory`'s ledger and
+/// the decoding of their reports included).
+pub const MAX_BUCKETS_PER_REPLICA: usize = 100_000;
+/// The most streams one replica holds open: a stream beyond them is refused
+/// `RESOURCE_EXHAUSTED`. One stream is one Envoy.
+pub const MAX_STREAMS_PER_REPLICA: usize = 10_000;
 /// A bucket reported with no request this many times running (15 s, the assignment's time to
 /// live) is abandoned.
 pub const ABANDON_AFTER: u32 = 3;
+/// The store calls one message's buckets have in flight at once. Each has its own time limit
+/// (the store's `COMMAND_TIMEOUT`, 1 s) from when it starts: started all at once, the last of
+/// a thousand queue behind the others on a loaded Redis or service and time out together
+/// (seen once in `attacks.rs`: 472 of 500 buckets of one message, on two busy cores).
+const STORE_CALLS_IN_FLIGHT: usize = 64;
+
+/// Places counted against a replica-wide bound, taken and given back by the streams.
+#[derive(Debug, Default)]
+struct Places(AtomicUsize);
+
+impl Places {
+    /// Takes one place if fewer than `max` are taken.
+    fn take(&self, max: usize) -> bool {
+        let more = |n: usize| (n < max).then_some(n + 1);
+        self.0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, more)
+            .is_ok()
+    }
+
+    fn give_back(&self, n: usize) {
+        let fewer = |taken: usize| Some(taken.saturating_sub(n));
+        let _ = self
+            .0
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fewer);
+    }
+}
+
+/// A stream's place among `MAX_STREAMS_PER_REPLICA`, given back when dropped.
+struct StreamPlace(Arc<Places>);
+
+impl StreamPlace {
+    /// A place among `open`, or `RESOURCE_EXHAUSTED` when they are all taken.
+    fn take(open: &Arc<Places>) -> Result<StreamPlace, Status> {
+        if !open.take(MAX_STREAMS_PER_REPLICA) {
+            return Err(Status::resource_exhausted(
+                "this replica holds the most RLQS streams it may",
+            ));
+        }
+        Ok(StreamPlace(Arc::clone(open)))
+    }
+}
+
+impl Drop for StreamPlace {
+    fn drop(&mut self) {
+        self.0.give_back(1);
+    }
+}
 
 /// The service: every stream's reports go to one store, shared with the other replicas.
 pub struct RlqsService<S> {
@@ -56,6 +118,9 @@ pub struct RlqsService<S> {
     /// The replicas found dead, whose streams' entries the reports forget.
     replicas: Arc<Replicas>,
     streams: AtomicU64,
+    /// The streams open and the buckets they keep, against the replica's bounds.
+    open: Arc<Places>,
+    buckets: Arc<Places>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
 }
@@ -76,6 +141,8 @@ impl<S: Store> RlqsService<S> {
             replica: random.finish(),
             replicas: Arc::default(),
             streams: AtomicU64::new(0),
+            open: Arc::default(),
+            buckets: Arc::default(),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics,
         }
@@ -91,25 +158,78 @@ impl<S: Store> RlqsService<S> {
 }
 
 /// What a stream knows of one bucket it reports.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Bucket {
-    /// The share it was last sent.
-    held: Option<u64>,
+    /// The share it was last sent, and the descriptor it was counted under.
+    held: Option<(u64, Descriptor)>,
     /// Its reports with no request, running.
     idle: u32,
+    /// The requests of its reports deferred (over the stream's `Allowance`), for its next.
+    unreported: u64,
+}
+
+/// The bucket reports a stream may have entered a second (a store call each, two with the
+/// share held), and at once: an Envoy 1.40 reports each of its buckets every 5 s (at most
+/// `MAX_BUCKETS_PER_STREAM`), so only a client that reports faster than any Envoy goes over.
+pub const REPORTS_PER_SECOND: u64 = MAX_BUCKETS_PER_STREAM as u64;
+pub const REPORTS_AT_ONCE: u64 = 2 * REPORTS_PER_SECOND;
+
+/// A stream's allowance of reports entered: a token bucket of `REPORTS_AT_ONCE` tokens,
+/// refilled at `REPORTS_PER_SECOND`. A report over it is deferred (`answer`).
+#[derive(Debug, Clone, Copy)]
+struct Allowance {
+    tokens: u64,
+    /// When the tokens were last counted.
+    at: Instant,
+}
+
+impl Allowance {
+    fn new(now: Instant) -> Allowance {
+        Allowance {
+            tokens: REPORTS_AT_ONCE,
+            at: now,
+        }
+    }
+
+    /// Takes one report's token, if there is one at `now`.
+    fn take(&mut self, now: Instant) -> bool {
+        let elapsed_us = u64::try_from(now.saturating_duration_since(self.at).as_micros());
+        let earned = elapsed_us
+            .unwrap_or(u64::MAX)
+            .saturating_mul(REPORTS_PER_SECOND)
+            / 1_000_000;
+        if earned > 0 {
+            self.tokens = self.tokens.saturating_add(earned).min(REPORTS_AT_ONCE);
+            // Whole tokens only: the part of one earned stays for the next count.
+            self.at += Duration::from_micros(earned * 1_000_000 / REPORTS_PER_SECOND);
+        }
+        if self.tokens == 0 {
+            return false;
+        }
+        self.tokens -= 1;
+        true
+    }
 }
 
 /// One stream: its id in the ledger (unique across replicas), the buckets it reported (by key).
 struct StreamState<S: Store> {
     id: String,
     buckets: HashMap<String, Bucket>,
+    /// The replica's count of buckets, one place per entry of `buckets`.
+    replica_buckets: Arc<Places>,
+    /// Its reports entered, against `REPORTS_PER_SECOND`.
+    allowance: Allowance,
     config: SharedConfig,
     store: Arc<S>,
     warnings: Arc<Throttle>,
     metrics: Arc<RlqsMetrics>,
     replicas: Arc<Replicas>,
+    /// Its shares, in `sluice_service_rlqs_assigned` and `_envoys` while it lives.
+    holdings: Holdings,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
     _open: StreamOpen,
+    /// Its place among the replica's `MAX_STREAMS_PER_REPLICA`.
+    _place: StreamPlace,
 }
 
 /// The answer to one message of reports.
@@ -119,7 +239,7 @@ async fn answer<S: Store>(
 ) -> RateLimitQuotaResponse {
     let config = state.config.current();
     let dead = state.replicas.dead();
-    let mut entered: Vec<(&BucketId, Budget, QuotaReport)> = Vec::new();
+    let mut entered: Vec<(&BucketId, Budget, Descriptor, QuotaReport)> = Vec::new();
     let mut actions = Vec::new();
     let mut this_message = HashSet::new();
     for usage in &reports.bucket_quota_usages {
@@ -129,21 +249,50 @@ async fn answer<S: Store>(
         };
         let entries = id.bucket.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let key = quota_key(&reports.domain, entries);
-        let full = state.buckets.len() >= MAX_BUCKETS_PER_STREAM;
-        if (full && !state.buckets.contains_key(&key)) || !this_message.insert(key.clone()) {
+        if this_message.contains(&key) {
+            continue;
+        }
+        let known = state.buckets.contains_key(&key);
+        if !known && state.buckets.len() >= MAX_BUCKETS_PER_STREAM {
             continue;
         }
         let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
-        state
-            .metrics
-            .record_report(&reports.domain, allowed, denied);
         let requests = allowed.saturating_add(denied);
+        if !state.allowance.take(Instant::now()) {
+            // Reported faster than any Envoy does: no action (Envoy keeps what it holds), no
+            // store call; a known bucket's requests count at its next report entered.
+            this_message.insert(key.clone());
+            if let Some(bucket) = state.buckets.get_mut(&key) {
+                bucket.unreported = bucket.unreported.saturating_add(requests);
+            }
+            state.metrics.record_deferred();
+            continue;
+        }
+        if !known && !state.replica_buckets.take(MAX_BUCKETS_PER_REPLICA) {
+            if let Some(others) = state.warnings.pass() {
+                warn!(
+                    limit = MAX_BUCKETS_PER_REPLICA,
+                    others,
+                    "rlqs: the replica keeps the most buckets it may; a new one gets no action"
+                );
+            }
+            continue;
+        }
+        this_message.insert(key.clone());
+        let descriptor = Descriptor::new(&reports.domain, limit.label);
+        state.metrics.record_report(&descriptor, allowed, denied);
         let bucket = state.buckets.entry(key.clone()).or_default();
+        let requests = requests.saturating_add(std::mem::take(&mut bucket.unreported));
         bucket.idle = if requests == 0 { bucket.idle + 1 } else { 0 };
         if bucket.idle >= ABANDON_AFTER {
             // Nobody asks for it here: Envoy drops it (and makes it anew, reporting at once,
             // when a request comes), and its share goes back to the others.
-            state.buckets.remove(&key);
+            if let Some(removed) = state.buckets.remove(&key) {
+                state.replica_buckets.give_back(1);
+                if let Some((share, counted)) = removed.held {
+                    state.holdings.change(Some((&counted, share)), None);
+                }
+            }
             // Not a store error of the metric (the abandon is sent); the entry lapses anyway.
             if let Err(failure) = state.store.hold_quota(&key, &state.id, None).await {
                 if let Some(others) = state.warnings.pass() {
@@ -162,15 +311,18 @@ async fn answer<S: Store>(
             ttl_ms: ASSIGNMENT_TTL.as_secs() * 1_000,
             dead: Arc::clone(&dead),
         };
-        entered.push((id, limit, report));
+        entered.push((id, limit, descriptor, report));
     }
     let store = &state.store;
-    let ledgers = entered
-        .iter()
-        .map(|(_, _, report)| store.report_quota(report));
-    let demands = futures_util::future::join_all(ledgers).await;
+    // `STORE_CALLS_IN_FLIGHT` at a time: each call's time limit runs from when it is sent, so a
+    // message of many buckets does not time its last ones out behind the first.
+    let mut demands = Vec::with_capacity(entered.len());
+    for some in entered.chunks(STORE_CALLS_IN_FLIGHT) {
+        let ledgers = (some.iter()).map(|(_, _, _, report)| store.report_quota(report));
+        demands.extend(futures_util::future::join_all(ledgers).await);
+    }
     let mut sent = Vec::new();
-    for ((id, limit, report), demands) in entered.into_iter().zip(demands) {
+    for ((id, limit, descriptor, report), demands) in entered.into_iter().zip(demands) {
         let demands = match demands {
             Ok(demands) => demands,
             Err(failure) => {
@@ -182,19 +334,27 @@ async fn answer<S: Store>(
             }
         };
         let bucket = state.buckets.get_mut(&report.key);
-        let held = bucket.as_ref().and_then(|b| b.held);
+        let before = bucket.as_ref().and_then(|b| b.held.clone());
+        let held = before.as_ref().map(|(share, _)| *share);
         if let Some((share, _envoys)) = share(&demands, &state.id, limit.requests, held) {
             tracing::debug!(envoy = %state.id, ?demands, ?held, share, "rlqs share");
+            let was = before.as_ref().map(|(share, counted)| (counted, *share));
+            state.holdings.change(was, Some((&descriptor, share)));
             if let Some(bucket) = bucket {
-                bucket.held = Some(share);
+                bucket.held = Some((share, descriptor));
             }
             sent.push((report.key, share));
             actions.push(assign(id.clone(), share, limit.period, ASSIGNMENT_TTL));
         }
     }
     // What each holds now, for the others' shares.
-    let holds = (sent.iter()).map(|(key, share)| store.hold_quota(key, &state.id, Some(*share)));
-    for held in futures_util::future::join_all(holds).await {
+    let mut holds = Vec::with_capacity(sent.len());
+    for some in sent.chunks(STORE_CALLS_IN_FLIGHT) {
+        let calls =
+            (some.iter()).map(|(key, share)| store.hold_quota(key, &state.id, Some(*share)));
+        holds.extend(futures_util::future::join_all(calls).await);
+    }
+    for held in holds {
         // The share is sent all the same; the others see the one held before until the next.
         if let Err(failure) = held {
             if let Some(others) = state.warnings.pass() {
@@ -212,6 +372,7 @@ async fn answer<S: Store>(
 /// (A replica that dies forgets nothing: its Envoys' entries lapse after their time to live.)
 impl<S: Store> Drop for StreamState<S> {
     fn drop(&mut self) {
+        self.replica_buckets.give_back(self.buckets.len());
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -247,18 +408,23 @@ impl<S: Store> RateLimitQuotaService for RlqsService<S> {
         {
             return Err(Status::unauthenticated("a valid bearer token is required"));
         }
+        let place = StreamPlace::take(&self.open)?;
         let activity = request.extensions().get::<Activity>().cloned();
         let inbound = request.into_inner();
         let number = self.streams.fetch_add(1, Ordering::Relaxed);
         let state = StreamState {
             id: format!("{:016x}.{number}", self.replica),
             buckets: HashMap::new(),
+            replica_buckets: Arc::clone(&self.buckets),
+            allowance: Allowance::new(Instant::now()),
             config: self.config.clone(),
             store: Arc::clone(&self.store),
             warnings: Arc::clone(&self.warnings),
             metrics: Arc::clone(&self.metrics),
             replicas: Arc::clone(&self.replicas),
+            holdings: Holdings::new(&self.metrics),
             _open: self.metrics.stream_open(),
+            _place: place,
         };
         let answers = futures_util::stream::unfold(
             (inbound, state, activity),
@@ -298,18 +464,31 @@ descriptors:
 ";
 
     fn stream(id: &str, store: &Arc<MemoryStore>) -> StreamState<MemoryStore> {
+        stream_of(id, store, &Arc::default())
+    }
+
+    /// A stream of a replica whose buckets are counted in `replica`.
+    fn stream_of(
+        id: &str,
+        store: &Arc<MemoryStore>,
+        replica: &Arc<Places>,
+    ) -> StreamState<MemoryStore> {
         let metrics = Arc::new(RlqsMetrics::register(&mut Default::default()));
         let files = vec![(PathBuf::from("api.yaml"), LIMITS.to_owned())];
         let config = Config::from_files(&files, &Bounds::default()).unwrap();
         StreamState {
             id: id.to_owned(),
             buckets: HashMap::new(),
+            replica_buckets: Arc::clone(replica),
+            allowance: Allowance::new(Instant::now()),
             config: SharedConfig::new(config),
             store: Arc::clone(store),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics: Arc::clone(&metrics),
             replicas: Arc::default(),
+            holdings: Holdings::new(&metrics),
             _open: metrics.stream_open(),
+            _place: StreamPlace(Arc::default()),
         }
     }
 
@@ -419,5 +598,87 @@ descriptors:
         let twice = vec![usage("x", 1, 0), usage("x", 1, 0)];
         let response = answer(&mut other, &reports("api", twice)).await;
         assert_eq!(response.bucket_action.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_replica_keeps_a_bounded_number_of_buckets_over_all_its_streams() {
+        let store = Arc::new(MemoryStore::default());
+        let replica = Arc::new(Places::default());
+        // Other streams keep all but 5 places.
+        replica
+            .0
+            .store(MAX_BUCKETS_PER_REPLICA - 5, Ordering::Relaxed);
+        let mut state = stream_of("1", &store, &replica);
+        let many = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
+        let response = answer(&mut state, &reports("api", many)).await;
+        assert_eq!(response.bucket_action.len(), 5);
+        // The buckets it keeps are still answered; the others get no action.
+        let again = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
+        let response = answer(&mut state, &reports("api", again)).await;
+        assert_eq!(response.bucket_action.len(), 5);
+        assert_eq!(replica.0.load(Ordering::Relaxed), MAX_BUCKETS_PER_REPLICA);
+        // A stream that ends gives its places back.
+        drop(state);
+        assert_eq!(
+            replica.0.load(Ordering::Relaxed),
+            MAX_BUCKETS_PER_REPLICA - 5
+        );
+        let places = Places::default();
+        assert!((0..3).all(|_| places.take(3)));
+        assert!(!places.take(3));
+        places.give_back(10);
+        assert!(places.take(3));
+    }
+
+    #[test]
+    fn a_replica_holds_a_bounded_number_of_streams_and_an_ended_one_frees_its_place() {
+        let open = Arc::new(Places::default());
+        open.0.store(MAX_STREAMS_PER_REPLICA - 1, Ordering::Relaxed);
+        let last = StreamPlace::take(&open).unwrap();
+        let refused = StreamPlace::take(&open).err().unwrap();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        drop(last);
+        assert!(StreamPlace::take(&open).is_ok());
+    }
+
+    #[test]
+    fn a_streams_allowance_is_2000_reports_at_once_then_1000_a_second() {
+        let start = Instant::now();
+        let mut allowance = Allowance::new(start);
+        assert!((0..REPORTS_AT_ONCE).all(|_| allowance.take(start)));
+        assert!(!allowance.take(start));
+        assert!(!allowance.take(start + Duration::from_micros(999)));
+        assert!(allowance.take(start + Duration::from_millis(1)));
+        assert!(!allowance.take(start + Duration::from_millis(1)));
+        // However long a stream waits, it has the burst, no more.
+        let later = start + Duration::from_secs(3_600);
+        let taken = (0..3 * REPORTS_AT_ONCE)
+            .filter(|_| allowance.take(later))
+            .count();
+        assert_eq!(taken as u64, REPORTS_AT_ONCE);
+    }
+
+    #[tokio::test]
+    async fn a_report_over_the_allowance_gets_no_action_and_its_requests_count_at_the_next() {
+        let store = Arc::new(MemoryStore::default());
+        let mut state = stream("1", &store);
+        let first = answer(&mut state, &reports("api", vec![usage("b", 10, 0)])).await;
+        assert!(per_minute(&first).is_some());
+        // A client that has reported faster than any Envoy: nothing left for an hour.
+        let spent = Allowance {
+            tokens: 0,
+            at: Instant::now() + Duration::from_secs(3_600),
+        };
+        state.allowance = spent;
+        let deferred = answer(&mut state, &reports("api", vec![usage("b", 900, 100)])).await;
+        assert!(deferred.bucket_action.is_empty(), "{deferred:?}");
+        let key = quota_key("api", [("name", "b")].into_iter());
+        assert_eq!(state.buckets.get(&key).unwrap().unreported, 1_000);
+        state.allowance = Allowance::new(Instant::now());
+        // The next report of nothing is entered with the 1,000 deferred: not idle.
+        let next = answer(&mut state, &reports("api", vec![usage("b", 0, 0)])).await;
+        assert!(per_minute(&next).is_some_and(|share| share > 0), "{next:?}");
+        let bucket = state.buckets.get(&key).unwrap();
+        assert_eq!((bucket.unreported, bucket.idle), (0, 0));
     }
 }

@@ -48,14 +48,29 @@ pub struct Stream {
     pub answers: Streaming<RateLimitQuotaResponse>,
 }
 
-/// Opens a stream at `address` with `authorization` metadata if given.
+/// A client of the RLQS at `address`: one connection, shared by the streams opened on clones.
+pub async fn connect(address: SocketAddr) -> Client {
+    RateLimitQuotaServiceClient::connect(format!("http://{address}"))
+        .await
+        .unwrap()
+}
+
+pub type Client = RateLimitQuotaServiceClient<tonic::transport::Channel>;
+
+/// Opens a stream at `address`, on a connection of its own, with `authorization` metadata if
+/// given.
 pub async fn open(
     address: SocketAddr,
     authorization: Option<&str>,
 ) -> Result<Stream, tonic::Status> {
-    let mut client = RateLimitQuotaServiceClient::connect(format!("http://{address}"))
-        .await
-        .unwrap();
+    open_on(&mut connect(address).await, authorization).await
+}
+
+/// Opens a stream on `client`'s connection.
+pub async fn open_on(
+    client: &mut Client,
+    authorization: Option<&str>,
+) -> Result<Stream, tonic::Status> {
     let (sender, receiver) = mpsc::channel(16);
     let outbound =
         futures_util::stream::unfold(receiver, |mut r| async { r.recv().await.map(|m| (m, r)) });
@@ -121,4 +136,14 @@ pub fn per_minute(response: &RateLimitQuotaResponse) -> Option<u64> {
         },
         _ => None,
     }
+}
+
+/// The value of the sample `series` (its name and labels, as `/metrics` writes them) on the
+/// HTTP port `address` (started with `--listen`); `None` if there is none.
+pub fn metric(address: SocketAddr, series: &str) -> Option<u64> {
+    let metrics = sluice_testkit::http::get(address, "/metrics");
+    assert_eq!(metrics.status, 200);
+    let text = metrics.text();
+    let line = text.lines().find(|l| l.split(' ').next() == Some(series))?;
+    line.rsplit(' ').next()?.parse().ok()
 }
