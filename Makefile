@@ -183,7 +183,7 @@ bench-rls: deps
 # the RLS (a call per request), Envoy's native local_ratelimit and no filter, for the same traffic:
 # the cost per request, the service's CPU at two request rates, and what three Envoys sharing one
 # budget admit (the RLQS, the RLS, a static per-Envoy assignment). Rewrites the rlqs section of
-# BENCHMARKS.md and bench/rlqs.json (about 14 minutes, plus the service's release build).
+# BENCHMARKS.md and bench/rlqs.json (about 16 minutes, plus the service's release build).
 # Options go through RLQS_ARGS (see bench/rlqs.py --help).
 .PHONY: bench-rlqs
 NEEDS_bench-rlqs = python-venv redis-server redis-cli wrk taskset

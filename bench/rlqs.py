@@ -10,7 +10,7 @@ request), Envoy's native local_ratelimit and no rate-limit filter, for the same 
    a static per-Envoy assignment admit over the limit.
 
 Rewrites the "rlqs" section of BENCHMARKS.md and bench/rlqs.json. Python 3 standard library only
-(the library is bench/sluice_bench/). About 14 minutes (plus the service's release build).
+(the library is bench/sluice_bench/). About 16 minutes (plus the service's release build).
 
   python3 bench/rlqs.py                  # the real run
   python3 bench/rlqs.py --quick          # a smoke run: short windows (its figures mean little)

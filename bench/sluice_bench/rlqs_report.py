@@ -43,12 +43,13 @@ def rlqs_section(saved):
 def method(args):
     return (
         "**Method.** The same Envoy (one worker, pinned to core "
-        f"{SERVER_CORE}) in four setups, each a listener whose route leads to a second listener of the "
+        f"{SERVER_CORE}) in five setups, each a listener whose route leads to a second listener of the "
         "same Envoy that answers `ok` (the ratelimit filter reads a route's `rate_limits` only on a "
         "route to a cluster): **RLS**, Envoy's `ratelimit` filter asking `sluice-service --rls` "
         f"(a call per request, one descriptor `({KEY}=<x-user-id>)`); **RLQS**, Envoy's "
-        "`rate_limit_quota` filter with `sluice-service --rlqs` (a bucket per `x-user-id`, "
-        f"`reporting_interval: {REPORTING_INTERVAL}`); Envoy's native **local_ratelimit** (one token "
+        "`rate_limit_quota` filter with `sluice-service --rlqs` (a bucket per `x-user-id`, its "
+        "`bucket_id_builder` a `custom_value` reading the header; `reporting_interval: "
+        f"{REPORTING_INTERVAL}`), and the same with one bucket for every request (a constant id); Envoy's native **local_ratelimit** (one token "
         "bucket, no response headers); and **no** rate-limit filter. The RLS and the RLQS read the "
         "same limits file (in `bench/rlqs.json`): a fixed window of a billion a minute per user "
         "(refusing nothing), and "
@@ -88,13 +89,19 @@ def cost_table(cost, samples):
                         for a, b in zip(samples.get("rlqs", []), samples.get("local", [])))
         rounds = (f" (within each round: median {statistics.median(paired):.3f}×, "
                   f"{paired[0]:.3f}–{paired[-1]:.3f}×)" if paired else "")
-        verdict = "met" if ratio <= ENVOY_TARGET else "**missed**"
+        per_round = statistics.median(paired) if paired else ratio
+        verdict = ("met" if max(ratio, per_round) <= ENVOY_TARGET else
+                   "**missed**" if min(ratio, per_round) > ENVOY_TARGET else
+                   "at its edge: met by one of the two figures, not the other")
         lines += [
             "",
             f"RLQS Envoy CPU per request over native local_ratelimit's: **{ratio:.3f}×**{rounds} (issue 36's "
             f"target ≤ {ENVOY_TARGET:.2f}×: {verdict})"
             + (f"; over no filter's: {rlqs / none:.3f}×; local_ratelimit over no filter's: {local / none:.3f}×"
                if none else "")
+            + (f"; with one bucket for every request (a constant bucket id, no header read): "
+               f"{cost['rlqs1']['envoy_cpu_us_per_request'] / local:.3f}× local_ratelimit's"
+               if cost.get("rlqs1") else "")
             + (f". The RLS Envoy's is {rls / local:.2f}× local_ratelimit's, and the RLS adds its service's "
                f"{cost['rls']['service_cpu_us_per_request']:.1f} µs and Redis's "
                f"{cost['rls']['redis_cpu_us_per_request']:.1f} µs per request; the RLQS's service "

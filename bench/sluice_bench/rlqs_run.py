@@ -75,9 +75,12 @@ end
 SETUPS = {
     "rls": "RLS: Envoy's `ratelimit` filter, sluice-service --rls",
     "rlqs": "RLQS: Envoy's `rate_limit_quota` filter, sluice-service --rlqs",
+    "rlqs1": "RLQS, one bucket for every request (a constant bucket id)",
     "local": "Envoy's native `local_ratelimit`",
     "none": "no rate-limit filter",
 }
+# The service each setup asks (part 1's "rlqs1": the RLQS's, a constant bucket id).
+SERVICE_OF = {"rls": "rls", "rlqs": "rlqs", "rlqs1": "rlqs"}
 # Part 2's paced rates: wrk connections, each waiting DELAY_MS before its next request.
 RATES = {"1x": 8, "4x": 32}
 DELAY_MS = 16
@@ -108,14 +111,16 @@ class GrpcService(Child):
             return False
 
 
-def rlqs_filter(cluster):
-    """Envoy's rate_limit_quota filter: a bucket per `x-user-id` value, `{user: <value>}`."""
+def rlqs_filter(cluster, per_user=True):
+    """Envoy's rate_limit_quota filter: a bucket per `x-user-id` value, `{user: <value>}`, or
+    (`per_user` False) one bucket, `{user: all}`, for every request."""
+    user = ({"custom_value": {
+        "name": "user",
+        "typed_config": {"@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+                         "header_name": "x-user-id"}}} if per_user else {"string_value": "all"})
     settings = {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings",
-        "bucket_id_builder": {"bucket_id_builder": {KEY: {"custom_value": {
-            "name": "user",
-            "typed_config": {"@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-                             "header_name": "x-user-id"}}}}},
+        "bucket_id_builder": {"bucket_id_builder": {KEY: user}},
         "reporting_interval": REPORTING_INTERVAL,
         "no_assignment_behavior": {"fallback_rate_limit": {"blanket_rule": "ALLOW_ALL"}},
         "expired_assignment_behavior": {"expired_assignment_behavior_timeout": "60s",
@@ -158,15 +163,15 @@ def setup_bootstrap(setup, port, admin_port, backend_port, service_port, static_
     route.pop("rate_limits")
     router = hcm["http_filters"][-1]
     clusters = config["static_resources"]["clusters"]
-    if setup == "rlqs":
-        hcm["http_filters"] = [rlqs_filter("rls"), router]
+    if setup in ("rlqs", "rlqs1"):
+        hcm["http_filters"] = [rlqs_filter("rls", per_user=setup == "rlqs"), router]
     elif setup == "local":
         hcm["http_filters"] = [local_filter(HIGH_LIMIT, HIGH_LIMIT), router]
     elif setup == "static":
         hcm["http_filters"] = [local_filter(static_per_s, 2 * static_per_s), router]
     else:
         hcm["http_filters"] = [router]
-    if setup != "rlqs":
+    if setup not in ("rlqs", "rlqs1"):
         config["static_resources"]["clusters"] = [c for c in clusters if c["name"] != "rls"]
     return config
 
@@ -225,12 +230,14 @@ def measure(workdir, binary, envoy_bin, args):
             services[mode].start(30)
         envoys = {}
         for setup in SETUPS:
-            envoys[setup] = stack.enter_context(SetupEnvoy(envoy_bin, setup, services.get(setup), workdir))
+            envoys[setup] = stack.enter_context(SetupEnvoy(envoy_bin, setup, services.get(SERVICE_OF.get(setup)),
+                                                           workdir))
             envoys[setup].start()
         cost = {}
         for r in range(1, args.rounds + 1):
             for setup in SETUPS:
-                sample = measure_load(envoys[setup], services.get(setup), redises.get(setup), workdir,
+                mode = SERVICE_OF.get(setup)
+                sample = measure_load(envoys[setup], services.get(mode), redises.get(mode), workdir,
                                       args.warmup, args.duration, CONNECTIONS, None)
                 cost.setdefault(setup, []).append(sample)
                 log_sample(f"cost round {r}/{args.rounds} {setup}", sample)
