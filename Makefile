@@ -15,6 +15,7 @@
 #   make bench   the cost per request against Envoy's native limiter (BENCHMARKS.md)
 #   make bench-instructions   instructions per request under valgrind, deterministic (BENCHMARKS.md)
 #   make bench-rls   sluice-service --rls against Limitador (LIMITADOR=path), over gRPC and through Envoy
+#   make bench-rlqs   Envoy's rate_limit_quota with sluice-service --rlqs against the RLS, local_ratelimit, a static split
 #   make soak, make chaos   key floods, long runs and faults (docs/reliability.md)
 #   make siege   sluice-service under every attack of issue 20 at once (docs/reliability.md)
 #   make clean   cargo clean (keeps .venv, where scripts/find-envoy installs Envoy)
@@ -177,6 +178,17 @@ bench-instructions: build
 NEEDS_bench-rls = python-venv redis-server redis-cli wrk taskset
 bench-rls: deps
 	cd $(ROOT) && python3 bench/rls.py $(RLS_ARGS)
+
+# Not part of make test: Envoy's rate_limit_quota filter with sluice-service --rlqs (issue 36) beside
+# the RLS (a call per request), Envoy's native local_ratelimit and no filter, for the same traffic:
+# the cost per request, the service's CPU at two request rates, and what three Envoys sharing one
+# budget admit (the RLQS, the RLS, a static per-Envoy assignment). Rewrites the rlqs section of
+# BENCHMARKS.md and bench/rlqs.json (about 16 minutes, plus the service's release build).
+# Options go through RLQS_ARGS (see bench/rlqs.py --help).
+.PHONY: bench-rlqs
+NEEDS_bench-rlqs = python-venv redis-server redis-cli wrk taskset
+bench-rlqs: deps
+	cd $(ROOT) && python3 bench/rlqs.py $(RLQS_ARGS)
 
 # Not part of make test: reliability runs that rewrite their sections of docs/reliability.md.
 # make soak: a flood of 1,000,000 new keys against max_keys, then SOAK_MINUTES (default 10) of
