@@ -108,8 +108,8 @@ pub struct KeyRequest {
     pub id: Option<u64>,
 }
 
-/// Reads a keys call's body for `action`.
-pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
+/// An admin call's JSON body, at most `MAX_BODY_BYTES`, every error naming the field.
+fn read_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, BadRequest> {
     if body.len() > MAX_BODY_BYTES {
         return Err(BadRequest::new(
             "body",
@@ -117,15 +117,26 @@ pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
         ));
     }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let raw: RawKeyRequest = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+    let raw = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." { "body".into() } else { path };
         BadRequest::new(&field, e.inner())
     })?;
     deserializer.end().map_err(|e| BadRequest::new("body", e))?;
-    if raw.policy.is_empty() || raw.policy.len() > 64 {
+    Ok(raw)
+}
+
+fn check_policy(policy: &str) -> Result<(), BadRequest> {
+    if policy.is_empty() || policy.len() > 64 {
         return Err(BadRequest::new("policy", "must be 1 to 64 bytes"));
     }
+    Ok(())
+}
+
+/// Reads a keys call's body for `action`.
+pub fn parse(action: Action, body: &[u8]) -> Result<KeyRequest, BadRequest> {
+    let raw: RawKeyRequest = read_body(body)?;
+    check_policy(&raw.policy)?;
     let key = match (raw.key, raw.key_hash) {
         (Some(_), Some(_)) => {
             return Err(BadRequest::new(
@@ -320,22 +331,8 @@ pub struct TopRequest {
 /// Reads a `top` call's body: `{"policy": P, "by": "refused"|"consumed", "window":
 /// "1m"|"1h", "limit": 1..=64}`, `by`, `window` and `limit` optional as in the service's query.
 pub fn parse_top(body: &[u8]) -> Result<TopRequest, BadRequest> {
-    if body.len() > MAX_BODY_BYTES {
-        return Err(BadRequest::new(
-            "body",
-            format!("must be at most {MAX_BODY_BYTES} bytes"),
-        ));
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(body);
-    let raw: RawTopRequest = serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." { "body".into() } else { path };
-        BadRequest::new(&field, e.inner())
-    })?;
-    deserializer.end().map_err(|e| BadRequest::new("body", e))?;
-    if raw.policy.is_empty() || raw.policy.len() > 64 {
-        return Err(BadRequest::new("policy", "must be 1 to 64 bytes"));
-    }
+    let raw: RawTopRequest = read_body(body)?;
+    check_policy(&raw.policy)?;
     let got = |text: &str| format!("got {:?}", text.chars().take(32).collect::<String>());
     let by = match raw.by.as_deref() {
         None => By::Refused,
