@@ -63,6 +63,18 @@ def wrk(port, duration, connections=16, threads=1, core=LOAD_CORE):
     return parse_wrk(run_wrk(port, duration, connections, threads, headers, core=core))
 
 
+def users_lua(keys):
+    """A wrk `request()` sending each request one `x-user-id` of `keys` (user-0 ...), at random."""
+    return f"""
+local users = {{}}
+for i = 1, {keys} do users[i] = "user-" .. (i - 1) end
+
+function request()
+  return wrk.format(nil, nil, {{["x-user-id"] = users[math.random({keys})]}})
+end
+"""
+
+
 def wrk_script(port, seconds, connections, threads, lua, workdir, env=None, until=None, core=None):
     """wrk with a Lua script (LUA_TOTALS, then `lua`) for at most `seconds`: parse_wrk's figures,
     the largest latency, and what the script printed (`KEY VALUE` lines) under "script".

@@ -29,7 +29,7 @@ from .builds import service_binary
 from .envoy import Envoy, find_envoy
 from .envoy_config import native_ratelimit_bootstrap, static_cluster
 from .facts import command_line, facts
-from .load import Pacer, PacedClients, wrk_script
+from .load import users_lua, Pacer, PacedClients, wrk_script
 from .processes import (ENVOY_CORE, LOAD_CORE, Child, Failure, cpu_seconds, free_ports, install_signal_handlers,
                         log, machine_busy_seconds, require, run)
 from .services import Redis
@@ -63,14 +63,7 @@ descriptors:
     rate_limit: {{unit: minute, requests_per_unit: {HIGH_LIMIT}}}
 """
 
-USERS_LUA = f"""
-local users = {{}}
-for i = 1, {KEYS} do users[i] = "user-" .. (i - 1) end
-
-function request()
-  return wrk.format(nil, nil, {{["x-user-id"] = users[math.random({KEYS})]}})
-end
-"""
+USERS_LUA = users_lua(KEYS)
 
 SETUPS = {
     "rls": "RLS: Envoy's `ratelimit` filter, sluice-service --rls",

@@ -28,7 +28,7 @@ from .builds import build_rls_load, build_service
 from .envoy import Envoy, find_envoy
 from .envoy_config import native_ratelimit_bootstrap
 from .facts import command_line, facts, machine_facts
-from .load import wrk_script
+from .load import users_lua, wrk_script
 from .processes import (ENVOY_CORE, LOAD_CORE, Child, Failure, children_cpu_seconds, cpu_seconds, free_ports,
                         install_signal_handlers, launch_prefix, log, machine_busy_seconds, require, run)
 from .services import Redis
@@ -62,14 +62,7 @@ LIMITADOR_LIMITS = f"""- namespace: {DOMAIN}
 """
 
 # Each x-user-id of ENVOY_KEYS, at random.
-USERS_LUA = f"""
-local users = {{}}
-for i = 1, {ENVOY_KEYS} do users[i] = "user-" .. (i - 1) end
-
-function request()
-  return wrk.format(nil, nil, {{["x-user-id"] = users[math.random({ENVOY_KEYS})]}})
-end
-"""
+USERS_LUA = users_lua(ENVOY_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)
