@@ -470,6 +470,40 @@ fn an_override_applies_at_once_on_every_replica_survives_a_restart_and_is_delete
     assert_eq!(allowed(&c, "api/premium", 30), 0);
 }
 
+/// More overrides than one page of the read (1,000): a replica reads every one, and one set
+/// through the API among them applies.
+#[test]
+fn a_replica_reads_overrides_of_many_pages() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new("admin-overrides-pages");
+    let max = ["--max-overrides", "5000"];
+    let a = start(&[&["--redis", &redis.url()][..], &max].concat(), &dir);
+    assert_eq!(set_override(&a, "api/premium", 20, json!({})).status, 200);
+    let stored = redis
+        .client()
+        .cmd(&["HGETALL", "sluice:admin:overrides"])
+        .texts();
+    let (name, value) = stored
+        .chunks(2)
+        .find(|pair| pair[0] != "#version")
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .unwrap();
+    let mut command = vec!["HSET".to_string(), "sluice:admin:overrides".to_string()];
+    for n in 0..2_499 {
+        let other = format!("api/tenant-{n}");
+        command.push(name.replace("api/premium", &other));
+        command.push(value.replace("api/premium", &other));
+    }
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    redis.client().cmd(&command);
+
+    let b = start(&[&["--redis", &redis.url()][..], &max].concat(), &dir);
+    std::thread::sleep(Duration::from_millis(300));
+    let listed = call(b.addr, "GET", "/admin/v1/overrides", Some("rEad-token"), "").json();
+    assert_eq!(listed["overrides"].as_array().unwrap().len(), 2_500);
+    assert_eq!(allowed(&b, "api/premium", 30), 20);
+}
+
 #[test]
 fn an_override_stops_applying_when_it_expires() {
     let dir = TempDir::new("admin-expiry");

@@ -17,7 +17,7 @@ use common::clock::{redis_time_us, window_around};
 use common::post_check;
 use common::{bucket, checks_body, leaky, window};
 use serde_json::Value;
-use sluice_testkit::http::get;
+use sluice_testkit::http::{get, send_with};
 use sluice_testkit::redis::RedisCluster;
 use sluice_testkit::service::Service;
 
@@ -244,4 +244,48 @@ fn cluster_charges_sent_again_with_their_ids_are_charged_once() {
             assert_eq!(result["remaining"], 6, "charged once: {result}");
         }
     }
+}
+
+/// The overrides' hash lives on one node, which the paged read (`HSCAN`) is routed to: an
+/// override set through one replica is listed and applied by another.
+#[test]
+fn cluster_overrides_are_read_by_every_replica() {
+    let cluster = RedisCluster::start();
+    let dir = sluice_testkit::TempDir::new("cluster-overrides");
+    let tokens = dir.path().join("admin");
+    std::fs::write(&tokens, "oncall s3cret\n").unwrap();
+    let args = [
+        "--redis-cluster",
+        &cluster.urls(),
+        "--admin-token-file",
+        tokens.to_str().unwrap(),
+    ];
+    let a = Service::start_with(&args, &[]);
+    let body = serde_json::json!({"key": "per-user/00000000000000aa", "requests": 1,
+        "per_ms": MINUTE_MS, "burst": 7, "owner": "accounts", "reason": "premium plan"});
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", b"Bearer s3cret"),
+        ("content-type", b"application/json"),
+    ];
+    let set = send_with(
+        a.addr,
+        "POST",
+        "/admin/v1/overrides",
+        headers,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(set.status, 200, "{set:?}");
+    let b = Service::start_with(&args, &[]);
+    let key = "per-user/00000000000000aa".to_string();
+    let mut allowed = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while allowed.get(&key).copied().unwrap_or(0) < 7 {
+        assert!(
+            Instant::now() < deadline,
+            "the override did not apply: {allowed:?}"
+        );
+        round(&b, std::slice::from_ref(&key), 3, &mut allowed);
+    }
+    round(&b, std::slice::from_ref(&key), 3, &mut allowed);
+    assert_eq!(allowed[&key], 7, "the override's burst, not the check's 3");
 }

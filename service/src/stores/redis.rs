@@ -6,6 +6,7 @@
 //! are made and remade in the background: the store starts whether or not Redis answers, and a
 //! check while it does not fails within its bound instead of waiting for it.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -1096,8 +1097,20 @@ impl Store for RedisStore {
         bounded(COMMAND_TIMEOUT, self.core.delete_override(name)).await
     }
 
+    /// Page by page, each page within the command's bound. A field changed during the scan may
+    /// come twice (the last read wins) or not at all; the version, read before, changes with it,
+    /// so the next ask reads again.
     async fn overrides(&self) -> Result<Vec<(String, String)>, StoreError> {
-        bounded(COMMAND_TIMEOUT, self.core.overrides()).await
+        let mut kept = HashMap::new();
+        let mut cursor = 0;
+        loop {
+            let (next, page) = bounded(COMMAND_TIMEOUT, self.core.overrides_page(cursor)).await?;
+            kept.extend(page);
+            if next == 0 {
+                return Ok(kept.into_iter().collect());
+            }
+            cursor = next;
+        }
     }
 
     async fn overrides_version(&self) -> Result<u64, StoreError> {

@@ -7,13 +7,16 @@ use redis::{Cmd, FromRedisValue, RedisResult, Script};
 use super::{Connection, Core};
 
 /// The hash of every override: field = the override's name, value = its JSON. One key, so that
-/// listing them is one `HGETALL`; in a Cluster it lives on one node.
+/// listing them is one `HSCAN`; in a Cluster it lives on one node.
 pub const OVERRIDES_KEY: &str = "sluice:admin:overrides";
 
 /// The field of `OVERRIDES_KEY` that every set and delete increments (no override's name, which
 /// is `<namespace>:<key>`, starts with `#`): a replica reads it each second and the whole hash
 /// only when it changed.
 pub const VERSION_FIELD: &str = "#version";
+
+/// How many fields `overrides_page` asks for at once: a few hundred kilobytes.
+const OVERRIDES_PAGE: u64 = 1_000;
 
 /// KEYS[1] the overrides' hash; ARGV[1] the name, ARGV[2] the value, ARGV[3] the most
 /// overrides. Sets the field unless it is new and the hash holds the most already (its version
@@ -74,12 +77,22 @@ impl Core {
         Ok(deleted == 1)
     }
 
-    pub(super) async fn overrides(&self) -> RedisResult<Vec<(String, String)>> {
-        let mut command = redis::cmd("HGETALL");
-        command.arg(OVERRIDES_KEY);
-        let mut kept: Vec<(String, String)> = self.query(&command).await?;
+    /// One page of the overrides from `cursor` (0 starts), and the cursor of the next (0 ends).
+    /// Pages, not one `HGETALL`: 100,000 overrides are tens of megabytes, which one command
+    /// would hold Redis and the connection for, and past any one command's time bound.
+    pub(super) async fn overrides_page(
+        &self,
+        cursor: u64,
+    ) -> RedisResult<(u64, Vec<(String, String)>)> {
+        let mut command = redis::cmd("HSCAN");
+        command
+            .arg(OVERRIDES_KEY)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(OVERRIDES_PAGE);
+        let (next, mut kept): (u64, Vec<(String, String)>) = self.query(&command).await?;
         kept.retain(|(name, _)| name != VERSION_FIELD);
-        Ok(kept)
+        Ok((next, kept))
     }
 
     pub(super) async fn overrides_version(&self) -> RedisResult<u64> {
