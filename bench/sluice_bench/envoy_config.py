@@ -31,7 +31,8 @@ def address(port):
     return {"socket_address": {"address": "127.0.0.1", "port_value": port}}
 
 
-def wasm_filter(filename, configuration=None, root_id=""):
+def wasm_filter(filename, configuration=None, root_id="", env=None):
+    """`env`: the VM's environment variables, by name."""
     config = {
         "name": "bench",
         "root_id": root_id,
@@ -42,6 +43,8 @@ def wasm_filter(filename, configuration=None, root_id=""):
             "code": {"local": {"filename": str(filename)}},
         },
     }
+    if env:
+        config["vm_config"]["environment_variables"] = {"key_values": env}
     if configuration is not None:
         config["configuration"] = {
             "@type": "type.googleapis.com/google.protobuf.StringValue",
@@ -53,18 +56,27 @@ def wasm_filter(filename, configuration=None, root_id=""):
     }
 
 
-def sluice_filter(configuration):
+def sluice_filter(configuration, env=None):
     """sluice with a whole plugin configuration."""
-    return wasm_filter(SLUICE_WASM, configuration, "sluice")
+    return wasm_filter(SLUICE_WASM, configuration, "sluice", env)
 
 
-def sluice(*policies, service=None):
+# The filter's admin path (on a listener no bench request reaches): with it on, every decision
+# of a local policy is recorded among the worker's top keys.
+ADMIN = {"listener": "ops", "token_env": "SLUICE_ADMIN_TOKEN"}
+ADMIN_ENV = {"SLUICE_ADMIN_TOKEN": "bench 0123456789abcdef0123"}
+
+
+def sluice(*policies, service=None, admin=False):
     """sluice with its default rate-limit headers ("legacy": x-ratelimit-* on every response, or a
     provider's own in their place for a policy with an `api`); `service`: the top-level `global`
-    settings, for global policies."""
+    settings, for global policies; `admin`: the admin path on (`ADMIN`), so top keys recorded."""
     config = {"version": "bench", "policies": list(policies)}
     if service:
         config["global"] = service
+    if admin:
+        config["admin"] = ADMIN
+        return sluice_filter(config, ADMIN_ENV)
     return sluice_filter(config)
 
 

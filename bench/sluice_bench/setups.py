@@ -1,7 +1,7 @@
 """The Envoy configurations the benchmark measures, 1 to 13T, each defined once for the CPU run
 and the callgrind run; the services the global rows need; and what the reports compute over the
 setups: the ratios, the steps from one setup to the next, and the issues' targets (5: the cost of
-a decision; 24: token budgets; 25: concurrency limits)."""
+a decision; 24: token budgets; 25: concurrency limits; 33: an LLM gateway; 35: top keys)."""
 
 import contextlib
 import dataclasses
@@ -38,6 +38,9 @@ RATIOS = [
     ("12T", "12", "a token budget over a request count, 4 KiB JSON"),
     ("13T", "13", "a token budget over a request count, 200-event stream"),
     ("12P", "12", "OpenAI's rate-limit headers too, 4 KiB JSON"),
+    ("4P", "4", "a policy matched on the path over one for every request"),
+    ("4A", "4P", "top keys recorded on an allowed request"),
+    ("7A", "7P", "top keys recorded on a refusal"),
 ]
 # What each step from one setup to the next adds (a − b), in the CPU and instruction reports.
 STEPS = [
@@ -52,12 +55,16 @@ STEPS = [
     ("12T", "12", "reading a 4 KiB JSON response's usage and settling it"),
     ("13T", "13", "reading a 200-event stream's usage and settling it"),
     ("12P", "12", "OpenAI's own rate-limit headers on every response"),
+    ("4P", "4", "the :path read (the admin path's routing reads it too)"),
+    ("4A", "4P", "recording an allowed request among the top keys"),
+    ("7A", "7P", "recording a refusal among the top keys"),
 ]
 # The issues' targets, on CPU per request: numerator <= factor x denominator, and the issue.
 TARGETS = [
     ("4", "3b", 1.15, "5"), ("4L", "3b", 1.0, "5"), ("5", "4", 1.2, "5"), ("7", "4", 1.0, "5"),
     ("9", "4", 1.25, "5"), ("12T", "12", 1.3, "24"), ("10", "4", 1.15, "25"),
     ("12T", "12", 1.2, "33"), ("13T", "13", 1.5, "33"), ("12P", "12", 1.03, "33"),
+    ("4A", "4P", 1.03, "35"), ("7A", "7P", 1.05, "35"),
 ]
 # The global concurrency setup whose traffic to the service the CPU run also counts, after its
 # rounds (global_traffic).
@@ -93,6 +100,7 @@ def setups(fixtures, service_port, valgrind=False):
     rows measure calls, not failures: a failed call would fail open.)"""
     deny_per, service = ("1h", service_settings("5s")) if valgrind else ("1s", service_settings("1s"))
     per_user = policy("per-user", "header:x-user-id", NEVER, "1s")
+    denying = policy("per-user", "header:x-user-id", 100, deny_per, 100)
     strict = dict(policy("global-user", "header:x-user-id", NEVER, "1s", NEVER), scope="global")
     calls = [service_cluster(service_port)]
     return [
@@ -102,12 +110,17 @@ def setups(fixtures, service_port, valgrind=False):
         Setup("3b", "floor: header + clock + shared-data read + CAS", [wasm_filter(fixtures["floor"])]),
         Setup("4", "sluice, 1 policy", [sluice(per_user)]),
         Setup("4L", "sluice, 1 policy, worker lease of 100", [sluice(dict(per_user, lease=100))]),
+        Setup("4P", "sluice, 1 policy matched on the path", [sluice(on_path(per_user))]),
+        Setup("4A", "sluice, 1 policy matched on the path, admin path on (top keys)",
+              [sluice(on_path(per_user), admin=True)]),
         Setup("5", "sluice, 5 layered policies, 1 key", [sluice(*layered_policies())]),
         Setup("5b", "sluice, 5 policies, 5 keys", [sluice(*keyed_policies())]),
         Setup("6", "native local_ratelimit, denying",
               [native_local_ratelimit(100, "3600s" if valgrind else "1s")], denies=True),
-        Setup("7", "sluice, denying", [sluice(policy("per-user", "header:x-user-id", 100, deny_per, 100))],
-              denies=True),
+        Setup("7", "sluice, denying", [sluice(denying)], denies=True),
+        Setup("7P", "sluice, denying, matched on the path", [sluice(on_path(denying))], denies=True),
+        Setup("7A", "sluice, denying, matched on the path, admin path on (top keys)",
+              [sluice(on_path(denying), admin=True)], denies=True),
         Setup("8", "sluice, global, strict (a call per request)", [sluice(strict, service=service)], clusters=calls),
         Setup("9", "sluice, global, lease of 100 on the hot key",
               [sluice(dict(strict, lease=100), service=service)], clusters=calls),
@@ -125,6 +138,13 @@ def setups(fixtures, service_port, valgrind=False):
         Setup("13T", "sluice, token budget, 200-event SSE response", [sluice(token_budget())],
               response=event_stream_response()),
     ]
+
+
+def on_path(p):
+    """`p` for requests under /api/ only (every bench request): its decision reads `:path`, which
+    the admin path's routing then reads for nothing more, so that a row with the admin path on
+    over one without shows the top keys' recording alone."""
+    return dict(p, match={"path_prefix": "/api/"})
 
 
 def slots(name):
