@@ -364,10 +364,8 @@ fn print_rows(action: &str, answers: &[(Option<String>, Result<Value, String>)])
                     cell(&s["remaining"]),
                     ms(&s["reset_ms"]),
                 ]);
-                if several {
-                    row.push(s.get("debt").map_or("-".to_string(), cell));
-                    row.push(s.get("slots_in_use").map_or("-".to_string(), cell));
-                }
+                row.push(s.get("debt").map_or("-".to_string(), cell));
+                row.push(s.get("slots_in_use").map_or("-".to_string(), cell));
             }
             (_, Ok(d)) => row.extend([cell(&d["key"]), cell(&d["outcome"])]),
         }
@@ -378,11 +376,17 @@ fn print_rows(action: &str, answers: &[(Option<String>, Result<Value, String>)])
         headers.push("asked");
     }
     match action {
-        "show" => headers.extend(["key", "algorithm", "limit", "from", "remaining", "whole in"]),
+        "show" => headers.extend([
+            "key",
+            "algorithm",
+            "limit",
+            "from",
+            "remaining",
+            "whole in",
+            "debt",
+            "slots",
+        ]),
         _ => headers.extend(["key", "outcome"]),
-    }
-    if several && action == "show" {
-        headers.extend(["debt", "slots"]);
     }
     table::print(&headers, &rows);
 }

@@ -641,6 +641,7 @@ fn raising_a_limit_keeps_the_usage_so_far(store: &[&str], name: &str) {
             (json!(0), json!("request")),
             "{shown}"
         );
+        assert_eq!(shown["debt"], 500, "{shown}");
     }
     // Raised to 2,000 (the bucket at the same rate per token): 500 left, not 2,000 and not 0.
     let raised = [
@@ -660,6 +661,7 @@ fn raising_a_limit_keeps_the_usage_so_far(store: &[&str], name: &str) {
         assert_eq!(shown["source"], "override", "{shown}");
         assert_eq!(shown["capacity"], 2000, "{shown}");
         assert_eq!(shown["remaining"], 500, "{shown}");
+        assert_eq!(shown["debt"], 0, "{shown}");
         let mut check = with(limit.clone(), json!({"cost": 500}));
         let results = service.check(std::slice::from_ref(&check));
         assert_eq!(results[0]["allowed"], true, "{results:?}");
@@ -681,6 +683,7 @@ fn raising_a_limit_keeps_the_usage_so_far(store: &[&str], name: &str) {
         (json!(1200), json!(0)),
         "{shown}"
     );
+    assert_eq!(shown["debt"], 800, "{shown}");
 }
 
 #[test]
@@ -738,7 +741,7 @@ fn the_admin_tokens_and_the_check_token_open_nothing_of_each_other() {
 }
 
 #[test]
-fn every_algorithm_can_be_shown_without_being_charged() {
+fn every_algorithm_is_shown_with_its_debt_or_slots_and_never_charged() {
     let redis = RedisServer::start();
     let dir = TempDir::new("admin-every");
     let service = start(&["--redis", &redis.url()], &dir);
@@ -750,13 +753,52 @@ fn every_algorithm_can_be_shown_without_being_charged() {
         json!({"key": "e/lb", "algorithm": "leaky_bucket", "requests": 3, "per_ms": 60_000, "burst": 3, "max_delay_ms": 40_000}),
         json!({"key": "e/cc", "algorithm": "concurrency", "requests": 3, "per_ms": 60_000, "burst": 3}),
     ];
-    for limit in limits {
+    let show = |limit: &Value| {
+        let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", limit);
+        assert_eq!(shown.status, 200, "{limit}: {shown:?}");
+        shown.json()
+    };
+    for limit in &limits {
         for _ in 0..3 {
-            let shown = post(service.addr, "/admin/v1/keys/show", "rEad-token", &limit);
-            assert_eq!(shown.status, 200, "{limit}: {shown:?}");
-            assert_eq!(shown.json()["remaining"], 3, "{limit}: {:?}", shown.json());
+            let shown = show(limit);
+            assert_eq!(shown["remaining"], 3, "{limit}: {shown}");
+            // A debt where one can be owed, slots for concurrency: none yet.
+            let (owes, slots) = match limit["algorithm"].as_str().unwrap() {
+                "token_bucket" | "fixed_window" | "sliding_window" => (json!(0), Value::Null),
+                "concurrency" => (Value::Null, json!(0)),
+                _ => (Value::Null, Value::Null),
+            };
+            assert_eq!(
+                (&shown["debt"], &shown["slots_in_use"]),
+                (&owes, &slots),
+                "{shown}"
+            );
         }
     }
+    // 5 charged of 3, 2 of them owed: shown as debt, for each algorithm that owes.
+    for limit in &limits[..3] {
+        charge(&service, limit, 5, 2);
+        let shown = show(limit);
+        assert_eq!(
+            (&shown["remaining"], &shown["debt"]),
+            (&json!(0), &json!(2)),
+            "{shown}"
+        );
+    }
+    // Two slots taken: two in use, one left.
+    for n in 1..=2u64 {
+        let take = with(
+            limits[5].clone(),
+            json!({"cost": 1, "take": 1, "slot": format!("{n:016x}")}),
+        );
+        assert_eq!(service.check(&[take])[0]["allowed"], true);
+    }
+    let shown = show(&limits[5]);
+    assert_eq!(
+        (&shown["remaining"], &shown["slots_in_use"]),
+        (&json!(1), &json!(2)),
+        "{shown}"
+    );
 }
 
 #[test]

@@ -119,7 +119,7 @@ impl<S: Store> Limiter<'_, S> {
                 .unwrap_or_default(),
             _ => Words::from_elem(0, algorithm.columns()),
         };
-        let debt = debt(&algorithm, &words, at);
+        let debt = algorithm.past_limit(&words, at);
         let decision = local::standing(&target.tier, &mut words, at).unwrap_or_default();
         let lent = self.ledger.held(target.policy, target.hash, at);
         let remaining = decision.remaining.saturating_add(lent);
@@ -208,42 +208,6 @@ impl<S: Store> Limiter<'_, S> {
         }
         Err(StoreError::CasMismatch)
     }
-}
-
-/// Tokens the state owes past its limit at `now`: the fewest given back that leave it a whole
-/// token, less that token. 0 for an algorithm that cannot give back (`meters`).
-fn debt(algorithm: &Algorithm, words: &[u64], now: u64) -> u64 {
-    if !algorithm.meters() {
-        return 0;
-    }
-    let Some(state) = words.get(..algorithm.columns()) else {
-        return 0;
-    };
-    let passes = |given: u64| {
-        let mut probe: Words = Words::from_slice(state);
-        algorithm.refund(&mut probe, now, given, now);
-        algorithm.admit(&mut probe, now, 1).allowed
-    };
-    if passes(0) {
-        return 0;
-    }
-    let (mut low, mut high) = (0u64, 1u64);
-    while !passes(high) {
-        low = high;
-        match high.checked_mul(2) {
-            Some(next) if next <= 1 << 50 => high = next,
-            _ => return high,
-        }
-    }
-    while high - low > 1 {
-        let mid = low + (high - low) / 2;
-        if passes(mid) {
-            high = mid;
-        } else {
-            low = mid;
-        }
-    }
-    high - 1
 }
 
 #[cfg(test)]

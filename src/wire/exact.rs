@@ -161,6 +161,11 @@ impl ExactStore {
             .retain(|_, state| state.limit.debt(&state.words, now) != Debt::default());
     }
 
+    /// `key`'s words, if it has a state.
+    pub fn words(&self, key: &str) -> Option<&[u64]> {
+        self.keys.get(key).map(|state| state.words.as_slice())
+    }
+
     /// Forgets `key`'s state: its next check finds a full bucket, an empty window. Whether it
     /// had any.
     pub fn forget(&mut self, key: &str) -> bool {

@@ -6,6 +6,8 @@
 //! - `credit` (write): gives `tokens` back (forgiving debt first), applied once per `id` within
 //!   `store::SETTLED_TTL_MS`, as a settlement's refund is.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -14,7 +16,9 @@ use sluice::core::algorithm::Kind;
 use super::auth::Caller;
 use super::{bad_request, store_unavailable, validate_reason, Admin, Route};
 use crate::decision::check::{validate_limit, validate_slot, within, BadRequest, Shape};
-use crate::stores::{state_key, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store};
+use crate::stores::{
+    state_key, Algorithm, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store, StoreError,
+};
 use crate::web::{json, Reply};
 
 pub const ROUTES: [Route; 3] = [
@@ -78,6 +82,13 @@ pub struct KeyState {
     pub remaining: u64,
     /// Until the bucket is full again, or the window ends.
     pub reset_ms: u64,
+    /// Tokens owed past the limit (a token bucket, a fixed or sliding window): what a credit
+    /// forgives before it gives any back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debt: Option<u64>,
+    /// Concurrency: the slots held now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slots_in_use: Option<u64>,
 }
 
 /// The answer of a write.
@@ -224,6 +235,16 @@ async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Rep
         Ok(None) => return store_unavailable("the store gave no decision"),
         Err(failure) => return store_unavailable(&failure.detail),
     };
+    let debt = match past_limit(&*admin.store, &check, &target).await {
+        Ok(debt) => debt,
+        Err(failure) => return store_unavailable(&failure.detail),
+    };
+    let slots_in_use = matches!(check.algorithm, Algorithm::Concurrency { .. }).then(|| {
+        check
+            .algorithm
+            .capacity()
+            .saturating_sub(decision.remaining)
+    });
     let state = KeyState {
         namespace: namespace_name(check.namespace),
         algorithm: check.algorithm.name(),
@@ -233,8 +254,29 @@ async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Rep
         remaining: decision.remaining,
         reset_ms: ceil_ms(decision.reset_us),
         key: check.key,
+        debt,
+        slots_in_use,
     };
     json(StatusCode::OK, &state)
+}
+
+/// What the key owes past its limit now, read from its state in the store, for the algorithms
+/// that can owe (`meters`); `None` for the others.
+async fn past_limit<S: Store>(
+    store: &S,
+    check: &Check,
+    state_key: &str,
+) -> Result<Option<u64>, StoreError> {
+    let Some(exact) = check.algorithm.exact().filter(|a| a.meters()) else {
+        return Ok(None);
+    };
+    let now_us = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+    let words = store.words(state_key).await?;
+    Ok(Some(
+        words.map_or(0, |words| exact.past_limit(&words, now_us)),
+    ))
 }
 
 async fn reset<S: Store>(

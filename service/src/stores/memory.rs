@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use sluice::core::algorithm::{self as filter, Drain, Rate, Window};
+use sluice::core::algorithm as filter;
 use sluice::wire::exact::ExactStore;
 
 use super::quota::{Demand, QuotaLedger, QuotaReport};
@@ -184,6 +184,11 @@ impl Store for MemoryStore {
             .collect())
     }
 
+    async fn words(&self, state_key: &str) -> Result<Option<Vec<u64>>, StoreError> {
+        let state = self.state(now_us()?)?;
+        Ok(state.words.words(state_key).map(<[u64]>::to_vec))
+    }
+
     async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
         let mut state = self.state(now_us()?)?;
         let words = state.words.forget(state_key);
@@ -245,33 +250,11 @@ impl Store for MemoryStore {
     }
 }
 
-/// The filter's algorithm for the store's numbers, in microseconds (the algorithms do not mind
-/// the unit), through its validating constructors; `check::parse` has already bounded them.
-/// Concurrency has none: its slots are the `SlotTable`'s.
+/// The filter's algorithm for the store's numbers (`Algorithm::exact`).
 fn filter_limit(algorithm: &Algorithm) -> Result<filter::Algorithm, StoreError> {
-    match *algorithm {
-        Algorithm::TokenBucket { interval_us, burst } => {
-            Rate::new(1, interval_us, burst).map(filter::Algorithm::TokenBucket)
-        }
-        Algorithm::FixedWindow { limit, window_us } => {
-            Window::new(limit, window_us).map(filter::Algorithm::FixedWindow)
-        }
-        Algorithm::CalendarWindow { limit, calendar } => {
-            Window::calendar(limit, calendar.in_micros()).map(filter::Algorithm::FixedWindow)
-        }
-        Algorithm::SlidingWindow { limit, window_us } => {
-            Window::new(limit, window_us).map(filter::Algorithm::SlidingWindow)
-        }
-        Algorithm::SlidingLog { limit, window_us } => {
-            Window::new(limit, window_us).map(filter::Algorithm::SlidingLog)
-        }
-        Algorithm::LeakyBucket {
-            interval_us,
-            max_delay_us,
-        } => Drain::new(1, interval_us, max_delay_us).map(filter::Algorithm::LeakyBucket),
-        Algorithm::Concurrency { .. } => return Err(failure("slots are not words")),
-    }
-    .map_err(|_| failure("no such limit"))
+    algorithm
+        .exact()
+        .ok_or_else(|| failure("no such limit (or slots, which are not words)"))
 }
 
 fn failure(detail: &str) -> StoreError {

@@ -13,7 +13,7 @@ use std::future::Future;
 use std::hash::Hasher;
 
 use siphasher::sip128::{Hasher128, SipHasher13};
-use sluice::core::algorithm::Kind;
+use sluice::core::algorithm::{self as filter, Kind};
 use sluice::core::calendar::Calendar;
 use sluice::core::key::HashSecret;
 
@@ -213,6 +213,39 @@ impl Algorithm {
     /// The name on the wire.
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// The filter's algorithm of these numbers, in microseconds (the algorithms do not mind the
+    /// unit), through its validating constructors (`check::parse` has bounded them already):
+    /// the memory store's decisions, and the words of a state read back (`Store::words`).
+    /// Concurrency has none: its slots are no words.
+    pub fn exact(&self) -> Option<filter::Algorithm> {
+        let made = match *self {
+            Algorithm::TokenBucket { interval_us, burst } => {
+                filter::Rate::new(1, interval_us, burst).map(filter::Algorithm::TokenBucket)
+            }
+            Algorithm::FixedWindow { limit, window_us } => {
+                filter::Window::new(limit, window_us).map(filter::Algorithm::FixedWindow)
+            }
+            Algorithm::CalendarWindow { limit, calendar } => {
+                filter::Window::calendar(limit, calendar.in_micros())
+                    .map(filter::Algorithm::FixedWindow)
+            }
+            Algorithm::SlidingWindow { limit, window_us } => {
+                filter::Window::new(limit, window_us).map(filter::Algorithm::SlidingWindow)
+            }
+            Algorithm::SlidingLog { limit, window_us } => {
+                filter::Window::new(limit, window_us).map(filter::Algorithm::SlidingLog)
+            }
+            Algorithm::LeakyBucket {
+                interval_us,
+                max_delay_us,
+            } => {
+                filter::Drain::new(1, interval_us, max_delay_us).map(filter::Algorithm::LeakyBucket)
+            }
+            Algorithm::Concurrency { .. } => return None,
+        };
+        made.ok()
     }
 
     /// The algorithm and every number of it, `<name>/<n>/<n>`: part of the state's key. Slots
@@ -480,6 +513,14 @@ pub trait Store: Send + Sync + 'static {
         keys: &[Watched],
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
+    /// The words of the state at `state_key`, as the filter's algorithm (`Algorithm::exact`)
+    /// keeps them, for a token bucket and the fixed (calendar too) and sliding windows; `None`
+    /// without a state, or for another algorithm (the admin API's show, to find a debt).
+    fn words(
+        &self,
+        state_key: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u64>>, StoreError>> + Send;
+
     /// Forgets the state at `state_key` (`state_key`): a full bucket, an empty window, every
     /// slot free (the admin API's reset). Whether there was any.
     fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
@@ -557,6 +598,13 @@ impl<S: Store> Store for std::sync::Arc<S> {
 
     fn reset(&self, state_key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send {
         S::reset(self, state_key)
+    }
+
+    fn words(
+        &self,
+        state_key: &str,
+    ) -> impl Future<Output = Result<Option<Vec<u64>>, StoreError>> + Send {
+        S::words(self, state_key)
     }
 
     fn put_override(

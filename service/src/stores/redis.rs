@@ -1085,6 +1085,10 @@ impl Store for RedisStore {
         answer
     }
 
+    async fn words(&self, state_key: &str) -> Result<Option<Vec<u64>>, StoreError> {
+        bounded(COMMAND_TIMEOUT, self.core.words(state_key)).await
+    }
+
     async fn reset(&self, state_key: &str) -> Result<bool, StoreError> {
         bounded(COMMAND_TIMEOUT, self.core.delete(state_key)).await
     }

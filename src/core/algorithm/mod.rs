@@ -362,6 +362,48 @@ impl Algorithm {
         )
     }
 
+    /// Tokens `state` owes past its limit at `now` (a key's debt as `keys show` gives it, where
+    /// `debt` is all it has not earned back): the fewest given back that leave it a whole
+    /// token, less that token. 0 for an algorithm that cannot give back (`meters`). For the
+    /// admin path's and the service's `keys show`; a search over `refund` and `admit`, not for a
+    /// request's path.
+    pub fn past_limit(&self, state: &[u64], now: u64) -> u64 {
+        const MOST_COLUMNS: usize = 3;
+        let columns = self.columns();
+        let (true, Some(state)) = (self.meters(), state.get(..columns)) else {
+            return 0;
+        };
+        let passes = |given: u64| {
+            let mut probe = [0u64; MOST_COLUMNS];
+            let Some(probe) = probe.get_mut(..columns) else {
+                return true;
+            };
+            probe.copy_from_slice(state);
+            self.refund(probe, now, given, now);
+            self.admit(probe, now, 1).allowed
+        };
+        if passes(0) {
+            return 0;
+        }
+        let (mut low, mut high) = (0u64, 1u64);
+        while !passes(high) {
+            low = high;
+            match high.checked_mul(2) {
+                Some(next) if next <= 1 << 50 => high = next,
+                _ => return high,
+            }
+        }
+        while high - low > 1 {
+            let mid = low + (high - low) / 2;
+            if passes(mid) {
+                high = mid;
+            } else {
+                low = mid;
+            }
+        }
+        high - 1
+    }
+
     /// Gives back `tokens` taken at `taken_at` and not used, as far as the state still counts
     /// them (a window that ended keeps nothing to give back). Returns the tokens given back.
     pub fn refund(&self, state: &mut [u64], now: u64, tokens: u64, taken_at: u64) -> u64 {

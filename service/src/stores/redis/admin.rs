@@ -50,6 +50,16 @@ impl Core {
         Ok(deleted > 0)
     }
 
+    /// The string state at `key` (token bucket, fixed, calendar and sliding windows: decimal
+    /// numbers joined by `:`) as words, in the order the filter's algorithms keep them; `None`
+    /// without one. Only for those algorithms: another's state is no string (`WRONGTYPE`).
+    pub(super) async fn words(&self, key: &str) -> RedisResult<Option<Vec<u64>>> {
+        let mut command = redis::cmd("GET");
+        command.arg(key);
+        let stored: Option<String> = self.query(&command).await?;
+        Ok(stored.and_then(|text| text.split(':').map(|n| n.parse().ok()).collect()))
+    }
+
     pub(super) async fn put_override(
         &self,
         name: &str,
