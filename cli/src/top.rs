@@ -1,12 +1,14 @@
 //! `sluice top`: the heaviest keys of a policy (`GET /admin/v1/top`), or without `--policy`
 //! every policy the service records, with its counts over the last minute and hour. With
 //! `--envoy`, a local policy's heaviest keys in each Envoy given (the filter's admin path,
-//! `POST <envoy-path>/top`, which answers in the service's shape), one table per Envoy.
+//! `POST <envoy-path>/top`, which answers in the service's shape), one table per Envoy, and
+//! the Envoys' answers merged into one as the service merges its own (`Part::merge`).
 
 use std::process::ExitCode;
 
 use clap::Args;
-use serde_json::Value;
+use serde_json::{json, Value};
+use sluice::core::top_keys::Part;
 
 use crate::keys::EnvoyAddrs;
 use crate::table::{self, cell};
@@ -59,7 +61,8 @@ pub fn run(top: Top) -> Result<ExitCode, String> {
 }
 
 /// A local policy's heaviest keys in each Envoy: one table each (an Envoy that failed, its
-/// error), or with `--json` `{"envoys": [{"envoy", "answer" | "error"}]}`.
+/// error), then the answers merged; or with `--json` `{"envoys": [{"envoy", "answer" |
+/// "error"}], "merged"}`.
 fn from_envoys(top: &Top) -> Result<ExitCode, String> {
     let Some(policy) = &top.policy else {
         return Err("--envoy asks for a local policy's keys: give --policy".to_string());
@@ -69,19 +72,21 @@ fn from_envoys(top: &Top) -> Result<ExitCode, String> {
     });
     let answers = top.envoys.ask(&top.service, "top", &body)?;
     let failed = answers.iter().any(|(_, a)| a.is_err());
+    let answered: Vec<&Value> = answers
+        .iter()
+        .filter_map(|(_, a)| a.as_ref().ok())
+        .collect();
+    let merged = merge(&answered, top.limit);
     if top.service.json {
         let envoys: Vec<Value> = (answers.iter())
             .map(|(envoy, answer)| match answer {
-                Ok(answer) => serde_json::json!({"envoy": envoy, "answer": answer}),
-                Err(error) => serde_json::json!({"envoy": envoy, "error": error}),
+                Ok(answer) => json!({"envoy": envoy, "answer": answer}),
+                Err(error) => json!({"envoy": envoy, "error": error}),
             })
             .collect();
-        println!("{}", serde_json::json!({ "envoys": envoys }));
+        println!("{}", json!({ "envoys": envoys, "merged": merged }));
     } else {
-        for (i, (envoy, answer)) in answers.iter().enumerate() {
-            if i > 0 {
-                println!();
-            }
+        for (envoy, answer) in &answers {
             match answer {
                 Ok(answer) => {
                     println!("envoy {envoy} ({} workers):", cell(&answer["workers"]));
@@ -89,12 +94,77 @@ fn from_envoys(top: &Top) -> Result<ExitCode, String> {
                 }
                 Err(error) => println!("envoy {envoy}: error: {error}"),
             }
+            println!();
         }
+        println!(
+            "all {} Envoys answering ({} workers):",
+            cell(&merged["envoys"]),
+            cell(&merged["workers"])
+        );
+        keys(&merged);
     }
     Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    })
+}
+
+/// The Envoys' answers as one, in their shape (`envoys`: how many were merged): each answer is
+/// a part (`Part::merge`) whose floor bounds the count of a key it does not list, its
+/// `error_bound`, or, when it lists `limit` keys, its last key's count if that is more.
+fn merge(answers: &[&Value], limit: u64) -> Value {
+    let count = |v: &Value| v.as_u64().unwrap_or(0);
+    let key_of = |v: &Value| u64::from_str_radix(v["key"].as_str().unwrap_or(""), 16).ok();
+    let parts: Vec<Part> = (answers.iter())
+        .map(|answer| {
+            let listed = answer["keys"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            let top: Vec<(u64, u64, u64)> = (listed.iter())
+                .filter_map(|k| Some((key_of(k)?, count(&k["count"]), count(&k["error"]))))
+                .collect();
+            let full = top.len() as u64 >= limit;
+            let last = top.last().map_or(0, |&(_, c, _)| c);
+            let floor = count(&answer["error_bound"]).max(if full { last } else { 0 });
+            Part { floor, top }
+        })
+        .collect();
+    let shown = |key: &str| {
+        let listed = answers
+            .iter()
+            .flat_map(|a| a["keys"].as_array().into_iter().flatten());
+        listed
+            .filter(|k| k["key"] == key)
+            .find_map(|k| k.get("shown").cloned())
+    };
+    let keys: Vec<Value> = (Part::merge(&parts, usize::try_from(limit).unwrap_or(64)).iter())
+        .map(|c| {
+            let key = format!("{:016x}", c.key);
+            let mut merged = json!({"key": key, "count": c.count, "error": c.error});
+            if let Some(text) = shown(&key) {
+                merged["shown"] = text;
+            }
+            merged
+        })
+        .collect();
+    let sum = |field: &dyn Fn(&Value) -> &Value| -> u64 {
+        answers
+            .iter()
+            .map(|a| count(field(a)))
+            .fold(0, u64::saturating_add)
+    };
+    let first = answers.first().copied().unwrap_or(&Value::Null);
+    json!({
+        "namespace": first["namespace"], "policy": first["policy"], "by": first["by"],
+        "window": first["window"],
+        "totals": {
+            "allowed": sum(&|a| &a["totals"]["allowed"]),
+            "refused": sum(&|a| &a["totals"]["refused"]),
+            "consumed": sum(&|a| &a["totals"]["consumed"]),
+        },
+        "error_bound": parts.iter().map(|p| p.floor).fold(0, u64::saturating_add),
+        "keys": keys,
+        "workers": sum(&|a| &a["workers"]),
+        "envoys": answers.len(),
     })
 }
 

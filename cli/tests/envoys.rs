@@ -142,9 +142,20 @@ fn an_operator_sees_a_local_policys_heaviest_keys_in_every_envoy_as_hashes_only(
     for envoy in json["envoys"].as_array().unwrap() {
         assert_eq!(envoy["answer"]["keys"][0]["key"], json!(hash), "{json}");
     }
+    // Merged over both Envoys: acme's 9 refusals, the only ones, from their 4 workers.
+    let merged = &json["merged"];
+    assert_eq!(merged["keys"][0]["key"], json!(hash), "{json}");
+    assert_eq!(merged["keys"][0]["count"], 9, "{json}");
+    assert_eq!(merged["totals"]["refused"], 9, "{json}");
+    assert_eq!(
+        (&merged["envoys"], &merged["workers"]),
+        (&json!(2), &json!(4)),
+        "{json}"
+    );
     let table = sluice(&envoys, &args[..5]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert_eq!(text.matches("envoy ").count(), 2, "{text}");
+    assert!(text.contains("all 2 Envoys answering"), "{text}");
     assert!(text.contains(&hash) && !text.contains("acme"), "{text}");
     let no_policy = sluice(&envoys, &["top"]);
     assert!(!no_policy.status.success(), "{no_policy:?}");
