@@ -1,4 +1,4 @@
-//! `sluice`: the operator's command line. `keys`, `overrides` and `top` drive sluice-service's admin API
+//! `sluice`: the operator's command line. `keys`, `overrides`, `top` and `rlqs` drive sluice-service's admin API
 //! (`/admin/v1/`, docs/operations-api.md); `replay` is `sluice-replay`. A subcommand is one
 //! file; `client` speaks HTTP, `table` prints what comes back for a human (or as it came with
 //! `--json`).
@@ -7,6 +7,7 @@ mod client;
 mod keys;
 mod overrides;
 mod replay;
+mod rlqs;
 mod table;
 mod top;
 
@@ -34,6 +35,8 @@ enum Command {
     Overrides(overrides::Overrides),
     /// The heaviest keys of a policy, by refusals or consumption, over the last minute or hour
     Top(top::Top),
+    /// The RLQS's buckets on a replica: Envoys sharing each descriptor, their shares, reports
+    Rlqs(rlqs::Rlqs),
     /// Replay an access log through a configuration, offline (`sluice-replay`'s arguments)
     Replay(replay::Replay),
 }
@@ -98,6 +101,7 @@ fn main() -> ExitCode {
         Command::Keys(command) => keys::run(command),
         Command::Overrides(command) => overrides::run(command),
         Command::Top(command) => top::run(command),
+        Command::Rlqs(command) => rlqs::run(&command),
         Command::Replay(replay) => replay::run(&replay),
     };
     match result {

@@ -273,3 +273,43 @@ fn sluice_top_shows_the_heavy_key_of_a_policy_as_a_table_and_as_json() {
     let bad = sluice(&service, read, &["top", "--policy", "api", "--limit", "65"]);
     assert_eq!(bad.status.code(), Some(2), "clap's usage error");
 }
+
+#[test]
+fn sluice_rlqs_shows_a_replicas_rlqs_or_says_it_serves_none() {
+    let dir = TempDir::new("cli-rlqs");
+    let tokens = AdminTokens::write(&dir);
+    let read = &tokens.read;
+    let limits = dir.path().join("limits");
+    std::fs::create_dir(&limits).unwrap();
+    let yaml = "domain: api\ndescriptors:\n  - key: name\n    rate_limit: {unit: minute, requests_per_unit: 600}\n";
+    std::fs::write(limits.join("limits.yaml"), yaml).unwrap();
+    let limits = limits.to_string_lossy().into_owned();
+    let args: Vec<&str> = [
+        "--memory",
+        "--listen",
+        "127.0.0.1:0",
+        "--rlqs",
+        "127.0.0.1:0",
+    ]
+    .into_iter()
+    .chain(["--rls-config", &limits])
+    .chain(tokens.args())
+    .collect();
+    let serving = Service::start_rls(&args, &[]);
+    let table = ok(&sluice(&serving, read, &["rlqs"]));
+    assert!(
+        table.starts_with("0 streams open on this replica\n"),
+        "{table}"
+    );
+    assert!(table.contains("DOMAIN"), "{table}");
+    let json: Value =
+        serde_json::from_str(&ok(&sluice(&serving, read, &["rlqs", "--json"]))).unwrap();
+    assert_eq!(json, serde_json::json!({"streams": 0, "descriptors": []}));
+
+    let plain: Vec<&str> = ["--memory"].into_iter().chain(tokens.args()).collect();
+    let plain = Service::start_with(&plain, &[]);
+    let none = sluice(&plain, read, &["rlqs"]);
+    assert!(!none.status.success());
+    let stderr = String::from_utf8_lossy(&none.stderr);
+    assert!(stderr.starts_with("sluice: 404 not_found:"), "{stderr}");
+}

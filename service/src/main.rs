@@ -188,6 +188,7 @@ async fn serve_with<S: Store>(
     if let Some(rls) = &rls {
         rls.announce(target);
     }
+    let rlqs_metrics = rls.as_ref().and_then(Rls::rlqs_metrics);
 
     let (delay, drain) = (args.shutdown_delay, args.shutdown_timeout);
     let stopping = async {
@@ -223,7 +224,8 @@ async fn serve_with<S: Store>(
             .map(|admin| match &top {
                 Some(recorder) => admin.with_top(Arc::clone(recorder)),
                 None => admin,
-            });
+            })
+            .map(|admin| admin.with_rlqs(rlqs_metrics.clone()));
         if let Some(admin) = &admin {
             let table = Arc::clone(&admin.overrides);
             tokio::spawn(overrides::keep_current(Arc::clone(&store), table, bounds));

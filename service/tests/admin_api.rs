@@ -799,6 +799,15 @@ fn every_algorithm_is_shown_with_its_debt_or_slots_and_never_charged() {
         (&json!(1), &json!(2)),
         "{shown}"
     );
+    // No RLQS on this replica: nothing to show of it.
+    let rlqs = call(
+        service.addr,
+        "GET",
+        "/admin/v1/rlqs",
+        Some("rEad-token"),
+        "",
+    );
+    assert_eq!(rlqs.status, 404, "{rlqs:?}");
 }
 
 #[test]

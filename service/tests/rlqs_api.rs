@@ -1,6 +1,7 @@
 //! `--rlqs ADDR`: the Rate Limit Quota Service on a gRPC port of its own, with gRPC health beside
 //! it and the bearer token of `--token-file` asked of each stream; the RLS's port no longer
-//! serves it; `--rlqs` without `--rls-config` refused at start, naming both.
+//! serves it; `--rlqs` without `--rls-config` refused at start, naming both; the admin API's
+//! view of it (`GET /admin/v1/rlqs`).
 // A test binary: panicking is how it reports failure, helpers included.
 #![allow(
     clippy::unwrap_used,
@@ -15,7 +16,9 @@ mod rlqs;
 use std::time::Duration;
 
 use rlqs::{bucket, open, per_minute, reports, Rlqs};
+use serde_json::json;
 use sluice_testkit::grpc::health_check;
+use sluice_testkit::http::send_with;
 use sluice_testkit::service::run_to_exit;
 
 const RLQS_SERVICE: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuotaService";
@@ -88,4 +91,49 @@ fn rlqs_without_its_limits_is_refused_at_start_naming_both_flags() {
         said.contains("--rls-config") && said.contains("--rlqs"),
         "{said}"
     );
+}
+
+#[tokio::test]
+async fn the_admin_api_shows_each_descriptor_as_this_replica_serves_it() {
+    let dir = sluice_testkit::TempDir::new("rlqs-admin");
+    let admin = dir.path().join("admin");
+    std::fs::write(&admin, "oncall s3cret-admin-token\n").unwrap();
+    let extra = ["--admin-token-file", admin.to_str().unwrap()];
+    let ports = ["--listen", "127.0.0.1:0", "--rlqs", "127.0.0.1:0"];
+    let service = Rlqs::start(&["--memory"], LIMITS, &ports, &extra);
+    let (mut one, mut two) = (
+        open(service.address(), None).await.unwrap(),
+        open(service.address(), None).await.unwrap(),
+    );
+    assert!(per_minute(&one.report(reports("api", bucket("b"), 50, 0)).await).is_some());
+    assert!(per_minute(&two.report(reports("api", bucket("b"), 30, 5)).await).is_some());
+    let headers: &[(&str, &[u8])] = &[("authorization", b"Bearer s3cret-admin-token")];
+    let shown = send_with(service.service.addr, "GET", "/admin/v1/rlqs", headers, b"");
+    assert_eq!(shown.status, 200, "{shown:?}");
+    let shown = shown.json();
+    assert_eq!(shown["streams"], 2, "{shown}");
+    let name = &shown["descriptors"][0];
+    assert_eq!(
+        (&name["domain"], &name["descriptor"]),
+        (&json!("api"), &json!("name"))
+    );
+    let counts = [
+        &name["reports"],
+        &name["allowed"],
+        &name["denied"],
+        &name["envoys"],
+    ];
+    assert_eq!(
+        counts,
+        [&json!(2), &json!(80), &json!(5), &json!(2)],
+        "{shown}"
+    );
+    // Both Envoys' shares of the 600 a minute: at most the budget, beyond a newcomer's starting
+    // fiftieth (docs/rlqs.md#how-it-shares-a-budget).
+    let assigned = name["assigned"].as_u64().unwrap();
+    assert!((1..=600 + 600 / 50).contains(&assigned), "{shown}");
+    // Shown to tokens only; a bucket's value is never shown.
+    let unauthorized = send_with(service.service.addr, "GET", "/admin/v1/rlqs", &[], b"");
+    assert_eq!(unauthorized.status, 401);
+    assert!(!shown.to_string().contains("\"b\""), "{shown}");
 }

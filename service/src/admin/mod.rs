@@ -1,6 +1,6 @@
 //! The admin API, `/admin/v1/...`: JSON over the HTTP server's listener, behind tokens of its own
 //! (`auth`: an admin token writes, a read-only token only reads). Every path is a `Route` of a
-//! resource module (`keys`, `overrides`, `top`); a write needs a `reason` and is audited (`Audit`: the log line
+//! resource module (`keys`, `overrides`, `top`, `rlqs`); a write needs a `reason` and is audited (`Audit`: the log line
 //! `admin write` and the metric `sluice_service_admin_writes`), whatever its outcome. Served only
 //! with `--admin-token-file`; without it every `/admin/` path is 404. `console` is the
 //! operators' web page over it (`/admin/console`, the one path served without a token: it holds
@@ -10,6 +10,7 @@ pub mod auth;
 pub mod console;
 pub mod keys;
 pub mod overrides;
+pub mod rlqs;
 pub mod top;
 
 use std::sync::Arc;
@@ -24,6 +25,7 @@ use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::decision::check::BadRequest;
+use crate::rlqs::metrics::RlqsMetrics;
 use crate::stores::Store;
 use crate::top::TopRecorder;
 use crate::web::{self, error, forbidden, read_body, unauthorized, Limits, Reply};
@@ -52,6 +54,7 @@ fn routes() -> impl Iterator<Item = &'static Route> {
     (keys::ROUTES.iter())
         .chain(overrides::ROUTES.iter())
         .chain(top::ROUTES.iter())
+        .chain(rlqs::ROUTES.iter())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -115,6 +118,8 @@ pub struct Admin<S> {
     pub max_overrides: u64,
     /// The heaviest keys (`/admin/v1/top`), recorded by the checks and the RLS.
     pub top: Option<Arc<TopRecorder>>,
+    /// The RLQS's series (`/admin/v1/rlqs`), where it is served.
+    pub rlqs: Option<Arc<RlqsMetrics>>,
 }
 
 impl<S: Store> Admin<S> {
@@ -127,7 +132,14 @@ impl<S: Store> Admin<S> {
             overrides: Arc::default(),
             max_overrides: overrides::MAX_OVERRIDES,
             top: Some(Arc::default()),
+            rlqs: None,
         }
+    }
+
+    /// Shows the RLQS this replica serves (`/admin/v1/rlqs`).
+    pub fn with_rlqs(mut self, metrics: Option<Arc<RlqsMetrics>>) -> Self {
+        self.rlqs = metrics;
+        self
     }
 
     /// Records the heaviest keys in `recorder` (shared with the RLS).
@@ -184,6 +196,9 @@ impl<S: Store> Admin<S> {
     ) -> Reply {
         if route.path == "/admin/v1/top" {
             return top::serve(self, request).await;
+        }
+        if route.path == "/admin/v1/rlqs" {
+            return rlqs::serve(self);
         }
         if route.path.starts_with("/admin/v1/overrides") {
             return overrides::serve(self, route, caller, request).await;

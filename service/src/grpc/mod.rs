@@ -306,6 +306,11 @@ impl<S: Store + Clone> Rls<S> {
         }))
     }
 
+    /// The RLQS's series, where it is served: the admin API's view of it.
+    pub fn rlqs_metrics(&self) -> Option<Arc<RlqsMetrics>> {
+        self.rlqs.as_ref().map(|_| Arc::clone(&self.rlqs_metrics))
+    }
+
     /// Logs where each port listens (the port chosen, for port 0) and what it loaded: the
     /// readiness events `rls listening` and `rlqs listening`.
     pub fn announce(&self, store: &dyn std::fmt::Display) {

@@ -7,11 +7,12 @@
 //! label: a bucket is counted under the descriptor of the limits it matched (`Descriptor`, its
 //! path of keys and configured values, as the RLS labels its series), so the series stay as
 //! many as the configured limits, whatever the Envoys report. Counters saturate instead of
-//! wrapping.
+//! wrapping. The same figures, by descriptor, are the admin API's `GET /admin/v1/rlqs`
+//! (`RlqsMetrics::view`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -21,7 +22,7 @@ use prometheus_client::registry::Registry;
 
 /// The descriptor a bucket matched: a configured domain and the metrics label of the limit that
 /// is its budget (`rules::config::Limit::label`), never a request's value.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct Descriptor {
     domain: String,
     descriptor: String,
@@ -52,6 +53,30 @@ pub struct RlqsMetrics {
     store_errors: Counter,
     deferred: Counter,
     streams: Gauge,
+    /// Every descriptor reported: as many as the limits files configure.
+    seen: Mutex<BTreeSet<Descriptor>>,
+}
+
+/// One descriptor as `GET /admin/v1/rlqs` shows it: this replica's series of it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DescriptorView {
+    pub domain: String,
+    pub descriptor: String,
+    /// Bucket reports entered, and the requests they reported.
+    pub reports: u64,
+    pub allowed: u64,
+    pub denied: u64,
+    /// Requests per period last assigned, summed over the streams holding a share now.
+    pub assigned: u64,
+    /// Streams (Envoys) holding a share now.
+    pub envoys: u64,
+}
+
+/// This replica's RLQS now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct View {
+    pub streams: u64,
+    pub descriptors: Vec<DescriptorView>,
 }
 
 impl RlqsMetrics {
@@ -66,6 +91,7 @@ impl RlqsMetrics {
             store_errors: Counter::default(),
             deferred: Counter::default(),
             streams: Gauge::default(),
+            seen: Mutex::default(),
         };
         // prometheus-client ends each help text with a full stop itself.
         registry.register(
@@ -109,6 +135,7 @@ impl RlqsMetrics {
     /// A report of a bucket of `descriptor` entered: `allowed` and `denied` requests, each
     /// counted up to `MAX_REQUESTS` as the ledger counts them.
     pub fn record_report(&self, descriptor: &Descriptor, allowed: u64, denied: u64) {
+        self.see(descriptor);
         saturating_add(&self.reports.get_or_create(descriptor), 1);
         for (outcome, count) in [("allowed", allowed), ("denied", denied)] {
             let labels = OutcomeLabels {
@@ -117,6 +144,45 @@ impl RlqsMetrics {
             };
             let count = count.min(crate::stores::quota::MAX_REQUESTS);
             saturating_add(&self.requests.get_or_create(&labels), count);
+        }
+    }
+
+    fn see(&self, descriptor: &Descriptor) {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        if !seen.contains(descriptor) {
+            seen.insert(descriptor.clone());
+        }
+    }
+
+    /// Every descriptor reported, with its series now, in order.
+    pub fn view(&self) -> View {
+        let seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        let descriptors = (seen.iter())
+            .map(|d| {
+                let outcome = |outcome| OutcomeLabels {
+                    descriptor: d.clone(),
+                    outcome,
+                };
+                let requests = |outcome| self.requests.get(&outcome).map_or(0, |c| c.get());
+                let gauge = |family: &Family<Descriptor, Gauge>| {
+                    family
+                        .get(d)
+                        .map_or(0, |g| u64::try_from(g.get()).unwrap_or(0))
+                };
+                DescriptorView {
+                    domain: d.domain.clone(),
+                    descriptor: d.descriptor.clone(),
+                    reports: self.reports.get(d).map_or(0, |c| c.get()),
+                    allowed: requests(outcome("allowed")),
+                    denied: requests(outcome("denied")),
+                    assigned: gauge(&self.assigned),
+                    envoys: gauge(&self.envoys),
+                }
+            })
+            .collect();
+        View {
+            streams: u64::try_from(self.streams.get()).unwrap_or(0),
+            descriptors,
         }
     }
 
