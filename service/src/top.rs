@@ -125,6 +125,9 @@ pub struct Summary {
     pub policy: String,
     pub minute: Totals,
     pub hour: Totals,
+    /// Each window's totals slot by slot, oldest first (`Totals::series`).
+    pub minute_slots: Vec<Totals>,
+    pub hour_slots: Vec<Totals>,
 }
 
 /// Every policy's rings, behind one lock to find a policy and one per policy.
@@ -344,6 +347,8 @@ impl TopRecorder {
                     policy: policy.name.clone(),
                     minute: totals(&policy.minute, now_s),
                     hour: totals(&policy.hour, now_s),
+                    minute_slots: Totals::series(&policy.minute, now_s),
+                    hour_slots: Totals::series(&policy.hour, now_s),
                 }
             })
             .collect();

@@ -97,6 +97,13 @@ fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
     );
     assert!(page.contains(r#"<td class="key">api</td>"#), "{page}");
     assert!(page.contains("% refused"), "{page}");
+    // The hour's refusals as text, a mark per 5 min: all of them in the slot under way.
+    let chart = page.split(r#"<td class="bar chart" title=""#).nth(1);
+    let chart = chart.unwrap_or_else(|| panic!("no chart: {page}"));
+    assert!(
+        chart.starts_with("0 0 0 0 0 0 0 0 0 0 0 0 25 refused\">............█</td>"),
+        "{chart}"
+    );
     assert!(
         !page.contains("rEad-token"),
         "the token stays out of the page"

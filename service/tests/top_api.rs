@@ -97,6 +97,15 @@ fn a_heavy_key_is_on_top(store: &[&str]) {
     let all = top(service.addr, "");
     assert_eq!(all["policies"][0]["policy"], "api", "{all}");
     assert_eq!(all["policies"][0]["1m"]["refused"], 30 - allowed, "{all}");
+    // Over time, slot by slot: 7 of 10 s and 13 of 5 min, their refusals the window's.
+    let history = &all["policies"][0]["history"];
+    for (window, slot_s, slots) in [("1m", 10, 7), ("1h", 300, 13)] {
+        let series = history[window]["slots"].as_array().unwrap();
+        assert_eq!(history[window]["slot_s"], slot_s, "{all}");
+        assert_eq!(series.len(), slots, "{all}");
+        let refused: u64 = series.iter().map(|s| s["refused"].as_u64().unwrap()).sum();
+        assert_eq!(refused, 30 - allowed, "{all}");
+    }
     assert_eq!(all["max_policies"], 64);
 }
 

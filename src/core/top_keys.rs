@@ -481,6 +481,24 @@ impl Totals {
         }
     }
 
+    /// A ring's totals slot by slot, oldest first, ending with the slot of `now_s` (partly
+    /// elapsed): as many as the ring has slots, a slot with nothing recorded in its span all 0.
+    pub fn series<V: Clone>(ring: &Ring<V>, now_s: u64) -> Vec<Totals> {
+        let newest = now_s / ring.width_s + 1;
+        let len = ring.slots.len() as u64;
+        (0..len)
+            .map(|back| newest.saturating_sub(len - 1 - back))
+            .map(|epoch| {
+                let slot = ring.slots.iter().find(|s| s.epoch == epoch && epoch != 0);
+                slot.map_or(Totals::default(), |s| Totals {
+                    allowed: s.allowed,
+                    refused: s.refused.total(),
+                    consumed: s.consumed.total(),
+                })
+            })
+            .collect()
+    }
+
     /// The totals of a ring's slots live at `now_s`.
     pub fn of<V: Clone>(ring: &Ring<V>, now_s: u64) -> Totals {
         ring.live(now_s).fold(Totals::default(), |t, s| {
@@ -794,6 +812,32 @@ pub fn rank(boards: &[Board], policy: u64, window: Window, by: By, limit: usize)
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_rings_series_is_its_slots_oldest_first_with_empty_spans_as_zero() {
+        let mut ring: Ring<()> = Ring::new(10, 3, 4);
+        for (now_s, key) in [(0, 1), (5, 2), (25, 1)] {
+            if let Some(slot) = ring.at(now_s) {
+                slot.refused.add(key, || None);
+                slot.allowed += 1;
+            }
+        }
+        let refused = |now_s| -> Vec<u64> {
+            Totals::series(&ring, now_s)
+                .iter()
+                .map(|t| t.refused)
+                .collect()
+        };
+        assert_eq!(refused(25), [2, 0, 1], "0-10 s, 10-20 s, 20-30 s");
+        assert_eq!(
+            refused(35),
+            [0, 1, 0],
+            "the first span gone, the next empty"
+        );
+        assert_eq!(refused(1_000), [0, 0, 0]);
+        let allowed: u64 = Totals::series(&ring, 25).iter().map(|t| t.allowed).sum();
+        assert_eq!(allowed, Totals::of(&ring, 25).allowed);
+    }
 
     #[test]
     fn a_part_reads_back_from_its_bytes_and_refuses_other_shapes() {

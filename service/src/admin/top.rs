@@ -11,6 +11,7 @@ use crate::decision::check::BadRequest;
 use crate::stores::{Namespace, Store};
 use crate::top::{self, By, Totals, Window, MAX_LIMIT, MAX_POLICIES};
 use crate::web::{error, json, Reply};
+use sluice::core::top_keys::{HOUR_SLOT_S, MINUTE_SLOT_S};
 
 pub const ROUTES: [Route; 1] = [Route {
     method: Method::GET,
@@ -182,6 +183,24 @@ struct PolicyRow {
     minute: Totals,
     #[serde(rename = "1h")]
     hour: Totals,
+    history: History,
+}
+
+/// A policy's counts over time: each window slot by slot, oldest first, the last one the slot
+/// under way.
+#[derive(Serialize)]
+struct History {
+    #[serde(rename = "1m")]
+    minute: Slots,
+    #[serde(rename = "1h")]
+    hour: Slots,
+}
+
+#[derive(Serialize)]
+struct Slots {
+    /// Each slot's length in seconds.
+    slot_s: u64,
+    slots: Vec<Totals>,
 }
 
 #[derive(Serialize)]
@@ -212,6 +231,16 @@ pub async fn serve<S: Store>(admin: &Admin<S>, request: Request<Incoming>) -> Re
                 policy: s.policy,
                 minute: s.minute,
                 hour: s.hour,
+                history: History {
+                    minute: Slots {
+                        slot_s: MINUTE_SLOT_S,
+                        slots: s.minute_slots,
+                    },
+                    hour: Slots {
+                        slot_s: HOUR_SLOT_S,
+                        slots: s.hour_slots,
+                    },
+                },
             })
             .collect();
         let untracked = recorder.untracked();
