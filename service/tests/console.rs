@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::bucket;
 use sluice_testkit::http::send_with;
+use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::{AdminTokens, Service};
 use sluice_testkit::TempDir;
 
@@ -97,6 +98,7 @@ fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
     );
     assert!(page.contains(r#"<td class="key">api</td>"#), "{page}");
     assert!(page.contains("% refused"), "{page}");
+    assert!(page.contains("Store: answering"), "{page}");
     // The hour's refusals as text, a mark per 5 min: all of them in the slot under way.
     let chart = page.split(r#"<td class="bar chart" title=""#).nth(1);
     let chart = chart.unwrap_or_else(|| panic!("no chart: {page}"));
@@ -145,4 +147,20 @@ fn the_page_holds_no_data_and_allows_nothing_from_elsewhere() {
     let without_admin = Service::start_memory();
     let none = send_with(without_admin.addr, "GET", "/admin/console", &[], b"");
     assert_eq!(none.status, 404, "{none:?}");
+}
+
+#[test]
+fn the_console_says_when_the_store_stops_answering() {
+    let mut redis = RedisServer::start();
+    let dir = TempDir::new("console-redis");
+    let tokens = AdminTokens::write(&dir);
+    let url = redis.url();
+    let args: Vec<&str> = ["--redis", &url].into_iter().chain(tokens.args()).collect();
+    let service = Service::start_with(&args, &[]);
+    assert!(dom(&service, &dir, "#token=rEad-token").contains("Store: answering"));
+    redis.stop();
+    // Readiness follows Redis within 750 ms (a PING every 250 ms, each bounded to 500 ms).
+    std::thread::sleep(Duration::from_millis(1500));
+    let page = dom(&service, &dir, "#token=rEad-token");
+    assert!(page.contains("Store: not answering ("), "{page}");
 }
