@@ -38,7 +38,7 @@ def render(saved, reports):
         accuracy(saved["accuracy"]),
         micro_benchmarks(saved["micro"]),
         replay_section(),
-        # What other scripts wrote into it (bench/tables.py, bench/rls.py), kept as it is.
+        # What other scripts wrote into it (bench/tables.py, bench/rls.py, bench/rlqs.py), kept as it is.
         *marked_sections(reports.benchmarks_md),
     ]
     reports.benchmarks_md.write_text("\n\n".join("\n".join(lines) for lines in sections if lines) + "\n")
@@ -51,7 +51,9 @@ def header(saved, reports):
         "",
         "Written by `make bench` (`bench/run.py`); rerun it to refresh this file, "
         f"[`bench/results.svg`]({reports.link(reports.results_svg)}) and the raw samples in "
-        f"[`bench/results.json`]({reports.link(reports.results_json)}). Not part of `make test`.",
+        f"[`bench/results.json`]({reports.link(reports.results_json)}). Not part of `make test`. "
+        "Its later sections are written by their own commands and kept as they are: "
+        "`make bench-instructions`, `python3 bench/tables.py`, `make bench-rls` and `make bench-rlqs`.",
         "",
         f"- Date: {info['date']}; the run took {saved['elapsed_s'] / 60:.1f} minutes",
         f"- Machine: {info['cpu']}, {info['cores']} cores, Linux {info['kernel']}; "
