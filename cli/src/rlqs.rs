@@ -22,32 +22,21 @@ pub fn run(rlqs: &Rlqs) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Each descriptor's fields, in the order the table shows them (its headers too).
+const FIELDS: [&str; 7] = [
+    "domain",
+    "descriptor",
+    "envoys",
+    "assigned",
+    "reports",
+    "allowed",
+    "denied",
+];
+
 fn descriptors(answer: &Value) {
     println!("{} streams open on this replica", cell(&answer["streams"]));
     let rows: Vec<Vec<String>> = (answer["descriptors"].as_array().into_iter().flatten())
-        .map(|d| {
-            [
-                "domain",
-                "descriptor",
-                "envoys",
-                "assigned",
-                "reports",
-                "allowed",
-                "denied",
-            ]
-            .iter()
-            .map(|field| cell(&d[*field]))
-            .collect()
-        })
+        .map(|d| FIELDS.iter().map(|field| cell(&d[*field])).collect())
         .collect();
-    let headers = [
-        "domain",
-        "descriptor",
-        "envoys",
-        "assigned",
-        "reports",
-        "allowed",
-        "denied",
-    ];
-    table::print(&headers, &rows);
+    table::print(&FIELDS, &rows);
 }
