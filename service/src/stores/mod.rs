@@ -514,8 +514,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
     /// The words of the state at `state_key`, as the filter's algorithm (`Algorithm::exact`)
-    /// keeps them, for a token bucket and the fixed (calendar too) and sliding windows; `None`
-    /// without a state, or for another algorithm (the admin API's show, to find a debt).
+    /// keeps them; `None` without a state. Only for a token bucket and the fixed (calendar too)
+    /// and sliding windows, whose state Redis keeps as one string (the admin API's show, to
+    /// find a debt).
     fn words(
         &self,
         state_key: &str,
