@@ -224,12 +224,17 @@ impl OverrideTable {
         }
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         *self.by_key.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(table);
-        let mut listing = self.listing.write().unwrap_or_else(PoisonError::into_inner);
-        // The same overrides read again: the listing (and its version) stays.
+        // The same overrides read again: the listing (and its version) stays. A new one is made
+        // before the lock is taken: 100,000 overrides take seconds to list in a debug build,
+        // and the filters' pulls read the listing meanwhile (they timed out behind the lock).
         let version = listing::version_of(&listed);
-        if listing.as_ref().is_none_or(|l| l.version != version) {
-            *listing = Some(Arc::new(Listed::of(listed)));
+        let held = self.listing.read().unwrap_or_else(PoisonError::into_inner);
+        if held.as_ref().is_some_and(|l| l.version == version) {
+            return;
         }
+        drop(held);
+        let fresh = Arc::new(Listed::of(listed));
+        *self.listing.write().unwrap_or_else(PoisonError::into_inner) = Some(fresh);
     }
 
     /// Whether the table holds what the store's overrides at `version` are at `now_ms`.
