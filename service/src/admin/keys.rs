@@ -6,8 +6,6 @@
 //! - `credit` (write): gives `tokens` back (forgiving debt first), applied once per `id` within
 //!   `store::SETTLED_TTL_MS`, as a settlement's refund is.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -17,7 +15,8 @@ use super::auth::Caller;
 use super::{bad_request, store_unavailable, validate_reason, Admin, Route};
 use crate::decision::check::{validate_limit, validate_slot, within, BadRequest, Shape};
 use crate::stores::{
-    state_key, Algorithm, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store, StoreError,
+    state_key, unix_us, Algorithm, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store,
+    StoreError,
 };
 use crate::web::{json, Reply};
 
@@ -270,12 +269,9 @@ async fn past_limit<S: Store>(
     let Some(exact) = check.algorithm.exact().filter(|a| a.meters()) else {
         return Ok(None);
     };
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
     let words = store.words(state_key).await?;
     Ok(Some(
-        words.map_or(0, |words| exact.past_limit(&words, now_us)),
+        words.map_or(0, |words| exact.past_limit(&words, unix_us())),
     ))
 }
 

@@ -72,6 +72,15 @@ pub enum Slots {
     GiveBack,
 }
 
+/// The system clock in microseconds since the epoch (0 before 1970): what the service's own
+/// computations around a check read (calendar boundaries, a shown debt); decisions use Redis's
+/// `TIME`.
+pub fn unix_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// Who named a key: `POST /v1/check` callers or the RLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Namespace {

@@ -5,17 +5,12 @@
 //! Redis's may disagree by far more than a request's length without a check landing in the wrong
 //! period, as long as they are less than a period apart.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use sluice::core::calendar::Calendar;
 
 /// Boundaries of three consecutive periods around now, in µs since the epoch: the previous
 /// period's start, the current one's start and end, the next one's end.
 pub fn boundaries(calendar: Calendar) -> [u64; 4] {
-    let now_us = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    calendar.in_micros().around(now_us)
+    calendar.in_micros().around(crate::stores::unix_us())
 }
 
 /// Calendar window, one check. The state: `<period start in s>:<count>`, as `FIXED_WINDOW_LUA`
