@@ -142,14 +142,18 @@ fn an_operator_sees_a_local_policys_heaviest_keys_in_every_envoy_as_hashes_only(
     for envoy in json["envoys"].as_array().unwrap() {
         assert_eq!(envoy["answer"]["keys"][0]["key"], json!(hash), "{json}");
     }
-    // Merged over both Envoys: acme's 9 refusals, the only ones, from their 4 workers.
+    // Merged over both Envoys: acme's 9 refusals, the only ones, over the workers each merged
+    // (a worker that recorded nothing publishes nothing: 1 or 2 per Envoy).
     let merged = &json["merged"];
     assert_eq!(merged["keys"][0]["key"], json!(hash), "{json}");
     assert_eq!(merged["keys"][0]["count"], 9, "{json}");
     assert_eq!(merged["totals"]["refused"], 9, "{json}");
+    let workers: u64 = (json["envoys"].as_array().unwrap().iter())
+        .map(|e| e["answer"]["workers"].as_u64().unwrap())
+        .sum();
     assert_eq!(
         (&merged["envoys"], &merged["workers"]),
-        (&json!(2), &json!(4)),
+        (&json!(2), &json!(workers)),
         "{json}"
     );
     let table = sluice(&envoys, &args[..5]);
