@@ -28,8 +28,10 @@ pub const RLQS_SERVICE: &str = "envoy.service.rate_limit_quota.v3.RateLimitQuota
 /// How often readiness is read for `Watch`: it follows Redis within about a second (`health`).
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Answers from the last readiness read (`follow`): true while serving.
+/// A `Check` answers from readiness now; a `Watch` from its reads every `WATCH_INTERVAL`
+/// (`follow`), true while serving.
 pub struct Probes {
+    ready_now: Box<dyn Fn() -> bool + Send + Sync>,
     serving: watch::Receiver<bool>,
     /// The port's service (`RLS_SERVICE`, `RLQS_SERVICE`).
     service: &'static str,
@@ -42,10 +44,16 @@ pub fn probes(
     service: &'static str,
 ) -> (HealthServer<Probes>, impl std::future::Future<Output = ()>) {
     let (sender, serving) = watch::channel(readiness.check().is_ok());
-    (
-        HealthServer::new(Probes { serving, service }),
-        follow(readiness, sender),
-    )
+    // Not the last read: a probe just after Redis first answered would be told `NOT_SERVING`
+    // for up to a `WATCH_INTERVAL` (seen under load in `service/tests/rlqs_api.rs`).
+    let now = Arc::clone(&readiness);
+    let ready_now = Box::new(move || now.check().is_ok());
+    let probes = Probes {
+        ready_now,
+        serving,
+        service,
+    };
+    (HealthServer::new(probes), follow(readiness, sender))
 }
 
 /// Reads readiness every `WATCH_INTERVAL` and tells the watchers when it changes.
@@ -90,7 +98,7 @@ impl Health for Probes {
         if !self.known(&request.get_ref().service) {
             return Err(Status::not_found("unknown service"));
         }
-        let status = serving_status(*self.serving.borrow());
+        let status = serving_status((self.ready_now)());
         Ok(Response::new(response(status)))
     }
 
@@ -140,6 +148,16 @@ mod tests {
         })
     }
 
+    /// Probes whose readiness now is what `serving` holds.
+    fn probes_of(serving: watch::Receiver<bool>, service: &'static str) -> Probes {
+        let now = serving.clone();
+        Probes {
+            ready_now: Box::new(move || *now.borrow()),
+            serving,
+            service,
+        }
+    }
+
     fn status(answer: &HealthCheckResponse) -> ServingStatus {
         ServingStatus::try_from(answer.status).unwrap()
     }
@@ -147,8 +165,7 @@ mod tests {
     #[tokio::test]
     async fn the_server_and_the_rls_are_serving_as_readiness_says_and_other_names_are_unknown() {
         let (sender, serving) = watch::channel(false);
-        let service = RLS_SERVICE;
-        let probes = Probes { serving, service };
+        let probes = probes_of(serving, RLS_SERVICE);
         for name in ["", RLS_SERVICE] {
             let answer = probes.check(ask(name)).await.unwrap().into_inner();
             assert_eq!(status(&answer), ServingStatus::NotServing);
@@ -165,8 +182,7 @@ mod tests {
     #[tokio::test]
     async fn a_watch_sends_the_status_then_each_change() {
         let (sender, serving) = watch::channel(true);
-        let service = RLQS_SERVICE;
-        let probes = Probes { serving, service };
+        let probes = probes_of(serving, RLQS_SERVICE);
         let mut updates = probes.watch(ask("")).await.unwrap().into_inner();
         let mut next = async || status(&updates.next().await.unwrap().unwrap());
         assert_eq!(next().await, ServingStatus::Serving);
