@@ -36,7 +36,7 @@ use sluice::core::top_keys::{
 pub use sluice::core::top_keys::{By, Totals, Window};
 use tracing::info;
 
-use crate::stores::{Check, Decision, Namespace, SettleOp, Settled, Settlement};
+use crate::stores::{Algorithm, Check, Decision, Namespace, SettleOp, Settled, Settlement};
 
 /// Keys each sketch keeps (it counts up to twice as many).
 pub const KEPT: usize = sluice::core::top_keys::KEPT_LIVE;
@@ -47,6 +47,8 @@ pub use sluice::core::top_keys::MAX_SHOWN_BYTES;
 pub const MAX_LIMIT: usize = KEPT;
 /// Keys a minute's log record names.
 pub const LOGGED_KEYS: usize = 5;
+/// The limits a policy's checks used that it keeps (`Summary::limits`), the latest.
+pub const LIMITS_KEPT: usize = 4;
 
 /// How an RLS key shows: the hash that names it, and its entries as the operator lets them be
 /// shown.
@@ -74,6 +76,9 @@ struct Policy {
     name: String,
     minute: Ring<Arc<Shown>>,
     hour: Ring<Arc<Shown>>,
+    /// The limits its checks used, each with when it was last used: where its keys' states
+    /// are (`store::state_key`), so an operator can reset a key it ranks without knowing them.
+    limits: Vec<(Algorithm, u64)>,
 }
 
 impl Policy {
@@ -82,6 +87,32 @@ impl Policy {
             Window::Minute => &self.minute,
             Window::Hour => &self.hour,
         }
+    }
+
+    /// Notes that a check used `limit` at `now_s`, forgetting the limit used longest ago
+    /// past `LIMITS_KEPT`.
+    fn saw(&mut self, limit: Algorithm, now_s: u64) {
+        if let Some(seen) = self.limits.iter_mut().find(|(l, _)| *l == limit) {
+            seen.1 = now_s;
+            return;
+        }
+        if self.limits.len() >= LIMITS_KEPT {
+            let oldest = (self.limits.iter().enumerate()).min_by_key(|(_, (_, at))| *at);
+            if let Some((index, _)) = oldest {
+                self.limits.swap_remove(index);
+            }
+        }
+        self.limits.push((limit, now_s));
+    }
+
+    /// The limits used in the hour before `now_s`, the latest first.
+    fn limits(&self, now_s: u64) -> Vec<Algorithm> {
+        let hour_s = HOUR_SLOT_S * (HOUR_SLOTS as u64 - 1);
+        let mut live: Vec<(Algorithm, u64)> = (self.limits.iter().copied())
+            .filter(|(_, at)| now_s.saturating_sub(*at) <= hour_s)
+            .collect();
+        live.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+        live.into_iter().map(|(limit, _)| limit).collect()
     }
 }
 
@@ -107,6 +138,8 @@ pub struct Record<'a> {
     pub what: What,
     /// Tokens granted (for a refusal that owes, those charged; for a charge, its tokens).
     pub consumed: u64,
+    /// The limit whose state the check or charge used (`Check::state_of`, else its own).
+    pub limit: Option<Algorithm>,
 }
 
 /// The ranking asked for.
@@ -128,6 +161,8 @@ pub struct Summary {
     /// Each window's totals slot by slot, oldest first (`Totals::series`).
     pub minute_slots: Vec<Totals>,
     pub hour_slots: Vec<Totals>,
+    /// The limits its checks used in the last hour, the latest first (at most `LIMITS_KEPT`).
+    pub limits: Vec<Algorithm>,
 }
 
 /// Every policy's rings, behind one lock to find a policy and one per policy.
@@ -228,6 +263,7 @@ impl TopRecorder {
                 name: name_of(namespace, name),
                 minute: Ring::new(MINUTE_SLOT_S, MINUTE_SLOTS, KEPT),
                 hour: Ring::new(HOUR_SLOT_S, HOUR_SLOTS, KEPT),
+                limits: Vec::new(),
             }))
         });
         Some(Arc::clone(made))
@@ -266,6 +302,9 @@ impl TopRecorder {
         if !is_name(policy, record.namespace, record.policy) {
             return;
         }
+        if let Some(limit) = record.limit {
+            policy.saw(limit, now_s);
+        }
         let Policy { minute, hour, .. } = policy;
         for ring in [minute, hour] {
             let Some(slot) = ring.at(now_s) else {
@@ -293,6 +332,22 @@ impl TopRecorder {
                     .sum::<usize>()
             })
             .sum()
+    }
+
+    /// Forgets `key`'s refusals (`Ring::forget_refusals`) in the policies of `namespace` that
+    /// `policy` names (every one, for `None`): its state was reset. Its consumption stays.
+    pub fn forget_refusals(&self, namespace: Namespace, policy: Option<&str>, key: u64) -> bool {
+        let policies = self.policies.read().unwrap_or_else(PoisonError::into_inner);
+        let mut forgot = false;
+        for policy_rings in policies.values() {
+            let mut rings = policy_rings.lock().unwrap_or_else(PoisonError::into_inner);
+            if rings.namespace != namespace || policy.is_some_and(|p| p != rings.name) {
+                continue;
+            }
+            forgot |= rings.minute.forget_refusals(key);
+            forgot |= rings.hour.forget_refusals(key);
+        }
+        forgot
     }
 
     /// Records not kept because `MAX_POLICIES` policies were recorded already.
@@ -349,6 +404,7 @@ impl TopRecorder {
                     hour: totals(&policy.hour, now_s),
                     minute_slots: Totals::series(&policy.minute, now_s),
                     hour_slots: Totals::series(&policy.hour, now_s),
+                    limits: policy.limits(now_s),
                 }
             })
             .collect();
@@ -417,6 +473,7 @@ pub fn record_checks(recorder: &TopRecorder, checks: &[Check], decisions: &[Deci
                 What::Refused
             },
             consumed: decision.granted,
+            limit: Some(check.state_of.unwrap_or(check.algorithm)),
         };
         recorder.record_at(now_s, &record, || None);
     }
@@ -440,6 +497,7 @@ pub fn record_settlements(recorder: &TopRecorder, settlements: &[Settlement], do
             key,
             what: What::Charged,
             consumed: *tokens,
+            limit: Some(settlement.algorithm),
         };
         recorder.record_at(now_s, &record, || None);
     }
@@ -520,6 +578,7 @@ mod tests {
                 What::Allowed
             },
             consumed,
+            limit: None,
         }
     }
 
@@ -641,6 +700,33 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_keeps_the_latest_limits_of_the_hour_and_a_reset_forgets_refusals() {
+        let top = TopRecorder::default();
+        let bucket = |burst| Algorithm::TokenBucket {
+            interval_us: 1_000,
+            burst,
+        };
+        for (now_s, burst) in [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 2)] {
+            let record = Record {
+                limit: Some(bucket(burst)),
+                ..http("api", 7, true, 0)
+            };
+            top.record_at(now_s, &record, || None);
+        }
+        let limits = |now_s| top.summaries(now_s)[0].limits.clone();
+        assert_eq!(limits(5), [bucket(2), bucket(5), bucket(4), bucket(3)]);
+        assert_eq!(limits(3_605), [bucket(2)], "an hour on, the one used since");
+        assert_eq!(limits(3_606), []);
+
+        top.record_at(5, &http("api", 8, true, 0), || None);
+        assert!(!top.forget_refusals(Namespace::Http, Some("web"), 7));
+        assert!(top.forget_refusals(Namespace::Http, Some("api"), 7));
+        let refused = top.ranking(5, Namespace::Http, "api", By::Refused, Window::Hour, 3);
+        assert_eq!(keys(&refused.unwrap()), [(8, 1)]);
+        assert_eq!(top.summaries(5)[0].hour.refused, 7, "the totals keep them");
+    }
+
+    #[test]
     fn rls_policies_are_domain_slash_policy_and_show_only_the_entries_named() {
         let top = TopRecorder::default();
         let record = Record {
@@ -649,6 +735,7 @@ mod tests {
             key: 5,
             what: What::Refused,
             consumed: 1,
+            limit: None,
         };
         let show = vec!["user".to_string()];
         let entries = [("user", "alice"), ("api_key", "sk-secret")];

@@ -16,6 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::bucket;
+use sluice_testkit::browser::Browser;
 use sluice_testkit::http::send_with;
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::{AdminTokens, Service};
@@ -163,4 +164,99 @@ fn the_console_says_when_the_store_stops_answering() {
     std::thread::sleep(Duration::from_millis(1500));
     let page = dom(&service, &dir, "#token=rEad-token");
     assert!(page.contains("Store: not answering ("), "{page}");
+}
+
+fn admin_post(service: &Service, path: &str, body: &serde_json::Value) {
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", b"Bearer adm1n-token"),
+        ("content-type", b"application/json"),
+    ];
+    let response = send_with(
+        service.addr,
+        "POST",
+        path,
+        headers,
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(response.status, 200, "{response:?}");
+}
+
+/// The key cells of the page's ranking of `api`'s refusals.
+const RANKED: &str = r#"[...document.querySelectorAll('table.top[data-policy="api"] td.key')].map((td) => td.textContent)"#;
+
+#[test]
+fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page() {
+    let dir = TempDir::new("console-actions");
+    let service = start(&dir);
+    for i in 0..50u64 {
+        service.check(&[bucket(
+            &format!("api/{:016x}", 0x1000 + i),
+            1,
+            60_000,
+            5,
+            1,
+            1,
+        )]);
+    }
+    for _ in 0..30 {
+        service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
+    }
+    // A key charged 20 past its check: 15 over its 5, 10 of them owed (max_debt).
+    let owing = "api/00000000000000cc";
+    service.check(&[bucket(owing, 1, 60_000, 5, 1, 1)]);
+    let charge = serde_json::json!({"settlements": [{"key": owing, "algorithm": "token_bucket", "requests": 1, "per_ms": 60_000,
+        "burst": 5, "op": "charge", "tokens": 20, "max_debt": 10}]});
+    admin_post(&service, "/v1/settle", &charge);
+
+    let started = Instant::now();
+    let url = format!("http://{}/admin/console#token=adm1n-token", service.addr);
+    let mut page = Browser::open(&url, &dir.path().join("chromium-actions"));
+    page.wait_for(
+        &format!("{RANKED}[0] === '00000000000000aa'"),
+        Duration::from_secs(5).saturating_sub(started.elapsed()),
+    );
+    page.wait_for(
+        r#"[...document.querySelectorAll('#debts td')].map((td) => td.textContent).join(' ').startsWith('api 00000000000000cc 10 0 ')"#,
+        Duration::from_secs(5),
+    );
+
+    // Reset from the page: the key is whole again, and no longer ranked among the refused.
+    page.eval("document.getElementById('reason').value = 'customer escalation 4711'");
+    page.eval(&format!(
+        "document.querySelector('table.top[data-policy=\"api\"] tr:nth-child(2) button').click()"
+    ));
+    page.wait_for(
+        "document.getElementById('done').textContent === 'Reset api/00000000000000aa: done'",
+        Duration::from_secs(5),
+    );
+    page.wait_for(
+        &format!("!{RANKED}.includes('00000000000000aa')"),
+        Duration::from_secs(5),
+    );
+    let after = service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
+    assert_eq!(
+        (&after[0]["allowed"], &after[0]["remaining"]),
+        (&serde_json::json!(true), &serde_json::json!(4)),
+        "{after:?}"
+    );
+
+    // An override set from the page's form, then deleted from its row.
+    page.eval(
+        "for (const [id, value] of [['override-key', 'api/00000000000000dd'], \
+         ['override-requests', '100'], ['override-burst', '100'], ['override-owner', 'accounts']]) \
+         document.getElementById(id).value = value; \
+         document.querySelector('#override button').click()",
+    );
+    let listed =
+        "[...document.querySelectorAll('#overrides td.key')].map((td) => td.textContent).join()";
+    page.wait_for(
+        &format!("{listed} === 'api/00000000000000dd'"),
+        Duration::from_secs(5),
+    );
+    page.eval("document.querySelector('#overrides tbody button').click()");
+    page.wait_for(&format!("{listed} === ''"), Duration::from_secs(5));
+    assert_eq!(
+        page.eval("document.getElementById('done').textContent"),
+        "Delete the override of api/00000000000000dd: done"
+    );
 }

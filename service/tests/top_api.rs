@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use common::bucket;
 use rls::{connect, overall_codes, request, Rls};
-use serde_json::Value;
+use serde_json::{json, Value};
 use sluice_testkit::http::{send_with, Response};
 use sluice_testkit::redis::RedisServer;
 use sluice_testkit::service::{AdminTokens, Service};
@@ -107,6 +107,31 @@ fn a_heavy_key_is_on_top(store: &[&str]) {
         assert_eq!(refused, 30 - allowed, "{all}");
     }
     assert_eq!(all["max_policies"], 64);
+    // The limit its checks used, as the keys API takes it: a reset by it forgets the key's
+    // refusals here, and the key is whole again.
+    let limits = &all["policies"][0]["limits"];
+    let limit = json!({"algorithm": "token_bucket", "requests": 1, "per_ms": 60_000, "burst": 5});
+    assert_eq!(limits, &json!([limit]), "{all}");
+    let mut reset = limit;
+    reset["key"] = json!(HEAVY);
+    reset["reason"] = json!("ticket 12");
+    let body = reset.to_string();
+    let headers: &[(&str, &[u8])] = &[
+        ("authorization", b"Bearer adm1n-token"),
+        ("content-type", b"application/json"),
+    ];
+    let path = "/admin/v1/keys/reset";
+    let done = send_with(service.addr, "POST", path, headers, body.as_bytes());
+    assert_eq!(done.json()["outcome"], "done", "{done:?}");
+    let refused = top(service.addr, "policy=api&by=refused&window=1h");
+    assert_eq!(refused["keys"], json!([]), "{refused}");
+    assert_eq!(
+        refused["totals"]["refused"],
+        30 - allowed,
+        "the totals keep them"
+    );
+    let again = service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
+    assert_eq!(again[0]["remaining"], 4, "{again:?}");
 }
 
 #[test]

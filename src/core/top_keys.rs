@@ -117,6 +117,13 @@ impl<V> TopKeys<V> {
         self.total = 0;
     }
 
+    /// Forgets `key`, as if it had never been counted (its state was reset, so what it did
+    /// before no longer ranks it): counted again, it starts from the floor as any new key does,
+    /// so its count stays within the bounds; the other keys' are untouched.
+    pub fn forget(&mut self, key: u64) -> bool {
+        self.counted.remove(&key).is_some()
+    }
+
     fn prune(&mut self) {
         let mut all: Vec<Counted<V>> = self.counted.drain().map(|(_, c)| c).collect();
         all.sort_unstable_by_key(|c| Reverse(c.count));
@@ -262,6 +269,15 @@ impl<V: Clone> Ring<V> {
             slot.epoch = index + 1;
         }
         Some(slot)
+    }
+
+    /// Forgets `key`'s refusals in every slot (`TopKeys::forget`); its consumption stays.
+    pub fn forget_refusals(&mut self, key: u64) -> bool {
+        let mut forgot = false;
+        for slot in &mut self.slots {
+            forgot |= slot.refused.forget(key);
+        }
+        forgot
     }
 
     /// Every slot, live or not (for counting memory).
@@ -837,6 +853,38 @@ mod tests {
         assert_eq!(refused(1_000), [0, 0, 0]);
         let allowed: u64 = Totals::series(&ring, 25).iter().map(|t| t.allowed).sum();
         assert_eq!(allowed, Totals::of(&ring, 25).allowed);
+    }
+
+    #[test]
+    fn a_forgotten_key_leaves_the_refusals_and_comes_back_from_the_floor() {
+        let mut ring: Ring<()> = Ring::new(10, 3, 2);
+        for (now_s, key, times) in [(0, 1, 5), (12, 1, 3), (12, 2, 2), (12, 3, 1), (12, 4, 1)] {
+            let slot = ring.at(now_s).unwrap();
+            for _ in 0..times {
+                slot.refused.add(key, || None);
+                slot.consumed.add(key, || None);
+            }
+        }
+        assert!(ring.forget_refusals(1));
+        assert!(!ring.forget_refusals(1), "once");
+        let refused: Vec<&TopKeys<()>> = ring.live(12).map(|s| &s.refused).collect();
+        let ranked = TopKeys::merge(&refused, 4);
+        assert!(
+            ranked.iter().all(|c| c.key != 1 || c.count == c.error),
+            "{ranked:?}"
+        );
+        assert_eq!(ranked.first().map(|c| c.key), Some(2));
+        let consumed: Vec<&TopKeys<()>> = ring.live(12).map(|s| &s.consumed).collect();
+        assert_eq!(
+            TopKeys::merge(&consumed, 1)[0].count,
+            8,
+            "consumption stays"
+        );
+        let slot = ring.at(12).unwrap();
+        slot.refused.add(1, || None);
+        let again = slot.refused.top(4);
+        let one = again.iter().find(|c| c.key == 1).unwrap();
+        assert!(one.count >= 1 && one.count - one.error <= 1, "{one:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
     clippy::indexing_slicing
 )]
 
+pub mod browser;
 pub mod docs;
 pub mod envoy;
 pub mod gateway;

@@ -2,7 +2,8 @@
 //! limit's numbers, which together are where the state lives: `store::state_key`).
 //! - `show` (read): what is left and when it is whole again (the bucket full, the window over);
 //!   it charges nothing (a check of cost 0).
-//! - `reset` (write): forgets the state: a full bucket, an empty window, every slot free.
+//! - `reset` (write): forgets the state: a full bucket, an empty window, every slot free; and
+//!   the key's refusals in this replica's top keys (`/admin/v1/top`), which no longer rank it.
 //! - `credit` (write): gives `tokens` back (forgiving debt first), applied once per `id` within
 //!   `store::SETTLED_TTL_MS`, as a settlement's refund is.
 
@@ -18,6 +19,7 @@ use crate::stores::{
     state_key, unix_us, Algorithm, Check, Namespace, SettleOp, Settled, Settlement, Slots, Store,
     StoreError,
 };
+use crate::top;
 use crate::web::{json, Reply};
 
 pub const ROUTES: [Route; 3] = [
@@ -88,6 +90,75 @@ pub struct KeyState {
     /// Concurrency: the slots held now.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slots_in_use: Option<u64>,
+}
+
+/// A limit as this API takes it (`KeyRequest`'s numbers): `/admin/v1/top` lists the limits a
+/// policy's checks used in these terms, so that a key it ranks can be shown, reset or credited.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limit {
+    pub algorithm: &'static str,
+    pub requests: u64,
+    pub per_ms: u64,
+    pub burst: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_delay_ms: Option<u64>,
+}
+
+/// `algorithm`'s numbers, chosen so that this API makes the same algorithm of them (where its
+/// state lives); `None` for a calendar window (which this API cannot name) and for a bucket
+/// whose interval no numbers within the bounds make exactly.
+pub fn limit_of(algorithm: &Algorithm) -> Option<Limit> {
+    let name = algorithm.name();
+    let limit = |requests, per_ms, burst, max_delay_ms| Limit {
+        algorithm: name,
+        requests,
+        per_ms,
+        burst,
+        max_delay_ms,
+    };
+    // `interval_us(requests, per_ms)`'s inverse: a whole number of ms per request, or per 1,000.
+    let per = |interval_us: u64| match interval_us % 1000 {
+        0 => (1, interval_us / 1000),
+        _ => (1000, interval_us),
+    };
+    let made = match *algorithm {
+        Algorithm::TokenBucket { interval_us, burst } => {
+            let (requests, per_ms) = per(interval_us);
+            limit(requests, per_ms, burst, None)
+        }
+        Algorithm::LeakyBucket {
+            interval_us,
+            max_delay_us,
+        } => {
+            let (requests, per_ms) = per(interval_us);
+            let burst = max_delay_us / interval_us.max(1) + 1;
+            limit(requests, per_ms, burst, Some(max_delay_us / 1000))
+        }
+        Algorithm::FixedWindow {
+            limit: n,
+            window_us,
+        }
+        | Algorithm::SlidingWindow {
+            limit: n,
+            window_us,
+        }
+        | Algorithm::SlidingLog {
+            limit: n,
+            window_us,
+        } => limit(n, window_us / 1000, n, None),
+        Algorithm::Concurrency { limit: n, lease_us } => limit(n, lease_us / 1000, n, None),
+        Algorithm::CalendarWindow { .. } => return None,
+    };
+    let shape = Shape {
+        calendar: None,
+        name: algorithm.kind(),
+        requests: made.requests,
+        per_ms: made.per_ms,
+        burst: made.burst,
+        max_delay_ms: made.max_delay_ms,
+    };
+    let again = shape.algorithm(&|name: &str| name.to_string());
+    (again.ok() == Some(*algorithm)).then_some(made)
 }
 
 /// The answer of a write.
@@ -283,6 +354,9 @@ async fn reset<S: Store>(
     target: String,
 ) -> Reply {
     let result = admin.store.reset(&target).await;
+    if result.is_ok() {
+        forget_refusals(admin, &parsed.check);
+    }
     let outcome = match &result {
         Ok(true) => "done",
         Ok(false) => "unchanged",
@@ -302,6 +376,25 @@ async fn reset<S: Store>(
         ),
         Err(failure) => store_unavailable(&failure.detail),
     }
+}
+
+/// A key reset no longer ranks among this replica's refused keys: from the page that reset
+/// it, its refusals are gone, and those it gets after are counted afresh.
+fn forget_refusals<S>(admin: &Admin<S>, check: &Check) {
+    let Some(recorder) = admin.top.as_deref() else {
+        return;
+    };
+    let (policy, key) = match check.namespace {
+        Namespace::Http => match top::http_key(&check.key) {
+            Some((policy, key)) => (Some(policy), key),
+            None => return,
+        },
+        Namespace::Rls => match top::rls_key(&check.key) {
+            Some(key) => (None, key),
+            None => return,
+        },
+    };
+    recorder.forget_refusals(check.namespace, policy, key);
 }
 
 async fn credit<S: Store>(
@@ -351,4 +444,55 @@ async fn credit<S: Store>(
 
 fn ceil_ms(us: u64) -> u64 {
     us.div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn shape(name: Kind, requests: u64, per_ms: u64, burst: u64) -> Shape {
+        Shape {
+            calendar: None,
+            name,
+            requests,
+            per_ms,
+            burst,
+            max_delay_ms: (name == Kind::LeakyBucket).then_some(per_ms.saturating_mul(3)),
+        }
+    }
+
+    proptest! {
+        /// Whatever numbers a check gave, the limit listed for them names the same state.
+        #[test]
+        fn a_listed_limit_makes_the_algorithm_it_was_listed_for(
+            kind in 0..6usize,
+            requests in 1..5_000u64,
+            per_ms in prop_oneof![1..100_000u64, 31_000_000_000..31_536_000_000u64],
+            burst in 1..1_000u64,
+        ) {
+            let name = [Kind::TokenBucket, Kind::FixedWindow, Kind::SlidingWindow,
+                Kind::SlidingLog, Kind::LeakyBucket, Kind::Concurrency][kind];
+            let burst = if matches!(name, Kind::TokenBucket | Kind::LeakyBucket) { burst } else { requests };
+            let field = |name: &str| name.to_string();
+            let Ok(algorithm) = shape(name, requests, per_ms, burst).algorithm(&field) else {
+                return Ok(());
+            };
+            let Some(limit) = limit_of(&algorithm) else {
+                // Only a bucket slower than a request per MAX_PER_MS µs has no exact numbers.
+                prop_assert!(per_ms / requests > 31_536_000, "{algorithm:?}");
+                return Ok(());
+            };
+            let given = Shape {
+                calendar: None,
+                name,
+                requests: limit.requests,
+                per_ms: limit.per_ms,
+                burst: limit.burst,
+                max_delay_ms: limit.max_delay_ms,
+            };
+            prop_assert_eq!(limit.algorithm, name.name());
+            prop_assert_eq!(given.algorithm(&field).ok(), Some(algorithm));
+        }
+    }
 }

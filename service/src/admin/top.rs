@@ -6,6 +6,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::Serialize;
 
+use super::keys::{limit_of, Limit};
 use super::{bad_request, Admin, Route};
 use crate::decision::check::BadRequest;
 use crate::stores::{Namespace, Store};
@@ -184,6 +185,9 @@ struct PolicyRow {
     #[serde(rename = "1h")]
     hour: Totals,
     history: History,
+    /// The limits its checks used in the last hour, the latest first, as `/admin/v1/keys/...`
+    /// take them: where a key it ranks keeps its state.
+    limits: Vec<Limit>,
 }
 
 /// A policy's counts over time: each window slot by slot, oldest first, the last one the slot
@@ -231,6 +235,7 @@ pub async fn serve<S: Store>(admin: &Admin<S>, request: Request<Incoming>) -> Re
                 policy: s.policy,
                 minute: s.minute,
                 hour: s.hour,
+                limits: s.limits.iter().filter_map(limit_of).collect(),
                 history: History {
                     minute: Slots {
                         slot_s: MINUTE_SLOT_S,

@@ -154,6 +154,7 @@ fn record_top(
                 What::Allowed
             },
             consumed: tally.granted,
+            limit: None,
         };
         let shown = || {
             let descriptor = request.descriptors.get(tally.descriptor)?;
