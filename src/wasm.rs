@@ -12,6 +12,7 @@ use crate::limiter::Pending;
 use crate::output::access_log;
 use crate::output::metrics::{count_config_error, Metrics};
 use crate::output::reply::{self, LocalReply};
+use crate::remote::announce::{self, Announcer};
 use crate::remote::outbox::{self, Batch, Delivery, Outbox};
 use crate::remote::overrides::Answer;
 use crate::response::Response;
@@ -45,6 +46,27 @@ thread_local! {
     static LIVE: RefCell<HashMap<u32, (Rc<Filter>, Response)>> = RefCell::default();
     /// What this VM's requests owe global policies, sent from the timers of its root contexts.
     static OUTBOX: RefCell<Outbox> = RefCell::default();
+    /// Who this VM is, said to the service now and then (`announce`); made at the first
+    /// configuration, which reads the node id.
+    static ANNOUNCER: RefCell<Option<Announcer>> = const { RefCell::new(None) };
+}
+
+/// `f` of this VM's announcer, once it is made.
+fn with_announcer<T>(f: impl FnOnce(&mut Announcer) -> T) -> Option<T> {
+    ANNOUNCER.with(|a| Some(f(a.try_borrow_mut().ok()?.as_mut()?)))
+}
+
+/// The headers that say who calls, when this call is to carry them (`Announcer::take`).
+fn announcement() -> Option<announce::Headers> {
+    with_announcer(Announcer::take).flatten()
+}
+
+/// Adds `announced`'s headers to a call's.
+fn with_announcement<'a>(
+    headers: &mut Vec<(&'a str, &'a str)>,
+    announced: &'a Option<announce::Headers>,
+) {
+    headers.extend(announced.iter().flatten().map(|(n, v)| (*n, v.as_str())));
 }
 
 proxy_wasm::main! {{
@@ -283,6 +305,8 @@ impl Host for Envoy {
                     ("content-type", "application/json"),
                 ];
                 headers.extend(authorization.map(|value| ("authorization", value)));
+                let announced = announcement();
+                with_announcement(&mut headers, &announced);
                 let cluster = &service.cluster;
                 hostcalls::dispatch_http_call(cluster, headers, Some(body), vec![], timeout).is_ok()
             }
@@ -324,6 +348,8 @@ impl Envoy {
         ];
         let authorization = service.authorization.as_ref().map(Secret::expose);
         headers.extend(authorization.map(|value| ("authorization", value)));
+        let announced = announcement();
+        with_announcement(&mut headers, &announced);
         let timeout = Duration::from_nanos(crate::remote::outbox::CALL_TIMEOUT);
         hostcalls::dispatch_http_call(&service.cluster, headers, Some(&body), vec![], timeout).ok()
     }
@@ -343,6 +369,8 @@ impl Envoy {
         }
         let authorization = service.authorization.as_ref().map(Secret::expose);
         headers.extend(authorization.map(|value| ("authorization", value)));
+        let announced = announcement();
+        with_announcement(&mut headers, &announced);
         let timeout = Duration::from_nanos(crate::remote::overrides::CALL_TIMEOUT);
         hostcalls::dispatch_http_call(&service.cluster, headers, None, vec![], timeout).ok()
     }
@@ -547,6 +575,16 @@ impl RootContext for Root {
             .ok()
             .flatten()
             .unwrap_or_default();
+        ANNOUNCER.with(|a| {
+            if let Ok(mut announcer) = a.try_borrow_mut() {
+                announcer.get_or_insert_with(|| {
+                    // Envoy's attribute `xds.node` (the bare `node` of older Envoys is gone).
+                    let node_id = Envoy.property(&["xds", "node", "id"]).unwrap_or_default();
+                    let worker = std::collections::hash_map::RandomState::new();
+                    Announcer::new(&node_id, std::hash::BuildHasher::hash_one(&worker, 0u8))
+                });
+            }
+        });
         let plugin = Envoy
             .property(&["plugin_name"])
             .and_then(|name| String::from_utf8(name).ok())
@@ -591,6 +629,7 @@ impl RootContext for Root {
         let second = now >= self.last_second.saturating_add(flush_period);
         if second {
             renew_live();
+            with_announcer(|announcer| announcer.tick(now));
         }
         flush_outbox(self.filter.as_deref());
         if let Ok(mut wait) = self.body_wait.try_borrow_mut() {
@@ -654,6 +693,7 @@ fn flush_outbox(filter: Option<&Filter>) {
             outbox.flush(Envoy.now(), |batch| Envoy::settle(&batch));
         }
         let counts = outbox.take_counts();
+        with_announcer(|announcer| announcer.dropped(counts.dropped));
         if let Some(filter) = filter {
             filter.counters().settlements(counts);
         }

@@ -1,7 +1,9 @@
 //! Talking to the rate-limit service off the request's path: the settlements queued per worker
 //! and sent in batches (`outbox`), the breaker that stops asking a failing service
-//! (`breaker`), and the pulls of the service's overrides (`overrides`).
+//! (`breaker`), the pulls of the service's overrides (`overrides`), and who calls
+//! (`announce`).
 
+pub mod announce;
 pub mod breaker;
 pub mod outbox;
 pub mod overrides;
