@@ -34,10 +34,13 @@ fn config() -> String {
 }
 
 fn top(service: &Service, query: &str) -> Value {
+    read(service, &format!("/admin/v1/top?{query}"))
+}
+
+fn read(service: &Service, path: &str) -> Value {
     let bearer = format!("Bearer {READ_TOKEN}");
     let headers: &[(&str, &[u8])] = &[("authorization", bearer.as_bytes())];
-    let path = format!("/admin/v1/top?{query}");
-    let response = send_with(service.addr, "GET", &path, headers, b"");
+    let response = send_with(service.addr, "GET", path, headers, b"");
     assert_eq!(response.status, 200, "{response:?}");
     response.json()
 }
@@ -53,8 +56,9 @@ fn the_key_flooding_two_envoys_is_on_top_of_the_services_view_as_its_hash_only()
     let service = Service::start_with(&args, &[]);
     let log = r#"{"text_format": "%FILTER_STATE(wasm.sluice:PLAIN)%\n"}"#;
     let envoys: Vec<Envoy> = (0..2)
-        .map(|_| {
+        .map(|i| {
             Envoy::options(&config())
+                .node_id(&format!("edge-{i}"))
                 .service(&[service.addr])
                 .access_log(log)
                 .start()
@@ -109,6 +113,16 @@ fn the_key_flooding_two_envoys_is_on_top_of_the_services_view_as_its_hash_only()
     let (count, error) = (count.as_u64().unwrap(), error.as_u64().unwrap());
     assert!(count >= 3 && count - error <= 3, "{consumed}");
     assert!(error <= 203 / 64, "{consumed}");
+
+    // Both Envoys said who they are on their calls: each worker that called, nothing dropped.
+    let fleet = read(&service, "/admin/v1/envoys");
+    assert_eq!(fleet["called_last_minute"], 2, "{fleet}");
+    assert_eq!(fleet["settlements_dropped"], 0, "{fleet}");
+    for (i, envoy) in fleet["envoys"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(envoy["envoy"], format!("edge-{i}"), "{fleet}");
+        assert!(envoy["last_call_s"].as_u64().unwrap() <= 10, "{fleet}");
+        assert_eq!(envoy["workers"], 2, "{fleet}");
+    }
 
     let logged = service
         .event("top refused keys", Duration::from_secs(5))

@@ -1,9 +1,10 @@
-//! `sluice`: the operator's command line. `keys`, `overrides`, `top` and `rlqs` drive sluice-service's admin API
+//! `sluice`: the operator's command line. `keys`, `overrides`, `top`, `rlqs` and `envoys` drive sluice-service's admin API
 //! (`/admin/v1/`, docs/operations-api.md); `replay` is `sluice-replay`. A subcommand is one
 //! file; `client` speaks HTTP, `table` prints what comes back for a human (or as it came with
 //! `--json`).
 
 mod client;
+mod envoys;
 mod keys;
 mod overrides;
 mod replay;
@@ -37,6 +38,8 @@ enum Command {
     Top(top::Top),
     /// The RLQS's buckets on a replica: Envoys sharing each descriptor, their shares, reports
     Rlqs(rlqs::Rlqs),
+    /// The Envoys calling a replica: when each last did, its workers, settlements they dropped
+    Envoys(envoys::Envoys),
     /// Replay an access log through a configuration, offline (`sluice-replay`'s arguments)
     Replay(replay::Replay),
 }
@@ -102,6 +105,7 @@ fn main() -> ExitCode {
         Command::Overrides(command) => overrides::run(command),
         Command::Top(command) => top::run(command),
         Command::Rlqs(command) => rlqs::run(&command),
+        Command::Envoys(command) => envoys::run(&command),
         Command::Replay(replay) => replay::run(&replay),
     };
     match result {

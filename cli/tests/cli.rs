@@ -313,3 +313,34 @@ fn sluice_rlqs_shows_a_replicas_rlqs_or_says_it_serves_none() {
     let stderr = String::from_utf8_lossy(&none.stderr);
     assert!(stderr.starts_with("sluice: 404 not_found:"), "{stderr}");
 }
+
+#[test]
+fn sluice_envoys_lists_the_envoys_that_said_who_they_are() {
+    let dir = TempDir::new("cli-envoys");
+    let tokens = AdminTokens::write(&dir);
+    let args: Vec<&str> = ["--memory"].into_iter().chain(tokens.args()).collect();
+    let service = Service::start_with(&args, &[]);
+    let said: &[(&str, &[u8])] = &[
+        ("content-type", b"application/json"),
+        ("x-sluice-envoy", b"edge-7"),
+        ("x-sluice-worker", b"00000000000000c1"),
+        ("x-sluice-dropped", b"3"),
+    ];
+    let body =
+        r#"{"checks": [{"key": "api/x", "requests": 1, "per_ms": 1000, "burst": 1, "cost": 1}]}"#;
+    let call =
+        sluice_testkit::http::send_with(service.addr, "POST", "/v1/check", said, body.as_bytes());
+    assert_eq!(call.status, 200, "{call:?}");
+    let table = ok(&sluice(&service, &tokens.read, &["envoys"]));
+    let mut lines = table.lines();
+    assert_eq!(
+        lines.next(),
+        Some("1 Envoys called this replica in the last minute; 3 settlements dropped")
+    );
+    assert!(lines.next().unwrap().starts_with("ENVOY"), "{table}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!((row[0], row[2], row[3]), ("edge-7", "1", "3"), "{table}");
+    let json: Value =
+        serde_json::from_str(&ok(&sluice(&service, &tokens.read, &["envoys", "--json"]))).unwrap();
+    assert_eq!(json["envoys"][0]["envoy"], "edge-7", "{json}");
+}

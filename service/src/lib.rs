@@ -8,8 +8,8 @@
 //! console, on the HTTP listener), and on the gRPC port (`grpc`) `rls` (Envoy's Rate Limit
 //! Service) and `rlqs` (its Rate Limit Quota Service), both by the limits files of `rules`. Under
 //! them `decision` validates and bounds checks and settlements, `stores` keeps the counters
-//! behind one trait: Redis (one atomic Lua call per check) or this process's memory, and `top`
-//! the heaviest keys of each policy the fronts see.
+//! behind one trait: Redis (one atomic Lua call per check) or this process's memory, `top`
+//! the heaviest keys of each policy the fronts see, and `fleet` the Envoys whose filters call.
 //!
 //! Around it: `connections` caps, times out and sheds the connections of both listeners,
 //! `health` probes the store for readiness, `metrics` holds every series in one registry,
@@ -20,6 +20,7 @@ pub mod auth;
 pub mod cli;
 pub mod connections;
 pub mod decision;
+pub mod fleet;
 pub mod grpc;
 pub mod health;
 pub mod http;

@@ -894,3 +894,66 @@ fn the_filters_listing_takes_the_check_token_and_costs_a_304_while_nothing_chang
     // Another version held: the whole listing.
     assert_eq!(list("ch3ck-token", Some("\"0\"")).status, 200);
 }
+
+/// A filter's call with who it is (`sluice::remote::announce`), as `token` would send it.
+fn announce(addr: SocketAddr, token: Option<&[u8]>, said: [&[u8]; 3]) -> u16 {
+    let bearer = token.map(|t| [b"Bearer ".as_slice(), t].concat());
+    let mut headers: Vec<(&str, &[u8])> = vec![
+        ("content-type", b"application/json"),
+        ("x-sluice-envoy", said[0]),
+        ("x-sluice-worker", said[1]),
+        ("x-sluice-dropped", said[2]),
+    ];
+    headers.extend(bearer.as_deref().map(|b| ("authorization", b)));
+    let body = json!({"checks": [bucket("api/fleet", 1, 60_000, 5, 1, 1)]}).to_string();
+    send_with(addr, "POST", "/v1/check", &headers, body.as_bytes()).status
+}
+
+#[test]
+fn the_envoys_that_call_are_listed_only_from_calls_with_the_services_token() {
+    let dir = TempDir::new("admin-envoys");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "s3rvice-token\n").unwrap();
+    let service = start(&["--memory", "--token-file", token.to_str().unwrap()], &dir);
+    let worker: &[u8] = b"00000000000000b1";
+    assert_eq!(
+        announce(service.addr, None, [b"intruder", worker, b"1"]),
+        401
+    );
+    let wrong = Some(b"guess".as_slice());
+    assert_eq!(
+        announce(service.addr, wrong, [b"intruder", worker, b"1"]),
+        401
+    );
+    let right = Some(b"s3rvice-token".as_slice());
+    for said in [
+        [b"edge-1".as_slice(), worker, b"4"],
+        [b"edge-1", b"00000000000000b2", b"1"],
+        [b"edge 2", worker, b"1"],
+        [b"edge-3", b"B1", b"1"],
+        [b"edge-4", worker, b"many"],
+    ] {
+        assert_eq!(
+            announce(service.addr, right, said),
+            200,
+            "a check all the same"
+        );
+    }
+    assert_eq!(
+        call(service.addr, "GET", "/admin/v1/envoys", None, "").status,
+        401
+    );
+    let fleet = call(
+        service.addr,
+        "GET",
+        "/admin/v1/envoys",
+        Some("rEad-token"),
+        "",
+    )
+    .json();
+    assert_eq!(fleet["called_last_minute"], 1, "{fleet}");
+    assert_eq!(fleet["settlements_dropped"], 5, "{fleet}");
+    assert_eq!(fleet["envoys"][0]["envoy"], "edge-1", "{fleet}");
+    assert_eq!(fleet["envoys"][0]["workers"], 2, "{fleet}");
+    assert_eq!(fleet["max_envoys"], 10_000, "{fleet}");
+}

@@ -207,6 +207,16 @@ fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page()
     let charge = serde_json::json!({"settlements": [{"key": owing, "algorithm": "token_bucket", "requests": 1, "per_ms": 60_000,
         "burst": 5, "op": "charge", "tokens": 20, "max_debt": 10}]});
     admin_post(&service, "/v1/settle", &charge);
+    // A filter's worker says who it is on a call, as it does every 10 s.
+    let said: &[(&str, &[u8])] = &[
+        ("content-type", b"application/json"),
+        ("x-sluice-envoy", b"edge-a"),
+        ("x-sluice-worker", b"00000000000000a1"),
+        ("x-sluice-dropped", b"7"),
+    ];
+    let body = serde_json::json!({"checks": [bucket(owing, 1, 60_000, 5, 1, 1)]}).to_string();
+    let call = send_with(service.addr, "POST", "/v1/check", said, body.as_bytes());
+    assert_eq!(call.status, 200, "{call:?}");
 
     let started = Instant::now();
     let url = format!("http://{}/admin/console#token=adm1n-token", service.addr);
@@ -218,6 +228,15 @@ fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page()
     page.wait_for(
         r#"[...document.querySelectorAll('#debts td')].map((td) => td.textContent).join(' ').startsWith('api 00000000000000cc 10 0 ')"#,
         Duration::from_secs(5),
+    );
+
+    page.wait_for(
+        r#"[...document.querySelectorAll('#fleet td')].map((td) => td.textContent).join(' ').match(/^edge-a \d+ 1 7$/) !== null"#,
+        Duration::from_secs(5),
+    );
+    assert_eq!(
+        page.eval("document.getElementById('fleet-summary').textContent"),
+        "1 Envoys called this replica in the last minute; their workers dropped 7 settlements (undelivered to the service)."
     );
 
     // Reset from the page: the key is whole again, and no longer ranked among the refused.

@@ -56,6 +56,8 @@ pub struct EnvoyOptions {
     pub xff_num_trusted_hops: u32,
     /// Worker threads, each with its own wasm VM (default 2).
     pub concurrency: u32,
+    /// The node id (`--service-node`; default none).
+    pub node_id: Option<String>,
     /// Endpoints of the cluster `sluice_service` (global policies call it); `None` leaves the
     /// cluster out, an empty list makes a cluster with no endpoints.
     pub service: Option<Vec<SocketAddr>>,
@@ -113,6 +115,7 @@ impl EnvoyOptions {
             use_remote_address: true,
             xff_num_trusted_hops: 0,
             concurrency: 2,
+            node_id: None,
             service: None,
             header_to_metadata: Vec::new(),
             hcm_options: Vec::new(),
@@ -179,6 +182,11 @@ impl EnvoyOptions {
 
     pub fn concurrency(mut self, workers: u32) -> Self {
         self.concurrency = workers;
+        self
+    }
+
+    pub fn node_id(mut self, id: &str) -> Self {
+        self.node_id = Some(id.to_string());
         self
     }
 
@@ -372,6 +380,7 @@ impl Envoy {
             .arg("-c")
             .arg(&bootstrap)
             .args(["--concurrency", &opts.concurrency.to_string()])
+            .args(opts.node_id.iter().flat_map(|id| ["--service-node", id]))
             // No shared memory or sockets of hot restart: nothing is left over
             // when a test process dies, and Envoys never collide on a base id.
             .args(["--disable-hot-restart", "--use-dynamic-base-id"])

@@ -1,6 +1,6 @@
 //! The admin API, `/admin/v1/...`: JSON over the HTTP server's listener, behind tokens of its own
 //! (`auth`: an admin token writes, a read-only token only reads). Every path is a `Route` of a
-//! resource module (`keys`, `overrides`, `top`, `rlqs`); a write needs a `reason` and is audited (`Audit`: the log line
+//! resource module (`keys`, `overrides`, `top`, `rlqs`, `envoys`); a write needs a `reason` and is audited (`Audit`: the log line
 //! `admin write` and the metric `sluice_service_admin_writes`), whatever its outcome. Served only
 //! with `--admin-token-file`; without it every `/admin/` path is 404. `console` is the
 //! operators' web page over it (`/admin/console`, the one path served without a token: it holds
@@ -8,6 +8,7 @@
 
 pub mod auth;
 pub mod console;
+pub mod envoys;
 pub mod keys;
 pub mod overrides;
 pub mod rlqs;
@@ -25,6 +26,7 @@ use prometheus_client::registry::Registry;
 use tracing::info;
 
 use crate::decision::check::BadRequest;
+use crate::fleet::Fleet;
 use crate::rlqs::metrics::RlqsMetrics;
 use crate::stores::Store;
 use crate::top::TopRecorder;
@@ -55,6 +57,7 @@ fn routes() -> impl Iterator<Item = &'static Route> {
         .chain(overrides::ROUTES.iter())
         .chain(top::ROUTES.iter())
         .chain(rlqs::ROUTES.iter())
+        .chain(envoys::ROUTES.iter())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -120,6 +123,8 @@ pub struct Admin<S> {
     pub top: Option<Arc<TopRecorder>>,
     /// The RLQS's series (`/admin/v1/rlqs`), where it is served.
     pub rlqs: Option<Arc<RlqsMetrics>>,
+    /// The Envoys that said who they are (`/admin/v1/envoys`).
+    pub fleet: Arc<Fleet>,
 }
 
 impl<S: Store> Admin<S> {
@@ -133,6 +138,7 @@ impl<S: Store> Admin<S> {
             max_overrides: overrides::MAX_OVERRIDES,
             top: Some(Arc::default()),
             rlqs: None,
+            fleet: Arc::default(),
         }
     }
 
@@ -199,6 +205,9 @@ impl<S: Store> Admin<S> {
         }
         if route.path == "/admin/v1/rlqs" {
             return rlqs::serve(self);
+        }
+        if route.path == "/admin/v1/envoys" {
+            return envoys::serve(self);
         }
         if route.path.starts_with("/admin/v1/overrides") {
             return overrides::serve(self, route, caller, request).await;

@@ -23,6 +23,7 @@ use crate::connections::{Gate, Server};
 use crate::decision::check::{self, BadRequest, Bounds, CheckResponse, CheckResult};
 use crate::decision::settle::{self, SettleResponse};
 use crate::decision::slot_watch::SlotWatch;
+use crate::fleet::{self, Announcement};
 use crate::health::{NotReady, Readiness};
 use crate::logging::Throttle;
 use crate::metrics::{self, Metrics};
@@ -95,6 +96,9 @@ impl<S: Store> App<S> {
         let path = PATHS.into_iter().find(|&p| p == request.uri().path());
         let admin = (self.admin.as_ref()).filter(|_| request.uri().path().starts_with(PREFIX));
         let path = path.or(admin.map(|_| "/admin"));
+        if matches!(path, Some("/v1/check" | "/v1/settle" | "/v1/overrides")) {
+            self.note_caller(&request);
+        }
         let reply = match (&method, path) {
             (_, Some("/admin")) => match admin {
                 Some(admin) => admin.handle(request).await,
@@ -123,6 +127,26 @@ impl<S: Store> App<S> {
         let micros = started.elapsed().as_micros();
         debug!(method = method.as_str(), path, status, micros, "request");
         reply
+    }
+
+    /// Keeps who a filter's call says it is (`crate::fleet`), when it says so (once in 10 s per
+    /// worker) with the service's token, and the admin API is served.
+    fn note_caller(&self, request: &Request<Incoming>) {
+        let (Some(admin), headers) = (&self.admin, request.headers()) else {
+            return;
+        };
+        let value = |name: &str| headers.get(name).map(HeaderValue::as_bytes);
+        if value(fleet::WORKER).is_none() || !self.guard.admits(value(AUTHORIZATION.as_str())) {
+            return;
+        }
+        let said = Announcement::of(
+            value(fleet::ENVOY),
+            value(fleet::WORKER),
+            value(fleet::DROPPED),
+        );
+        if let Some(said) = said {
+            admin.fleet.note(admin.fleet.now_s(), &said);
+        }
     }
 
     /// The token first, then validation: neither an unauthorized nor a bad request reaches the
