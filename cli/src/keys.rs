@@ -175,22 +175,58 @@ pub struct Key {
     /// `http` (the filter's global policies) or `rls`
     #[arg(long, default_value = "http")]
     pub namespace: String,
+    /// Instead of the policy's numbers, the limits the service saw its checks use in the last
+    /// hour (`GET /admin/v1/top`'s `limits`): show asks by the latest, reset and credit by each
+    #[arg(long, conflicts_with_all = ["requests", "per", "burst", "algorithm"])]
+    pub seen: bool,
 }
 
+/// The algorithms a credit can give tokens back to.
+const METERED: [&str; 3] = ["token_bucket", "fixed_window", "sliding_window"];
+
 impl Key {
-    /// The service's body, when the policy's numbers are given (a global policy).
-    pub fn body(&self) -> Result<Option<Value>, String> {
-        let (Some(requests), Some(per)) = (self.requests, self.per) else {
-            return Ok(None);
+    /// The service's bodies (a global policy's key): by the policy's numbers given, or with
+    /// `--seen` by each limit the service saw for `action` (none: a local policy's).
+    pub fn bodies(&self, service: &Service, action: &str) -> Result<Vec<Value>, String> {
+        let key = json!({"namespace": self.namespace, "key": self.name.check_key()?});
+        let with = |limit: &Value| {
+            let mut body = key.clone();
+            for (field, value) in limit.as_object().into_iter().flatten() {
+                body[field] = value.clone();
+            }
+            body
         };
-        Ok(Some(json!({
-            "namespace": self.namespace,
-            "key": self.name.check_key()?,
-            "algorithm": self.algorithm,
-            "requests": requests,
-            "per_ms": per,
-            "burst": self.burst.unwrap_or(requests),
-        })))
+        if self.seen {
+            let mut limits = self.seen_limits(service)?;
+            match action {
+                "show" => limits.truncate(1),
+                "credit" => limits.retain(|l| METERED.iter().any(|m| l["algorithm"] == *m)),
+                _ => {}
+            }
+            return Ok(limits.iter().map(with).collect());
+        }
+        let (Some(requests), Some(per)) = (self.requests, self.per) else {
+            return Ok(Vec::new());
+        };
+        let limit = json!({"algorithm": self.algorithm, "requests": requests, "per_ms": per,
+                           "burst": self.burst.unwrap_or(requests)});
+        Ok(vec![with(&limit)])
+    }
+
+    /// The policy's `limits` in the service's top listing, the latest first.
+    fn seen_limits(&self, service: &Service) -> Result<Vec<Value>, String> {
+        let listing = service.client()?.get("/admin/v1/top")?;
+        let policy = (listing["policies"].as_array().into_iter().flatten())
+            .find(|p| p["namespace"] == *self.namespace && p["policy"] == *self.name.policy);
+        let limits = policy.and_then(|p| p["limits"].as_array()).cloned();
+        match limits {
+            Some(limits) if !limits.is_empty() => Ok(limits),
+            _ => Err(format!(
+                "--seen: the service saw no check of {} policy {:?} in the last hour; \
+                 give --requests and --per",
+                self.namespace, self.name.policy
+            )),
+        }
     }
 }
 
@@ -286,11 +322,12 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
             ("credit", credit.key, credit.envoys, credit.service, extra)
         }
     };
-    let service_body = key.body()?;
-    if service_body.is_none() && envoys.at.envoy.is_empty() {
+    let service_bodies = key.bodies(&service, action)?;
+    if service_bodies.is_empty() && !key.seen && envoys.at.envoy.is_empty() {
         return Err(
             "give --requests and --per (a global policy's key, asked of the service), \
-                    or --envoy (a local policy's, asked of each Envoy)"
+                    --seen (by the limits the service saw), or --envoy (a local policy's, asked \
+                    of each Envoy)"
                 .to_string(),
         );
     }
@@ -303,22 +340,19 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
         }
         body
     };
-    let from_service = match service_body {
-        Some(body) => Some(
-            service
-                .client()?
-                .post(&format!("/admin/v1/keys/{action}"), &with(body, true))?,
-        ),
-        None => None,
-    };
+    let path = format!("/admin/v1/keys/{action}");
+    let from_service = (service_bodies.into_iter())
+        .map(|body| service.client()?.post(&path, &with(body, true)))
+        .collect::<Result<Vec<Value>, String>>()?;
     let body = with(envoys.body(&key.name), false);
     let from_envoys = envoys.at.ask(&service, &format!("keys/{action}"), &body)?;
     if from_envoys.is_empty() {
-        let answer = from_service.unwrap_or_default();
-        table::show(service.json, &answer, |a| {
-            print_rows(action, &[(None, Ok(a.clone()))])
-        });
-        return Ok(ExitCode::SUCCESS);
+        if let [answer] = from_service.as_slice() {
+            table::show(service.json, answer, |a| {
+                print_rows(action, &[(None, Ok(a.clone()))])
+            });
+            return Ok(ExitCode::SUCCESS);
+        }
     }
     let failed = from_envoys.iter().any(|(_, a)| a.is_err());
     if service.json {
@@ -328,12 +362,19 @@ pub fn run(command: Keys) -> Result<ExitCode, String> {
                 Err(error) => json!({"envoy": envoy, "error": error}),
             })
             .collect();
+        // None for a local key, one answer, or one per limit seen.
+        let from_service = match from_service.as_slice() {
+            [] => Value::Null,
+            [answer] => answer.clone(),
+            answers => Value::from(answers.to_vec()),
+        };
         println!("{}", json!({"service": from_service, "envoys": envoys}));
     } else {
         let mut rows: Vec<(Option<String>, Result<Value, String>)> = Vec::new();
-        if let Some(answer) = from_service {
-            rows.push((Some("service".to_string()), Ok(answer)));
-        }
+        let service_rows = from_service
+            .into_iter()
+            .map(|a| (Some("service".into()), Ok(a)));
+        rows.extend(service_rows);
         rows.extend(from_envoys.into_iter().map(|(e, a)| (Some(e), a)));
         print_rows(action, &rows);
     }

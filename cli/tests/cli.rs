@@ -344,3 +344,63 @@ fn sluice_envoys_lists_the_envoys_that_said_who_they_are() {
         serde_json::from_str(&ok(&sluice(&service, &tokens.read, &["envoys", "--json"]))).unwrap();
     assert_eq!(json["envoys"][0]["envoy"], "edge-7", "{json}");
 }
+
+#[test]
+fn sluice_keys_seen_asks_by_the_limits_the_services_checks_used() {
+    let dir = TempDir::new("cli-seen");
+    let tokens = AdminTokens::write(&dir);
+    let args: Vec<&str> = ["--memory"].into_iter().chain(tokens.args()).collect();
+    let service = Service::start_with(&args, &[]);
+    let check = |requests: u64| {
+        serde_json::json!({"key": "api/00000000000000ac", "requests": requests, "per_ms": 60_000,
+                           "burst": requests, "cost": 1})
+    };
+    // The policy's limit changed from 5 to 10 a minute: its checks used both.
+    for requests in [5, 10] {
+        let spent = service.check(&vec![check(requests); 3]);
+        assert!(spent.iter().all(|r| r["allowed"] == true), "{spent:?}");
+    }
+    let key = [
+        "--policy",
+        "api",
+        "--key-hash",
+        "00000000000000ac",
+        "--seen",
+    ];
+    let show = [&["keys", "show", "--json"][..], &key].concat();
+    let state: Value = serde_json::from_str(&ok(&sluice(&service, &tokens.read, &show))).unwrap();
+    assert_eq!(
+        (&state["capacity"], &state["remaining"]),
+        (&10.into(), &7.into()),
+        "the latest"
+    );
+
+    let reset = [&["keys", "reset"][..], &key, &["--reason", "INC-9"]].concat();
+    let table = ok(&sluice(&service, &tokens.admin, &reset));
+    let done = table
+        .lines()
+        .filter(|l| l.starts_with("service") && l.ends_with("done"));
+    assert_eq!(done.count(), 2, "one reset per limit: {table}");
+    for requests in [5, 10] {
+        let after = service.check(&[check(requests)]);
+        assert_eq!(after[0]["remaining"], requests - 1, "{after:?}");
+    }
+
+    let unseen = [
+        "keys",
+        "show",
+        "--policy",
+        "web",
+        "--key-hash",
+        "00000000000000ac",
+        "--seen",
+    ];
+    let refused = sluice(&service, &tokens.read, &unseen);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.starts_with("sluice: --seen: the service saw no check of http policy \"web\""),
+        "{stderr}"
+    );
+    let both = [&show[..], &["--requests", "5", "--per", "1m"]].concat();
+    assert_eq!(sluice(&service, &tokens.read, &both).status.code(), Some(2));
+}

@@ -89,18 +89,17 @@ impl Policy {
         }
     }
 
-    /// Notes that a check used `limit` at `now_s`, forgetting the limit used longest ago
-    /// past `LIMITS_KEPT`.
+    /// Notes that a check used `limit` at `now_s`: `limits` is kept least recent first, and
+    /// past `LIMITS_KEPT` the least recent is forgotten.
     fn saw(&mut self, limit: Algorithm, now_s: u64) {
-        if let Some(seen) = self.limits.iter_mut().find(|(l, _)| *l == limit) {
-            seen.1 = now_s;
+        if let Some(last) = self.limits.last_mut().filter(|(l, _)| *l == limit) {
+            last.1 = now_s;
             return;
         }
-        if self.limits.len() >= LIMITS_KEPT {
-            let oldest = (self.limits.iter().enumerate()).min_by_key(|(_, (_, at))| *at);
-            if let Some((index, _)) = oldest {
-                self.limits.swap_remove(index);
-            }
+        if let Some(index) = self.limits.iter().position(|(l, _)| *l == limit) {
+            self.limits.remove(index);
+        } else if self.limits.len() >= LIMITS_KEPT {
+            self.limits.remove(0);
         }
         self.limits.push((limit, now_s));
     }
@@ -108,11 +107,10 @@ impl Policy {
     /// The limits used in the hour before `now_s`, the latest first.
     fn limits(&self, now_s: u64) -> Vec<Algorithm> {
         let hour_s = HOUR_SLOT_S * (HOUR_SLOTS as u64 - 1);
-        let mut live: Vec<(Algorithm, u64)> = (self.limits.iter().copied())
+        (self.limits.iter().rev())
             .filter(|(_, at)| now_s.saturating_sub(*at) <= hour_s)
-            .collect();
-        live.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
-        live.into_iter().map(|(limit, _)| limit).collect()
+            .map(|(limit, _)| *limit)
+            .collect()
     }
 }
 
