@@ -12,7 +12,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use sluice_service::stores::Namespace;
+use sluice_service::stores::{Algorithm, Namespace};
 use sluice_service::top::{Record, TopRecorder, What, MAX_POLICIES};
 
 const N: u64 = 2_000_000;
@@ -28,6 +28,11 @@ fn record(policy: &str, key: u64, refused: bool) -> Record<'_> {
             What::Allowed
         },
         consumed: u64::from(!refused),
+        // As a check records it: the limit its state is under.
+        limit: Some(Algorithm::TokenBucket {
+            interval_us: 1_000,
+            burst: 5,
+        }),
     }
 }
 

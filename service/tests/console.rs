@@ -241,9 +241,9 @@ fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page()
 
     // Reset from the page: the key is whole again, and no longer ranked among the refused.
     page.eval("document.getElementById('reason').value = 'customer escalation 4711'");
-    page.eval(&format!(
-        "document.querySelector('table.top[data-policy=\"api\"] tr:nth-child(2) button').click()"
-    ));
+    page.eval(
+        "document.querySelector('table.top[data-policy=\"api\"] tr:nth-child(2) button').click()",
+    );
     page.wait_for(
         "document.getElementById('done').textContent === 'Reset api/00000000000000aa: done'",
         Duration::from_secs(5),
