@@ -30,6 +30,17 @@ fn start(dir: &TempDir) -> Service {
     Service::start_with(&args, &[])
 }
 
+/// 50 keys one check each of a bucket of 5, and `HEAVY` 30: 25 refused.
+fn flood(service: &Service) {
+    for i in 0..50u64 {
+        let light = format!("api/{:016x}", 0x1000 + i);
+        service.check(&[bucket(&light, 1, 60_000, 5, 1, 1)]);
+    }
+    for _ in 0..30 {
+        service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
+    }
+}
+
 /// The page's DOM once its scripts have had 5 s of (virtual) time.
 fn dom(service: &Service, dir: &TempDir, fragment: &str) -> String {
     let profile = dir.path().join(format!("chromium-{}", fragment.len()));
@@ -57,19 +68,7 @@ fn dom(service: &Service, dir: &TempDir, fragment: &str) -> String {
 fn the_console_shows_a_floods_top_key_and_nothing_without_a_token() {
     let dir = TempDir::new("console");
     let service = start(&dir);
-    for i in 0..50u64 {
-        service.check(&[bucket(
-            &format!("api/{:016x}", 0x1000 + i),
-            1,
-            60_000,
-            5,
-            1,
-            1,
-        )]);
-    }
-    for _ in 0..30 {
-        service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
-    }
+    flood(&service);
 
     let set = serde_json::json!({"key": "api/00000000000000bb", "requests": 100, "per_ms": 60_000,
         "burst": 100, "owner": "accounts", "reason": "premium plan", "expires_in_ms": 3_600_000});
@@ -188,19 +187,7 @@ const RANKED: &str = r#"[...document.querySelectorAll('table.top[data-policy="ap
 fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page() {
     let dir = TempDir::new("console-actions");
     let service = start(&dir);
-    for i in 0..50u64 {
-        service.check(&[bucket(
-            &format!("api/{:016x}", 0x1000 + i),
-            1,
-            60_000,
-            5,
-            1,
-            1,
-        )]);
-    }
-    for _ in 0..30 {
-        service.check(&[bucket(HEAVY, 1, 60_000, 5, 1, 1)]);
-    }
+    flood(&service);
     // A key charged 20 past its check: 15 over its 5, 10 of them owed (max_debt).
     let owing = "api/00000000000000cc";
     service.check(&[bucket(owing, 1, 60_000, 5, 1, 1)]);
