@@ -27,7 +27,7 @@ const FIELDS: [&str; 4] = ["envoy", "last_call_s", "workers", "settlements_dropp
 
 fn fleet(answer: &Value) {
     println!(
-        "{} Envoys called this replica in the last minute; {} settlements dropped",
+        "Envoys that called this replica in the last minute: {}; settlements dropped: {}",
         cell(&answer["called_last_minute"]),
         cell(&answer["settlements_dropped"])
     );

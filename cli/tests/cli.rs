@@ -335,7 +335,7 @@ fn sluice_envoys_lists_the_envoys_that_said_who_they_are() {
     let mut lines = table.lines();
     assert_eq!(
         lines.next(),
-        Some("1 Envoys called this replica in the last minute; 3 settlements dropped")
+        Some("Envoys that called this replica in the last minute: 1; settlements dropped: 3")
     );
     assert!(lines.next().unwrap().starts_with("ENVOY"), "{table}");
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();

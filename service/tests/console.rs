@@ -223,7 +223,8 @@ fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page()
     );
     assert_eq!(
         page.eval("document.getElementById('fleet-summary').textContent"),
-        "1 Envoys called this replica in the last minute; their workers dropped 7 settlements (undelivered to the service)."
+        "Envoys that called this replica in the last minute: 1; settlements their workers \
+         dropped (undelivered to the service): 7."
     );
 
     // Reset from the page: the key is whole again, and no longer ranked among the refused.
