@@ -578,7 +578,7 @@ impl RootContext for Root {
         ANNOUNCER.with(|a| {
             if let Ok(mut announcer) = a.try_borrow_mut() {
                 announcer.get_or_insert_with(|| {
-                    // Envoy's attribute `xds.node` (the bare `node` of older Envoys is gone).
+                    // Envoy's attribute `xds.node` (in Envoy 1.40 a bare `node` answers nothing).
                     let node_id = Envoy.property(&["xds", "node", "id"]).unwrap_or_default();
                     let worker = std::collections::hash_map::RandomState::new();
                     Announcer::new(&node_id, std::hash::BuildHasher::hash_one(&worker, 0u8))
