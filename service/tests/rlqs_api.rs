@@ -81,6 +81,66 @@ async fn a_stream_without_the_bearer_token_is_refused() {
     assert!(per_minute(&answer).is_some(), "{answer:?}");
 }
 
+#[tokio::test]
+async fn a_replica_holds_its_flags_bounds_of_streams_and_buckets() {
+    let extra = ["--rlqs-max-streams", "2", "--rlqs-max-buckets", "3"];
+    let service = Rlqs::start(&["--memory"], LIMITS, &["--rlqs", "127.0.0.1:0"], &extra);
+    let address = service.address();
+    let mut first = open(address, None).await.unwrap();
+    let mut second = open(address, None).await.unwrap();
+    for (stream, name) in [(&mut first, "a"), (&mut second, "b")] {
+        let answer = stream.report(reports("api", bucket(name), 1, 0)).await;
+        assert!(per_minute(&answer).is_some(), "{answer:?}");
+    }
+    // A third stream is refused, as soon as it is opened or at its first message.
+    let refused = match open(address, None).await {
+        Ok(mut third) => {
+            third.send(reports("api", bucket("c"), 1, 0)).await;
+            third.answers.message().await.unwrap_err()
+        }
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused}");
+    // Buckets: 2 kept, 1 more is the bound; the fourth gets no assignment.
+    let answer = first.report(reports("api", bucket("c"), 1, 0)).await;
+    assert!(per_minute(&answer).is_some(), "{answer:?}");
+    let mut both = reports("api", bucket("a"), 1, 0);
+    both.bucket_quota_usages
+        .extend(reports("api", bucket("d"), 1, 0).bucket_quota_usages);
+    let answer = first.report(both).await;
+    let answered: Vec<_> = (answer.bucket_action.iter())
+        .map(|action| action.bucket_id.clone().unwrap())
+        .collect();
+    assert_eq!(answered, [bucket("a")], "{answer:?}");
+    // A stream that ends gives its place back.
+    drop(second);
+    let mut third = None;
+    for _ in 0..50 {
+        if let Ok(mut stream) = open(address, None).await {
+            let answered = tokio::time::timeout(Duration::from_millis(500), async {
+                stream.send(reports("api", bucket("a"), 1, 0)).await;
+                stream.answers.message().await
+            })
+            .await;
+            if matches!(answered, Ok(Ok(Some(_)))) {
+                third = Some(stream);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(third.is_some(), "no place given back");
+    let zero = ["--memory", "--rlqs", "127.0.0.1:0", "--rls-config", "x"];
+    let zero = [&zero[..], &["--rlqs-max-streams", "0"]].concat();
+    let (status, _, stderr) = run_to_exit(&zero, &[], Duration::from_secs(10));
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--rlqs-max-streams")
+            && stderr.contains("must be a whole number of 1 or more"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn rlqs_without_its_limits_is_refused_at_start_naming_both_flags() {
     let args = ["--memory", "--rlqs", "127.0.0.1:0"];

@@ -116,6 +116,28 @@ pub struct RlsArgs {
     )]
     pub rls_max_streams: u32,
 
+    /// The most RLQS streams (Envoys) one replica holds open; another is refused
+    /// RESOURCE_EXHAUSTED until one ends
+    #[arg(
+        long,
+        env = "SLUICE_RLQS_MAX_STREAMS",
+        value_name = "N",
+        default_value_t = crate::rlqs::service::MAX_STREAMS_PER_REPLICA,
+        value_parser = at_least_one
+    )]
+    pub rlqs_max_streams: usize,
+
+    /// The most RLQS buckets the streams of one replica report in all (each a key in the store);
+    /// a new bucket beyond them gets no assignment until others are abandoned
+    #[arg(
+        long,
+        env = "SLUICE_RLQS_MAX_BUCKETS",
+        value_name = "N",
+        default_value_t = crate::rlqs::service::MAX_BUCKETS_PER_REPLICA,
+        value_parser = at_least_one
+    )]
+    pub rlqs_max_buckets: usize,
+
     /// envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT: read every limit of a
     /// call first, and when some would go over, charge only those (the others are not counted
     /// for a refused call); two Redis round trips per call of several limits
@@ -156,6 +178,14 @@ fn hash_secret(text: &str) -> Result<Secret, String> {
         ));
     }
     Ok(Secret(HashSecret::from_text(secret)))
+}
+
+/// A count of 1 or more.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("must be a whole number of 1 or more, got {text:?}")),
+    }
 }
 
 /// The names of the filter's `headers` setting.
@@ -218,6 +248,7 @@ pub struct Rls<S> {
     /// The RLQS's handle on the store, and its series.
     rlqs_store: S,
     rlqs_metrics: Arc<RlqsMetrics>,
+    rlqs_bounds: crate::rlqs::service::Bounds,
     bounded: Bounded,
     max_request_bytes: usize,
 }
@@ -299,6 +330,10 @@ impl<S: Store + Clone> Rls<S> {
             rlqs_guard: settings.rlqs_guard,
             rlqs_store: store,
             rlqs_metrics: Arc::new(rlqs_metrics),
+            rlqs_bounds: crate::rlqs::service::Bounds {
+                max_streams: args.rlqs_max_streams,
+                max_buckets: args.rlqs_max_buckets,
+            },
             bounded: Bounded {
                 max_streams: args.rls_max_streams,
             },
@@ -342,7 +377,13 @@ impl<S: Store + Clone> Rls<S> {
         let (bounded, max_bytes) = (self.bounded, self.max_request_bytes);
         let (rls_port, rlqs_port) = (self.rls, self.rlqs);
         let config = self.service.config.clone();
-        let rlqs = RlqsService::new(config, self.rlqs_guard, self.rlqs_store, self.rlqs_metrics);
+        let rlqs = RlqsService::new(
+            config,
+            self.rlqs_guard,
+            self.rlqs_store,
+            self.rlqs_metrics,
+            self.rlqs_bounds,
+        );
         let beating = rlqs_port.as_ref().map(|_| tokio::spawn(rlqs.beating()));
         let rlqs = RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(max_bytes);
         let rls = RateLimitServiceServer::new(self.service).max_decoding_message_size(max_bytes);

@@ -9,8 +9,8 @@
 //! the others' next reports share what it held.
 //!
 //! Bounded against hostile clients: a stream keeps at most `MAX_BUCKETS_PER_STREAM` buckets
-//! and a replica `MAX_BUCKETS_PER_REPLICA` over all its streams (each one a key in the store
-//! for its time to live), a replica holds at most `MAX_STREAMS_PER_REPLICA` streams open,
+//! and a replica `--rlqs-max-buckets` over all its streams (each one a key in the store for
+//! its time to live), a replica holds at most `--rlqs-max-streams` streams open (`Bounds`),
 //! since the connection bounds (`--max-connections`, `--rls-max-streams` each) multiply, and a
 //! stream's reports make at most `REPORTS_PER_SECOND` store calls a second (`Allowance`).
 
@@ -48,15 +48,31 @@ pub const ASSIGNMENT_TTL: Duration = Duration::from_secs(15);
 /// The most buckets one stream may report: the reports of others are not entered, and get no
 /// action (Envoy's `no_assignment_behavior`).
 pub const MAX_BUCKETS_PER_STREAM: usize = 1_000;
-/// The most buckets the streams of one replica may report in all: a new bucket beyond them gets
-/// no action (Envoy's `no_assignment_behavior`) until others are abandoned or their streams end.
-/// Keeps the replica's memory and the store's keys bounded whatever the number of streams
-/// (measured: 50 streams of 1,000 buckets each grew the RSS by 36 MB, `--memory`'s ledger and
-/// the decoding of their reports included).
+/// `--rlqs-max-buckets`' default: the most buckets the streams of one replica may report in
+/// all: a new bucket beyond them gets no action (Envoy's `no_assignment_behavior`) until others
+/// are abandoned or their streams end. Keeps the replica's memory and the store's keys bounded
+/// whatever the number of streams (measured: 50 streams of 1,000 buckets each grew the RSS by
+/// 36 MB, `--memory`'s ledger and the decoding of their reports included).
 pub const MAX_BUCKETS_PER_REPLICA: usize = 100_000;
-/// The most streams one replica holds open: a stream beyond them is refused
-/// `RESOURCE_EXHAUSTED`. One stream is one Envoy.
+/// `--rlqs-max-streams`' default: the most streams one replica holds open: a stream beyond them
+/// is refused `RESOURCE_EXHAUSTED`. One stream is one Envoy.
 pub const MAX_STREAMS_PER_REPLICA: usize = 10_000;
+
+/// A replica's bounds over all its streams (`--rlqs-max-streams`, `--rlqs-max-buckets`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_streams: usize,
+    pub max_buckets: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds {
+            max_streams: MAX_STREAMS_PER_REPLICA,
+            max_buckets: MAX_BUCKETS_PER_REPLICA,
+        }
+    }
+}
 /// A bucket reported with no request this many times running (15 s, the assignment's time to
 /// live) is abandoned.
 pub const ABANDON_AFTER: u32 = 3;
@@ -67,14 +83,24 @@ pub const ABANDON_AFTER: u32 = 3;
 const STORE_CALLS_IN_FLIGHT: usize = 64;
 
 /// Places counted against a replica-wide bound, taken and given back by the streams.
-#[derive(Debug, Default)]
-struct Places(AtomicUsize);
+#[derive(Debug)]
+struct Places {
+    taken: AtomicUsize,
+    max: usize,
+}
 
 impl Places {
+    fn new(max: usize) -> Places {
+        Places {
+            taken: AtomicUsize::new(0),
+            max,
+        }
+    }
+
     /// Takes one place if fewer than `max` are taken.
-    fn take(&self, max: usize) -> bool {
-        let more = |n: usize| (n < max).then_some(n + 1);
-        self.0
+    fn take(&self) -> bool {
+        let more = |n: usize| (n < self.max).then_some(n + 1);
+        self.taken
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, more)
             .is_ok()
     }
@@ -82,18 +108,18 @@ impl Places {
     fn give_back(&self, n: usize) {
         let fewer = |taken: usize| Some(taken.saturating_sub(n));
         let _ = self
-            .0
+            .taken
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, fewer);
     }
 }
 
-/// A stream's place among `MAX_STREAMS_PER_REPLICA`, given back when dropped.
+/// A stream's place among the replica's `Bounds::max_streams`, given back when dropped.
 struct StreamPlace(Arc<Places>);
 
 impl StreamPlace {
     /// A place among `open`, or `RESOURCE_EXHAUSTED` when they are all taken.
     fn take(open: &Arc<Places>) -> Result<StreamPlace, Status> {
-        if !open.take(MAX_STREAMS_PER_REPLICA) {
+        if !open.take() {
             return Err(Status::resource_exhausted(
                 "this replica holds the most RLQS streams it may",
             ));
@@ -131,6 +157,7 @@ impl<S: Store> RlqsService<S> {
         guard: Guard,
         store: S,
         metrics: Arc<RlqsMetrics>,
+        bounds: Bounds,
     ) -> RlqsService<S> {
         let mut random = RandomState::new().build_hasher();
         random.write_u32(std::process::id());
@@ -141,8 +168,8 @@ impl<S: Store> RlqsService<S> {
             replica: random.finish(),
             replicas: Arc::default(),
             streams: AtomicU64::new(0),
-            open: Arc::default(),
-            buckets: Arc::default(),
+            open: Arc::new(Places::new(bounds.max_streams)),
+            buckets: Arc::new(Places::new(bounds.max_buckets)),
             warnings: Arc::new(Throttle::new(Duration::from_secs(10))),
             metrics,
         }
@@ -228,7 +255,7 @@ struct StreamState<S: Store> {
     holdings: Holdings,
     /// Counts the stream in `sluice_service_rlqs_streams` while it lives.
     _open: StreamOpen,
-    /// Its place among the replica's `MAX_STREAMS_PER_REPLICA`.
+    /// Its place among the replica's `Bounds::max_streams`.
     _place: StreamPlace,
 }
 
@@ -268,10 +295,10 @@ async fn answer<S: Store>(
             state.metrics.record_deferred();
             continue;
         }
-        if !known && !state.replica_buckets.take(MAX_BUCKETS_PER_REPLICA) {
+        if !known && !state.replica_buckets.take() {
             if let Some(others) = state.warnings.pass() {
                 warn!(
-                    limit = MAX_BUCKETS_PER_REPLICA,
+                    limit = state.replica_buckets.max,
                     others,
                     "rlqs: the replica keeps the most buckets it may; a new one gets no action"
                 );
@@ -464,7 +491,7 @@ descriptors:
 ";
 
     fn stream(id: &str, store: &Arc<MemoryStore>) -> StreamState<MemoryStore> {
-        stream_of(id, store, &Arc::default())
+        stream_of(id, store, &Arc::new(Places::new(MAX_BUCKETS_PER_REPLICA)))
     }
 
     /// A stream of a replica whose buckets are counted in `replica`.
@@ -488,7 +515,7 @@ descriptors:
             replicas: Arc::default(),
             holdings: Holdings::new(&metrics),
             _open: metrics.stream_open(),
-            _place: StreamPlace(Arc::default()),
+            _place: StreamPlace(Arc::new(Places::new(MAX_STREAMS_PER_REPLICA))),
         }
     }
 
@@ -603,11 +630,9 @@ descriptors:
     #[tokio::test]
     async fn a_replica_keeps_a_bounded_number_of_buckets_over_all_its_streams() {
         let store = Arc::new(MemoryStore::default());
-        let replica = Arc::new(Places::default());
+        let replica = Arc::new(Places::new(MAX_BUCKETS_PER_REPLICA));
         // Other streams keep all but 5 places.
-        replica
-            .0
-            .store(MAX_BUCKETS_PER_REPLICA - 5, Ordering::Relaxed);
+        (replica.taken).store(MAX_BUCKETS_PER_REPLICA - 5, Ordering::Relaxed);
         let mut state = stream_of("1", &store, &replica);
         let many = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
         let response = answer(&mut state, &reports("api", many)).await;
@@ -616,24 +641,28 @@ descriptors:
         let again = (0..10).map(|i| usage(&i.to_string(), 1, 0)).collect();
         let response = answer(&mut state, &reports("api", again)).await;
         assert_eq!(response.bucket_action.len(), 5);
-        assert_eq!(replica.0.load(Ordering::Relaxed), MAX_BUCKETS_PER_REPLICA);
+        assert_eq!(
+            replica.taken.load(Ordering::Relaxed),
+            MAX_BUCKETS_PER_REPLICA
+        );
         // A stream that ends gives its places back.
         drop(state);
         assert_eq!(
-            replica.0.load(Ordering::Relaxed),
+            replica.taken.load(Ordering::Relaxed),
             MAX_BUCKETS_PER_REPLICA - 5
         );
-        let places = Places::default();
-        assert!((0..3).all(|_| places.take(3)));
-        assert!(!places.take(3));
+        let places = Places::new(3);
+        assert!((0..3).all(|_| places.take()));
+        assert!(!places.take());
         places.give_back(10);
-        assert!(places.take(3));
+        assert!(places.take());
     }
 
     #[test]
     fn a_replica_holds_a_bounded_number_of_streams_and_an_ended_one_frees_its_place() {
-        let open = Arc::new(Places::default());
-        open.0.store(MAX_STREAMS_PER_REPLICA - 1, Ordering::Relaxed);
+        let open = Arc::new(Places::new(MAX_STREAMS_PER_REPLICA));
+        open.taken
+            .store(MAX_STREAMS_PER_REPLICA - 1, Ordering::Relaxed);
         let last = StreamPlace::take(&open).unwrap();
         let refused = StreamPlace::take(&open).err().unwrap();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
