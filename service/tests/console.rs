@@ -227,11 +227,31 @@ fn an_operator_sees_the_flood_and_debt_then_resets_and_overrides_from_the_page()
          dropped (undelivered to the service): 7."
     );
 
+    // A change the API refuses says why on the page, and changes nothing: one from a read-only
+    // token, and one without a reason.
+    let reset =
+        "document.querySelector('table.top[data-policy=\"api\"] tr:nth-child(2) button').click()";
+    let done =
+        |said: &str| format!("document.getElementById('done').textContent.startsWith({said:?})");
+    let read_url = format!("http://{}/admin/console#token=rEad-token", service.addr);
+    let mut reader = Browser::open(&read_url, &dir.path().join("chromium-read"));
+    reader.wait_for(
+        &format!("{RANKED}[0] === '00000000000000aa'"),
+        Duration::from_secs(10),
+    );
+    reader.eval("document.getElementById('reason').value = 'just looking'");
+    reader.eval(reset);
+    let forbidden = "Reset api/00000000000000aa failed: 403 forbidden";
+    reader.wait_for(&done(forbidden), Duration::from_secs(10));
+    drop(reader);
+    page.eval(reset);
+    let unreasoned = "Reset api/00000000000000aa failed: 400 bad_request: reason: required";
+    page.wait_for(&done(unreasoned), Duration::from_secs(10));
+    assert_eq!(page.eval(&format!("{RANKED}[0]")), "00000000000000aa");
+
     // Reset from the page: the key is whole again, and no longer ranked among the refused.
     page.eval("document.getElementById('reason').value = 'customer escalation 4711'");
-    page.eval(
-        "document.querySelector('table.top[data-policy=\"api\"] tr:nth-child(2) button').click()",
-    );
+    page.eval(reset);
     page.wait_for(
         "document.getElementById('done').textContent === 'Reset api/00000000000000aa: done'",
         Duration::from_secs(10),
