@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
+use sluice::core::algorithm::Kind;
 
 use crate::table::{self, cell, ms};
 use crate::Service;
@@ -181,9 +182,6 @@ pub struct Key {
     pub seen: bool,
 }
 
-/// The algorithms a credit can give tokens back to.
-const METERED: [&str; 3] = ["token_bucket", "fixed_window", "sliding_window"];
-
 impl Key {
     /// The service's bodies (a global policy's key): by the policy's numbers given, or with
     /// `--seen` by each limit the service saw for `action` (none: a local policy's).
@@ -200,7 +198,7 @@ impl Key {
             let mut limits = self.seen_limits(service)?;
             match action {
                 "show" => limits.truncate(1),
-                "credit" => limits.retain(|l| METERED.iter().any(|m| l["algorithm"] == *m)),
+                "credit" => limits.retain(metered),
                 _ => {}
             }
             return Ok(limits.iter().map(with).collect());
@@ -228,6 +226,12 @@ impl Key {
             )),
         }
     }
+}
+
+/// Whether a listed limit's algorithm can be credited (`Kind::meters`).
+fn metered(limit: &Value) -> bool {
+    let kind = serde_json::from_value::<Kind>(limit["algorithm"].clone());
+    kind.is_ok_and(Kind::meters)
 }
 
 /// A duration as the configuration writes one, in milliseconds.

@@ -289,13 +289,6 @@ fn parse<S>(raw: KeyRequest, admin: &Admin<S>, route: &Route) -> Result<Parsed, 
     })
 }
 
-fn namespace_name(namespace: Namespace) -> &'static str {
-    match namespace {
-        Namespace::Http => "http",
-        Namespace::Rls => "rls",
-    }
-}
-
 async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Reply {
     let mut check = parsed.check;
     let overridden = admin.overrides.apply(std::slice::from_mut(&mut check)) > 0;
@@ -316,7 +309,7 @@ async fn show<S: Store>(admin: &Admin<S>, parsed: Parsed, target: String) -> Rep
             .saturating_sub(decision.remaining)
     });
     let state = KeyState {
-        namespace: namespace_name(check.namespace),
+        namespace: top::namespace_name(check.namespace),
         algorithm: check.algorithm.name(),
         state_key: target,
         capacity: check.algorithm.capacity(),

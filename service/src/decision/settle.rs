@@ -122,8 +122,8 @@ fn validate(raw: WireSettlement, at: &str, bounds: &Bounds) -> Result<Settlement
 /// Usage is settled against the metering algorithms, slots against concurrency.
 fn check_fits(op: &WireOp, kind: Kind, field: &str) -> Result<(), BadRequest> {
     let (name, fits, which) = match op {
-        WireOp::Charge { .. } => ("charge", meters(kind), METERING),
-        WireOp::Refund { .. } => ("refund", meters(kind), METERING),
+        WireOp::Charge { .. } => ("charge", kind.meters(), METERING),
+        WireOp::Refund { .. } => ("refund", kind.meters(), METERING),
         WireOp::Release { .. } => ("release", kind == Kind::Concurrency, "concurrency"),
         WireOp::Renew { .. } => ("renew", kind == Kind::Concurrency, "concurrency"),
     };
@@ -135,13 +135,6 @@ fn check_fits(op: &WireOp, kind: Kind, field: &str) -> Result<(), BadRequest> {
 }
 
 const METERING: &str = "token_bucket, fixed_window and sliding_window";
-
-fn meters(kind: Kind) -> bool {
-    matches!(
-        kind,
-        Kind::TokenBucket | Kind::FixedWindow | Kind::SlidingWindow
-    )
-}
 
 /// The operation in the store's units. Tokens beyond what the state could ever take or give
 /// back are the same as that many (`Algorithm::chargeable`, `refundable`), and are cut to it so

@@ -201,6 +201,14 @@ impl Kind {
             Kind::Concurrency => "concurrency",
         }
     }
+
+    /// `Algorithm::meters` by name: a request's usage can be charged after it.
+    pub fn meters(self) -> bool {
+        matches!(
+            self,
+            Kind::TokenBucket | Kind::FixedWindow | Kind::SlidingWindow
+        )
+    }
 }
 
 /// At most `limit` tokens per window of `length` nanoseconds: the three window algorithms. A
@@ -356,10 +364,7 @@ impl Algorithm {
     /// the fixed and sliding windows. A queue has no room for tokens past its limit, a log keeps
     /// one word per token, and slots are not tokens.
     pub fn meters(&self) -> bool {
-        matches!(
-            self,
-            Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_)
-        )
+        self.kind().meters()
     }
 
     /// Tokens `state` owes past its limit at `now` (a key's debt as `keys show` gives it, where
